@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The project's one entry point for a fresh machine.
+#   ./bootstrap.sh demo   install, then run the quickstart experiment
+#   ./bootstrap.sh test   install, then run the whole test suite
+# The environment lives in .venv; it is rebuilt only when the inputs change.
+set -euo pipefail
+cd "$(dirname "$0")"
+root=$PWD
+cache=${TRIALKIT_CACHE:-$HOME/.cache/trialkit}
+venv=$root/.venv
+py=${PYTHON:-python3}
+mkdir -p "$cache"
+
+stamp_of() { cat setup.py constraints.txt bootstrap.sh tools/build_horovod.sh | sha256sum | cut -c1-16; }
+
+install_venv() {
+  local stamp; stamp=$(stamp_of)
+  if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.trialkit-stamp" 2>/dev/null)" = "$stamp" ]; then
+    return 0
+  fi
+  echo "bootstrap: preparing $venv" >&2
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  local pip=("$venv/bin/python" -m pip install -q -c "$root/constraints.txt")
+  "${pip[@]}" --upgrade pip wheel 'setuptools<81'
+  "${pip[@]}" torch==2.13.0
+  "${pip[@]}" -e "$root[all,test]"
+  local whl; whl=$(bash tools/build_horovod.sh "$venv/bin/python" "$cache")
+  "${pip[@]}" "$whl"
+  echo "$stamp" > "$venv/.trialkit-stamp"
+}
+
+case "${1:-}" in
+  demo)
+    install_venv
+    exec "$venv/bin/trialkit" run examples/quickstart/config.yml
+    ;;
+  test)
+    install_venv
+    shift
+    exec "$venv/bin/python" -m pytest "$@"
+    ;;
+  *)
+    echo "usage: ./bootstrap.sh demo|test [pytest args...]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,56 @@
+from setuptools import setup
+
+# scripts/ and launchers/ sit at the top of the checkout (users and images read
+# them there) and ship inside the package as data.
+PACKAGES = [
+    "trialkit",
+    "trialkit.keeper",
+    "trialkit.launch",
+    "trialkit.control",
+    "trialkit.platforms",
+    "trialkit.ray",
+    "trialkit.scripts",
+    "trialkit.launchers",
+]
+
+EXTRAS = {
+    "torch": ["torch==2.13.0"],
+    "deepspeed": ["deepspeed==0.19.8"],
+    "adaptdl": ["adaptdl==0.2.11", "setuptools<81"],
+    "ray": ["ray[default]==2.60.0"],
+    "kubernetes": ["kubernetes>=30"],
+    "control": ["optuna>=4", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5"],
+}
+EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+EXTRAS["test"] = [
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+    "hypothesis>=6.100",
+    "kubernetes-validate>=1.30",
+    "jsonschema>=4",
+    "selenium>=4.20",
+    "numpy",
+]
+
+setup(
+    name="trialkit",
+    version="0.1.0",
+    description="A trial runtime for deep-learning training and a lean control plane for hyperparameter experiments",
+    python_requires=">=3.9",
+    packages=PACKAGES,
+    package_dir={
+        "trialkit": "trialkit",
+        "trialkit.scripts": "scripts",
+        "trialkit.launchers": "launchers",
+    },
+    package_data={"trialkit.scripts": ["*.sh"], "trialkit.launchers": ["*.yaml"]},
+    install_requires=["psutil>=5.9", "requests>=2.28", "PyYAML>=6"],
+    extras_require=EXTRAS,
+    entry_points={
+        "console_scripts": [
+            "trialkit=trialkit.cli:main",
+            "trialkit-keeper=trialkit.keeper.main:main",
+            "adaptdl-ray=trialkit.ray.adaptdl:main",
+        ]
+    },
+)

@@ -1,0 +1,203 @@
+"""The environment contract: every variable name trialkit reads or sets.
+
+The control plane sets these for a trial; the keeper, the launchers and the
+SDK read them here, once, into one typed object. NNI's and AdaptDL's names are
+accepted as input (a trial started by their tools works) and set again for the
+training process (code written for them finds what it expects).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+# trialkit's own names (templates and users write the first six by hand).
+TRIAL_DIR = "TRIALKIT_TRIAL_DIR"
+GRACE_SECONDS = "TRIALKIT_GRACE_SECONDS"
+MANAGER_URL = "TRIALKIT_MANAGER_URL"
+TOKEN = "TRIALKIT_TOKEN"
+PARAMETERS = "TRIALKIT_PARAMETERS"
+SLOTS_PER_NODE = "TRIALKIT_SLOTS_PER_NODE"
+PARAMETERS_FILE = "TRIALKIT_PARAMETERS_FILE"
+PARAMETER_ID = "TRIALKIT_PARAMETER_ID"
+EXPERIMENT_ID = "TRIALKIT_EXPERIMENT_ID"
+TRIAL_ID = "TRIALKIT_TRIAL_ID"
+SEQUENCE = "TRIALKIT_SEQUENCE"
+PLATFORM = "TRIALKIT_PLATFORM"
+OUTPUT_DIR = "TRIALKIT_OUTPUT_DIR"
+CHECKPOINT_DIR = "TRIALKIT_CHECKPOINT_DIR"
+SHARE_DIR = "TRIALKIT_SHARE_DIR"
+TENSORBOARD_DIR = "TRIALKIT_TENSORBOARD_DIR"
+RESTART_COUNT = "TRIALKIT_RESTART_COUNT"
+CODE_DIR = "TRIALKIT_CODE_DIR"
+COMMAND = "TRIALKIT_COMMAND"  # run.sh's command when it is given none
+CHANNEL = "TRIALKIT_CHANNEL"  # the SDK -> keeper record file
+UNDER_KEEPER = "TRIALKIT_KEEPER_PID"  # set by the keeper for its child
+REPORT_ALL_RANKS = "TRIALKIT_REPORT_ALL_RANKS"
+STOP_FILE = "TRIALKIT_STOP_FILE"  # exists once a stop was asked (should_preempt)
+
+# Compatibility names, read as input and written for the training process.
+NNI = {
+    "platform": "NNI_PLATFORM",
+    "experiment_id": "NNI_EXP_ID",
+    "trial_id": "NNI_TRIAL_JOB_ID",
+    "sequence": "NNI_TRIAL_SEQ_ID",
+    "trial_dir": "NNI_SYS_DIR",
+    "output_dir": "NNI_OUTPUT_DIR",
+    "code_dir": "NNI_CODE_DIR",
+}
+ADAPTDL = {
+    "checkpoint_dir": "ADAPTDL_CHECKPOINT_PATH",
+    "share_dir": "ADAPTDL_SHARE_PATH",
+    "tensorboard_dir": "ADAPTDL_TENSORBOARD_LOGDIR",
+    "restart_count": "ADAPTDL_NUM_RESTARTS",
+    "job_id": "ADAPTDL_JOB_ID",
+}
+ADAPTDL_OLD_TENSORBOARD = "ADAPTDLCTL_TENSORBOARD_LOGDIR"
+
+DEFAULT_GRACE_SECONDS = 25.0  # under Kubernetes' default 30 s termination grace
+RANK_VARIABLES = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "ADAPTDL_REPLICA_RANK")
+
+
+def _first(environ: Mapping[str, str], *names: str) -> Optional[str]:
+    for name in names:
+        value = environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def _number(environ: Mapping[str, str], name: str, default: float, kind=float):
+    raw = environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        # A bad number must not stop a trial from starting: say so, use the default.
+        import sys
+
+        print(f"trialkit: ignoring {name}={raw!r}: not a number; using {default}", file=sys.stderr)
+        return default
+
+
+@dataclass(frozen=True)
+class TrialEnv:
+    experiment_id: str
+    trial_id: str
+    sequence: int
+    platform: str
+    manager_url: Optional[str]
+    token: Optional[str]
+    parameters_json: Optional[str]
+    parameters_file: Optional[str]
+    parameter_id: Optional[str]
+    trial_dir: Path
+    output_dir: Path
+    checkpoint_dir: Path
+    share_dir: Path
+    tensorboard_dir: Optional[Path]
+    code_dir: Optional[Path]
+    restart_count: int
+    grace_seconds: float
+    slots_per_node: Optional[int]
+    rank: int
+    report_all_ranks: bool
+    under_keeper: bool
+    channel: Path
+    stop_file: Path
+
+    def parameters(self) -> Dict[str, Any]:
+        """The trial's parameters: inline JSON, else a file, else empty."""
+        if self.parameters_json:
+            return json.loads(self.parameters_json)
+        if self.parameters_file and os.path.exists(self.parameters_file):
+            with open(self.parameters_file, encoding="utf-8") as f:
+                data = json.load(f)
+            # NNI's parameter.cfg wraps the parameters; a plain file is the parameters.
+            return data.get("parameters", data) if "parameter_id" in data else data
+        return {}
+
+    def child_environ(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+        """The environment of the training process: trialkit's names, NNI's and AdaptDL's."""
+        from trialkit import adaptdl  # the AdaptDL part has its own module
+
+        out = dict(os.environ if base is None else base)
+        own = {
+            EXPERIMENT_ID: self.experiment_id,
+            TRIAL_ID: self.trial_id,
+            SEQUENCE: str(self.sequence),
+            PLATFORM: self.platform,
+            TRIAL_DIR: str(self.trial_dir),
+            OUTPUT_DIR: str(self.output_dir),
+            CHECKPOINT_DIR: str(self.checkpoint_dir),
+            SHARE_DIR: str(self.share_dir),
+            RESTART_COUNT: str(self.restart_count),
+            GRACE_SECONDS: str(self.grace_seconds),
+            CHANNEL: str(self.channel),
+            STOP_FILE: str(self.stop_file),
+        }
+        if self.tensorboard_dir:
+            own[TENSORBOARD_DIR] = str(self.tensorboard_dir)
+        nni = {
+            NNI["platform"]: self.platform,
+            NNI["experiment_id"]: self.experiment_id,
+            NNI["trial_id"]: self.trial_id,
+            NNI["sequence"]: str(self.sequence),
+            NNI["trial_dir"]: str(self.trial_dir),
+            NNI["output_dir"]: str(self.output_dir),
+            "MULTI_PHASE": "false",
+        }
+        if self.code_dir:
+            nni[NNI["code_dir"]] = str(self.code_dir)
+        out.update(own)
+        out.update(nni)
+        out.update(adaptdl.environ(self))
+        return out
+
+
+def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:
+    """Read the contract from an environment (os.environ by default)."""
+    e = os.environ if environ is None else environ
+    trial_dir = Path(_first(e, TRIAL_DIR, NNI["trial_dir"]) or os.getcwd())
+    output_dir = Path(_first(e, OUTPUT_DIR, NNI["output_dir"]) or trial_dir)
+    tensorboard = _first(e, TENSORBOARD_DIR, ADAPTDL["tensorboard_dir"], ADAPTDL_OLD_TENSORBOARD)
+    code_dir = _first(e, CODE_DIR, NNI["code_dir"])
+    slots = _number(e, SLOTS_PER_NODE, 0, int)
+    restart_count = _number(e, RESTART_COUNT, -1, int)
+    if restart_count < 0:
+        restart_count = _number(e, ADAPTDL["restart_count"], 0, int)
+    return TrialEnv(
+        experiment_id=_first(e, EXPERIMENT_ID, NNI["experiment_id"]) or "standalone",
+        trial_id=_first(e, TRIAL_ID, NNI["trial_id"], ADAPTDL["job_id"]) or "standalone",
+        sequence=_number(e, SEQUENCE, 0, int) if e.get(SEQUENCE) else _number(e, NNI["sequence"], 0, int),
+        platform=_first(e, PLATFORM, NNI["platform"]) or "local",
+        manager_url=_first(e, MANAGER_URL),
+        token=_first(e, TOKEN),
+        parameters_json=_first(e, PARAMETERS),
+        parameters_file=_first(e, PARAMETERS_FILE),
+        parameter_id=_first(e, PARAMETER_ID),
+        trial_dir=trial_dir,
+        output_dir=output_dir,
+        checkpoint_dir=Path(_first(e, CHECKPOINT_DIR, ADAPTDL["checkpoint_dir"]) or trial_dir / "checkpoint"),
+        share_dir=Path(_first(e, SHARE_DIR, ADAPTDL["share_dir"]) or trial_dir / "share"),
+        tensorboard_dir=Path(tensorboard) if tensorboard else None,
+        code_dir=Path(code_dir) if code_dir else None,
+        restart_count=restart_count,
+        grace_seconds=_number(e, GRACE_SECONDS, DEFAULT_GRACE_SECONDS, float),
+        slots_per_node=slots or None,
+        rank=_number(e, _first_present(e, RANK_VARIABLES) or "RANK", 0, int),
+        report_all_ranks=e.get(REPORT_ALL_RANKS, "") not in ("", "0", "false", "False"),
+        under_keeper=bool(e.get(UNDER_KEEPER)),
+        channel=Path(_first(e, CHANNEL) or trial_dir / ".trialkit" / "channel"),
+        stop_file=Path(_first(e, STOP_FILE) or trial_dir / ".trialkit" / "stop"),
+    )
+
+
+def _first_present(environ: Mapping[str, str], names) -> Optional[str]:
+    for name in names:
+        if environ.get(name, "") != "":
+            return name
+    return None

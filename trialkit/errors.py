@@ -1,0 +1,41 @@
+"""The one shape of a user's mistake.
+
+Code anywhere raises UserError with what was wrong, where, and how to fix it;
+only the command-line boundary (`report_and_exit`) turns it into one line on
+stderr and exit status 2. Internal bugs are never dressed up as UserError.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn, Optional
+
+USAGE_EXIT = 2
+
+
+class UserError(Exception):
+    """A mistake the user can fix: bad config, bad argument, missing file."""
+
+    def __init__(self, what: str, where: Optional[str] = None, fix: Optional[str] = None):
+        self.what = what
+        self.where = where
+        self.fix = fix
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        text = f"{self.where}: {self.what}" if self.where else self.what
+        if self.fix:
+            text += f" ({self.fix})"
+        return " ".join(text.split())  # one line, whatever the parts held
+
+
+def report_and_exit(prog: str, err: UserError) -> NoReturn:
+    print(f"{prog}: error: {err.line()}", file=sys.stderr)
+    raise SystemExit(USAGE_EXIT)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are UserErrors: one line, exit 2, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise UserError(message, fix=f"see {self.prog} --help")

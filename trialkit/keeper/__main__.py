@@ -1,0 +1,5 @@
+import sys
+
+from trialkit.keeper.main import main
+
+sys.exit(main())

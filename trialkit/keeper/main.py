@@ -1,0 +1,230 @@
+"""The trial keeper: runs the training command and keeps its whole tree in hand.
+
+    python -m trialkit.keeper [--grace SECONDS] [options] -- COMMAND [ARGS...]
+
+Its life, in order: read the arguments and the environment contract, prepare
+the trial's home, become the reaper of orphans, listen for signals, start the
+command in its own session with its output captured, then serve events until
+the command has exited and nothing of its tree is left, and exit with its code
+(128+N when signal N ended it). SIGTERM and SIGINT stop the trial with a
+bounded grace; the other forwarded signals pass through to the group as they are.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+from trialkit import adaptdl, env
+from trialkit.errors import ArgumentParser, UserError, report_and_exit
+from trialkit.keeper.logs import Capture, LineScanner
+from trialkit.keeper.reporter import Reporter
+from trialkit.keeper.status import StatusFile
+from trialkit.platforms.base import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
+from trialkit.process import (
+    FORWARDED_SIGNALS,
+    STOP_SIGNALS,
+    Child,
+    EventLoop,
+    LaunchError,
+    set_child_subreaper,
+    signal_group,
+    spawn,
+)
+
+PROG = "trialkit-keeper"
+NNI_STDOUT_PREFIX = b"NNISDK_MEb'"
+PIPE_EOF_WAIT = 1.0  # after the tree is gone, how long a pipe held elsewhere may stay open
+FLUSH_SECONDS = 5.0  # default time to deliver records at exit (inside Kubernetes' margin)
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    argv = list(argv)
+    if "--" in argv:
+        split = argv.index("--")
+        options, command = argv[:split], argv[split + 1 :]
+    else:
+        # No "--": the command starts at the first argument that is not an option.
+        split = next((i for i, a in enumerate(argv) if not a.startswith("-") and not _is_option_value(argv, i)), len(argv))
+        options, command = argv[:split], argv[split:]
+    parser = ArgumentParser(
+        prog=PROG,
+        description="Run a training command under trialkit's keeper: own process group, "
+        "signal forwarding with a bounded grace, log capture, metrics delivery.",
+        usage=f"{PROG} [options] -- COMMAND [ARGS...]",
+        epilog="Exit status: the command's, 128+N if signal N ended it, 126 if it is not "
+        "executable, 127 if it is not found, 2 for bad keeper arguments.",
+    )
+    parser.add_argument("--grace", type=float, metavar="SECONDS",
+                        help=f"time between the forwarded SIGTERM and SIGKILL "
+                        f"(default ${env.GRACE_SECONDS}, else {env.DEFAULT_GRACE_SECONDS:g})")
+    parser.add_argument("--trial-dir", metavar="DIR",
+                        help=f"where logs, status, pidfile and spool go (default ${env.TRIAL_DIR}, else .)")
+    parser.add_argument("--forward", metavar="SIGNALS", default=",".join(s.name for s in FORWARDED_SIGNALS),
+                        help="comma-separated signals passed to the trial's process group "
+                        "(default %(default)s)")
+    parser.add_argument("--flush-seconds", type=float, default=FLUSH_SECONDS, metavar="SECONDS",
+                        help="at exit, how long to try delivering records to the manager (default %(default)s)")
+    parser.add_argument("--quiet", action="store_true", help="capture output to files without echoing it")
+    opts = parser.parse_args(options)
+    if not command:
+        raise UserError("no command given", "arguments", f"usage: {PROG} [options] -- COMMAND [ARGS...]")
+    if opts.grace is not None and opts.grace < 0:
+        raise UserError(f"--grace {opts.grace:g} is negative", "--grace", "give seconds >= 0")
+    opts.forward = _signals(opts.forward)
+    opts.command = command
+    return opts
+
+
+_OPTIONS_WITH_VALUES = {"--grace", "--trial-dir", "--forward", "--flush-seconds"}
+
+
+def _is_option_value(argv: List[str], i: int) -> bool:
+    return i > 0 and argv[i - 1] in _OPTIONS_WITH_VALUES
+
+
+def _signals(spec: str) -> Tuple[int, ...]:
+    out = []
+    for name in filter(None, (s.strip().upper() for s in spec.split(","))):
+        name = name if name.startswith("SIG") else "SIG" + name
+        try:
+            out.append(signal.Signals[name])
+        except KeyError:
+            raise UserError(f"unknown signal {name!r}", "--forward", "use names like SIGTERM,SIGUSR1") from None
+        if out[-1] in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            raise UserError(f"{name} cannot be forwarded", "--forward", "leave it out")
+    return tuple(out)
+
+
+def read_trial(opts: argparse.Namespace) -> env.TrialEnv:
+    environ = dict(os.environ)
+    if opts.trial_dir:
+        environ[env.TRIAL_DIR] = os.path.abspath(opts.trial_dir)
+    if opts.grace is not None:
+        environ[env.GRACE_SECONDS] = str(opts.grace)
+    trial = env.read(environ)
+    return dataclasses.replace(trial, trial_dir=trial.trial_dir.absolute())
+
+
+def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
+    """Create the trial's dirs and the keeper's home; raise the restart count if we ran here before."""
+    home = trial.trial_dir / ".trialkit"
+    for path in (home, trial.output_dir, trial.checkpoint_dir, trial.share_dir):
+        path.mkdir(parents=True, exist_ok=True)
+    previous = StatusFile.previous(home / "status.json")
+    if previous and "restart_count" in previous:
+        # AdaptDL names checkpoints after the count and refuses to reuse one:
+        # a keeper restarted on the same dir must count up even if nobody told it.
+        trial = dataclasses.replace(trial, restart_count=max(trial.restart_count, previous["restart_count"] + 1))
+    try:
+        trial.stop_file.unlink()
+    except FileNotFoundError:
+        pass
+    (home / "keeper.pid").write_text(f"{os.getpid()}\n")
+    return trial, home
+
+
+def start_trial(opts, trial: env.TrialEnv, home: Path, loop: EventLoop, reporter: Reporter) -> Tuple[Child, List[Capture]]:
+    environ = trial.child_environ()
+    environ[env.UNDER_KEEPER] = str(os.getpid())
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        child = spawn(opts.command, env=environ, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w)
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    captures = [
+        Capture(out_r, str(trial.trial_dir / "stdout.log"), None if opts.quiet else sys.stdout.fileno(),
+                LineScanner(NNI_STDOUT_PREFIX, reporter.nni_stdout_line)),
+        Capture(err_r, str(trial.trial_dir / "stderr.log"), None if opts.quiet else sys.stderr.fileno()),
+    ]
+    for capture in captures:
+        loop.add_reader(capture.pipe_fd, _reader(loop, capture))
+    return loop.watch(child), captures
+
+
+def _reader(loop: EventLoop, capture: Capture):
+    def on_readable() -> None:
+        capture.on_readable()
+        if not capture.open:
+            loop.remove_reader(capture.pipe_fd)
+    return on_readable
+
+
+def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env.TrialEnv) -> bool:
+    """Serve events until the child and its tree are gone; True if a stop was asked."""
+    state = {"stop_asked": False, "swept": False}
+
+    def on_signal(signum: int) -> None:
+        if signum in STOP_SIGNALS:
+            if not state["stop_asked"]:
+                state["stop_asked"] = True
+                trial.stop_file.touch()  # should_preempt() in the trial turns true
+            loop.stop(child, trial.grace_seconds, first=signum)
+        else:
+            signal_group(child.pgid, signum)
+
+    def on_exit(exited: Child) -> None:
+        if exited is child:
+            loop.sweep(child, on_done=lambda: state.update(swept=True))
+
+    loop.on_signal = on_signal
+    loop.on_exit = on_exit
+    loop.reap()  # an exit before the callbacks were set
+    if not child.running and not state["swept"]:
+        on_exit(child)
+    loop.run_until(lambda: state["swept"])
+    loop.run_until(lambda: not any(c.open for c in captures), deadline=time.monotonic() + PIPE_EOF_WAIT)
+    for capture in captures:
+        loop.remove_reader(capture.pipe_fd)
+        capture.close()
+    return state["stop_asked"]
+
+
+def final_status(child: Child, stop_asked: bool) -> str:
+    if child.exit_code == 0:
+        return SUCCEEDED
+    # 143 from exit(), not from dying of SIGTERM: the trial saved a checkpoint.
+    if child.killed_by is None and adaptdl.is_checkpointed_exit(child.exit_code, stop_asked):
+        return PREEMPTED
+    return USER_CANCELED if stop_asked else FAILED
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        opts = parse_args(sys.argv[1:] if argv is None else argv)
+    except UserError as err:
+        report_and_exit(PROG, err)
+    trial, home = prepare_home(read_trial(opts))
+    set_child_subreaper()
+    loop = EventLoop(opts.forward)
+    loop.install_signal_handlers()
+    reporter = Reporter(trial, home)
+    reporter.attach(loop)
+    started = time.time()
+    try:
+        child, captures = start_trial(opts, trial, home, loop, reporter)
+    except LaunchError as err:
+        print(f"{PROG}: {err}", file=sys.stderr, flush=True)
+        reporter.status(FAILED, exit_code=err.code, reason=str(err), restart_count=trial.restart_count)
+        reporter.finish(time.monotonic() + opts.flush_seconds)
+        return err.code
+    reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
+                    command=list(opts.command))
+    stop_asked = supervise(loop, child, captures, trial)
+    status = final_status(child, stop_asked)
+    reporter.status(status, exit_code=child.exit_code, ended=time.time())
+    reporter.finish(time.monotonic() + opts.flush_seconds)
+    loop.restore_signal_handlers()
+    return child.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""The one process-control core: the keeper, the launchers and wrap_rank use it.
+
+It starts children in their own session (so a signal reaches a child's whole
+tree through its process group), forwards signals to those groups, stops them
+with a bounded grace, reaps every child (orphans too, as a subreaper or PID 1)
+and turns a wait status into an exit code the way tini does (128+N for a
+signal). Everything is driven by events: signals arrive on a wakeup fd, so one
+`select` waits for signals, child exits, pipe data and timers at once.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import heapq
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+FORWARDED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STRAGGLER_GRACE = 2.0  # after the main child exits, what is left of its group gets this long
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+class LaunchError(Exception):
+    """The command could not be started; `code` is the shell's code for it."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def set_child_subreaper() -> bool:
+    """Become the reaper of orphaned descendants (PID 1 already is)."""
+    if os.getpid() == 1:
+        return True
+    if _libc is None:
+        return False
+    return _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if the parent is SIGKILLed the
+    # kernel kills the child, and each trialkit layer below does the same for
+    # its own children, so the whole chain goes down.
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # A parent that ignored or blocked signals must not pass that on.
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def exit_code(status: int) -> int:
+    """A wait status as an exit code: the code, or 128+N for death by signal N."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def describe_exit(code: int) -> str:
+    if code > 128 and code - 128 < signal.NSIG:
+        try:
+            return f"signal {signal.Signals(code - 128).name} (exit {code})"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send a signal to a whole process group; False when the group is gone."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    return signal_group(pgid, 0)
+
+
+def adopted_children() -> List[int]:
+    """Our own children, found in /proc (orphans a subreaper inherited included)."""
+    me = os.getpid()
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: parse after the last ')'.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == me:
+            found.append(int(entry))
+    return found
+
+
+@dataclass
+class Child:
+    pid: int
+    argv: Sequence[str]
+    name: str = ""
+    exit_code: Optional[int] = None
+    killed_by: Optional[int] = None  # the signal that ended it, if one did
+    stop_deadline: Optional[float] = None  # set once; a second stop keeps the clock
+    popen: Optional[subprocess.Popen] = field(default=None, repr=False)
+
+    @property
+    def pgid(self) -> int:
+        return self.pid  # started with setsid: its pid is its group's id
+
+    @property
+    def running(self) -> bool:
+        return self.exit_code is None
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    env: Optional[Dict[str, str]] = None,
+    cwd: Optional[str] = None,
+    stdin=None,
+    stdout=None,
+    stderr=None,
+    name: str = "",
+) -> Child:
+    """Start argv in its own session. Raises LaunchError(127|126) if it cannot run."""
+    if not argv:
+        raise LaunchError("no command given", 127)
+    try:
+        popen = subprocess.Popen(
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            close_fds=True,
+        )
+    except FileNotFoundError:
+        raise LaunchError(f"{argv[0]}: command not found", 127) from None
+    except PermissionError:
+        raise LaunchError(f"{argv[0]}: permission denied (not executable)", 126) from None
+    except OSError as err:
+        code = 126 if err.errno in (errno.EACCES, errno.ENOEXEC, errno.EISDIR) else 127
+        raise LaunchError(f"{argv[0]}: {err.strerror}", code) from None
+    return Child(pid=popen.pid, argv=list(argv), name=name, popen=popen)
+
+
+class EventLoop:
+    """One select() over signals, child exits, readable fds and timers.
+
+    The owner installs callbacks: `on_signal(signum)` for forwarded signals,
+    `on_exit(child)` when a child it spawned ends. Orphans adopted as a
+    subreaper are reaped silently.
+    """
+
+    def __init__(self, signals: Iterable[int] = FORWARDED_SIGNALS):
+        self.selector = selectors.DefaultSelector()
+        self.children: Dict[int, Child] = {}
+        self.on_signal: Callable[[int], None] = lambda signum: None
+        self.on_exit: Callable[[Child], None] = lambda child: None
+        self._timers: list = []
+        self._timer_seq = 0
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._signals = tuple(signals)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, self._drain_signals)
+
+    # -- setup ------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        for signum in self._signals + (signal.SIGCHLD,):
+            signal.signal(signum, _note_signal)
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+
+    def restore_signal_handlers(self) -> None:
+        signal.set_wakeup_fd(-1)
+        for signum in self._signals + (signal.SIGCHLD,):
+            signal.signal(signum, signal.SIG_DFL)
+
+    def watch(self, child: Child) -> Child:
+        self.children[child.pid] = child
+        self.reap()  # it may have died before we were listening
+        return child
+
+    def add_reader(self, fileobj, callback: Callable[[], None]) -> None:
+        self.selector.register(fileobj, selectors.EVENT_READ, callback)
+
+    def remove_reader(self, fileobj) -> None:
+        try:
+            self.selector.unregister(fileobj)
+        except (KeyError, ValueError):
+            pass
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> None:
+        self._timer_seq += 1
+        heapq.heappush(self._timers, (when, self._timer_seq, callback))
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.call_at(time.monotonic() + delay, callback)
+
+    # -- stopping -----------------------------------------------------------
+    def stop(self, child: Child, grace: float, first: int = signal.SIGTERM) -> None:
+        """Signal the child's group now and SIGKILL it when the grace runs out.
+
+        The clock starts at the first stop; later stops resend the signal but
+        never extend the deadline.
+        """
+        if not child.running:
+            return
+        signal_group(child.pgid, first)
+        if child.stop_deadline is None:
+            child.stop_deadline = time.monotonic() + grace
+            self.call_at(child.stop_deadline, lambda: self._kill_if_running(child))
+
+    def _kill_if_running(self, child: Child) -> None:
+        if child.running:
+            signal_group(child.pgid, signal.SIGKILL)
+
+    # -- the loop ---------------------------------------------------------
+    def run_until(self, done: Callable[[], bool], deadline: Optional[float] = None) -> bool:
+        """Serve events until done() is true (True) or the deadline passes (False)."""
+        while not done():
+            now = time.monotonic()
+            while self._timers and self._timers[0][0] <= now:
+                _, _, callback = heapq.heappop(self._timers)
+                callback()
+                if done():
+                    return True
+            if deadline is not None and now >= deadline:
+                return False
+            timeout = None
+            if self._timers:
+                timeout = max(0.0, self._timers[0][0] - now)
+            if deadline is not None:
+                timeout = max(0.0, deadline - now) if timeout is None else min(timeout, max(0.0, deadline - now))
+            for key, _ in self.selector.select(timeout):
+                key.data()
+        return True
+
+    def _drain_signals(self) -> None:
+        try:
+            data = self._wake_r.recv(4096)
+        except BlockingIOError:
+            return
+        reap = False
+        for signum in data:
+            if signum == signal.SIGCHLD:
+                reap = True
+            else:
+                self.on_signal(signum)
+        if reap:
+            self.reap()
+
+    def reap(self) -> None:
+        """Collect every exited child: ours get on_exit, adopted orphans are just reaped."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.get(pid)
+            if child is not None and child.running:
+                child.exit_code = exit_code(status)
+                if os.WIFSIGNALED(status):
+                    child.killed_by = os.WTERMSIG(status)
+                if child.popen is not None:
+                    child.popen.returncode = child.exit_code  # Popen must not wait again
+                self.on_exit(child)
+
+    def sweep(self, child: Child, on_done: Callable[[], None], grace: float = STRAGGLER_GRACE) -> None:
+        """After a child exited, stop what is left of its group and of our adopted orphans.
+
+        Stragglers get SIGTERM once, then SIGKILL when `grace` runs out; the
+        sweep ends when they are gone (or a second after SIGKILL, for what
+        cannot die), then calls on_done. Orphans that left the group with
+        setsid reach us as a subreaper; their groups are stopped the same way.
+        Runs inside the loop, so pipes keep draining meanwhile.
+        """
+        deadline = time.monotonic() + grace
+        termed: set = set()
+        state = {"pause": 0.002, "killed_at": None}
+
+        def step() -> None:
+            self.reap()
+            orphans = [p for p in adopted_children() if p not in self.children]
+            alive = [g for g in [child.pgid] + _groups_of(orphans) if group_alive(g)]
+            now = time.monotonic()
+            if not alive or (state["killed_at"] and now > state["killed_at"] + 1.0):
+                on_done()
+                return
+            if now >= deadline:
+                state["killed_at"] = state["killed_at"] or now
+                for pgid in alive:
+                    signal_group(pgid, signal.SIGKILL)
+            else:
+                for pgid in set(alive) - termed:
+                    signal_group(pgid, signal.SIGTERM)
+                    termed.add(pgid)
+            # Stragglers are not our children until orphaned, so no SIGCHLD
+            # tells us they are gone: check again after a short, growing pause.
+            self.call_later(state["pause"], step)
+            state["pause"] = min(state["pause"] * 2, 0.05)
+
+        step()
+
+    def close(self) -> None:
+        self.selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+def _groups_of(pids: Iterable[int]) -> List[int]:
+    groups = set()
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            continue
+    groups.discard(os.getpgid(0))  # never our own group
+    return sorted(groups)
+
+
+def _note_signal(signum, frame) -> None:
+    # The C-level handler has already written signum to the wakeup fd; the loop
+    # reads it there. Python needs a handler installed for that to happen.
+    pass
