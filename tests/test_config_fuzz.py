@@ -1,0 +1,141 @@
+"""Config fuzz: random mutations of valid configs either load (and round-trip) or
+fail with one UserError whose single line names a key; never another exception."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Iterator, List, Tuple
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from trialkit.control.config import parse_config
+from trialkit.errors import UserError
+
+NNI = Path(__file__).parent / "fixtures" / "nni" / "mnist-pytorch"
+
+V2 = {
+    "experimentName": "fuzz",
+    "searchSpace": {
+        "lr": {"_type": "loguniform", "_value": [1e-4, 0.1]},
+        "batch_size": {"_type": "choice", "_value": [16, 32, 64]},
+        "layer": {"_type": "choice", "_value": [
+            {"_name": "Empty"},
+            {"_name": "Conv", "kernel": {"_type": "randint", "_value": [1, 5]}},
+        ]},
+        "momentum": {"_type": "quniform", "_value": [0, 1, 0.1]},
+        "noise": {"_type": "qnormal", "_value": [0, 1, 0.5]},
+    },
+    "trialCommand": "python3 mnist.py",
+    "trialCodeDirectory": ".",
+    "trialConcurrency": 2,
+    "maxTrialNumber": 10,
+    "maxExperimentDuration": "1h",
+    "maxTrialDuration": 600,
+    "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize", "seed": 1, "tpe_args": {"n_startup_jobs": 5}}},
+    "assessor": {"name": "Medianstop", "classArgs": {"optimize_mode": "maximize", "start_step": 2}},
+    "trainingService": {"platform": "local", "useActiveGpu": False, "gpuIndices": [0], "slotsPerTrial": 1},
+    "trialGraceSeconds": 10,
+    "priority": 1,
+}
+V2_FILE = {**{k: v for k, v in V2.items() if k != "searchSpace"}, "searchSpaceFile": "nested_search_space.json"}
+V1 = {
+    **yaml.safe_load((NNI / "config_v1.yml").read_text()),
+    "localConfig": {"gpuIndices": "0", "maxTrialNumPerGpu": 1, "useActiveGpu": False},
+    "assessor": {"builtinAssessorName": "Medianstop", "classArgs": {"start_step": 1}},
+}
+BASES = [V2, V2_FILE, V1]
+
+# Values and keys that reach past the first check.
+WORDS = [
+    "TPE", "Random", "GridSearch", "Evolution", "Anneal", "Medianstop", "Pruner", "median", "local",
+    "maximize", "minimize", "choice", "uniform", "randint", "loguniform", "normal", "qlognormal",
+    "1h", "30m", "2.5d", "-1", "0", "search_space.json", "nested_search_space.json", ".", "..", "~", "~nobody",
+    "\x00", "", " ", "a\nb",
+]
+KEYS = [
+    "trialCommand", "trial_command", "maxTrialNumber", "maxTrialNum", "searchSpace", "searchSpaceFile",
+    "tuner", "assessor", "advisor", "name", "classArgs", "class_args", "optimize_mode", "start_step", "seed",
+    "tpe_args", "population_size", "pruner", "_type", "_value", "_name", "platform", "useActiveGpu",
+    "gpuIndices", "trainingService", "trial", "command", "codeDir", "builtinTunerName", "localConfig",
+]
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 40), st.integers(), st.floats(), st.text(max_size=10),
+    st.sampled_from(WORDS),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.one_of(st.sampled_from(KEYS), st.text(max_size=6), st.integers(0, 2)), inner, max_size=3),
+    max_leaves=8,
+)
+Path_ = Tuple[Any, ...]
+
+
+def places(node: Any, at: Path_ = ()) -> Iterator[Path_]:
+    """Every path to a value inside `node` (dict keys, list indexes)."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield at + (key,)
+        yield from places(child, at + (key,))
+
+
+def parent(config: Any, path: Path_) -> Any:
+    for key in path[:-1]:
+        config = config[key]
+    return config
+
+
+def typo(key: Any, data: st.DataObject) -> Any:
+    if not isinstance(key, str) or not key:
+        return data.draw(st.sampled_from(KEYS))
+    i = data.draw(st.integers(0, len(key) - 1))
+    return data.draw(st.sampled_from([
+        key[:i] + key[i + 1:],  # a letter missing
+        key[:i] + key[i] * 2 + key[i + 1:],  # a letter twice
+        key.swapcase(),
+        key + "s",
+        data.draw(st.sampled_from(KEYS)),
+    ]))
+
+
+def mutate(config: Any, data: st.DataObject) -> Any:
+    targets: List[Path_] = list(places(config))
+    if not targets:
+        return data.draw(VALUES)
+    path = data.draw(st.sampled_from(targets))
+    holder, key = parent(config, path), path[-1]
+    op = data.draw(st.sampled_from(["set", "set", "delete", "rename", "add"]))
+    if op == "set":
+        holder[key] = data.draw(VALUES)
+    elif op == "delete":
+        del holder[key]
+    elif op == "rename" and isinstance(holder, dict):
+        holder[typo(key, data)] = holder.pop(key)
+    elif op == "add" and isinstance(holder[key], dict):
+        holder[key][data.draw(st.sampled_from(KEYS) | st.text(max_size=6))] = data.draw(VALUES)
+    return config
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_every_mutated_config_loads_or_says_which_key_is_wrong(data):
+    config = copy.deepcopy(data.draw(st.sampled_from(BASES)))
+    for _ in range(data.draw(st.integers(1, 3))):
+        config = mutate(config, data)
+    try:
+        loaded = parse_config(config, NNI)
+    except UserError as err:
+        line = err.line()
+        assert "\n" not in line and "\r" not in line
+        assert err.where and line.startswith(err.where + ": ")
+        return
+    stored = json.loads(json.dumps(loaded.to_dict()))
+    assert parse_config(stored, "/") == loaded
+
+
+def test_the_unmutated_bases_load():
+    for base in BASES:
+        assert parse_config(copy.deepcopy(base), NNI).trial_command == "python3 mnist.py"

@@ -1,0 +1,224 @@
+"""Tuners through the loop's interface: ask, tell, tell_failed, replay."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from trialkit.control.searchspace import parse_space
+from trialkit.control.tuners import TUNERS, build_tuner, check_tuner
+from trialkit.errors import UserError
+
+NNI = Path(__file__).parent / "fixtures" / "nni" / "mnist-pytorch"
+PLANE = parse_space({"x": {"_type": "uniform", "_value": [-5, 5]}, "y": {"_type": "uniform", "_value": [-5, 5]}})
+
+
+def bowl(params):
+    """A quadratic with its minimum 0 at (1.5, -2)."""
+    return (params["x"] - 1.5) ** 2 + (params["y"] + 2) ** 2
+
+
+def run(tuner, objective, n):
+    values = []
+    for _ in range(n):
+        parameter_id, params = tuner.ask()
+        value = objective(params)
+        values.append(value)
+        tuner.tell(parameter_id, value)
+    return values
+
+
+def test_tpe_beats_random_on_a_quadratic():
+    best = {}
+    for name in ("Random", "TPE"):
+        best[name] = [
+            min(run(build_tuner(name, {"optimize_mode": "minimize", "tpe_args": {"n_startup_jobs": 10}}
+                                if name == "TPE" else {"optimize_mode": "minimize"}, PLANE, seed), bowl, 60))
+            for seed in range(4)
+        ]
+    assert statistics.mean(best["TPE"]) < statistics.mean(best["Random"]) / 5
+    assert max(best["TPE"]) < 0.1  # every seed converges near the minimum
+
+
+def test_tpe_maximizes_when_asked():
+    tuner = build_tuner("tpe", {"optimize_mode": "maximize", "tpe_args": {"n_startup_jobs": 10}}, PLANE, 0)
+    values = run(tuner, lambda p: -bowl(p), 60)
+    assert statistics.mean(values[-20:]) > statistics.mean(values[:10]) + 5
+
+
+def test_tpe_default_mode_is_nnis_minimize():
+    assert check_tuner("TPE", None, PLANE)[1] == {"optimize_mode": "minimize"}
+    assert check_tuner("Random", None, PLANE)[1] == {"optimize_mode": "maximize"}
+
+
+def test_tpe_handles_every_type_and_nested_choices():
+    space = parse_space({
+        **json.loads((NNI / "nested_search_space.json").read_text()),
+        "n": {"_type": "randint", "_value": [1, 5]},
+        "q": {"_type": "quniform", "_value": [0, 10, 2]},
+        "ql": {"_type": "qloguniform", "_value": [1, 100, 1]},
+        "z": {"_type": "normal", "_value": [0, 1]},
+        "qz": {"_type": "qnormal", "_value": [0, 1, 0.5]},
+        "ln": {"_type": "lognormal", "_value": [0, 1]},
+        "qln": {"_type": "qlognormal", "_value": [1, 1, 1]},
+    })
+    tuner = build_tuner("TPE", {"tpe_args": {"n_startup_jobs": 5}}, space, 1)  # minimizes
+    chosen = []
+    for i in range(40):
+        parameter_id, params = tuner.ask()
+        assert space.contains(params), params
+        layer = params["layer0"]
+        chosen.append((layer["_name"], layer.get("kernel_size")))
+        # best: Conv with kernel 5; TPE must learn through the nested choice
+        tuner.tell(parameter_id, -layer.get("kernel_size", 0) if layer["_name"] == "Conv" else 0.0)
+    assert chosen[-20:].count(("Conv", 5)) >= 10, chosen
+
+
+def test_tpe_runs_concurrent_asks():
+    tuner = build_tuner("TPE", {"optimize_mode": "minimize", "tpe_args": {"n_startup_jobs": 4}}, PLANE, 2)
+    pending = [tuner.ask() for _ in range(8)]
+    assert len({pid for pid, _ in pending}) == 8
+    for pid, params in pending:
+        tuner.tell(pid, bowl(params))
+    assert tuner.ask()[0] == 8
+
+
+def test_same_seed_same_proposals():
+    for name in TUNERS:
+        if name == "GridSearch":
+            continue
+        a = [build_tuner(name, None, PLANE, 5).ask() for _ in range(1)]
+        b = [build_tuner(name, None, PLANE, 5).ask() for _ in range(1)]
+        assert a == b, name
+
+
+def test_grid_search_enumerates_exactly_the_grid_then_stops():
+    space = parse_space({
+        "opt": {"_type": "choice", "_value": ["sgd", "adam"]},
+        "layers": {"_type": "randint", "_value": [1, 4]},
+    })
+    tuner = build_tuner("gridsearch", None, space, 0)
+    seen = []
+    while (asked := tuner.ask()) is not None:
+        seen.append(asked)
+        tuner.tell(asked[0], 1.0)
+    assert [pid for pid, _ in seen] == list(range(6))
+    assert [p for _, p in seen] == [{"opt": o, "layers": n} for o in ("sgd", "adam") for n in (1, 2, 3)]
+    assert tuner.ask() is None
+
+
+def test_grid_search_resumes_without_repeating():
+    space = parse_space({"a": {"_type": "choice", "_value": [1, 2, 3]}, "b": {"_type": "choice", "_value": ["x", "y"]}})
+    first = build_tuner("GridSearch", None, space, 0)
+    done = [first.ask() for _ in range(3)]
+    resumed = build_tuner("GridSearch", None, space, 0)
+    resumed.replay([(pid, params, 0.5) for pid, params in done])
+    rest = []
+    while (asked := resumed.ask()) is not None:
+        rest.append(asked)
+    assert [pid for pid, _ in rest] == [3, 4, 5]
+    assert sorted(json.dumps(p, sort_keys=True) for _, p in done + rest) == sorted(
+        json.dumps(p, sort_keys=True) for p in space.grid())
+
+
+def test_grid_search_refuses_a_continuous_space():
+    with pytest.raises(UserError) as err:
+        build_tuner("GridSearch", None, PLANE, 0)
+    assert err.value.where == "searchSpace.x"
+
+
+def test_random_resume_continues_the_same_sequence():
+    original = build_tuner("Random", None, PLANE, 11)
+    asked = [original.ask() for _ in range(6)]
+    resumed = build_tuner("Random", None, PLANE, 11)
+    resumed.replay([(pid, params, bowl(params)) for pid, params in asked[:4]])
+    assert [resumed.ask(), resumed.ask()] == asked[4:]
+
+
+def test_tpe_replay_rebuilds_the_model():
+    args = {"optimize_mode": "minimize", "tpe_args": {"n_startup_jobs": 5}}
+    original = build_tuner("TPE", args, PLANE, 3)
+    history = []
+    for _ in range(30):
+        pid, params = original.ask()
+        history.append((pid, params, bowl(params)))
+        original.tell(pid, bowl(params))
+    # one still running when the control plane died: no value yet
+    pid, params = original.ask()
+    history.append((pid, params, None))
+
+    resumed = build_tuner("TPE", args, PLANE, 99)
+    resumed.replay(history)
+    resumed.tell(30, bowl(params))  # the running one reports after the resume
+    assert [t.value for t in resumed._study.trials] == pytest.approx([v for _, p, v in history[:30]] + [bowl(params)])
+    after_resume = run(resumed, bowl, 15)
+    assert resumed.ask()[0] == 46  # ids go on after the largest stored one
+    # a model rebuilt from 31 results does much better than a cold start
+    cold = run(build_tuner("TPE", args, PLANE, 99), bowl, 15)
+    assert statistics.mean(after_resume) < statistics.mean(cold) / 2
+
+
+def test_results_are_idempotent_and_failures_count():
+    tuner = build_tuner("Evolution", {"population_size": 2}, PLANE, 0)
+    a, b, c = (tuner.ask() for _ in range(3))
+    tuner.tell(a[0], 1.0)
+    tuner.tell(a[0], 5.0)  # a duplicate delivery changes nothing
+    tuner.tell(b[0], float("nan"))  # counts as failed
+    tuner.tell_failed(c[0])
+    assert [value for _, value in tuner._population] == [1.0]
+    with pytest.raises(KeyError):
+        tuner.tell(99, 1.0)
+
+
+def test_evolution_mutates_one_parameter_of_a_population_member():
+    space = parse_space({k: {"_type": "uniform", "_value": [0, 1]} for k in "abcd"})
+    tuner = build_tuner("Evolution", {"optimize_mode": "maximize", "population_size": 6}, space, 4)
+    history = []
+    for i in range(40):
+        pid, params = tuner.ask()
+        if i >= 6:
+            assert any(sum(params[k] != old[k] for k in "abcd") <= 1 for old in history), params
+        history.append(params)
+        tuner.tell(pid, sum(params.values()))
+
+
+def test_evolution_improves_on_its_first_population():
+    gains = []
+    for seed in range(5):
+        values = run(build_tuner("Evolution", {"optimize_mode": "minimize", "population_size": 10}, PLANE, seed),
+                     bowl, 100)
+        gains.append(statistics.mean(values[:10]) - statistics.mean(values[-30:]))
+    assert statistics.mean(gains) > 5
+
+
+@pytest.mark.parametrize(
+    "name, args, where, words",
+    [
+        ("TPF", None, "tuner.name", "did you mean 'TPE'"),
+        ("Anneal", None, "tuner.name", "not available in trialkit"),
+        (3, None, "tuner.name", "unknown tuner"),
+        ("TPE", {"optimize_mode": "maximise"}, "tuner.classArgs.optimize_mode", "did you mean 'maximize'"),
+        ("TPE", {"optimise_mode": "maximize"}, "tuner.classArgs.optimise_mode", "did you mean 'optimize_mode'"),
+        ("TPE", {"seed": -1}, "tuner.classArgs.seed", "too small"),
+        ("TPE", {"tpe_args": {"n_startup_jobs": "ten"}}, "tuner.classArgs.tpe_args.n_startup_jobs", "whole number"),
+        ("TPE", {"tpe_args": {"gamma": 0.25}}, "tuner.classArgs.tpe_args.gamma", "unknown key"),
+        ("Evolution", {"population_size": 1}, "tuner.classArgs.population_size", "too small"),
+        ("GridSearch", {"seed": 1}, "tuner.classArgs.seed", "unknown key"),
+        ("Random", [1], "tuner.classArgs", "mapping"),
+    ],
+)
+def test_bad_names_and_class_args_are_one_line_errors(name, args, where, words):
+    with pytest.raises(UserError) as err:
+        check_tuner(name, args, PLANE)
+    assert err.value.where == where
+    assert words in err.value.line() and "\n" not in err.value.line()
+
+
+def test_tpe_args_reach_optuna():
+    tuner = build_tuner("TPE", {"tpe_args": {"n_startup_jobs": 3, "n_ei_candidates": 5, "constant_liar_type": None}},
+                        PLANE, 0)
+    sampler = tuner._study.sampler
+    assert sampler._n_startup_trials == 3 and sampler._n_ei_candidates == 5
+    assert sampler._constant_liar is False

@@ -1,0 +1,408 @@
+"""The experiment config: NNI's YAML (v2, and v1 converted to v2) into one typed object.
+
+    config = load_config("experiment.yml")      # or parse_config(dict, base_dir)
+    config.to_dict()                            # v2, camelCase; parse_config() of it gives config back
+
+Keys are matched as NNI matches them (camelCase, snake_case, any case). Paths
+in the config (searchSpaceFile, trialCodeDirectory, trialTemplate,
+experimentWorkingDirectory) are relative to the config file's directory, and
+are stored absolute. Every mistake is a UserError naming the key, the bad
+value and the fix.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
+import yaml
+
+from trialkit import platforms
+from trialkit.control import schema
+from trialkit.control.assessors import check_assessor
+from trialkit.control.searchspace import SearchSpace, parse_space
+from trialkit.control.tuners import check_tuner
+from trialkit.env import DEFAULT_GRACE_SECONDS
+from trialkit.errors import UserError
+
+LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
+
+TRIALKIT_KEYS = ("trialGraceSeconds", "experimentWorkingDirectory", "trialTemplate", "priority")
+V2_KEYS = (
+    "experimentName", "experimentType", "searchSpace", "searchSpaceFile", "trialCommand", "trialCodeDirectory",
+    "trialConcurrency", "trialGpuNumber", "maxExperimentDuration", "maxTrialNumber", "maxTrialDuration",
+    "nniManagerIp", "useAnnotation", "debug", "logLevel", "tuner", "assessor", "advisor", "trainingService",
+) + TRIALKIT_KEYS
+# NNI keys trialkit refuses, each with the reason the error gives.
+UNSUPPORTED = {
+    "sharedStorage": "shared storage is not supported; mount it in the trial (trialTemplate) instead",
+    "tunerGpuIndices": "tuners run on the CPU in trialkit; remove it",
+}
+
+# authorName, description, multiThread, versionCheck and logCollection are read
+# and dropped: they describe NNI's manager, not the experiment.
+V1_KEYS = (
+    "authorName", "experimentName", "description", "trialConcurrency", "maxExecDuration", "maxTrialNum",
+    "trainingServicePlatform", "searchSpacePath", "useAnnotation", "multiPhase", "multiThread", "nniManagerIp",
+    "logDir", "debug", "versionCheck", "logLevel", "logCollection", "tuner", "assessor", "advisor", "trial",
+)
+# v1 sections that belong to one platform; that platform's from_v1() reads them.
+V1_PLATFORM_SECTIONS = {
+    "localConfig": "local",
+    "kubeflowConfig": "kubeflow",
+    "frameworkcontrollerConfig": "frameworkcontroller",
+}
+# v1 key -> v2 key, for the keys that only changed name (also used to name
+# the v1 key in errors found after conversion).
+V1_RENAMES = {
+    "experimentName": "experimentName",
+    "trialConcurrency": "trialConcurrency",
+    "maxExecDuration": "maxExperimentDuration",
+    "maxTrialNum": "maxTrialNumber",
+    "searchSpacePath": "searchSpaceFile",
+    "nniManagerIp": "nniManagerIp",
+    "logDir": "experimentWorkingDirectory",
+    "debug": "debug",
+    "logLevel": "logLevel",
+    "trial.command": "trialCommand",
+    "trial.codeDir": "trialCodeDirectory",
+    "trial.gpuNum": "trialGpuNumber",
+}
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    name: str  # canonical: "TPE", "Medianstop", ...
+    class_args: Dict[str, Any]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"name": self.name, "classArgs": copy.deepcopy(self.class_args)}
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    search_space: SearchSpace
+    trial_command: Optional[str]
+    trial_code_directory: str  # absolute
+    trial_concurrency: int
+    tuner: AlgorithmConfig  # class_args always hold optimize_mode
+    training_service: Any  # the platform's own config object
+    # The section as written (platform canonical): what to_dict() shows. Not
+    # compared: two spellings of one section make equal configs.
+    training_service_section: Dict[str, Any] = field(compare=False)
+    experiment_name: Optional[str] = None
+    assessor: Optional[AlgorithmConfig] = None
+    trial_gpu_number: Optional[int] = None
+    max_trial_number: Optional[int] = None
+    max_experiment_duration: Optional[float] = None  # seconds
+    max_trial_duration: Optional[float] = None  # seconds
+    nni_manager_ip: Optional[str] = None
+    log_level: str = "info"
+    experiment_working_directory: Optional[str] = None  # None: the store's default (TRIALKIT_HOME)
+    trial_grace_seconds: float = DEFAULT_GRACE_SECONDS
+    trial_template: Optional[str] = None  # absolute
+    priority: int = 0
+
+    @property
+    def platform(self) -> str:
+        return self.training_service_section["platform"]
+
+    @property
+    def optimize_mode(self) -> str:
+        return self.tuner.class_args["optimize_mode"]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """v2 config, camelCase, JSON-ready; parse_config() of it equals this config."""
+        out: Dict[str, Any] = {}
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is None or item.name == "training_service":
+                continue
+            if item.name == "training_service_section":
+                out["trainingService"] = copy.deepcopy(value)
+            elif isinstance(value, (SearchSpace, AlgorithmConfig)):
+                out[schema.camel(item.name)] = value.to_dict()
+            else:
+                out[schema.camel(item.name)] = value
+        return out
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_config(path: Union[str, Path]) -> ExperimentConfig:
+    """Read a YAML (or JSON) config file."""
+    path = Path(path)
+    data = read_data_file(path, str(path))
+    return parse_config(data, base_dir=path.parent, source=str(path))
+
+
+def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "config") -> ExperimentConfig:
+    """A config from its dict (v1 or v2); relative paths resolve against `base_dir`."""
+    if not isinstance(data, Mapping):
+        raise UserError(f"the config must be a mapping of keys to values, got {schema.show(data)}", source,
+                        "start from an example config")
+    base = Path(base_dir).expanduser().absolute()
+    # Every v1 config names its platform at the top (v1 required it); a stray v1
+    # key in a v2 config is then a typo with a did-you-mean, not a format switch.
+    if any(isinstance(k, str) and schema.fold(k) == "trainingserviceplatform" for k in data):
+        return _parse_v1(data, base)
+    return _parse_v2(data, base)
+
+
+def read_data_file(path: Path, where: str) -> Any:
+    """JSON or YAML from a file; YAML as JSON reads it (1e-3 is a number)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        reason = getattr(err, "strerror", None) or str(err)
+        raise UserError(f"cannot read {str(path)!r}: {reason}", where, "check the path") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "not valid YAML"
+        raise UserError(f"cannot parse {str(path)!r}{place}: {problem}", where, "fix the YAML syntax there") from None
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 as JSON users expect: 1e-3 is a float, 2024-01-01 stays a string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+# ---------------------------------------------------------------- v2
+
+
+def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
+    for key in data:
+        if isinstance(key, str) and schema.fold(key) in _UNSUPPORTED_FOLDS:
+            raise UserError(f"NNI's {key!r} is not supported", schema.path("", key), _UNSUPPORTED_FOLDS[schema.fold(key)])
+    c = schema.normalize_keys(data, V2_KEYS, "", hint="platform options go under trainingService; the top level can ")
+    _only_false(c, "useAnnotation", "useAnnotation", "annotations are not supported; use a searchSpace")
+    if c.get("experimentType") is not None:
+        schema.as_choice(c["experimentType"], ("hpo",), "experimentType")
+
+    space = _search_space(c, base)
+    tuner = _tuner(c, space)
+    section, platform_config, module = _training_service(c.get("trainingService"))
+    command = _optional(c, "trialCommand", schema.as_str)
+    if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
+        raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
+    debug = _optional(c, "debug", schema.as_bool)
+    return ExperimentConfig(
+        search_space=space,
+        trial_command=command,
+        trial_code_directory=_directory(_optional(c, "trialCodeDirectory", schema.as_str, "."), base,
+                                        "trialCodeDirectory"),
+        trial_concurrency=_optional(c, "trialConcurrency", _positive_int, 1),
+        tuner=tuner,
+        training_service=platform_config,
+        training_service_section=section,
+        experiment_name=_optional(c, "experimentName", schema.as_str),
+        assessor=_assessor(c.get("assessor"), tuner),
+        trial_gpu_number=_optional(c, "trialGpuNumber", lambda v, w: schema.as_int(v, w, minimum=0)),
+        max_trial_number=_optional(c, "maxTrialNumber", _positive_int),
+        max_experiment_duration=_optional(c, "maxExperimentDuration", schema.as_duration),
+        max_trial_duration=_optional(c, "maxTrialDuration", schema.as_duration),
+        nni_manager_ip=_optional(c, "nniManagerIp", schema.as_str),
+        log_level=_optional(c, "logLevel", lambda v, w: schema.as_choice(v, LOG_LEVELS, w))
+        or ("debug" if debug else "info"),
+        experiment_working_directory=_optional(
+            c, "experimentWorkingDirectory", lambda v, w: _absolute(schema.as_str(v, w), base, w)),
+        trial_grace_seconds=_optional(c, "trialGraceSeconds", lambda v, w: schema.as_number(v, w, minimum=0),
+                                      DEFAULT_GRACE_SECONDS),
+        trial_template=_optional(c, "trialTemplate", lambda v, w: _file(v, base, w)),
+        priority=_optional(c, "priority", schema.as_int, 0),
+    )
+
+
+_UNSUPPORTED_FOLDS = {schema.fold(k): why for k, why in UNSUPPORTED.items()}
+
+
+def _optional(c: Mapping[str, Any], key: str, check: Callable[[Any, str], Any], default: Any = None) -> Any:
+    """`check(value, key)` of a key that may be absent or null (then `default`)."""
+    return default if c.get(key) is None else check(c[key], key)
+
+
+def _positive_int(value: Any, where: str) -> int:
+    return schema.as_int(value, where, minimum=1)
+
+
+def _only_false(c: Mapping[str, Any], key: str, where: str, why: str) -> None:
+    if c.get(key) is not None and schema.as_bool(c[key], where):
+        raise UserError(f"{key}: true is not supported", where, why)
+
+
+def _absolute(path: str, base: Path, where: str) -> str:
+    if "\x00" in path:
+        raise UserError(f"the path {path!r} holds a NUL character", where, "remove it")
+    # os.path.expanduser leaves an unknown ~user alone (pathlib's raises).
+    return os.path.normpath(os.path.join(base, os.path.expanduser(path)))
+
+
+def _directory(value: Any, base: Path, where: str) -> str:
+    path = _absolute(schema.as_str(value, where), base, where)
+    if not os.path.isdir(path):
+        raise UserError(f"{value!r} is not a directory ({path})", where, "point it at the directory of your trial code")
+    return path
+
+
+def _file(value: Any, base: Path, where: str) -> str:
+    path = _absolute(schema.as_str(value, where), base, where)
+    if not os.path.isfile(path):
+        raise UserError(f"{value!r} is not a file ({path})", where, "check the path (relative to the config file)")
+    return path
+
+
+def _search_space(c: Mapping[str, Any], base: Path) -> SearchSpace:
+    inline, path = c.get("searchSpace"), c.get("searchSpaceFile")
+    if inline is not None and path is not None:
+        raise UserError("both searchSpace and searchSpaceFile are given", "searchSpaceFile", "keep one of them")
+    if path is not None:
+        return parse_space(read_data_file(Path(_file(path, base, "searchSpaceFile")), "searchSpaceFile"),
+                           "searchSpaceFile")
+    if inline is None:
+        raise UserError("the search space is missing", "searchSpace",
+                        "add searchSpaceFile: search_space.json, or searchSpace: {...}")
+    return parse_space(inline, "searchSpace")
+
+
+def _algorithm(section: Any, where: str) -> Tuple[Any, Any]:
+    sec = schema.normalize_keys(section, ("name", "classArgs"), where)
+    if sec.get("name") is None:
+        raise UserError("name is missing", schema.path(where, "name"), "add name: TPE (or another)")
+    return sec["name"], sec.get("classArgs")
+
+
+def _tuner(c: Mapping[str, Any], space: SearchSpace) -> AlgorithmConfig:
+    # NNI took an advisor (BOHB, Hyperband) in the tuner's place.
+    if c.get("tuner") is not None and c.get("advisor") is not None:
+        raise UserError("both tuner and advisor are given", "advisor", "keep the tuner")
+    where = "advisor" if c.get("advisor") is not None else "tuner"
+    if c.get(where) is None:
+        raise UserError("the tuner is missing", "tuner", "add tuner: {name: TPE, classArgs: {optimize_mode: maximize}}")
+    name, args = _algorithm(c[where], where)
+    return AlgorithmConfig(*check_tuner(name, args, space, where))
+
+
+def _assessor(section: Any, tuner: AlgorithmConfig) -> Optional[AlgorithmConfig]:
+    if section is None:
+        return None
+    name, args = _algorithm(section, "assessor")
+    name, args = check_assessor(name, args)
+    # Judging trials the other way round from the tuner is always a slip.
+    mode = args.setdefault("optimize_mode", tuner.class_args["optimize_mode"])
+    if mode != tuner.class_args["optimize_mode"]:
+        raise UserError(f"optimize_mode {mode!r} differs from the tuner's {tuner.class_args['optimize_mode']!r}",
+                        "assessor.classArgs.optimize_mode", "use the tuner's optimize_mode, or leave it out")
+    return AlgorithmConfig(name, args)
+
+
+def _training_service(section: Any) -> Tuple[Dict[str, Any], Any, Any]:
+    """(section with its platform canonical, the platform's config object, the platform module)."""
+    where = "trainingService"
+    if section is None:
+        section = {"platform": "local"}  # trialkit's default: trials on this machine
+    if isinstance(section, list):
+        raise UserError("several training services (NNI's hybrid mode) are not supported", where,
+                        "keep one trainingService section")
+    section = dict(schema.mapping(section, where))
+    keys = [k for k in section if isinstance(k, str) and schema.fold(k) == "platform"]
+    if len(keys) != 1:
+        raise UserError("platform is missing" if not keys else "platform is given twice", f"{where}.platform",
+                        "add platform: local (or kubeflow, frameworkcontroller, adaptdl, ray)")
+    name = platforms.canonical_name(section.pop(keys[0]), f"{where}.platform")
+    section = {"platform": name, **section}
+    module = platforms.load(name)
+    return section, module.parse_section(copy.deepcopy(section), where), module
+
+
+# ---------------------------------------------------------------- v1
+
+
+def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
+    v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
+    try:
+        return _parse_v2(convert_v1(v1), base)
+    except UserError as err:
+        raise UserError(err.what, _v1_where(err.where), err.fix) from None
+
+
+_V2_TO_V1 = {v2: v1 for v1, v2 in V1_RENAMES.items()}
+
+
+def _v1_where(where: Optional[str]) -> Optional[str]:
+    """Name the key the user wrote: a v1 config's errors speak v1."""
+    if where is None:
+        return None
+    head, _, rest = where.partition(".")
+    if head in ("tuner", "assessor", "advisor") and rest == "name":
+        return f"{head}.builtin{head.title()}Name"
+    if head in _V2_TO_V1:
+        return _V2_TO_V1[head] + ("." + rest if rest else "")
+    return where
+
+
+def convert_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
+    """An NNI v1 config (keys already as V1_KEYS spell them) as a v2 dict."""
+    _only_false(v1, "useAnnotation", "useAnnotation", "write a v2 config with a searchSpace")
+    _only_false(v1, "multiPhase", "multiPhase", "trialkit trials take one set of parameters")
+    if v1.get("trainingServicePlatform") is None:
+        raise UserError("trainingServicePlatform is missing", "trainingServicePlatform", "add trainingServicePlatform: local")
+    platform = platforms.canonical_name(v1["trainingServicePlatform"], "trainingServicePlatform")
+    for key, owner in V1_PLATFORM_SECTIONS.items():
+        if key in v1 and owner != platform:
+            raise UserError(f"{key} is for trainingServicePlatform: {owner}", key, f"remove it, or use {owner}")
+
+    v2: Dict[str, Any] = {}
+    trial = dict(schema.mapping(v1.get("trial") or {}, "trial"))
+    for old, new in V1_RENAMES.items():
+        holder, key = (trial, old[len("trial."):]) if old.startswith("trial.") else (v1, old)
+        if holder.get(key) is not None:
+            v2[new] = holder[key]
+    for kind in ("tuner", "assessor", "advisor"):
+        if v1.get(kind) is not None:
+            v2[kind] = _v1_algorithm(v1[kind], kind)
+
+    from_v1 = getattr(platforms.load(platform), "from_v1", None)
+    if from_v1 is None:
+        raise UserError(f"NNI v1 configs for {platform} are not supported", "trainingServicePlatform",
+                        "write a v2 config with a trainingService section")
+    v2["trainingService"] = from_v1(dict(v1))
+    return v2
+
+
+def _v1_algorithm(section: Any, kind: str) -> Dict[str, Any]:
+    builtin = f"builtin{kind.title()}Name"
+    sec = schema.normalize_keys(section, (builtin, "classArgs", "includeIntermediateResults",
+                                          "codeDir", "classFileName", "className"), kind)
+    custom = [k for k in ("codeDir", "classFileName", "className") if k in sec]
+    if custom:
+        raise UserError(f"custom {kind}s are not supported", f"{kind}.{custom[0]}", f"use a built-in {kind}")
+    _only_false(sec, "includeIntermediateResults", f"{kind}.includeIntermediateResults",
+                "tuners learn from final results only")
+    if sec.get(builtin) is None:
+        raise UserError(f"{builtin} is missing", f"{kind}.{builtin}", f"add {builtin}: TPE (or another)")
+    out = {"name": sec[builtin]}
+    if sec.get("classArgs") is not None:
+        out["classArgs"] = sec["classArgs"]
+    return out

@@ -1,0 +1,64 @@
+"""Where experiments live on disk, and how ids name them.
+
+    $TRIALKIT_HOME (default ~/.trialkit)/experiments/<experiment id>/
+        trialkit.db          the store (SQLite, WAL)
+        manager.json         the running manager: pid, url, port, admin token (mode 0600)
+        manager.log          a detached manager's output
+        trials/<trial id>/   each local trial's dir (the keeper's TRIALKIT_TRIAL_DIR)
+
+A trial id is "<experiment id>-<sequence, 5 digits>", so a trial can be found
+from its id alone.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import string
+from pathlib import Path
+from typing import List, Optional
+
+from trialkit.errors import UserError
+
+HOME_ENV = "TRIALKIT_HOME"
+_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def home() -> Path:
+    return Path(os.environ.get(HOME_ENV) or "~/.trialkit").expanduser()
+
+
+def experiments_root(working_directory: Optional[str] = None) -> Path:
+    return Path(working_directory) if working_directory else home() / "experiments"
+
+
+def new_experiment_id() -> str:
+    # A letter first: ids appear in Kubernetes names, which must not start with a digit.
+    return secrets.choice(string.ascii_lowercase) + "".join(secrets.choice(_ALPHABET) for _ in range(7))
+
+
+def trial_id(experiment_id: str, sequence: int) -> str:
+    return f"{experiment_id}-{sequence:05d}"
+
+
+def experiment_of(trial: str) -> str:
+    experiment, _, sequence = trial.rpartition("-")
+    if not experiment or not sequence.isdigit():
+        raise UserError(f"{trial!r} is not a trial id", "TRIAL_ID", "trial ids look like abcd1234-00003 (see `trialkit trial list EXP`)")
+    return experiment
+
+
+def experiment_dir(experiment_id: str) -> Path:
+    """The dir of an existing experiment; UserError if there is none."""
+    # Experiments run with experimentWorkingDirectory leave a link in the default root.
+    path = experiments_root() / experiment_id
+    if (path / "trialkit.db").exists():
+        return path
+    raise UserError(f"no experiment {experiment_id!r} under {home() / 'experiments'}", "EXPERIMENT_ID",
+                    "see `trialkit experiment list`, or set TRIALKIT_HOME to where it was run")
+
+
+def all_experiment_dirs() -> List[Path]:
+    root = experiments_root()
+    if not root.is_dir():
+        return []
+    return [p for p in sorted(root.iterdir()) if (p / "trialkit.db").exists()]
