@@ -1,0 +1,160 @@
+"""AdaptDL: one AdaptDLJob (adaptdl.petuum.com/v1) per trial, elastic when adaptive.
+
+Config (NNI's `adl`): `image`, `command`, `cpuNumber`, `gpuNumber`,
+`memorySize`, `adaptive` (AdaptDL's preemptible: the scheduler may stop and
+rescale it), `minReplicas`, `maxReplicas`, `checkpoint: {storageClass,
+storageSize}`, `nfs`, `imagePullSecrets`, plus the options every Kubernetes
+platform has (k8s_config.parse_common). Each trial gets claims for
+/adaptdl/checkpoint and /adaptdl/share; the experiment one for
+/adaptdl/tensorboard.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, List, Optional
+
+from trialkit import env as envnames
+from trialkit.errors import UserError
+from trialkit.platforms import kubernetes as k8s
+from trialkit.platforms.base import FAILED, RUNNING, SUCCEEDED, WAITING, PlatformStatus, TrialSpec
+from trialkit.platforms.k8s_config import (
+    KubeCommon,
+    Resources,
+    Section,
+    parse_common,
+    parse_resources,
+    parse_size_mib,
+    v1_common,
+)
+from trialkit.platforms.k8s_platform import KubePlatform
+
+PLATFORM = "adaptdl"
+KIND = "AdaptDLJob"
+CONTAINER = "main"
+CHECKPOINT_DIR = "/adaptdl/checkpoint"
+SHARE_DIR = "/adaptdl/share"
+TENSORBOARD_DIR = "/adaptdl/tensorboard"
+DEFAULT_STORAGE_MIB = 1024
+# AdaptDL names each pod's host <job>-<restart group>-<rank>, a DNS label:
+# leave room for the group (it grows with every rescale) and the rank.
+NAME_BUDGET = 48
+
+# The trial keys of NNI v1's `trial:` section that are this platform's options.
+_V1_KEYS = {
+    "command": "command", "image": "image", "gpuNum": "gpuNumber", "cpuNum": "cpuNumber",
+    "memorySize": "memorySize", "adaptive": "adaptive", "checkpoint": "checkpoint", "nfs": "nfs",
+    "imagePullSecrets": "imagePullSecrets", "namespace": "namespace",
+}
+
+
+@dataclass(frozen=True)
+class AdaptDLConfig:
+    command: Optional[str]  # None: the trial's command
+    resources: Resources
+    preemptible: bool
+    min_replicas: Optional[int]
+    max_replicas: Optional[int]
+    storage_class: Optional[str]  # None: the cluster's default class
+    storage_mib: int
+    common: KubeCommon
+    platform: ClassVar[str] = PLATFORM
+
+
+def parse_section(section: dict, where: str) -> AdaptDLConfig:
+    sec = Section(section, where)
+    min_replicas = sec.integer("minReplicas", minimum=0)
+    max_replicas = sec.integer("maxReplicas", minimum=1)
+    if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
+        raise UserError(f"maxReplicas ({max_replicas}) is below minReplicas ({min_replicas})", sec.at("maxReplicas"))
+    checkpoint = sec.section("checkpoint") or Section({}, sec.at("checkpoint"))
+    size_key, size = checkpoint.raw("storageSize")
+    config = AdaptDLConfig(
+        command=sec.text("command"),
+        resources=parse_resources(sec),
+        preemptible=sec.boolean("adaptive", "preemptible"),
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        storage_class=checkpoint.text("storageClass"),
+        storage_mib=DEFAULT_STORAGE_MIB if size is None else parse_size_mib(size, checkpoint.at(size_key)),
+        common=parse_common(sec, [KIND]),
+    )
+    checkpoint.finish()
+    sec.finish()
+    return config
+
+
+def from_v1(v1_config: dict) -> dict:
+    """NNI v1 (`trainingServicePlatform: adl`, everything under `trial:`) as a v2 section."""
+    trial = v1_config.get("trial") or {}
+    out = v1_common(v1_config, PLATFORM)
+    out.update({new: trial[old] for old, new in _V1_KEYS.items() if old in trial})
+    return out
+
+
+def render(config: AdaptDLConfig, spec: TrialSpec) -> List[dict]:
+    common = config.common
+    names = k8s.trial_names(spec, NAME_BUDGET)
+    checkpoint_claim = f"{names.job}-checkpoint"
+    share_claim = f"{names.job}-share"
+    tensorboard_claim = k8s.object_name(["tk", spec.experiment_id, "tensorboard"])
+    # One TensorBoard volume for the experiment, a directory in it per trial:
+    # TensorBoard then shows the trials side by side.
+    tensorboard_dir = f"{TENSORBOARD_DIR}/{names.job}"
+    env = {
+        envnames.CHECKPOINT_DIR: CHECKPOINT_DIR,
+        envnames.SHARE_DIR: SHARE_DIR,
+        envnames.TENSORBOARD_DIR: tensorboard_dir,
+        envnames.ADAPTDL["checkpoint_dir"]: CHECKPOINT_DIR,
+        envnames.ADAPTDL["share_dir"]: SHARE_DIR,
+        envnames.ADAPTDL["tensorboard_dir"]: tensorboard_dir,
+        envnames.ADAPTDL_OLD_TENSORBOARD: tensorboard_dir,
+    }
+    mounts = [
+        k8s.claim_mount("adaptdl-checkpoint", checkpoint_claim, CHECKPOINT_DIR),
+        k8s.claim_mount("adaptdl-share", share_claim, SHARE_DIR),
+        k8s.claim_mount("adaptdl-tensorboard", tensorboard_claim, TENSORBOARD_DIR),
+    ]
+    plan = k8s.pod_plan(
+        common, spec, names, PLATFORM,
+        image=None, command=config.command, res=config.resources, where="trainingService",
+        extra_env=env, extra_mounts=mounts,
+    )
+    job = k8s.job_object(common, "adaptdljob.yaml", names)
+    job_spec = job.setdefault("spec", {})
+    job_spec["preemptible"] = config.preemptible
+    for key, value in (("minReplicas", config.min_replicas), ("maxReplicas", config.max_replicas)):
+        if value is not None:
+            job_spec[key] = value
+    job_spec["template"] = k8s.fill_pod(job_spec.get("template"), plan, CONTAINER)
+    claims = [
+        k8s.claim_object(checkpoint_claim, common.namespace, names.labels, config.storage_class, config.storage_mib),
+        k8s.claim_object(share_claim, common.namespace, names.labels, config.storage_class, config.storage_mib),
+        # Labelled with the experiment only: it outlives every trial's job.
+        k8s.claim_object(
+            tensorboard_claim, common.namespace, names.experiment_labels, config.storage_class, config.storage_mib
+        ),
+    ]
+    return k8s.trial_objects(common, spec, names, job, claims)
+
+
+PHASES = {
+    "Pending": WAITING,
+    "Starting": WAITING,
+    "Running": RUNNING,
+    "Stopping": RUNNING,  # rescaling: its pods stop to restart from a checkpoint
+    "Succeeded": SUCCEEDED,
+    "Failed": FAILED,
+}
+
+
+def job_status(job: dict) -> PlatformStatus:
+    """An AdaptDLJob's status.phase (no phase yet: Pending, as its controller assumes)."""
+    status = job.get("status") or {}
+    result = PHASES.get(status.get("phase") or "Pending", WAITING)
+    reason = ": ".join(str(part) for part in (status.get("reason"), status.get("message")) if part)
+    return PlatformStatus(result, reason if result == FAILED else "")
+
+
+class Platform(KubePlatform):
+    renderer = staticmethod(render)
+    mapper = staticmethod(job_status)

@@ -1,0 +1,167 @@
+"""FrameworkController: one Framework (frameworkcontroller.microsoft.com/v1) per trial.
+
+Config (NNI-compatible): `taskRoles: [{name, taskNumber, command,
+dockerImage, cpuNumber, gpuNumber, memorySize,
+frameworkAttemptCompletionPolicy: {minFailedTaskCount,
+minSucceededTaskCount}}]`, `serviceAccountName`, plus the options every
+Kubernetes platform has (k8s_config.parse_common).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar, List, Tuple
+
+from trialkit.errors import UserError
+from trialkit.platforms import kubernetes as k8s
+from trialkit.platforms.base import (
+    FAILED,
+    RUNNING,
+    SUCCEEDED,
+    USER_CANCELED,
+    WAITING,
+    PlatformStatus,
+    TrialSpec,
+)
+from trialkit.platforms.k8s_config import KubeCommon, Role, Section, parse_common, parse_role, v1_common, v1_role
+from trialkit.platforms.k8s_platform import KubePlatform
+
+PLATFORM = "frameworkcontroller"
+KIND = "Framework"
+CONTAINER = "trial"
+NAME = re.compile(r"^[a-z0-9]{1,63}$")  # FrameworkController's rule for every name
+# FrameworkController force-deletes a pod this long after its own grace ran
+# out: the kubelet has had the whole termination grace to stop it by then.
+FORCE_DELETE_AFTER_SECONDS = 30
+UNLIMITED = -1  # FrameworkController's "no such threshold"
+STOP_REQUESTED = -210  # its completion code for a Framework stopped by a user
+RESERVED_CODES = range(200, 220)  # its own codes, not a container's exit code
+
+
+@dataclass(frozen=True)
+class TaskRole:
+    role: Role
+    min_failed: int
+    min_succeeded: int
+
+
+@dataclass(frozen=True)
+class FrameworkConfig:
+    task_roles: Tuple[TaskRole, ...]
+    common: KubeCommon
+    platform: ClassVar[str] = PLATFORM
+
+
+def _threshold(policy: Section, key: str, default: int, task_number: int) -> int:
+    value = policy.integer(key, default=default)
+    if value != UNLIMITED and not 1 <= value <= task_number:
+        raise UserError(f"must be -1 or between 1 and taskNumber ({task_number}), got {value}", policy.at(key))
+    return value
+
+
+def parse_task_role(sec: Section) -> TaskRole:
+    name = sec.text("name")
+    if name is None or not NAME.match(name):
+        raise UserError(f"task role name {name!r} is not valid", sec.at("name"), "use 1 to 63 lowercase letters and digits")
+    role = parse_role(sec, name, ("taskNumber", "taskNum"))
+    policy = sec.section("frameworkAttemptCompletionPolicy") or Section({}, sec.at("frameworkAttemptCompletionPolicy"))
+    task_role = TaskRole(
+        role=role,
+        # Defaults: one failed task fails the trial; it succeeds when all tasks end.
+        min_failed=_threshold(policy, "minFailedTaskCount", 1, role.count),
+        min_succeeded=_threshold(policy, "minSucceededTaskCount", UNLIMITED, role.count),
+    )
+    policy.finish()
+    sec.finish()
+    return task_role
+
+
+def parse_section(section: dict, where: str) -> FrameworkConfig:
+    sec = Section(section, where)
+    task_roles = [parse_task_role(item) for item in sec.sections("taskRoles")]
+    if not task_roles:
+        raise UserError("no task roles", sec.at("taskRoles"), "add taskRoles: [{name: worker, taskNumber: 1, command: ...}]")
+    names = [item.role.name for item in task_roles]
+    duplicate = next((name for name in names if names.count(name) > 1), None)
+    if duplicate:
+        raise UserError(f"task role {duplicate!r} is given twice", sec.at("taskRoles"))
+    common = parse_common(sec, [KIND])
+    sec.finish()
+    return FrameworkConfig(task_roles=tuple(task_roles), common=common)
+
+
+def from_v1(v1_config: dict) -> dict:
+    """NNI v1 (`trainingServicePlatform: frameworkcontroller`, `trial.taskRoles`, `frameworkcontrollerConfig`)."""
+    trial = v1_config.get("trial") or {}
+    out = v1_common(v1_config, PLATFORM, v1_config.get("frameworkcontrollerConfig"))
+    if "taskRoles" in trial:
+        roles = trial["taskRoles"]
+        out["taskRoles"] = [v1_role(role) for role in roles] if isinstance(roles, list) else roles
+    return out
+
+
+def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
+    names = k8s.trial_names(spec, separator="")
+    job = k8s.job_object(config.common, "framework.yaml", names)
+    job_spec = job.setdefault("spec", {})
+    job_spec.setdefault("executionType", "Start")
+    job_spec.setdefault("retryPolicy", {"fancyRetryPolicy": True, "maxRetryCount": 0})
+    entries = {entry.get("name"): entry for entry in job_spec.get("taskRoles") or []}
+    task_roles = []
+    for item in config.task_roles:
+        role = item.role
+        entry = k8s.role_entry(entries, role.name)
+        entry["name"] = role.name
+        entry["taskNumber"] = role.count
+        entry["frameworkAttemptCompletionPolicy"] = {
+            "minFailedTaskCount": item.min_failed,
+            "minSucceededTaskCount": item.min_succeeded,
+        }
+        task = entry.setdefault("task", {})
+        task.setdefault("retryPolicy", {"fancyRetryPolicy": False, "maxRetryCount": 0})
+        task["podGracefulDeletionTimeoutSec"] = config.common.termination_grace_seconds + FORCE_DELETE_AFTER_SECONDS
+        plan = k8s.pod_plan(
+            config.common, spec, names, PLATFORM,
+            image=role.image, command=role.command, res=role.resources, where=f"trainingService.taskRoles.{role.name}",
+        )
+        pod = k8s.fill_pod(task.get("pod"), plan, CONTAINER)
+        # FrameworkController retries tasks itself; the kubelet must not.
+        pod["spec"]["restartPolicy"] = "Never"
+        task["pod"] = pod
+        task_roles.append(entry)
+    job_spec["taskRoles"] = task_roles
+    return k8s.trial_objects(config.common, spec, names, job)
+
+
+# status.state while the Framework is not Completed. The Attempt* states after
+# AttemptRunning are an attempt ending: it is retried or the Framework completes.
+STATES = {
+    "AttemptCreationPending": WAITING,
+    "AttemptCreationRequested": WAITING,
+    "AttemptPreparing": WAITING,
+    "AttemptRunning": RUNNING,
+    "AttemptDeletionPending": RUNNING,
+    "AttemptDeletionRequested": RUNNING,
+    "AttemptDeleting": RUNNING,
+    "AttemptCompleted": RUNNING,
+}
+
+
+def job_status(job: dict) -> PlatformStatus:
+    """A Framework's status.state and, once Completed, its completion status."""
+    status = job.get("status") or {}
+    state = status.get("state")
+    if state != "Completed":
+        return PlatformStatus(STATES.get(state, WAITING))
+    completion = (status.get("attemptStatus") or {}).get("completionStatus") or {}
+    code = completion.get("code")
+    reason = ": ".join(str(part) for part in (completion.get("phrase"), completion.get("diagnostics")) if part)
+    exit_code = code if isinstance(code, int) and 0 <= code <= 255 and code not in RESERVED_CODES else None
+    if (completion.get("type") or {}).get("name") == "Succeeded":
+        return PlatformStatus(SUCCEEDED, "", exit_code)
+    return PlatformStatus(USER_CANCELED if code == STOP_REQUESTED else FAILED, reason, exit_code)
+
+
+class Platform(KubePlatform):
+    renderer = staticmethod(render)
+    mapper = staticmethod(job_status)

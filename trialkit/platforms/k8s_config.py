@@ -1,0 +1,405 @@
+"""Reading the Kubernetes platforms' `trainingService` sections.
+
+kubeflow, frameworkcontroller and adaptdl share this: key spelling (camelCase
+or snake_case, NNI's aliases), the options every Kubernetes platform has, a
+role's image, command and resources, and the parts of NNI's v1 format that
+they have in common. Every mistake is a UserError naming the key.
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import yaml
+
+from trialkit import env as envnames
+from trialkit.errors import UserError
+
+DEFAULT_NAMESPACE = "default"
+# cleanup.sh waits the keeper's grace plus this long for it to flush and exit;
+# the pod's terminationGracePeriodSeconds must cover both.
+KEEPER_FLUSH_SECONDS = 6
+DEFAULT_NFS_MOUNT = "/nfs"
+
+# NNI keys that mean nothing here, accepted so that NNI configs load as written:
+# the trial's code is in its image, so nothing is copied to a code directory.
+IGNORED_NNI_KEYS = frozenset({"codeDir", "codeDirectory"})
+
+MIB = 1024 * 1024
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_UNITS = {"": MIB, "b": 1}  # no unit: MiB, as NNI's memoryMB
+for _power, _letter in enumerate("kmgtp", start=1):
+    for _suffix in ("", "b", "i", "ib"):
+        _SIZE_UNITS[_letter + _suffix] = 1024**_power
+
+
+def camel(key: str) -> str:
+    """`memory_size` -> `memorySize`; camelCase keys pass unchanged."""
+    return re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), key)
+
+
+class Section:
+    """One mapping of the config, read key by key; keys nobody asked for are errors."""
+
+    def __init__(self, data: Any, where: str):
+        if not isinstance(data, dict):
+            raise UserError(f"expected a mapping, got {type(data).__name__}", where)
+        self.where = where
+        self._data: Dict[str, Any] = {}
+        self._asked: Set[str] = set(IGNORED_NNI_KEYS)
+        for key, value in data.items():
+            name = camel(str(key))
+            if name in self._data:
+                raise UserError(f"{key!r} is given twice (camelCase and snake_case)", where, "keep one")
+            self._data[name] = value
+
+    def at(self, name: str) -> str:
+        return f"{self.where}.{name}"
+
+    def raw(self, name: str, *aliases: str) -> Tuple[str, Any]:
+        """The value of `name` or one of its aliases, and the key it was found under."""
+        self._asked.update((name, *aliases))
+        found = [key for key in (name, *aliases) if key in self._data and self._data[key] is not None]
+        if len(found) > 1:
+            raise UserError(f"{found[0]} and {found[1]} name the same option", self.where, f"keep only {name}")
+        return (found[0], self._data[found[0]]) if found else (name, None)
+
+    def text(self, name: str, *aliases: str, default: Optional[str] = None) -> Optional[str]:
+        key, value = self.raw(name, *aliases)
+        if value is None:
+            return default
+        if isinstance(value, (dict, list, bool)) or str(value).strip() == "":
+            raise UserError(f"expected a non-empty string, got {value!r}", self.at(key))
+        return str(value)
+
+    def integer(
+        self, name: str, *aliases: str, default: Optional[int] = None, minimum: Optional[int] = None
+    ) -> Optional[int]:
+        key, value = self.raw(name, *aliases)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"expected an integer, got {value!r}", self.at(key))
+        if minimum is not None and value < minimum:
+            raise UserError(f"must be at least {minimum}, got {value}", self.at(key))
+        return value
+
+    def number(self, name: str, *aliases: str) -> Optional[float]:
+        key, value = self.raw(name, *aliases)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise UserError(f"expected a positive number, got {value!r}", self.at(key))
+        return float(value)
+
+    def boolean(self, name: str, *aliases: str, default: bool = False) -> bool:
+        key, value = self.raw(name, *aliases)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise UserError(f"expected true or false, got {value!r}", self.at(key))
+        return value
+
+    def section(self, name: str, *aliases: str) -> Optional["Section"]:
+        key, value = self.raw(name, *aliases)
+        return None if value is None else Section(value, self.at(key))
+
+    def sections(self, name: str, *aliases: str) -> List["Section"]:
+        key, value = self.raw(name, *aliases)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise UserError(f"expected a list, got {type(value).__name__}", self.at(key))
+        return [Section(item, f"{self.at(key)}[{i}]") for i, item in enumerate(value)]
+
+    def finish(self) -> None:
+        unknown = sorted(set(self._data) - self._asked)
+        if unknown:
+            known = ", ".join(sorted(self._asked - IGNORED_NNI_KEYS))
+            raise UserError(f"unknown key {unknown[0]!r}", self.where, f"known keys here: {known}")
+
+
+def parse_size_mib(value: Any, where: str) -> int:
+    """NNI's sizes ('4g', '8192mb', '1Gi'; a bare number is MiB) in whole MiB, rounded up."""
+    if isinstance(value, bool):
+        raise UserError(f"expected a size such as 4g or 1024mb, got {value!r}", where)
+    if isinstance(value, (int, float)):
+        mib = math.ceil(value)
+    else:
+        match = _SIZE.match(str(value))
+        unit = match.group(2).lower() if match else None
+        if unit not in _SIZE_UNITS:
+            raise UserError(
+                f"expected a size such as 4g or 1024mb, got {value!r}", where, "units: b, k, m, g, t (powers of 1024)"
+            )
+        mib = math.ceil(float(match.group(1)) * _SIZE_UNITS[unit] / MIB)
+    if mib < 1:
+        raise UserError(f"must be at least 1 MiB, got {value!r}", where)
+    return mib
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: Optional[float] = None
+    gpu: int = 0
+    memory_mib: Optional[int] = None
+
+
+def parse_resources(sec: Section) -> Resources:
+    memory_key, memory = sec.raw("memorySize", "memoryMB")
+    return Resources(
+        cpu=sec.number("cpuNumber", "cpuNum"),
+        gpu=sec.integer("gpuNumber", "gpuNum", default=0, minimum=0),
+        memory_mib=None if memory is None else parse_size_mib(memory, sec.at(memory_key)),
+    )
+
+
+@dataclass(frozen=True)
+class Role:
+    """A group of identical pods: Kubeflow's master/worker/ps, FrameworkController's task role."""
+
+    name: str
+    count: int
+    command: Optional[str]  # None: the trial's command
+    image: Optional[str]  # None: the section's image, else the trial's
+    resources: Resources
+
+
+def parse_role(sec: Section, name: str, count_keys: Sequence[str]) -> Role:
+    if sec.text("privateRegistryAuthPath") is not None:
+        raise UserError(
+            "privateRegistryAuthPath is not supported",
+            sec.at("privateRegistryAuthPath"),
+            "create an image pull Secret (kubectl create secret docker-registry) and list it in imagePullSecrets",
+        )
+    return Role(
+        name=name,
+        count=sec.integer(*count_keys, default=1, minimum=1),
+        command=sec.text("command"),
+        image=sec.text("dockerImage", "image"),
+        resources=parse_resources(sec),
+    )
+
+
+@dataclass(frozen=True)
+class NfsMount:
+    server: str
+    path: str
+    mount_path: str
+
+
+@dataclass(frozen=True)
+class KubeCommon:
+    """What every Kubernetes platform's section holds besides its jobs' shape."""
+
+    namespace: str
+    manager_address: str
+    termination_grace_seconds: int
+    keeper_grace_seconds: int
+    image: Optional[str]
+    template: Optional[dict]  # the user's trialTemplate, parsed; None: the packaged one
+    service_account: Optional[str]
+    image_pull_secrets: Tuple[str, ...]
+    nfs: Optional[NfsMount]
+
+
+def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
+    """The shared options; `kinds` are the job kinds a trialTemplate may hold."""
+    sec.text("platform")  # the config layer chose the module by it
+    if sec.boolean("reuseMode"):
+        raise UserError("reuseMode is not supported", sec.at("reuseMode"), "remove it: every trial runs as its own job")
+    namespace = sec.text("namespace", default=DEFAULT_NAMESPACE)
+    if not _DNS_LABEL.match(namespace) or len(namespace) > 63:
+        raise UserError(
+            f"{namespace!r} is not a namespace name", sec.at("namespace"), "use lowercase letters, digits and '-'"
+        )
+    address_key, address = sec.raw("managerAddress", "nniManagerIp")
+    template_path = sec.text("trialTemplate")
+    keeper, termination = parse_grace(sec)
+    return KubeCommon(
+        namespace=namespace,
+        manager_address=manager_address(address, sec.at(address_key)),
+        termination_grace_seconds=termination,
+        keeper_grace_seconds=keeper,
+        image=sec.text("dockerImage", "image"),
+        template=None if template_path is None else load_user_template(template_path, sec.at("trialTemplate"), kinds),
+        service_account=sec.text("serviceAccountName"),
+        image_pull_secrets=parse_pull_secrets(sec),
+        nfs=parse_nfs(sec),
+    )
+
+
+def parse_pull_secrets(sec: Section) -> Tuple[str, ...]:
+    """`imagePullSecrets: [{name: S}, ...]` as in a pod spec (a bare name is accepted too)."""
+    key, value = sec.raw("imagePullSecrets")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise UserError(f"expected a list, got {type(value).__name__}", sec.at(key), "write - name: SECRET")
+    names = []
+    for i, item in enumerate(value):
+        where = f"{sec.at(key)}[{i}]"
+        if isinstance(item, str):
+            names.append(item)
+            continue
+        entry = Section(item, where)
+        name = entry.text("name")
+        entry.finish()
+        if name is None:
+            raise UserError("an image pull secret needs a name", where, "write - name: SECRET")
+        names.append(name)
+    return tuple(names)
+
+
+def parse_grace(sec: Section) -> Tuple[int, int]:
+    """(keeper grace, pod termination grace): the pod's always the longer, by the flush time."""
+    keeper = sec.integer("keeperGraceSeconds", minimum=1)
+    termination = sec.integer("terminationGracePeriodSeconds", minimum=1)
+    if keeper is None and termination is None:
+        keeper = int(envnames.DEFAULT_GRACE_SECONDS)
+    if termination is None:
+        termination = keeper + KEEPER_FLUSH_SECONDS
+    if keeper is None:
+        keeper = termination - KEEPER_FLUSH_SECONDS
+        if keeper < 1:
+            raise UserError(
+                f"{termination} s leaves the keeper no time to stop the trial",
+                sec.at("terminationGracePeriodSeconds"),
+                f"use at least {1 + KEEPER_FLUSH_SECONDS}",
+            )
+    if termination <= keeper:
+        raise UserError(
+            f"must be greater than keeperGraceSeconds ({keeper}), or Kubernetes kills the trial before the keeper stops it",
+            sec.at("terminationGracePeriodSeconds"),
+            f"use at least {keeper + KEEPER_FLUSH_SECONDS}",
+        )
+    return keeper, termination
+
+
+def parse_nfs(sec: Section) -> Optional[NfsMount]:
+    """`nfs: {server, path, containerMountPath}`, or NNI v2's `storage: {storageType: nfs, ...}`."""
+    nfs = sec.section("nfs")
+    storage = sec.section("storage")
+    if nfs and storage:
+        raise UserError("nfs and storage both describe the NFS volume", sec.where, "keep only nfs")
+    nfs = nfs or storage
+    if nfs is None:
+        return None
+    if nfs is storage:
+        kind = storage.text("storageType", default="nfs")
+        if kind != "nfs":
+            raise UserError(
+                f"storage type {kind!r} is not supported",
+                storage.at("storageType"),
+                "use nfs, or mount your volume through a trialTemplate",
+            )
+    server, path = nfs.text("server"), nfs.text("path")
+    mount_path = nfs.text("containerMountPath", default=DEFAULT_NFS_MOUNT)
+    for key, value in (("server", server), ("path", path)):
+        if value is None:
+            raise UserError(f"the NFS volume needs a {key}", nfs.at(key))
+    if not mount_path.startswith("/"):
+        raise UserError(f"{mount_path!r} is not an absolute path", nfs.at("containerMountPath"))
+    nfs.finish()
+    return NfsMount(server=server, path=path, mount_path=mount_path)
+
+
+def manager_address(value: Any, where: str) -> str:
+    """The address pods reach the manager at: never loopback; default: this machine's first other one."""
+    if value is None:
+        return default_manager_address(where)
+    text = str(value).strip()
+    why = unreachable(text)
+    if why:
+        raise UserError(
+            f"{text} is {why}, which pods cannot reach",
+            where,
+            "set managerAddress to an address of this machine that the cluster can reach",
+        )
+    return text
+
+
+def unreachable(host: str) -> Optional[str]:
+    """Why no pod can reach the manager at `host`, or None when one may."""
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return "a loopback address"
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return None  # a host name: the cluster's DNS decides
+    if address.is_loopback:
+        return "a loopback address"
+    if address.is_unspecified:
+        return "the unspecified address"
+    return None
+
+
+def default_manager_address(where: str) -> str:
+    import psutil  # a core dependency; imported here because only this default needs it
+
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for addresses in psutil.net_if_addrs().values():
+            for item in addresses:
+                if item.family != family:
+                    continue
+                address = ipaddress.ip_address(item.address.split("%")[0])
+                if not (address.is_loopback or address.is_link_local):
+                    return str(address)
+    raise UserError("this machine has no non-loopback address for pods to reach the manager at", where, "set managerAddress")
+
+
+def load_user_template(path: str, where: str, kinds: Sequence[str]) -> dict:
+    """A user's job template (Katib-style trialTemplate): one YAML object of one of `kinds`."""
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror}", where)
+    try:
+        template = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise UserError(f"{path} is not valid YAML: {err}", where)
+    if not isinstance(template, dict) or template.get("kind") not in kinds:
+        found = template.get("kind") if isinstance(template, dict) else type(template).__name__
+        raise UserError(f"{path} holds {found!r}, not a job template", where, "its kind must be one of: " + ", ".join(kinds))
+    return template
+
+
+# --- NNI v1 --------------------------------------------------------------
+
+_V1_ROLE_KEYS = {"taskNum": "taskNumber", "gpuNum": "gpuNumber", "cpuNum": "cpuNumber", "image": "dockerImage"}
+
+
+def v1_role(role: Any) -> Any:
+    """A v1 role (`taskNum`, `gpuNum`, `memoryMB`, `image`, ...) in v2 spelling."""
+    if not isinstance(role, dict):
+        return role  # parse_section reports it, with its place
+    out = {}
+    for key, value in role.items():
+        if key == "memoryMB":
+            out["memorySize"] = f"{value}mb" if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+        else:
+            out[_V1_ROLE_KEYS.get(key, key)] = value
+    return out
+
+
+def v1_common(v1: dict, platform: str, storage_section: Optional[dict] = None) -> dict:
+    """The v2 keys every platform takes from a v1 config: manager address, NFS storage."""
+    out: Dict[str, Any] = {"platform": platform}
+    if v1.get("nniManagerIp") is not None:
+        out["managerAddress"] = v1["nniManagerIp"]
+    storage_section = storage_section or {}
+    kind = storage_section.get("storage", "nfs" if "nfs" in storage_section else None)
+    if kind is not None:
+        nfs = storage_section.get("nfs")
+        out["storage"] = dict(nfs, storageType=kind) if isinstance(nfs, dict) else {"storageType": kind}
+    for key, value in storage_section.items():
+        if key not in ("storage", "nfs", "azureStorage", "keyVault"):
+            out[key] = value
+    return out

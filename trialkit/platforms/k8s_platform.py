@@ -1,0 +1,156 @@
+"""Submitting, watching and deleting trials on Kubernetes: the half that talks to a cluster.
+
+Each Kubernetes platform module subclasses KubePlatform with its pure
+`renderer` (config, spec -> objects) and `mapper` (job -> PlatformStatus).
+What all of them share lives here: the order of creation, ownership, the
+pod-level failures a job's status does not show, and deletion.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Callable, List, Optional, Sequence
+
+import yaml
+
+from trialkit.platforms import kubernetes as k8s
+from trialkit.platforms.base import FAILED, FINAL_STATUSES, SYS_CANCELED, PlatformStatus, TrialSpec
+
+log = logging.getLogger(__name__)
+
+# A pod waiting for these never starts: NNI left such trials WAITING forever.
+IMAGE_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
+
+
+def image_failure(pods: Sequence[dict]) -> Optional[str]:
+    """Why the trial's image cannot start, from its pods' container statuses; None if it can."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        for container in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in IMAGE_FAILURES:
+                detail = f": {waiting['message']}" if waiting.get("message") else ""
+                return f"{pod['metadata']['name']}: {waiting['reason']}{detail}"
+    return None
+
+
+def trial_exit_code(pods: Sequence[dict]) -> Optional[int]:
+    """The trial containers' exit code: the first non-zero one, else 0; None if none ended."""
+    codes = []
+    for pod in pods:
+        specs = (pod.get("spec") or {}).get("containers", [])
+        trial_containers = {c["name"] for c in specs if c.get("command") == k8s.RUN_COMMAND}
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated")
+            if container.get("name") in trial_containers and terminated:
+                codes.append(terminated.get("exitCode"))
+    failed = [code for code in codes if code]
+    return failed[0] if failed else (0 if codes else None)
+
+
+def trial_status(job_status: PlatformStatus, pods: Sequence[dict]) -> PlatformStatus:
+    """The job's status, with what only its pods tell: image failures, exit codes."""
+    if job_status.status not in FINAL_STATUSES:
+        failure = image_failure(pods)
+        return PlatformStatus(FAILED, failure) if failure else job_status
+    if job_status.exit_code is None:
+        return dataclasses.replace(job_status, exit_code=trial_exit_code(pods))
+    return job_status
+
+
+class KubePlatform:
+    """One trial = the objects `renderer` makes; its handle is the job's ObjectRef as text."""
+
+    renderer: Callable[[Any, TrialSpec], List[dict]]
+    mapper: Callable[[dict], PlatformStatus]
+
+    def __init__(self, config: Any, experiment_dir: Any, client: Any = None):
+        self.config = config
+        self.experiment_dir = Path(experiment_dir)
+        self._client = client
+
+    @property
+    def client(self):
+        if self._client is None:
+            from trialkit.platforms.kube_client import KubeClient
+
+            self._client = KubeClient.from_environment()
+        return self._client
+
+    def submit(self, spec: TrialSpec) -> str:
+        """Create the trial's objects, the job last; the job then owns the per-trial ones."""
+        from trialkit.platforms.kube_client import ObjectRef
+
+        objects = self.renderer(self.config, spec)
+        self._record(spec, objects)
+        *needs, job = k8s.with_secrets(objects, spec)
+        # A ConfigMap or Secret left by an earlier attempt holds stale scripts or
+        # an old token: replace it. A claim keeps its data (a checkpoint to resume).
+        created = []
+        try:
+            for obj in needs:
+                on_conflict = "keep" if obj["kind"] == "PersistentVolumeClaim" else "replace"
+                self.client.create(obj, on_conflict=on_conflict)
+                created.append(obj)
+            submitted = self.client.create(job, on_conflict="keep")
+        except Exception:
+            self._remove_trial_objects(created)
+            raise
+        for obj in needs:
+            if k8s.LABEL_TRIAL in obj["metadata"]["labels"]:
+                self.client.set_owner(ObjectRef.of(obj), submitted)
+        return str(ObjectRef.of(job))
+
+    def _remove_trial_objects(self, objects: Sequence[dict]) -> None:
+        """Undo a submission that failed half-way; the error that stopped it is the one raised."""
+        from trialkit.platforms.kube_client import ClusterError, ObjectRef
+
+        for obj in objects:
+            if k8s.LABEL_TRIAL not in obj["metadata"]["labels"]:
+                continue  # the experiment's, not this trial's
+            try:
+                self.client.delete(ObjectRef.of(obj))
+            except ClusterError as err:
+                log.warning("could not remove %s after a failed submission: %s", ObjectRef.of(obj), err)
+
+    def _record(self, spec: TrialSpec, objects: List[dict]) -> None:
+        """What was submitted, secrets left out, for whoever debugs the trial."""
+        path = self.experiment_dir / "trials" / spec.trial_id / "kubernetes.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump_all(objects, sort_keys=False), encoding="utf-8")
+
+    def status(self, handle: str) -> PlatformStatus:
+        from trialkit.platforms.kube_client import ObjectRef
+
+        ref = ObjectRef.parse(handle)
+        job = self.client.get(ref)
+        if job is None:
+            return PlatformStatus(SYS_CANCELED, f"{ref} no longer exists")
+        pods = self.client.list_pods(ref.namespace, _selector(job))
+        return trial_status(self.mapper(job), pods)
+
+    def stop(self, handle: str, grace: Optional[float] = None) -> None:
+        """Delete the job: its pods run cleanup.sh (the keeper checkpoints) within their
+        terminationGracePeriodSeconds, or within `grace` seconds when given."""
+        self._delete(handle, None if grace is None else int(grace))
+
+    def kill(self, handle: str) -> None:
+        """Delete the job and its pods at once."""
+        self._delete(handle, 0)
+
+    def _delete(self, handle: str, pod_grace: Optional[int]) -> None:
+        from trialkit.platforms.kube_client import ObjectRef
+
+        ref = ObjectRef.parse(handle)
+        job = self.client.get(ref)
+        if job is None:
+            return
+        self.client.delete(ref)
+        if pod_grace is not None:
+            self.client.delete_pods(ref.namespace, _selector(job), pod_grace)
+
+
+def _selector(job: dict) -> str:
+    labels = job["metadata"].get("labels") or {}
+    return ",".join(f"{key}={labels[key]}" for key in (k8s.LABEL_EXPERIMENT, k8s.LABEL_TRIAL))

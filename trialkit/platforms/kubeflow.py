@@ -1,0 +1,144 @@
+"""Kubeflow's training-operator: one PyTorchJob or TFJob (kubeflow.org/v1) per trial.
+
+Config (NNI-compatible): `operator: pytorch-operator|tf-operator`, roles
+`master`, `worker`, `ps` with `replicas`, `command`, `dockerImage`,
+`cpuNumber`, `gpuNumber`, `memorySize`, plus the options every Kubernetes
+platform has (k8s_config.parse_common).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Dict, List, Mapping, Tuple
+
+from trialkit.errors import UserError
+from trialkit.platforms import kubernetes as k8s
+from trialkit.platforms.base import FAILED, RUNNING, SUCCEEDED, WAITING, PlatformStatus, TrialSpec
+from trialkit.platforms.k8s_config import KubeCommon, Role, Section, parse_common, parse_role, v1_common, v1_role
+from trialkit.platforms.k8s_platform import KubePlatform
+
+PLATFORM = "kubeflow"
+ROLES = ("master", "worker", "ps")
+# Older NNI configs name retired versions; training-operator serves v1 only,
+# and the objects are the same, so they are rendered as v1.
+API_VERSIONS = ("v1", "v1alpha2", "v1beta1", "v1beta2")
+# Pods and their Services are named <job>-<replica type>-<index>, and a
+# Service name is a DNS label: leave room for "-worker-" and the index.
+NAME_BUDGET = 48
+
+
+@dataclass(frozen=True)
+class Operator:
+    kind: str
+    template: str
+    replicas_field: str
+    container: str
+    replica_types: Mapping[str, str]  # config role -> replica type
+    required_role: str
+
+
+OPERATORS = {
+    "pytorch-operator": Operator(
+        "PyTorchJob", "pytorchjob.yaml", "pytorchReplicaSpecs", "pytorch", {"master": "Master", "worker": "Worker"}, "master"
+    ),
+    # TensorFlow calls its master the chief.
+    "tf-operator": Operator(
+        "TFJob", "tfjob.yaml", "tfReplicaSpecs", "tensorflow", {"master": "Chief", "worker": "Worker", "ps": "PS"}, "worker"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class KubeflowConfig:
+    operator: str
+    roles: Tuple[Role, ...]
+    common: KubeCommon
+    platform: ClassVar[str] = PLATFORM
+
+
+def parse_section(section: dict, where: str) -> KubeflowConfig:
+    sec = Section(section, where)
+    name = sec.text("operator", default="pytorch-operator")
+    if name not in OPERATORS:
+        raise UserError(f"unknown operator {name!r}", sec.at("operator"), "use pytorch-operator or tf-operator")
+    operator = OPERATORS[name]
+    api_version = sec.text("apiVersion", default="v1")
+    if api_version not in API_VERSIONS:
+        raise UserError(f"unknown apiVersion {api_version!r}", sec.at("apiVersion"), "use v1")
+    roles = []
+    for role_name in ROLES:
+        role_sec = sec.section(role_name)
+        if role_sec is None:
+            continue
+        if role_name not in operator.replica_types:
+            raise UserError(f"{name} has no {role_name} role", role_sec.where, "use " + " and ".join(operator.replica_types))
+        roles.append(parse_role(role_sec, role_name, ("replicas",)))
+        role_sec.finish()
+    if operator.required_role not in [role.name for role in roles]:
+        role = operator.required_role
+        raise UserError(f"{name} needs a {role} role", where, f"add {role}: {{replicas: 1, command: ...}}")
+    by_name = {role.name: role for role in roles}
+    if name == "pytorch-operator" and by_name["master"].count != 1:
+        raise UserError("a PyTorchJob has exactly one master", f"{where}.master.replicas", "use replicas: 1 and add workers")
+    common = parse_common(sec, [operator.kind])
+    sec.finish()
+    return KubeflowConfig(operator=name, roles=tuple(roles), common=common)
+
+
+def from_v1(v1_config: dict) -> dict:
+    """NNI v1 (`trainingServicePlatform: kubeflow`, roles under `trial:`, `kubeflowConfig:`) as a v2 section."""
+    kubeflow_config = v1_config.get("kubeflowConfig") or {}
+    trial = v1_config.get("trial") or {}
+    out = v1_common(v1_config, PLATFORM, kubeflow_config)
+    out.update({role: v1_role(trial[role]) for role in ROLES if role in trial})
+    return out
+
+
+def render(config: KubeflowConfig, spec: TrialSpec) -> List[dict]:
+    operator = OPERATORS[config.operator]
+    names = k8s.trial_names(spec, NAME_BUDGET)
+    job = k8s.job_object(config.common, operator.template, names)
+    job["apiVersion"] = "kubeflow.org/v1"
+    job_spec = job.setdefault("spec", {})
+    entries = job_spec.get(operator.replicas_field) or {}
+    replica_specs: Dict[str, dict] = {}
+    for role in config.roles:
+        replica_type = operator.replica_types[role.name]
+        replica = k8s.role_entry(entries, replica_type)
+        replica["replicas"] = role.count
+        replica.setdefault("restartPolicy", "Never")
+        plan = k8s.pod_plan(
+            config.common, spec, names, PLATFORM,
+            image=role.image, command=role.command, res=role.resources, where=f"trainingService.{role.name}",
+        )
+        replica["template"] = k8s.fill_pod(replica.get("template"), plan, operator.container)
+        replica_specs[replica_type] = replica
+    job_spec[operator.replicas_field] = replica_specs
+    return k8s.trial_objects(config.common, spec, names, job)
+
+
+# Conditions that hold ("status": "True"), the most decisive first. The
+# operator turns Running off when the job restarts, succeeds or fails.
+CONDITIONS = (
+    ("Failed", FAILED),
+    ("Succeeded", SUCCEEDED),
+    ("Suspended", WAITING),
+    ("Restarting", RUNNING),
+    ("Running", RUNNING),
+    ("Created", WAITING),
+)
+
+
+def job_status(job: dict) -> PlatformStatus:
+    """A PyTorchJob's or TFJob's status.conditions as a trial status."""
+    holding = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+    for condition_type, status in CONDITIONS:
+        condition = holding.get(condition_type)
+        if condition is not None:
+            reason = ": ".join(part for part in (condition.get("reason"), condition.get("message")) if part)
+            return PlatformStatus(status, reason if status == FAILED else "")
+    return PlatformStatus(WAITING)
+
+
+class Platform(KubePlatform):
+    renderer = staticmethod(render)
+    mapper = staticmethod(job_status)

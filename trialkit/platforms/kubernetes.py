@@ -1,0 +1,383 @@
+"""What the Kubernetes platforms render alike: names, labels, environment, pods.
+
+Pure functions: a parsed config and a TrialSpec go in, plain dicts come out.
+The job templates are data in `launchers/` (package `trialkit.launchers`) or a
+user's trialTemplate; the renderers fill them and never talk to a cluster.
+The trial's pods run `/bin/sh run.sh` with no arguments: the user's command
+travels in TRIALKIT_COMMAND and is never pasted into a shell line here.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+
+from trialkit import env as envnames
+from trialkit.errors import UserError
+from trialkit.platforms.base import TrialSpec
+from trialkit.platforms.k8s_config import KubeCommon, NfsMount, Resources
+
+LABEL_EXPERIMENT = "trialkit.io/experiment"
+LABEL_TRIAL = "trialkit.io/trial"
+MAX_NAME = 63  # a DNS label: names that become label values and hostnames
+# Where run.sh and cleanup.sh are, in the images (images/) and, from the
+# trial's ConfigMap, in every pod.
+SCRIPTS_DIR = "/opt/trialkit/scripts"
+SCRIPT_FILES = ("run.sh", "cleanup.sh")
+SCRIPT_MODE = 0o755
+RUN_COMMAND = ["/bin/sh", f"{SCRIPTS_DIR}/run.sh"]
+CLEANUP_COMMAND = ["/bin/sh", f"{SCRIPTS_DIR}/cleanup.sh"]
+# The keeper's home in a pod: an emptyDir, so it outlives a container restart.
+POD_TRIAL_DIR = "/var/lib/trialkit/trial"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Paths on the control plane's machine mean nothing in a pod, and a restart
+# count fixed in a pod template cannot count restarts (the keeper reads the
+# platform's own counter, e.g. ADAPTDL_NUM_RESTARTS).
+HOST_ONLY_ENV = frozenset(
+    {
+        envnames.TRIAL_DIR,
+        envnames.OUTPUT_DIR,
+        envnames.CHECKPOINT_DIR,
+        envnames.SHARE_DIR,
+        envnames.TENSORBOARD_DIR,
+        envnames.CODE_DIR,
+        envnames.PARAMETERS_FILE,
+        envnames.CHANNEL,
+        envnames.STOP_FILE,
+        envnames.RESTART_COUNT,
+    }
+)
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+# --- names and labels ----------------------------------------------------
+
+
+def object_name(parts: Sequence[str], budget: int = MAX_NAME, separator: str = "-") -> str:
+    """A valid, deterministic name from `parts`: lowercase, within `budget`.
+
+    With separator "-" the result is a DNS label; with "" it matches
+    FrameworkController's `^[a-z0-9]{1,63}$`. When anything had to change
+    (case, characters, length) a hash of the original is appended, so two
+    trials never share a name.
+    """
+    allowed = "a-z0-9-" if separator else "a-z0-9"
+    original = "-".join(parts)
+    clean = re.sub(f"[^{allowed}]+", separator, separator.join(parts).lower()).strip("-")
+    if clean == original and len(clean) <= budget:
+        return clean
+    digest = hashlib.sha256(original.encode()).hexdigest()[:8]
+    return clean[: budget - len(digest) - len(separator)].rstrip("-") + separator + digest
+
+
+def label_value(text: str) -> str:
+    """`text` when it is a valid label value, else a clean prefix and a hash of it."""
+    if len(text) <= MAX_NAME and _LABEL_VALUE.match(text):
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    clean = re.sub(r"[^A-Za-z0-9._-]+", "-", text)[: MAX_NAME - len(digest) - 1].strip("-._")
+    return f"{clean}-{digest}" if clean else digest
+
+
+@dataclass(frozen=True)
+class TrialNames:
+    """The job's name (its ConfigMap and Secret share it) and the trial's labels."""
+
+    job: str
+    experiment_label: str
+    trial_label: str
+
+    @property
+    def labels(self) -> Dict[str, str]:
+        return {LABEL_EXPERIMENT: self.experiment_label, LABEL_TRIAL: self.trial_label}
+
+    @property
+    def experiment_labels(self) -> Dict[str, str]:
+        return {LABEL_EXPERIMENT: self.experiment_label}
+
+
+def trial_names(spec: TrialSpec, budget: int = MAX_NAME, separator: str = "-") -> TrialNames:
+    return TrialNames(
+        job=object_name(["tk", spec.experiment_id, spec.trial_id], budget, separator),
+        experiment_label=label_value(spec.experiment_id),
+        trial_label=label_value(spec.trial_id),
+    )
+
+
+def metadata(name: str, namespace: str, labels: Mapping[str, str]) -> dict:
+    return {"name": name, "namespace": namespace, "labels": dict(labels)}
+
+
+# --- templates -----------------------------------------------------------
+
+
+def packaged_template(filename: str) -> dict:
+    """One of the templates shipped in launchers/ (package data trialkit.launchers)."""
+    return yaml.safe_load((files("trialkit.launchers") / filename).read_text(encoding="utf-8"))
+
+
+def job_object(common: KubeCommon, template_file: str, names: TrialNames) -> dict:
+    """The job from the user's trialTemplate or the packaged one, named and labelled."""
+    job = copy.deepcopy(common.template) if common.template is not None else packaged_template(template_file)
+    meta = job.get("metadata") or {}
+    meta.update(metadata(names.job, common.namespace, {**meta.get("labels", {}), **names.labels}))
+    meta.pop("generateName", None)  # the name is trialkit's: deterministic per trial
+    job["metadata"] = meta
+    job.pop("status", None)
+    return job
+
+
+def role_entry(entries: Mapping[str, dict], key: str) -> dict:
+    """A copy of the template's entry for `key`, else of its first entry."""
+    if key in entries:
+        return copy.deepcopy(entries[key])
+    return copy.deepcopy(next(iter(entries.values()), {}))
+
+
+# --- one trial's pods ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mount:
+    volume: dict
+    path: str
+    read_only: bool = False
+
+    def volume_mount(self) -> dict:
+        item = {"name": self.volume["name"], "mountPath": self.path}
+        if self.read_only:
+            item["readOnly"] = True
+        return item
+
+
+def claim_mount(volume_name: str, claim: str, path: str) -> Mount:
+    return Mount({"name": volume_name, "persistentVolumeClaim": {"claimName": claim}}, path)
+
+
+def nfs_mount(nfs: NfsMount) -> Mount:
+    return Mount({"name": "trialkit-nfs", "nfs": {"server": nfs.server, "path": nfs.path}}, nfs.mount_path)
+
+
+def base_mounts(common: KubeCommon, names: TrialNames) -> List[Mount]:
+    """Every trial pod's volumes: the scripts, the keeper's home, the user's NFS."""
+    mounts = [
+        Mount(
+            {"name": "trialkit-scripts", "configMap": {"name": names.job, "defaultMode": SCRIPT_MODE}},
+            SCRIPTS_DIR,
+            read_only=True,
+        ),
+        Mount({"name": "trialkit-trial", "emptyDir": {}}, POD_TRIAL_DIR),
+    ]
+    if common.nfs:
+        mounts.append(nfs_mount(common.nfs))
+    return mounts
+
+
+def resources(res: Resources) -> dict:
+    """Requests equal to limits: GPUs must be so, and a trial's speed should not vary."""
+    amounts: Dict[str, str] = {}
+    if res.cpu:
+        amounts["cpu"] = str(int(res.cpu)) if float(res.cpu).is_integer() else f"{max(1, round(res.cpu * 1000))}m"
+    if res.memory_mib:
+        amounts["memory"] = f"{res.memory_mib}Mi"
+    if res.gpu:
+        amounts[GPU_RESOURCE] = str(res.gpu)
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def pod_manager_url(url: str, address: str) -> str:
+    """The manager's URL with the host that pods reach it at (managerAddress)."""
+    parts = urlsplit(url)
+    host = f"[{address}]" if ":" in address else address
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def secret_env_names(spec: TrialSpec) -> List[str]:
+    return sorted(name for name in spec.env if name in spec.secret_env)
+
+
+def pod_env(
+    common: KubeCommon,
+    spec: TrialSpec,
+    names: TrialNames,
+    platform: str,
+    command: str,
+    extra: Optional[Mapping[str, str]] = None,
+) -> List[dict]:
+    """The environment contract as container env; secrets by reference to the trial's Secret."""
+    values = {key: value for key, value in spec.public_env().items() if key not in HOST_ONLY_ENV}
+    if envnames.MANAGER_URL in values:
+        values[envnames.MANAGER_URL] = pod_manager_url(values[envnames.MANAGER_URL], common.manager_address)
+    values.update(
+        {
+            envnames.EXPERIMENT_ID: spec.experiment_id,
+            envnames.TRIAL_ID: spec.trial_id,
+            envnames.SEQUENCE: str(spec.sequence),
+            envnames.PLATFORM: platform,
+            envnames.TRIAL_DIR: POD_TRIAL_DIR,
+            envnames.GRACE_SECONDS: str(common.keeper_grace_seconds),
+            envnames.COMMAND: command,
+        }
+    )
+    values.update(extra or {})
+    env = [{"name": key, "value": str(value)} for key, value in sorted(values.items())]
+    env += [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": names.job, "key": key}}}
+        for key in secret_env_names(spec)
+    ]
+    return env
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """What trialkit puts into one role's pod template."""
+
+    labels: Dict[str, str]
+    image: str
+    env: List[dict]
+    resources: dict
+    mounts: List[Mount]
+    termination_grace_seconds: int
+    service_account: Optional[str]
+    image_pull_secrets: Tuple[str, ...]
+
+
+def pod_plan(
+    common: KubeCommon,
+    spec: TrialSpec,
+    names: TrialNames,
+    platform: str,
+    *,
+    image: Optional[str],
+    command: Optional[str],
+    res: Resources,
+    where: str,
+    extra_env: Optional[Mapping[str, str]] = None,
+    extra_mounts: Sequence[Mount] = (),
+) -> PodPlan:
+    """The plan for a role: its own image and command, else the section's, else the trial's."""
+    image = image or common.image or spec.image
+    if not image:
+        raise UserError("no image to run the trial in", f"{where}.dockerImage", "set dockerImage (or image)")
+    command = command or spec.command
+    if not command or not command.strip():
+        raise UserError("no command to run", f"{where}.command", "set command here or trialCommand")
+    mounts = base_mounts(common, names) + list(extra_mounts)
+    paths = [mount.path for mount in mounts]
+    if len(set(paths)) != len(paths):
+        taken = next(path for path in paths if paths.count(path) > 1)
+        raise UserError(
+            f"trialkit mounts its own volume at {taken}", "trainingService.nfs.containerMountPath", "choose another path"
+        )
+    return PodPlan(
+        labels=names.labels,
+        image=image,
+        env=pod_env(common, spec, names, platform, command, extra_env),
+        resources=resources(res),
+        mounts=mounts,
+        termination_grace_seconds=common.termination_grace_seconds,
+        service_account=common.service_account,
+        image_pull_secrets=common.image_pull_secrets,
+    )
+
+
+def _replace_named(existing: Iterable[dict], ours: Sequence[dict], key: str = "name") -> List[dict]:
+    """`existing` without the entries `ours` replaces, then `ours`: filling twice changes nothing."""
+    taken = {item[key] for item in ours}
+    return [item for item in existing if item.get(key) not in taken] + list(ours)
+
+
+def fill_pod(template: Optional[dict], plan: PodPlan, container_name: str) -> dict:
+    """A pod template from `template` (kept: what trialkit does not set) and `plan`."""
+    pod = copy.deepcopy(template) if template else {}
+    meta = pod.setdefault("metadata", {})
+    meta["labels"] = {**meta.get("labels", {}), **plan.labels}
+    spec = pod.setdefault("spec", {})
+    spec["terminationGracePeriodSeconds"] = plan.termination_grace_seconds
+    if plan.service_account:
+        spec["serviceAccountName"] = plan.service_account
+    if plan.image_pull_secrets:
+        secrets = [{"name": name} for name in plan.image_pull_secrets]
+        spec["imagePullSecrets"] = _replace_named(spec.get("imagePullSecrets", []), secrets)
+    spec["volumes"] = _replace_named(spec.get("volumes", []), [mount.volume for mount in plan.mounts])
+
+    containers = spec.setdefault("containers", [])
+    container = next((c for c in containers if c.get("name") == container_name), None)
+    if container is None:
+        container = {"name": container_name}
+        containers.insert(0, container)
+    container["image"] = plan.image
+    container["command"] = list(RUN_COMMAND)
+    container.pop("args", None)  # run.sh would take them for the trial's command
+    container["env"] = _replace_named(container.get("env", []), plan.env)
+    if plan.resources:
+        current = container.get("resources", {})
+        container["resources"] = {part: {**current.get(part, {}), **plan.resources[part]} for part in ("requests", "limits")}
+    ours = [mount.volume_mount() for mount in plan.mounts]
+    paths = {mount["mountPath"] for mount in ours}
+    kept = [mount for mount in container.get("volumeMounts", []) if mount.get("mountPath") not in paths]
+    container["volumeMounts"] = _replace_named(kept, ours)
+    # Pod deletion runs cleanup.sh first: it asks the keeper to stop the trial
+    # and waits (bounded) for the checkpoint, then Kubernetes' SIGTERM follows.
+    container["lifecycle"] = {**container.get("lifecycle", {}), "preStop": {"exec": {"command": list(CLEANUP_COMMAND)}}}
+    return pod
+
+
+# --- the objects besides the job -----------------------------------------
+
+
+def read_script(filename: str) -> str:
+    return (files("trialkit.scripts") / filename).read_text(encoding="utf-8")
+
+
+def scripts_configmap(names: TrialNames, namespace: str) -> dict:
+    configmap = packaged_template("configmap.yaml")
+    configmap["metadata"] = metadata(names.job, namespace, names.labels)
+    configmap["data"] = {name: read_script(name) for name in SCRIPT_FILES}
+    return configmap
+
+
+def secret_object(names: TrialNames, namespace: str) -> dict:
+    """The trial's Secret, without its values: render never writes a secret."""
+    secret = packaged_template("secret.yaml")
+    secret["metadata"] = metadata(names.job, namespace, names.labels)
+    return secret
+
+
+def claim_object(name: str, namespace: str, labels: Mapping[str, str], storage_class: Optional[str], size_mib: int) -> dict:
+    claim = packaged_template("pvc.yaml")
+    claim["metadata"] = metadata(name, namespace, labels)
+    claim["spec"]["resources"]["requests"]["storage"] = f"{size_mib}Mi"
+    if storage_class:
+        claim["spec"]["storageClassName"] = storage_class
+    return claim
+
+
+def trial_objects(
+    common: KubeCommon, spec: TrialSpec, names: TrialNames, job: dict, extra: Sequence[dict] = ()
+) -> List[dict]:
+    """Everything to submit, in order: what the job's pods need first, the job last."""
+    objects = [secret_object(names, common.namespace)] if secret_env_names(spec) else []
+    return objects + [scripts_configmap(names, common.namespace), *extra, job]
+
+
+def with_secrets(objects: Sequence[dict], spec: TrialSpec) -> List[dict]:
+    """`objects` with the trial's Secret holding its values: done at submission only."""
+    values = {name: spec.env[name] for name in secret_env_names(spec)}
+    return [{**obj, "stringData": values} if obj["kind"] == "Secret" else obj for obj in objects]
+
+
+def render_trial(platform_config, spec: TrialSpec) -> List[dict]:
+    """Every object that submitting `spec` on this platform creates (`trialkit render`)."""
+    from trialkit.platforms import load
+
+    return load(platform_config.platform).render(platform_config, spec)
