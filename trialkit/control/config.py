@@ -203,7 +203,10 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
 
     space = _search_space(c, base)
     tuner = _tuner(c, space)
-    section, platform_config, module = _training_service(c.get("trainingService"))
+    template = _optional(c, "trialTemplate", lambda v, w: _file(v, base, w))
+    manager_ip = _optional(c, "nniManagerIp", schema.as_str)
+    section, platform_config, module = _training_service(
+        c.get("trainingService"), base, {"managerAddress": manager_ip, "trialTemplate": template})
     command = _optional(c, "trialCommand", schema.as_str)
     if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
         raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
@@ -223,14 +226,14 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
         max_trial_number=_optional(c, "maxTrialNumber", _positive_int),
         max_experiment_duration=_optional(c, "maxExperimentDuration", schema.as_duration),
         max_trial_duration=_optional(c, "maxTrialDuration", schema.as_duration),
-        nni_manager_ip=_optional(c, "nniManagerIp", schema.as_str),
+        nni_manager_ip=manager_ip,
         log_level=_optional(c, "logLevel", lambda v, w: schema.as_choice(v, LOG_LEVELS, w))
         or ("debug" if debug else "info"),
         experiment_working_directory=_optional(
             c, "experimentWorkingDirectory", lambda v, w: _absolute(schema.as_str(v, w), base, w)),
         trial_grace_seconds=_optional(c, "trialGraceSeconds", lambda v, w: schema.as_number(v, w, minimum=0),
                                       DEFAULT_GRACE_SECONDS),
-        trial_template=_optional(c, "trialTemplate", lambda v, w: _file(v, base, w)),
+        trial_template=template,
         priority=_optional(c, "priority", schema.as_int, 0),
     )
 
@@ -317,8 +320,13 @@ def _assessor(section: Any, tuner: AlgorithmConfig) -> Optional[AlgorithmConfig]
     return AlgorithmConfig(name, args)
 
 
-def _training_service(section: Any) -> Tuple[Dict[str, Any], Any, Any]:
-    """(section with its platform canonical, the platform's config object, the platform module)."""
+def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) -> Tuple[Dict[str, Any], Any, Any]:
+    """(section with its platform canonical, the platform's config object, the platform module).
+
+    Cluster platforms (those that render objects) also take the top-level
+    nniManagerIp and trialTemplate when their section does not set them, and
+    a relative trialTemplate in the section is read from the config's folder.
+    """
     where = "trainingService"
     if section is None:
         section = {"platform": "local"}  # trialkit's default: trials on this machine
@@ -333,6 +341,14 @@ def _training_service(section: Any) -> Tuple[Dict[str, Any], Any, Any]:
     name = platforms.canonical_name(section.pop(keys[0]), f"{where}.platform")
     section = {"platform": name, **section}
     module = platforms.load(name)
+    if hasattr(module, "render"):
+        folded = {schema.fold(k): k for k in section if isinstance(k, str)}
+        for key, value in inherited.items():
+            if value is not None and schema.fold(key) not in folded:
+                section[key] = value
+        template_key = folded.get(schema.fold("trialTemplate"))
+        if template_key and isinstance(section[template_key], str):
+            section[template_key] = _file(section[template_key], base, f"{where}.{template_key}")
     return section, module.parse_section(copy.deepcopy(section), where), module
 
 
