@@ -11,7 +11,7 @@ venv=$root/.venv
 py=${PYTHON:-python3}
 mkdir -p "$cache"
 
-stamp_of() { cat setup.py constraints.txt bootstrap.sh tools/build_horovod.sh | sha256sum | cut -c1-16; }
+stamp_of() { cat setup.py constraints.txt bootstrap.sh tools/build_horovod.sh tools/nni_venv.sh | sha256sum | cut -c1-16; }
 
 install_venv() {
   local stamp; stamp=$(stamp_of)
@@ -26,7 +26,15 @@ install_venv() {
   "${pip[@]}" -e "$root[all,test]"
   local whl; whl=$(bash tools/build_horovod.sh "$venv/bin/python" "$cache")
   "${pip[@]}" "$whl"
+  bash tools/nni_venv.sh "$py" "$cache" >/dev/null  # the real nni 3.0, for the compatibility tests
   echo "$stamp" > "$venv/.trialkit-stamp"
+}
+
+# Headless Chromium and its driver for the web page's tests (Debian's packages: the two always match).
+install_browser() {
+  [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && return 0
+  local sudo=; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -q && $sudo apt-get install -y -q chromium chromium-driver
 }
 
 case "${1:-}" in
@@ -36,6 +44,7 @@ case "${1:-}" in
     ;;
   test)
     install_venv
+    install_browser
     shift
     exec "$venv/bin/python" -m pytest "$@"
     ;;

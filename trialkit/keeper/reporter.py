@@ -1,16 +1,34 @@
 """Where the keeper puts what it learns about the trial.
 
-The status file in the trial dir always; records (metrics and status changes)
-go through the durable spool to the manager (see spool.py and shipper.py).
+Every record, metric or status change, takes one path: into the durable
+spool (spool.py) first, then to TensorBoard (when a dir is set) and to the
+manager (shipper.py, when a manager URL is set). Records come from the
+followed files (collector.py), from NNI's stdout lines, and from the keeper
+itself (status changes). The status file in the trial dir is kept as well,
+for people and for the local platform.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Optional
 
+from trialkit import records
 from trialkit.env import TrialEnv
+from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path, write_nni_parameters
+from trialkit.keeper.shipper import Shipper
+from trialkit.keeper.spool import Spool
 from trialkit.keeper.status import StatusFile
+from trialkit.keeper.tensorboard import Scalars
 from trialkit.process import EventLoop
+
+
+def _log(message: str) -> None:
+    print(f"[trialkit-keeper] {message}", file=sys.stderr, flush=True)
+
+
+def _warn(message: str) -> None:
+    _log(f"warning: {message}")
 
 
 class Reporter:
@@ -18,15 +36,77 @@ class Reporter:
         self.trial = trial
         self.home = home
         self.status_file = StatusFile(home / "status.json")
+        self.spool = Spool(home / "spool")
+        self.malformed = 0
+        self.collector: Optional[Collector] = None
+        self.shipper: Optional[Shipper] = None
+        self.scalars = Scalars(trial.tensorboard_dir, _warn) if trial.tensorboard_dir else None
 
     def attach(self, loop: EventLoop) -> None:
-        """Hook the reporter's event sources into the keeper's loop."""
+        """Before the trial starts: NNI's parameter file, the followed files, the shipper."""
+        try:
+            write_nni_parameters(self.trial)
+        except (OSError, ValueError) as err:
+            _warn(f"cannot write parameter.cfg for NNI's SDK ({err})")
+        nni_metrics = nni_metrics_path(self.trial)
+        for path in (self.trial.channel, nni_metrics):
+            path.parent.mkdir(parents=True, exist_ok=True)  # watched before the trial creates the files
+        cursor = self.spool.cursor
+        sources = [
+            FileSource("channel", self.trial.channel, records.SeqDecoder, cursor.get("channel"), self._bad, _warn),
+            FileSource("nni", nni_metrics, records.NniFrameDecoder, cursor.get("nni"), self._bad, _warn),
+        ]
+        self.collector = Collector(loop, sources, self._ingest, self._bad, _warn)
+        self.collector.collect(drain=True)  # what a previous keeper on this dir had not spooled
+        if self.trial.manager_url:
+            self.shipper = Shipper(self.spool, self.trial.manager_url, self.trial.trial_id, self.trial.token,
+                                   log=_log).start()
 
     def status(self, status: str, **fields: Any) -> None:
         self.status_file.update(status, **fields)
+        if self.collector:
+            self.collector.collect(drain=True)  # metrics reported before the change come before it
+        self._ingest_one(records.status_record(status, fields, self.trial.trial_id))
 
     def nni_stdout_line(self, line: bytes) -> None:
         """A `NNISDK_MEb'...'` line from the trial's stdout."""
+        try:
+            rec = records.normalize(records.parse_nni_stdout(line), "stdout")
+        except records.BadRecord as err:
+            self._bad("an NNISDK line on stdout", f"{err}: {line[:80]!r}")
+            return
+        if rec:
+            self._ingest_one(rec)
 
     def finish(self, deadline: float) -> None:
-        """Deliver what is pending until the deadline (monotonic seconds)."""
+        """Deliver what is pending until the deadline (monotonic seconds), then say what is left."""
+        if self.collector:
+            self.collector.finish()
+        if self.scalars:
+            self.scalars.close()
+        if self.malformed:
+            self.status_file.update(malformed_records=self.malformed)
+        left = self.shipper.close(deadline) if self.shipper else self.spool.unsent
+        self.spool.close()
+        if left:
+            where = f"delivered to {self.trial.manager_url}" if self.shipper else "sent (no manager URL)"
+            _log(f"{left} records were not {where}; they stay in {self.spool.dir} "
+                 f"and go out with the next keeper on this trial dir")
+
+    def _ingest(self, recs: List[Dict[str, Any]], cursor: Dict[str, Any]) -> None:
+        """Spool, then the rest. Raises OSError: the collector reads again what was not spooled."""
+        self.spool.append(recs, cursor)
+        if self.scalars:
+            for rec in recs:
+                self.scalars.add(rec)
+
+    def _ingest_one(self, rec: Dict[str, Any]) -> None:
+        """A record that no file holds (a status change, a stdout line): a failure loses it."""
+        try:
+            self._ingest([rec], self.spool.cursor)  # the files' cursor has not moved
+        except OSError as err:
+            _warn(f"cannot write the spool ({err.strerror}); a {rec['type']} record is lost")
+
+    def _bad(self, where: str, reason: str) -> None:
+        self.malformed += 1
+        _warn(f"skipped a malformed record ({where}): {reason}")

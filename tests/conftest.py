@@ -1,0 +1,76 @@
+"""Test-wide rules: no process a test started may outlive it.
+
+Every test runs with a fresh TRIALKIT_TEST_TAG in its environment; everything
+it starts inherits the tag (subprocess environments are built from
+os.environ), even processes that left their group or were orphaned. After the
+test, any live process that carries the tag fails the test; it is then killed
+by its pid so that one failure does not cascade. Session-wide fixtures that
+start long-lived services (a Ray cluster) give them their own tag.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TAG = "TRIALKIT_TEST_TAG"
+PYTHON = sys.executable
+
+# The session's one Ray cluster (`ray_cluster`), shared by every Ray test module.
+pytest_plugins = ["ray_cluster"]
+
+
+def tagged_processes(tag: str):
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(TAG) == tag and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_process_left(request):
+    tag = uuid.uuid4().hex
+    old = os.environ.get(TAG)
+    os.environ[TAG] = tag
+    yield tag
+    if old is None:
+        del os.environ[TAG]
+    else:
+        os.environ[TAG] = old
+    deadline = time.monotonic() + 5.0
+    left = tagged_processes(tag)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = tagged_processes(tag)
+    if left:
+        described = []
+        for proc in left:
+            try:
+                described.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+                proc.kill()
+            except psutil.Error:
+                pass
+        pytest.fail("processes left running after the test: " + "; ".join(described))
+
+
+@pytest.fixture
+def trial_env(tmp_path):
+    """An environment for a keeper run in a fresh trial dir."""
+    env = dict(os.environ)
+    env["TRIALKIT_TRIAL_DIR"] = str(tmp_path / "trial")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env

@@ -1,0 +1,44 @@
+"""The trial's side of the SDK -> keeper channel: an append-only file of framed records.
+
+Why a file and not a pipe or a socket: appending to a local file never blocks
+on the keeper (a pipe fills up, a socket needs a reader), it survives a
+keeper restart (the new keeper reads on from where the spool says the old one
+stopped), and any number of processes (all ranks, forked data loaders) can
+share it without a lock: with O_APPEND each record is one write(2) that the
+kernel places at the end as a whole. A process killed inside that write
+leaves at most a torn last frame, which the keeper's decoder skips.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+
+class ChannelWriter:
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: Optional[int] = None
+
+    def write(self, frame: bytes) -> None:
+        """Append one frame with one write(2). Raises OSError (the caller decides what a failure means)."""
+        fd = self._fd
+        if fd is None:
+            fd = self._open()
+        written = os.write(fd, frame)
+        if written < len(frame):
+            # Only a full disk or a signal gets here; finishing the frame keeps the
+            # file readable for a single writer, and the decoder copes otherwise.
+            view = memoryview(frame)[written:]
+            while view:
+                view = view[os.write(fd, view):]
+
+    def _open(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,326 @@
+"""The experiment's store: one SQLite database per experiment dir, the manager its only writer.
+
+    store = Store.in_dir(experiment_dir)            # <dir>/trialkit.db, WAL mode
+    store.create_experiment("exp1", config={...})
+    token = new_token()
+    store.add_trial("exp1", "trial-1", sequence=0, parameters={"lr": 0.1}, token=token)
+    ...  # the platform starts the trial with TRIALKIT_TOKEN=token
+    new = store.add_records("trial-1", batch)       # newly stored records (len = inserted count)
+    store.acked_seq("trial-1")                      # highest seq up to which all are stored
+    store.records_for("trial-1", type="PERIODICAL") # [{seq, type, sequence, value, time, ...}]
+    store.set_status("trial-1", "EARLY_STOPPED", reason="assessor")
+    store.trials("exp1", status="RUNNING")
+
+Tables:
+- experiments(id, config JSON, status, created, updated)
+- trials(id, experiment, sequence, parameter_id, parameters JSON, status,
+  exit_code, reason, token_hash, restart_count, priority, trial_dir,
+  stdout_path, stderr_path, created, started, ended, updated, acked_seq)
+- records(trial, seq, type, sequence, parameter_id, value JSON, time,
+  received, source), unique on (trial, seq): a batch sent twice is stored once.
+  NaN and infinities are kept (as JSON's NaN/Infinity, which json.loads reads).
+- statuses(trial, status, exit_code, reason, time, source): every change.
+
+Tokens are stored as SHA-256 hashes; `trial_for_token` finds a trial by its
+token. STATUS records a keeper sends (`add_records`) update the trial's
+status, exit code, restart count and times like `set_status`, with source
+"keeper". Each method is one transaction; an RLock makes the one connection
+safe to share between the manager's threads. Readers in other processes
+(the CLI) may open the same file: WAL lets them read while the manager writes.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+from trialkit import records
+from trialkit.platforms.base import FINAL_STATUSES, RUNNING, WAITING
+
+DB_NAME = "trialkit.db"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS experiments (
+    id TEXT PRIMARY KEY,
+    config TEXT,
+    status TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trials (
+    id TEXT PRIMARY KEY,
+    experiment TEXT NOT NULL REFERENCES experiments(id),
+    sequence INTEGER NOT NULL,
+    parameter_id INTEGER,
+    parameters TEXT NOT NULL,
+    status TEXT NOT NULL,
+    exit_code INTEGER,
+    reason TEXT,
+    token_hash TEXT UNIQUE,
+    restart_count INTEGER NOT NULL DEFAULT 0,
+    priority INTEGER NOT NULL DEFAULT 0,
+    trial_dir TEXT,
+    stdout_path TEXT,
+    stderr_path TEXT,
+    created REAL NOT NULL,
+    started REAL,
+    ended REAL,
+    updated REAL NOT NULL,
+    acked_seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS trials_by_experiment ON trials(experiment, sequence);
+CREATE TABLE IF NOT EXISTS records (
+    trial TEXT NOT NULL REFERENCES trials(id),
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    sequence INTEGER,
+    parameter_id,
+    value TEXT NOT NULL,
+    time REAL,
+    received REAL NOT NULL,
+    source TEXT,
+    PRIMARY KEY (trial, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS statuses (
+    id INTEGER PRIMARY KEY,
+    trial TEXT NOT NULL REFERENCES trials(id),
+    status TEXT NOT NULL,
+    exit_code INTEGER,
+    reason TEXT,
+    time REAL NOT NULL,
+    source TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS statuses_by_trial ON statuses(trial, id);
+"""
+
+_TRIAL_JSON = ("parameters",)
+
+
+def new_token() -> str:
+    """A per-trial secret for TRIALKIT_TOKEN."""
+    return secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Store:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints, never corrupt
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+
+    @classmethod
+    def in_dir(cls, experiment_dir: Path) -> "Store":
+        return cls(Path(experiment_dir) / DB_NAME)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _tx(self):
+        return _Transaction(self._db, self._lock)
+
+    # -- experiments ------------------------------------------------------------------
+    def create_experiment(self, experiment_id: str, config: Optional[Dict[str, Any]] = None,
+                          status: str = RUNNING) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT INTO experiments(id, config, status, created, updated) VALUES (?,?,?,?,?)",
+                       (experiment_id, json.dumps(config or {}), status, now, now))
+
+    def experiment(self, experiment_id: str) -> Optional[Dict[str, Any]]:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone()
+        if row is None:
+            return None
+        out = dict(row)
+        out["config"] = json.loads(out["config"])
+        return out
+
+    def set_experiment_status(self, experiment_id: str, status: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE experiments SET status=?, updated=? WHERE id=?", (status, time.time(), experiment_id))
+
+    # -- trials -----------------------------------------------------------------------
+    def add_trial(self, experiment_id: str, trial_id: str, *, sequence: int, parameters: Dict[str, Any],
+                  token: Optional[str], parameter_id: Optional[int] = None, priority: int = 0,
+                  trial_dir: Optional[str] = None, stdout_path: Optional[str] = None,
+                  stderr_path: Optional[str] = None, status: str = WAITING) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO trials(id, experiment, sequence, parameter_id, parameters, status, token_hash, "
+                "priority, trial_dir, stdout_path, stderr_path, created, updated) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (trial_id, experiment_id, sequence, sequence if parameter_id is None else parameter_id,
+                 records.dumps(parameters), status, token_hash(token) if token else None, priority,
+                 trial_dir, stdout_path, stderr_path, now, now))
+            _history(db, trial_id, status, None, None, now, "control")
+
+    def trial(self, trial_id: str) -> Optional[Dict[str, Any]]:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM trials WHERE id=?", (trial_id,)).fetchone()
+        return _trial(row) if row else None
+
+    def trials(self, experiment_id: str, status: Optional[str] = None) -> List[Dict[str, Any]]:
+        sql, args = "SELECT * FROM trials WHERE experiment=?", [experiment_id]
+        if status is not None:
+            sql, args = sql + " AND status=?", args + [status]
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY sequence", args).fetchall()
+        return [_trial(row) for row in rows]
+
+    def trial_for_token(self, token: str) -> Optional[str]:
+        with self._lock:
+            row = self._db.execute("SELECT id FROM trials WHERE token_hash=?", (token_hash(token),)).fetchone()
+        return row["id"] if row else None
+
+    def set_status(self, trial_id: str, status: str, *, exit_code: Optional[int] = None, reason: str = "",
+                   restart_count: Optional[int] = None, source: str = "control") -> None:
+        with self._tx() as db:
+            _set_status(db, trial_id, status, exit_code, reason, restart_count, time.time(), source)
+
+    def set_restart_count(self, trial_id: str, restart_count: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE trials SET restart_count=?, updated=? WHERE id=?", (restart_count, time.time(), trial_id))
+
+    def replace_token(self, trial_id: str, token: str) -> None:
+        """A new token for a trial started again (only the hash of the old one was kept)."""
+        with self._tx() as db:
+            db.execute("UPDATE trials SET token_hash=?, updated=? WHERE id=?", (token_hash(token), time.time(), trial_id))
+
+    def status_history(self, trial_id: str) -> List[Dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT status, exit_code, reason, time, source FROM statuses "
+                                    "WHERE trial=? ORDER BY id", (trial_id,)).fetchall()
+        return [dict(row) for row in rows]
+
+    # -- records ---------------------------------------------------------------------
+    def add_records(self, trial_id: str, batch: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Store records not stored before (by seq); return those newly stored, in order.
+
+        Records must be valid (records.wire_problem is None). Applies STATUS records to the trial.
+        """
+        batch = sorted(batch, key=lambda r: r["seq"])
+        if not batch:
+            return []
+        now = time.time()
+        with self._tx() as db:
+            stored = {seq for (seq,) in db.execute("SELECT seq FROM records WHERE trial=? AND seq BETWEEN ? AND ?",
+                                                   (trial_id, batch[0]["seq"], batch[-1]["seq"]))}
+            fresh = []
+            for rec in batch:
+                if rec["seq"] not in stored:
+                    stored.add(rec["seq"])  # a seq twice in one batch is stored once too
+                    fresh.append(rec)
+            db.executemany(
+                "INSERT INTO records(trial, seq, type, sequence, parameter_id, value, time, received, source) "
+                "VALUES (?,?,?,?,?,?,?,?,?)",
+                [(trial_id, rec["seq"], rec["type"], rec.get("sequence"), rec.get("parameter_id"),
+                  records.dumps(rec["value"]), rec.get("time"), now, rec.get("source")) for rec in fresh])
+            for rec in fresh:
+                if rec["type"] == records.STATUS:
+                    value = rec["value"]
+                    _set_status(db, trial_id, value["status"], value.get("exit_code"), value.get("reason") or "",
+                                value.get("restart_count"), rec.get("time") or now, "keeper")
+            if fresh:
+                _advance_ack(db, trial_id)
+        return fresh
+
+    def acked_seq(self, trial_id: str) -> int:
+        """The highest seq such that every record 1..seq of the trial is stored."""
+        with self._lock:
+            row = self._db.execute("SELECT acked_seq FROM trials WHERE id=?", (trial_id,)).fetchone()
+        return row["acked_seq"] if row else 0
+
+    def records_for(self, trial_id: str, type: Optional[str] = None, after_seq: int = 0) -> List[Dict[str, Any]]:
+        sql = ("SELECT seq, type, sequence, parameter_id, value, time, received, source FROM records "
+               "WHERE trial=? AND seq>?")
+        args: List[Any] = [trial_id, after_seq]
+        if type is not None:
+            sql, args = sql + " AND type=?", args + [type]
+        with self._lock:
+            rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
+        out = []
+        for row in rows:
+            rec = dict(row)
+            rec["value"] = json.loads(rec["value"])
+            out.append(rec)
+        return out
+
+    def count_records(self, trial_id: Optional[str] = None) -> int:
+        with self._lock:
+            if trial_id is None:
+                return self._db.execute("SELECT COUNT(*) FROM records").fetchone()[0]
+            return self._db.execute("SELECT COUNT(*) FROM records WHERE trial=?", (trial_id,)).fetchone()[0]
+
+
+class _Transaction:
+    """`with store._tx() as db:` one IMMEDIATE transaction under the store's lock."""
+
+    def __init__(self, db: sqlite3.Connection, lock: threading.RLock):
+        self.db = db
+        self.lock = lock
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.lock.acquire()
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, kind, value, tb) -> None:
+        try:
+            self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        finally:
+            self.lock.release()
+
+
+def _trial(row: sqlite3.Row) -> Dict[str, Any]:
+    out = dict(row)
+    for key in _TRIAL_JSON:
+        out[key] = json.loads(out[key])
+    del out["token_hash"]  # a secret's hash stays in the store
+    return out
+
+
+def _history(db: sqlite3.Connection, trial_id: str, status: str, exit_code: Optional[int], reason: Optional[str],
+             when: float, source: str) -> None:
+    db.execute("INSERT INTO statuses(trial, status, exit_code, reason, time, source) VALUES (?,?,?,?,?,?)",
+               (trial_id, status, exit_code, reason, when, source))
+
+
+def _set_status(db: sqlite3.Connection, trial_id: str, status: str, exit_code: Optional[int], reason: str,
+                restart_count: Optional[int], when: float, source: str) -> None:
+    sets = ["status=?", "exit_code=?", "reason=?", "updated=?"]
+    args: List[Any] = [status, exit_code, reason, time.time()]
+    if restart_count is not None:
+        sets.append("restart_count=?")
+        args.append(restart_count)
+    if status == RUNNING:
+        sets.append("started=COALESCE(started, ?)")
+        args.append(when)
+    elif status in FINAL_STATUSES:
+        sets.append("ended=?")
+        args.append(when)
+    db.execute(f"UPDATE trials SET {', '.join(sets)} WHERE id=?", args + [trial_id])
+    _history(db, trial_id, status, exit_code, reason, when, source)
+
+
+def _advance_ack(db: sqlite3.Connection, trial_id: str) -> None:
+    acked = db.execute("SELECT acked_seq FROM trials WHERE id=?", (trial_id,)).fetchone()[0]
+    for (seq,) in db.execute("SELECT seq FROM records WHERE trial=? AND seq>? ORDER BY seq", (trial_id, acked)):
+        if seq != acked + 1:
+            break
+        acked = seq
+    db.execute("UPDATE trials SET acked_seq=? WHERE id=?", (acked, trial_id))

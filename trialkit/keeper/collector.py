@@ -1,0 +1,174 @@
+"""Follows the files a trial writes its records to, and prepares what NNI's SDK reads.
+
+Two files are followed, both appended to by the trial: trialkit's channel
+(RFC 7464 frames) and NNI local mode's `$NNI_SYS_DIR/.nni/metrics` (`ME%06d`
+frames). The keeper's loop learns of new bytes from inotify (watch.py) and,
+a few milliseconds later (so a burst of records becomes one batch), reads
+what was appended, decodes it and hands the records with the files' read
+positions (the cursor) to the sink, which spools both in one write. A keeper
+restarted on the same trial dir starts from the spooled cursor.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
+
+from trialkit import records
+from trialkit.env import TrialEnv
+from trialkit.keeper.watch import DirWatch
+from trialkit.process import EventLoop
+
+BATCH_DELAY = 0.02  # seconds between the first change seen and the read
+READ_CHUNK = 1 << 20  # bytes read (and spooled as one batch) at a time: bounds memory
+RETRY_SECONDS = 1.0  # after the spool could not be written
+
+Decoder = Union[records.SeqDecoder, records.NniFrameDecoder]
+Sink = Callable[[List[Dict[str, Any]], Dict[str, Any]], None]
+OnBad = Callable[[str, str], None]  # (where, reason)
+
+
+def nni_metrics_path(trial: TrialEnv) -> Path:
+    return trial.trial_dir / ".nni" / "metrics"  # the child's NNI_SYS_DIR is the trial dir
+
+
+def write_nni_parameters(trial: TrialEnv) -> None:
+    """parameter.cfg in NNI's shape, before the trial starts: nni.get_next_parameter() waits for it."""
+    target = trial.trial_dir / "parameter.cfg"
+    if trial.parameters_file and Path(trial.parameters_file).absolute() == target:
+        return  # the trial was given NNI's own file
+    parameters = trial.parameters()
+    cfg = records.nni_parameter_cfg(records.parameter_id(trial.parameter_id, trial.sequence), parameters)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(cfg))
+    os.replace(tmp, target)  # never seen empty or half written
+
+
+class FileSource:
+    """One followed file: the frames appended since the last read."""
+
+    def __init__(self, name: str, path: Path, decoder: Type[Decoder], cursor: Optional[List[int]], on_bad: OnBad,
+                 warn: Callable[[str], None]):
+        self.name = name
+        self.path = path
+        self._decoder_class = decoder
+        self._on_bad = on_bad
+        self._warn = warn
+        self._unreadable = False
+        inode, offset = cursor if cursor else (None, 0)
+        self.inode: Optional[int] = inode
+        self._seek(offset)
+
+    def _seek(self, offset: int) -> None:
+        self.decoder = self._decoder_class(lambda at, why: self._on_bad(f"{self.path} at byte {at}", why), offset)
+        self.read_pos = offset
+
+    @property
+    def cursor(self) -> List[int]:
+        return [self.inode, self.decoder.offset]
+
+    def rewind(self, cursor: List[int]) -> None:
+        """Forget what was read after `cursor` (it could not be spooled): read it again later."""
+        self.inode = cursor[0]
+        self._seek(cursor[1])
+
+    def read(self) -> Tuple[Optional[List[Tuple[bytes, int]]], bool]:
+        """Frames from at most READ_CHUNK new bytes (None when nothing was new), and whether more may wait."""
+        try:
+            with open(self.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if self.inode != st.st_ino or st.st_size < self.read_pos:
+                    if self.inode is not None:
+                        self._warn(f"{self.path} was replaced or truncated; reading it from the start")
+                    self.inode = st.st_ino
+                    self._seek(0)
+                if st.st_size == self.read_pos:
+                    return None, False
+                f.seek(self.read_pos)
+                data = f.read(READ_CHUNK)
+        except FileNotFoundError:
+            return None, False  # not written yet
+        except OSError as err:
+            if not self._unreadable:
+                self._warn(f"cannot read {self.path} ({err.strerror}); trying again at its next change")
+            self._unreadable = True
+            return None, False
+        self._unreadable = False
+        self.read_pos += len(data)
+        return self.decoder.feed(data), len(data) == READ_CHUNK
+
+    def finish(self) -> None:
+        self.decoder.finish()
+
+
+class Collector:
+    def __init__(self, loop: EventLoop, sources: List[FileSource], sink: Sink, on_bad: OnBad,
+                 warn: Callable[[str], None]):
+        self.loop = loop
+        self.sources = sources
+        self.sink = sink
+        self.on_bad = on_bad
+        self.warn = warn
+        self._scheduled = False
+        self._closed = False
+        self._spool_failing = False
+        self.watch = DirWatch(loop, sorted({s.path.parent for s in sources}), self._schedule)
+
+    def _schedule(self, delay: float = BATCH_DELAY) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_later(delay, self.collect)
+
+    def cursor(self) -> Dict[str, Any]:
+        return {s.name: s.cursor for s in self.sources}
+
+    def collect(self, drain: bool = False) -> None:
+        """Spool what was appended: a chunk per file, then back to the loop unless `drain`.
+
+        A trial writing faster than we read must not keep the loop from its
+        signals and pipes: after one chunk the rest waits for the next turn.
+        """
+        self._scheduled = False
+        if self._closed:
+            return
+        for source in self.sources:
+            while True:
+                before = source.cursor
+                frames, more = source.read()
+                if frames is None:
+                    break
+                recs = [rec for rec in (self._decode(source, payload, end) for payload, end in frames) if rec]
+                try:
+                    self.sink(recs, self.cursor())
+                except OSError as err:
+                    if not self._spool_failing:
+                        self.warn(f"cannot write the spool ({err.strerror}); trying again every {RETRY_SECONDS:g}s")
+                    self._spool_failing = True
+                    source.rewind(before)
+                    self._schedule(RETRY_SECONDS)
+                    return
+                self._spool_failing = False
+                if more and not drain:
+                    self._schedule(0.0)
+                if not (more and drain):
+                    break
+
+    def _decode(self, source: FileSource, payload: bytes, end: int) -> Optional[Dict[str, Any]]:
+        try:
+            return records.normalize(records.loads(payload), source.name)
+        except records.BadRecord as err:
+            self.on_bad(f"{source.path} before byte {end}", str(err))
+            return None
+
+    def finish(self) -> None:
+        """The trial is over: read what is left; a partial frame at the end is a torn one."""
+        self.watch.close()
+        self.collect(drain=True)
+        for source in self.sources:
+            source.finish()
+        try:
+            self.sink([], self.cursor())
+        except OSError as err:
+            self.warn(f"cannot write the spool ({err.strerror})")
+        self._closed = True

@@ -1,0 +1,92 @@
+"""Tell the keeper's event loop when files in some directories change.
+
+Linux's inotify (through ctypes: no extra package) gives a file descriptor
+that becomes readable when a watched directory's files are written, created
+or renamed into place; the loop selects on it with everything else, so the
+keeper sleeps until there is something to read. Where inotify is missing
+(another OS, a filesystem or a container that refuses it), a short timer
+polls instead. Either way the callback says only "look again": the reader
+works out what is new from the files' sizes.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from trialkit.process import EventLoop
+
+POLL_SECONDS = 0.2  # fallback only
+
+_IN_MODIFY = 0x002
+_IN_CLOSE_WRITE = 0x008
+_IN_MOVED_TO = 0x080
+_IN_CREATE = 0x100
+_MASK = _IN_MODIFY | _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE
+_IN_NONBLOCK = os.O_NONBLOCK
+_IN_CLOEXEC = os.O_CLOEXEC
+
+
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    return libc if hasattr(libc, "inotify_init1") else None
+
+
+class DirWatch:
+    def __init__(self, loop: EventLoop, dirs: Iterable[Path], on_change: Callable[[], None]):
+        self.loop = loop
+        self.on_change = on_change
+        self._fd: Optional[int] = None
+        self._closed = False
+        fd = self._inotify(dirs)
+        if fd is None:
+            loop.call_later(POLL_SECONDS, self._poll)
+        else:
+            self._fd = fd
+            loop.add_reader(fd, self._on_readable)
+
+    @property
+    def event_driven(self) -> bool:
+        return self._fd is not None
+
+    @staticmethod
+    def _inotify(dirs: Iterable[Path]) -> Optional[int]:
+        libc = _libc()
+        if libc is None:
+            return None
+        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if fd < 0:
+            return None
+        for path in dirs:
+            if libc.inotify_add_watch(fd, os.fsencode(path), _MASK) < 0:
+                os.close(fd)
+                return None
+        return fd
+
+    def _on_readable(self) -> None:
+        try:
+            while os.read(self._fd, 1 << 16):
+                pass  # the events' contents do not matter: only that something changed
+        except BlockingIOError:
+            pass
+        self.on_change()
+
+    def _poll(self) -> None:
+        if self._closed:
+            return
+        self.on_change()
+        self.loop.call_later(POLL_SECONDS, self._poll)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._fd is not None:
+            self.loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = None

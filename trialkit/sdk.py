@@ -1,0 +1,121 @@
+"""The one object behind trialkit's public functions: a trial's session.
+
+It reads the environment contract once, then serves parameters, encodes each
+metric into one channel frame (one write, no lock, no network) and answers
+should_preempt() from the stop file the keeper creates on SIGTERM/SIGINT.
+
+Outside a keeper (a script run by hand) it works standalone: parameters come
+from TRIALKIT_PARAMETERS or are empty, and each metric is printed and appended
+to a local file, whose place is said once. Nothing here raises into the
+training loop: a metric that cannot be kept is reported on stderr instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, Optional, Set, TextIO
+
+from trialkit import env, records
+from trialkit.channel import ChannelWriter
+
+_KIND_NAMES = {records.PERIODICAL: "intermediate result", records.FINAL: "final result"}
+
+
+class Session:
+    def __init__(self, trial: env.TrialEnv, out: Optional[TextIO] = None, err: Optional[TextIO] = None):
+        self.trial = trial
+        self._out = out  # None: sys.stdout/stderr as they are when printing (a script may replace them)
+        self._err = err
+        self.standalone = not trial.under_keeper
+        # Only one rank speaks for a distributed job, unless told otherwise.
+        self.reporting = trial.rank == 0 or trial.report_all_ranks
+        self._channel = ChannelWriter(trial.channel)
+        self._stop_path = str(trial.stop_file)
+        self._stopping = False
+        self._parameters: Optional[Dict[str, Any]] = None
+        self._next_sequence = 0
+        self._warned: Set[str] = set()
+        # The parts of a record that never change, encoded once.
+        ident = {"parameter_id": records.parameter_id(trial.parameter_id, trial.sequence),
+                 "trial_job_id": trial.trial_id}
+        if trial.report_all_ranks:
+            ident["rank"] = trial.rank
+        self._tail = json.dumps(ident, separators=(",", ":"))[1:]
+
+    @classmethod
+    def from_environ(cls) -> "Session":
+        return cls(env.read())
+
+    # -- parameters ---------------------------------------------------------
+    def parameters(self) -> Dict[str, Any]:
+        if self._parameters is None:
+            try:
+                self._parameters = self.trial.parameters()
+            except (OSError, ValueError) as err:
+                self._warn("parameters", f"cannot read the trial's parameters ({err}); using none")
+                self._parameters = {}
+        return self._parameters
+
+    # -- metrics --------------------------------------------------------------
+    def report(self, kind: str, metric: Any) -> None:
+        """Append one metric record to the channel (PERIODICAL or FINAL)."""
+        if not self.reporting:
+            return
+        kind_of = type(metric)
+        if kind_of is float and metric - metric == 0.0:  # finite: the common case, kept cheap
+            value = float.__repr__(metric)
+        elif kind_of is int:
+            value = int.__repr__(metric)
+        else:
+            metric = records.plain(metric)
+            if not records.is_metric(metric):
+                self._warn("shape", f"a metric should be a number or a dict with a numeric 'default' "
+                           f"(got {metric!r:.60}); it is kept as it is")
+            value = records.dumps(metric)
+        if kind == records.PERIODICAL:
+            sequence = self._next_sequence
+            self._next_sequence += 1
+        else:
+            sequence = 0  # NNI numbers only intermediate results
+        frame = '\x1e{"type":"%s","sequence":%d,"time":%r,"value":%s,%s\n' % (
+            kind, sequence, time.time(), value, self._tail)
+        if self.standalone:
+            print(f"trialkit: {_KIND_NAMES[kind]} {sequence}: {metric!r}", file=self._out or sys.stdout, flush=True)
+        try:
+            self._channel.write(frame.encode())
+        except OSError as err:
+            lost = "it is only printed" if self.standalone else "it is lost"
+            self._warn("write", f"cannot write metrics to {self.trial.channel} ({err.strerror}); {lost}")
+            return
+        if self.standalone:
+            self._warn("where", f"no trialkit keeper here: metrics are printed and appended to "
+                       f"{os.path.abspath(self.trial.channel)} (JSON text sequence, RFC 7464)")
+
+    # -- stopping ---------------------------------------------------------------
+    def should_preempt(self) -> bool:
+        """True once a stop was asked: one stat(2) a call until then, nothing after."""
+        if not self._stopping and os.path.exists(self._stop_path):
+            self._stopping = True
+        return self._stopping
+
+    # -- dirs ---------------------------------------------------------------------
+    def directory(self, path: Optional[os.PathLike]) -> Optional[str]:
+        if path is None:
+            return None
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as err:
+            self._warn(f"dir {path}", f"cannot create {path} ({err.strerror})")
+        return str(path)
+
+    def _warn(self, key: str, message: str) -> None:
+        """Say a thing once per session (a training loop may hit it a million times)."""
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        try:
+            print(f"trialkit: {message}", file=self._err or sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass  # stderr closed: nothing left to tell
