@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import heapq
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -55,14 +55,23 @@ def set_child_subreaper() -> bool:
     return _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the parent is SIGKILLed the
-    # kernel kills the child, and each trialkit layer below does the same for
-    # its own children, so the whole chain goes down.
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    # A parent that ignored or blocked signals must not pass that on.
+def _clear_signal_mask() -> None:
+    # A parent that blocked signals must not pass that on to the trial.
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
+def _die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    # Runs in the child between fork and exec: if the parent is SIGKILLed the
+    # kernel sends the child `signum`, and each trialkit layer below does the
+    # same for its own children, so the whole chain goes down.
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        if os.getppid() != parent:
+            # The parent died before prctl took effect: the signal will never
+            # come, so leave now (a signal to ourselves would meet the
+            # parent's Python handlers, still installed until exec).
+            os._exit(128 + signum)
+    _clear_signal_mask()
 
 
 def exit_code(status: int) -> int:
@@ -95,27 +104,30 @@ def group_alive(pgid: int) -> bool:
     return signal_group(pgid, 0)
 
 
+def _stat_fields(pid: str) -> List[bytes]:
+    """/proc/PID/stat from the state on (field 3 of proc(5) is index 0); [] if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return []
+    # The command name may hold spaces and parentheses: parse after the last ')'.
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def start_ticks(pid: int) -> int:
+    """When a process started (clock ticks after boot): with its pid, it names it for good."""
+    return int(_stat_fields(str(pid))[19])
+
+
 def adopted_children() -> List[int]:
     """Our own children, found in /proc (orphans a subreaper inherited included)."""
-    me = os.getpid()
-    found = []
+    me = str(os.getpid()).encode()
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # The command name may hold spaces and parentheses: parse after the last ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == me:
-            found.append(int(entry))
-    return found
+        return []
+    return [int(entry) for entry in entries if entry.isdigit() and _stat_fields(entry)[1:2] == [me]]
 
 
 @dataclass
@@ -146,8 +158,16 @@ def spawn(
     stdout=None,
     stderr=None,
     name: str = "",
+    die_with_parent: bool = True,
+    parent_death_signal: int = signal.SIGKILL,
 ) -> Child:
-    """Start argv in its own session. Raises LaunchError(127|126) if it cannot run."""
+    """Start argv in its own session. Raises LaunchError(127|126) if it cannot run.
+
+    die_with_parent=False is for the control plane's local trials: their
+    keepers outlive a killed control plane, and `experiment resume` reattaches.
+    parent_death_signal=SIGTERM is for keepers under a Ray worker: when Ray
+    kills the worker, the keeper takes its graceful path (the trial checkpoints).
+    """
     if not argv:
         raise LaunchError("no command given", 127)
     try:
@@ -159,7 +179,8 @@ def spawn(
             stdout=stdout,
             stderr=stderr,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=(functools.partial(_die_with_parent, os.getpid(), parent_death_signal) if die_with_parent
+                        else _clear_signal_mask),
             close_fds=True,
         )
     except FileNotFoundError:
@@ -187,9 +208,9 @@ class EventLoop:
         self.on_exit: Callable[[Child], None] = lambda child: None
         self._timers: list = []
         self._timer_seq = 0
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._signals = tuple(signals)
         self.selector.register(self._wake_r, selectors.EVENT_READ, self._drain_signals)
 
@@ -197,7 +218,7 @@ class EventLoop:
     def install_signal_handlers(self) -> None:
         for signum in self._signals + (signal.SIGCHLD,):
             signal.signal(signum, _note_signal)
-        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
 
     def restore_signal_handlers(self) -> None:
         signal.set_wakeup_fd(-1)
@@ -266,7 +287,7 @@ class EventLoop:
 
     def _drain_signals(self) -> None:
         try:
-            data = self._wake_r.recv(4096)
+            data = os.read(self._wake_r, 4096)
         except BlockingIOError:
             return
         reap = False
@@ -278,15 +299,18 @@ class EventLoop:
         if reap:
             self.reap()
 
-    def reap(self) -> None:
-        """Collect every exited child: ours get on_exit, adopted orphans are just reaped."""
+    def reap(self) -> bool:
+        """Collect every exited child: ours get on_exit, adopted orphans are just reaped.
+
+        Returns whether any child (ours or adopted) is still alive.
+        """
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return False
             if pid == 0:
-                return
+                return True
             child = self.children.get(pid)
             if child is not None and child.running:
                 child.exit_code = exit_code(status)
@@ -310,8 +334,9 @@ class EventLoop:
         state = {"pause": 0.002, "killed_at": None}
 
         def step() -> None:
-            self.reap()
-            orphans = [p for p in adopted_children() if p not in self.children]
+            # No child left at all (the usual case) means no adopted orphan
+            # either: the scan of /proc is skipped on the way out.
+            orphans = [p for p in adopted_children() if p not in self.children] if self.reap() else []
             alive = [g for g in [child.pgid] + _groups_of(orphans) if group_alive(g)]
             now = time.monotonic()
             if not alive or (state["killed_at"] and now > state["killed_at"] + 1.0):
@@ -334,8 +359,8 @@ class EventLoop:
 
     def close(self) -> None:
         self.selector.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
 
 def _groups_of(pids: Iterable[int]) -> List[int]:

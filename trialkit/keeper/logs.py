@@ -3,8 +3,8 @@
 The event loop reads the child's pipe as soon as it is readable, so the child
 never blocks on a full pipe however slow our own stdout is: the file gets every
 byte at once, and the echo goes through a bounded buffer drained by a thread.
-When that buffer is full, echoed output is dropped (never the file's) and the
-drop is said once the echo catches up. A full disk turns the file off with one
+When that buffer is full, echoed output is left out (never the file's) and a
+note marks the gap in the echo. A full disk turns the file off with one
 warning and the echo goes on.
 """
 from __future__ import annotations
@@ -12,22 +12,31 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections import deque
 from typing import Callable, Optional
 
 READ_SIZE = 1 << 16
+READS_PER_TURN = 16  # then back to the loop: a flood of output must not delay a signal
 ECHO_BUFFER_BYTES = 64 << 20
+ECHO_DRAIN_SECONDS = 5.0  # at exit, how long a slow reader of our output may hold us
+DROP_NOTE = (b"[trialkit-keeper] %d bytes of output were not echoed here (the reader was too slow); "
+             b"the trial's log file has them\n")
 
 
 class Echo:
-    """Writes chunks to a file descriptor from a thread, holding at most a bounded amount."""
+    """Writes chunks to a file descriptor from a thread, holding at most `limit` bytes.
+
+    What does not fit is left out of the echo (the log file has it) and a note
+    stands in its place in the stream, so a reader sees where the gap is.
+    """
 
     def __init__(self, fd: int, limit: int = ECHO_BUFFER_BYTES):
         self.fd = fd
         self.limit = limit
-        self._chunks: deque = deque()
+        self._chunks: deque = deque()  # bytes to write, or the size of a gap (int)
         self._held = 0
-        self._dropped = 0
+        self._writing = False
         self._closed = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"echo-{fd}", daemon=True)
@@ -35,37 +44,49 @@ class Echo:
 
     def put(self, data: bytes) -> None:
         with self._cond:
-            if self._held + len(data) > self.limit:
-                self._dropped += len(data)
+            if self._closed:
                 return
-            self._chunks.append(data)
-            self._held += len(data)
+            if self._held + len(data) <= self.limit:
+                self._chunks.append(data)
+                self._held += len(data)
+            elif self._chunks and isinstance(self._chunks[-1], int):
+                self._chunks[-1] += len(data)  # the same gap goes on
+            else:
+                self._chunks.append(len(data))
             self._cond.notify()
 
     def close(self, timeout: float) -> None:
         """Let the thread write what it holds, for at most `timeout` seconds."""
         with self._cond:
             self._closed = True
+            idle = not self._chunks and not self._writing
             self._cond.notify()
-        self._thread.join(timeout)
+        if not idle:  # an idle thread has nothing to finish: no need to wait for it to wake
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:
             with self._cond:
+                self._writing = False
                 while not self._chunks and not self._closed:
                     self._cond.wait()
                 if not self._chunks:
                     return
-                data = self._chunks.popleft()
-                self._held -= len(data)
-                dropped, self._dropped = self._dropped, 0
-            if dropped:
-                data = (b"[trialkit-keeper] %d bytes of output were not echoed (the reader was too slow); "
-                        b"the trial's log file has them\n" % dropped) + data
+                self._writing = True
+                item = self._chunks.popleft()
+                if isinstance(item, int):
+                    data = DROP_NOTE % item
+                else:
+                    data = item
+                    self._held -= len(item)
             try:
                 _write_all(self.fd, data)
             except OSError:
-                return  # our own stdout is gone (reader closed): the file still has everything
+                # Our own stdout is gone (reader closed): the file still has everything.
+                with self._cond:
+                    self._closed = True
+                    self._chunks.clear()
+                return
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -76,31 +97,50 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class LineScanner:
-    """Finds whole lines that start with a prefix in a byte stream, without holding other lines."""
+    """Finds whole lines that start with a prefix in a byte stream, at C speed.
+
+    Only lines that can still match are held (up to max_line bytes); from a
+    line that cannot, it jumps to the next newline followed by the prefix, so
+    ordinary output costs one bytes.find per chunk.
+    """
 
     def __init__(self, prefix: bytes, on_line: Callable[[bytes], None], max_line: int = 1 << 24):
         self.prefix = prefix
         self.on_line = on_line
         self.max_line = max_line
-        self._partial = b""
-        self._skipping = False  # inside a line that cannot match
+        self._line: Optional[bytearray] = bytearray()  # None: inside a line that cannot match
 
     def feed(self, data: bytes) -> None:
-        start = 0
-        while start < len(data):
-            end = data.find(b"\n", start)
-            piece = data[start:] if end < 0 else data[start:end]
-            if not self._skipping:
-                self._partial += piece
-                head = self._partial[: len(self.prefix)]
-                if not self.prefix.startswith(head) or len(self._partial) > self.max_line:
-                    self._partial, self._skipping = b"", True
+        pos = 0
+        while pos < len(data):
+            if self._line is None:
+                pos = self._skip(data, pos)
+                continue
+            end = data.find(b"\n", pos)
+            stop = len(data) if end < 0 else end
+            missing = len(self.prefix) - len(self._line)
+            if missing > 0 and not self.prefix.startswith(bytes(self._line) + data[pos:min(stop, pos + missing)]):
+                self._line = None
+                continue
+            self._line += data[pos:stop]
+            if len(self._line) > self.max_line:
+                self._line = None
+                continue
             if end < 0:
                 return
-            if not self._skipping and self._partial.startswith(self.prefix):
-                self.on_line(self._partial.rstrip(b"\r"))
-            self._partial, self._skipping = b"", False
-            start = end + 1
+            if self._line.startswith(self.prefix):
+                self.on_line(bytes(self._line).rstrip(b"\r"))
+            self._line = bytearray()
+            pos = end + 1
+
+    def _skip(self, data: bytes, pos: int) -> int:
+        """From inside a line that cannot match, to the start of the next one that may."""
+        hit = data.find(b"\n" + self.prefix, pos)
+        last = hit if hit >= 0 else data.rfind(b"\n", pos)  # the last line may begin the prefix
+        if last < 0:
+            return len(data)
+        self._line = bytearray()
+        return last + 1
 
 
 class Capture:
@@ -112,12 +152,12 @@ class Capture:
         self.scanner = scanner
         self.echo = Echo(echo_fd) if echo_fd is not None else None
         self.open = True
-        self._file: Optional[int] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._file = self._open_log()
         os.set_blocking(pipe_fd, False)
 
     def on_readable(self) -> None:
-        """Read what the pipe holds now; close on EOF."""
-        while True:
+        """Read what the pipe holds now (a bounded amount); close on EOF."""
+        for _ in range(READS_PER_TURN):
             try:
                 data = os.read(self.pipe_fd, READ_SIZE)
             except BlockingIOError:
@@ -135,23 +175,34 @@ class Capture:
             if len(data) < READ_SIZE:
                 return
 
+    def _open_log(self) -> Optional[int]:
+        try:
+            return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as err:
+            self._lost_file(err)
+            return None
+
     def _to_file(self, data: bytes) -> None:
         if self._file is None:
             return
         try:
             _write_all(self._file, data)
         except OSError as err:
-            print(f"[trialkit-keeper] warning: cannot write {self.path} ({err.strerror}); "
-                  "output is only echoed from now on", file=sys.stderr, flush=True)
             os.close(self._file)
             self._file = None
+            self._lost_file(err)
 
-    def close(self, echo_timeout: float = 5.0) -> None:
+    def _lost_file(self, err: OSError) -> None:
+        print(f"[trialkit-keeper] warning: cannot write {self.path} ({err.strerror}); "
+              "output is only echoed from now on", file=sys.stderr, flush=True)
+
+    def close(self, echo_deadline: float) -> None:
+        """Close the file and the pipe; the echo may catch up until the deadline (monotonic)."""
         if self._file is not None:
             os.close(self._file)
             self._file = None
         if self.echo:
-            self.echo.close(echo_timeout)
+            self.echo.close(max(0.0, echo_deadline - time.monotonic()))
         try:
             os.close(self.pipe_fd)
         except OSError:

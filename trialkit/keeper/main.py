@@ -19,11 +19,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NoReturn, Optional, Sequence, Tuple
 
 from trialkit import adaptdl, env
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
-from trialkit.keeper.logs import Capture, LineScanner
+from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import StatusFile
 from trialkit.platforms.base import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
@@ -36,6 +36,7 @@ from trialkit.process import (
     set_child_subreaper,
     signal_group,
     spawn,
+    start_ticks,
 )
 
 PROG = "trialkit-keeper"
@@ -126,11 +127,32 @@ def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
         trial.stop_file.unlink()
     except FileNotFoundError:
         pass
-    (home / "keeper.pid").write_text(f"{os.getpid()}\n")
     return trial, home
 
 
-def start_trial(opts, trial: env.TrialEnv, home: Path, loop: EventLoop, reporter: Reporter) -> Tuple[Child, List[Capture]]:
+def write_pidfile(home: Path, trial: env.TrialEnv) -> Tuple[Path, str]:
+    """`PID START_TICKS GRACE` for cleanup.sh: which process to signal (a reused pid
+    does not match the start time) and how long it may take to stop."""
+    path = home / "keeper.pid"
+    line = f"{os.getpid()} {start_ticks(os.getpid())} {trial.grace_seconds:g}\n"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(line)
+    os.replace(tmp, path)
+    return path, line
+
+
+def remove_pidfile(pidfile: Tuple[Path, str]) -> None:
+    path, line = pidfile
+    try:
+        if path.read_text() == line:  # a newer keeper on this dir may have replaced it
+            path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def start_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop,
+                reporter: Reporter) -> Tuple[Child, List[Capture]]:
+    """Spawn the command with its output piped into captures that the loop serves."""
     environ = trial.child_environ()
     environ[env.UNDER_KEEPER] = str(os.getpid())
     out_r, out_w = os.pipe()
@@ -166,7 +188,8 @@ def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env
         if signum in STOP_SIGNALS:
             if not state["stop_asked"]:
                 state["stop_asked"] = True
-                trial.stop_file.touch()  # should_preempt() in the trial turns true
+                # Before the signal, so a handler that asks should_preempt() sees it.
+                os.close(os.open(trial.stop_file, os.O_WRONLY | os.O_CREAT, 0o644))
             loop.stop(child, trial.grace_seconds, first=signum)
         else:
             signal_group(child.pgid, signum)
@@ -177,14 +200,14 @@ def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env
 
     loop.on_signal = on_signal
     loop.on_exit = on_exit
-    loop.reap()  # an exit before the callbacks were set
-    if not child.running and not state["swept"]:
+    if not child.running:  # it exited before on_exit was set; later exits arrive as SIGCHLD
         on_exit(child)
     loop.run_until(lambda: state["swept"])
     loop.run_until(lambda: not any(c.open for c in captures), deadline=time.monotonic() + PIPE_EOF_WAIT)
+    echo_deadline = time.monotonic() + ECHO_DRAIN_SECONDS
     for capture in captures:
         loop.remove_reader(capture.pipe_fd)
-        capture.close()
+        capture.close(echo_deadline)
     return state["stop_asked"]
 
 
@@ -197,34 +220,53 @@ def final_status(child: Child, stop_asked: bool) -> str:
     return USER_CANCELED if stop_asked else FAILED
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def run(argv: Sequence[str]) -> int:
+    """The keeper's whole life; returns its exit code."""
     try:
-        opts = parse_args(sys.argv[1:] if argv is None else argv)
+        opts = parse_args(argv)
     except UserError as err:
         report_and_exit(PROG, err)
     trial, home = prepare_home(read_trial(opts))
+    pidfile = write_pidfile(home, trial)
     set_child_subreaper()
     loop = EventLoop(opts.forward)
     loop.install_signal_handlers()
     reporter = Reporter(trial, home)
     reporter.attach(loop)
+    code = run_trial(opts, trial, loop, reporter)
+    reporter.finish(time.monotonic() + opts.flush_seconds)
+    remove_pidfile(pidfile)
+    return code
+
+
+def run_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, reporter: Reporter) -> int:
+    """Start the command, keep it to its end, record how it ended; returns its exit code."""
     started = time.time()
     try:
-        child, captures = start_trial(opts, trial, home, loop, reporter)
+        child, captures = start_trial(opts, trial, loop, reporter)
     except LaunchError as err:
         print(f"{PROG}: {err}", file=sys.stderr, flush=True)
         reporter.status(FAILED, exit_code=err.code, reason=str(err), restart_count=trial.restart_count)
-        reporter.finish(time.monotonic() + opts.flush_seconds)
         return err.code
     reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
                     command=list(opts.command))
     stop_asked = supervise(loop, child, captures, trial)
-    status = final_status(child, stop_asked)
-    reporter.status(status, exit_code=child.exit_code, ended=time.time())
-    reporter.finish(time.monotonic() + opts.flush_seconds)
-    loop.restore_signal_handlers()
+    reporter.status(final_status(child, stop_asked), exit_code=child.exit_code, ended=time.time())
     return child.exit_code
 
 
+def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
+    code = run(sys.argv[1:] if argv is None else argv)
+    # Everything is written and delivered: leave without the interpreter's
+    # teardown (module cleanup, daemon echo threads), which would add tens of
+    # milliseconds between the trial's exit and ours.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -32,6 +32,6 @@ class StatusFile:
             self.data["status"] = status
             self.data["history"].append({"status": status, "time": time.time()})
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.data, f)
+        with open(tmp, "wb") as f:  # one write: this is on the keeper's way out
+            f.write(json.dumps(self.data).encode())
         os.replace(tmp, self.path)

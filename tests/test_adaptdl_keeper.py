@@ -1,0 +1,82 @@
+"""AdaptDL under the keeper: the environment its library reads, and the whole
+path with the real library: run.sh -> keeper -> training on the CPU with gloo;
+cleanup.sh in the middle; the checkpoint is written, the keeper exits 143 and
+records PREEMPTED; the next run (restart count + 1) resumes from that
+checkpoint at the same epoch and the next sample."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+
+import pytest
+
+from keeper_util import PYTHON, ROOT, cleanup_sh, keeper, py, run_sh, status, trial_dir
+
+
+EXAMPLE = ROOT / "examples" / "adaptdl" / "train.py"
+SAMPLES = 512  # the example's dataset
+BATCH = re.compile(rb"^epoch (\d+) samples (\d+)-(\d+) size (\d+)", re.M)
+EPOCH_DONE = re.compile(rb"^epoch (\d+) done: (\d+) samples in all", re.M)
+
+
+def batches(out: bytes) -> list:
+    """(epoch, first sample, last sample, size) of every batch the trial printed."""
+    return [tuple(int(n) for n in m.groups()) for m in BATCH.finditer(out)]
+
+
+def test_the_trial_gets_adaptdls_environment(trial_env, tmp_path):
+    env = {**trial_env, "TRIALKIT_EXPERIMENT_ID": "exp", "TRIALKIT_TRIAL_ID": "t3",
+           "TRIALKIT_TENSORBOARD_DIR": str(tmp_path / "tb"), "TRIALKIT_RESTART_COUNT": "2"}
+    k = keeper(py("""
+        import json, os
+        print(json.dumps({k: v for k, v in os.environ.items() if "ADAPTDL" in k or k.startswith("TORCH_")}))
+    """), env)
+    assert k.wait() == 0
+    seen = json.loads(k.stdout)
+    home = trial_dir(env)
+    assert seen == {
+        "ADAPTDL_CHECKPOINT_PATH": str(home / "checkpoint"),
+        "ADAPTDL_SHARE_PATH": str(home / "share"),
+        "ADAPTDL_TENSORBOARD_LOGDIR": str(tmp_path / "tb"),
+        "ADAPTDLCTL_TENSORBOARD_LOGDIR": str(tmp_path / "tb"),
+        "ADAPTDL_NUM_RESTARTS": "2",
+        "ADAPTDL_JOB_ID": "exp/t3",
+        "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+    }
+    assert (home / "checkpoint").is_dir() and (home / "share").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("adaptdl") is None, reason="needs the adaptdl extra")
+def test_preempted_by_cleanup_then_resumed_from_the_checkpoint(trial_env):
+    env = {**trial_env, "TRIALKIT_PYTHON": PYTHON, "TRIALKIT_GRACE_SECONDS": "30",
+           "TRIALKIT_EXPERIMENT_ID": "e2e", "TRIALKIT_TRIAL_ID": "adaptdl"}
+    command = [PYTHON, str(EXAMPLE), "--epochs", "3", "--step-seconds", "0.02"]
+
+    first = run_sh(env, *command)
+    first.expect(b"epoch 1 samples")  # training is in epoch 1: the pod is deleted now
+    assert cleanup_sh(env).returncode == 0
+    assert first.wait() == 143, first.stderr[-3000:]
+    assert status(env)["status"] == "PREEMPTED" and status(env)["exit_code"] == 143
+    assert (trial_dir(env) / "checkpoint" / "checkpoint-0").is_dir()
+    assert b"training done" not in first.stdout
+    before = batches(first.stdout)
+    last_epoch, _, last_sample, _ = before[-1]
+
+    second = run_sh({**env, "TRIALKIT_RESTART_COUNT": "1"}, *command)
+    assert second.wait() == 0, second.stderr[-3000:]
+    assert status(env)["status"] == "SUCCEEDED" and status(env)["restart_count"] == 1
+    assert b"training done" in second.stdout
+    after = batches(second.stdout)
+
+    # The data position continues: the next sample, in the same epoch (or the
+    # next epoch's first sample when the checkpoint fell on an epoch's end).
+    epoch, first_sample, _, _ = after[0]
+    assert first_sample == (last_sample + 1) % SAMPLES
+    assert epoch == last_epoch or (first_sample == 0 and epoch == last_epoch + 1)
+    # The Accumulator came back too: its total at the end of that epoch counts
+    # the samples of both runs, each once.
+    totals = {int(e): int(n) for e, n in EPOCH_DONE.findall(second.stdout)}
+    seen = sum(size for *_, size in before) + sum(size for e, *_, size in after if e <= epoch)
+    assert totals[epoch] == seen

@@ -1,0 +1,357 @@
+"""The keeper under faults: real processes, real signals, nothing left behind.
+
+Every case waits for events (a line the trial prints, the keeper's exit), never
+for time to pass, except where time is what is tested (the grace clock). Each
+checks with psutil that the processes it learnt of are gone; conftest checks
+that nothing the test started (tagged through the environment) is left.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import signal
+import subprocess
+import textwrap
+import threading
+import time
+
+import pytest
+
+from keeper_util import PYTHON, KEEPER, Proc, assert_gone, keeper, numbers_after, py, status, trial_dir
+
+STOP_WAITS_FOR = "while True: time.sleep(60)"
+
+
+def test_child_ignoring_sigterm_is_killed_after_the_grace(trial_env):
+    k = keeper(["sh", "-c", "trap '' TERM; echo ready $$; sleep 600"], trial_env, "--grace", "1")
+    child = numbers_after(k.expect(b"ready"), b"ready")[0]
+    sent = time.monotonic()
+    k.signal(signal.SIGTERM)
+    assert k.wait() == 137
+    elapsed = time.monotonic() - sent
+    assert 1.0 <= elapsed < 10.0
+    assert status(trial_env)["status"] == "USER_CANCELED"
+    assert status(trial_env)["exit_code"] == 137
+    assert_gone(child, k.pid)
+
+
+def test_stop_reaches_a_grandchild_in_the_group(trial_env):
+    k = keeper(["sh", "-c", "sleep 600 & echo ready $$ $!; wait"], trial_env, "--grace", "30")
+    child, grandchild = numbers_after(k.expect(b"ready"), b"ready")
+    k.signal(signal.SIGTERM)
+    assert k.wait(timeout=20) == 128 + signal.SIGTERM  # well inside the grace: both obeyed
+    assert_gone(child, grandchild)
+
+
+@pytest.mark.parametrize("straggler", ["obeys SIGTERM", "ignores SIGTERM"])
+def test_stragglers_in_the_group_are_stopped_when_the_child_exits(trial_env, straggler):
+    ignore = "trap '' TERM; " if straggler == "ignores SIGTERM" else ""
+    k = keeper(["sh", "-c", f"{ignore}sleep 600 & echo ready $!; exit 3"], trial_env)
+    grandchild = numbers_after(k.expect(b"ready"), b"ready")[0]
+    assert k.wait(timeout=20) == 3  # the trial's code, whatever happened to its stragglers
+    assert_gone(grandchild)
+    assert status(trial_env)["status"] == "FAILED"
+
+
+@pytest.mark.parametrize("straggler", ["obeys SIGTERM", "ignores SIGTERM"])
+def test_grandchild_that_left_the_group_is_stopped_when_the_child_exits(trial_env, straggler):
+    # Popen returns once the grandchild has exec'd, so setsid has happened by
+    # the time the line is printed; the child then exits and the grandchild is
+    # orphaned to the keeper, a subreaper.
+    ignore = straggler == "ignores SIGTERM"
+    k = keeper(py(f"""
+        import os, signal, subprocess
+        def setup():
+            if {ignore}:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        grandchild = subprocess.Popen(["sleep", "600"], start_new_session=True, preexec_fn=setup)
+        print("ready", grandchild.pid, os.getpgid(grandchild.pid), flush=True)
+    """), trial_env)
+    grandchild, group = numbers_after(k.expect(b"ready"), b"ready")
+    assert group == grandchild  # it did leave the group
+    assert k.wait(timeout=20) == 0
+    assert_gone(grandchild)
+
+
+def test_second_sigterm_does_not_restart_the_grace_clock(trial_env):
+    grace = 3.0
+    k = keeper(py(f"""
+        import signal, time
+        signal.signal(signal.SIGTERM, lambda *_: print("term", flush=True))
+        print("ready", flush=True)
+        {STOP_WAITS_FOR}
+    """), trial_env, "--grace", str(grace))
+    k.expect(b"ready")
+    first = time.monotonic()
+    k.signal(signal.SIGTERM)
+    k.expect(b"term")
+    # The second SIGTERM comes late in the grace: were the clock restarted,
+    # the kill would come `grace` after it, i.e. at least 2 s later than due.
+    time.sleep(max(0.0, first + grace - 1.0 - time.monotonic()))
+    k.signal(signal.SIGTERM)
+    k.expect(b"term")  # forwarded again
+    assert k.wait() == 137
+    elapsed = time.monotonic() - first
+    assert grace - 0.05 <= elapsed < grace + 1.5
+
+
+def test_sigint_is_forwarded_and_stops_the_trial(trial_env):
+    k = keeper(py("""
+        import os, signal, time
+        def on_int(*_):
+            print("got SIGINT", flush=True)
+            os._exit(7)
+        signal.signal(signal.SIGINT, on_int)
+        print("ready", flush=True)
+        while True: time.sleep(60)
+    """), trial_env, "--grace", "30")
+    k.expect(b"ready")
+    k.signal(signal.SIGINT)
+    k.expect(b"got SIGINT")
+    assert k.wait(timeout=20) == 7  # the trial's own answer, long before the grace
+    assert status(trial_env)["status"] == "USER_CANCELED"
+    assert (trial_dir(trial_env) / ".trialkit" / "stop").exists()  # should_preempt() turned true
+
+
+def test_sigterm_racing_the_childs_own_exit(trial_env):
+    # The child exits on its own within a few milliseconds of its line; the
+    # SIGTERM lands before, during or after that exit. Whatever the order, the
+    # keeper must neither hang (the grace is 30 s) nor leave anything.
+    outcomes = set()
+    for delay_ms in range(0, 12):
+        k = keeper(py(f"""
+            import time
+            print("ready", flush=True)
+            time.sleep({delay_ms / 4000})
+        """), trial_env, "--grace", "30")
+        k.expect(b"ready")
+        k.signal(signal.SIGTERM)
+        code = k.wait(timeout=20)
+        assert code in (0, 143), k.stderr
+        assert status(trial_env)["status"] == ("SUCCEEDED" if code == 0 else "USER_CANCELED")
+        assert b"Traceback" not in k.stderr
+        outcomes.add(code)
+    assert outcomes  # both orders are fine; which happened depends on the machine
+
+
+def test_100mb_through_a_slow_reader_never_blocks_the_child(trial_env):
+    size = 100 << 20
+    k = subprocess.Popen([*KEEPER, "--", *py(f"""
+        import sys, time
+        started = time.monotonic()
+        block = bytes(range(256)) * 4096
+        for _ in range({size} // len(block)):
+            sys.stdout.buffer.write(block)
+        sys.stdout.flush()
+        print("wrote in", time.monotonic() - started, file=sys.stderr, flush=True)
+    """)], env=trial_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    echoed = bytearray()
+
+    def slow_reader() -> None:  # about 3 MB/s: 100 MB would take half a minute
+        while True:
+            chunk = k.stdout.read1(1 << 16)
+            if not chunk:
+                return
+            echoed.extend(chunk)
+            time.sleep(0.02)
+
+    reader = threading.Thread(target=slow_reader)
+    reader.start()
+    try:
+        err = k.stderr.read()  # ends when the keeper exits
+        assert k.wait(timeout=60) == 0
+    finally:
+        reader.join(60)
+        k.stdout.close()
+        k.stderr.close()
+    child_seconds = float(err.split(b"wrote in", 1)[1].split()[0])
+    assert child_seconds < 15  # the slow reader would have held it 30 s
+    log = trial_dir(trial_env) / "stdout.log"
+    assert log.stat().st_size == size
+    expected = hashlib.sha256(bytes(range(256)) * (size // 256)).hexdigest()
+    assert hashlib.sha256(log.read_bytes()).hexdigest() == expected
+    assert 0 < len(echoed) < size + 4096  # what was echoed was bounded, the file has it all
+
+
+def test_child_closing_stdout_early_keeps_running(trial_env):
+    k = keeper(py("""
+        import os, signal, sys
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])  # kept for sigwait
+        os.close(1)
+        print("stdout closed", file=sys.stderr, flush=True)
+        signal.sigwait([signal.SIGUSR1])
+        print("still here", file=sys.stderr, flush=True)
+        sys.exit(5)
+    """), trial_env)
+    k.expect(b"stdout closed", "stderr")
+    assert k.proc.poll() is None
+    assert status(trial_env)["status"] == "RUNNING"
+    k.signal(signal.SIGUSR1)
+    assert k.wait(timeout=20) == 5
+    assert b"still here" in k.stderr
+    assert b"still here" in (trial_dir(trial_env) / "stderr.log").read_bytes()
+
+
+def _launch_error_lines(k: Proc) -> list:
+    """The keeper's stderr, less the reporter's note about undelivered records."""
+    assert b"Traceback" not in k.stderr
+    return [line for line in k.stderr.splitlines() if b"records were not sent" not in line]
+
+
+def test_command_not_found_exits_127_with_one_line(trial_env):
+    k = keeper(["no-such-command-anywhere", "--flag"], trial_env)
+    assert k.wait() == 127
+    assert _launch_error_lines(k) == [b"trialkit-keeper: no-such-command-anywhere: command not found"]
+    assert status(trial_env)["status"] == "FAILED"
+    assert status(trial_env)["exit_code"] == 127
+
+
+def test_not_executable_exits_126_with_one_line(trial_env, tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    k = keeper([str(script)], trial_env)
+    assert k.wait() == 126
+    [line] = _launch_error_lines(k)
+    assert str(script).encode() in line and b"not executable" in line
+    assert status(trial_env)["exit_code"] == 126
+
+
+def test_sigkilled_keeper_takes_its_child_along(trial_env):
+    k = keeper(["sh", "-c", "echo ready $$; exec sleep 600"], trial_env)
+    child = numbers_after(k.expect(b"ready"), b"ready")[0]
+    k.signal(signal.SIGKILL)
+    assert k.wait() == -signal.SIGKILL
+    assert_gone(child)  # the parent-death signal
+
+
+def _pid_namespaces_work() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+ORPHANS = """
+    import os, sys, time
+    keeper = os.getppid()
+    r, w = os.pipe()
+    for _ in range(20):
+        middle = os.fork()
+        if middle == 0:
+            parent = os.getpid()  # read before the fork: the middle may be gone before its child runs
+            if os.fork() == 0:
+                # The orphan-to-be: once its parent is gone, say who adopted it, and exit.
+                while os.getppid() == parent:
+                    time.sleep(0.001)
+                os.write(w, b"%d %d\\n" % (os.getpid(), os.getppid()))
+                os._exit(0)
+            os._exit(0)
+        os.waitpid(middle, 0)
+    os.close(w)
+    reports = b""
+    while chunk := os.read(r, 4096):  # EOF: every orphan has exited
+        reports += chunk
+    orphans = [[int(n) for n in line.split()] for line in reports.splitlines()]
+    deadline = time.monotonic() + 20
+    def zombies():
+        return [pid for pid, _ in orphans if os.path.exists(f"/proc/{pid}")]
+    while zombies() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("keeper", keeper, "adopters", *sorted({adopter for _, adopter in orphans}), flush=True)
+    print("unreaped", *zombies(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("role", ["pid 1", "subreaper"])
+def test_orphans_are_reaped(trial_env, role):
+    prefix = []
+    if role == "pid 1":
+        if not _pid_namespaces_work():
+            pytest.skip("this kernel refuses `unshare --pid --fork --mount-proc`; the subreaper case ran")
+        prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
+    k = Proc([*prefix, *KEEPER, "--", *py(ORPHANS)], trial_env)
+    assert k.wait() == 0, k.stderr
+    keeper_line = k.expect(b"keeper")
+    keeper_pid, adopters = numbers_after(keeper_line, b"keeper")[0], numbers_after(keeper_line, b"adopters")
+    assert adopters == [keeper_pid]  # every orphan went to the keeper...
+    if role == "pid 1":
+        assert keeper_pid == 1
+    assert numbers_after(k.expect(b"unreaped"), b"unreaped") == []  # ...which reaped them all
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGUSR1, signal.SIGHUP])
+def test_death_by_signal_exits_128_plus_n(trial_env, signum):
+    k = keeper(["sh", "-c", f"kill -{signum.name[3:]} $$"], trial_env)
+    assert k.wait() == 128 + signum
+    assert status(trial_env)["status"] == "FAILED"
+
+
+BOTH_SAY_WHAT_THEY_GET = """
+    import os, signal, subprocess, sys, time
+    role = sys.argv[1]
+    def say(*words):  # one write: two processes share the pipe
+        os.write(1, (" ".join(words) + "\\n").encode())
+    def note(signum, _):
+        say(role, "got", signal.Signals(signum).name)
+    for s in (signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(s, note)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if role == "child":
+        grandchild = subprocess.Popen([sys.executable, sys.argv[0], "grandchild"])  # same group
+    say(role, "ready")
+    while True: time.sleep(60)
+"""
+
+
+def test_other_signals_reach_the_whole_group(trial_env, tmp_path):
+    script = tmp_path / "both.py"
+    script.write_text(textwrap.dedent(BOTH_SAY_WHAT_THEY_GET))
+    k = keeper([PYTHON, str(script), "child"], trial_env, "--grace", "30")
+    k.expect(b"child ready")
+    k.expect(b"grandchild ready")
+    for signum in (signal.SIGUSR1, signal.SIGHUP):
+        k.signal(signum)
+        got = {k.expect(b"got " + signum.name.encode()).split()[0] for _ in range(2)}
+        assert got == {b"child", b"grandchild"}
+    k.signal(signal.SIGTERM)
+    assert k.wait(timeout=20) == 0
+
+
+@pytest.mark.parametrize("trial, stopped, expected", [
+    ("checkpoints and exits 143", True, "PREEMPTED"),
+    ("dies of SIGTERM", True, "USER_CANCELED"),
+    ("exits 143 unasked", False, "FAILED"),
+])
+def test_exit_143_is_preempted_only_after_a_forwarded_sigterm(trial_env, trial, stopped, expected):
+    handler = {
+        "checkpoints and exits 143": "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))",
+        "dies of SIGTERM": "",
+        "exits 143 unasked": "sys.exit(143)",
+    }[trial]
+    k = keeper(py(f"""
+        import signal, sys, time
+        {handler}
+        print("ready", flush=True)
+        {STOP_WAITS_FOR}
+    """), trial_env, "--grace", "30")
+    if stopped:
+        k.expect(b"ready")
+        k.signal(signal.SIGTERM)
+    assert k.wait(timeout=20) == 143
+    assert status(trial_env)["status"] == expected
+    assert status(trial_env)["exit_code"] == 143
+
+
+def test_keeper_twice_on_one_trial_dir_raises_restart_count(trial_env):
+    show = ["sh", "-c", "echo counts $TRIALKIT_RESTART_COUNT $ADAPTDL_NUM_RESTARTS"]
+    for expected in (0, 1, 2):
+        k = keeper(show, trial_env)
+        assert numbers_after(k.expect(b"counts"), b"counts") == [expected, expected]
+        assert k.wait() == 0
+        assert status(trial_env)["restart_count"] == expected
+        assert not (trial_dir(trial_env) / ".trialkit" / "keeper.pid").exists()  # gone with its keeper
+    # The platform's own count wins when it is ahead.
+    k = keeper(show, {**trial_env, "TRIALKIT_RESTART_COUNT": "7"})
+    assert numbers_after(k.expect(b"counts"), b"counts") == [7, 7]
+    assert k.wait() == 0

@@ -1,0 +1,104 @@
+"""scripts/run.sh (the container entrypoint) and scripts/cleanup.sh (the preStop hook)."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from keeper_util import (PYTHON, assert_gone, cleanup_sh, keeper, kill_group, numbers_after, run_sh, status,
+                         trial_dir)
+
+
+@pytest.fixture
+def run_env(trial_env, tmp_path):
+    """The environment a platform gives run.sh: trialkit's names and a code dir."""
+    code = tmp_path / "code"
+    code.mkdir()
+    return {**trial_env, "TRIALKIT_PYTHON": PYTHON, "TRIALKIT_CODE_DIR": str(code), "TRIALKIT_TRIAL_ID": "t7"}
+
+
+def test_run_sh_runs_trialkit_command_under_the_keeper(run_env):
+    env = {**run_env, "TRIALKIT_COMMAND": 'echo "trial $TRIALKIT_TRIAL_ID in $PWD" && exit 4'}
+    r = run_sh(env)
+    line = r.expect(b"trial t7 in")
+    assert r.wait() == 4
+    assert line.endswith(env["TRIALKIT_CODE_DIR"].encode())  # run from the code dir
+    assert line in (trial_dir(env) / "stdout.log").read_bytes()
+    assert status(env)["status"] == "FAILED" and status(env)["exit_code"] == 4
+
+
+def test_run_sh_execs_the_keeper_so_it_is_pid_1_in_a_container(run_env):
+    r = run_sh(run_env, "sh", "-c", "echo keeper $TRIALKIT_KEEPER_PID")
+    assert numbers_after(r.expect(b"keeper"), b"keeper") == [r.pid]
+    assert r.wait() == 0
+
+
+def test_run_sh_without_a_command_says_how_to_give_one(run_env):
+    r = run_sh(run_env)
+    assert r.wait() == 2
+    assert b"TRIALKIT_COMMAND" in r.stderr
+
+
+def test_startup_hook_exports_reach_the_trial(run_env):
+    hook = trial_dir(run_env).parent / "code" / "startup-hook.sh"
+    hook.write_text('echo "hook: preparing"\nexport FROM_HOOK="set by the hook"\n')
+    r = run_sh(run_env, "sh", "-c", 'echo "trial sees: $FROM_HOOK"')
+    assert r.expect(b"trial sees:") == b"trial sees: set by the hook"
+    assert r.wait() == 0
+    assert (trial_dir(run_env) / "startup-hook.log").read_text() == "hook: preparing\n"
+
+
+def test_failing_startup_hook_fails_fast_with_its_output_shown(run_env):
+    hook = trial_dir(run_env).parent / "code" / "startup-hook.sh"
+    hook.write_text('echo "installing deps"\necho "pip: no such package" >&2\nfalse\necho "not reached"\n')
+    started = time.monotonic()
+    r = run_sh(run_env, "sh", "-c", "echo the trial ran")
+    assert r.wait() == 1  # the failing line's status
+    assert time.monotonic() - started < 10
+    err = r.stderr
+    assert b"startup-hook.sh failed" in err and b"installing deps" in err and b"pip: no such package" in err
+    assert b"not reached" not in err and b"the trial ran" not in r.stdout
+    assert status(run_env)["status"] == "FAILED"
+    assert b"pip: no such package" in (trial_dir(run_env) / "stderr.log").read_bytes()  # the trial's log has it too
+
+
+def _keeper_ignoring_sigterm(env, grace: str) -> tuple:
+    k = keeper(["sh", "-c", "trap '' TERM; echo ready $$; sleep 600"], env, "--grace", grace)
+    return k, numbers_after(k.expect(b"ready"), b"ready")[0]
+
+
+def test_cleanup_returns_once_the_keeper_has_stopped_the_trial(trial_env):
+    k, child = _keeper_ignoring_sigterm(trial_env, grace="1")
+    started = time.monotonic()
+    assert cleanup_sh(trial_env).returncode == 0
+    elapsed = time.monotonic() - started
+    assert 1.0 <= elapsed < 1.0 + 6  # the keeper's grace, then its exit; never the whole deadline
+    assert k.wait() == 137
+    assert_gone(child)
+
+
+def test_cleanup_gives_up_at_its_deadline_however_long_the_grace(trial_env):
+    k, child = _keeper_ignoring_sigterm(trial_env, grace="60")
+    started = time.monotonic()
+    assert cleanup_sh(trial_env, TRIALKIT_CLEANUP_DEADLINE="1").returncode == 0
+    assert 1.0 <= time.monotonic() - started < 5
+    assert k.proc.poll() is None  # still in its grace: Kubernetes' SIGKILL is the backstop
+    kill_group(child)  # the trial's group: the keeper sees it die and exits
+    assert k.wait() == 137
+
+
+def test_cleanup_without_a_keeper_returns_at_once(trial_env):
+    assert cleanup_sh(trial_env).returncode == 0  # no pidfile at all
+    # A pidfile whose pid now names another process: the start time tells them apart.
+    other = subprocess.Popen(["sleep", "600"])
+    try:
+        (trial_dir(trial_env) / ".trialkit").mkdir(parents=True)
+        (trial_dir(trial_env) / ".trialkit" / "keeper.pid").write_text(f"{other.pid} 1 25\n")
+        started = time.monotonic()
+        assert cleanup_sh(trial_env).returncode == 0
+        assert time.monotonic() - started < 5
+        assert other.poll() is None  # not signalled
+    finally:
+        other.kill()
+        other.wait()
