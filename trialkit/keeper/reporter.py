@@ -16,7 +16,6 @@ from typing import Any, Dict, List, Optional
 from trialkit import records
 from trialkit.env import TrialEnv
 from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path, write_nni_parameters
-from trialkit.keeper.shipper import Shipper
 from trialkit.keeper.spool import Spool
 from trialkit.keeper.status import StatusFile
 from trialkit.keeper.tensorboard import Scalars
@@ -39,7 +38,7 @@ class Reporter:
         self.spool = Spool(home / "spool")
         self.malformed = 0
         self.collector: Optional[Collector] = None
-        self.shipper: Optional[Shipper] = None
+        self.shipper = None  # a Shipper when there is a manager to send to
         self.scalars = Scalars(trial.tensorboard_dir, _warn) if trial.tensorboard_dir else None
 
     def attach(self, loop: EventLoop) -> None:
@@ -59,6 +58,10 @@ class Reporter:
         self.collector = Collector(loop, sources, self._ingest, self._bad, _warn)
         self.collector.collect(drain=True)  # what a previous keeper on this dir had not spooled
         if self.trial.manager_url:
+            # Imported here: http.client (with ssl and email) costs a keeper
+            # without a manager ~20 ms of start-up for nothing.
+            from trialkit.keeper.shipper import Shipper
+
             self.shipper = Shipper(self.spool, self.trial.manager_url, self.trial.trial_id, self.trial.token,
                                    log=_log).start()
 
@@ -86,12 +89,12 @@ class Reporter:
             self.scalars.close()
         if self.malformed:
             self.status_file.update(malformed_records=self.malformed)
-        left = self.shipper.close(deadline) if self.shipper else self.spool.unsent
+        # Without a manager the spool is the record of the trial: nothing to say.
+        left = self.shipper.close(deadline) if self.shipper else 0
         self.spool.close()
         if left:
-            where = f"delivered to {self.trial.manager_url}" if self.shipper else "sent (no manager URL)"
-            _log(f"{left} records were not {where}; they stay in {self.spool.dir} "
-                 f"and go out with the next keeper on this trial dir")
+            _log(f"{left} records were not delivered to {self.trial.manager_url}; they stay in "
+                 f"{self.spool.dir} and go out with the next keeper on this trial dir")
 
     def _ingest(self, recs: List[Dict[str, Any]], cursor: Dict[str, Any]) -> None:
         """Spool, then the rest. Raises OSError: the collector reads again what was not spooled."""
