@@ -1,6 +1,6 @@
 #!/bin/sh
 # trialkit's container entrypoint.
-#   run.sh [COMMAND [ARGS...]]    (no arguments: runs $TRIALKIT_COMMAND with /bin/sh -c)
+#   run.sh [COMMAND [ARGS...]]    (no arguments: the keeper runs the command line in $TRIALKIT_COMMAND)
 # Prepares the trial's dirs, sources startup-hook.sh from the code dir when
 # there is one (a failing hook fails the trial, its output in the logs), then
 # execs the keeper, so that in a container the keeper is PID 1 and receives the
@@ -22,7 +22,6 @@ if [ "$#" -eq 0 ]; then
     echo "run.sh: no command: pass one as arguments or set TRIALKIT_COMMAND" >&2
     exit 2
   fi
-  set -- /bin/sh -c "$TRIALKIT_COMMAND"
 fi
 
 hook=./startup-hook.sh
@@ -41,4 +40,7 @@ if [ -f "$hook" ]; then
   trap - EXIT
 fi
 
+if [ "$#" -eq 0 ]; then
+  exec "$python" -m trialkit.keeper  # it reads $TRIALKIT_COMMAND itself
+fi
 exec "$python" -m trialkit.keeper -- "$@"

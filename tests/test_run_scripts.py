@@ -102,3 +102,21 @@ def test_cleanup_without_a_keeper_returns_at_once(trial_env):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_plain_trial_command_takes_sigterm_itself_and_is_preempted(run_env):
+    """dash does not exec `sh -c CMD`'s last command: a plain command line must
+    run directly, or the shell dies of the SIGTERM and the training's exit 143
+    (checkpointed) is lost, making a pause look like a cancel."""
+    script = trial_dir(run_env).parent / "code" / "train.py"
+    script.write_text(
+        "import signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('checkpointed', flush=True), sys.exit(143)))\n"
+        "print('training', flush=True)\n"
+        "signal.pause()\n")
+    r = run_sh({**run_env, "TRIALKIT_COMMAND": f'{PYTHON} train.py --name "a b"'})
+    r.expect(b"training")
+    r.proc.send_signal(15)
+    assert r.wait() == 143
+    assert b"checkpointed" in (trial_dir(run_env) / "stdout.log").read_bytes()
+    assert status(run_env)["status"] == "PREEMPTED"

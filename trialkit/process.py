@@ -149,6 +149,31 @@ class Child:
         return self.exit_code is None
 
 
+# Characters that give a command line a meaning only a shell knows.
+_SHELL_SYNTAX = set("|&;<>()$`\\*?[]{}~!#\n")
+
+
+def shell_line_argv(line: str) -> List[str]:
+    """The argv that runs a user's command line.
+
+    A plain command (`python3 train.py --lr 0.1`, quotes allowed) runs
+    directly; anything with shell syntax runs under /bin/sh -c. Running plain
+    commands directly matters: dash does not exec its last command, so under
+    `sh -c` the shell, not the training process, would take the SIGTERM and die
+    of it, and the training's exit 143 (checkpointed) would never be seen.
+    """
+    import shlex  # only for command lines, not on every keeper's path
+
+    if not _SHELL_SYNTAX.intersection(line):
+        try:
+            argv = shlex.split(line)
+        except ValueError:
+            argv = []
+        if argv and "=" not in argv[0]:  # VAR=value cmd is an assignment: the shell's job
+            return argv
+    return ["/bin/sh", "-c", line]
+
+
 def spawn(
     argv: Sequence[str],
     *,

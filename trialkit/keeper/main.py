@@ -34,6 +34,7 @@ from trialkit.process import (
     EventLoop,
     LaunchError,
     set_child_subreaper,
+    shell_line_argv,
     signal_group,
     spawn,
     start_ticks,
@@ -58,7 +59,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog=PROG,
         description="Run a training command under trialkit's keeper: own process group, "
         "signal forwarding with a bounded grace, log capture, metrics delivery.",
-        usage=f"{PROG} [options] -- COMMAND [ARGS...]",
+        usage=f"{PROG} [options] -- COMMAND [ARGS...]   (no COMMAND: runs ${env.COMMAND})",
         epilog="Exit status: the command's, 128+N if signal N ended it, 126 if it is not "
         "executable, 127 if it is not found, 2 for bad keeper arguments.",
     )
@@ -74,8 +75,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="at exit, how long to try delivering records to the manager (default %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="capture output to files without echoing it")
     opts = parser.parse_args(options)
+    if not command and os.environ.get(env.COMMAND, "").strip():
+        command = shell_line_argv(os.environ[env.COMMAND])
     if not command:
-        raise UserError("no command given", "arguments", f"usage: {PROG} [options] -- COMMAND [ARGS...]")
+        raise UserError("no command given", "arguments",
+                        f"usage: {PROG} [options] -- COMMAND [ARGS...], or set {env.COMMAND} to a command line")
     if opts.grace is not None and opts.grace < 0:
         raise UserError(f"--grace {opts.grace:g} is negative", "--grace", "give seconds >= 0")
     opts.forward = _signals(opts.forward)
