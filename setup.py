@@ -9,6 +9,7 @@ PACKAGES = [
     "trialkit.control",
     "trialkit.platforms",
     "trialkit.ray",
+    "trialkit.web",
     "trialkit.scripts",
     "trialkit.launchers",
 ]
@@ -43,7 +44,7 @@ setup(
         "trialkit.scripts": "scripts",
         "trialkit.launchers": "launchers",
     },
-    package_data={"trialkit.scripts": ["*.sh"], "trialkit.launchers": ["*.yaml"]},
+    package_data={"trialkit.scripts": ["*.sh"], "trialkit.launchers": ["*.yaml"], "trialkit.web": ["static/*"]},
     install_requires=["psutil>=5.9", "requests>=2.28", "PyYAML>=6"],
     extras_require=EXTRAS,
     entry_points={

@@ -1,0 +1,387 @@
+"""The web page in a real headless Chromium, against a real manager with real trials.
+
+The module starts one ManagerServer with the page installed and six trials on
+the local platform (real keepers, a real training script reporting through
+the SDK): four that finish at once and two that run until stopped. The page's
+actions go to what the experiment loop would give it: pause is the platform's
+graceful stop (SIGTERM -> the script checkpoints and exits 143 -> PREEMPTED),
+kill its hard kill. One browser serves the whole module. Screenshots of each
+view land in tests/artifacts/web/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import requests
+
+from conftest import ROOT, TAG, tagged_processes
+from harness import wait_until
+from trialkit.control.config import parse_config
+from trialkit.control.server import ManagerServer
+from trialkit.control.specs import build_spec
+from trialkit.control.store import Store, new_token
+from trialkit.platforms.base import FINAL_STATUSES, PREEMPTED, SUCCEEDED, USER_CANCELED
+from trialkit.platforms.local import LocalConfig, Platform
+from trialkit.web import Admin, install, page_url
+from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill
+
+pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+                                reason="needs Debian's chromium and chromium-driver (bootstrap.sh installs them)")
+
+ARTIFACTS = ROOT / "tests" / "artifacts" / "web"
+EXPERIMENT = "webtest1"
+SCRIPT_VALUE = "<script>window.pwned = 1</script>"
+IMG_VALUE = '<img src=x onerror="window.pwned = 2">'
+LOG_MARKUP = "<b>not bold</b>"
+NOTE = "<i>note</i>"  # a parameter name with markup in it
+
+TRAIN = f"""
+import json, os, pathlib, signal, sys, time
+import trialkit
+
+p = trialkit.get_next_parameter()
+asked = []
+signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
+print({LOG_MARKUP!r}, "note:", p[{NOTE!r}], flush=True)
+for step in range(p["steps"]):
+    trialkit.report_intermediate_result(p["lr"] * (step + 1))
+    print("step", step, flush=True)
+    if asked:  # a graceful stop: save, then 143 says "checkpointed, resume me"
+        ckpt = pathlib.Path(os.environ["TRIALKIT_CHECKPOINT_DIR"])
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (ckpt / "state.json").write_text(json.dumps({{"step": step}}))
+        sys.exit(143)
+    time.sleep(p["wait"])
+trialkit.report_final_result(p["lr"] * p["steps"])
+"""
+
+QUICK = [{"lr": 0.1, NOTE: "plain"}, {"lr": 0.3, NOTE: SCRIPT_VALUE}, {"lr": 0.2, NOTE: IMG_VALUE},
+         {"lr": 0.05, NOTE: "plain"}]
+HOLD, VICTIM = 4, 5  # run until stopped: the one paused from the page, the one killed from it
+
+
+class Site:
+    """The manager with the page, its store, the platform running the trials, and what the actions did."""
+
+    def __init__(self, root: Path):
+        self.home = root / "home"
+        self.exp_dir = self.home / "experiments" / EXPERIMENT
+        code = root / "code"
+        code.mkdir(parents=True)
+        (code / "train.py").write_text(TRAIN)
+        space = {"lr": {"_type": "uniform", "_value": [0.01, 1]},
+                 NOTE: {"_type": "choice", "_value": ["plain", SCRIPT_VALUE, IMG_VALUE]},
+                 "steps": {"_type": "choice", "_value": [5, 100000]}, "wait": {"_type": "choice", "_value": [0, 0.2]}}
+        # exec: dash would otherwise stay between, die of the SIGTERM itself, and the trial
+        # would count as canceled rather than checkpointed.
+        self.config = parse_config({
+            "searchSpace": space, "trialCommand": "exec python3 train.py", "trialCodeDirectory": str(code),
+            "trialConcurrency": 6, "tuner": {"name": "Random", "classArgs": {"optimize_mode": "maximize"}},
+            "trainingService": {"platform": "local"}, "trialGraceSeconds": 10})
+        self.store = Store.in_dir(self.exp_dir)
+        self.store.create_experiment(EXPERIMENT, config=self.config.to_dict())
+        self.server = ManagerServer(self.store).start()
+        self.token = secrets.token_urlsafe(16)
+        self.platform = Platform(LocalConfig(), self.exp_dir)
+        self.platform.on_end = self._ended
+        self.calls: List[Any] = []
+        self.killed: set = set()
+        install(self.server, self.store, admin_token=self.token, read_only=False,
+                admin=Admin(kill=self._kill, pause=self._pause))
+        self.ids = [self._submit(i, dict(params, steps=5, wait=0)) for i, params in enumerate(QUICK)]
+        self.ids.append(self._submit(HOLD, {"lr": 0.01, NOTE: "held", "steps": 100000, "wait": 0.2}))
+        self.ids.append(self._submit(VICTIM, {"lr": 0.02, NOTE: "victim", "steps": 100000, "wait": 0.2}))
+
+    def _submit(self, sequence: int, params: Dict[str, Any]) -> str:
+        trial_id = f"{EXPERIMENT}-{sequence:05d}"
+        trial_dir = self.exp_dir / "trials" / trial_id
+        token = new_token()
+        self.store.add_trial(EXPERIMENT, trial_id, sequence=sequence, parameters=params, token=token,
+                             trial_dir=str(trial_dir), stdout_path=str(trial_dir / "stdout.log"),
+                             stderr_path=str(trial_dir / "stderr.log"))
+        self.platform.submit(build_spec(self.config, EXPERIMENT, sequence, sequence, params, self.server.url, token))
+        return trial_id
+
+    # What the experiment loop does: record how a trial ended once its keeper exited.
+    def _ended(self, handle: str) -> None:
+        if self.store.trial(handle)["status"] in FINAL_STATUSES:
+            return
+        found = self.platform.status(handle)
+        status = USER_CANCELED if handle in self.killed else found.status
+        self.store.set_status(handle, status, exit_code=found.exit_code, reason=found.reason)
+
+    def _kill(self, trial_id: str) -> None:
+        self.calls.append(("kill", trial_id))
+        self.killed.add(trial_id)
+        self.platform.kill(trial_id)
+
+    def _pause(self, trial_id: str) -> None:
+        self.calls.append(("pause", trial_id))
+        self.platform.stop(trial_id, self.config.trial_grace_seconds)
+
+    def status(self, index: int) -> str:
+        return self.store.trial(self.ids[index])["status"]
+
+    def close(self) -> None:
+        for trial_id in self.ids:
+            self.platform.kill(trial_id)
+        wait_until(lambda: all(self.status(i) in FINAL_STATUSES for i in range(len(self.ids))), 30, "trials to end")
+        self.server.stop()
+        self.store.close()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    # The trials outlive single tests: they carry this module's tag, checked at the end.
+    tag = "web-trials-" + secrets.token_hex(8)
+    old = os.environ.get(TAG)
+    os.environ[TAG] = tag
+    try:
+        built = Site(tmp_path_factory.mktemp("web"))
+    finally:
+        os.environ.pop(TAG) if old is None else os.environ.__setitem__(TAG, old)
+    yield built
+    built.close()
+    wait_until(lambda: not tagged_processes(tag), 10, "the trials' processes to end")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    started = Browser()
+    yield started.driver
+    left = started.close()
+    assert not left, f"browser processes left running: {left}"
+
+
+def open_view(driver, site: Site, view: str, ready: str) -> None:
+    """Load the page at a view (the first time through the printed URL, which carries the token)."""
+    if driver.current_url.startswith(site.server.url):
+        driver.get(f"{site.server.url}/{view}")
+        driver.refresh()  # a hash-only change would not load the page anew
+    else:
+        driver.get(page_url(site.server, site.token) + view)
+    wait_for(driver, f"return document.body.dataset.ready === {json.dumps(ready)}", f"the {ready} view")
+
+
+def wait_for(driver, script: str, what: str, timeout: float = 60) -> Any:
+    answer: List[Any] = []
+
+    def check() -> bool:
+        answer[:] = [driver.execute_script(script)]
+        return bool(answer[0])
+    try:
+        wait_until(check, timeout, what, every=0.1)
+    except AssertionError:
+        shot(driver, "failed-" + "".join(c if c.isalnum() else "-" for c in what))
+        problem = driver.execute_script("return document.getElementById('problem').textContent")
+        raise AssertionError(f"timed out waiting for {what}; the page says: {problem!r}") from None
+    return answer[0]
+
+
+def shot(driver, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def cell_texts(driver, selector: str) -> List[str]:
+    return driver.execute_script(
+        f"return [...document.querySelectorAll({json.dumps(selector)})].map(e => e.textContent)")
+
+
+# ---------------------------------------------------------------- views
+
+def test_the_trials_table_shows_every_trial(site, browser):
+    wait_until(lambda: all(site.status(i) == SUCCEEDED for i in range(len(QUICK))), 90, "the quick trials to succeed")
+    open_view(browser, site, "#/", "experiments")
+    assert cell_texts(browser, "#experiments tbody td:first-child") == [EXPERIMENT]
+    shot(browser, "experiments")
+    open_view(browser, site, f"#/exp/{EXPERIMENT}", "overview")
+    shot(browser, "overview")
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/trials", "trials")
+    wait_for(browser, f"return document.querySelectorAll('#trials tbody tr').length === {len(site.ids)}", "every trial")
+    assert sorted(cell_texts(browser, "#trials tbody td:nth-child(2)")) == sorted(site.ids)
+    # Sorted by metric from the page (the server orders): the best first.
+    browser.find_element("css selector", "button.sort[data-sort=metric]").click()
+    wait_for(browser, "return location.hash.includes('sort=metric')", "the sort to apply")
+    wait_for(browser, "return document.querySelector('#trials tbody td:nth-child(2)').textContent === "
+             + json.dumps(site.ids[1]), "the best trial first")
+    shot(browser, "trials")
+
+
+def test_a_curve_and_the_parallel_coordinates_render_with_data(site, browser):
+    chosen = site.ids[:3]
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/trials?sel={','.join(chosen)}", "trials")
+    lines = wait_for(browser, "const t = document.querySelectorAll('#curves .scatterlayer .trace path.js-line');"
+                              "return t.length && [...t].map(p => p.getAttribute('d'))", "the curves")
+    assert len(lines) == 3 and all(d.startswith("M") for d in lines)
+    plotted = browser.execute_script("return document.getElementById('curves').data.map(t => [t.name, t.y.length])")
+    assert sorted(plotted) == sorted([[chosen[1] + " (best)", 5], [chosen[0], 5], [chosen[2], 5]])
+    shot(browser, "curves")
+
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/params", "params")
+    dims = browser.execute_script("return document.getElementById('parcoords').data[0].dimensions"
+                                  ".map(d => [d.label, d.values.length])")
+    assert dims == [["lr", 4], ["&lt;i&gt;note&lt;/i&gt;", 4], ["steps", 4], ["wait", 4], ["metric", 4]]
+    assert browser.execute_script("return document.querySelectorAll('#parcoords canvas').length") > 0
+    assert browser.execute_script("return document.querySelectorAll('#parcoords .y-axis').length") == 5
+    assert browser.execute_script("return document.querySelectorAll('#scatter .scatterlayer .point').length") == 4 * 4
+    shot(browser, "hyperparameters")
+
+
+def test_values_from_trials_show_as_text(site, browser):
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/trials", "trials")
+    notes = cell_texts(browser, "#trials tbody td.param:nth-child(7)")
+    assert SCRIPT_VALUE in notes and IMG_VALUE in notes
+    assert NOTE in cell_texts(browser, "#trials thead button.sort")
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/trial/{site.ids[1]}", "trial")
+    assert SCRIPT_VALUE in cell_texts(browser, ".params td")
+    wait_for(browser, "return document.getElementById('log').textContent.includes('step 4')", "the log")
+    assert LOG_MARKUP in browser.execute_script("return document.getElementById('log').textContent")
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/params", "params")
+    # plotly's labels too: tick labels, axis titles, categories on the scatter plots.
+    assert SCRIPT_VALUE in cell_texts(browser, "#parcoords .tick text")
+    assert NOTE in cell_texts(browser, "#parcoords .axis-title")
+    scatter = cell_texts(browser, "#scatter text")
+    assert NOTE in scatter and SCRIPT_VALUE in scatter
+    # Nothing ran: no script but the page's two, no image element, nothing set by them.
+    assert browser.execute_script("return document.scripts.length") == 2
+    assert browser.execute_script("return document.querySelectorAll('img').length") == 0
+    assert browser.execute_script("return window.pwned === undefined")
+    shot(browser, "escaped")
+
+
+def test_the_trial_page_follows_its_log_without_reload(site, browser):
+    hold = site.ids[HOLD]
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/trial/{hold}", "trial")
+    browser.execute_script("window.sameDocument = true")
+    first = wait_for(browser, "const m = document.getElementById('log').textContent.match(/step (\\d+)\\n$/);"
+                              "return m && Number(m[1])", "log lines")
+    wait_for(browser, "const m = document.getElementById('log').textContent.match(/step (\\d+)\\n$/);"
+                      f"return m && Number(m[1]) >= {first + 5}", "more log lines")
+    assert browser.execute_script("return window.sameDocument === true")
+    shot(browser, "trial")
+
+
+# ---------------------------------------------------------------- actions
+
+def test_actions_need_the_token_and_refuse_cross_site_requests(site, browser):
+    victim = site.ids[VICTIM]
+    kill = f"{site.server.url}/api/ui/experiments/{EXPERIMENT}/trials/{victim}/kill"
+    good = {"Authorization": f"Bearer {site.token}"}
+    assert requests.post(kill, timeout=10).status_code == 401
+    assert requests.post(kill, headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 403
+    assert requests.get(f"{site.server.url}/api/ui/experiments", timeout=10).status_code == 401
+    assert requests.post(kill, headers={**good, "Origin": "http://evil.example"}, timeout=10).status_code == 403
+    assert requests.post(kill, headers={**good, "Sec-Fetch-Site": "cross-site"}, timeout=10).status_code == 403
+    # A page on another site posts a form at the manager, as a CSRF attack would.
+    form = (f'<form method="post" action="{kill}"><input name="x" value="1"></form>'
+            "<script>document.forms[0].submit()</script>")
+    browser.get("data:text/html," + requests.utils.quote(form))
+    wait_until(lambda: "refused" in browser.page_source or "token" in browser.page_source, 30, "the refusal")
+    assert site.calls == [] and site.status(VICTIM) == "RUNNING"
+
+    # A read-only page (trialkit ui) offers no action and refuses them all.
+    other = ManagerServer(site.store).start()
+    try:
+        install(other, site.store, admin_token="ro", read_only=True, admin=Admin(kill=site._kill))
+        answer = requests.post(f"{other.url}/api/ui/experiments/{EXPERIMENT}/trials/{victim}/kill",
+                               headers={"Authorization": "Bearer ro"}, timeout=10)
+        assert answer.status_code == 403 and "read-only" in answer.json()["error"]
+        assert requests.get(f"{other.url}/api/ui/info", headers={"Authorization": "Bearer ro"}, timeout=10).json() == \
+            {"read_only": True, "actions": []}
+    finally:
+        other.stop()
+    assert site.calls == []
+
+
+def test_pausing_a_trial_from_the_page_pauses_it(site, browser):
+    hold = site.ids[HOLD]
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/queue", "queue")
+    browser.execute_script("window.sameDocument = true")
+    shot(browser, "queue")
+    row = f"#queue tr[data-trial='{hold}']"
+    browser.find_element("css selector", f"{row} button[data-action=pause]").click()
+    wait_until(lambda: site.status(HOLD) == PREEMPTED, 60, "the trial to be paused")
+    # The page follows without a reload.
+    wait_for(browser, f"return document.querySelector(\"{row} .badge\").textContent === 'PREEMPTED'",
+             "the page to show it")
+    assert browser.execute_script("return window.sameDocument === true")
+    assert site.calls == [("pause", hold)]
+    checkpoint = json.loads((site.exp_dir / "trials" / hold / "checkpoint" / "state.json").read_text())
+    assert checkpoint["step"] >= 0
+    assert site.store.trial(hold)["exit_code"] == 143
+    shot(browser, "queue-paused")
+
+
+def test_killing_a_trial_from_its_page(site, browser):
+    victim = site.ids[VICTIM]
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/trial/{victim}", "trial")
+    browser.find_element("css selector", "button[data-action=kill]").click()
+    wait_until(lambda: site.status(VICTIM) == USER_CANCELED, 60, "the trial to be killed")
+    wait_for(browser, "return document.querySelector('h1 .badge').textContent === 'USER_CANCELED'",
+             "the page to show it")
+    assert ("kill", victim) in site.calls
+    shot(browser, "trial-killed")
+
+
+# ---------------------------------------------------------------- without a browser
+
+def test_the_trials_api_sorts_filters_and_pages_on_the_server(tmp_path):
+    store = Store.in_dir(tmp_path / "exp")
+    ids = fill(store, "big", trials=300, steps=3, running=10)
+    server = ManagerServer(store).start()
+    install(server, store, admin_token="tok", read_only=True)
+    try:
+        def page(**query: Any) -> Dict[str, Any]:
+            answer = requests.get(f"{server.url}/api/ui/experiments/big/trials", params=query,
+                                  headers={"Authorization": "Bearer tok"}, timeout=10)
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+        first = page(limit=25)
+        assert first["total"] == 300 and [r["id"] for r in first["rows"]] == ids[:25]
+        assert [r["id"] for r in page(limit=25, offset=275)["rows"]] == ids[275:]
+        best = page(sort="metric", order="desc", limit=300)["rows"]
+        metrics = [r["metric"] for r in best]
+        assert metrics[:290] == sorted(metrics[:290], reverse=True) and metrics[290:] == [None] * 10
+        adam = page(**{"p:optimizer": "=adam", "metric": ">0.05", "limit": 300})
+        assert adam["total"] == len(adam["rows"]) > 0
+        assert all(r["parameters"]["optimizer"] == "adam" and r["metric"] > 0.05 for r in adam["rows"])
+        ranged = page(**{"p:lr": "0.001..0.01", "sort": "p:lr", "limit": 300})["rows"]
+        lrs = [r["parameters"]["lr"] for r in ranged]
+        assert lrs == sorted(lrs) and all(0.001 <= lr <= 0.01 for lr in lrs)
+        assert page(status="RUNNING")["total"] == 10
+        bad = requests.get(f"{server.url}/api/ui/experiments/big/trials", params={"sort": "p:nope"},
+                           headers={"Authorization": "Bearer tok"}, timeout=10)
+        assert bad.status_code == 400
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):
+    home = tmp_path / "home"
+    store = Store.in_dir(home / "experiments" / "done1")
+    fill(store, "done1", trials=3, steps=2)
+    store.close()
+    code = "import sys; from trialkit.web import serve_ui; sys.exit(serve_ui(None, 0))"
+    env = dict(os.environ, TRIALKIT_HOME=str(home), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("trialkit ui: http://127.0.0.1:"), line
+        url = line.split()[-1]
+        base, token = url.split("/?token=")
+        headers = {"Authorization": f"Bearer {token}"}
+        listed = requests.get(f"{base}/api/ui/experiments", headers=headers, timeout=10).json()
+        assert [(e["id"], e["trials"]) for e in listed] == [("done1", 3)]
+        assert requests.get(f"{base}/api/ui/info", headers=headers, timeout=10).json()["read_only"] is True
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -1,0 +1,399 @@
+"""What the page asks of a store: read-only SQL, answered as plain JSON-ready dicts.
+
+A trial's metric is the default value of its last FINAL record (a number, or
+a dict's "default"), taken in SQL so that sorting and filtering 10,000 trials
+stays in SQLite and only one page of rows reaches Python. Values SQLite cannot
+read as JSON (NaN, infinities) count as no metric.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from trialkit.control.server import HttpError
+from trialkit.platforms.base import PREEMPTED, RUNNING, WAITING
+
+MAXIMIZE = "maximize"
+# Experiment statuses (NNI's names) whose clock still runs; any other ended at its last update.
+LIVE_EXPERIMENT = frozenset({"INITIALIZED", "RUNNING", "PAUSED", "NO_MORE_TRIAL", "TUNER_NO_MORE_TRIAL", "STOPPING"})
+PAGE_LIMIT = 500
+CURVE_TRIALS = 50
+CURVE_POINTS = 2000  # per trial: longer curves are thinned evenly
+
+
+def _metric(col: str) -> str:
+    """SQL for the default metric held in a JSON column; NULL when there is none."""
+    return (f"CASE WHEN json_valid({col}) THEN CASE json_type({col}) "
+            f"WHEN 'integer' THEN json_extract({col}, '$') WHEN 'real' THEN json_extract({col}, '$') "
+            f"WHEN 'object' THEN CASE WHEN json_type({col}, '$.default') IN ('integer', 'real') "
+            f"THEN json_extract({col}, '$.default') END END END")
+
+
+# The trial's last FINAL record: the primary key (trial, seq) walked backwards stops at it.
+FINAL = (f"(SELECT {_metric('r.value')} FROM records r WHERE r.trial = t.id AND r.type = 'FINAL' "
+         f"ORDER BY r.seq DESC LIMIT 1)")
+
+
+def default_metric(value: Any) -> Optional[float]:
+    """The number a metric value stands for (a number or a dict's "default"); None for none or non-finite."""
+    if isinstance(value, dict):
+        value = value.get("default")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
+
+
+def optimize_mode(config: Mapping[str, Any]) -> str:
+    tuner = config.get("tuner") if isinstance(config.get("tuner"), dict) else {}
+    args = tuner.get("classArgs") if isinstance(tuner.get("classArgs"), dict) else {}
+    return str(args.get("optimize_mode", MAXIMIZE))
+
+
+def _order(mode: str) -> str:
+    return "DESC" if mode == MAXIMIZE else "ASC"
+
+
+def _experiment_row(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any]:
+    row = db.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone()
+    if row is None:
+        raise HttpError(404, f"no experiment {experiment_id!r}")
+    out = dict(row)
+    out["config"] = json.loads(out["config"] or "{}")
+    return out
+
+
+def parameter_names(db: sqlite3.Connection, experiment_id: str, config: Mapping[str, Any]) -> List[str]:
+    """The search space's keys, else those of the first trial's parameters."""
+    space = config.get("searchSpace")
+    if isinstance(space, dict) and space:
+        return list(space)
+    row = db.execute("SELECT parameters FROM trials WHERE experiment=? ORDER BY sequence LIMIT 1",
+                     (experiment_id,)).fetchone()
+    try:
+        params = json.loads(row[0]) if row else {}
+    except ValueError:
+        return []
+    return list(params) if isinstance(params, dict) else []
+
+
+def _best(db: sqlite3.Connection, experiment_id: str, mode: str, limit: int = 1) -> List[sqlite3.Row]:
+    return db.execute(
+        f"SELECT * FROM (SELECT t.id, t.parameters, {FINAL} AS metric FROM trials t WHERE t.experiment=?) "
+        f"WHERE metric IS NOT NULL ORDER BY metric {_order(mode)} LIMIT ?", (experiment_id, limit)).fetchall()
+
+
+def _duration(created: float, updated: float, status: str, now: float) -> float:
+    return max(0.0, (now if status in LIVE_EXPERIMENT else updated) - created)
+
+
+def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = None) -> Dict[str, Any]:
+    """A line of the experiments list: status, trial counts, best trial, time run."""
+    now = time.time() if now is None else now
+    exp = _experiment_row(db, experiment_id)
+    counts = _counts(db, experiment_id)
+    mode = optimize_mode(exp["config"])
+    best = _best(db, experiment_id, mode)
+    return {
+        "id": experiment_id,
+        "name": exp["config"].get("experimentName"),
+        "status": exp["status"],
+        "created": exp["created"],
+        "updated": exp["updated"],
+        "elapsed": _duration(exp["created"], exp["updated"], exp["status"], now),
+        "trials": sum(counts.values()),
+        "counts": counts,
+        "optimize_mode": mode,
+        "best": {"id": best[0]["id"], "metric": best[0]["metric"], "parameters": _json(best[0]["parameters"])}
+        if best else None,
+    }
+
+
+def _counts(db: sqlite3.Connection, experiment_id: str) -> Dict[str, int]:
+    return {row[0]: row[1] for row in
+            db.execute("SELECT status, COUNT(*) FROM trials WHERE experiment=? GROUP BY status", (experiment_id,))}
+
+
+def experiment(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = None) -> Dict[str, Any]:
+    """The overview: the summary, the budget left, the search space and the config."""
+    out = summary(db, experiment_id, now)
+    config = _experiment_row(db, experiment_id)["config"]
+    max_duration = _number(config.get("maxExperimentDuration"))
+    max_trials = _number(config.get("maxTrialNumber"))
+    out.update({
+        "max_duration": max_duration,
+        "remaining_duration": None if max_duration is None else max(0.0, max_duration - out["elapsed"]),
+        "max_trials": max_trials,
+        "remaining_trials": None if max_trials is None else max(0, int(max_trials) - out["trials"]),
+        "parameters": parameter_names(db, experiment_id, config),
+        "search_space": config.get("searchSpace"),
+        "config": config,
+    })
+    return out
+
+
+def _number(value: Any) -> Optional[float]:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _json(text: Optional[str]) -> Any:
+    try:
+        return json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- the trials table
+
+_COMPARISON = re.compile(r"^\s*(>=|<=|!=|>|<|=)\s*(\S+)\s*$")
+_RANGE = re.compile(r"^\s*(\S+?)\s*\.\.\s*(\S+)\s*$")
+
+
+@dataclass
+class TrialQuery:
+    """One page of the trials table: filters, an order, a window."""
+
+    statuses: List[str] = field(default_factory=list)
+    metric: str = ""  # a filter expression (see `_condition`)
+    params: Dict[str, str] = field(default_factory=dict)  # parameter name -> filter expression
+    sort: str = "sequence"  # sequence, id, status, metric, restarts, duration, or p:<parameter>
+    descending: bool = False
+    offset: int = 0
+    limit: int = 50
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> "TrialQuery":
+        """From the page's query string: status=A,B metric=EXPR p:NAME=EXPR sort= order=asc|desc offset= limit=."""
+        try:
+            offset, limit = int(query.get("offset", 0)), int(query.get("limit", 50))
+        except ValueError:
+            raise HttpError(400, "offset and limit are whole numbers") from None
+        return cls(
+            statuses=[s for s in query.get("status", "").split(",") if s],
+            metric=query.get("metric", ""),
+            params={k[2:]: v for k, v in query.items() if k.startswith("p:") and v.strip()},
+            sort=query.get("sort", "sequence"),
+            descending=query.get("order", "asc") == "desc",
+            offset=max(0, offset),
+            limit=min(PAGE_LIMIT, max(1, limit)),
+        )
+
+
+def _param_path(name: str, names: Sequence[str]) -> str:
+    if name not in names or '"' in name:
+        raise HttpError(400, f"no parameter {name!r} to sort or filter by")
+    return f'$."{name}"'
+
+
+_PARAM = "CASE WHEN json_valid(t.parameters) THEN json_extract(t.parameters, ?) END"
+_SORTS = {
+    "sequence": "t.sequence",
+    "id": "t.id",
+    "status": "t.status",
+    "metric": "metric",
+    "restarts": "t.restart_count",
+    "duration": "(COALESCE(t.ended, ?) - t.started)",
+}
+
+
+def _condition(column: str, expression: str, args: List[Any]) -> str:
+    """SQL for one filter: `a..b`, `>=x`, `<x`, `=x`, `!=x` compare numbers (`=`, `!=` also text);
+    anything else is a case-insensitive part of the value's text."""
+    ranged, compared = _RANGE.match(expression), _COMPARISON.match(expression)
+    if ranged and _is_number(ranged.group(1)) and _is_number(ranged.group(2)):
+        args.extend([float(ranged.group(1)), float(ranged.group(2))])
+        return f"{column} BETWEEN ? AND ?"
+    if compared and _is_number(compared.group(2)):
+        args.append(float(compared.group(2)))
+        return f"{column} {compared.group(1)} ?"
+    if compared and compared.group(1) in ("=", "!="):
+        args.append(compared.group(2))
+        return f"CAST({column} AS TEXT) {compared.group(1)} ?"
+    args.append("%" + expression.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+    return f"CAST({column} AS TEXT) LIKE ? ESCAPE '\\'"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def trials_page(db: sqlite3.Connection, experiment_id: str, q: TrialQuery,
+                now: Optional[float] = None) -> Dict[str, Any]:
+    now = time.time() if now is None else now
+    exp = _experiment_row(db, experiment_id)
+    names = parameter_names(db, experiment_id, exp["config"])
+    where, args = ["t.experiment = ?"], [experiment_id]
+    if q.statuses:
+        where.append(f"t.status IN ({','.join('?' * len(q.statuses))})")
+        args.extend(q.statuses)
+    for name, expression in q.params.items():
+        condition_args: List[Any] = [_param_path(name, names)]  # the column's own placeholder comes first
+        where.append(_condition(_PARAM, expression, condition_args))
+        args.extend(condition_args)
+    inner = f"SELECT t.*, {FINAL} AS metric FROM trials t WHERE {' AND '.join(where)}"
+    outer_where, outer_args = "", []
+    if q.metric.strip():
+        outer_where = "WHERE " + _condition("metric", q.metric, outer_args)
+    if q.sort.startswith("p:"):
+        sort, sort_args = _PARAM.replace("t.parameters", "parameters"), [_param_path(q.sort[2:], names)]
+    elif q.sort in _SORTS:
+        sort, sort_args = _SORTS[q.sort].replace("t.", ""), ([now] if q.sort == "duration" else [])
+    else:
+        raise HttpError(400, f"cannot sort by {q.sort!r}")
+    direction = "DESC" if q.descending else "ASC"
+    total = db.execute(f"SELECT COUNT(*) FROM ({inner}) {outer_where}", args + outer_args).fetchone()[0]
+    rows = db.execute(
+        f"SELECT * FROM ({inner}) {outer_where} ORDER BY {sort} {direction} NULLS LAST, sequence LIMIT ? OFFSET ?",
+        args + outer_args + sort_args + [q.limit, q.offset]).fetchall()
+    return {"total": total, "offset": q.offset, "limit": q.limit, "parameters": names,
+            "rows": [_trial_row(row, now) for row in rows]}
+
+
+def _trial_row(row: sqlite3.Row, now: float) -> Dict[str, Any]:
+    started, ended = row["started"], row["ended"]
+    return {
+        "id": row["id"],
+        "sequence": row["sequence"],
+        "status": row["status"],
+        "metric": row["metric"],
+        "parameters": _json(row["parameters"]),
+        "restarts": row["restart_count"],
+        "exit_code": row["exit_code"],
+        "priority": row["priority"],
+        "created": row["created"],
+        "duration": None if started is None else max(0.0, (ended or now) - started),
+    }
+
+
+# ---------------------------------------------------------------- charts
+
+def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str], top: int = 10) -> Dict[str, Any]:
+    """Intermediate results of the given trials (else the `top` best) over their steps, with final metrics."""
+    exp = _experiment_row(db, experiment_id)
+    mode = optimize_mode(exp["config"])
+    if trial_ids:
+        chosen = list(trial_ids[:CURVE_TRIALS])
+        rows = db.execute(f"SELECT t.id, {FINAL} AS metric FROM trials t WHERE t.experiment=? "
+                          f"AND t.id IN ({','.join('?' * len(chosen))})", [experiment_id, *chosen]).fetchall()
+    else:
+        # The best first; while nothing has finished, the newest.
+        rows = db.execute(f"SELECT * FROM (SELECT t.id, t.sequence, {FINAL} AS metric FROM trials t "
+                          f"WHERE t.experiment=?) ORDER BY metric {_order(mode)} NULLS LAST, sequence DESC LIMIT ?",
+                          (experiment_id, top)).fetchall()
+    series = []
+    for row in rows:
+        values = [default_metric(_json(v)) for (v,) in db.execute(
+            "SELECT value FROM records WHERE trial=? AND type='PERIODICAL' ORDER BY seq", (row["id"],))]
+        steps = list(range(1, len(values) + 1))
+        stride = max(1, -(-len(values) // CURVE_POINTS))
+        series.append({"id": row["id"], "metric": row["metric"], "steps": steps[::stride], "values": values[::stride]})
+    if not trial_ids:
+        best = rows[:1] if rows and rows[0]["metric"] is not None else []
+    else:
+        best = _best(db, experiment_id, mode)
+    return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series}
+
+
+def hyperparameters(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any]:
+    """Column-wise parameters and final metric of every trial that has one (parallel coordinates, scatter)."""
+    exp = _experiment_row(db, experiment_id)
+    names = parameter_names(db, experiment_id, exp["config"])
+    rows = db.execute(f"SELECT * FROM (SELECT t.id, t.parameters, {FINAL} AS metric FROM trials t "
+                      f"WHERE t.experiment=? ORDER BY t.sequence) WHERE metric IS NOT NULL",
+                      (experiment_id,)).fetchall()
+    columns: Dict[str, List[Any]] = {name: [] for name in names}
+    for row in rows:
+        params = _json(row["parameters"])
+        params = params if isinstance(params, dict) else {}
+        for name in names:
+            value = params.get(name)
+            # Numbers and strings plot as they are; anything nested as its JSON text.
+            columns[name].append(value if isinstance(value, (int, float, str)) or value is None else json.dumps(value))
+    return {"optimize_mode": optimize_mode(exp["config"]), "parameters": names, "ids": [r["id"] for r in rows],
+            "metric": [r["metric"] for r in rows], "columns": columns}
+
+
+# ---------------------------------------------------------------- one trial, the queue
+
+def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Optional[float] = None) -> Dict[str, Any]:
+    now = time.time() if now is None else now
+    row = db.execute(f"SELECT t.*, {FINAL} AS metric FROM trials t WHERE t.id=? AND t.experiment=?",
+                     (trial_id, experiment_id)).fetchone()
+    if row is None:
+        raise HttpError(404, f"no trial {trial_id!r} in experiment {experiment_id!r}")
+    out = _trial_row(row, now)
+    final = db.execute("SELECT value FROM records WHERE trial=? AND type='FINAL' ORDER BY seq DESC LIMIT 1",
+                       (trial_id,)).fetchone()
+    trial_dir = row["trial_dir"]
+    out.update({
+        "reason": row["reason"],
+        "started": row["started"],
+        "ended": row["ended"],
+        "trial_dir": trial_dir,
+        # The keeper's default (trialkit.env): <trial dir>/checkpoint.
+        "checkpoint_dir": str(Path(trial_dir) / "checkpoint") if trial_dir else None,
+        "final": _json(final["value"]) if final else None,
+        "intermediate": db.execute("SELECT COUNT(*) FROM records WHERE trial=? AND type='PERIODICAL'",
+                                   (trial_id,)).fetchone()[0],
+        "history": [dict(r) for r in db.execute(
+            "SELECT status, exit_code, reason, time, source FROM statuses WHERE trial=? ORDER BY id", (trial_id,))],
+        "logs": {name: path for name, path in log_paths(row).items() if path},
+    })
+    return out
+
+
+def log_paths(row: Mapping[str, Any]) -> Dict[str, Optional[str]]:
+    """The trial's captured output: the paths the store holds, else the keeper's names in the trial dir."""
+    trial_dir = row["trial_dir"]
+    return {
+        "stdout": row["stdout_path"] or (str(Path(trial_dir) / "stdout.log") if trial_dir else None),
+        "stderr": row["stderr_path"] or (str(Path(trial_dir) / "stderr.log") if trial_dir else None),
+    }
+
+
+def trial_log_path(db: sqlite3.Connection, experiment_id: str, trial_id: str, name: str) -> Optional[str]:
+    row = db.execute("SELECT trial_dir, stdout_path, stderr_path FROM trials WHERE id=? AND experiment=?",
+                     (trial_id, experiment_id)).fetchone()
+    if row is None:
+        raise HttpError(404, f"no trial {trial_id!r} in experiment {experiment_id!r}")
+    paths = log_paths(row)
+    if name not in paths:
+        raise HttpError(400, f"no log {name!r} (stdout or stderr)")
+    return paths[name]
+
+
+QUEUED = (RUNNING, WAITING, PREEMPTED)
+
+
+def queue(db: sqlite3.Connection, experiment_id: str, order: Optional[Sequence[str]]) -> List[Dict[str, Any]]:
+    """Running trials, then waiting ones in scheduling order, then paused ones.
+
+    `order` is the scheduler's order of waiting trials when it gives one; else
+    higher priority first, then submission order.
+    """
+    marks = ",".join("?" * len(QUEUED))
+    rows = db.execute(f"SELECT t.*, {FINAL} AS metric FROM trials t WHERE t.experiment=? AND t.status IN ({marks}) "
+                      f"ORDER BY t.priority DESC, t.sequence", (experiment_id, *QUEUED)).fetchall()
+    now = time.time()
+    running = [r for r in rows if r["status"] == RUNNING]
+    waiting = [r for r in rows if r["status"] == WAITING]
+    paused = [r for r in rows if r["status"] not in (RUNNING, WAITING)]
+    if order is not None:
+        rank = {trial_id: i for i, trial_id in enumerate(order)}
+        waiting.sort(key=lambda r: rank.get(r["id"], len(rank)))
+    out = []
+    for position, row in enumerate(running + waiting + paused):
+        item = _trial_row(row, now)
+        item["position"] = position + 1
+        out.append(item)
+    return out
+

@@ -1,0 +1,161 @@
+"""The page's routes on the manager's server.
+
+    GET  /                                   the page (index.html)
+    GET  /static/<name>                      app.js, app.css, plotly-<hash>.min.js
+    GET  /api/ui/info                        {"read_only", "actions": [offered actions]}
+    GET  /api/ui/events                      server-sent events: `change` when a store was written
+    GET  /api/ui/experiments                 [{id, name, status, trials, counts, best, elapsed, ...}]
+    GET  /api/ui/experiments/<exp>           overview: counts by status, budget, best trial, search space, config
+    GET  /api/ui/experiments/<exp>/trials    one page of trials: ?status=A,B&metric=EXPR&p:NAME=EXPR
+                                             &sort=sequence|id|status|metric|restarts|duration|p:NAME
+                                             &order=asc|desc&offset=N&limit=N (EXPR: a..b, >=x, <x, =x, text)
+    GET  /api/ui/experiments/<exp>/curves    ?trials=ID,ID (else the 10 best): intermediate results per step
+    GET  /api/ui/experiments/<exp>/hyper     parameters and final metric of finished trials, column-wise
+    GET  /api/ui/experiments/<exp>/queue     running, waiting (scheduling order), paused trials
+    GET  /api/ui/experiments/<exp>/trials/<trial>       one trial: parameters, history, dirs, logs
+    GET  /api/ui/experiments/<exp>/trials/<trial>/log   ?name=stdout|stderr&offset=N: the log from N
+    POST /api/ui/experiments/<exp>/trials/<trial>/<action>   kill | pause | activate | priority {"priority": N}
+
+Every /api/ui route needs `Authorization: Bearer <admin token>` and refuses
+cross-site requests (trialkit.web.guard); actions are refused (403) on a
+read-only page. Answers are strict JSON (NaN and infinities as strings).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, Callable, Optional, Tuple, Union
+
+from trialkit.control.server import HttpError, ManagerServer, Raw, Request, Stream
+from trialkit.control.store import Store
+from trialkit.web import events, guard, logtail, queries
+from trialkit.web.actions import Admin
+from trialkit.web.assets import Assets
+from trialkit.web.catalog import Catalog
+
+Answer = Tuple[int, Any]
+
+
+def page_url(server: ManagerServer, token: str, experiment_id: Optional[str] = None) -> str:
+    """The URL to print: the page, carrying the token (the page keeps it and drops it from the address bar)."""
+    return f"{server.url}/?token={token}" + (f"#/exp/{experiment_id}" if experiment_id else "")
+
+
+def install(server: ManagerServer, store: Union[Store, Catalog], *, admin_token: str, read_only: bool,
+            admin: Optional[Admin] = None) -> Catalog:
+    """Add the page and its API to the server. `store`: the manager's own, or a Catalog of stored experiments."""
+    catalog = store if isinstance(store, Catalog) else Catalog(lambda: [store.path])
+    _Routes(server, catalog, admin_token, read_only, admin or Admin()).add()
+    return catalog
+
+
+class _Routes:
+    def __init__(self, server: ManagerServer, catalog: Catalog, token: str, read_only: bool, admin: Admin):
+        self.server = server
+        self.catalog = catalog
+        self.token = token
+        self.read_only = read_only
+        self.admin = admin
+        self.assets = Assets()
+
+    def add(self) -> None:
+        add = self.server.router.add
+        add("GET", "/", lambda r: self.assets.page(r.headers))
+        add("GET", "/static/<name>", lambda r: self.assets.file(r.params["name"], r.headers))
+        exp = "/api/ui/experiments/<exp>"
+        for method, pattern, handler in [
+            ("GET", "/api/ui/info", self._info),
+            ("GET", "/api/ui/events", self._events),
+            ("GET", "/api/ui/experiments", self._experiments),
+            ("GET", exp, self._experiment),
+            ("GET", exp + "/trials", self._trials),
+            ("GET", exp + "/curves", self._curves),
+            ("GET", exp + "/hyper", self._hyper),
+            ("GET", exp + "/queue", self._queue),
+            ("GET", exp + "/trials/<trial>", self._trial),
+            ("GET", exp + "/trials/<trial>/log", self._log),
+            ("POST", exp + "/trials/<trial>/<action>", self._action),
+        ]:
+            add(method, pattern, self._guarded(handler))
+
+    def _guarded(self, handler: Callable[[Request], Any]) -> Callable[[Request], Answer]:
+        def serve(request: Request) -> Answer:
+            guard.check(request, self.token)
+            answer = handler(request)
+            return (200, answer) if isinstance(answer, Stream) else (200, _json(answer))
+        return serve
+
+    # -- reads -------------------------------------------------------------------------
+    def _info(self, request: Request) -> Any:
+        return {"read_only": self.read_only, "actions": [] if self.read_only else self.admin.offered()}
+
+    def _events(self, request: Request) -> Stream:
+        return Stream(events.changes(self.catalog, self.server.stopping), "text/event-stream",
+                      {"Cache-Control": "no-store"})
+
+    def _experiments(self, request: Request) -> Any:
+        out = []
+        for experiment_id in self.catalog.experiment_ids():
+            with self.catalog.database(experiment_id).reading() as db:
+                out.append(queries.summary(db, experiment_id))
+        return sorted(out, key=lambda e: e["created"], reverse=True)
+
+    def _read(self, request: Request, query: Callable[..., Any], *args: Any) -> Any:
+        experiment_id = request.params["exp"]
+        with self.catalog.database(experiment_id).reading() as db:
+            return query(db, experiment_id, *args)
+
+    def _experiment(self, request: Request) -> Any:
+        return self._read(request, queries.experiment)
+
+    def _trials(self, request: Request) -> Any:
+        return self._read(request, queries.trials_page, queries.TrialQuery.from_query(request.query))
+
+    def _curves(self, request: Request) -> Any:
+        chosen = [t for t in request.query.get("trials", "").split(",") if t]
+        return self._read(request, queries.curves, chosen)
+
+    def _hyper(self, request: Request) -> Any:
+        return self._read(request, queries.hyperparameters)
+
+    def _queue(self, request: Request) -> Any:
+        order = self.admin.queue_order(request.params["exp"]) if self.admin.queue_order else None
+        return self._read(request, queries.queue, order)
+
+    def _trial(self, request: Request) -> Any:
+        return self._read(request, queries.trial, request.params["trial"])
+
+    def _log(self, request: Request) -> Any:
+        path = self._read(request, queries.trial_log_path, request.params["trial"], request.query.get("name", "stdout"))
+        offset = request.query.get("offset")
+        if offset is not None and not offset.isdigit():
+            raise HttpError(400, "offset is a whole number of bytes")
+        return logtail.read(path, None if offset is None else int(offset))
+
+    # -- actions -------------------------------------------------------------------------
+    def _action(self, request: Request) -> Any:
+        if self.read_only:
+            raise HttpError(403, "this page is read-only (trialkit ui): act through the experiment's manager")
+        trial_id = request.params["trial"]
+        self._read(request, queries.trial, trial_id)  # 404 unless the trial is this experiment's
+        self.admin.perform(request.params["action"], trial_id, request.json() if request.body else {})
+        return {"ok": True, "at": time.time()}
+
+
+def _json(answer: Any) -> Raw:
+    try:
+        body = json.dumps(answer, allow_nan=False, separators=(",", ":"))
+    except ValueError:  # NaN or an infinity somewhere (a trial's own values): strict JSON has no such numbers
+        body = json.dumps(_finite(answer), separators=(",", ":"))
+    return Raw(body.encode(), "application/json", {"Cache-Control": "no-store"})
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value).replace("inf", "Infinity").replace("nan", "NaN")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

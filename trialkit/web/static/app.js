@@ -1,0 +1,650 @@
+// trialkit's page: vanilla JS, no build step. Everything a trial wrote (ids,
+// parameter names and values, metric keys, log lines) reaches the page as
+// text: DOM nodes get it through textContent (never innerHTML), and plotly
+// labels get it with <, > and & escaped (plotly reads a few HTML tags in labels).
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'trialkit-token';
+  const REFRESH_GAP_MS = 1000;  // live updates redraw at most once a second
+  const LOG_POLL_MS = 1000;
+  const FINAL = ['SUCCEEDED', 'FAILED', 'USER_CANCELED', 'SYS_CANCELED', 'EARLY_STOPPED'];
+  const STATUSES = ['WAITING', 'RUNNING', 'PREEMPTED', ...FINAL];
+
+  // ---------------------------------------------------------------- token, API
+  // The printed URL carries ?token=...: keep it for this origin, then drop it from the address bar.
+  function takeToken() {
+    const url = new URL(location.href);
+    const given = url.searchParams.get('token');
+    if (given) {
+      localStorage.setItem(TOKEN_KEY, given);
+      url.searchParams.delete('token');
+      history.replaceState(null, '', url.pathname + url.search + url.hash);
+    }
+    return localStorage.getItem(TOKEN_KEY) || '';
+  }
+  const token = takeToken();
+
+  class ApiError extends Error {
+    constructor(status, message) { super(message); this.status = status; }
+  }
+
+  async function api(path, options = {}) {
+    const headers = Object.assign({Authorization: 'Bearer ' + token}, options.headers || {});
+    const resp = await fetch(path, Object.assign({}, options, {headers}));
+    if (!resp.ok) {
+      const body = await resp.json().catch(() => ({}));
+      throw new ApiError(resp.status, body.error || resp.statusText);
+    }
+    return resp.json();
+  }
+
+  const enc = encodeURIComponent;
+  const expPath = (exp) => '/api/ui/experiments/' + enc(exp);
+
+  // ---------------------------------------------------------------- DOM helpers
+  // el('td', {class: 'num'}, text, child...): strings become text nodes, never markup.
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
+      else if (key === 'class') node.className = value;
+      else node.setAttribute(key, value === true ? '' : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : String(child));
+    }
+    return node;
+  }
+  const $ = (id) => document.getElementById(id);
+  const headRow = (...labels) => el('thead', {}, el('tr', {}, labels.map((h) => el('th', {}, h))));
+
+  function statusBadge(status) {
+    return el('span', {class: 'badge status-' + String(status).toLowerCase().replace(/[^a-z_]/g, '')}, status);
+  }
+  function fmtNumber(x) {
+    if (x === null || x === undefined) return '—';
+    if (typeof x !== 'number') return String(x);
+    return Number.isInteger(x) ? String(x) : String(Number(x.toPrecision(6)));
+  }
+  function fmtValue(v) {
+    if (v === null || v === undefined) return '—';
+    if (typeof v === 'object') return JSON.stringify(v);
+    return typeof v === 'number' ? fmtNumber(v) : String(v);
+  }
+  function fmtDuration(s) {
+    if (s === null || s === undefined) return '—';
+    s = Math.round(s);
+    const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = s % 60;
+    return h ? `${h}h ${String(m).padStart(2, '0')}m` : m ? `${m}m ${String(sec).padStart(2, '0')}s` : `${sec}s`;
+  }
+  const fmtTime = (t) => (t ? new Date(t * 1000).toLocaleString() : '—');
+  // Plotly reads <br>, <b>, <a> and entities in its labels: escape what came from trials.
+  const plotText = (s) => String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
+
+  function showProblem(message) {
+    const box = $('problem');
+    box.textContent = message || '';
+    box.hidden = !message;
+  }
+  let noticeTimer = null;
+  function notice(message) {
+    const box = $('notice');
+    box.textContent = message;
+    box.hidden = false;
+    clearTimeout(noticeTimer);
+    noticeTimer = setTimeout(() => { box.hidden = true; }, 4000);
+  }
+  function problemFrom(err) {
+    if (err instanceof ApiError && (err.status === 401 || err.status === 403)) {
+      return err.message + ' (open the URL trialkit printed, with its ?token=...)';
+    }
+    return String(err.message || err);
+  }
+
+  // plotly.js arrives after this script (it is large): charts wait for it.
+  const plotlyReady = new Promise((resolve, reject) => {
+    if (window.Plotly) return resolve(window.Plotly);
+    const script = $('plotly');
+    script.addEventListener('load', () => (window.Plotly ? resolve(window.Plotly)
+      : reject(new Error('plotly.js did not load'))));
+    script.addEventListener('error', () => reject(new Error("charts need plotly.js: pip install 'trialkit[control]'")));
+  });
+  const PLOT_CONFIG = {displaylogo: false, responsive: true};
+
+  async function plot(node, traces, layout) {
+    const Plotly = await plotlyReady;
+    const base = {margin: {l: 60, r: 20, t: 20, b: 50}, paper_bgcolor: 'rgba(0,0,0,0)', plot_bgcolor: '#fff'};
+    await Plotly.react(node, traces, Object.assign(base, layout), PLOT_CONFIG);
+  }
+
+  // ---------------------------------------------------------------- info, actions
+  // Asked at once, beside the first view's data: only the action buttons wait for it.
+  let info = {read_only: true, actions: []};
+  const infoReady = api('/api/ui/info').then((got) => {
+    info = got;
+    $('mode').hidden = !got.read_only;
+  }).catch((err) => showProblem(problemFrom(err)));
+
+  async function act(exp, trial, action, body) {
+    try {
+      await api(`${expPath(exp)}/trials/${enc(trial)}/${action}`, {
+        method: 'POST', headers: {'Content-Type': 'application/json'}, body: JSON.stringify(body || {}),
+      });
+      notice(`${action}: ${trial}`);
+      refreshSoon();
+    } catch (err) {
+      showProblem(`${action} ${trial}: ${problemFrom(err)}`);
+    }
+  }
+
+  // The buttons a trial in this status can take, among the actions the manager offers.
+  function actionButtons(exp, trial) {
+    if (info.read_only) return null;
+    const can = (a) => info.actions.includes(a);
+    const live = trial.status === 'RUNNING' || trial.status === 'WAITING';
+    const box = el('span', {class: 'actions'});
+    const button = (action, label, body, extra) => el('button', Object.assign({'data-action': action,
+      onclick: () => act(exp, trial.id, action, body && body())}, extra), label);
+    if (can('pause') && live) box.append(button('pause', 'Pause'));
+    if (can('activate') && trial.status === 'PREEMPTED') box.append(button('activate', 'Activate'));
+    if (can('kill') && live) box.append(button('kill', 'Kill', null, {class: 'danger'}));
+    if (can('priority') && !FINAL.includes(trial.status)) {
+      const input = el('input', {class: 'priority', type: 'number', step: 1, value: trial.priority,
+        'aria-label': 'priority'});
+      box.append(input, button('priority', 'Set priority', () => ({priority: parseInt(input.value, 10)})));
+    }
+    return box;
+  }
+
+  // ---------------------------------------------------------------- views
+  function crumbs(...parts) {
+    $('crumbs').replaceChildren(...parts.flatMap((p, i) => (i ? [' / ', p] : [p])));
+  }
+
+  function experimentHeader(exp, active, overview) {
+    crumbs(el('a', {href: '#/'}, 'experiments'), el('a', {href: '#/exp/' + enc(exp)}, exp));
+    const tab = (name, label) => el('a', {href: `#/exp/${enc(exp)}${name ? '/' + name : ''}`,
+      class: active === name ? 'active' : null}, label);
+    return [
+      el('h1', {}, overview ? [overview.name ? `${overview.name} (${exp})` : exp, ' ', statusBadge(overview.status)]
+        : exp),
+      el('nav', {class: 'tabs'}, tab('', 'Overview'), tab('trials', 'Trials'), tab('params', 'Hyperparameters'),
+        tab('queue', 'Queue')),
+    ];
+  }
+
+  // When a view first showed all its parts (and the trials view its table): tests and bench/ read these.
+  function markReady(name) {
+    if (document.body.dataset.ready === name) return;
+    document.body.dataset.ready = name;
+    document.body.dataset.readyAt = String(performance.now());
+  }
+  function markTable() {
+    if (!document.body.dataset.tableAt) document.body.dataset.tableAt = String(performance.now());
+  }
+
+  class ExperimentsView {
+    constructor() { this.key = 'experiments'; }
+    mount(main) {
+      crumbs(el('a', {href: '#/'}, 'experiments'));
+      this.body = el('tbody');
+      const table = el('table', {id: 'experiments'},
+        headRow('Experiment', 'Name', 'Status', 'Trials', 'By status', 'Best metric', 'Duration', 'Started'),
+        this.body);
+      main.replaceChildren(el('h1', {}, 'Experiments'), el('div', {class: 'table-wrap'}, table));
+    }
+    async load() {
+      const list = await api('/api/ui/experiments');
+      this.body.replaceChildren(...list.map((e) => el('tr', {},
+        el('td', {}, el('a', {href: '#/exp/' + enc(e.id)}, e.id)),
+        el('td', {}, e.name || ''),
+        el('td', {}, statusBadge(e.status)),
+        el('td', {class: 'num'}, e.trials),
+        el('td', {}, Object.entries(e.counts).map(([s, n]) => `${s} ${n}`).join(' · ')),
+        el('td', {class: 'num'}, e.best ? fmtNumber(e.best.metric) : '—'),
+        el('td', {}, fmtDuration(e.elapsed)),
+        el('td', {}, fmtTime(e.created)))));
+      markReady('experiments');
+    }
+  }
+
+  class OverviewView {
+    constructor(exp) { this.exp = exp; this.key = 'overview:' + exp; }
+    mount(main) { this.main = main; }
+    async load() {
+      const o = await api(expPath(this.exp));
+      const card = (title, ...content) => el('div', {class: 'card'}, el('h3', {}, title), ...content);
+      const best = o.best;
+      this.main.replaceChildren(
+        ...experimentHeader(this.exp, '', o),
+        el('div', {class: 'cards'},
+          card('Status', el('div', {class: 'big'}, o.status)),
+          card('Trials', el('div', {class: 'big'}, o.trials, o.max_trials ? ` / ${o.max_trials}` : ''),
+            el('div', {class: 'muted'}, o.remaining_trials === null ? 'no trial limit' : `${o.remaining_trials} left`)),
+          card('Duration', el('div', {class: 'big'}, fmtDuration(o.elapsed)),
+            el('div', {class: 'muted'}, o.max_duration === null ? 'no time limit'
+              : `of ${fmtDuration(o.max_duration)}, ${fmtDuration(o.remaining_duration)} left`)),
+          card('Best metric', el('div', {class: 'big'}, best ? fmtNumber(best.metric) : '—'),
+            el('div', {class: 'muted'}, o.optimize_mode,
+              best ? [' · ', el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(best.id)}`}, best.id)] : ''))),
+        el('h2', {}, 'Trials by status'),
+        el('div', {class: 'cards', id: 'counts'}, Object.entries(o.counts).map(([s, n]) =>
+          el('div', {class: 'card'}, el('h3', {}, s), el('div', {class: 'big'}, n)))),
+        el('div', {class: 'two'},
+          el('div', {}, el('h2', {}, 'Best trial parameters'),
+            best ? paramsTable(best.parameters) : el('p', {class: 'muted'}, 'no final metric yet')),
+          el('div', {}, el('h2', {}, 'Search space'),
+            el('pre', {class: 'json'}, JSON.stringify(o.search_space, null, 2)))),
+        el('h2', {}, 'Config'),
+        el('pre', {class: 'json', id: 'config'}, JSON.stringify(o.config, null, 2)));
+      markReady('overview');
+    }
+  }
+
+  function paramsTable(params) {
+    return el('table', {class: 'params'}, el('tbody', {}, Object.entries(params || {}).map(([k, v]) =>
+      el('tr', {}, el('th', {}, k), el('td', {}, fmtValue(v))))));
+  }
+
+  // The trials table (server-side sort, filters, pages) and the curves of the selected trials.
+  class TrialsView {
+    constructor(exp) { this.exp = exp; this.key = 'trials:' + exp; this.tableKey = null; this.curveKey = null; }
+
+    mount(main) {
+      this.head = el('thead');
+      this.body = el('tbody');
+      this.pager = el('span', {class: 'pager'});
+      const choose = (key) => (e) => this.set({[key]: e.target.value, offset: null});
+      this.status = el('select', {'aria-label': 'status', onchange: choose('status')},
+        el('option', {value: ''}, 'all statuses'), STATUSES.map((s) => el('option', {value: s}, s)));
+      this.size = el('select', {'aria-label': 'page size', onchange: choose('limit')},
+        [25, 50, 100, 200].map((n) => el('option', {value: n}, `${n} a page`)));
+      this.curveTitle = el('h2', {}, 'Curves');
+      this.chart = el('div', {class: 'chart', id: 'curves'});
+      main.replaceChildren(
+        ...experimentHeader(this.exp, 'trials'),
+        el('div', {class: 'toolbar'}, this.status, this.size,
+          el('button', {onclick: () => this.clearFilters()}, 'Clear filters'), el('span', {class: 'spacer'}),
+          this.pager),
+        el('div', {class: 'table-wrap'}, el('table', {id: 'trials'}, this.head, this.body)),
+        el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, this.curveTitle, el('span', {class: 'spacer'}),
+          el('button', {onclick: () => this.set({sel: null})}, 'Clear selection')), this.chart));
+    }
+
+    query() { return new URLSearchParams(location.hash.split('?')[1] || ''); }
+    set(changes) {
+      const q = this.query();
+      for (const [k, v] of Object.entries(changes)) (v === null || v === '' ? q.delete(k) : q.set(k, v));
+      location.hash = `#/exp/${enc(this.exp)}/trials?${q}`;
+    }
+    clearFilters() {
+      const q = this.query();
+      for (const k of [...q.keys()]) {
+        if (['status', 'metric', 'offset'].includes(k) || k.startsWith('p:')) q.delete(k);
+      }
+      location.hash = `#/exp/${enc(this.exp)}/trials?${q}`;
+    }
+    selected() { return (this.query().get('sel') || '').split(',').filter(Boolean); }
+
+    async load(live) {
+      const q = this.query();
+      const tableQuery = new URLSearchParams(q);
+      tableQuery.delete('sel');
+      const tableKey = tableQuery.toString();
+      const curveKey = q.get('sel') || '';
+      const work = [];
+      if (live || tableKey !== this.tableKey) {
+        work.push(this.loadTable(tableQuery).then(() => { this.tableKey = tableKey; }));
+      } else {
+        this.markSelection();
+      }
+      if (live || curveKey !== this.curveKey) work.push(this.loadCurves().then(() => { this.curveKey = curveKey; }));
+      await Promise.all(work);
+      markReady('trials');
+    }
+
+    async loadTable(q) {
+      if (!q.has('limit')) q.set('limit', '50');
+      const page = await api(`${expPath(this.exp)}/trials?${q}`);
+      this.status.value = q.get('status') || '';
+      this.size.value = q.get('limit');
+      this.params = page.parameters;
+      if (this.head.dataset.params !== JSON.stringify(page.parameters)) this.buildHead(page.parameters);
+      this.syncHead(q);
+      const picked = new Set(this.selected());
+      this.body.replaceChildren(...page.rows.map((t) => el('tr', {'data-trial': t.id},
+        el('td', {}, el('input', {type: 'checkbox', 'aria-label': 'select', checked: picked.has(t.id),
+          onchange: (e) => this.toggle(t.id, e.target.checked)})),
+        el('td', {}, el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`}, t.id)),
+        el('td', {class: 'num'}, t.sequence),
+        el('td', {}, statusBadge(t.status)),
+        el('td', {class: 'num metric'}, fmtNumber(t.metric)),
+        page.parameters.map((p) => el('td', {class: 'param'}, fmtValue((t.parameters || {})[p]))),
+        el('td', {class: 'num'}, t.restarts),
+        el('td', {}, fmtDuration(t.duration)))));
+      const first = page.total ? page.offset + 1 : 0;
+      const last = Math.min(page.total, page.offset + page.rows.length);
+      this.pager.replaceChildren(
+        el('button', {disabled: page.offset === 0,
+          onclick: () => this.set({offset: Math.max(0, page.offset - page.limit) || null})}, '‹ prev'),
+        el('span', {class: 'muted', id: 'range'}, ` ${first}–${last} of ${page.total} `),
+        el('button', {disabled: last >= page.total, onclick: () => this.set({offset: page.offset + page.limit})},
+          'next ›'));
+      markTable();
+    }
+
+    buildHead(params) {
+      this.head.dataset.params = JSON.stringify(params);
+      const sortable = (label, key) => el('th', {},
+        el('button', {class: 'sort', 'data-sort': key, onclick: () => this.sortBy(key)}, label));
+      const filter = (key) => el('th', {}, el('input', {'data-filter': key, placeholder: 'a..b, >x, text',
+        'aria-label': `filter ${key}`, onchange: (e) => this.set({[key]: e.target.value.trim(), offset: null})}));
+      this.head.replaceChildren(
+        el('tr', {}, el('th', {}, ''), sortable('Trial', 'id'), sortable('#', 'sequence'), sortable('Status', 'status'),
+          sortable('Metric', 'metric'), params.map((p) => sortable(p, 'p:' + p)), sortable('Restarts', 'restarts'),
+          sortable('Duration', 'duration')),
+        el('tr', {class: 'filters'}, el('th'), el('th'), el('th'), el('th'), filter('metric'),
+          params.map((p) => filter('p:' + p)), el('th'), el('th')));
+    }
+
+    syncHead(q) {
+      const sort = q.get('sort') || 'sequence';
+      const arrow = q.get('order') === 'desc' ? ' ▼' : ' ▲';
+      for (const button of this.head.querySelectorAll('button.sort')) {
+        const on = button.dataset.sort === sort;
+        button.classList.toggle('on', on);
+        button.dataset.arrow = on ? arrow : '';
+        button.textContent = button.textContent.replace(/ [▲▼]$/, '') + (on ? arrow : '');
+      }
+      for (const input of this.head.querySelectorAll('input[data-filter]')) {
+        if (document.activeElement !== input) input.value = q.get(input.dataset.filter) || '';
+      }
+    }
+
+    sortBy(key) {
+      const q = this.query();
+      const current = q.get('sort') || 'sequence';
+      const desc = current === key ? q.get('order') !== 'desc' : key === 'metric';
+      this.set({sort: key, order: desc ? 'desc' : 'asc', offset: null});
+    }
+
+    toggle(id, on) {
+      const picked = this.selected().filter((t) => t !== id);
+      if (on) picked.push(id);
+      this.set({sel: picked.join(',') || null});
+    }
+
+    markSelection() {
+      const picked = new Set(this.selected());
+      for (const row of this.body.querySelectorAll('tr[data-trial]')) {
+        row.querySelector('input[type=checkbox]').checked = picked.has(row.dataset.trial);
+      }
+    }
+
+    async loadCurves() {
+      const chosen = this.selected();
+      const data = await api(`${expPath(this.exp)}/curves?trials=${enc(chosen.join(','))}`);
+      this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
+        : `Curves: the ${data.series.length} best`;
+      await drawCurves(this.chart, data);
+    }
+  }
+
+  // Intermediate results over steps; the best trial among them drawn bold, the others thin.
+  async function drawCurves(node, data) {
+    const sign = data.optimize_mode === 'minimize' ? 1 : -1;
+    const ranked = data.series.filter((s) => s.metric !== null).sort((a, b) => sign * (a.metric - b.metric));
+    const top = ranked.length ? ranked[0].id : null;
+    const traces = data.series.map((s) => ({
+      type: 'scatter', mode: s.steps.length > 1 ? 'lines' : 'markers', x: s.steps, y: s.values,
+      name: plotText(s.id + (s.id === data.best ? ' (best)' : '')),
+      line: {width: s.id === top ? 4 : 1.5}, opacity: s.id === top || !top ? 1 : 0.55,
+    }));
+    await plot(node, traces, {xaxis: {title: {text: 'step'}}, yaxis: {title: {text: 'intermediate result'}},
+      legend: {orientation: 'h', y: -0.2}});
+  }
+
+  // Parallel coordinates of parameters and final metric, and the metric against each parameter.
+  class HyperView {
+    constructor(exp) { this.exp = exp; this.key = 'params:' + exp; }
+    mount(main) {
+      this.parcoords = el('div', {class: 'chart tall', id: 'parcoords'});
+      this.scatter = el('div', {class: 'chart tall', id: 'scatter'});
+      this.note = el('p', {class: 'chart-note'});
+      main.replaceChildren(...experimentHeader(this.exp, 'params'), this.note,
+        el('div', {class: 'panel'}, el('h2', {}, 'Parameters and final metric'), this.parcoords),
+        el('div', {class: 'panel'}, el('h2', {}, 'Final metric against each parameter'), this.scatter));
+    }
+    async load() {
+      const h = await api(`${expPath(this.exp)}/hyper`);
+      this.note.textContent = `${h.ids.length} trials with a final metric (${h.optimize_mode})`;
+      const dims = h.parameters.map((p) => axis(p, h.columns[p]));
+      dims.push({label: 'metric', values: h.metric});
+      const parcoords = plot(this.parcoords, [{type: 'parcoords', dimensions: dims,
+        line: {color: h.metric, colorscale: 'Viridis', showscale: true, reversescale: h.optimize_mode === 'minimize'}}],
+      {margin: {l: 70, r: 70, t: 40, b: 30}});
+      const n = Math.max(1, h.parameters.length);
+      const cols = Math.min(3, n);
+      const layout = {grid: {rows: Math.ceil(n / cols), columns: cols, pattern: 'independent'}, showlegend: false,
+        height: Math.max(360, 300 * Math.ceil(n / cols)), margin: {l: 60, r: 20, t: 20, b: 50}};
+      const traces = h.parameters.map((p, i) => {
+        const suffix = i ? String(i + 1) : '';
+        layout['xaxis' + suffix] = {title: {text: plotText(p)}};
+        layout['yaxis' + suffix] = {title: {text: i % cols ? '' : 'metric'}};
+        return {type: 'scatter', mode: 'markers', x: h.columns[p].map((v) => (typeof v === 'string' ? plotText(v) : v)),
+          y: h.metric, text: h.ids.map(plotText), xaxis: 'x' + suffix, yaxis: 'y' + suffix,
+          marker: {size: 6, opacity: 0.7}};
+      });
+      this.scatter.style.height = layout.height + 'px';
+      await Promise.all([parcoords, plot(this.scatter, traces, layout)]);
+      markReady('params');
+    }
+  }
+
+  // A numeric axis as it is; any other values as categories, labelled with their text
+  // (parcoords writes tick labels as plain text, but reads markup in axis titles).
+  function axis(name, values) {
+    if (values.every((v) => typeof v === 'number' || v === null)) return {label: plotText(name), values};
+    const labels = [...new Set(values.map((v) => String(v)))].sort();
+    const index = new Map(labels.map((l, i) => [l, i]));
+    return {label: plotText(name), values: values.map((v) => index.get(String(v))),
+      tickvals: labels.map((_, i) => i), ticktext: labels};
+  }
+
+  class QueueView {
+    constructor(exp) { this.exp = exp; this.key = 'queue:' + exp; }
+    mount(main) {
+      this.body = el('tbody');
+      main.replaceChildren(...experimentHeader(this.exp, 'queue'),
+        el('p', {class: 'muted'}, 'Running trials, then waiting ones in the order they will start, then paused ones.'),
+        el('div', {class: 'table-wrap'}, el('table', {id: 'queue'},
+          headRow('Position', 'Trial', 'Status', 'Priority', 'Submitted', 'Restarts', 'Actions'), this.body)));
+    }
+    async load() {
+      const [rows] = await Promise.all([api(`${expPath(this.exp)}/queue`), infoReady]);
+      this.body.replaceChildren(...rows.map((t) => el('tr', {'data-trial': t.id},
+        el('td', {class: 'num'}, t.position),
+        el('td', {}, el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`}, t.id)),
+        el('td', {}, statusBadge(t.status)),
+        el('td', {class: 'num'}, t.priority),
+        el('td', {}, fmtTime(t.created)),
+        el('td', {class: 'num'}, t.restarts),
+        el('td', {}, actionButtons(this.exp, t)))));
+      if (!rows.length) {
+        this.body.append(el('tr', {}, el('td', {colspan: 7, class: 'muted'}, 'nothing running or waiting')));
+      }
+      markReady('queue');
+    }
+  }
+
+  // One trial: facts, actions, parameters, its curve, status history and a live tail of its logs.
+  class TrialView {
+    constructor(exp, trial) {
+      this.exp = exp; this.trial = trial; this.key = `trial:${exp}:${trial}`;
+      this.logName = 'stdout'; this.offset = null; this.timer = null;
+    }
+    mount(main) {
+      crumbs(el('a', {href: '#/'}, 'experiments'), el('a', {href: '#/exp/' + enc(this.exp)}, this.exp),
+        el('a', {href: `#/exp/${enc(this.exp)}/trials`}, 'trials'), this.trial);
+      this.title = el('h1', {}, this.trial);
+      this.facts = el('dl', {class: 'facts'});
+      this.actions = el('div', {class: 'actions'});
+      this.params = el('div');
+      this.chart = el('div', {class: 'chart', id: 'trial-curve'});
+      this.history = el('tbody');
+      this.log = el('pre', {id: 'log'});
+      this.logTabs = el('div', {class: 'toolbar'}, ['stdout', 'stderr'].map((name) =>
+        el('button', {'data-log': name, onclick: () => this.switchLog(name)}, name)));
+      main.replaceChildren(this.title, this.actions,
+        el('div', {class: 'two'}, el('div', {class: 'panel'}, el('h2', {}, 'Trial'), this.facts),
+          el('div', {class: 'panel'}, el('h2', {}, 'Parameters'), this.params)),
+        el('div', {class: 'panel'}, el('h2', {}, 'Intermediate results'), this.chart),
+        el('div', {class: 'panel'}, el('h2', {}, 'Status history'), el('table', {id: 'history'},
+          headRow('Time', 'Status', 'Exit code', 'Reason', 'Source'), this.history)),
+        el('div', {class: 'panel'}, el('h2', {}, 'Log'), this.logTabs, this.log));
+    }
+    unmount() { clearTimeout(this.timer); }
+
+    async load() {
+      const path = `${expPath(this.exp)}/trials/${enc(this.trial)}`;
+      const curvesPath = `${expPath(this.exp)}/curves?trials=${enc(this.trial)}`;
+      const [t, curves] = await Promise.all([api(path), api(curvesPath), infoReady]);
+      this.data = t;
+      this.title.replaceChildren(this.trial, ' ', statusBadge(t.status));
+      this.actions.replaceChildren(actionButtons(this.exp, t) || '');
+      const fact = (k, v) => [el('dt', {}, k), el('dd', {}, v)];
+      this.facts.replaceChildren(
+        ...fact('Status', t.status), ...fact('Final metric', fmtNumber(t.metric)),
+        ...fact('Final result', t.final === null ? '—' : fmtValue(t.final)),
+        ...fact('Intermediate results', t.intermediate), ...fact('Exit code', fmtValue(t.exit_code)),
+        ...fact('Restarts', t.restarts), ...fact('Priority', t.priority), ...fact('Reason', t.reason || '—'),
+        ...fact('Submitted', fmtTime(t.created)), ...fact('Started', fmtTime(t.started)),
+        ...fact('Ended', fmtTime(t.ended)),
+        ...fact('Duration', fmtDuration(t.duration)), ...fact('Trial dir', t.trial_dir || '—'),
+        ...fact('Checkpoint dir', t.checkpoint_dir || '—'));
+      this.params.replaceChildren(paramsTable(t.parameters));
+      this.history.replaceChildren(...t.history.map((h) => el('tr', {},
+        el('td', {}, fmtTime(h.time)), el('td', {}, statusBadge(h.status)), el('td', {}, fmtValue(h.exit_code)),
+        el('td', {}, h.reason || ''), el('td', {}, h.source))));
+      await Promise.all([drawCurves(this.chart, curves), this.pollLog()]);
+      markReady('trial');
+    }
+
+    switchLog(name) {
+      this.logName = name;
+      this.offset = null;
+      this.log.textContent = '';
+      this.pollLog();
+    }
+
+    // Follow the log while the trial runs: ask only for what was added since the last answer.
+    async pollLog() {
+      clearTimeout(this.timer);
+      for (const b of this.logTabs.querySelectorAll('button')) b.classList.toggle('on', b.dataset.log === this.logName);
+      const name = this.logName;
+      const offset = this.offset === null ? '' : `&offset=${this.offset}`;
+      try {
+        const part = await api(`${expPath(this.exp)}/trials/${enc(this.trial)}/log?name=${name}${offset}`);
+        if (name !== this.logName) return;
+        const atBottom = this.log.scrollTop + this.log.clientHeight >= this.log.scrollHeight - 4;
+        if (!part.exists) this.log.textContent = `(no ${name} yet)`;
+        else if (this.offset === null || part.start < this.offset) this.log.textContent = part.text;
+        else if (part.text) this.log.append(part.text);
+        this.offset = part.exists ? part.end : null;
+        if (atBottom) this.log.scrollTop = this.log.scrollHeight;
+      } catch (err) {
+        showProblem(problemFrom(err));
+      }
+      const running = this.data && !FINAL.includes(this.data.status);
+      if (running && current === this) this.timer = setTimeout(() => this.pollLog(), LOG_POLL_MS);
+    }
+  }
+
+  // ---------------------------------------------------------------- router, live updates
+  let current = null;
+
+  function viewFor(hash) {
+    const parts = hash.replace(/^#/, '').split('?')[0].split('/').filter(Boolean).map(decodeURIComponent);
+    if (parts[0] !== 'exp' || !parts[1]) return new ExperimentsView();
+    const exp = parts[1];
+    if (parts[2] === 'trials') return new TrialsView(exp);
+    if (parts[2] === 'params') return new HyperView(exp);
+    if (parts[2] === 'queue') return new QueueView(exp);
+    if (parts[2] === 'trial' && parts[3]) return new TrialView(exp, parts[3]);
+    return new OverviewView(exp);
+  }
+
+  async function show(live) {
+    const next = viewFor(location.hash);
+    if (!current || next.key !== current.key) {
+      if (current && current.unmount) current.unmount();
+      current = next;
+      delete document.body.dataset.ready;
+      delete document.body.dataset.tableAt;
+      current.mount($('main'));
+    }
+    const view = current;
+    try {
+      await view.load(live);
+      showProblem('');
+    } catch (err) {
+      if (view === current) showProblem(problemFrom(err));
+    }
+  }
+
+  let refreshing = false, pending = false, lastRefresh = 0;
+  function refreshSoon() {
+    if (refreshing) { pending = true; return; }
+    const wait = Math.max(0, lastRefresh + REFRESH_GAP_MS - Date.now());
+    refreshing = true;
+    setTimeout(async () => {
+      await show(true);
+      lastRefresh = Date.now();
+      refreshing = false;
+      if (pending) { pending = false; refreshSoon(); }
+    }, wait);
+  }
+
+  // Server-sent events through fetch (EventSource cannot send the token header).
+  async function follow() {
+    const live = $('live');
+    for (;;) {
+      try {
+        const resp = await fetch('/api/ui/events', {headers: {Authorization: 'Bearer ' + token}});
+        if (resp.status === 401 || resp.status === 403) return;
+        live.textContent = 'live';
+        live.classList.add('on');
+        const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buffer = '';
+        for (;;) {
+          const {value, done} = await reader.read();
+          if (done) break;
+          buffer += value;
+          let end;
+          while ((end = buffer.indexOf('\n\n')) >= 0) {
+            const block = buffer.slice(0, end);
+            buffer = buffer.slice(end + 2);
+            if (/^event: change$/m.test(block)) refreshSoon();
+          }
+        }
+      } catch (err) {
+        // the manager went away: try again below
+      }
+      live.textContent = 'offline';
+      live.classList.remove('on');
+      await new Promise((r) => setTimeout(r, 2000));
+    }
+  }
+
+  async function start() {
+    window.addEventListener('hashchange', () => show(false));
+    plotlyReady.catch((err) => showProblem(err.message));
+    await show(false);
+    follow();
+  }
+
+  start();
+})();
