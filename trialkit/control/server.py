@@ -222,12 +222,6 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a keeper sends batch after batch on one connection
     timeout = SOCKET_TIMEOUT
 
-    def setup(self) -> None:
-        super().setup()
-        # Headers and body leave in two writes: with Nagle's algorithm on, the body would wait
-        # for the client's delayed ACK of the headers (40 ms an answer on Linux).
-        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
     def _serve(self, has_body: bool) -> None:
         manager: ManagerServer = self.server.manager  # type: ignore[attr-defined]
         target = urlsplit(self.path)
@@ -259,7 +253,13 @@ class _RequestHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_at_once(self) -> None:
+        # Headers and body leave in two writes: with Nagle's algorithm on, the body would wait
+        # for the client's delayed ACK of the headers (40 ms an answer on Linux).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def _reply_raw(self, status: int, answer: Raw) -> None:
+        self._send_at_once()
         self.send_response(status)
         self.send_header("Content-Type", answer.content_type)
         self.send_header("Content-Length", str(len(answer.body)))
@@ -270,6 +270,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _reply_stream(self, status: int, answer: Stream, stopping: threading.Event) -> None:
         # No length: the body ends when the connection closes.
+        self._send_at_once()
         self.send_response(status)
         self.send_header("Content-Type", answer.content_type)
         self.send_header("Connection", "close")
