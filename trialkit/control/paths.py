@@ -2,10 +2,12 @@
 
     $TRIALKIT_HOME (default ~/.trialkit)/experiments/<experiment id>/
         trialkit.db          the store (SQLite, WAL)
-        manager.json         the running manager: pid, url, port, admin token (mode 0600)
+        manager.json         the manager: pid, url, port, admin token (mode 0600)
         manager.log          a detached manager's output
-        trials/<trial id>/   each local trial's dir (the keeper's TRIALKIT_TRIAL_DIR)
+        trials/<trial id>/   each trial's dir (a local trial's TRIALKIT_TRIAL_DIR)
 
+An experiment run with experimentWorkingDirectory lives there, and a link of
+its id in the default root points at it, so every command finds it by id.
 A trial id is "<experiment id>-<sequence, 5 digits>", so a trial can be found
 from its id alone.
 """
@@ -17,9 +19,12 @@ import string
 from pathlib import Path
 from typing import List, Optional
 
+from trialkit.control.store import DB_NAME
 from trialkit.errors import UserError
 
 HOME_ENV = "TRIALKIT_HOME"
+MANAGER_FILE = "manager.json"
+MANAGER_LOG = "manager.log"
 _ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -47,18 +52,32 @@ def experiment_of(trial: str) -> str:
     return experiment
 
 
+def create_experiment_dir(experiment_id: str, working_directory: Optional[str] = None) -> Path:
+    """An experiment's dir, made if new; under `working_directory` when given, linked from the default root."""
+    default = experiments_root() / experiment_id
+    path = experiments_root(working_directory) / experiment_id
+    path.mkdir(parents=True, exist_ok=True)  # `run --detach` makes it before its background run
+    if path != default and not default.is_symlink():
+        default.parent.mkdir(parents=True, exist_ok=True)
+        default.symlink_to(path.absolute(), target_is_directory=True)
+    return path
+
+
 def experiment_dir(experiment_id: str) -> Path:
     """The dir of an existing experiment; UserError if there is none."""
-    # Experiments run with experimentWorkingDirectory leave a link in the default root.
     path = experiments_root() / experiment_id
-    if (path / "trialkit.db").exists():
+    if (path / DB_NAME).exists():
         return path
     raise UserError(f"no experiment {experiment_id!r} under {home() / 'experiments'}", "EXPERIMENT_ID",
                     "see `trialkit experiment list`, or set TRIALKIT_HOME to where it was run")
+
+
+def trial_dir(experiment_dir_: Path, trial: str) -> Path:
+    return Path(experiment_dir_) / "trials" / trial
 
 
 def all_experiment_dirs() -> List[Path]:
     root = experiments_root()
     if not root.is_dir():
         return []
-    return [p for p in sorted(root.iterdir()) if (p / "trialkit.db").exists()]
+    return [p for p in sorted(root.iterdir()) if (p / DB_NAME).exists()]

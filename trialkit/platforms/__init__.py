@@ -6,6 +6,12 @@ Every platform module offers:
       stop(handle, grace) (graceful, SIGTERM path), kill(handle)
 Kubernetes platforms also offer render(config, spec) -> list[dict] and, where
 NNI's v1 format had the platform, from_v1(v1_config) -> v2 trainingService dict.
+A Platform may also offer what the experiment loop uses when present:
+  on_end: a callback(handle) it calls the moment a trial ends (else the loop
+      finds out from status() every few seconds),
+  reattach(handle) -> bool, undelivered_records(handle) -> list[dict]: on
+      resume, watch a trial that still runs, or collect what an ended one
+      could not deliver (else a trial running at the interruption is submitted again).
 """
 from __future__ import annotations
 

@@ -1,0 +1,72 @@
+"""What the experiment tests share: the `trialkit` command run as a user runs it, and tiny trials.
+
+Every test gets its own TRIALKIT_HOME (the `home` fixture sets it in the
+environment the commands inherit). Trials are trivial Python scripts (no
+torch): the machine is small and shared.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+PYTHON = sys.executable
+TIMEOUT = 120.0  # an upper bound for a loaded machine; never waited for on success
+
+# A trial using trialkit's SDK: STEPS intermediate results, then the final one;
+# parameter x is the metric. `sleep` (seconds) waits before the final result.
+SDK_TRIAL = """
+import time, trialkit
+p = trialkit.get_next_parameter()
+for step in range({steps}):
+    trialkit.report_intermediate_result(p["x"])
+time.sleep(p.get("sleep", 0))
+trialkit.report_final_result(p["x"])
+"""
+
+
+def cli(*args: Any, timeout: float = TIMEOUT, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """`trialkit ARGS...`, to completion, output captured as text."""
+    return subprocess.run([PYTHON, "-m", "trialkit.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def start_cli(*args: Any) -> subprocess.Popen:
+    """`trialkit ARGS...` in the background, its stdout a pipe of text lines."""
+    return subprocess.Popen([PYTHON, "-m", "trialkit.cli", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def experiment(tmp_path: Path, space: Dict[str, Any], script: str, name: str = "exp", **keys: Any) -> Path:
+    """Write <tmp>/<name>/trial.py and config.yml (NNI v2 keys); return the config's path."""
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "trial.py").write_text(textwrap.dedent(script))
+    (folder / "search_space.json").write_text(json.dumps(space))
+    config = {"searchSpaceFile": "search_space.json", "trialCommand": "python3 trial.py",
+              "trialConcurrency": 2, "tuner": {"name": "Random", "classArgs": {"optimize_mode": "maximize"}},
+              "trainingService": {"platform": "local"}}
+    config.update(keys)
+    path = folder / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def experiment_id(first_line: str) -> str:
+    """The id the first line of `trialkit run` ends with."""
+    return first_line.split()[-1]
+
+
+def export(experiment: str) -> List[Dict[str, Any]]:
+    done = cli("experiment", "export", experiment)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def by_sequence(rows: List[Dict[str, Any]]) -> Dict[int, Dict[str, Any]]:
+    return {row["sequence"]: row for row in rows}

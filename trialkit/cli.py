@@ -1,0 +1,452 @@
+"""The `trialkit` command.
+
+    trialkit run CONFIG [--port P] [--detach]
+    trialkit render CONFIG [--trial N] [-o DIR]
+    trialkit experiment list | show ID | stop ID | resume ID [--port P] [--detach]
+                        | export ID [--format json|csv] [-o FILE] | plot ID -o FILE.png
+    trialkit trial list EXPERIMENT_ID | show TRIAL_ID | logs TRIAL_ID [-f] | kill TRIAL_ID
+
+Each subcommand is one function of the parsed options returning the exit
+status. A user's mistake is a UserError: one line on stderr, exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from trialkit import process, records
+from trialkit.control import admin, paths
+from trialkit.control.progress import duration, number, table, trials_table, when
+from trialkit.control.results import best_row, metric_value, to_csv, to_json, trial_rows
+from trialkit.control.store import Store
+from trialkit.errors import ArgumentParser, UserError, report_and_exit
+from trialkit.platforms.base import FINAL_STATUSES
+
+PROG = "trialkit"
+DETACH_WAIT = 30.0  # how long `--detach` waits to show the background manager's URL
+FOLLOW_PAUSE = 0.2  # `trial logs -f`: a file has no "new data" event; a short pause between reads
+STOP_WAIT_MARGIN = 30.0  # `experiment stop`: past the trials' grace and flush, how long to wait for the manager
+REDACTED = "<redacted>"
+RENDER_EXPERIMENT_ID = "render"  # `trialkit render` names trials as a real run would, under this id
+
+
+# -- run and render ---------------------------------------------------------------------
+
+
+def cmd_run(opts: argparse.Namespace) -> int:
+    from trialkit.control.config import load_config
+    from trialkit.control.runner import run_experiment
+
+    config = load_config(opts.config)
+    if opts.detach:
+        experiment_id = paths.new_experiment_id()
+        experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
+        argv = ["run", os.path.abspath(opts.config), "--experiment-id", experiment_id] + _port_args(opts.port)
+        return _detach(argv, experiment_id, experiment_dir, "started")
+    return run_experiment(config, opts.port, opts.experiment_id).exit_code
+
+
+def cmd_render(opts: argparse.Namespace) -> int:
+    import yaml
+
+    from trialkit import platforms
+    from trialkit.control.config import load_config
+    from trialkit.control.specs import build_spec
+    from trialkit.control.tuners import build_tuner
+    from trialkit.platforms.kubernetes import render_trial
+
+    config = load_config(opts.config)
+    if not hasattr(platforms.load(config.platform), "render"):
+        raise UserError(f"platform {config.platform} runs processes, not Kubernetes objects: there is nothing to render",
+                        "trainingService.platform", "render a config for kubeflow, frameworkcontroller or adaptdl")
+    tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space, seed=0)
+    asked = None
+    for _ in range(opts.trial + 1):
+        asked = tuner.ask()
+        if asked is None:
+            raise UserError(f"the tuner proposes fewer than {opts.trial + 1} trials", "--trial", "pick a lower number")
+    spec = build_spec(config, RENDER_EXPERIMENT_ID, opts.trial, asked[0], asked[1], "http://127.0.0.1:8080", REDACTED)
+    text = yaml.safe_dump_all(render_trial(config.training_service, spec), sort_keys=False)
+    if opts.output is None:
+        sys.stdout.write(text)
+    else:
+        out = Path(opts.output) / f"{spec.trial_id}.yaml"
+        _write(out, text, "-o")
+        print(out)
+    return 0
+
+
+# -- experiments ------------------------------------------------------------------------
+
+
+def cmd_experiment_list(opts: argparse.Namespace) -> int:
+    rows = []
+    for experiment_dir in paths.all_experiment_dirs():
+        with _store(experiment_dir) as store:
+            experiment = store.experiment(experiment_dir.name)
+            if experiment is None:
+                continue
+            trials = store.trials(experiment_dir.name)
+        done = sum(t["status"] == "SUCCEEDED" for t in trials)
+        rows.append((experiment_dir.name, experiment["config"].get("experimentName") or "",
+                     _experiment_status(experiment_dir, experiment), f"{done}/{len(trials)}", when(experiment["created"])))
+    if not rows:
+        print(f"no experiments under {paths.home() / 'experiments'}")
+        return 0
+    print(table(("id", "name", "status", "succeeded", "created"), rows))
+    return 0
+
+
+def cmd_experiment_show(opts: argparse.Namespace) -> int:
+    experiment_dir = paths.experiment_dir(opts.experiment_id)
+    with _store(experiment_dir) as store:
+        experiment = _experiment(store, opts.experiment_id)
+        rows = trial_rows(store, opts.experiment_id)
+    config = experiment["config"]
+    info = admin.read_info(experiment_dir)
+    mode = config["tuner"]["classArgs"]["optimize_mode"]
+    lines = [
+        f"experiment  {opts.experiment_id}" + (f" ({config['experimentName']})" if config.get("experimentName") else ""),
+        f"status      {_experiment_status(experiment_dir, experiment)}",
+        f"created     {when(experiment['created'])}",
+        f"elapsed     {duration(info.elapsed if info else None)}",
+        f"dir         {experiment_dir}",
+        f"platform    {config['trainingService']['platform']}",
+        f"tuner       {config['tuner']['name']} ({mode})",
+        f"trials      {len(rows)}" + (f" of {config['maxTrialNumber']}" if config.get("maxTrialNumber") else ""),
+    ]
+    if info is not None and info.running():
+        lines.append(f"manager     {info.url} (pid {info.pid})")
+    best = best_row(rows, mode)
+    if best is not None:
+        lines.append(f"best        {best['trial_id']} final={number(metric_value(best['final']))} "
+                     f"parameters={records.dumps(best['parameters'])}")
+    print("\n".join(lines))
+    if rows:
+        print("\n" + trials_table(rows))
+    return 0
+
+
+def cmd_experiment_stop(opts: argparse.Namespace) -> int:
+    info = admin.running_manager(opts.experiment_id)
+    admin.call(opts.experiment_id, "POST", "/api/v1/admin/experiment/stop")
+    print(f"stopping experiment {opts.experiment_id}: its trials get their grace to finish")
+    with _store(paths.experiment_dir(opts.experiment_id)) as store:
+        grace = _experiment(store, opts.experiment_id)["config"].get("trialGraceSeconds", 25)
+    deadline = time.monotonic() + grace + STOP_WAIT_MARGIN
+    while info.running() and time.monotonic() < deadline:
+        time.sleep(FOLLOW_PAUSE)  # not our child: nothing to wait on but its pid
+    if info.running():
+        print(f"the manager (pid {info.pid}) is still stopping; see `trialkit experiment show {opts.experiment_id}`")
+        return 1
+    print(f"experiment {opts.experiment_id} stopped")
+    return 0
+
+
+def cmd_experiment_resume(opts: argparse.Namespace) -> int:
+    from trialkit.control.runner import resume_experiment
+
+    if opts.detach:
+        experiment_dir = paths.experiment_dir(opts.experiment_id)
+        info = admin.read_info(experiment_dir)
+        if info is not None and info.running():
+            raise UserError(f"experiment {opts.experiment_id} is running (manager pid {info.pid})", "EXPERIMENT_ID")
+        argv = ["experiment", "resume", opts.experiment_id] + _port_args(opts.port)
+        return _detach(argv, opts.experiment_id, experiment_dir, "resumed")
+    return resume_experiment(opts.experiment_id, opts.port).exit_code
+
+
+def cmd_experiment_export(opts: argparse.Namespace) -> int:
+    with _store(paths.experiment_dir(opts.experiment_id)) as store:
+        _experiment(store, opts.experiment_id)
+        rows = trial_rows(store, opts.experiment_id)
+    text = to_json(rows) if opts.format == "json" else to_csv(rows)
+    if opts.output is None:
+        sys.stdout.write(text)
+    else:
+        _write(Path(opts.output), text, "-o")
+    return 0
+
+
+def cmd_experiment_plot(opts: argparse.Namespace) -> int:
+    try:
+        from trialkit.control.plot import plot_experiment
+        import matplotlib  # noqa: F401 - said here, where the fix can be named
+    except ImportError:
+        raise UserError("plotting needs matplotlib", "plot", "pip install 'trialkit[control]'") from None
+    with _store(paths.experiment_dir(opts.experiment_id)) as store:
+        _experiment(store, opts.experiment_id)
+        rows = trial_rows(store, opts.experiment_id)
+    if not Path(opts.output).parent.is_dir():
+        raise UserError(f"no directory {str(Path(opts.output).parent)!r} to write into", "-o", "create it first")
+    plot_experiment(rows, f"experiment {opts.experiment_id}", Path(opts.output))
+    print(opts.output)
+    return 0
+
+
+# -- trials -----------------------------------------------------------------------------
+
+
+def cmd_trial_list(opts: argparse.Namespace) -> int:
+    with _store(paths.experiment_dir(opts.experiment_id)) as store:
+        _experiment(store, opts.experiment_id)
+        rows = trial_rows(store, opts.experiment_id)
+    print(trials_table(rows) if rows else f"experiment {opts.experiment_id} has no trials yet")
+    return 0
+
+
+def cmd_trial_show(opts: argparse.Namespace) -> int:
+    with _store(paths.experiment_dir(paths.experiment_of(opts.trial_id))) as store:
+        trial = _trial(store, opts.trial_id)
+        row = next(r for r in trial_rows(store, trial["experiment"]) if r["trial_id"] == opts.trial_id)
+        history = store.status_history(opts.trial_id)
+    lines = [
+        f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
+        f"status         {row['status']}" + (f": {row['reason']}" if row["reason"] else ""),
+        f"exit code      {'-' if row['exit_code'] is None else row['exit_code']}",
+        f"restarts       {row['restart_count']}",
+        f"started        {when(row['started'])}",
+        f"ended          {when(row['ended'])}",
+        f"duration       {duration(row['duration'])}",
+        f"parameters     {records.dumps(row['parameters'])}",
+        f"final          {records.dumps(row['final'])}",
+        f"intermediate   {records.dumps(row['intermediate'])}",
+        f"dir            {row['trial_dir']}",
+        "history:",
+    ]
+    lines += [f"  {when(h['time'])}  {h['status']:<13} {h['source']:<7} "
+              + (f"exit {h['exit_code']} " if h["exit_code"] is not None else "") + (h["reason"] or "")
+              for h in history]
+    print("\n".join(line.rstrip() for line in lines))
+    return 0
+
+
+def cmd_trial_logs(opts: argparse.Namespace) -> int:
+    from trialkit.platforms.local import LOG_NAME
+
+    experiment_dir = paths.experiment_dir(paths.experiment_of(opts.trial_id))
+    with _store(experiment_dir) as store:
+        _trial(store, opts.trial_id)
+    log = paths.trial_dir(experiment_dir, opts.trial_id) / LOG_NAME
+    if not log.exists():
+        raise UserError(f"no log of trial {opts.trial_id} on this machine ({log})", "TRIAL_ID",
+                        "a trial on a cluster logs there (kubectl logs); a local trial not started yet has none")
+    with open(log, "rb") as f:
+        while True:
+            chunk = f.read(1 << 16)
+            if chunk:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+                continue
+            if not opts.follow or _trial_over(experiment_dir, opts.trial_id):
+                return 0
+            time.sleep(FOLLOW_PAUSE)
+
+
+def cmd_trial_kill(opts: argparse.Namespace) -> int:
+    experiment_id = paths.experiment_of(opts.trial_id)
+    admin.call(experiment_id, "POST", f"/api/v1/admin/trials/{opts.trial_id}/kill")
+    print(f"stopping trial {opts.trial_id}")
+    return 0
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def _store(experiment_dir: Path) -> "closing[Store]":
+    return closing(Store.in_dir(experiment_dir))
+
+
+def _experiment(store: Store, experiment_id: str) -> Dict[str, Any]:
+    experiment = store.experiment(experiment_id)
+    if experiment is None:
+        raise UserError(f"no experiment {experiment_id!r} in its store", "EXPERIMENT_ID", "see `trialkit experiment list`")
+    return experiment
+
+
+def _trial(store: Store, trial_id: str) -> Dict[str, Any]:
+    trial = store.trial(trial_id)
+    if trial is None:
+        raise UserError(f"no trial {trial_id!r}", "TRIAL_ID", f"see `trialkit trial list {paths.experiment_of(trial_id)}`")
+    return trial
+
+
+def _trial_over(experiment_dir: Path, trial_id: str) -> bool:
+    with _store(experiment_dir) as store:
+        return store.trial(trial_id)["status"] in FINAL_STATUSES
+
+
+def _experiment_status(experiment_dir: Path, experiment: Dict[str, Any]) -> str:
+    if experiment["status"] != "RUNNING":
+        return experiment["status"]
+    info = admin.read_info(experiment_dir)
+    return "RUNNING" if info is not None and info.running() else "INTERRUPTED"
+
+
+def _write(path: Path, text: str, where: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise UserError(f"cannot write {str(path)!r}: {err.strerror}", where, "check the path") from None
+
+
+def _port_args(port: Optional[int]) -> List[str]:
+    return [] if port is None else ["--port", str(port)]
+
+
+def _detach(argv: List[str], experiment_id: str, experiment_dir: Path, title: str) -> int:
+    """Run `trialkit ARGV` in the background (own session, output to manager.log); return once it listens."""
+    log_path = experiment_dir / paths.MANAGER_LOG
+    with open(log_path, "ab") as log:
+        child = process.spawn([sys.executable, "-m", "trialkit.cli"] + argv, stdin=subprocess.DEVNULL, stdout=log,
+                              stderr=subprocess.STDOUT, die_with_parent=False)
+    print(f"{title} experiment {experiment_id}", flush=True)
+    deadline = time.monotonic() + DETACH_WAIT
+    while time.monotonic() < deadline and child.popen.poll() is None:
+        info = admin.read_info(experiment_dir)
+        if info is not None and info.pid == child.pid:
+            print(f"manager: {info.url}   pid {child.pid}   log: {log_path}")
+            return 0
+        time.sleep(0.05)  # a one-off wait for the child to write manager.json
+    if child.popen.poll() is None:
+        print(f"the manager (pid {child.pid}) is still starting; its output goes to {log_path}")
+        return 0
+    sys.stderr.write(log_path.read_text(errors="replace")[-2000:])
+    return child.popen.returncode or 1
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UserError(f"{text!r} is not a number", "--port", "give a port number, 1-65535") from None
+    if not 0 < value < 65536:
+        raise UserError(f"{value} is out of range", "--port", "give a port number, 1-65535")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UserError(f"{text!r} is not a trial number", "--trial", "give 0 for the first trial, 1, 2, ...")
+    return value
+
+
+# -- the parser -------------------------------------------------------------------------
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog=PROG,
+        description="Run hyperparameter experiments: trials on this machine or a cluster, "
+        "their metrics kept in the experiment's store.",
+        epilog="Exit status: 0 on success (run and resume: at least one trial succeeded), "
+        "1 when an experiment ends without a successful trial, 2 for a mistake in the command or config.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="one of:")
+
+    run = _command(commands, "run", cmd_run, "run an experiment from its config until it ends",
+                   "Start the manager, run the experiment's trials and show their progress; a summary table at the "
+                   "end. The first line of output ends with the experiment id.")
+    run.add_argument("config", metavar="CONFIG", help="the experiment's config file (NNI's v2 or v1 YAML)")
+    _port_option(run)
+    _detach_option(run)
+    run.add_argument("--experiment-id", help=argparse.SUPPRESS)  # the detached run's id, chosen by its parent
+
+    render = _command(commands, "render", cmd_render, "print the objects one trial would create on a cluster",
+                      "Render what submitting a trial creates on the config's Kubernetes platform, as YAML. "
+                      "Tokens are left out; parameters are what the tuner would propose.")
+    render.add_argument("config", metavar="CONFIG", help="the experiment's config file")
+    render.add_argument("--trial", type=_count, default=0, metavar="N",
+                        help="which trial to render: 0 for the first (default), 1 for the second, ...")
+    render.add_argument("-o", "--output", metavar="DIR", help="write DIR/<trial id>.yaml instead of printing")
+
+    experiment = _command(commands, "experiment", None, "list, inspect, stop, resume, export or plot experiments",
+                          "Commands on experiments, found by id under $TRIALKIT_HOME/experiments.")
+    sub = experiment.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
+    _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
+             "trials that succeeded, creation time. INTERRUPTED: its manager is gone; resume it.")
+    _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
+                            "The experiment's settings, status, best trial and a table of its trials."))
+    _experiment_id(_command(sub, "stop", cmd_experiment_stop, "stop a running experiment",
+                            "Ask the experiment's manager to stop: its trials are stopped gracefully "
+                            "(USER_CANCELED) and the manager exits; waits until it has."))
+    resume = _experiment_id(_command(sub, "resume", cmd_experiment_resume, "go on with an interrupted experiment",
+                                     "Rebuild the tuner from the stored results, reattach to trials still running, "
+                                     "restart lost ones and go on until the experiment ends."))
+    _port_option(resume, "the manager's port (default: the port it had, where running trials deliver)")
+    _detach_option(resume)
+    export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
+                                     "Every trial with its parameters, status, exit code, intermediate and final "
+                                     "metrics, as JSON (a list of trials) or CSV (a line per trial)."))
+    export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
+    export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+    plot = _experiment_id(_command(sub, "plot", cmd_experiment_plot, "plot an experiment's metrics to a PNG",
+                                   "Intermediate metric curves per trial, and the final metric against each "
+                                   "parameter, in one PNG."))
+    plot.add_argument("-o", "--output", metavar="FILE.png", required=True, help="the PNG file to write")
+
+    trial = _command(commands, "trial", None, "list, inspect, follow or kill trials",
+                     "Commands on trials, found by id (<experiment id>-<sequence>).")
+    sub = trial.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
+    _experiment_id(_command(sub, "list", cmd_trial_list, "list an experiment's trials",
+                            "One line per trial: status, final metric, steps reported, duration, parameters."))
+    _trial_id(_command(sub, "show", cmd_trial_show, "show one trial",
+                       "The trial's status, exit code, parameters, metrics, dir and status history."))
+    logs = _trial_id(_command(sub, "logs", cmd_trial_logs, "print a trial's output",
+                              "The trial's output as its keeper saw it (stdout and stderr, interleaved)."))
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the trial ends")
+    _trial_id(_command(sub, "kill", cmd_trial_kill, "stop a running trial",
+                       "Stop the trial gracefully (SIGTERM path, USER_CANCELED); the tuner's next trial takes "
+                       "its place."))
+    return parser
+
+
+def _command(commands: Any, name: str, func: Optional[Callable[[argparse.Namespace], int]], summary: str,
+             description: str) -> ArgumentParser:
+    parser = commands.add_parser(name, help=summary, description=description)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _experiment_id(parser: ArgumentParser) -> ArgumentParser:
+    parser.add_argument("experiment_id", metavar="EXPERIMENT_ID", help="the experiment's id (see `trialkit experiment list`)")
+    return parser
+
+
+def _trial_id(parser: ArgumentParser) -> ArgumentParser:
+    parser.add_argument("trial_id", metavar="TRIAL_ID", help="the trial's id, like abcd1234-00003 (see `trialkit trial list`)")
+    return parser
+
+
+def _port_option(parser: ArgumentParser, text: str = "the manager's port (default: any free one)") -> None:
+    parser.add_argument("--port", type=_port, metavar="P", help=text)
+
+
+def _detach_option(parser: ArgumentParser) -> None:
+    parser.add_argument("--detach", action="store_true",
+                        help="run in the background (output to the experiment's manager.log) and return at once")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        return opts.func(opts)
+    except UserError as err:
+        report_and_exit(PROG, err)
+    except KeyboardInterrupt:  # `trial logs -f`, a wait: the user is done watching
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""What a running experiment shows: a live line on a terminal, plain lines elsewhere, a table at the end.
+
+On a TTY one line is rewritten in place (done / running / failed /
+early-stopped, elapsed time, the best metric and its parameters); piped or
+logged output gets one line per trial end instead, which reads well in a file.
+Hand-written rather than tqdm or rich: it is one line of text with a
+carriage return, and the control plane's core then needs neither.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, TextIO
+
+from trialkit import records
+from trialkit.control.results import flat_parameters, metric_value
+
+_CLEAR_LINE = "\r\x1b[K"
+TICK_SECONDS = 1.0  # how often a TTY's line is refreshed when nothing happens
+
+
+@dataclass
+class Snapshot:
+    done: int
+    running: int
+    failed: int
+    early_stopped: int
+    canceled: int
+    elapsed: float
+    best_value: Optional[float] = None
+    best_trial: Optional[str] = None
+    best_parameters: Optional[Dict[str, Any]] = None
+
+    def line(self) -> str:
+        text = (f"[{duration(self.elapsed)}] {self.done} done, {self.running} running, {self.failed} failed, "
+                f"{self.early_stopped} early-stopped")
+        if self.canceled:
+            text += f", {self.canceled} canceled"
+        if self.best_value is not None:
+            text += f" | best {number(self.best_value)} ({self.best_trial}: {parameters_text(self.best_parameters or {})})"
+        return text
+
+
+class Progress:
+    def __init__(self, out: Optional[TextIO] = None, tty: Optional[bool] = None):
+        self.out: Optional[TextIO] = out or sys.stdout
+        self.tty = self.out.isatty() if tty is None else tty
+        self._live = ""
+
+    def say(self, text: str) -> None:
+        """A line that stays (the live line, if any, is redrawn below it)."""
+        live = self._live
+        self._clear()
+        self._write(text + "\n")
+        if live:
+            self._draw(live)
+        self._flush()
+
+    def trial_ended(self, trial_id: str, status: str, final: Any, reason: str, snapshot: Snapshot) -> None:
+        if self.tty:
+            if status != "SUCCEEDED":
+                self.say(f"trial {trial_id} {status}" + (f": {reason}" if reason else ""))
+            return
+        value = metric_value(final)
+        text = f"trial {trial_id} {status}"
+        if value is not None:
+            text += f" final={number(value)}"
+        if reason:
+            text += f" ({reason})"
+        self.say(f"{text} | {snapshot.line()}")
+
+    def update(self, snapshot: Snapshot) -> None:
+        if self.tty:
+            self._draw(snapshot.line())
+            self._flush()
+
+    def close(self) -> None:
+        self._clear()
+        self._flush()
+
+    def _draw(self, text: str) -> None:
+        width = shutil.get_terminal_size().columns
+        self._live = text if len(text) < width else text[: max(0, width - 2)] + "…"
+        self._write(_CLEAR_LINE + self._live)
+
+    def _clear(self) -> None:
+        if self._live:
+            self._write(_CLEAR_LINE)
+            self._live = ""
+
+    # Output is for people: when it goes away (a closed pipe, `| head`), the
+    # experiment and its trials go on without it.
+    def _write(self, text: str) -> None:
+        if self.out is not None:
+            try:
+                self.out.write(text)
+            except (OSError, ValueError):
+                self.out = None
+
+    def _flush(self) -> None:
+        if self.out is not None:
+            try:
+                self.out.flush()
+            except (OSError, ValueError):
+                self.out = None
+
+
+# -- text helpers, shared with the CLI -----------------------------------------------
+
+
+def duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
+
+
+def number(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def parameters_text(parameters: Dict[str, Any], limit: int = 80) -> str:
+    text = ", ".join(f"{key}={_short(value)}" for key, value in flat_parameters(parameters).items())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, dict)):
+        return records.dumps(value)
+    return str(value)
+
+
+def when(timestamp: Optional[float]) -> str:
+    return "-" if timestamp is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(timestamp))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain text table, columns padded to their widest cell."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def trials_table(rows: List[Dict[str, Any]]) -> str:
+    """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`)."""
+    return table(
+        ("trial", "status", "final", "steps", "duration", "parameters"),
+        [(row["trial_id"], row["status"], number(metric_value(row["final"])), len(row["intermediate"]),
+          duration(row["duration"]), parameters_text(row["parameters"])) for row in rows],
+    )

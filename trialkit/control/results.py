@@ -1,0 +1,130 @@
+"""An experiment's results as rows: what `export`, `show`, `plot`, the summary and the Python API return.
+
+    rows = trial_rows(store, experiment_id)   # one dict per trial, in sequence order
+    best_row(rows, "maximize")
+    to_json(rows) / to_csv(rows)
+
+A row holds the trial's id, sequence, parameter id, parameters, status, exit
+code, reason, restart count, start and end times, and its metrics as
+reported: `intermediate` (every PERIODICAL value, in order) and `final` (the
+first FINAL value, or None). A metric is a number or a dict with a "default";
+`metric_value` gives the number tuners compare.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional
+
+from trialkit import records
+from trialkit.control.store import Store
+from trialkit.platforms.base import SUCCEEDED
+
+_ROW_FIELDS = ("trial_id", "sequence", "parameter_id", "status", "exit_code", "reason", "restart_count",
+               "started", "ended", "duration", "final")
+
+
+def metric_value(value: Any) -> Optional[float]:
+    """The comparable number of a metric (its "default" for a dict); None when it has none."""
+    if isinstance(value, dict):
+        value = value.get("default")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def trial_rows(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
+    rows = []
+    for trial in store.trials(experiment_id):
+        metrics = store.records_for(trial["id"])
+        finals = [rec["value"] for rec in metrics if rec["type"] == records.FINAL]
+        started, ended = trial["started"], trial["ended"]
+        rows.append({
+            "trial_id": trial["id"],
+            "sequence": trial["sequence"],
+            "parameter_id": trial["parameter_id"],
+            "parameters": trial["parameters"],
+            "status": trial["status"],
+            "exit_code": trial["exit_code"],
+            "reason": trial["reason"] or "",
+            "restart_count": trial["restart_count"],
+            "started": started,
+            "ended": ended,
+            "duration": ended - started if started is not None and ended is not None else None,
+            "intermediate": [rec["value"] for rec in metrics if rec["type"] == records.PERIODICAL],
+            "final": finals[0] if finals else None,
+            "trial_dir": trial["trial_dir"],
+        })
+    return rows
+
+
+def best_row(rows: Iterable[Dict[str, Any]], optimize_mode: str) -> Optional[Dict[str, Any]]:
+    """The row with the best finite final metric, None when no trial has one."""
+    scored = [(metric_value(row["final"]), row) for row in rows]
+    scored = [(value, row) for value, row in scored if value is not None and math.isfinite(value)]
+    if not scored:
+        return None
+    pick = max if optimize_mode == "maximize" else min
+    return pick(scored, key=lambda pair: pair[0])[1]
+
+
+def flat_parameters(parameters: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """Nested choices as dotted keys: {"opt": {"_name": "sgd", "lr": 0.1}} -> opt=sgd, opt.lr=0.1."""
+    out: Dict[str, Any] = {}
+    for key, value in parameters.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            if "_name" in value:
+                out[name] = value["_name"]
+            out.update(flat_parameters({k: v for k, v in value.items() if k != "_name"}, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def to_json(rows: List[Dict[str, Any]]) -> str:
+    return json.dumps(rows, indent=2, allow_nan=True) + "\n"
+
+
+def to_csv(rows: List[Dict[str, Any]]) -> str:
+    """One line per trial: the fields, final's number, intermediate numbers as a JSON list, one column per parameter."""
+    params: List[str] = []
+    for row in rows:
+        for key in flat_parameters(row["parameters"]):
+            if key not in params:
+                params.append(key)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(list(_ROW_FIELDS) + ["intermediate"] + [f"param.{key}" for key in params])
+    for row in rows:
+        flat = flat_parameters(row["parameters"])
+        cells = [metric_value(row["final"]) if key == "final" else row[key] for key in _ROW_FIELDS]
+        cells.append(records.dumps([metric_value(value) for value in row["intermediate"]]))
+        writer.writerow(["" if cell is None else cell for cell in cells] + [flat.get(key, "") for key in params])
+    return buffer.getvalue()
+
+
+@dataclass
+class ExperimentResult:
+    """What `run_experiment` (and so `Experiment.run`) returns."""
+
+    experiment_id: str
+    status: str
+    optimize_mode: str
+    trials: List[Dict[str, Any]]
+
+    @property
+    def best(self) -> Optional[Dict[str, Any]]:
+        return best_row(self.trials, self.optimize_mode)
+
+    @property
+    def succeeded(self) -> int:
+        return sum(row["status"] == SUCCEEDED for row in self.trials)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when at least one trial succeeded, else 1."""
+        return 0 if self.succeeded else 1
