@@ -193,15 +193,34 @@ def frame(payload: bytes) -> bytes:
     return RS + payload + LF
 
 
-class SeqDecoder:
-    """Incremental RFC 7464 decoder. `offset` is where the next unread frame starts."""
+class _Decoder:
+    """What the framed-file decoders share: where they are, and reporting bad stretches once."""
 
-    def __init__(self, on_bad: OnBad, offset: int = 0, max_frame: int = MAX_FRAME):
+    def __init__(self, on_bad: OnBad, offset: int = 0):
         self.on_bad = on_bad
-        self.offset = offset
-        self.max_frame = max_frame
+        self.offset = offset  # where the next unread frame starts
         self._buf = b""
         self._junk = False  # inside a bad stretch already reported
+
+    def finish(self) -> None:
+        """No more data will come: a partial frame left over was torn by a crash."""
+        if self._buf:
+            self._bad(self.offset, "the last frame is cut short")
+            self.offset += len(self._buf)
+            self._buf = b""
+
+    def _bad(self, offset: int, reason: str) -> None:
+        if not self._junk:
+            self.on_bad(offset, reason)
+        self._junk = True
+
+
+class SeqDecoder(_Decoder):
+    """Incremental RFC 7464 decoder."""
+
+    def __init__(self, on_bad: OnBad, offset: int = 0, max_frame: int = MAX_FRAME):
+        super().__init__(on_bad, offset)
+        self.max_frame = max_frame
 
     def feed(self, data: bytes) -> List[Tuple[bytes, int]]:
         """Good payloads in `data` (after what was fed before), each with the offset just past it."""
@@ -233,29 +252,10 @@ class SeqDecoder:
         self._buf = buf[pos:]
         return out
 
-    def finish(self) -> None:
-        """No more data will come: a partial frame left over was torn by a crash."""
-        if self._buf:
-            self._bad(self.offset, "the last frame is cut short")
-            self.offset += len(self._buf)
-            self._buf = b""
-
-    def _bad(self, offset: int, reason: str) -> None:
-        if not self._junk:
-            self.on_bad(offset, reason)
-        self._junk = True
-
-
-class NniFrameDecoder:
+class NniFrameDecoder(_Decoder):
     """Incremental decoder of NNI's `ME%06d` + data frames (local mode's metrics file)."""
 
     HEADER = 8
-
-    def __init__(self, on_bad: OnBad, offset: int = 0):
-        self.on_bad = on_bad
-        self.offset = offset
-        self._buf = b""
-        self._junk = False
 
     def feed(self, data: bytes) -> List[Tuple[bytes, int]]:
         buf = self._buf + data if self._buf else data
@@ -286,12 +286,6 @@ class NniFrameDecoder:
         self._buf = buf[pos:]
         return out
 
-    def finish(self) -> None:
-        if self._buf:
-            self._bad(self.offset, "the last frame is cut short")
-            self.offset += len(self._buf)
-            self._buf = b""
-
     @staticmethod
     def _resync(buf: bytes, pos: int) -> int:
         """The next place a header may start after `pos` (keeping a trailing "M" that may begin one)."""
@@ -299,11 +293,6 @@ class NniFrameDecoder:
         if nxt >= 0:
             return nxt
         return len(buf) - 1 if buf.endswith(b"M") else len(buf)
-
-    def _bad(self, offset: int, reason: str) -> None:
-        if not self._junk:
-            self.on_bad(offset, reason)
-        self._junk = True
 
 
 def parse_nni_stdout(line: bytes) -> Any:
