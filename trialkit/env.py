@@ -37,6 +37,10 @@ CHANNEL = "TRIALKIT_CHANNEL"  # the SDK -> keeper record file
 UNDER_KEEPER = "TRIALKIT_KEEPER_PID"  # set by the keeper for its child
 REPORT_ALL_RANKS = "TRIALKIT_REPORT_ALL_RANKS"
 STOP_FILE = "TRIALKIT_STOP_FILE"  # exists once a stop was asked (should_preempt)
+PYTHON = "TRIALKIT_PYTHON"  # the interpreter run.sh starts the keeper with
+# A Ray node's instance-metadata service (spot notices); set per node to point a
+# node at a stand-in, as tests do. Default: EC2's link-local address.
+IMDS_URL = "TRIALKIT_IMDS_URL"
 
 # Compatibility names, read as input and written for the training process.
 NNI = {
@@ -201,3 +205,149 @@ def _first_present(environ: Mapping[str, str], names) -> Optional[str]:
         if environ.get(name, "") != "":
             return name
     return None
+
+
+# ---------------------------------------------------------------------------
+# Topology: how many nodes a distributed trial spans, which one this is, and
+# where the chief listens. The launchers read it here; trialkit's own names win
+# over what a platform injects, and a launcher writes them back into its
+# workers' environment so that a launcher nested below reads the same answer
+# instead of mistaking a worker's RANK for a node rank. docs/launchers.md
+# holds the table of where each field comes from.
+NUM_NODES = "TRIALKIT_NUM_NODES"
+NODE_RANK = "TRIALKIT_NODE_RANK"
+CHIEF_ADDR = "TRIALKIT_CHIEF_ADDR"
+CHIEF_PORT = "TRIALKIT_CHIEF_PORT"
+HOSTS = "TRIALKIT_HOSTS"  # every node's address in node-rank order, comma-separated
+LAUNCH_SOCKET = "TRIALKIT_LAUNCH_SOCKET"  # wrap_rank -> its launcher's supervisor
+DEFAULT_CHIEF_PORT = 29500  # torch.distributed's default, when a platform names no port
+
+
+@dataclass(frozen=True)
+class Topology:
+    num_nodes: int
+    node_rank: int
+    slots_per_node: int
+    chief_addr: str
+    chief_port: Optional[int]  # None on a single node: the launcher picks a free port
+    hosts: tuple[str, ...]  # node addresses by node rank; empty when nobody said
+    source: str  # which contract it came from, for messages
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.slots_per_node
+
+    def environ(self) -> Dict[str, str]:
+        """trialkit's names for this topology, for the workers' environment."""
+        out = {
+            NUM_NODES: str(self.num_nodes),
+            NODE_RANK: str(self.node_rank),
+            SLOTS_PER_NODE: str(self.slots_per_node),
+            CHIEF_ADDR: self.chief_addr,
+        }
+        if self.chief_port is not None:
+            out[CHIEF_PORT] = str(self.chief_port)
+        if self.hosts:
+            out[HOSTS] = ",".join(self.hosts)
+        return out
+
+
+def topology(environ: Optional[Mapping[str, str]] = None) -> Topology:
+    """The trial's topology: trialkit's names, else a platform's, else one node."""
+    e = os.environ if environ is None else environ
+    found = _platform_topology(e)
+    num_nodes = _pick(_topology_int(e, NUM_NODES), found.get("num_nodes"), 1)
+    port = _pick(_topology_int(e, CHIEF_PORT), found.get("chief_port"))
+    hosts = tuple(h.strip() for h in e.get(HOSTS, "").split(",") if h.strip()) or found.get("hosts", ())
+    topo = Topology(
+        num_nodes=num_nodes,
+        node_rank=_pick(_topology_int(e, NODE_RANK), found.get("node_rank"), 0),
+        # 0 slots means "not set", as TrialEnv.slots_per_node reads it.
+        slots_per_node=_topology_int(e, SLOTS_PER_NODE) or found.get("slots_per_node") or 1,
+        chief_addr=e.get(CHIEF_ADDR) or found.get("chief_addr") or "127.0.0.1",
+        chief_port=port if port is not None or num_nodes == 1 else DEFAULT_CHIEF_PORT,
+        hosts=hosts,
+        source=found.get("source") or ("trialkit" if e.get(NUM_NODES) else "single node"),
+    )
+    _check_topology(topo, e)
+    return topo
+
+
+def _platform_topology(e: Mapping[str, str]) -> Dict[str, Any]:
+    """What a platform injected, in trialkit's terms (only the fields it knows)."""
+    if e.get("PET_NNODES") or (e.get("MASTER_ADDR") and e.get("WORLD_SIZE") and not e.get("LOCAL_RANK")):
+        # Kubeflow PyTorchJob. PET_* since training-operator 1.4; before, one
+        # process per pod with WORLD_SIZE pods and RANK the pod's index.
+        # LOCAL_RANK marks a torchrun worker, whose RANK is not a node rank.
+        nnodes = e.get("PET_NNODES") or e["WORLD_SIZE"]
+        out: Dict[str, Any] = {
+            "source": "PyTorchJob",
+            "num_nodes": _topology_int({"n": nnodes.split(":")[-1]}, "n"),  # "min:max" when elastic
+            "node_rank": _topology_int(e, "PET_NODE_RANK" if e.get("PET_NODE_RANK") else "RANK"),
+            "slots_per_node": _topology_int(e, "PET_NPROC_PER_NODE"),  # may be "auto": then ours
+            "chief_addr": e.get("MASTER_ADDR"),
+            "chief_port": _topology_int(e, "MASTER_PORT"),
+        }
+        master = e.get("MASTER_ADDR", "")
+        if master.endswith("-master-0") and out["num_nodes"]:
+            # The operator names each replica's service <job>-master-0, <job>-worker-<i>.
+            job = master[: -len("-master-0")]
+            out["hosts"] = (master,) + tuple(f"{job}-worker-{i}" for i in range(out["num_nodes"] - 1))
+        return out
+    if e.get("FC_TASK_INDEX") and e.get("FC_TASKROLE_NAME"):
+        # FrameworkController injects no peer list and no task count: the task
+        # count comes from TRIALKIT_NUM_NODES (the platform sets it), and peers
+        # follow FrameworkController's own examples: pod hostname
+        # {role}-{index}, subdomain {framework}-{role} (a headless service).
+        role, framework = e["FC_TASKROLE_NAME"], e.get("FC_FRAMEWORK_NAME", "")
+        domain = f".{framework}-{role}" if framework else ""
+        count = _topology_int(e, NUM_NODES) or 1
+        return {
+            "source": "FrameworkController",
+            "node_rank": _topology_int(e, "FC_TASK_INDEX"),
+            "chief_addr": f"{role}-0{domain}",
+            "hosts": tuple(f"{role}-{i}{domain}" for i in range(count)),
+        }
+    if e.get("ADAPTDL_NUM_REPLICAS"):
+        # AdaptDL runs one pod per replica; port 0 means "local, pick one".
+        port = _topology_int(e, "ADAPTDL_MASTER_PORT")
+        return {
+            "source": "AdaptDL",
+            "num_nodes": _topology_int(e, "ADAPTDL_NUM_REPLICAS"),
+            "node_rank": _topology_int(e, "ADAPTDL_REPLICA_RANK"),
+            "chief_addr": e.get("ADAPTDL_MASTER_ADDR"),
+            "chief_port": port or None,
+        }
+    return {}
+
+
+def _pick(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _topology_int(e: Mapping[str, str], name: str) -> Optional[int]:
+    raw = e.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        if raw == "auto":  # PET_NPROC_PER_NODE=auto: let trialkit's slots decide
+            return None
+        from trialkit.errors import UserError
+
+        raise UserError(f"{name}={raw!r} is not a whole number", name, "set it to an integer") from None
+
+
+def _check_topology(topo: Topology, e: Mapping[str, str]) -> None:
+    from trialkit.errors import UserError
+
+    if topo.num_nodes < 1 or topo.slots_per_node < 1:
+        raise UserError(f"{topo.num_nodes} nodes x {topo.slots_per_node} slots is no worker at all",
+                        f"topology from {topo.source}", f"set {NUM_NODES} and {SLOTS_PER_NODE} to 1 or more")
+    if not 0 <= topo.node_rank < topo.num_nodes:
+        raise UserError(f"node rank {topo.node_rank} is outside 0..{topo.num_nodes - 1}",
+                        f"topology from {topo.source}", f"set {NODE_RANK} below {NUM_NODES}")
+    if topo.num_nodes > 1 and topo.chief_addr in ("127.0.0.1", "localhost") and not e.get(CHIEF_ADDR):
+        raise UserError(f"{topo.num_nodes} nodes but no chief address", f"topology from {topo.source}",
+                        f"set {CHIEF_ADDR} to node 0's address")

@@ -1,0 +1,172 @@
+"""Launcher benchmarks, each against its peer measured in the same run.
+
+    python bench/bench_launch.py [--size 1G] [--repeat 3] [--only throughput,failfast,start]
+
+- throughput: wrap_rank on SIZE of 100-byte lines against GNU
+  `sed 's/^/[rank=0] /'` (same producer, output to /dev/null); goal >= 1.0x.
+- failfast: one of 2 workers crashes -> the launcher has exited; ours against
+  plain torchrun; goal: no slower, and under 1 s.
+- start: the command -> the script's first line on our stdout; ours against
+  plain torchrun; goal <= 1.1x.
+Runs alternate between ours and the peer (a shared machine's load then hits
+both alike); medians of --repeat runs; ratios read "ours is Nx the peer".
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+LINE = "x" * 99  # with its "\n", 100 bytes
+
+CRASHER = """
+import os, signal, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+if dist.get_rank() == 1:
+    print(f"crash at {time.time():.6f}", flush=True)
+    os._exit(1)
+signal.pause()  # honours SIGTERM: the default action
+"""
+
+FIRST_LINE = """
+print("first line", flush=True)
+"""
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    match = re.fullmatch(r"(\d+)([KMG]?)i?B?", text.upper())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r}: give bytes, e.g. 1G, 256M")
+    return int(match.group(1)) * units[match.group(2)]
+
+
+def environ() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    env["TRIALKIT_SLOTS_PER_NODE"] = "2"
+    env["TRIALKIT_GRACE_SECONDS"] = "10"
+    return env
+
+
+def timed(argv: List[str], **kwargs) -> float:
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, **kwargs)
+    return time.perf_counter() - start
+
+
+def medians(repeat: int, *measures: Callable[[], float]) -> List[float]:
+    """Each measure run `repeat` times, taking turns; the median of each."""
+    runs: List[List[float]] = [[] for _ in measures]
+    for _ in range(repeat):
+        for measure, times in zip(measures, runs):
+            times.append(measure())
+    return [statistics.median(times) for times in runs]
+
+
+def throughput(size: int, repeat: int) -> None:
+    if not shutil.which("sed"):
+        print("throughput: no sed here; skipped")
+        return
+    # A constant shell line (no user input): `yes` makes lines far faster than either side eats them.
+    produce = f"yes {LINE} | head -c {size}"
+    alone, sed, ours = medians(
+        repeat,
+        lambda: timed(["sh", "-c", f"{produce} > /dev/null"]),
+        lambda: timed(["sh", "-c", f"{produce} | sed 's/^/[rank=0] /' > /dev/null"]),
+        lambda: timed([PY, "-m", "trialkit.launch.wrap_rank", "0", "--", "sh", "-c", produce], env=environ()),
+    )
+    mib = size / (1 << 20)
+    print(f"throughput on {mib:.0f} MiB of 100-byte lines: producer alone {mib / alone:.0f} MiB/s, "
+          f"sed {mib / sed:.0f} MiB/s, wrap_rank {mib / ours:.0f} MiB/s -> wrap_rank is {sed / ours:.2f}x sed")
+
+
+def failfast(repeat: int, workdir: Path) -> None:
+    script = workdir / "crasher.py"
+    script.write_text(textwrap.dedent(CRASHER))
+
+    def measure(argv: List[str]) -> Callable[[], float]:
+        def once() -> float:
+            proc = subprocess.Popen(argv, env=environ(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            out = proc.stdout.read()
+            proc.wait()
+            ended = time.time()
+            crashed = float(re.search(rb"crash at ([\d.]+)", out).group(1))
+            return ended - crashed
+        return once
+
+    ours, peer = medians(repeat, measure([PY, "-m", "trialkit.launch.torch_distributed", str(script)]),
+                         measure(torchrun(script)))
+    print(f"fail-fast (a worker crashes -> the launcher has exited): ours {ours * 1000:.0f} ms, "
+          f"torchrun {peer * 1000:.0f} ms -> ours is {ours / peer:.2f}x torchrun")
+
+
+def start(repeat: int, workdir: Path) -> None:
+    script = workdir / "first_line.py"
+    script.write_text(textwrap.dedent(FIRST_LINE))
+
+    def measure(argv: List[str]) -> Callable[[], float]:
+        def once() -> float:
+            began = time.perf_counter()
+            proc = subprocess.Popen(argv, env=environ(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            for line in proc.stdout:
+                if b"first line" in line:
+                    seen = time.perf_counter() - began
+                    break
+            proc.stdout.read()
+            proc.wait()
+            return seen
+        return once
+
+    ours, peer = medians(repeat, measure([PY, "-m", "trialkit.launch.torch_distributed", str(script)]),
+                         measure(torchrun(script)))
+    print(f"start (command -> the script's first line): ours {ours * 1000:.0f} ms, "
+          f"torchrun {peer * 1000:.0f} ms -> ours is {ours / peer:.2f}x torchrun")
+
+
+def torchrun(script: Path) -> List[str]:
+    """Plain torchrun as our launcher runs it on one node with 2 workers."""
+    return [PY, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max_restarts", "0",
+            "--master_port", str(free_port()), str(script)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=parse_size, default=1 << 30, help="throughput input (default 1G)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median counts")
+    parser.add_argument("--only", default="throughput,failfast,start", help="which benchmarks, comma-separated")
+    args = parser.parse_args()
+    chosen = set(args.only.split(","))
+    with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
+        if "throughput" in chosen:
+            throughput(args.size, args.repeat)
+        if "failfast" in chosen:
+            failfast(args.repeat, Path(tmp))
+        if "start" in chosen:
+            start(args.repeat, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

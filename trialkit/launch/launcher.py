@@ -1,0 +1,61 @@
+"""What every launcher's main does around its engine's command line.
+
+A launcher module holds a pure `build_command(...)` for its engine and a main
+that reads as the story: `setup` (arguments and topology, one-line errors),
+build the engine's argv, `supervise` it (trialkit.launch.supervisor).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import sys
+from typing import List, Optional, Sequence, Tuple
+
+from trialkit import env
+from trialkit import trial as trials
+from trialkit.errors import UserError, report_and_exit
+from trialkit.launch import grammar
+from trialkit.launch.supervisor import Supervisor
+
+WRAP_RANK = "trialkit.launch.wrap_rank"
+
+
+def setup(prog: str, engine: str, argv: Optional[Sequence[str]]) -> Tuple[grammar.Launch, env.Topology]:
+    """Parse the shared grammar and read the topology; a mistake exits 2 with one line."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if grammar.wants_help(argv):
+        print(grammar.usage(prog, engine))
+        raise SystemExit(0)
+    try:
+        launch = grammar.parse(argv, engine)
+        if launch.trial:
+            trials.check_spec(launch.trial)
+        topo = env.topology()
+    except UserError as err:
+        report_and_exit(prog, err)
+    if topo.chief_port is None:
+        topo = dataclasses.replace(topo, chief_port=free_port(topo.chief_addr))
+    return launch, topo
+
+
+def wrapped(rank_vars: str, launch: grammar.Launch, python: str = sys.executable) -> List[str]:
+    """`-m wrap_rank RANK -- <the user's code>`: what follows the engine's Python for each worker."""
+    return ["-m", WRAP_RANK, rank_vars, "--", *grammar.worker_command(launch, python)]
+
+
+def supervise(prog: str, engine: str, launch: grammar.Launch, topo: env.Topology, command: Sequence[str],
+              stop_signal: int = signal.SIGTERM, share_output: bool = False) -> int:
+    """Run the engine under the fail-fast supervisor; the workers see the topology in trialkit's names."""
+    environ = {**os.environ, **topo.environ()}
+    supervisor = Supervisor(prog, engine, launch.describe(), env.read().grace_seconds,
+                            stop_signal=stop_signal, share_output=share_output)
+    return supervisor.run(command, environ)
+
+
+def free_port(addr: str) -> int:
+    """A port free on addr now, for a single node's rendezvous (a fixed one collides between trials)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((addr, 0))
+        return sock.getsockname()[1]

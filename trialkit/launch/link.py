@@ -1,0 +1,126 @@
+"""The link between each wrap_rank and the launcher above it: a Unix socket.
+
+The launcher listens in a private directory and names the socket in
+TRIALKIT_LAUNCH_SOCKET; the engine (torchrun, deepspeed, horovodrun) passes
+its environment on to the workers. Messages are ASCII lines.
+
+wrap_rank -> launcher: `rank R PID` (who it is), `group PGID` (the process
+group of the script it started), `exit CODE SIGNAL` (how the script ended;
+SIGNAL 0 when it exited by itself). A link that closes before `exit` means
+the wrap_rank itself died. So the launcher learns of a failure the moment it
+happens, whatever the engine's own polling, and knows every worker's group.
+
+launcher -> wrap_rank: `signal N`, handled as if N had reached wrap_rank.
+The launcher stops workers this way rather than signalling their scripts
+itself: the engine will soon pass the same signal down to wrap_rank too, and
+wrap_rank forwards a stop signal only once, so the script's handler runs once.
+
+The launcher's greeting can carry its stdout and stderr (SCM_RIGHTS), for
+engines that would otherwise rewrite the workers' output on its way
+(horovodrun decodes it as UTF-8 and prefixes it again).
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence, Tuple
+
+GREETING = b"ok\n"
+CONNECT_TIMEOUT = 10.0  # the launcher answers from an idle event loop; this only bounds a wedged one
+Message = Tuple[str, Tuple[int, ...]]
+
+
+@dataclass(eq=False)  # one per connection: hashed by identity
+class Connection:
+    sock: socket.socket
+    fds: List[int] = field(default_factory=list)  # the launcher's stdout and stderr, when it shares them
+    closed: bool = False  # the other end is gone; the owner unregisters, then closes
+    _buffer: bytes = field(default=b"", repr=False)
+
+    def read(self) -> List[Message]:
+        """The complete messages that arrived (a non-blocking socket)."""
+        data = b""
+        while not self.closed:
+            try:
+                chunk = self.sock.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""
+            self.closed = not chunk
+            data += chunk
+        *lines, self._buffer = (self._buffer + data).split(b"\n")
+        return [m for m in map(_parse, lines) if m is not None]
+
+    def send(self, kind: str, *values: int) -> None:
+        """Best effort: a vanished peer must not stop training, nor the launcher."""
+        try:
+            self.sock.sendall(" ".join([kind, *map(str, values)]).encode() + b"\n")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Listener:
+    """The launcher's end: accepts wrap_ranks and greets them."""
+
+    def __init__(self, share_fds: Sequence[int] = ()):
+        import tempfile  # here, not at the top: every worker's wrap_rank imports this module, and starts faster
+
+        self._dir = tempfile.mkdtemp(prefix="trialkit-launch-")  # mode 0700: only our user connects
+        self.path = os.path.join(self._dir, "workers.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(128)
+        self.sock.setblocking(False)
+        self.share_fds = list(share_fds)
+
+    def accept(self) -> Optional[Connection]:
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        # A fresh socket's buffer takes the greeting at once: this never blocks.
+        if self.share_fds:
+            socket.send_fds(conn, [GREETING], self.share_fds)
+        else:
+            conn.sendall(GREETING)
+        conn.setblocking(False)
+        return Connection(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+            os.rmdir(self._dir)
+        except OSError:
+            pass
+
+
+def connect(path: str, rank: int) -> Connection:
+    """wrap_rank's end: connect and say who we are; raises OSError when no launcher is there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT)
+    try:
+        sock.connect(path)
+        _, fds, _, _ = socket.recv_fds(sock, len(GREETING), 2)
+        sock.sendall(b"rank %d %d\n" % (rank, os.getpid()))
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return Connection(sock, fds)
+
+
+def _parse(line: bytes) -> Optional[Message]:
+    words = line.decode("ascii", "replace").split()
+    if not words:
+        return None
+    kind, *values = words
+    try:
+        return kind, tuple(int(v) for v in values)
+    except ValueError:
+        return None  # not ours: ignore rather than fail a training job over it

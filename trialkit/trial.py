@@ -1,0 +1,140 @@
+"""Trial classes: training code as a class, run in every worker by `--trial`.
+
+    # model_def.py                       python -m trialkit.launch.torch_distributed \\
+    import trialkit                          --trial model_def:MyTrial
+    class MyTrial(trialkit.Trial):
+        def run(self):
+            lr = self.parameters["lr"]
+            for epoch in range(10):
+                ...
+                trialkit.report_intermediate_result(accuracy)
+                if self.should_stop():
+                    return None          # save() follows, then exit 143
+            return accuracy              # the final result
+        def save(self, directory): ...   # optional: checkpoint on a stop
+        def load(self, directory): ...   # optional: resume from a checkpoint
+
+TRIAL is `package.module:Class` (imported from the working directory and
+sys.path) or `path/to/file.py:Class` (its directory joins sys.path, so its
+sibling modules import). Mistakes in naming it are one-line UserErrors; an
+error inside the user's module is theirs and keeps its traceback.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Tuple, Type
+
+from trialkit import env
+from trialkit.errors import UserError
+
+FORMAT_HINT = "write package.module:Class or path/to/file.py:Class"
+
+
+class Trial:
+    """Subclass it; trialkit builds it with the trial's parameters and calls run() in every worker."""
+
+    def __init__(self, parameters: Dict[str, Any]):
+        self.parameters = parameters
+        self.rank = env.read().rank  # RANK, HOROVOD_RANK, ... whichever the engine set
+
+    def run(self) -> Any:
+        """Train. Return the final metric (a number or a dict with "default"), or None."""
+        raise NotImplementedError(f"{type(self).__name__} must define run()")
+
+    def save(self, directory: Path) -> None:
+        """Write a checkpoint into `directory` (every rank calls it: write per-rank files,
+        or only on rank 0 when the ranks hold the same state). Optional."""
+
+    def load(self, directory: Path) -> None:
+        """Restore from the checkpoint in `directory`. Optional."""
+
+    def should_stop(self) -> bool:
+        """True once a stop was asked (SIGTERM/SIGINT here, or the keeper's stop): save and return."""
+        if _stop_signals:
+            return True
+        import trialkit  # here: trialkit/__init__.py exports Trial from this module
+
+        return trialkit.should_preempt()
+
+
+def defines(cls: Type[Trial], method: str) -> bool:
+    """Whether a trial class has its own `method` (save, load) rather than the base's."""
+    return getattr(cls, method) is not getattr(Trial, method)
+
+
+_stop_signals: List[int] = []  # what catch_stop_signals() caught
+
+
+def catch_stop_signals() -> None:
+    """Turn SIGTERM/SIGINT into should_stop() instead of death: for trials that can save."""
+    def note(signum, frame) -> None:
+        _stop_signals.append(signum)
+
+    signal.signal(signal.SIGTERM, note)
+    signal.signal(signal.SIGINT, note)
+
+
+def split_spec(spec: str) -> Tuple[str, str]:
+    """`where:Class` -> (where, Class); a UserError when it has another shape."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise UserError(f"{spec!r} does not name a class", "--trial", FORMAT_HINT)
+    return where, name
+
+
+def check_spec(spec: str) -> None:
+    """What can be checked without importing the user's code (the launcher is kept light)."""
+    where, _ = split_spec(spec)
+    if where.endswith(".py"):
+        if not os.path.isfile(where):
+            raise UserError(f"no file {where}", "--trial", f"check the path (from {os.getcwd()})")
+    elif not all(part.isidentifier() for part in where.split(".")):
+        raise UserError(f"{where!r} is not a module name", "--trial", FORMAT_HINT)
+
+
+def load(spec: str) -> Type[Trial]:
+    """Import the module or file and return its Trial subclass."""
+    check_spec(spec)
+    where, name = split_spec(spec)
+    module = _import_file(where) if where.endswith(".py") else _import_module(where)
+    cls = getattr(module, name, None)
+    if cls is None:
+        raise UserError(f"{where} has no class {name}", "--trial", "check the class name")
+    if not (isinstance(cls, type) and issubclass(cls, Trial)):
+        raise UserError(f"{where}:{name} is not a trialkit.Trial", "--trial",
+                        "subclass trialkit.Trial and define run()")
+    return cls
+
+
+def _import_module(name: str):
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        # Only the module the user named (or a package on its path) is their
+        # naming mistake; a missing import inside it keeps its traceback.
+        if err.name and (name == err.name or name.startswith(err.name + ".")):
+            raise UserError(f"no module named {err.name}", "--trial",
+                            f"run from the directory that holds it, or {FORMAT_HINT}") from None
+        raise
+
+
+def _import_file(path: str):
+    path = os.path.abspath(path)
+    directory, filename = os.path.split(path)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)  # so that the file's sibling modules import
+    module_name = os.path.splitext(filename)[0]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"cannot load {path} as Python", "--trial", FORMAT_HINT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
