@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 __all__ = [
+    "Trial",
     "get_next_parameter", "get_current_parameter", "report_intermediate_result", "report_final_result",
     "get_trial_id", "get_experiment_id", "get_sequence_id", "should_preempt",
     "checkpoint_dir", "share_dir", "tensorboard_dir", "output_dir",
@@ -89,3 +90,12 @@ def tensorboard_dir() -> Optional[str]:
     """Where TensorBoard events go, or None when no TensorBoard dir was set."""
     session = _session or _start()
     return session.directory(session.trial.tensorboard_dir)
+
+
+def __getattr__(name: str):
+    # trialkit.Trial without importing the trial-loading machinery on every `import trialkit`.
+    if name == "Trial":
+        from trialkit.trial import Trial
+
+        return Trial
+    raise AttributeError(f"module 'trialkit' has no attribute {name!r}")

@@ -31,6 +31,7 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR2,
 )
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PIPE_EOF_WAIT = 1.0  # after a tree is gone, how long a pipe held elsewhere may stay open
 STRAGGLER_GRACE = 2.0  # after the main child exits, what is left of its group gets this long
 
 _PR_SET_PDEATHSIG = 1
@@ -60,7 +61,7 @@ def _clear_signal_mask() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
 
 
-def _die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+def set_parent_death_signal(parent: int, signum: int = signal.SIGKILL) -> None:
     # Runs in the child between fork and exec: if the parent is SIGKILLed the
     # kernel sends the child `signum`, and each trialkit layer below does the
     # same for its own children, so the whole chain goes down.
@@ -204,7 +205,7 @@ def spawn(
             stdout=stdout,
             stderr=stderr,
             start_new_session=True,
-            preexec_fn=(functools.partial(_die_with_parent, os.getpid(), parent_death_signal) if die_with_parent
+            preexec_fn=(functools.partial(set_parent_death_signal, os.getpid(), parent_death_signal) if die_with_parent
                         else _clear_signal_mask),
             close_fds=True,
         )
@@ -344,6 +345,23 @@ class EventLoop:
                 if child.popen is not None:
                     child.popen.returncode = child.exit_code  # Popen must not wait again
                 self.on_exit(child)
+
+    def serve(self, child: Child, on_signal: Callable[[int], None], pipes_open: Callable[[], bool]) -> None:
+        """Serve events until `child` and what is left of its tree are gone,
+        then until its output pipes close: at most PIPE_EOF_WAIT more, since a
+        process outside the tree may hold a pipe open forever."""
+        swept: List[bool] = []
+
+        def on_exit(exited: Child) -> None:
+            if exited is child:
+                self.sweep(child, on_done=lambda: swept.append(True))
+
+        self.on_signal = on_signal
+        self.on_exit = on_exit
+        if not child.running:  # it exited before on_exit was set; later exits arrive as SIGCHLD
+            on_exit(child)
+        self.run_until(lambda: bool(swept))
+        self.run_until(lambda: not pipes_open(), deadline=time.monotonic() + PIPE_EOF_WAIT)
 
     def sweep(self, child: Child, on_done: Callable[[], None], grace: float = STRAGGLER_GRACE) -> None:
         """After a child exited, stop what is left of its group and of our adopted orphans.

@@ -42,7 +42,6 @@ from trialkit.process import (
 
 PROG = "trialkit-keeper"
 NNI_STDOUT_PREFIX = b"NNISDK_MEb'"
-PIPE_EOF_WAIT = 1.0  # after the tree is gone, how long a pipe held elsewhere may stay open
 FLUSH_SECONDS = 5.0  # default time to deliver records at exit (inside Kubernetes' margin)
 
 
@@ -186,33 +185,24 @@ def _reader(loop: EventLoop, capture: Capture):
 
 def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env.TrialEnv) -> bool:
     """Serve events until the child and its tree are gone; True if a stop was asked."""
-    state = {"stop_asked": False, "swept": False}
+    stop_asked: List[bool] = []
 
     def on_signal(signum: int) -> None:
         if signum in STOP_SIGNALS:
-            if not state["stop_asked"]:
-                state["stop_asked"] = True
+            if not stop_asked:
+                stop_asked.append(True)
                 # Before the signal, so a handler that asks should_preempt() sees it.
                 os.close(os.open(trial.stop_file, os.O_WRONLY | os.O_CREAT, 0o644))
             loop.stop(child, trial.grace_seconds, first=signum)
         else:
             signal_group(child.pgid, signum)
 
-    def on_exit(exited: Child) -> None:
-        if exited is child:
-            loop.sweep(child, on_done=lambda: state.update(swept=True))
-
-    loop.on_signal = on_signal
-    loop.on_exit = on_exit
-    if not child.running:  # it exited before on_exit was set; later exits arrive as SIGCHLD
-        on_exit(child)
-    loop.run_until(lambda: state["swept"])
-    loop.run_until(lambda: not any(c.open for c in captures), deadline=time.monotonic() + PIPE_EOF_WAIT)
+    loop.serve(child, on_signal, lambda: any(c.open for c in captures))
     echo_deadline = time.monotonic() + ECHO_DRAIN_SECONDS
     for capture in captures:
         loop.remove_reader(capture.pipe_fd)
         capture.close(echo_deadline)
-    return state["stop_asked"]
+    return bool(stop_asked)
 
 
 def final_status(child: Child, stop_asked: bool) -> str:

@@ -22,7 +22,6 @@ import os
 import select
 import signal
 import sys
-import time
 from typing import List, Optional, Sequence, Tuple
 
 from trialkit import env
@@ -30,7 +29,7 @@ from trialkit.errors import UserError, report_and_exit
 from trialkit.launch import link as links
 from trialkit.launch.prefix import Buffer, LinePrefixer
 from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, set_child_subreaper, signal_group, spawn
-from trialkit.process import _die_with_parent  # the same prctl the core sets for its own children
+from trialkit.process import set_parent_death_signal  # the same prctl the core sets for its own children
 
 PROG = "trialkit.launch.wrap_rank"
 USAGE = f"usage: python -m {PROG} RANK [--] COMMAND [ARGS...]   (RANK: an integer or VAR[,VAR...])"
@@ -39,7 +38,6 @@ READS_PER_WAKEUP = 16  # a pipe-full; then the loop serves signals and the other
 PIPE_SIZE = READ_SIZE * READS_PER_WAKEUP  # room for a fast writer while its pipe rests
 COALESCE = 0.001  # seconds a drained pipe rests before it is watched again
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-PIPE_EOF_WAIT = 1.0  # after the tree is gone, how long a pipe held elsewhere may stay open
 
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, List[str]]:
@@ -188,7 +186,6 @@ def start(command: List[str], loop: EventLoop) -> Tuple[Child, List[int]]:
 def supervise(loop: EventLoop, child: Child, relays: List[Relay], grace: float,
               link: Optional[links.Connection]) -> None:
     """Serve events until the command and its tree are gone and its output is out."""
-    state = {"swept": False}
     stops_sent: set = set()
 
     def on_signal(signum: int) -> None:
@@ -205,19 +202,10 @@ def supervise(loop: EventLoop, child: Child, relays: List[Relay], grace: float,
         if link.closed:
             loop.remove_reader(link.sock)
 
-    def on_exit(exited: Child) -> None:
-        if exited is child:
-            loop.sweep(child, on_done=lambda: state.update(swept=True))
-
-    loop.on_signal = on_signal
-    loop.on_exit = on_exit
     if link:
         loop.add_reader(link.sock, on_link)
     loop.reap()
-    if not child.running and not state["swept"]:
-        on_exit(child)
-    loop.run_until(lambda: state["swept"])
-    loop.run_until(lambda: not any(r.open for r in relays), deadline=time.monotonic() + PIPE_EOF_WAIT)
+    loop.serve(child, on_signal, lambda: any(r.open for r in relays))
     for relay in relays:
         relay.close()
     if link:
@@ -234,7 +222,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     grace = env.read().grace_seconds
     # The engine above starts us without a parent-death signal: if it is
     # killed, we stop our command as for SIGTERM, so that no worker outlives it.
-    _die_with_parent(os.getppid(), signal.SIGTERM)
+    set_parent_death_signal(os.getppid(), signal.SIGTERM)
     set_child_subreaper()
     loop = EventLoop()
     loop.install_signal_handlers()
