@@ -155,3 +155,24 @@ def test_standalone_takes_inline_parameters_and_survives_an_unwritable_dir(tmp_p
     assert done.stdout.splitlines()[0] == "params {'lr': 0.01} 0.01"
     assert "trialkit: intermediate result 2: 1.0" in done.stdout
     assert done.stderr.count("cannot write metrics") == 1 and "only printed" in done.stderr
+
+
+@pytest.mark.parametrize("environ, reports", [
+    ({}, True),
+    ({"RANK": "0", "MASTER_ADDR": "job-master-0", "WORLD_SIZE": "3"}, True),  # PyTorchJob master
+    ({"RANK": "2", "MASTER_ADDR": "job-master-0", "WORLD_SIZE": "3"}, False),  # PyTorchJob worker
+    ({"TF_CONFIG": '{"cluster": {"chief": ["c:1"], "worker": ["w:1"]}, "task": {"type": "chief", "index": 0}}'}, True),
+    ({"TF_CONFIG": '{"cluster": {"chief": ["c:1"], "worker": ["w:1"]}, "task": {"type": "worker", "index": 0}}'}, False),
+    ({"TF_CONFIG": '{"cluster": {"ps": ["p:1"], "worker": ["w:1", "w:2"]}, "task": {"type": "worker", "index": 0}}'}, True),
+    ({"TF_CONFIG": '{"cluster": {"ps": ["p:1"], "worker": ["w:1"]}, "task": {"type": "ps", "index": 0}}'}, False),
+    ({"FC_TASKROLE_NAME": "worker", "FC_TASK_INDEX": "0", "TRIALKIT_CHIEF_ROLE": "worker"}, True),
+    ({"FC_TASKROLE_NAME": "worker", "FC_TASK_INDEX": "1", "TRIALKIT_CHIEF_ROLE": "worker"}, False),
+    ({"FC_TASKROLE_NAME": "ps", "FC_TASK_INDEX": "0", "TRIALKIT_CHIEF_ROLE": "worker"}, False),
+    ({"ADAPTDL_NUM_REPLICAS": "2", "ADAPTDL_REPLICA_RANK": "1"}, False),
+])
+def test_only_the_chief_replica_of_a_multi_pod_trial_ships_records(environ, reports):
+    """Every pod of a trial runs a keeper with the trial's token; their sequence
+    numbers would collide at the manager, so exactly one replica ships."""
+    from trialkit.env import is_reporting_replica
+
+    assert is_reporting_replica(environ) is reports

@@ -351,3 +351,31 @@ def _check_topology(topo: Topology, e: Mapping[str, str]) -> None:
     if topo.num_nodes > 1 and topo.chief_addr in ("127.0.0.1", "localhost") and not e.get(CHIEF_ADDR):
         raise UserError(f"{topo.num_nodes} nodes but no chief address", f"topology from {topo.source}",
                         f"set {CHIEF_ADDR} to node 0's address")
+
+
+# ---------------------------------------------------------------------------
+# Which replica reports. A trial spread over several pods runs one keeper per
+# pod, all with the trial's token; each keeper numbers its records from 1, so
+# if two shipped, the manager would take the second one's records for
+# duplicates of the first's. Only the chief replica ships; the others keep
+# their records in their own spool and status file.
+CHIEF_ROLE = "TRIALKIT_CHIEF_ROLE"  # FrameworkController: the role whose task 0 reports
+
+
+def is_reporting_replica(environ: Optional[Mapping[str, str]] = None) -> bool:
+    e = os.environ if environ is None else environ
+    tf_config = e.get("TF_CONFIG")
+    if tf_config:
+        try:
+            config = json.loads(tf_config)
+            task, cluster = config.get("task") or {}, config.get("cluster") or {}
+            kind, index = task.get("type"), int(task.get("index", 0))
+        except (ValueError, AttributeError, TypeError):
+            return True  # unreadable: better a duplicate risk than a silent trial
+        if "chief" in cluster or "master" in cluster:
+            return kind in ("chief", "master")
+        return kind == "worker" and index == 0
+    if e.get("FC_TASKROLE_NAME"):
+        chief_role = e.get(CHIEF_ROLE)
+        return e.get("FC_TASK_INDEX", "0") == "0" and chief_role in (None, e["FC_TASKROLE_NAME"])
+    return _platform_topology(e).get("node_rank") in (None, 0)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from trialkit import records
-from trialkit.env import TrialEnv
+from trialkit.env import TrialEnv, is_reporting_replica
 from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path, write_nni_parameters
 from trialkit.keeper.spool import Spool
 from trialkit.keeper.status import StatusFile
@@ -57,7 +57,7 @@ class Reporter:
         ]
         self.collector = Collector(loop, sources, self._ingest, self._bad, _warn)
         self.collector.collect(drain=True)  # what a previous keeper on this dir had not spooled
-        if self.trial.manager_url:
+        if self.trial.manager_url and is_reporting_replica():
             # Imported here: http.client (with ssl and email) costs a keeper
             # without a manager ~20 ms of start-up for nothing.
             from trialkit.keeper.shipper import Shipper

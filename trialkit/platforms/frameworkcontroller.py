@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar, List, Tuple
 
+from trialkit import env as envnames
 from trialkit.errors import UserError
 from trialkit.platforms import kubernetes as k8s
 from trialkit.platforms.base import (
@@ -123,6 +124,8 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
         plan = k8s.pod_plan(
             config.common, spec, names, PLATFORM,
             image=role.image, command=role.command, res=role.resources, where=f"trainingService.taskRoles.{role.name}",
+            # Every task runs a keeper with the trial's token: only the first role's task 0 reports.
+            extra_env={envnames.CHIEF_ROLE: config.task_roles[0].role.name},
         )
         pod = k8s.fill_pod(task.get("pod"), plan, CONTAINER)
         # FrameworkController retries tasks itself; the kubelet must not.
