@@ -21,6 +21,8 @@ EXTRAS = {
     "ray": ["ray[default]==2.60.0"],
     "kubernetes": ["kubernetes>=30"],
     "control": ["optuna>=4", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5"],
+    # The user guide (docs/, mkdocs.yml): built in strict mode by tests/test_docs.py.
+    "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["test"] = [

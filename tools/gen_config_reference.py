@@ -1,0 +1,653 @@
+#!/usr/bin/env python3
+"""The config reference, generated from the config schema itself.
+
+    python tools/gen_config_reference.py            # print the whole reference (Markdown)
+    python tools/gen_config_reference.py --check    # exit 1 when a key lacks a description
+
+Nothing here lists keys by hand. They come from where the parsers declare them:
+
+- the top level: `trialkit.control.config.V2_KEYS` (trialkit's own in
+  `TRIALKIT_KEYS`, refused NNI keys in `UNSUPPORTED`), defaults from the
+  `ExperimentConfig` dataclass;
+- tuners, assessors and their classArgs: the `TUNERS` / `ASSESSORS` tables and
+  each class's `ARGS`; NNI names that trialkit does not carry: `NNI_ONLY`;
+- search space types: `trialkit.control.searchspace.NUMERIC_ARGS`;
+- local and ray sections: each module's `_OPTIONS` table and its config dataclass;
+- the Kubernetes sections: every key that `parse_section` asks its
+  `k8s_config.Section` for (recorded while parsing example sections), with the
+  aliases, kinds, defaults and minimums it asks with;
+- NNI v1: `convert_v1` run over a v1 config whose every value is a marker; where
+  each marker lands in the v2 result is that key's v2 name.
+
+What cannot come from code is the one-line meaning of each key: DESCRIPTIONS
+below. `missing_descriptions()` names keys the schema has and DESCRIPTIONS
+lacks, `stale_descriptions()` entries for keys that are gone;
+tests/test_docs.py fails on either, so the reference follows the code.
+The MkDocs hook (tools/docs_hooks.py) puts `render(name)` where a page says
+`<!-- generated: name -->`.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+
+# One line per key: what it means (and, for a few, its kind where the parser
+# does not show it). "top.KEY" for the top level, "<platform>.PATH" for a
+# trainingService key (PATH as the reference shows it: "master.replicas" is
+# "<role>.replicas" for kubeflow), "k8s.KEY" for what all Kubernetes platforms share.
+DESCRIPTIONS: Dict[str, str] = {
+    # top level
+    "top.experimentName": "A name to show beside the experiment id.",
+    "top.experimentType": "Only `hpo` (NNI's value for a hyperparameter experiment).",
+    "top.searchSpace": "The search space inline, in NNI's format (see [search space](#search-space)).",
+    "top.searchSpaceFile": "A JSON or YAML file holding the search space; relative to the config file.",
+    "top.trialCommand": "The command each trial runs, a shell line, started in the trial code directory "
+    "(required for local and ray; cluster roles may give their own `command`).",
+    "top.trialCodeDirectory": "Where the trial's code is; relative to the config file. Its `.trialignore` "
+    "says what trials leave out; a `startup-hook.sh` at its top runs before each trial.",
+    "top.trialConcurrency": "How many trials run at once.",
+    "top.trialGpuNumber": "GPUs per trial (NNI's key; the platform sections set GPUs per role).",
+    "top.maxExperimentDuration": "Stop the experiment after this long (`30m`, `2h`, `1d`, or seconds); "
+    "running trials end SYS_CANCELED.",
+    "top.maxTrialNumber": "Stop proposing trials after this many.",
+    "top.maxTrialDuration": "Stop a trial that runs longer (graceful stop, then FAILED with a timeout reason).",
+    "top.nniManagerIp": "The address pods reach the manager at (a name for `managerAddress`; cluster platforms only).",
+    "top.useAnnotation": "Must be false: NNI's annotations are not supported.",
+    "top.debug": "`true` sets logLevel to debug.",
+    "top.logLevel": "One of fatal, error, warning, info, debug, trace.",
+    "top.tuner": "`{name, classArgs}`: which tuner proposes parameters (see [tuners](#tuners)).",
+    "top.assessor": "`{name, classArgs}`: which assessor stops poor trials early (see [assessors](#assessors)).",
+    "top.advisor": "NNI's name for a tuner that also assesses; taken as the tuner.",
+    "top.trainingService": "Where trials run: `platform:` local, kubeflow, frameworkcontroller, adaptdl or ray, "
+    "and that platform's keys (below).",
+    "top.trialGraceSeconds": "trialkit: how long a stopped trial has between SIGTERM and SIGKILL "
+    "(`TRIALKIT_GRACE_SECONDS` in the trial).",
+    "top.experimentWorkingDirectory": "trialkit: where the experiment's dir goes (default `$TRIALKIT_HOME/experiments`; "
+    "a link there keeps it findable by id).",
+    "top.trialTemplate": "trialkit: your own job template (YAML) for the cluster platforms, instead of the packaged one.",
+    "top.priority": "trialkit: the trials' priority in the job queue (higher runs first).",
+    # local
+    "local.platform": "`local`.",
+    "local.useActiveGpu": "NNI's option, accepted.",
+    "local.maxTrialNumberPerGpu": "NNI's option, accepted.",
+    "local.gpuIndices": "NNI's option (`0`, `[0, 1]` or `\"0,1\"`), accepted.",
+    "local.reuseMode": "NNI's option, accepted.",
+    "local.slotsPerTrial": "trialkit: the slots each trial gets (`TRIALKIT_SLOTS_PER_NODE`: workers a launcher starts).",
+    # ray
+    "ray.platform": "`ray`.",
+    "ray.address": "The cluster: `ray://HEAD:10001`, `HEAD:6379`, or `auto` (a cluster on this machine).",
+    "ray.cpusPerTrial": "CPUs each trial holds on the cluster.",
+    "ray.gpusPerTrial": "GPUs each trial holds on the cluster.",
+    "ray.workingDir": "A directory shipped to the nodes; trials run in it.",
+    "ray.runtimeEnv": "Ray's `runtime_env` for the trials' workers (pip packages, env vars).",
+    # every Kubernetes platform
+    "k8s.platform": "The platform's name.",
+    "k8s.namespace": "The namespace trials are created in.",
+    "k8s.managerAddress": "The address pods reach the manager at; loopback is refused. "
+    "Default: this machine's first non-loopback address.",
+    "k8s.trialTemplate": "Your own job template (YAML) to fill instead of the packaged one: tolerations, "
+    "node selectors, sidecars.",
+    "k8s.keeperGraceSeconds": "The keeper's grace in the pod: SIGTERM to SIGKILL of the trial.",
+    "k8s.terminationGracePeriodSeconds": "The pod's grace; must exceed keeperGraceSeconds "
+    "(default: keeperGraceSeconds + {{ const trialkit.platforms.k8s_config.KEEPER_FLUSH_SECONDS }}).",
+    "k8s.dockerImage": "The image every pod runs (a role may give its own).",
+    "k8s.serviceAccountName": "The pods' service account.",
+    "k8s.imagePullSecrets": "Secrets to pull the image: `- name: SECRET`.",
+    "k8s.nfs": "An NFS volume mounted in every pod: `{server, path, containerMountPath}`.",
+    "k8s.nfs.server": "The NFS server.",
+    "k8s.nfs.path": "The exported path.",
+    "k8s.nfs.containerMountPath": "Where it is mounted in the pod.",
+    "k8s.storage": "NNI v2's form of the NFS volume: `{storageType: nfs, server, path, containerMountPath}`.",
+    "k8s.storage.storageType": "Only `nfs`.",
+    "k8s.storage.server": "The NFS server.",
+    "k8s.storage.path": "The exported path.",
+    "k8s.storage.containerMountPath": "Where it is mounted in the pod.",
+    "k8s.imagePullSecrets[].name": "The Secret's name.",
+    "k8s.reuseMode": "Must be false: every trial is its own job.",
+    # kubeflow
+    "kubeflow.operator": "`pytorch-operator` (PyTorchJob) or `tf-operator` (TFJob).",
+    "kubeflow.apiVersion": "Accepted for old NNI configs; objects are always rendered as `kubeflow.org/v1`.",
+    "kubeflow.master": "The master (PyTorchJob; one replica) or chief (TFJob).",
+    "kubeflow.worker": "The workers.",
+    "kubeflow.ps": "The parameter servers (TFJob only).",
+    "kubeflow.<role>.replicas": "How many pods of this role.",
+    "kubeflow.<role>.command": "This role's command (default: trialCommand).",
+    "kubeflow.<role>.dockerImage": "This role's image (default: the section's).",
+    "kubeflow.<role>.cpuNumber": "CPUs per pod.",
+    "kubeflow.<role>.gpuNumber": "GPUs per pod.",
+    "kubeflow.<role>.memorySize": "Memory per pod: `4g`, `8192mb`, `1Gi` (a bare number is MiB).",
+    "kubeflow.<role>.privateRegistryAuthPath": "Refused: create an image pull Secret and list it in imagePullSecrets.",
+    # frameworkcontroller
+    "frameworkcontroller.taskRoles": "The task roles, each a group of identical pods.",
+    "frameworkcontroller.taskRoles[].name": "The role's name: 1 to 63 lowercase letters and digits.",
+    "frameworkcontroller.taskRoles[].taskNumber": "How many pods of this role.",
+    "frameworkcontroller.taskRoles[].command": "This role's command (default: trialCommand).",
+    "frameworkcontroller.taskRoles[].dockerImage": "This role's image (default: the section's).",
+    "frameworkcontroller.taskRoles[].cpuNumber": "CPUs per pod.",
+    "frameworkcontroller.taskRoles[].gpuNumber": "GPUs per pod.",
+    "frameworkcontroller.taskRoles[].memorySize": "Memory per pod: `4g`, `8192mb`, `1Gi` (a bare number is MiB).",
+    "frameworkcontroller.taskRoles[].privateRegistryAuthPath": "Refused: use imagePullSecrets.",
+    "frameworkcontroller.taskRoles[].frameworkAttemptCompletionPolicy": "When the role ends the trial.",
+    "frameworkcontroller.taskRoles[].frameworkAttemptCompletionPolicy.minFailedTaskCount":
+        "This many failed tasks fail the trial (-1: never).",
+    "frameworkcontroller.taskRoles[].frameworkAttemptCompletionPolicy.minSucceededTaskCount":
+        "This many succeeded tasks end the trial (-1: when all have ended).",
+    # adaptdl
+    "adaptdl.command": "The command (default: trialCommand).",
+    "adaptdl.cpuNumber": "CPUs per replica.",
+    "adaptdl.gpuNumber": "GPUs per replica.",
+    "adaptdl.memorySize": "Memory per replica: `4g`, `8192mb`, `1Gi` (a bare number is MiB).",
+    "adaptdl.adaptive": "AdaptDL's `preemptible`: its scheduler may stop and rescale the job.",
+    "adaptdl.minReplicas": "The fewest replicas.",
+    "adaptdl.maxReplicas": "The most replicas.",
+    "adaptdl.checkpoint": "The per-trial volumes for `/adaptdl/checkpoint` and `/adaptdl/share`.",
+    "adaptdl.checkpoint.storageClass": "Their storage class (default: the cluster's).",
+    "adaptdl.checkpoint.storageSize": "Their size.",
+}
+
+# Kinds for keys read with Section.raw(), which does not say.
+RAW_KINDS = {"memorySize": "size", "storageSize": "size", "imagePullSecrets": "list", "managerAddress": "string"}
+KIND_NAMES = {"text": "string", "integer": "integer", "number": "number", "boolean": "boolean",
+              "section": "mapping", "sections": "list of mappings"}
+
+
+@dataclass
+class Key:
+    path: str  # as the reference shows it: "worker.replicas", "taskRoles[].name"
+    aliases: Tuple[str, ...] = ()
+    kind: str = ""
+    default: str = ""
+    note: str = ""  # a limit the parser enforces: "at least 1"
+
+
+@dataclass
+class Table:
+    name: str  # the description prefix: "top", "local", "k8s", "kubeflow", ...
+    keys: List[Key] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- top level
+
+
+def top_level() -> Table:
+    from trialkit.control import config
+
+    fields = {f.name: f for f in dataclasses.fields(config.ExperimentConfig)}
+    hints = typing.get_type_hints(config.ExperimentConfig)
+    table = Table("top")
+    for key in config.V2_KEYS:
+        snake = "".join("_" + c.lower() if c.isupper() else c for c in key)
+        item = fields.get(snake)
+        kind, default = "", ""
+        if item is not None:
+            kind = _kind_of(hints[snake])
+            if item.default is not dataclasses.MISSING and item.default is not None:
+                default = _show(item.default)
+        table.keys.append(Key(key, kind=_TOP_KINDS.get(key, kind), default=default or _TOP_DEFAULTS.get(key, "")))
+    return table
+
+
+# What the dataclass does not show (the key is read into another shape).
+_TOP_KINDS = {"searchSpace": "mapping", "searchSpaceFile": "path", "trialCodeDirectory": "path",
+              "useAnnotation": "boolean", "debug": "boolean", "experimentType": "string", "tuner": "mapping",
+              "assessor": "mapping", "advisor": "mapping", "trainingService": "mapping",
+              "maxExperimentDuration": "duration", "maxTrialDuration": "duration", "trialTemplate": "path",
+              "experimentWorkingDirectory": "path"}
+_TOP_DEFAULTS = {"trialCodeDirectory": ".", "trialConcurrency": "1", "trainingService": "{platform: local}"}
+
+
+def _kind_of(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Union:  # Optional[X]
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if typing.get_origin(hint) in (dict, tuple, list):
+        return {dict: "mapping", tuple: "list", list: "list"}[typing.get_origin(hint)]
+    return {str: "string", int: "integer", float: "number", bool: "boolean"}.get(hint, "")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+# ---------------------------------------------------------------- local and ray
+
+
+def options_table(platform: str) -> Table:
+    """A platform that declares its keys in `_OPTIONS` (key -> (dataclass field, checker))."""
+    from trialkit import platforms
+
+    module = platforms.load(platform)
+    config_class = module.parse_section({"platform": platform}, "trainingService").__class__
+    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
+    hints = typing.get_type_hints(config_class)
+    table = Table(platform, [Key("platform", kind="string")])
+    for key, (name, _check) in module._OPTIONS.items():
+        default = defaults.get(name)
+        shown = "" if default in (None, dataclasses.MISSING) else _show(default)
+        kind = _kind_of(hints[name])
+        table.keys.append(Key(key, kind=kind, default=shown))
+    return table
+
+
+# ---------------------------------------------------------------- Kubernetes
+
+
+# Sections that make every Kubernetes parser ask every key it knows; several
+# per platform where keys exclude each other (nfs or storage, pytorch or tf).
+K8S_EXAMPLES: Dict[str, List[Dict[str, Any]]] = {
+    "kubeflow": [
+        {"operator": "pytorch-operator", "managerAddress": "10.0.0.1", "dockerImage": "img",
+         "master": {"replicas": 1, "command": "python3 t.py", "cpuNumber": 1, "gpuNumber": 0, "memorySize": "1g"},
+         "worker": {"replicas": 2}, "nfs": {"server": "10.0.0.2", "path": "/x", "containerMountPath": "/nfs"},
+         "imagePullSecrets": [{"name": "pull"}]},
+        {"operator": "tf-operator", "managerAddress": "10.0.0.1", "dockerImage": "img",
+         "ps": {"replicas": 1}, "worker": {"replicas": 1}, "master": {"replicas": 1},
+         "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x", "containerMountPath": "/nfs"}},
+    ],
+    "frameworkcontroller": [
+        {"managerAddress": "10.0.0.1", "dockerImage": "img",
+         "taskRoles": [{"name": "worker", "taskNumber": 2, "command": "python3 t.py",
+                        "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceededTaskCount": 2}}],
+         "nfs": {"server": "10.0.0.2", "path": "/x"}, "imagePullSecrets": [{"name": "pull"}]},
+        {"managerAddress": "10.0.0.1", "taskRoles": [{"name": "worker"}],
+         "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x"}},
+    ],
+    "adaptdl": [
+        {"managerAddress": "10.0.0.1", "image": "img", "checkpoint": {"storageClass": "dfs", "storageSize": "1Gi"},
+         "nfs": {"server": "10.0.0.2", "path": "/x"}, "imagePullSecrets": [{"name": "pull"}]},
+        {"managerAddress": "10.0.0.1", "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x"}},
+    ],
+}
+K8S_PLATFORMS = tuple(K8S_EXAMPLES)
+
+
+@contextlib.contextmanager
+def _recording() -> Iterator[List[Tuple[str, str, Tuple[str, ...], str, Dict[str, Any]]]]:
+    """Record every key a k8s_config.Section is asked for: (where, name, aliases, kind, kwargs)."""
+    from trialkit.platforms import k8s_config
+
+    Section = k8s_config.Section
+    asked: List[Tuple[str, str, Tuple[str, ...], str, Dict[str, Any]]] = []
+    originals = {name: getattr(Section, name) for name in ("raw",) + tuple(KIND_NAMES)}
+    current: List[Tuple[str, Dict[str, Any]]] = []
+
+    def typed(kind: str) -> Callable[..., Any]:
+        def method(self, name, *aliases, **kwargs):
+            current.append((kind, kwargs))
+            try:
+                return originals[kind](self, name, *aliases, **kwargs)
+            finally:
+                current.pop()
+        return method
+
+    def raw(self, name, *aliases):
+        kind, kwargs = current[-1] if current else ("raw", {})
+        asked.append((self.where, name, aliases, kind, kwargs))
+        return originals["raw"](self, name, *aliases)
+
+    Section.raw = raw
+    for kind in KIND_NAMES:
+        setattr(Section, kind, typed(kind))
+    try:
+        yield asked
+    finally:
+        for name, method in originals.items():
+            setattr(Section, name, method)
+
+
+def _k8s_path(platform: str, where: str, name: str) -> str:
+    import re
+
+    from trialkit.platforms import kubeflow
+
+    rest = re.sub(r"\[\d+\]", "[]", where[len("trainingService"):].lstrip("."))
+    if platform == "kubeflow" and rest.split(".")[0] in kubeflow.ROLES:
+        rest = "<role>" + rest[len(rest.split(".")[0]):]
+    return f"{rest}.{name}" if rest else name
+
+
+def k8s_keys(platform: str) -> Dict[str, Key]:
+    """Every key `platform`'s parse_section asks for, by path, in the order asked."""
+    from trialkit import platforms
+
+    module = platforms.load(platform)
+    keys: Dict[str, Key] = {}
+    for example in K8S_EXAMPLES[platform]:
+        with _recording() as asked:
+            module.parse_section({"platform": platform, **copy.deepcopy(example)}, "trainingService")
+        for where, name, aliases, kind, kwargs in asked:
+            path = _k8s_path(platform, where, name)
+            if path in keys:
+                continue
+            default = kwargs.get("default")
+            keys[path] = Key(
+                path, aliases=tuple(aliases), kind=RAW_KINDS.get(name) or KIND_NAMES.get(kind, "string"),
+                default="" if default in (None, False) else _show(default),
+                note=f"at least {kwargs['minimum']}" if kwargs.get("minimum") is not None else "",
+            )
+    return keys
+
+
+def k8s_tables() -> List[Table]:
+    """The keys all Kubernetes platforms share (one table), then each platform's own."""
+    per_platform = {p: k8s_keys(p) for p in K8S_PLATFORMS}
+    shared = set.intersection(*(set(keys) for keys in per_platform.values()))
+    first = per_platform[K8S_PLATFORMS[0]]
+    tables = [Table("k8s", _outer_first([first[path] for path in first if path in shared]))]
+    for platform, keys in per_platform.items():
+        tables.append(Table(platform, _outer_first([key for path, key in keys.items() if path not in shared])))
+    return tables
+
+
+def _outer_first(keys: List[Key]) -> List[Key]:
+    """A section's own keys, then the keys inside its mappings (in the order the parser asked)."""
+    return sorted(keys, key=lambda key: "." in key.path or "[" in key.path)
+
+
+# ---------------------------------------------------------------- tuners, assessors, search space
+
+
+def tuner_rows() -> List[Tuple[str, str, str]]:
+    from trialkit.control import tuners
+
+    return [(name, ", ".join(f"`{a}`" for a in cls.ARGS), cls.DEFAULT_MODE) for name, cls in tuners.TUNERS.items()]
+
+
+def tpe_args() -> List[str]:
+    from trialkit.control import tuners
+
+    return list(tuners._TPE_ARGS)
+
+
+def assessor_rows() -> List[Tuple[str, str]]:
+    from trialkit.control import assessors
+
+    rows = []
+    for name, cls in assessors.ASSESSORS.items():
+        args = ", ".join(f"`{a}`" for a in cls.ARGS)
+        if name == "Pruner":
+            args += " and the pruner's own arguments"
+        rows.append((name, args))
+    return rows
+
+
+# ---------------------------------------------------------------- NNI v1
+
+
+# A v1 config per platform with a marker for every leaf: convert_v1 moves each
+# marker to its v2 key. Keys are those of NNI's v1 documentation (the seeds).
+V1_COMMON = {
+    "authorName": "@", "experimentName": "@", "description": "@", "trialConcurrency": "@", "maxExecDuration": "@",
+    "maxTrialNum": "@", "searchSpacePath": "@", "useAnnotation": False, "multiPhase": False, "multiThread": "@",
+    "nniManagerIp": "@", "logDir": "@", "debug": "@", "versionCheck": "@", "logLevel": "@", "logCollection": "@",
+    "tuner": {"builtinTunerName": "@", "classArgs": "@"},
+    "assessor": {"builtinAssessorName": "@", "classArgs": "@"},
+}
+V1_ROLE = {"command": "@", "gpuNum": "@", "cpuNum": "@", "memoryMB": "@", "image": "@"}
+V1_PLATFORMS: Dict[str, Dict[str, Any]] = {
+    "local": {"trial": {"command": "@", "codeDir": "@", "gpuNum": "@"},
+              "localConfig": {"gpuIndices": "@", "maxTrialNumPerGpu": "@", "useActiveGpu": "@"}},
+    "kubeflow": {"trial": {"codeDir": "@", "master": dict(replicas="@", **V1_ROLE), "worker": dict(replicas="@", **V1_ROLE),
+                           "ps": dict(replicas="@", **V1_ROLE)},
+                 "kubeflowConfig": {"operator": "@", "apiVersion": "@", "storage": "nfs",
+                                    "nfs": {"server": "@", "path": "@"}}},
+    "frameworkcontroller": {
+        "trial": {"codeDir": "@", "taskRoles": [dict(V1_ROLE, name="@", taskNum="@", frameworkAttemptCompletionPolicy={
+            "minFailedTaskCount": "@", "minSucceededTaskCount": "@"})]},
+        "frameworkcontrollerConfig": {"storage": "nfs", "nfs": {"server": "@", "path": "@"},
+                                      "serviceAccountName": "@"}},
+    "adl": {"trial": {"command": "@", "codeDir": "@", "gpuNum": "@", "cpuNum": "@", "memorySize": "@", "image": "@",
+                      "imagePullSecrets": "@", "adaptive": "@", "namespace": "@",
+                      "checkpoint": {"storageClass": "@", "storageSize": "@"},
+                      "nfs": {"server": "@", "path": "@", "containerMountPath": "@"}}},
+}
+
+
+def _mark(value: Any, path: str) -> Any:
+    """Replace every "@" leaf with a marker naming its path."""
+    if isinstance(value, dict):
+        return {k: _mark(v, f"{path}.{k}" if path else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mark(v, f"{path}[]") for v in value]
+    return f"@{path}" if value == "@" else value
+
+
+def _leaves(value: Any, path: str = "") -> Iterator[Tuple[str, Any]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _leaves(v, f"{path}.{k}" if path else k)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _leaves(v, f"{path}[]")
+    else:
+        yield path, value
+
+
+def v1_mapping(platform: str) -> List[Tuple[str, List[str]]]:
+    """(v1 key path, the v2 key paths its value lands at; none when trialkit drops it), for the v1 example."""
+    from trialkit.control.config import convert_v1
+
+    v1 = _mark({**V1_COMMON, "trainingServicePlatform": platform, **V1_PLATFORMS[platform]}, "")
+    landed: Dict[str, List[str]] = {}
+    for path, value in _leaves(convert_v1(v1)):
+        if isinstance(value, str) and value.startswith("@"):
+            landed.setdefault(value[1:], []).append(path)
+    return [(path, landed.get(path, [])) for path, value in _leaves(v1)
+            if isinstance(value, str) and value.startswith("@")]
+
+
+def _platform_key(v1_key: str) -> bool:
+    return v1_key.startswith("trial.") or v1_key.split(".")[0].endswith("Config")
+
+
+# ---------------------------------------------------------------- descriptions
+
+
+def all_tables() -> List[Table]:
+    return [top_level(), options_table("local"), options_table("ray")] + k8s_tables()
+
+
+def description_keys() -> List[str]:
+    return [f"{table.name}.{key.path}" for table in all_tables() for key in table.keys]
+
+
+def missing_descriptions() -> List[str]:
+    return [name for name in description_keys() if name not in DESCRIPTIONS]
+
+
+def stale_descriptions() -> List[str]:
+    from trialkit.control import config
+
+    known = set(description_keys())
+    stale = [name for name in DESCRIPTIONS if name not in known]
+    return stale + [f"NNI_V2_NOTES.{key}" for key in NNI_V2_NOTES if key not in config.V2_KEYS]
+
+
+# ---------------------------------------------------------------- Markdown
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def key_table(table: Table, prefix: str = "") -> str:
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for key in table.keys:
+        name = f"`{prefix}{key.path}`"
+        if key.aliases:
+            name += " (also " + ", ".join(f"`{a}`" for a in key.aliases) + ")"
+        kind = key.kind + (f", {key.note}" if key.note else "")
+        default = f"`{key.default}`" if key.default else ""
+        meaning = DESCRIPTIONS.get(f"{table.name}.{key.path}", "")
+        lines.append(f"| {name} | {kind} | {default} | {_cell(meaning)} |")
+    return "\n".join(lines)
+
+
+def render_top() -> str:
+    from trialkit.control import config
+
+    ours = ", ".join(f"`{k}`" for k in config.TRIALKIT_KEYS)
+    refused = "\n".join(f"- `{key}`: {why}." for key, why in config.UNSUPPORTED.items())
+    return (f"{key_table(top_level())}\n\n"
+            f"trialkit's own keys: {ours}. Every other key is NNI's, with NNI's meaning. NNI keys that are refused, "
+            f"with the reason the error gives:\n\n{refused}\n")
+
+
+def render_tuners() -> str:
+    from trialkit.control import assessors, tuners
+
+    lines = ["| tuner | classArgs | optimize_mode default |", "| --- | --- | --- |"]
+    lines += [f"| `{name}` | {args} | `{mode}` |" for name, args, mode in tuner_rows()]
+    lines += ["", "`tpe_args` (TPE) takes " + ", ".join(f"`{a}`" for a in tpe_args()) + ".", "",
+              "NNI tuners trialkit does not carry (the error says so): "
+              + ", ".join(f"`{n}`" for n in tuners.NNI_ONLY) + ".", "",
+              "| assessor | classArgs |", "| --- | --- |"]
+    lines += [f"| `{name}` | {args} |" for name, args in assessor_rows()]
+    lines += ["", "The `Pruner` assessor's `pruner` is one of "
+              + ", ".join(f"`{p}`" for p in assessors.PRUNERS) + " (optuna's pruners of those names). "
+              "NNI assessors trialkit does not carry: " + ", ".join(f"`{n}`" for n in assessors.NNI_ONLY) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def render_search_space() -> str:
+    from trialkit.control import searchspace
+
+    lines = ["| `_type` | `_value` |", "| --- | --- |",
+             "| `choice` | a list of options; an option that is a mapping with `_name` is a nested space |"]
+    lines += [f"| `{kind}` | `[{', '.join(args)}]` |" for kind, args in searchspace.NUMERIC_ARGS.items()]
+    lines += ["", "GridSearch enumerates " + ", ".join(f"`{t}`" for t in searchspace.GRID_TYPES)
+              + " and refuses the continuous types."]
+    return "\n".join(lines) + "\n"
+
+
+def render_platform(name: str) -> str:
+    """The trainingService table of one platform (`kubernetes` for the shared keys)."""
+    tables = {t.name: t for t in all_tables()}
+    return key_table(tables["k8s" if name == "kubernetes" else name]) + "\n"
+
+
+def _v1_rows(rows: Sequence[Tuple[str, List[str]]]) -> str:
+    lines = ["| NNI v1 key | trialkit (v2) key |", "| --- | --- |"]
+    for v1, v2 in rows:
+        lines.append(f"| `{v1}` | " + (", ".join(f"`{k}`" for k in v2) if v2 else "read and ignored") + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_v1_common() -> str:
+    """The keys every v1 config has; a cluster platform also takes nniManagerIp as its managerAddress."""
+    merged: Dict[str, List[str]] = {}
+    for platform in ("local", "kubeflow"):
+        for v1, v2 in v1_mapping(platform):
+            if not _platform_key(v1) or v1.startswith("trial.") and v1.count(".") == 1 and platform == "local":
+                merged.setdefault(v1, [])
+                merged[v1] += [k for k in v2 if k not in merged[v1]]
+    return _v1_rows(list(merged.items()))
+
+
+def render_v1(platform: str) -> str:
+    """The keys of one platform's `trial:` and `<platform>Config:` sections."""
+    # trial.command, codeDir and gpuNum are in the common table unless this platform also takes them.
+    return _v1_rows([(v1, v2) for v1, v2 in v1_mapping(platform) if _platform_key(v1)
+                     and not (v1.count(".") == 1 and v1.startswith("trial.")
+                              and not any(k.startswith("trainingService.") for k in v2))])
+
+
+# Where trialkit reads an NNI v2 key differently from NNI (every other NNI key: as NNI does).
+NNI_V2_NOTES: Dict[str, str] = {
+    "trainingService": "platforms `local`, `kubeflow`, `frameworkcontroller`, `adaptdl` (also `adl`) and `ray`; "
+    "NNI's remote, openpai, aml, dlc and hybrid (a list) are not available",
+    "tuner": "built-in tuners by name (see the config reference); custom tuner classes are not supported",
+    "assessor": "`Medianstop`, or `Pruner` (optuna's pruners)",
+    "useAnnotation": "must be false",
+    "advisor": "taken as the tuner; NNI's advisors (BOHB, Hyperband) are not available",
+    "nniManagerIp": "for cluster platforms, the address pods reach the manager at (`managerAddress`)",
+    "experimentWorkingDirectory": "holds the experiment's dir; the default is `$TRIALKIT_HOME/experiments`",
+}
+
+
+def render_nni_v2() -> str:
+    """NNI's v2 keys beside trialkit's reading of them."""
+    from trialkit.control import config
+
+    lines = ["| NNI v2 key | in trialkit |", "| --- | --- |"]
+    for key in config.V2_KEYS:
+        if key in config.TRIALKIT_KEYS and key not in NNI_V2_NOTES:
+            continue
+        lines.append(f"| `{key}` | " + _cell(NNI_V2_NOTES.get(key, "the same key, the same meaning")) + " |")
+    for key, why in config.UNSUPPORTED.items():
+        lines.append(f"| `{key}` | refused: {_cell(why)} |")
+    lines += ["", "Added by trialkit: " + ", ".join(f"`{k}`" for k in config.TRIALKIT_KEYS
+                                                   if k not in NNI_V2_NOTES) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def render_statuses(platform: str) -> str:
+    """How a platform's job status becomes a trial status, from the platform's own tables."""
+    from trialkit.platforms import adaptdl, frameworkcontroller, k8s_platform, kubeflow
+
+    if platform == "kubeflow":
+        lines = ["| job condition (status True), first match wins | trial status |", "| --- | --- |"]
+        lines += [f"| `{cond}` | `{status}` |" for cond, status in kubeflow.CONDITIONS]
+        lines.append("| none yet | `WAITING` |")
+    elif platform == "frameworkcontroller":
+        lines = ["| `status.state` | trial status |", "| --- | --- |"]
+        lines += [f"| `{state}` | `{status}` |" for state, status in frameworkcontroller.STATES.items()]
+        lines.append("| `Completed` | `SUCCEEDED` when `attemptStatus.completionStatus.type.name` is Succeeded; "
+                     f"`USER_CANCELED` for code {frameworkcontroller.STOP_REQUESTED} (stopped); else `FAILED` |")
+    else:
+        lines = ["| `status.phase` | trial status |", "| --- | --- |"]
+        lines += [f"| `{phase}` | `{status}` |" for phase, status in adaptdl.PHASES.items()]
+    failures = ", ".join(f"`{reason}`" for reason in sorted(k8s_platform.IMAGE_FAILURES))
+    lines += ["", f"Before the job ends, a pod waiting with {failures} fails the trial at once, with the pod's "
+              "message as the reason."]
+    return "\n".join(lines) + "\n"
+
+
+GENERATED: Dict[str, Callable[[], str]] = {
+    "status-kubeflow": lambda: render_statuses("kubeflow"),
+    "status-frameworkcontroller": lambda: render_statuses("frameworkcontroller"),
+    "status-adaptdl": lambda: render_statuses("adaptdl"),
+    "nni-v2": render_nni_v2,
+    "config-top": render_top,
+    "config-tuners": render_tuners,
+    "config-search-space": render_search_space,
+    "config-local": lambda: render_platform("local"),
+    "config-ray": lambda: render_platform("ray"),
+    "config-kubernetes": lambda: render_platform("kubernetes"),
+    "config-kubeflow": lambda: render_platform("kubeflow"),
+    "config-frameworkcontroller": lambda: render_platform("frameworkcontroller"),
+    "config-adaptdl": lambda: render_platform("adaptdl"),
+    "v1-common": render_v1_common,
+    "v1-local": lambda: render_v1("local"),
+    "v1-kubeflow": lambda: render_v1("kubeflow"),
+    "v1-frameworkcontroller": lambda: render_v1("frameworkcontroller"),
+    "v1-adl": lambda: render_v1("adl"),
+}
+
+
+def render(name: str) -> str:
+    return GENERATED[name]()
+
+
+def main(argv: Sequence[str]) -> int:
+    if "--check" in argv:
+        problems = [f"no description for {k}" for k in missing_descriptions()]
+        problems += [f"description for a key that is gone: {k}" for k in stale_descriptions()]
+        print("\n".join(problems) or "every key is described")
+        return 1 if problems else 0
+    for name in GENERATED:
+        print(f"<!-- {name} -->\n{render(name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    sys.exit(main(sys.argv[1:]))
