@@ -45,6 +45,9 @@ case "${1:-}" in
   test)
     install_venv
     install_browser
+    # DeepSpeed compiles its CPU communication op on first use (minutes): keep
+    # the build with trialkit's cache, keyed by the versions that shape it.
+    export TORCH_EXTENSIONS_DIR="$cache/torch_extensions/deepspeed-0.19.8-torch-2.13.0"
     shift
     exec "$venv/bin/python" -m pytest "$@"
     ;;
