@@ -7,9 +7,11 @@ torch): the machine is small and shared.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -70,3 +72,21 @@ def export(experiment: str) -> List[Dict[str, Any]]:
 
 def by_sequence(rows: List[Dict[str, Any]]) -> Dict[int, Dict[str, Any]]:
     return {row["sequence"]: row for row in rows}
+
+
+def stored(home: Path, experiment: str, sql: str, *args: Any) -> List[tuple]:
+    """Rows from an experiment's store, read beside its running manager as the CLI reads it (WAL)."""
+    with closing(sqlite3.connect(f"file:{home / 'experiments' / experiment / 'trialkit.db'}?mode=ro", uri=True)) as db:
+        return db.execute(sql, args).fetchall()
+
+
+def trial_status(home: Path, trial_id: str) -> Optional[str]:
+    """Its status in the store; None before the trial exists."""
+    rows = stored(home, trial_id.rpartition("-")[0], "SELECT status FROM trials WHERE id=?", trial_id)
+    return rows[0][0] if rows else None
+
+
+def reported(home: Path, trial_id: str) -> int:
+    """How many intermediate results a trial has delivered."""
+    return stored(home, trial_id.rpartition("-")[0], "SELECT COUNT(*) FROM records WHERE trial=? AND type=?",
+                  trial_id, "PERIODICAL")[0][0]

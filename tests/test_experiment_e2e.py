@@ -288,11 +288,13 @@ def test_an_nni_example_config_and_search_space_unchanged(tmp_path):
 def test_the_python_api(tmp_path, capsys):
     from trialkit.experiment import Experiment
 
-    (tmp_path / "trial.py").write_text(SDK_TRIAL.format(steps=1))
+    code = tmp_path / "code"  # beside TRIALKIT_HOME: each trial copies it, so it must not hold the experiments
+    code.mkdir()
+    (code / "trial.py").write_text(SDK_TRIAL.format(steps=1))
     exp = Experiment("local")
     exp.config.search_space = {"x": {"_type": "uniform", "_value": [0, 1]}}
     exp.config.trial_command = "python3 trial.py"
-    exp.config.trial_code_directory = str(tmp_path)
+    exp.config.trial_code_directory = str(code)
     exp.config.tuner.name = "TPE"
     exp.config.tuner.class_args["optimize_mode"] = "maximize"
     exp.config.max_trial_number = 3

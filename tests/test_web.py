@@ -2,17 +2,18 @@
 
 The module starts one ManagerServer with the page installed and six trials on
 the local platform (real keepers, a real training script reporting through
-the SDK): four that finish at once and two that run until stopped. The page's
-actions go to what the experiment loop would give it: pause is the platform's
-graceful stop (SIGTERM -> the script checkpoints and exits 143 -> PREEMPTED),
-kill its hard kill. One browser serves the whole module. Screenshots of each
-view land in tests/artifacts/web/.
+the SDK): four that finish at once and two that run until stopped; its kill
+action is the platform's hard kill. Pausing from the page runs a real
+experiment (`trialkit run`): the page its manager serves, the runner's pause
+(SIGTERM -> the script checkpoints and exits 143 -> PAUSED). One browser
+serves the whole module. Screenshots of each view land in tests/artifacts/web/.
 """
 from __future__ import annotations
 
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 import requests
 
 from conftest import ROOT, TAG, tagged_processes
+from experiment_util import experiment, experiment_id, reported, start_cli, trial_status
 from harness import wait_until
 from trialkit.control.config import parse_config
 from trialkit.control.server import ManagerServer
@@ -64,7 +66,7 @@ trialkit.report_final_result(p["lr"] * p["steps"])
 
 QUICK = [{"lr": 0.1, NOTE: "plain"}, {"lr": 0.3, NOTE: SCRIPT_VALUE}, {"lr": 0.2, NOTE: IMG_VALUE},
          {"lr": 0.05, NOTE: "plain"}]
-HOLD, VICTIM = 4, 5  # run until stopped: the one paused from the page, the one killed from it
+HOLD, VICTIM = 4, 5  # run until stopped: the one whose log is followed, the one killed from the page
 
 
 class Site:
@@ -79,10 +81,8 @@ class Site:
         space = {"lr": {"_type": "uniform", "_value": [0.01, 1]},
                  NOTE: {"_type": "choice", "_value": ["plain", SCRIPT_VALUE, IMG_VALUE]},
                  "steps": {"_type": "choice", "_value": [5, 100000]}, "wait": {"_type": "choice", "_value": [0, 0.2]}}
-        # exec: dash would otherwise stay between, die of the SIGTERM itself, and the trial
-        # would count as canceled rather than checkpointed.
         self.config = parse_config({
-            "searchSpace": space, "trialCommand": "exec python3 train.py", "trialCodeDirectory": str(code),
+            "searchSpace": space, "trialCommand": "python3 train.py", "trialCodeDirectory": str(code),
             "trialConcurrency": 6, "tuner": {"name": "Random", "classArgs": {"optimize_mode": "maximize"}},
             "trainingService": {"platform": "local"}, "trialGraceSeconds": 10})
         self.store = Store.in_dir(self.exp_dir)
@@ -94,7 +94,7 @@ class Site:
         self.calls: List[Any] = []
         self.killed: set = set()
         install(self.server, self.store, admin_token=self.token, read_only=False,
-                admin=Admin(kill=self._kill, pause=self._pause))
+                admin=Admin(kill=self._kill))
         self.ids = [self._submit(i, dict(params, steps=5, wait=0)) for i, params in enumerate(QUICK)]
         self.ids.append(self._submit(HOLD, {"lr": 0.01, NOTE: "held", "steps": 100000, "wait": 0.2}))
         self.ids.append(self._submit(VICTIM, {"lr": 0.02, NOTE: "victim", "steps": 100000, "wait": 0.2}))
@@ -121,10 +121,6 @@ class Site:
         self.calls.append(("kill", trial_id))
         self.killed.add(trial_id)
         self.platform.kill(trial_id)
-
-    def _pause(self, trial_id: str) -> None:
-        self.calls.append(("pause", trial_id))
-        self.platform.stop(trial_id, self.config.trial_grace_seconds)
 
     def status(self, index: int) -> str:
         return self.store.trial(self.ids[index])["status"]
@@ -301,23 +297,33 @@ def test_actions_need_the_token_and_refuse_cross_site_requests(site, browser):
     assert site.calls == []
 
 
-def test_pausing_a_trial_from_the_page_pauses_it(site, browser):
-    hold = site.ids[HOLD]
-    open_view(browser, site, f"#/exp/{EXPERIMENT}/queue", "queue")
+def test_pausing_a_trial_from_the_page_pauses_it(tmp_path, monkeypatch, browser):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    held = {"lr": 0.01, NOTE: "held", "steps": 100000, "wait": 0.2}
+    config = experiment(tmp_path, {k: {"_type": "choice", "_value": [v]} for k, v in held.items()}, TRAIN,
+                        maxTrialNumber=1, trialGraceSeconds=10)
+    proc = start_cli("run", config)
+    exp = experiment_id(proc.stdout.readline())
+    proc.stdout.readline()  # manager: ...
+    url = proc.stdout.readline().split()[-1]  # page: <url with the token>
+    trial = f"{exp}-00000"
+    wait_until(lambda: reported(tmp_path / "home", trial) > 0, 60, "the trial to run")
+    browser.get(url + "/queue")
+    wait_for(browser, "return document.body.dataset.ready === 'queue'", "the queue view")
     browser.execute_script("window.sameDocument = true")
     shot(browser, "queue")
-    row = f"#queue tr[data-trial='{hold}']"
+    row = f"#queue tr[data-trial='{trial}']"
     browser.find_element("css selector", f"{row} button[data-action=pause]").click()
-    wait_until(lambda: site.status(HOLD) == PREEMPTED, 60, "the trial to be paused")
+    wait_until(lambda: trial_status(tmp_path / "home", trial) == PREEMPTED, 60, "the trial to be paused")
     # The page follows without a reload.
-    wait_for(browser, f"return document.querySelector(\"{row} .badge\").textContent === 'PREEMPTED'",
+    wait_for(browser, f"return document.querySelector(\"{row} .badge\").textContent === 'PAUSED'",
              "the page to show it")
     assert browser.execute_script("return window.sameDocument === true")
-    assert site.calls == [("pause", hold)]
-    checkpoint = json.loads((site.exp_dir / "trials" / hold / "checkpoint" / "state.json").read_text())
-    assert checkpoint["step"] >= 0
-    assert site.store.trial(hold)["exit_code"] == 143
+    trial_dir = tmp_path / "home" / "experiments" / exp / "trials" / trial
+    assert json.loads((trial_dir / "checkpoint" / "state.json").read_text())["step"] >= 0
     shot(browser, "queue-paused")
+    proc.send_signal(signal.SIGTERM)  # stop the experiment: the paused trial stays paused
+    assert proc.wait(timeout=60) == 1 and trial_status(tmp_path / "home", trial) == PREEMPTED
 
 
 def test_killing_a_trial_from_its_page(site, browser):

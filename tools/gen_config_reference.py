@@ -98,6 +98,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "k8s.dockerImage": "The image every pod runs (a role may give its own).",
     "k8s.serviceAccountName": "The pods' service account.",
     "k8s.imagePullSecrets": "Secrets to pull the image: `- name: SECRET`.",
+    "k8s.priorityClasses": "Trial priorities mapped to the cluster's PriorityClass names (`{10: high, 0: low}`): "
+    "a trial's pods run as the class of the highest priority at or below its own (none below them all).",
     "k8s.nfs": "An NFS volume mounted in every pod: `{server, path, containerMountPath}`.",
     "k8s.nfs.server": "The NFS server.",
     "k8s.nfs.path": "The exported path.",
@@ -151,7 +153,8 @@ DESCRIPTIONS: Dict[str, str] = {
 }
 
 # Kinds for keys read with Section.raw(), which does not say.
-RAW_KINDS = {"memorySize": "size", "storageSize": "size", "imagePullSecrets": "list", "managerAddress": "string"}
+RAW_KINDS = {"memorySize": "size", "storageSize": "size", "imagePullSecrets": "list", "managerAddress": "string",
+             "priorityClasses": "mapping"}
 KIND_NAMES = {"text": "string", "integer": "integer", "number": "number", "boolean": "boolean",
               "section": "mapping", "sections": "list of mappings"}
 

@@ -2,9 +2,14 @@
 
     trialkit run CONFIG [--port P] [--detach]
     trialkit render CONFIG [--trial N] [-o DIR]
-    trialkit experiment list | show ID | stop ID | resume ID [--port P] [--detach]
+    trialkit experiment list | show ID | stop ID | resume ID [--port P] [--detach] | pause ID | activate ID
                         | export ID [--format json|csv] [-o FILE] | plot ID -o FILE.png
     trialkit trial list EXPERIMENT_ID | show TRIAL_ID | logs TRIAL_ID [-f] | kill TRIAL_ID
+                   | pause TRIAL_ID | activate TRIAL_ID
+    trialkit job list [--experiment ID] [--json|--csv]
+                 | update TRIAL_ID (--priority N | --ahead-of TRIAL_ID | --behind-of TRIAL_ID)
+                 | update-batch TRIAL_ID.priority=N|TRIAL_ID.ahead-of=ID|TRIAL_ID.behind-of=ID ...
+    trialkit ui [EXPERIMENT_ID] [--port P] [--host H]
 
 Each subcommand is one function of the parsed options returning the exit
 status. A user's mistake is a UserError: one line on stderr, exit 2.
@@ -12,6 +17,10 @@ status. A user's mistake is a UserError: one line on stderr, exit 2.
 from __future__ import annotations
 
 import argparse
+import csv
+import errno
+import io
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from trialkit import process, records
 from trialkit.control import admin, paths
 from trialkit.control.progress import duration, number, table, trials_table, when
+from trialkit.control.queue import Move, jobs, label
 from trialkit.control.results import best_row, metric_value, to_csv, to_json, trial_rows
 from trialkit.control.store import Store
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
@@ -149,6 +159,19 @@ def cmd_experiment_stop(opts: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experiment_pause(opts: argparse.Namespace) -> int:
+    admin.call(opts.experiment_id, "POST", "/api/v1/admin/experiment/pause")
+    print(f"pausing experiment {opts.experiment_id}: its trials checkpoint and stop, and nothing starts until "
+          f"`trialkit experiment activate {opts.experiment_id}`")
+    return 0
+
+
+def cmd_experiment_activate(opts: argparse.Namespace) -> int:
+    admin.call(opts.experiment_id, "POST", "/api/v1/admin/experiment/activate")
+    print(f"activated experiment {opts.experiment_id}: its paused trials are queued to resume")
+    return 0
+
+
 def cmd_experiment_resume(opts: argparse.Namespace) -> int:
     from trialkit.control.runner import resume_experiment
 
@@ -208,7 +231,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         history = store.status_history(opts.trial_id)
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
-        f"status         {row['status']}" + (f": {row['reason']}" if row["reason"] else ""),
+        f"status         {label(row['status'])}" + (f": {row['reason']}" if row["reason"] else ""),
         f"exit code      {'-' if row['exit_code'] is None else row['exit_code']}",
         f"restarts       {row['restart_count']}",
         f"started        {when(row['started'])}",
@@ -256,6 +279,97 @@ def cmd_trial_kill(opts: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trial_pause(opts: argparse.Namespace) -> int:
+    admin.call(paths.experiment_of(opts.trial_id), "POST", f"/api/v1/admin/trials/{opts.trial_id}/pause")
+    print(f"pausing trial {opts.trial_id}: it checkpoints and stops; `trialkit trial activate {opts.trial_id}` "
+          "resumes it")
+    return 0
+
+
+def cmd_trial_activate(opts: argparse.Namespace) -> int:
+    admin.call(paths.experiment_of(opts.trial_id), "POST", f"/api/v1/admin/trials/{opts.trial_id}/activate")
+    print(f"activated trial {opts.trial_id}: queued to resume from its checkpoint")
+    return 0
+
+
+# -- the job queue ------------------------------------------------------------------------
+
+JOB_COLUMNS = ("position", "id", "experiment", "name", "priority", "submitted", "slots_acquired", "slots_needed",
+               "status")
+
+
+def cmd_job_list(opts: argparse.Namespace) -> int:
+    if opts.experiment:
+        experiment_dirs = [paths.experiment_dir(opts.experiment)]
+    else:
+        experiment_dirs = [d for d in paths.all_experiment_dirs() if _manager_runs(d)]
+    rows: List[Dict[str, Any]] = []
+    for experiment_dir in experiment_dirs:
+        with _store(experiment_dir) as store:
+            _experiment(store, experiment_dir.name)
+            rows += jobs(store, experiment_dir.name)
+    if opts.format == "json":
+        print(json.dumps(rows, indent=2))
+    elif opts.format == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, JOB_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        sys.stdout.write(out.getvalue())
+    elif rows:
+        print(table(("#", "id", "experiment", "name", "priority", "submitted", "slots", "status"),
+                    [(r["position"], r["id"], r["experiment"], r["name"], r["priority"], when(r["submitted"]),
+                      f"{r['slots_acquired']}/{r['slots_needed']}", r["status"]) for r in rows]))
+    else:
+        print("no jobs: no trial runs, waits or is paused" + ("" if opts.experiment else " in a running experiment"))
+    return 0
+
+
+def cmd_job_update(opts: argparse.Namespace) -> int:
+    move = Move(opts.trial_id, priority=opts.priority, ahead_of=opts.ahead_of, behind_of=opts.behind_of)
+    _move([move])
+    print(f"updated {opts.trial_id}")
+    return 0
+
+
+def cmd_job_update_batch(opts: argparse.Namespace) -> int:
+    moves = [Move.parse(text) for text in opts.updates]  # every one read before any is sent
+    _move(moves)
+    print(f"updated {', '.join(dict.fromkeys(move.trial_id for move in moves))}")
+    return 0
+
+
+def _move(moves: List[Move]) -> None:
+    """Send moves to their experiments' managers: one request per experiment, all or none there."""
+    by_experiment: Dict[str, List[Move]] = {}
+    for move in moves:
+        experiment_id = paths.experiment_of(move.trial_id)
+        if move.other is not None and paths.experiment_of(move.other) != experiment_id:
+            raise UserError(f"{move.trial_id} and {move.other} are in different experiments", move.trial_id,
+                            "each experiment schedules its own trials: move a trial next to one of its experiment")
+        by_experiment.setdefault(experiment_id, []).append(move)
+    for experiment_id, group in by_experiment.items():
+        admin.call(experiment_id, "POST", "/api/v1/admin/queue/moves", {"moves": [m.to_json() for m in group]})
+
+
+# -- the page -----------------------------------------------------------------------------
+
+
+def cmd_ui(opts: argparse.Namespace) -> int:
+    from trialkit.web import serve_ui
+
+    try:
+        return serve_ui(opts.experiment_id, opts.port or 0, opts.host)
+    except OSError as err:
+        if err.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        if err.errno == errno.EADDRNOTAVAIL:
+            raise UserError(f"cannot listen on {opts.host}: {err.strerror}", "--host",
+                            "give an address of this machine (default 127.0.0.1)") from None
+        raise UserError(f"cannot listen on {opts.host}:{opts.port or 0}: {err.strerror}", "--port",
+                        "pick a free port, or leave --port out for any free one") from None
+
+
 # -- helpers ----------------------------------------------------------------------------
 
 
@@ -283,10 +397,14 @@ def _trial_over(experiment_dir: Path, trial_id: str) -> bool:
 
 
 def _experiment_status(experiment_dir: Path, experiment: Dict[str, Any]) -> str:
-    if experiment["status"] != "RUNNING":
+    if experiment["status"] not in ("RUNNING", "PAUSED"):
         return experiment["status"]
+    return experiment["status"] if _manager_runs(experiment_dir) else "INTERRUPTED"
+
+
+def _manager_runs(experiment_dir: Path) -> bool:
     info = admin.read_info(experiment_dir)
-    return "RUNNING" if info is not None and info.running() else "INTERRUPTED"
+    return info is not None and info.running()
 
 
 def _write(path: Path, text: str, where: str) -> None:
@@ -302,8 +420,11 @@ def _port_args(port: Optional[int]) -> List[str]:
 
 def _detach(argv: List[str], experiment_id: str, experiment_dir: Path, title: str) -> int:
     """Run `trialkit ARGV` in the background (own session, output to manager.log); return once it listens."""
+    from trialkit.web import page_url
+
     log_path = experiment_dir / paths.MANAGER_LOG
-    with open(log_path, "ab") as log:
+    # 0600: the log holds the page's URL, and the URL the admin token.
+    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
         child = process.spawn([sys.executable, "-m", "trialkit.cli"] + argv, stdin=subprocess.DEVNULL, stdout=log,
                               stderr=subprocess.STDOUT, die_with_parent=False)
     print(f"{title} experiment {experiment_id}", flush=True)
@@ -312,6 +433,7 @@ def _detach(argv: List[str], experiment_id: str, experiment_dir: Path, title: st
         info = admin.read_info(experiment_dir)
         if info is not None and info.pid == child.pid:
             print(f"manager: {info.url}   pid {child.pid}   log: {log_path}")
+            print(f"page: {page_url(info.url, info.token, experiment_id)}")
             return 0
         time.sleep(0.05)  # a one-off wait for the child to write manager.json
     if child.popen.poll() is None:
@@ -385,6 +507,12 @@ def build_parser() -> ArgumentParser:
                                      "restart lost ones and go on until the experiment ends."))
     _port_option(resume, "the manager's port (default: the port it had, where running trials deliver)")
     _detach_option(resume)
+    _experiment_id(_command(sub, "pause", cmd_experiment_pause, "pause a running experiment",
+                            "Pause every running trial the graceful way (SIGTERM: it checkpoints and exits 143; "
+                            "shown as PAUSED) and start nothing, not even new trials from the tuner, until activated."))
+    _experiment_id(_command(sub, "activate", cmd_experiment_activate, "go on with a paused experiment",
+                            "Queue its paused trials again (each restarts from its checkpoint, in the same dirs, with "
+                            "the restart count + 1) and start trials again."))
     export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
                                      "Every trial with its parameters, status, exit code, intermediate and final "
                                      "metrics, as JSON (a list of trials) or CSV (a line per trial)."))
@@ -407,7 +535,46 @@ def build_parser() -> ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the trial ends")
     _trial_id(_command(sub, "kill", cmd_trial_kill, "stop a running trial",
                        "Stop the trial gracefully (SIGTERM path, USER_CANCELED); the tuner's next trial takes "
-                       "its place."))
+                       "its place. A waiting or paused trial ends without starting again."))
+    _trial_id(_command(sub, "pause", cmd_trial_pause, "pause a trial, keeping its progress",
+                       "Stop the trial the graceful way (SIGTERM: it saves a checkpoint and exits 143) and free its "
+                       "slot; it is PAUSED, its dirs kept, until activated. A waiting trial leaves the queue."))
+    _trial_id(_command(sub, "activate", cmd_trial_activate, "queue a paused trial to resume",
+                       "Put a paused trial back in the job queue; it restarts in the same trial and checkpoint dirs "
+                       "with TRIALKIT_RESTART_COUNT one higher, and resumes from its checkpoint."))
+
+    job = _command(commands, "job", None, "see and reorder the job queue",
+                   "The job queue: trials that run, wait for a slot (in the order they will start: higher priority "
+                   "first, then position) or are paused. A trial's id is its job id.")
+    sub = job.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
+    listing = _command(sub, "list", cmd_job_list, "list the jobs in scheduling order",
+                       "Position, id, experiment, name, priority, submitted, slots (acquired/needed) and status "
+                       "(SCHEDULED, QUEUED, PAUSED) of the trials of every running experiment.")
+    listing.add_argument("--experiment", metavar="EXPERIMENT_ID", help="only this experiment's jobs")
+    shape = listing.add_mutually_exclusive_group()
+    shape.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")
+    shape.add_argument("--csv", dest="format", action="store_const", const="csv", help="print CSV")
+    update = _trial_id(_command(sub, "update", cmd_job_update, "change a waiting job's priority or place",
+                                "Change the priority of a waiting or paused trial, or move a waiting trial just "
+                                "ahead of or behind another waiting trial of its experiment (it takes that one's "
+                                "priority). A running trial cannot be moved."))
+    how = update.add_mutually_exclusive_group(required=True)
+    how.add_argument("--priority", type=int, metavar="N", help="the new priority (higher starts first)")
+    how.add_argument("--ahead-of", metavar="TRIAL_ID", help="start just before this waiting trial")
+    how.add_argument("--behind-of", metavar="TRIAL_ID", help="start just after this waiting trial")
+    batch = _command(sub, "update-batch", cmd_job_update_batch, "change several jobs at once",
+                     "Each update is TRIAL_ID.priority=N, TRIAL_ID.ahead-of=TRIAL_ID or TRIAL_ID.behind-of=TRIAL_ID; "
+                     "an experiment's updates are applied in order, all or none.")
+    batch.add_argument("updates", nargs="+", metavar="UPDATE", help="ID.priority=N, ID.ahead-of=ID2 or ID.behind-of=ID2")
+
+    ui = _command(commands, "ui", cmd_ui, "serve the web page over stored experiments",
+                  "Serve the page (read-only) over one experiment or every one under $TRIALKIT_HOME, after their "
+                  "managers ended; prints its URL with a token. A running experiment's manager serves its own page "
+                  "(`trialkit run` prints its URL).")
+    ui.add_argument("experiment_id", metavar="EXPERIMENT_ID", nargs="?", help="only this experiment (default: all)")
+    _port_option(ui, "the port to serve on (default: any free one)")
+    ui.add_argument("--host", default="127.0.0.1", metavar="H",
+                    help="the address to listen on (default 127.0.0.1: this machine only)")
     return parser
 
 

@@ -10,8 +10,17 @@ Admin routes take `Authorization: Bearer <admin token>`. Each action is one
 function `action(runner, request) -> JSON body`, run on the experiment loop's
 thread (never beside it); add one by writing it and listing it in ACTIONS:
 
-    POST /api/v1/admin/experiment/stop          stop the experiment (trials stopped gracefully)
-    POST /api/v1/admin/trials/<trial_id>/kill   stop one trial (USER_CANCELED); another takes its slot
+    POST /api/v1/admin/experiment/stop              stop the experiment (trials stopped gracefully)
+    POST /api/v1/admin/experiment/pause             pause its running trials; start nothing until activated
+    POST /api/v1/admin/experiment/activate          queue its paused trials again; go on
+    POST /api/v1/admin/trials/<trial_id>/kill       stop one trial (USER_CANCELED); another takes its slot
+    POST /api/v1/admin/trials/<trial_id>/pause      stop it with a checkpoint (PREEMPTED); its slot frees
+    POST /api/v1/admin/trials/<trial_id>/activate   queue a paused trial again
+    POST /api/v1/admin/queue/moves                  {"moves": [{"trial_id", one of "priority",
+                                                    "ahead_of", "behind_of"}, ...]}: all or none
+
+A move the loop refuses (an unknown trial, a running one) answers 404/409
+with one line saying why.
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from trialkit import process
 from trialkit.control import paths
+from trialkit.control.queue import Move
 from trialkit.control.server import HttpError, ManagerServer, Request
 from trialkit.errors import UserError
 
@@ -85,15 +95,52 @@ def stop_experiment(runner: "Runner", request: Request) -> Any:
     return {"stopping": True}
 
 
+def pause_experiment(runner: "Runner", request: Request) -> Any:
+    runner.pause_experiment()
+    return {"paused": True}
+
+
+def activate_experiment(runner: "Runner", request: Request) -> Any:
+    runner.activate_experiment()
+    return {"paused": False}
+
+
 def kill_trial(runner: "Runner", request: Request) -> Any:
     runner.kill_trial(request.params["trial_id"])
     return {"stopping": request.params["trial_id"]}
 
 
+def pause_trial(runner: "Runner", request: Request) -> Any:
+    runner.pause_trial(request.params["trial_id"])
+    return {"pausing": request.params["trial_id"]}
+
+
+def activate_trial(runner: "Runner", request: Request) -> Any:
+    runner.activate_trial(request.params["trial_id"])
+    return {"queued": request.params["trial_id"]}
+
+
+def move_jobs(runner: "Runner", request: Request) -> Any:
+    body = request.json()
+    if not isinstance(body, dict) or not isinstance(body.get("moves"), list):
+        raise HttpError(400, 'expected {"moves": [...]}')
+    try:
+        moves = [Move.from_json(item) for item in body["moves"]]
+    except ValueError as err:
+        raise HttpError(400, str(err)) from None
+    runner.move_jobs(moves)
+    return {"queue": runner.queue.order()}
+
+
 Action = Callable[["Runner", Request], Any]
 ACTIONS: List[Tuple[str, str, Action]] = [
     ("POST", "/api/v1/admin/experiment/stop", stop_experiment),
+    ("POST", "/api/v1/admin/experiment/pause", pause_experiment),
+    ("POST", "/api/v1/admin/experiment/activate", activate_experiment),
     ("POST", "/api/v1/admin/trials/<trial_id>/kill", kill_trial),
+    ("POST", "/api/v1/admin/trials/<trial_id>/pause", pause_trial),
+    ("POST", "/api/v1/admin/trials/<trial_id>/activate", activate_trial),
+    ("POST", "/api/v1/admin/queue/moves", move_jobs),
 ]
 
 
@@ -124,11 +171,12 @@ def running_manager(experiment_id: str) -> ManagerInfo:
     return info
 
 
-def call(experiment_id: str, method: str, path: str) -> Any:
+def call(experiment_id: str, method: str, path: str, body: Any = None) -> Any:
     """An admin request to the experiment's running manager; its JSON answer."""
     info = running_manager(experiment_id)
+    data = json.dumps({} if body is None else body).encode() if method == "POST" else None
     # The manager listens on loopback or on every address: loopback reaches it either way.
-    request = urllib.request.Request(f"http://127.0.0.1:{info.port}{path}", data=b"{}" if method == "POST" else None,
+    request = urllib.request.Request(f"http://127.0.0.1:{info.port}{path}", data=data,
                                      method=method, headers={"Authorization": f"Bearer {info.token}",
                                                              "Content-Type": "application/json"})
     try:

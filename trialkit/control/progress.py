@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from trialkit import records
+from trialkit.control.queue import label
 from trialkit.control.results import flat_parameters, metric_value
 
 _CLEAR_LINE = "\r\x1b[K"
@@ -152,6 +153,6 @@ def trials_table(rows: List[Dict[str, Any]]) -> str:
     """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`)."""
     return table(
         ("trial", "status", "final", "steps", "duration", "parameters"),
-        [(row["trial_id"], row["status"], number(metric_value(row["final"])), len(row["intermediate"]),
+        [(row["trial_id"], label(row["status"]), number(metric_value(row["final"])), len(row["intermediate"]),
           duration(row["duration"]), parameters_text(row["parameters"])) for row in rows],
     )

@@ -12,6 +12,16 @@ calls); the rest reaches it through one queue:
 A trial's end is seen the moment its keeper exits and the next trial is
 submitted in the same pass. A platform status sweep every few seconds is only
 a backstop, for platforms that cannot tell and for a lost notice.
+
+Slots: trialConcurrency trials run at once. When one frees, the next to start
+is the job queue's head (trialkit.control.queue: activated and preempted
+trials, by priority) or, when none waits at the experiment's priority or
+above, a new trial from the tuner. Pausing stops a trial the graceful way
+(SIGTERM: it checkpoints, exits 143, ends PREEMPTED, shown as PAUSED) and
+frees its slot; activating queues it again, to restart in the same dirs with
+the restart count + 1. A paused experiment starts nothing and asks the tuner
+nothing. The experiment ends when nothing runs, waits or is paused and the
+tuner has nothing more (or it was stopped: paused trials then stay paused).
 """
 from __future__ import annotations
 
@@ -25,11 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
-from trialkit import platforms, records
+from trialkit import platforms, records, web
 from trialkit.control import admin, paths
 from trialkit.control.assessors import build_assessor
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot, trials_table
+from trialkit.control.queue import JobQueue, Move, label
 from trialkit.control.results import ExperimentResult, best_row, metric_value, trial_rows
 from trialkit.control.server import HttpError, ManagerServer
 from trialkit.control.specs import build_spec
@@ -37,8 +48,9 @@ from trialkit.control.store import Store, new_token
 from trialkit.control.tuners import build_tuner
 from trialkit.errors import UserError
 from trialkit.platforms.base import (
-    EARLY_STOPPED, FAILED, FINAL_STATUSES, SUCCEEDED, SYS_CANCELED, USER_CANCELED, WAITING,
+    EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, SUCCEEDED, SYS_CANCELED, USER_CANCELED, WAITING,
 )
+from trialkit.web.catalog import Catalog
 
 BACKSTOP_SECONDS = 5.0
 CALL_TIMEOUT = 10.0  # an admin call waits this long for the loop
@@ -46,6 +58,7 @@ MAX_SUBMIT_FAILURES = 3  # in a row: the platform cannot start trials at all
 
 # Experiment statuses.
 RUNNING = "RUNNING"
+PAUSED = "PAUSED"
 DONE = "DONE"
 STOPPED = "STOPPED"
 ERROR = "ERROR"
@@ -54,6 +67,8 @@ ERROR = "ERROR"
 ASSESSOR_STOP = (EARLY_STOPPED, "stopped early by the assessor")
 TIMEOUT_STOP = (FAILED, "timeout: ran past maxTrialDuration")
 DURATION_STOP = (SYS_CANCELED, "maxExperimentDuration reached")
+KILL_STOP = (USER_CANCELED, "killed by `trialkit trial kill`")
+PAUSE_STOP = (PREEMPTED, "paused")
 
 
 @dataclass
@@ -64,6 +79,7 @@ class Trial:
     parameters: Dict[str, Any]
     status: str = WAITING
     restart_count: int = 0
+    ran: bool = False  # submitted since it last joined the queue: its next start is a restart
     handle: Optional[str] = None
     deadline: Optional[float] = None  # monotonic: when maxTrialDuration runs out
     stop: Optional[Tuple[str, str]] = None  # (status, reason) once a stop was sent
@@ -75,7 +91,12 @@ class Trial:
 
     @property
     def ended(self) -> bool:
+        """Not running and not to be started (paused trials too, until activated)."""
         return self.status in FINAL_STATUSES
+
+    @property
+    def paused(self) -> bool:
+        return self.status == PREEMPTED
 
 
 class _Reply:
@@ -103,7 +124,9 @@ class Runner:
                                  seed=experiment_seed(experiment_id))
         self.assessor = build_assessor(config.assessor.name, config.assessor.class_args) if config.assessor else None
         self.trials: Dict[str, Trial] = {}
-        self.active: Dict[str, Trial] = {}  # submitted and not ended
+        self.active: Dict[str, Trial] = {}  # submitted and not ended: each holds a slot
+        self.queue = JobQueue(store)
+        self.paused = False  # the experiment: start nothing, ask the tuner nothing
         self.by_handle: Dict[str, Trial] = {}
         self.next_sequence = 0
         self.exhausted = False  # the tuner has nothing more to propose
@@ -116,6 +139,7 @@ class Runner:
         self.best: Optional[Trial] = None
         self.platform: Any = None
         self.server: Optional[ManagerServer] = None
+        self.catalog: Optional[Catalog] = None
         self.info: Optional[admin.ManagerInfo] = None
         self.manager_url = ""
         self._to_resume: List[Trial] = []
@@ -125,6 +149,7 @@ class Runner:
         self.start_manager(port)
         self.progress.say(f"{title} experiment {self.experiment_id}")
         self.progress.say(f"manager: {self.manager_url}   dir: {self.experiment_dir}")
+        self.progress.say(f"page: {web.page_url(self.manager_url, self.info.token, self.experiment_id)}")
         previous = self._install_signal_handlers()
         status = ERROR
         try:
@@ -139,6 +164,7 @@ class Runner:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self.server.stop()
+            self.catalog.close()
             self.store.set_experiment_status(self.experiment_id, status)
             self._save_info()
             self.progress.close()
@@ -165,9 +191,19 @@ class Runner:
         self.info = admin.ManagerInfo.for_this_process(self.experiment_id, self.manager_url, int(bound),
                                                        self.elapsed_before)
         admin.install(self.server, self.info.token, self)
+        self.catalog = web.install(self.server, self.store, admin_token=self.info.token, read_only=False,
+                                   admin=self._page_actions())
         self.server.add_listener(lambda trial_id, fresh: self.events.put(("records", trial_id, fresh)))
         self.server.start()
         self._save_info()
+
+    def _page_actions(self) -> web.Admin:
+        """The page's actions: the admin actions, run on the loop's thread like the CLI's."""
+        return web.Admin(kill=lambda trial_id: self.call(self.kill_trial, trial_id),
+                         pause=lambda trial_id: self.call(self.pause_trial, trial_id),
+                         activate=lambda trial_id: self.call(self.activate_trial, trial_id),
+                         set_priority=lambda trial_id, n: self.call(self.move_jobs, [Move(trial_id, priority=n)]),
+                         queue_order=lambda experiment_id: self.call(self.queue.order))
 
     def _advertised_host(self) -> str:
         common = getattr(self.config.training_service, "common", None)
@@ -179,7 +215,7 @@ class Runner:
         while True:
             self._check_limits()
             self._fill()
-            if not self.active and (self.stopping or not self._may_create()):
+            if self._over():
                 return
             try:
                 event = self.events.get(timeout=self._wait_time(last_backstop))
@@ -195,6 +231,14 @@ class Runner:
                 last_backstop = time.monotonic()
                 self._backstop()
             self.progress.update(self.snapshot())
+
+    def _over(self) -> bool:
+        if self.active or self.queue:
+            return False
+        if self.stopping is not None:
+            return True
+        # A paused experiment or trial waits for `activate`.
+        return not self.paused and not any(t.paused for t in self.trials.values()) and not self._may_create()
 
     def _wait_time(self, last_backstop: float) -> float:
         now = time.monotonic()
@@ -216,7 +260,7 @@ class Runner:
             self.on_records(event[1], event[2])
         elif kind == "end":
             trial = self.by_handle.get(event[1])
-            if trial is not None and not trial.ended:
+            if trial is not None and trial.id in self.active:
                 self._check_ended(trial)
         elif kind == "signal":
             self._on_signal(event[1])
@@ -242,7 +286,7 @@ class Runner:
             elif rec["type"] == records.PERIODICAL:
                 trial.intermediate.append(metric_value(rec["value"]))
                 self._assess(trial)
-            elif rec["type"] == records.STATUS and trial.ended:
+            elif rec["type"] == records.STATUS and trial.id not in self.active:
                 # A keeper's late word (delivered after its exit was seen) must not undo ours.
                 self.store.set_status(trial.id, trial.status, exit_code=trial.exit_code, reason=trial.reason)
 
@@ -274,11 +318,16 @@ class Runner:
         self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
         trial.status, trial.reason, trial.exit_code = status, reason, exit_code
         self.active.pop(trial.id, None)
+        self._save_info()
+        self.progress.trial_ended(trial.id, label(status), trial.final, reason, self.snapshot())
+        if trial.paused:
+            if trial.stop is None and self.stopping is None:
+                # Stopped with a checkpoint by someone else (a pod deleted, a spot notice): it resumes.
+                self._requeue(trial, "preempted: queued to resume")
+            return  # not done: the tuner and the assessor wait for its result
         self.tuner.tell_failed(trial.parameter_id)  # ignored when its final result was told
         if self.assessor is not None:
             self.assessor.trial_end(trial.id, status == SUCCEEDED)
-        self._save_info()
-        self.progress.trial_ended(trial.id, status, trial.final, reason, self.snapshot())
 
     def _backstop(self) -> None:
         for trial in list(self.active.values()):
@@ -311,18 +360,31 @@ class Runner:
         self._stop_experiment((USER_CANCELED, reason))
 
     def kill_trial(self, trial_id: str) -> None:
-        trial = self.active.get(trial_id)
-        if trial is None:
-            known = trial_id in self.trials
-            raise HttpError(409 if known else 404, f"trial {trial_id} is not running" if known
-                            else f"no trial {trial_id} in experiment {self.experiment_id}")
-        self._stop_trial(trial, (USER_CANCELED, "killed by `trialkit trial kill`"))
+        """Stop a running trial for good; a waiting or paused one ends without starting again."""
+        trial = self._known(trial_id)
+        if trial.id in self.active and trial.stop is not None:
+            trial.stop = KILL_STOP  # already stopping (a pause, say): it ends canceled instead
+        elif trial.id in self.active:
+            self._stop_trial(trial, KILL_STOP)
+        elif trial.id in self.queue or trial.paused:
+            self._cancel(trial, KILL_STOP)
+        else:
+            raise HttpError(409, f"trial {trial_id} is not running")
 
     def _stop_experiment(self, why: Tuple[str, str]) -> None:
         if self.stopping is None:
             self.stopping = why
         for trial in list(self.active.values()):
             self._stop_trial(trial, why)
+        for trial_id in self.queue.order():
+            self._cancel(self.trials[trial_id], why)
+
+    def _cancel(self, trial: Trial, why: Tuple[str, str]) -> None:
+        """End a trial that holds no slot (waiting or paused)."""
+        if trial.id in self.queue:
+            self.queue.remove(trial.id)
+        trial.stop = why  # over a pause's: this is how it ends
+        self._finish(trial, *why, None)
 
     def _stop_trial(self, trial: Trial, why: Tuple[str, str]) -> None:
         if trial.stop is not None or trial.ended:
@@ -348,28 +410,47 @@ class Runner:
         return not self.exhausted and (limit is None or len(self.trials) < limit)
 
     def _fill(self) -> None:
-        while self.stopping is None and len(self.active) < self.config.trial_concurrency and self._may_create():
-            asked = self.tuner.ask()
-            if asked is None:
-                self.exhausted = True
+        while self.stopping is None and not self.paused and len(self.active) < self.config.trial_concurrency:
+            trial = self._next()
+            if trial is None:
                 return
-            self._create(*asked)
+            self._submit(trial)
 
-    def _create(self, parameter_id: int, parameters: Dict[str, Any]) -> None:
+    def _next(self) -> Optional[Trial]:
+        """The trial to start: the queue's head, unless the tuner's next one goes first.
+
+        The tuner's next trial counts as waiting at the back of the
+        experiment's priority: queued trials of a lower priority wait for it.
+        """
+        head = self.queue.head()
+        if (head is None or self.queue.priority(head) < self.config.priority) and self._may_create():
+            asked = self.tuner.ask()
+            if asked is not None:
+                return self._create(*asked)
+            self.exhausted = True
+        if head is None:
+            return None
+        self.queue.remove(head)
+        return self.trials[head]
+
+    def _create(self, parameter_id: int, parameters: Dict[str, Any]) -> Trial:
         sequence = self.next_sequence
         self.next_sequence += 1
         trial = Trial(paths.trial_id(self.experiment_id, sequence), sequence, parameter_id, parameters)
         trial_dir = paths.trial_dir(self.experiment_dir, trial.id)
-        token = new_token()
-        self.store.add_trial(self.experiment_id, trial.id, sequence=sequence, parameters=parameters, token=token,
+        self.store.add_trial(self.experiment_id, trial.id, sequence=sequence, parameters=parameters, token=None,
                              parameter_id=parameter_id, priority=self.config.priority, trial_dir=str(trial_dir),
                              stdout_path=str(trial_dir / "stdout.log"), stderr_path=str(trial_dir / "stderr.log"))
         self.trials[trial.id] = trial
-        self._submit(trial, token)
+        self.queue.track(trial.id, self.config.priority)
+        return trial
 
-    def _submit(self, trial: Trial, token: str) -> None:
+    def _submit(self, trial: Trial) -> None:
+        token = new_token()  # each start its own: a keeper of an earlier start can no longer deliver
+        self.store.replace_token(trial.id, token)
         spec = build_spec(self.config, self.experiment_id, trial.sequence, trial.parameter_id, trial.parameters,
                           self.manager_url, token, trial.restart_count)
+        spec.priority = self.queue.priority(trial.id)
         try:
             handle = self.platform.submit(spec)
         except Exception as err:  # noqa: BLE001 - a trial the platform cannot start fails; the experiment goes on
@@ -380,6 +461,7 @@ class Runner:
                 self._stop_experiment((SYS_CANCELED, self.error))
             return
         self.submit_failures = 0
+        trial.ran = True
         self._watch(trial, handle, 0.0)
 
     def _watch(self, trial: Trial, handle: str, elapsed: float) -> None:
@@ -389,13 +471,97 @@ class Runner:
         if self.config.max_trial_duration is not None:
             trial.deadline = time.monotonic() + self.config.max_trial_duration - elapsed
 
+    def _requeue(self, trial: Trial, why: str) -> None:
+        """Back to the queue: it starts again in the same dirs, with the restart count + 1 if it ran."""
+        if trial.ran:
+            trial.ran = False
+            trial.restart_count += 1
+            self.store.set_restart_count(trial.id, trial.restart_count)
+        trial.status, trial.stop, trial.reason, trial.exit_code = WAITING, None, why, None
+        self.store.set_status(trial.id, WAITING, reason=why)
+        self.queue.push(trial.id)
+
+    # -- pause, activate, the queue (admin actions, on the loop's thread) ---------------
+    def pause_trial(self, trial_id: str) -> None:
+        trial = self._known(trial_id)
+        if trial.id in self.active:
+            if trial.stop is not None:
+                raise HttpError(409, f"trial {trial_id} is already stopping")
+            self._stop_trial(trial, PAUSE_STOP)
+        elif trial.id in self.queue:
+            self.queue.remove(trial.id)
+            trial.stop = PAUSE_STOP
+            self._finish(trial, *PAUSE_STOP, None)
+        else:
+            raise HttpError(409, f"trial {trial_id} is {self._state(trial)}: only a running or waiting trial pauses")
+
+    def activate_trial(self, trial_id: str) -> None:
+        trial = self._known(trial_id)
+        if not trial.paused:
+            raise HttpError(409, f"trial {trial_id} is {self._state(trial)}: only a paused trial activates")
+        if self.stopping is not None:
+            raise HttpError(409, f"experiment {self.experiment_id} is stopping")
+        self._requeue(trial, "activated")
+
+    def pause_experiment(self) -> None:
+        if self.stopping is not None:
+            raise HttpError(409, f"experiment {self.experiment_id} is stopping")
+        self.paused = True
+        self.store.set_experiment_status(self.experiment_id, PAUSED)
+        for trial in list(self.active.values()):
+            if trial.stop is None:
+                self._stop_trial(trial, PAUSE_STOP)
+
+    def activate_experiment(self) -> None:
+        if self.stopping is not None:
+            raise HttpError(409, f"experiment {self.experiment_id} is stopping")
+        self.paused = False
+        self.store.set_experiment_status(self.experiment_id, RUNNING)
+        for trial in sorted(self.trials.values(), key=lambda t: t.sequence):
+            if trial.paused:
+                self._requeue(trial, "activated")
+
+    def move_jobs(self, moves: List[Move]) -> None:
+        """Apply queue moves, all or none: each is checked before any is made."""
+        for move in moves:
+            self._check_move(move)
+        for move in moves:
+            self.queue.apply(move)
+
+    def _check_move(self, move: Move) -> None:
+        trial = self._known(move.trial_id)
+        if trial.paused and move.other is None:
+            return  # a paused trial's priority counts once it is activated
+        if trial.id not in self.queue:
+            raise HttpError(409, f"trial {trial.id} is {self._state(trial)}: only a waiting trial moves "
+                                 "(a paused one may change its priority)")
+        if move.other is not None:
+            other = self._known(move.other)
+            if other.id == trial.id:
+                raise HttpError(409, f"trial {trial.id} cannot move ahead of or behind itself")
+            if other.id not in self.queue:
+                raise HttpError(409, f"trial {other.id} is {self._state(other)}, not waiting: nothing to move next to")
+
+    def _known(self, trial_id: str) -> Trial:
+        trial = self.trials.get(trial_id)
+        if trial is None:
+            raise HttpError(404, f"no trial {trial_id} in experiment {self.experiment_id}")
+        return trial
+
+    def _state(self, trial: Trial) -> str:
+        if trial.id in self.active:
+            return "running"
+        return "waiting" if trial.id in self.queue else label(trial.status)
+
     # -- resuming ---------------------------------------------------------------------------
     def restore(self) -> None:
         """Rebuild trials, tuner and assessor from the store (before the manager listens)."""
         history = []
         for row in self.store.trials(self.experiment_id):
             trial = Trial(row["id"], row["sequence"], row["parameter_id"], row["parameters"], row["status"],
-                          row["restart_count"])
+                          row["restart_count"], ran=row["status"] == PREEMPTED and row["started"] is not None)
+            queued = row["status"] == WAITING and row["position"] is not None
+            self.queue.track(trial.id, row["priority"], row["position"] if queued else None)
             metrics = self.store.records_for(trial.id)
             finals = [rec["value"] for rec in metrics if rec["type"] == records.FINAL]
             trial.intermediate = [metric_value(rec["value"]) for rec in metrics if rec["type"] == records.PERIODICAL]
@@ -405,11 +571,11 @@ class Runner:
             history.append((trial.parameter_id, trial.parameters, metric_value(trial.final)))
             if trial.has_final and metric_value(trial.final) is not None:
                 self._note_best(trial, metric_value(trial.final))
-            if not trial.ended:
+            if not trial.ended and not queued:
                 self._to_resume.append(trial)
         self.tuner.replay(history)
         for trial in self.trials.values():
-            if trial.ended:
+            if trial.ended and not trial.paused:
                 self.tuner.tell_failed(trial.parameter_id)  # ignored when it has a final result
                 if self.assessor is not None:
                     steps = [value for value in trial.intermediate if value is not None]
@@ -430,11 +596,9 @@ class Runner:
                 self._finish(trial, status.status, status.reason, status.exit_code)
                 continue
             trial.restart_count += 1
-            token = new_token()
-            self.store.replace_token(trial.id, token)
             self.store.set_restart_count(trial.id, trial.restart_count)
             self.progress.say(f"trial {trial.id}: lost while the manager was away; restarting it")
-            self._submit(trial, token)
+            self._submit(trial)
         self._to_resume = []
 
     def _collect_undelivered(self, trial: Trial) -> None:
@@ -493,6 +657,7 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
                    out: Optional[TextIO] = None) -> ExperimentResult:
     """Create the experiment and run it until it ends (the CLI's `run`, the Python API's `Experiment.run`)."""
     experiment_id = experiment_id or paths.new_experiment_id()
+    _check_context(config, paths.experiments_root(config.experiment_working_directory) / experiment_id)
     experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
     store = Store.in_dir(experiment_dir)
     try:
@@ -515,10 +680,19 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
         if stored is None:
             raise UserError(f"the store in {experiment_dir} holds no experiment {experiment_id}", "EXPERIMENT_ID")
         config = parse_config(stored["config"], experiment_dir, source=f"experiment {experiment_id}'s stored config")
-        store.set_experiment_status(experiment_id, RUNNING)
+        _check_context(config, experiment_dir)
         runner = Runner(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
+        runner.paused = stored["status"] == PAUSED  # it stays paused until activated
+        if not runner.paused:
+            store.set_experiment_status(experiment_id, RUNNING)
         runner.restore()
         return runner.run(port or (info.port if info else None), "resumed")
     finally:
         store.close()
 
+
+def _check_context(config: ExperimentConfig, experiment_dir: Path) -> None:
+    """Refuse, before anything starts, a code dir the platform cannot take with each trial (local: too big)."""
+    check = getattr(platforms.load(config.platform), "check_context", None)
+    if check is not None:
+        check(config.trial_code_directory, experiment_dir)

@@ -15,7 +15,9 @@ Tables:
 - experiments(id, config JSON, status, created, updated)
 - trials(id, experiment, sequence, parameter_id, parameters JSON, status,
   exit_code, reason, token_hash, restart_count, priority, trial_dir,
-  stdout_path, stderr_path, created, started, ended, updated, acked_seq)
+  stdout_path, stderr_path, created, started, ended, updated, acked_seq,
+  position): position is the trial's place in the job queue, NULL when it is
+  not queued (trialkit.control.queue).
 - records(trial, seq, type, sequence, parameter_id, value JSON, time,
   received, source), unique on (trial, seq): a batch sent twice is stored once.
   NaN and infinities are kept (as JSON's NaN/Infinity, which json.loads reads).
@@ -37,7 +39,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from trialkit import records
 from trialkit.platforms.base import FINAL_STATUSES, RUNNING, WAITING
@@ -71,7 +73,8 @@ CREATE TABLE IF NOT EXISTS trials (
     started REAL,
     ended REAL,
     updated REAL NOT NULL,
-    acked_seq INTEGER NOT NULL DEFAULT 0
+    acked_seq INTEGER NOT NULL DEFAULT 0,
+    position INTEGER
 );
 CREATE INDEX IF NOT EXISTS trials_by_experiment ON trials(experiment, sequence);
 CREATE TABLE IF NOT EXISTS records (
@@ -98,6 +101,9 @@ CREATE TABLE IF NOT EXISTS statuses (
 CREATE INDEX IF NOT EXISTS statuses_by_trial ON statuses(trial, id);
 """
 
+# Columns added after a store's first version: (table, column, type), added where missing.
+_ADDED_COLUMNS = (("trials", "position", "INTEGER"),)
+
 _TRIAL_JSON = ("parameters",)
 
 
@@ -121,6 +127,7 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints, never corrupt
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        self._add_missing_columns()
 
     @classmethod
     def in_dir(cls, experiment_dir: Path) -> "Store":
@@ -129,6 +136,20 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def _add_missing_columns(self) -> None:
+        # CREATE TABLE IF NOT EXISTS leaves an older store's tables as they were. Looked at
+        # first, so that opening a current store (the CLI reading beside the manager) writes nothing.
+        if all(self._has_column(self._db, table, column) for table, column, _ in _ADDED_COLUMNS):
+            return
+        with self._tx() as db:
+            for table, column, kind in _ADDED_COLUMNS:
+                if not self._has_column(db, table, column):  # again: another process may have added it
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+    @staticmethod
+    def _has_column(db: sqlite3.Connection, table: str, column: str) -> bool:
+        return any(row["name"] == column for row in db.execute(f"PRAGMA table_info({table})"))
 
     def _tx(self):
         return _Transaction(self._db, self._lock)
@@ -195,6 +216,13 @@ class Store:
     def set_restart_count(self, trial_id: str, restart_count: int) -> None:
         with self._tx() as db:
             db.execute("UPDATE trials SET restart_count=?, updated=? WHERE id=?", (restart_count, time.time(), trial_id))
+
+    def set_places(self, places: Dict[str, Tuple[int, Optional[int]]]) -> None:
+        """Trials' (priority, queue position) in one transaction; position None: not queued."""
+        now = time.time()
+        with self._tx() as db:
+            db.executemany("UPDATE trials SET priority=?, position=?, updated=? WHERE id=?",
+                           [(priority, position, now, trial_id) for trial_id, (priority, position) in places.items()])
 
     def replace_token(self, trial_id: str, token: str) -> None:
         """A new token for a trial started again (only the hash of the old one was kept)."""
@@ -310,9 +338,11 @@ def _set_status(db: sqlite3.Connection, trial_id: str, status: str, exit_code: O
     if status == RUNNING:
         sets.append("started=COALESCE(started, ?)")
         args.append(when)
-    elif status in FINAL_STATUSES:
+    if status in FINAL_STATUSES:
         sets.append("ended=?")
         args.append(when)
+    else:
+        sets.append("ended=NULL")  # started again (an activated trial): not ended now
     db.execute(f"UPDATE trials SET {', '.join(sets)} WHERE id=?", args + [trial_id])
     _history(db, trial_id, status, exit_code, reason, when, source)
 

@@ -32,6 +32,7 @@ IGNORED_NNI_KEYS = frozenset({"codeDir", "codeDirectory"})
 
 MIB = 1024 * 1024
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _SIZE_UNITS = {"": MIB, "b": 1}  # no unit: MiB, as NNI's memoryMB
 for _power, _letter in enumerate("kmgtp", start=1):
@@ -207,6 +208,7 @@ class KubeCommon:
     service_account: Optional[str]
     image_pull_secrets: Tuple[str, ...]
     nfs: Optional[NfsMount]
+    priority_classes: Tuple[Tuple[int, str], ...] = ()  # (trial priority, PriorityClass name), ascending
 
 
 def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
@@ -232,7 +234,35 @@ def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
         service_account=sec.text("serviceAccountName"),
         image_pull_secrets=parse_pull_secrets(sec),
         nfs=parse_nfs(sec),
+        priority_classes=parse_priority_classes(sec),
     )
+
+
+def parse_priority_classes(sec: Section) -> Tuple[Tuple[int, str], ...]:
+    """`priorityClasses: {PRIORITY: CLASS, ...}`: trial priorities mapped to the cluster's PriorityClass names."""
+    key, value = sec.raw("priorityClasses")
+    if value is None:
+        return ()
+    fix = "map trial priorities to PriorityClass names, like {10: high-priority, 0: low-priority}"
+    if not isinstance(value, dict):
+        raise UserError(f"expected a mapping, got {value!r}", sec.at(key), fix)
+    out = []
+    for priority, name in value.items():
+        if isinstance(priority, bool) or not str(priority).lstrip("-").isdigit():
+            raise UserError(f"{priority!r} is not a whole number", sec.at(key), fix)
+        if not isinstance(name, str) or not _DNS_SUBDOMAIN.match(name):
+            raise UserError(f"{name!r} is not a PriorityClass name", f"{sec.at(key)}.{priority}", fix)
+        out.append((int(priority), name))
+    return tuple(sorted(out))
+
+
+def priority_class(classes: Tuple[Tuple[int, str], ...], priority: int) -> Optional[str]:
+    """The class of the highest mapped priority at or below `priority`; None below them all."""
+    chosen = None
+    for threshold, name in classes:
+        if threshold <= priority:
+            chosen = name
+    return chosen
 
 
 def parse_pull_secrets(sec: Section) -> Tuple[str, ...]:

@@ -21,7 +21,7 @@ import yaml
 from trialkit import env as envnames
 from trialkit.errors import UserError
 from trialkit.platforms.base import TrialSpec
-from trialkit.platforms.k8s_config import KubeCommon, NfsMount, Resources
+from trialkit.platforms.k8s_config import KubeCommon, NfsMount, Resources, priority_class
 
 LABEL_EXPERIMENT = "trialkit.io/experiment"
 LABEL_TRIAL = "trialkit.io/trial"
@@ -249,6 +249,7 @@ class PodPlan:
     termination_grace_seconds: int
     service_account: Optional[str]
     image_pull_secrets: Tuple[str, ...]
+    priority_class: Optional[str]  # from the trial's priority, where priorityClasses maps it
 
 
 def pod_plan(
@@ -287,6 +288,7 @@ def pod_plan(
         termination_grace_seconds=common.termination_grace_seconds,
         service_account=common.service_account,
         image_pull_secrets=common.image_pull_secrets,
+        priority_class=priority_class(common.priority_classes, spec.priority),
     )
 
 
@@ -305,6 +307,8 @@ def fill_pod(template: Optional[dict], plan: PodPlan, container_name: str) -> di
     spec["terminationGracePeriodSeconds"] = plan.termination_grace_seconds
     if plan.service_account:
         spec["serviceAccountName"] = plan.service_account
+    if plan.priority_class:
+        spec["priorityClassName"] = plan.priority_class
     if plan.image_pull_secrets:
         secrets = [{"name": name} for name in plan.image_pull_secrets]
         spec["imagePullSecrets"] = _replace_named(spec.get("imagePullSecrets", []), secrets)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,12 +91,16 @@ def from_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------- platform
 # Each trial runs as it would in a container: scripts/run.sh -> keeper -> the
-# trial command, in <experiment dir>/trials/<trial id>/. The handle of a trial
-# is its id. The keepers are started apart from the control plane (their own
+# trial command, in <experiment dir>/trials/<trial id>/, from its own copy of
+# the code dir (trialkit.control.context: .trialignore honoured, 95 MB at
+# most) in code/ there. The copy is made on the trial's first start; a
+# restart (activate, resume) runs the code it started with. The handle of a
+# trial is its id. The keepers are started apart from the control plane (their own
 # session, no parent-death signal), so a control plane that dies leaves them
 # running and `experiment resume` finds them again through their pidfiles.
 
 LOG_NAME = "trial.log"  # the keeper's own output, the trial's echoed in it: what a container log holds
+CODE_NAME = "code"  # the trial's copy of the code dir, in its trial dir
 SPOOL_BATCH = 1000
 
 
@@ -103,11 +108,43 @@ def run_sh() -> str:
     return str(files("trialkit.scripts") / "run.sh")
 
 
-def trial_environ(config: LocalConfig, spec: TrialSpec, trial_dir: Path) -> Dict[str, str]:
+def check_context(code_dir: str, experiment_dir: Path) -> None:
+    """Refuse a code dir that trials cannot take along: one over the size limit, or one holding the experiment."""
+    from trialkit.control import context  # pathspec comes with the control plane's extras
+
+    _refuse_nesting(code_dir, experiment_dir)
+    context.collect(code_dir)
+
+
+def _refuse_nesting(code_dir: str, experiment_dir: Path) -> None:
+    code, experiment = Path(os.path.realpath(code_dir)), Path(os.path.realpath(experiment_dir))
+    if experiment == code or code in experiment.parents:
+        raise UserError(f"the experiment dir {experiment_dir} is inside the trial code directory {code_dir}, so "
+                        "each trial's copy of the code would hold the trials before it", "trialCodeDirectory",
+                        "set experimentWorkingDirectory (or TRIALKIT_HOME) to a directory outside it")
+
+
+def copy_code(code_dir: str, trial_dir: Path) -> Path:
+    """The trial's copy of the code dir: made once, whole or not at all (a restart finds it as it was)."""
+    from trialkit.control import context
+
+    _refuse_nesting(code_dir, trial_dir)
+    dest = trial_dir / CODE_NAME
+    if not dest.is_dir():
+        partial = trial_dir / (CODE_NAME + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)  # what a copy cut short left
+        context.copy_into(code_dir, partial)
+        os.replace(partial, dest)
+    return dest
+
+
+def trial_environ(config: LocalConfig, spec: TrialSpec, trial_dir: Path, code: Optional[Path]) -> Dict[str, str]:
     """The keeper's environment: ours, the spec's contract and this platform's part."""
     out = dict(os.environ)
     out.update(spec.env)
     out[env.TRIAL_DIR] = str(trial_dir)
+    if code is not None:
+        out[env.CODE_DIR] = str(code)  # run.sh runs the trial from there
     out[env.SLOTS_PER_NODE] = str(config.slots_per_trial)
     # The keeper and the trial's `python3` are the control plane's interpreter,
     # where trialkit is installed, whatever PATH the user started us with.
@@ -141,8 +178,9 @@ class Platform:
     def submit(self, spec: TrialSpec) -> str:
         trial_dir = paths.trial_dir(self.experiment_dir, spec.trial_id)
         trial_dir.mkdir(parents=True, exist_ok=True)
+        code = copy_code(spec.code_dir, trial_dir) if spec.code_dir is not None else None
         with open(trial_dir / LOG_NAME, "ab") as log:
-            child = process.spawn(["/bin/sh", run_sh()], env=trial_environ(self.config, spec, trial_dir),
+            child = process.spawn(["/bin/sh", run_sh()], env=trial_environ(self.config, spec, trial_dir, code),
                                   cwd=str(trial_dir), stdin=subprocess.DEVNULL, stdout=log,
                                   stderr=subprocess.STDOUT, name=spec.trial_id, die_with_parent=False)
         # Not reaped before our waiter thread does it: the pid is still this child's.

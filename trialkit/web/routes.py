@@ -37,9 +37,13 @@ from trialkit.web.catalog import Catalog
 Answer = Tuple[int, Any]
 
 
-def page_url(server: ManagerServer, token: str, experiment_id: Optional[str] = None) -> str:
-    """The URL to print: the page, carrying the token (the page keeps it and drops it from the address bar)."""
-    return f"{server.url}/?token={token}" + (f"#/exp/{experiment_id}" if experiment_id else "")
+def page_url(server: Union[ManagerServer, str], token: str, experiment_id: Optional[str] = None) -> str:
+    """The URL to print: the page, carrying the token (the page keeps it and drops it from the address bar).
+
+    `server`: the server, or the address it is reached at (a manager bound to every address advertises one).
+    """
+    base = server if isinstance(server, str) else server.url
+    return f"{base}/?token={token}" + (f"#/exp/{experiment_id}" if experiment_id else "")
 
 
 def install(server: ManagerServer, store: Union[Store, Catalog], *, admin_token: str, read_only: bool,

@@ -10,6 +10,8 @@
   const LOG_POLL_MS = 1000;
   const FINAL = ['SUCCEEDED', 'FAILED', 'USER_CANCELED', 'SYS_CANCELED', 'EARLY_STOPPED'];
   const STATUSES = ['WAITING', 'RUNNING', 'PREEMPTED', ...FINAL];
+  // A trial stopped with a checkpoint waits to be activated: users know it as paused (as the CLI says).
+  const statusLabel = (status) => (status === 'PREEMPTED' ? 'PAUSED' : status);
 
   // ---------------------------------------------------------------- token, API
   // The printed URL carries ?token=...: keep it for this origin, then drop it from the address bar.
@@ -62,7 +64,8 @@
   const headRow = (...labels) => el('thead', {}, el('tr', {}, labels.map((h) => el('th', {}, h))));
 
   function statusBadge(status) {
-    return el('span', {class: 'badge status-' + String(status).toLowerCase().replace(/[^a-z_]/g, '')}, status);
+    return el('span', {class: 'badge status-' + String(status).toLowerCase().replace(/[^a-z_]/g, '')},
+      statusLabel(status));
   }
   function fmtNumber(x) {
     if (x === null || x === undefined) return '—';
@@ -203,7 +206,7 @@
         el('td', {}, e.name || ''),
         el('td', {}, statusBadge(e.status)),
         el('td', {class: 'num'}, e.trials),
-        el('td', {}, Object.entries(e.counts).map(([s, n]) => `${s} ${n}`).join(' · ')),
+        el('td', {}, Object.entries(e.counts).map(([s, n]) => `${statusLabel(s)} ${n}`).join(' · ')),
         el('td', {class: 'num'}, e.best ? fmtNumber(e.best.metric) : '—'),
         el('td', {}, fmtDuration(e.elapsed)),
         el('td', {}, fmtTime(e.created)))));
@@ -232,7 +235,7 @@
               best ? [' · ', el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(best.id)}`}, best.id)] : ''))),
         el('h2', {}, 'Trials by status'),
         el('div', {class: 'cards', id: 'counts'}, Object.entries(o.counts).map(([s, n]) =>
-          el('div', {class: 'card'}, el('h3', {}, s), el('div', {class: 'big'}, n)))),
+          el('div', {class: 'card'}, el('h3', {}, statusLabel(s)), el('div', {class: 'big'}, n)))),
         el('div', {class: 'two'},
           el('div', {}, el('h2', {}, 'Best trial parameters'),
             best ? paramsTable(best.parameters) : el('p', {class: 'muted'}, 'no final metric yet')),
@@ -259,7 +262,7 @@
       this.pager = el('span', {class: 'pager'});
       const choose = (key) => (e) => this.set({[key]: e.target.value, offset: null});
       this.status = el('select', {'aria-label': 'status', onchange: choose('status')},
-        el('option', {value: ''}, 'all statuses'), STATUSES.map((s) => el('option', {value: s}, s)));
+        el('option', {value: ''}, 'all statuses'), STATUSES.map((s) => el('option', {value: s}, statusLabel(s))));
       this.size = el('select', {'aria-label': 'page size', onchange: choose('limit')},
         [25, 50, 100, 200].map((n) => el('option', {value: n}, `${n} a page`)));
       this.curveTitle = el('h2', {}, 'Curves');
@@ -517,7 +520,7 @@
       this.actions.replaceChildren(actionButtons(this.exp, t) || '');
       const fact = (k, v) => [el('dt', {}, k), el('dd', {}, v)];
       this.facts.replaceChildren(
-        ...fact('Status', t.status), ...fact('Final metric', fmtNumber(t.metric)),
+        ...fact('Status', statusLabel(t.status)), ...fact('Final metric', fmtNumber(t.metric)),
         ...fact('Final result', t.final === null ? '—' : fmtValue(t.final)),
         ...fact('Intermediate results', t.intermediate), ...fact('Exit code', fmtValue(t.exit_code)),
         ...fact('Restarts', t.restarts), ...fact('Priority', t.priority), ...fact('Reason', t.reason || '—'),

@@ -1,0 +1,182 @@
+"""The job queue: an experiment's trials that wait for a slot, in the order they will start.
+
+    queue = JobQueue(store)
+    queue.track("abcd1234-00003", priority=0)      # a trial the store holds
+    queue.push("abcd1234-00003")                   # queued behind every queued trial
+    queue.apply(Move("abcd1234-00003", ahead_of="abcd1234-00001"))
+    queue.head()                                   # the next to start
+    queue.remove("abcd1234-00003")                 # it got a slot
+
+Order: higher priority first, then lower position. A trial joins behind every
+queued one (the largest position + 1); a priority change keeps its position;
+`ahead_of`/`behind_of` take the other trial's priority and the place just
+before/after it. Every change is written to the store (trials.priority and
+trials.position, NULL when not queued), so `trialkit job list` reads the same
+order and a resumed experiment finds its queue as it was.
+
+Who queues: trials put back by `activate` or after a preemption. The tuner's
+next trial is not asked for ahead of its slot (the runner asks when a slot
+frees, as NNI does, so each proposal knows every result there is); it counts
+as waiting at the back of the experiment's priority.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from trialkit.control.store import Store
+from trialkit.errors import UserError
+from trialkit.platforms.base import PREEMPTED, RUNNING, WAITING
+
+# What users see for a status: a trial stopped with a checkpoint waits to be activated.
+LABELS = {PREEMPTED: "PAUSED"}
+_FIELDS = {"priority": "priority", "ahead-of": "ahead_of", "behind-of": "behind_of"}
+
+
+def label(status: str) -> str:
+    return LABELS.get(status, status)
+
+
+def sort_key(priority: int, position: Optional[int], sequence: int = 0) -> Tuple[int, float, int]:
+    """Scheduling order of queued trials: higher priority, then lower position."""
+    return (-priority, float("inf") if position is None else position, sequence)
+
+
+@dataclass(frozen=True)
+class Move:
+    """One change to the queue: a new priority, or a place ahead of / behind another trial."""
+
+    trial_id: str
+    priority: Optional[int] = None
+    ahead_of: Optional[str] = None
+    behind_of: Optional[str] = None
+
+    @property
+    def other(self) -> Optional[str]:
+        return self.ahead_of or self.behind_of
+
+    @classmethod
+    def parse(cls, text: str) -> "Move":
+        """`ID.priority=N`, `ID.ahead-of=ID2` or `ID.behind-of=ID2` (`trialkit job update-batch`)."""
+        target, _, value = text.partition("=")
+        trial_id, _, name = target.rpartition(".")
+        if not trial_id or name not in _FIELDS or not value:
+            raise UserError(f"cannot read {text!r}", "update-batch",
+                            "write ID.priority=N, ID.ahead-of=ID2 or ID.behind-of=ID2")
+        if name == "priority":
+            return cls(trial_id, priority=_whole(value, text))
+        return cls(trial_id, **{_FIELDS[name]: value})
+
+    def to_json(self) -> Dict[str, Any]:
+        return {key: value for key, value in vars(self).items() if value is not None}
+
+    @classmethod
+    def from_json(cls, data: Any) -> "Move":
+        """A move from an admin request; ValueError names what is wrong with it."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("trial_id"), str):
+            raise ValueError('each move is {"trial_id": ID, and one of "priority", "ahead_of", "behind_of"}')
+        given = [key for key in ("priority", "ahead_of", "behind_of") if data.get(key) is not None]
+        if len(given) != 1 or set(data) - {"trial_id", *given}:
+            raise ValueError(f"a move changes one thing: priority, ahead_of or behind_of (got {sorted(data)})")
+        value = data[given[0]]
+        if given[0] == "priority" and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError("priority is a whole number")
+        if given[0] != "priority" and not isinstance(value, str):
+            raise ValueError(f"{given[0]} is a trial id")
+        return cls(data["trial_id"], **{given[0]: value})
+
+
+def _whole(text: str, where: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{text!r} is not a whole number", where,
+                        "priorities are integers; higher runs first") from None
+
+
+class JobQueue:
+    """Every trial's priority and the queued trials' positions, for one experiment, mirrored in its store."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._priority: Dict[str, int] = {}  # every trial's
+        self._position: Dict[str, int] = {}  # queued trials'
+
+    def track(self, trial_id: str, priority: int, position: Optional[int] = None) -> None:
+        """A trial as the store already holds it: new (not queued) or restored (queued when it has a position)."""
+        self._priority[trial_id] = priority
+        if position is not None:
+            self._position[trial_id] = position
+
+    def priority(self, trial_id: str) -> int:
+        return self._priority[trial_id]
+
+    def __len__(self) -> int:
+        return len(self._position)
+
+    def __contains__(self, trial_id: str) -> bool:
+        return trial_id in self._position
+
+    def order(self) -> List[str]:
+        """The queued trials, the next to start first."""
+        return sorted(self._position, key=lambda t: sort_key(self._priority[t], self._position[t]))
+
+    def head(self) -> Optional[str]:
+        order = self.order()
+        return order[0] if order else None
+
+    def push(self, trial_id: str) -> None:
+        """Queue a trial behind every queued one."""
+        self._write({trial_id: self._back()})
+
+    def remove(self, trial_id: str) -> None:
+        del self._position[trial_id]
+        self.store.set_places({trial_id: (self._priority[trial_id], None)})
+
+    def apply(self, move: Move) -> None:
+        """Carry out a checked move: a new priority for any trial, a new place for a queued one."""
+        if move.priority is not None:
+            self._priority[move.trial_id] = move.priority
+            self.store.set_places({move.trial_id: (move.priority, self._position.get(move.trial_id))})
+            return
+        # Renumber the whole queue in its new order: positions stay small and distinct.
+        order = [t for t in self.order() if t != move.trial_id]
+        order.insert(order.index(move.other) + (1 if move.behind_of else 0), move.trial_id)
+        self._priority[move.trial_id] = self._priority[move.other]
+        self._write({t: i + 1 for i, t in enumerate(order)})
+
+    def _back(self) -> int:
+        return max(self._position.values(), default=0) + 1
+
+    def _write(self, positions: Dict[str, int]) -> None:
+        self.store.set_places({t: (self._priority[t], position) for t, position in positions.items()})
+        self._position.update(positions)
+
+
+# ---------------------------------------------------------------- the job list
+# `trialkit job list`, from the store (no manager needed): Determined's states.
+SCHEDULED = "SCHEDULED"  # started, or being started: it holds its slot
+QUEUED = "QUEUED"  # waiting for a slot
+PAUSED = LABELS[PREEMPTED]
+
+
+def jobs(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
+    """An experiment's live trials in scheduling order: scheduled, then queued (next first), then paused."""
+    config = store.experiment(experiment_id)["config"]
+    needed = _slots(config)
+    groups: Dict[str, List[Dict[str, Any]]] = {SCHEDULED: [], QUEUED: [], PAUSED: []}
+    for trial in store.trials(experiment_id):  # by sequence
+        if trial["status"] == PREEMPTED:
+            groups[PAUSED].append(trial)
+        elif trial["status"] in (WAITING, RUNNING):
+            groups[QUEUED if trial["position"] is not None else SCHEDULED].append(trial)
+    groups[QUEUED].sort(key=lambda t: sort_key(t["priority"], t["position"], t["sequence"]))
+    return [{"position": position, "id": trial["id"], "experiment": experiment_id,
+             "name": config.get("experimentName") or "", "priority": trial["priority"], "submitted": trial["created"],
+             "slots_acquired": needed if state == SCHEDULED else 0, "slots_needed": needed, "status": state}
+            for position, (state, trial) in enumerate((state, t) for state, rows in groups.items() for t in rows)]
+
+
+def _slots(config: Mapping[str, Any]) -> int:
+    """Slots a trial holds: the local platform's slotsPerTrial, else NNI's trialGpuNumber, else one."""
+    return int(config.get("trainingService", {}).get("slotsPerTrial") or config.get("trialGpuNumber") or 1)
