@@ -120,3 +120,9 @@ def test_a_plain_trial_command_takes_sigterm_itself_and_is_preempted(run_env):
     assert r.wait() == 143
     assert b"checkpointed" in (trial_dir(run_env) / "stdout.log").read_bytes()
     assert status(run_env)["status"] == "PREEMPTED"
+
+
+def test_a_command_line_starting_with_a_shell_builtin_runs_under_sh(run_env):
+    r = run_sh({**run_env, "TRIALKIT_COMMAND": "exec echo builtin ok"})
+    assert r.expect(b"builtin") == b"builtin ok"
+    assert r.wait() == 0

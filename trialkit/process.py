@@ -154,6 +154,13 @@ class Child:
 _SHELL_SYNTAX = set("|&;<>()$`\\*?[]{}~!#\n")
 
 
+# Builtins and keywords that exist only inside a shell (no program of that name runs them).
+_SHELL_WORDS = frozenset(
+    "exec cd export source . set unset eval if for while until case time alias ulimit umask trap wait "
+    "read shift return exit ! { [[ function select readonly local declare typeset".split()
+)
+
+
 def shell_line_argv(line: str) -> List[str]:
     """The argv that runs a user's command line.
 
@@ -170,7 +177,8 @@ def shell_line_argv(line: str) -> List[str]:
             argv = shlex.split(line)
         except ValueError:
             argv = []
-        if argv and "=" not in argv[0]:  # VAR=value cmd is an assignment: the shell's job
+        # VAR=value cmd is an assignment, `exec`/`cd`/... are builtins: the shell's job.
+        if argv and "=" not in argv[0] and argv[0] not in _SHELL_WORDS:
             return argv
     return ["/bin/sh", "-c", line]
 
