@@ -22,6 +22,7 @@ import errno
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -613,6 +614,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report_and_exit(PROG, err)
     except KeyboardInterrupt:  # `trial logs -f`, a wait: the user is done watching
         return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly as Unix tools do, and
+        # point stdout at /dev/null so the interpreter's final flush cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":
