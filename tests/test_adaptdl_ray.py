@@ -1,0 +1,371 @@
+"""adaptdl-ray: the elastic AdaptDL controller on a real Ray cluster, with the real adaptdl library.
+
+The cluster (tests/ray_cluster.py) is a head and node2, 2 CPUs each; jobs ask
+2 CPUs a worker, so they run 2 workers, and 1 while node2 is gone or excluded.
+The training script is examples/adaptdl_ray/train.py; replica 0 prints
+`epoch E loss L replicas N restarts R` after each epoch.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import pytest
+
+from conftest import PYTHON, ROOT
+from ray_cluster import ImdsStub
+from trialkit.errors import UserError
+from trialkit.ray import adaptdl as cli
+from trialkit.ray import spot
+from trialkit.ray.cluster import Node, plan, slots
+from trialkit.ray.connect import version_mismatch
+
+EXAMPLE = ROOT / "examples" / "adaptdl_ray"
+EPOCH = re.compile(r"epoch (\d+) loss ([0-9.e+-]+) replicas (\d+) restarts (\d+)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+START_TIMEOUT = 180.0  # a (re)start: actors, python, torch, adaptdl's 5 s connect retry, on a loaded machine
+
+# -- placement --------------------------------------------------------------------------------
+
+HEAD = Node("h" * 8, "10.0.0.1", 8, 0, True)
+GPU_A = Node("a" * 8, "10.0.0.2", 16, 4, False)
+GPU_B = Node("b" * 8, "10.0.0.3", 16, 2, False)
+
+
+def test_workers_fill_the_head_first_then_other_nodes_up_to_the_maximum():
+    assert slots(HEAD, 2, 0) == 4 and slots(GPU_A, 2, 1) == 4 and slots(HEAD, 2, 1) == 0
+    assert plan([GPU_B, GPU_A, HEAD], 2, 1, 10) == [GPU_A] * 4 + [GPU_B] * 2
+    assert plan([GPU_B, GPU_A, HEAD], 4, 0, 3) == [HEAD, HEAD, GPU_A]
+
+
+def test_an_excluded_node_gets_no_worker():
+    assert plan([GPU_A, GPU_B], 1, 1, 8, exclude={GPU_A.node_id}) == [GPU_B] * 2
+    assert plan([GPU_A], 1, 1, 8, exclude={GPU_A.node_id}) == []
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def test_the_seeds_command_line_is_read():
+    opts = cli.parse_args(["-u", "ray://head:10001", "-f", "code.py", "-m", "3", "--cpus", "4", "--gpus", "1",
+                           "--", "-autoscale-bsz", "--lr", "0.1"])
+    assert (opts.address, opts.file, opts.max_workers, opts.cpus, opts.gpus) == ("ray://head:10001", "code.py", 3, 4, 1)
+    assert (opts.checkpoint_timeout, opts.cluster_rescale_timeout) == (120, 60)
+    assert opts.script_args == ["-autoscale-bsz", "--lr", "0.1"]
+
+
+def test_the_script_must_be_in_the_working_dir(tmp_path):
+    (tmp_path / "work" / "sub").mkdir(parents=True)
+    (tmp_path / "work" / "sub" / "main.py").write_text("")
+    (tmp_path / "outside.py").write_text("")
+    assert cli.locate_script("sub/main.py", str(tmp_path / "work")) == ((tmp_path / "work").resolve(), "sub/main.py")
+    assert cli.locate_script(str(tmp_path / "outside.py"), None) == (tmp_path.resolve(), "outside.py")
+    with pytest.raises(UserError, match="is not inside the working dir"):
+        cli.locate_script("../outside.py", str(tmp_path / "work"))
+    with pytest.raises(UserError, match="is not a file in the working dir"):
+        cli.locate_script("main.py", str(tmp_path / "work"))
+
+
+def adaptdl_ray(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "trialkit.ray.adaptdl", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("adaptdl-ray: error: ")
+    return lines[0]
+
+
+def test_usage_errors_are_one_line_and_exit_2(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    line = one_error_line(adaptdl_ray("-f", "../x.py", "--working-dir", str(tmp_path), "-m", "2"))
+    assert "-f/--file: ../x.py is not inside the working dir" in line
+    line = one_error_line(adaptdl_ray("-f", str(tmp_path / "train.py"), "-m", "0"))
+    assert "-m/--max-workers" in line
+    line = one_error_line(adaptdl_ray("-f", str(tmp_path / "train.py"), "-m", "1", "-u", "head"))
+    assert "cannot read Ray address 'head'" in line
+
+
+def test_an_unreachable_cluster_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    started = time.monotonic()
+    line = one_error_line(adaptdl_ray("-u", f"ray://127.0.0.1:{port}", "-f", str(tmp_path / "train.py"), "-m", "1"))
+    assert f"cannot reach the Ray cluster at ray://127.0.0.1:{port} (Connection refused)" in line
+    assert time.monotonic() - started < 30
+
+
+def test_rays_version_mismatch_message_becomes_one_line():
+    message = ("Version mismatch: The cluster was started with:\n    Ray: 2.50.0\n    Python: 3.10.13\n"
+               "This process on node 10.0.0.5 was started with:\n    Ray: 2.60.0\n    Python: 3.11.7\n")
+    assert version_mismatch(message) == ("the cluster runs Python 3.10.13 with Ray 2.50.0, "
+                                         "but this machine runs Python 3.11.7 with Ray 2.60.0")
+    assert version_mismatch("some other RuntimeError") is None
+
+
+# -- the spot-notice watcher ----------------------------------------------------------------
+
+
+@pytest.fixture
+def imds():
+    stub = ImdsStub()
+    yield stub
+    stub.close()
+
+
+def test_the_watcher_uses_an_imdsv2_token_and_sees_a_notice(imds):
+    watcher = spot.SpotWatcher(imds.url("n1"))
+    assert watcher.check() is None
+    imds.notices["n1"] = {"action": "terminate", "time": "2026-11-22T10:00:00Z"}
+    assert watcher.check() == {"action": "terminate", "time": "2026-11-22T10:00:00Z"}
+    gets = [r for r in imds.requests if r[0] == "GET"]
+    assert all(valid for _, _, valid in gets)
+    assert [r[0] for r in imds.requests].count("PUT") == 1  # the token is kept, not fetched per poll
+
+
+def test_without_a_token_the_watcher_falls_back_to_imdsv1(imds):
+    imds.v2 = False
+    imds.notices["n1"] = {"action": "stop"}
+    assert spot.SpotWatcher(imds.url("n1")).check() == {"action": "stop"}
+    assert imds.requests[0][0] == "PUT" and imds.requests[1][:2] == ("GET", "/n1/latest/meta-data/spot/instance-action")
+
+
+def test_off_ec2_the_watcher_gives_up():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    watcher = spot.SpotWatcher(f"http://127.0.0.1:{port}")
+    for _ in range(spot.GIVE_UP_AFTER - 1):
+        assert watcher.check() is None
+    with pytest.raises(spot.Unreachable):
+        watcher.check()
+
+
+# -- jobs on the cluster ------------------------------------------------------------------------
+
+
+@dataclass
+class Epoch:
+    epoch: int
+    loss: float
+    replicas: int
+    restarts: int
+
+
+class Job:
+    """adaptdl-ray running in the background; its output collected line by line."""
+
+    def __init__(self, cluster, script: str, working_dir: Path, script_args: Sequence[str], *options: str):
+        self.lines: List[str] = []
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "trialkit.ray.adaptdl", "-u", cluster.client_address, "-f", script, "--working-dir",
+             str(working_dir), "-m", "2", "--cpus", "2", "--cluster-rescale-timeout", "2", *options, "--",
+             *script_args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(ANSI.sub("", line.rstrip("\n")))
+
+    def epochs(self, restarts: Optional[int] = None) -> List[Epoch]:
+        found = []
+        for line in list(self.lines):
+            match = EPOCH.search(line)
+            if match:
+                epoch = Epoch(int(match[1]), float(match[2]), int(match[3]), int(match[4]))
+                if restarts is None or epoch.restarts == restarts:
+                    found.append(epoch)
+        return found
+
+    def wait_for_epoch(self, restarts: int, at_least: int = 0, timeout: float = START_TIMEOUT) -> Epoch:
+        return self._until(lambda: next((e for e in self.epochs(restarts) if e.epoch >= at_least), None), timeout,
+                           f"an epoch >= {at_least} under restart {restarts}")
+
+    def wait_for_line(self, text: str, timeout: float = START_TIMEOUT) -> str:
+        return self._until(lambda: next((line for line in list(self.lines) if text in line), None), timeout,
+                           repr(text))
+
+    def _until(self, found, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while True:
+            value = found()
+            if value is not None:
+                return value
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"no {what} (exit {self.proc.returncode}); {self.output()}")
+            time.sleep(0.2)
+
+    def wait(self, timeout: float = START_TIMEOUT) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"adaptdl-ray did not end; {self.output()}")
+        self._reader.join(10)
+        return code
+
+    def output(self) -> str:
+        return "output:\n" + "\n".join(self.lines[-60:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def cluster(ray_cluster):
+    """The session's cluster with node2 up; afterwards nothing of the job is left on it."""
+    if "node2" not in ray_cluster.nodes:
+        ray_cluster.start_node("node2")
+    yield ray_cluster
+    ray_cluster.imds.notices.clear()
+    ray_cluster.wait_clean()
+
+
+@pytest.fixture
+def start_job(cluster):
+    """Job(cluster, ...) without the cluster; jobs still running at the end get Ctrl-C."""
+    jobs: List[Job] = []
+
+    def start(*args) -> Job:
+        jobs.append(Job(cluster, *args))
+        return jobs[-1]
+
+    yield start
+    for job in jobs:
+        job.stop()
+
+
+@pytest.mark.slow
+def test_a_failing_script_ends_the_job_with_its_code_and_leaves_nothing(start_job, tmp_path):
+    (tmp_path / "fail.py").write_text("import sys\nprint('failing on purpose', flush=True)\nsys.exit(3)\n")
+    job = start_job("fail.py", tmp_path, [])
+    assert job.wait() == 3, job.output()
+    assert any("rank 0 exited with code 3" in line or "rank 1 exited with code 3" in line for line in job.lines)
+    assert any("failing on purpose" in line for line in job.lines)
+    # the `cluster` fixture then checks: no actor alive, no keeper or script running on any node
+
+
+@pytest.mark.slow
+def test_losing_a_node_resumes_on_one_and_its_return_rescales_to_two(cluster, start_job, tmp_path):
+    """With a shared dir (both nodes see tmp_path): the checkpoints stay there, nothing travels."""
+    shared = tmp_path / "shared"
+    job = start_job("train.py", EXAMPLE, ["--epochs", "1000", "--step-seconds", "0.02"], "--shared-dir", str(shared))
+    first = job.wait_for_epoch(restarts=0, at_least=1)
+    assert first.replicas == 2
+    cluster.stop_node("node2")  # Ray drains it first: the job checkpoints before it goes
+    job.wait_for_line("is being drained by Ray")
+    job.wait_for_line("took rank 0's checkpoint of restart 0")
+    resumed = job.wait_for_epoch(restarts=1)
+    last = job.epochs(0)[-1]
+    assert resumed.replicas == 1 and last.epoch <= resumed.epoch <= last.epoch + 2
+    assert resumed.loss < job.epochs(0)[0].loss / 100
+    cluster.start_node("node2")
+    regrown = job.wait_for_epoch(restarts=2)
+    assert regrown.replicas == 2 and regrown.epoch >= job.epochs(1)[-1].epoch
+    assert [p.name for p in (shared / "checkpoint").iterdir()] == ["checkpoint-1"]  # adaptdl keeps the last
+    job.stop()  # Ctrl-C: the workers checkpoint, the job ends
+    assert job.proc.returncode == 130
+    assert any("stopped by the user" in line for line in job.lines)
+
+
+HANG = '''"""train.py, except that rank 0 hangs while saving under restart HANG_AT (the first argument)."""
+import sys
+import time
+
+import adaptdl.checkpoint
+import adaptdl.env
+
+HANG_AT = int(sys.argv.pop(1))
+
+
+class HangOnSave(adaptdl.checkpoint.State):
+    def save(self, fileobj):
+        if adaptdl.env.num_restarts() == HANG_AT:
+            time.sleep(3600)
+
+
+HangOnSave("hang-on-save")
+import train  # noqa: E402  (a module beside the script: it travels with the working dir)
+
+train.main()
+'''
+
+
+@pytest.mark.slow
+def test_a_spot_notice_rescales_without_its_node_and_a_hung_checkpoint_falls_back(cluster, start_job, tmp_path):
+    """Two rescales: the first takes a checkpoint, the second cannot and uses the first's."""
+    shutil.copy(EXAMPLE / "train.py", tmp_path / "train.py")
+    (tmp_path / "hang.py").write_text(HANG)
+    job = start_job("hang.py", tmp_path, ["1", "--epochs", "1000", "--step-seconds", "0.02"],
+                    "--checkpoint-timeout", "5")
+    assert job.wait_for_epoch(restarts=0, at_least=1).replicas == 2
+
+    # A spot notice for node2: rank 0 saves, and the job goes on without node2.
+    cluster.imds.notices["node2"] = {"action": "terminate", "time": "2026-11-22T10:00:00Z"}
+    job.wait_for_line("spot notice for node")
+    job.wait_for_line("took rank 0's checkpoint of restart 0")
+    job.wait_for_line("restart 1: 1 worker on 1 node (head), starting from the checkpoint of restart 0")
+    resumed = job.wait_for_epoch(restarts=1)
+    last = job.epochs(0)[-1]
+    assert resumed.replicas == 1 and last.epoch <= resumed.epoch <= last.epoch + 2  # from the checkpoint
+    assert resumed.loss < job.epochs(0)[0].loss / 100  # trained, not afresh
+    job.wait_for_epoch(restarts=1, at_least=resumed.epoch + 2)
+
+    # A fresh node2 comes (the noticed one stays out): the job grows, but rank 0 hangs
+    # saving, so after the checkpoint timeout restart 0's checkpoint is used.
+    cluster.stop_node("node2")
+    cluster.imds.notices.clear()
+    cluster.start_node("node2")
+    job.wait_for_line("the cluster now holds 2 workers")
+    started = time.monotonic()
+    job.wait_for_line("rank 0 left no checkpoint within the 5 s checkpoint timeout: "
+                      "resuming from the checkpoint of restart 0")
+    assert time.monotonic() - started < 5 + 30  # "within the timeout": rank 0 was killed when it ran out
+    again = job.wait_for_epoch(restarts=2)
+    assert again.replicas == 2
+    assert again.epoch == resumed.epoch  # restart 1's progress is lost, restart 0's is not
+    job.stop()
+    assert job.proc.returncode == 130, job.output()
+
+
+@pytest.mark.slow
+def test_a_cluster_of_another_python_is_one_line_and_exit_2(cluster, tmp_path):
+    from ray._raylet import GcsClient
+
+    (tmp_path / "train.py").write_text("")
+    gcs = GcsClient(address=cluster.address)
+    key, namespace = b"CLUSTER_METADATA", b"cluster"  # what Ray compares this process with
+    original = gcs.internal_kv_get(key, namespace)
+    started_by = dict(json.loads(original), python_version="3.10.13")
+    gcs.internal_kv_put(key, json.dumps(started_by).encode(), True, namespace)
+    try:
+        result = adaptdl_ray("-u", cluster.address, "-f", str(tmp_path / "train.py"), "-m", "1")
+    finally:
+        gcs.internal_kv_put(key, original, True, namespace)
+    mine = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
+    assert (f"-u/--address: the cluster runs Python 3.10.13 with Ray {started_by['ray_version']}, "
+            f"but this machine runs Python {mine} with Ray") in one_error_line(result)

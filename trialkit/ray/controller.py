@@ -1,0 +1,230 @@
+"""The elastic AdaptDL controller: a Ray actor that keeps one job training on
+what the cluster has.
+
+    plan N workers (up to the maximum) -> start a generation -> watch it and the cluster
+    -> on an event: stop it gracefully, keep rank 0's checkpoint (or the previous one)
+    -> restart count + 1, plan again ... until the script ends
+
+Events: the cluster holds more workers than run (after waiting up to the
+rescale timeout for it to reach the maximum), a node with replicas is gone, a
+node is going (a spot notice, or Ray draining it), a replica failed or was
+killed. A replica that exits by itself with a code of its own while its peers
+are alive is the script's verdict: the job ends with that code.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Collection, Dict, List, Optional, Set, Tuple
+
+from trialkit.adaptdl import CHECKPOINTED_EXIT
+from trialkit.process import describe_exit
+from trialkit.ray import cluster
+from trialkit.ray.generation import Generation, Member
+from trialkit.ray.replica import Checkpoint
+
+POLL_SECONDS = 0.5  # how often the cluster's nodes are looked at
+SETTLE_SECONDS = 3.0  # after a replica failed: how long its peers have to show they are alive
+# A node whose replica died or stopped answering may itself have died before
+# Ray noticed (its health checks take ~15-30 s): no worker goes there for this long.
+SUSPECT_SECONDS = 60.0
+MAX_FAILED_RESTARTS = 3  # failures in a row with no checkpoint in between, before the job gives up
+STOPPED_EXIT = 130  # the user interrupted adaptdl-ray
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    command: Tuple[str, ...]  # the script, relative to the working dir, and its arguments
+    max_workers: int
+    cpus: float
+    gpus: float
+    checkpoint_timeout: float
+    rescale_timeout: float
+    shared_dir: Optional[str] = None
+
+    def bundle(self) -> Dict[str, float]:
+        return {name: amount for name, amount in (("CPU", self.cpus), ("GPU", self.gpus)) if amount}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    error: Optional[str] = None  # why the job stopped short of its script's end, if it did
+
+
+@dataclass(frozen=True)
+class Event:
+    why: str
+    exit_code: Optional[int] = None  # set: the job ends with this code
+    failure: bool = False  # a replica failed or was lost (counts toward MAX_FAILED_RESTARTS)
+    exclude: Optional[str] = None  # a node to leave out from now on (it has a spot notice)
+    suspect: Tuple[str, ...] = ()  # nodes to leave out for SUSPECT_SECONDS (their replicas were lost)
+
+
+def say(line: str) -> None:
+    print(line, flush=True)  # Ray forwards it to adaptdl-ray's terminal
+
+
+class Controller:
+    def __init__(self, job: Job):
+        self.job = job
+        self.restarts = 0
+        self.checkpoint: Optional[Checkpoint] = None
+        self.excluded: Set[str] = set()
+        self.suspects: Dict[str, float] = {}  # node -> until when (monotonic) it gets no worker
+        self.failures = 0
+        self._stop = threading.Event()
+
+    def __repr__(self) -> str:
+        return "adaptdl-ray"  # the prefix of its lines on the user's terminal
+
+    def stop(self) -> None:
+        """Stop the job: the replicas get their grace to checkpoint, then the job ends."""
+        self._stop.set()
+
+    def run(self) -> Outcome:
+        from ray.autoscaler.sdk import request_resources
+
+        # Where an autoscaler runs, this brings the cluster up to the maximum (no-op elsewhere).
+        request_resources(bundles=[self.job.bundle()] * self.job.max_workers)
+        try:
+            return self._run()
+        finally:
+            request_resources(bundles=[])
+
+    def _run(self) -> Outcome:
+        nodes = self._wait_for_nodes(first=True)
+        while nodes and not self._stop.is_set():
+            generation = Generation(self.job, nodes, self.restarts, self.checkpoint)
+            resume = f"from the checkpoint of restart {self.checkpoint.restart}" if self.checkpoint else "afresh"
+            say(f"restart {self.restarts}: {cluster.describe(nodes)}, starting {resume}")
+            event = self._watch(generation)
+            say(event.why)
+            timed_out = generation.stop(self.job.checkpoint_timeout, event.suspect)
+            if event.exit_code is not None:
+                generation.close(last=True, lost_nodes=event.suspect)
+                return Outcome(event.exit_code)
+            fresh = self._keep_checkpoint(generation, timed_out, event.suspect)
+            generation.close(lost_nodes=event.suspect)
+            self.failures = 0 if fresh else self.failures + event.failure
+            if self.failures > MAX_FAILED_RESTARTS:
+                return Outcome(1, f"gave up after {self.failures} failed restarts in a row with no checkpoint")
+            if event.exclude:
+                self.excluded.add(event.exclude)
+            self.suspects.update({node: time.monotonic() + SUSPECT_SECONDS for node in event.suspect})
+            self.restarts += 1
+            nodes = self._wait_for_nodes(first=False)
+        if self._stop.is_set():
+            return Outcome(STOPPED_EXIT, "stopped")
+        return Outcome(1, f"no node of the cluster can hold a worker of {_size(self.job)} "
+                          f"(waited {self.job.rescale_timeout:g} s)")
+
+    def _wait_for_nodes(self, first: bool) -> List[cluster.Node]:
+        """The next generation's nodes. At the first start, wait up to the rescale timeout
+        for the maximum; after a loss, start at once on what is left. [] if nothing fits."""
+        deadline = time.monotonic() + self.job.rescale_timeout
+        while True:
+            nodes = self._plan(cluster.alive_nodes(), cluster.draining_nodes())
+            if len(nodes) >= self.job.max_workers or (nodes and not first):
+                return nodes
+            if time.monotonic() >= deadline or self._stop.is_set():
+                return nodes
+            time.sleep(POLL_SECONDS)
+
+    def _plan(self, nodes: List[cluster.Node], draining: Collection[str] = ()) -> List[cluster.Node]:
+        now = time.monotonic()
+        suspects = {node for node, until in self.suspects.items() if until > now}
+        return cluster.plan(nodes, self.job.cpus, self.job.gpus, self.job.max_workers,
+                            self.excluded.union(draining, suspects))
+
+    def _watch(self, generation: Generation) -> Event:
+        import ray
+
+        grow_since: Optional[float] = None
+        while True:
+            refs = [m.done for m in generation.members] + list(generation.notices)
+            ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_SECONDS)
+            if self._stop.is_set():
+                return Event("stopped by the user: the replicas checkpoint and the job ends", exit_code=STOPPED_EXIT)
+            for ref in ready:
+                if ref in generation.notices:
+                    node = generation.notices.pop(ref)
+                    try:
+                        notice = ray.get(ref)
+                    except ray.exceptions.RayError:  # its replica is gone: its end says so
+                        continue
+                    if notice is not None:
+                        return Event(f"spot notice for node {_name(node)} ({_notice(notice)}): "
+                                     "checkpointing, then going on without it", exclude=node.node_id)
+                else:
+                    return self._finished(generation, generation.member_of(ref))
+            nodes = cluster.alive_nodes()
+            alive = {n.node_id for n in nodes}
+            gone = [m for m in generation.members if m.node.node_id not in alive]
+            if gone:
+                return Event(f"node {_name(gone[0].node)} is gone (rank {_ranks(gone)})", failure=True,
+                             suspect=tuple({m.node.node_id for m in gone}))
+            draining = cluster.draining_nodes()
+            leaving = [m for m in generation.members if m.node.node_id in draining]
+            if leaving:
+                # Like a spot notice, from Ray: the node goes once idle or at the deadline.
+                return Event(f"node {_name(leaving[0].node)} is being drained by Ray: "
+                             "checkpointing, then going on without it", exclude=leaving[0].node.node_id)
+            fit = len(self._plan(nodes, draining))
+            if fit <= len(generation.members):
+                grow_since = None
+                continue
+            grow_since = grow_since or time.monotonic()
+            if fit >= self.job.max_workers or time.monotonic() - grow_since >= self.job.rescale_timeout:
+                return Event(f"the cluster now holds {fit} workers: rescaling")
+
+    def _finished(self, generation: Generation, member: Member) -> Event:
+        result = generation.outcome(member)
+        rank = f"rank {member.rank}"
+        if result is None:
+            return Event(f"{rank}'s worker on node {_name(member.node)} was lost", failure=True,
+                         suspect=(member.node.node_id,))
+        code = result.exit_code
+        if code == 0:
+            codes = [r.exit_code for r in generation.wait_all(self.job.checkpoint_timeout) if r is not None]
+            return Event("the script ended", exit_code=next((c for c in codes if c), 0))
+        if code == CHECKPOINTED_EXIT:
+            return Event(f"{rank} saved a checkpoint and exited: restarting")
+        if code is None or code > 128:
+            return Event(f"{rank} ended by {describe_exit(code or 137)}", failure=True)
+        lost = generation.unresponsive(SETTLE_SECONDS)
+        if lost:
+            return Event(f"{rank} exited with code {code} after rank {_ranks(lost)} was lost", failure=True,
+                         suspect=tuple({m.node.node_id for m in lost}))
+        return Event(f"{rank} exited with code {code}", exit_code=code)
+
+    def _keep_checkpoint(self, generation: Generation, timed_out: bool, lost_nodes: Collection[str]) -> bool:
+        """Keep rank 0's new checkpoint; True if there was one."""
+        taken = generation.take_checkpoint(self.job.checkpoint_timeout, lost_nodes)
+        if taken is not None:
+            self.checkpoint = taken
+            say(f"took rank 0's checkpoint of restart {taken.restart}")
+            return True
+        fallback = (f"resuming from the checkpoint of restart {self.checkpoint.restart}" if self.checkpoint
+                    else "starting afresh")
+        late = f" within the {self.job.checkpoint_timeout:g} s checkpoint timeout" if timed_out else ""
+        say(f"rank 0 left no checkpoint{late}: {fallback}")
+        return False
+
+
+def _name(node: cluster.Node) -> str:
+    return "head" if node.is_head else node.node_id[:8]
+
+
+def _ranks(members: List[Member]) -> str:
+    return ", ".join(str(m.rank) for m in members)
+
+
+def _notice(notice: Dict[str, str]) -> str:
+    return " ".join(str(notice[key]) for key in ("action", "time") if key in notice) or "notice"
+
+
+def _size(job: Job) -> str:
+    return f"{job.cpus:g} CPUs and {job.gpus:g} GPUs"

@@ -1,0 +1,142 @@
+"""The Ray actor that runs one keeper on its node: run.sh -> keeper -> command.
+
+The keeper does the process control (own session, signal forwarding, grace,
+reaping, status); the runner starts it, waits for it, asks it to stop with a
+SIGTERM (the keeper's graceful path: the trial may checkpoint) and kills what
+is left when that takes longer than the grace. The runner is an async actor:
+stop() is served while wait() is pending, and the keeper is forked from the
+actor's one long-lived event-loop thread, which matters because a parent-death
+signal fires when the forking *thread* ends. That signal is SIGTERM: when Ray
+kills the worker (node stopped, actor killed, driver gone), the keeper still
+stops the trial gracefully, bounded by its grace.
+
+The class is plain Python; callers wrap it with ray.remote, so importing this
+module does not import ray.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.resources
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+from trialkit import env
+from trialkit.keeper.main import FLUSH_SECONDS
+from trialkit.keeper.status import StatusFile
+from trialkit.platforms.base import FAILED, FINAL_STATUSES, USER_CANCELED
+from trialkit.process import Child, LaunchError, describe_exit, exit_code, signal_group, spawn
+
+FORCE_MARGIN = 1.0  # after grace + the keeper's flush time, before the runner kills
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: Optional[int]  # None: stopped before it started
+    status: Optional[str]  # the keeper's final status (SUCCEEDED, PREEMPTED, ...); None if it wrote none
+    reason: str
+    node_id: str
+
+
+def run_sh() -> str:
+    return str(importlib.resources.files("trialkit.scripts") / "run.sh")
+
+
+def node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _waitpid(child: Child) -> int:
+    _, status = os.waitpid(child.pid, 0)
+    child.exit_code = exit_code(status)
+    if child.popen is not None:
+        child.popen.returncode = child.exit_code  # Popen must not wait again
+    return child.exit_code
+
+
+class TrialRunner:
+    def __init__(self, label: str):
+        self.label = label
+        self._child: Optional[Child] = None
+        self._status_path: Optional[Path] = None
+        self._result: Optional[asyncio.Future] = None
+        self._stop_asked = False
+
+    def __repr__(self) -> str:
+        return self.label  # Ray prefixes the keeper's forwarded output with it
+
+    def _future(self) -> asyncio.Future:
+        if self._result is None:
+            self._result = asyncio.get_running_loop().create_future()
+        return self._result
+
+    async def start(self, args: Sequence[str], environ: Mapping[str, str]) -> int:
+        """Start run.sh ARGS (none: it runs $TRIALKIT_COMMAND) with `environ` over the
+        worker's own environment; returns the keeper's pid (0 if it did not start)."""
+        result = self._future()
+        if self._stop_asked:
+            result.set_result(RunResult(None, USER_CANCELED, "stopped before it started", node_id()))
+            return 0
+        full = {**os.environ, **environ}
+        # The worker's interpreter is the one with trialkit and the user's packages:
+        # the keeper's, and the trial command's `python3`.
+        full.setdefault(env.PYTHON, sys.executable)
+        full["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full.get("PATH", os.defpath)
+        self._status_path = Path(full.get(env.TRIAL_DIR) or os.getcwd()) / ".trialkit" / "status.json"
+        try:
+            self._child = spawn(["/bin/sh", run_sh(), *args], env=full, stdin=subprocess.DEVNULL,
+                                parent_death_signal=signal.SIGTERM)
+        except LaunchError as err:
+            result.set_result(RunResult(err.code, FAILED, str(err), node_id()))
+            return 0
+        asyncio.ensure_future(self._reap(self._child, result))
+        return self._child.pid
+
+    async def _reap(self, child: Child, result: asyncio.Future) -> None:
+        code = await asyncio.to_thread(_waitpid, child)
+        final = StatusFile.previous(self._status_path) or {}
+        if final.get("status") not in FINAL_STATUSES:  # the keeper was killed before it could say
+            final = {"reason": f"the keeper ended ({describe_exit(code)}) before the trial did"}
+        result.set_result(RunResult(code, final.get("status"), final.get("reason", ""), node_id()))
+
+    async def wait(self) -> RunResult:
+        """The keeper's exit code and final status, once it has exited."""
+        return await asyncio.shield(self._future())
+
+    async def stop(self, grace: float) -> bool:
+        """SIGTERM to the keeper; kill the trial and keeper if they outlast the grace.
+        True if they had to be killed."""
+        self._stop_asked = True
+        child = self._child
+        if child is None or not child.running:
+            return False
+        os.kill(child.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._future()), grace + FLUSH_SECONDS + FORCE_MARGIN)
+        except asyncio.TimeoutError:
+            await self.kill()
+            return True
+        # The keeper killed the trial itself when the grace ran out.
+        return self._future().result().exit_code == 128 + signal.SIGKILL
+
+    async def kill(self) -> None:
+        """SIGKILL the trial's process group and the keeper's, now."""
+        self._stop_asked = True
+        child = self._child
+        if child is None or not child.running:
+            return
+        trial_pid = (StatusFile.previous(self._status_path) or {}).get("pid")
+        if trial_pid:
+            signal_group(int(trial_pid), signal.SIGKILL)  # started in its own session: pid == group
+        signal_group(child.pgid, signal.SIGKILL)
+        await asyncio.shield(self._future())
+
+    async def ping(self) -> str:
+        """This runner's node; answering at all shows it (and its node) are alive."""
+        return node_id()
