@@ -165,10 +165,14 @@ class Collector:
         """The trial is over: read what is left; a partial frame at the end is a torn one."""
         self.watch.close()
         self.collect(drain=True)
+        before = self.cursor()
         for source in self.sources:
             source.finish()
-        try:
-            self.sink([], self.cursor())
-        except OSError as err:
-            self.warn(f"cannot write the spool ({err.strerror})")
+        # Only a torn last frame moves the cursor here; otherwise what was
+        # read is spooled already, and another fsync would only slow the exit.
+        if self.cursor() != before:
+            try:
+                self.sink([], self.cursor())
+            except OSError as err:
+                self.warn(f"cannot write the spool ({err.strerror})")
         self._closed = True
