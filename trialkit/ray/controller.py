@@ -129,9 +129,10 @@ class Controller:
             nodes = self._plan(cluster.alive_nodes(), cluster.draining_nodes())
             if len(nodes) >= self.job.max_workers or (nodes and not first):
                 return nodes
-            if time.monotonic() >= deadline or self._stop.is_set():
+            # Ray offers no public event for a node joining: look again shortly,
+            # but wake at once when the job is told to stop.
+            if time.monotonic() >= deadline or self._stop.wait(POLL_SECONDS):
                 return nodes
-            time.sleep(POLL_SECONDS)
 
     def _plan(self, nodes: List[cluster.Node], draining: Collection[str] = ()) -> List[cluster.Node]:
         now = time.monotonic()
