@@ -6,6 +6,7 @@ channel file the SDK wrote is the ground truth the manager's rows must match.
 """
 from __future__ import annotations
 
+import os
 import signal
 import struct
 import subprocess
@@ -253,4 +254,39 @@ def test_dir_watch_wakes_the_loop_with_inotify_or_a_timer(tmp_path, monkeypatch,
     (tmp_path / "f").write_bytes(b"x")
     assert loop.run_until(lambda: any(seen), deadline=time.monotonic() + 5)
     watcher.close()
+    loop.close()
+
+
+def _kernel_watches(fd: int) -> int:
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        return sum(line.startswith("inotify wd:") for line in f)
+
+
+@pytest.mark.parametrize("inotify", [True, False])
+def test_a_stopped_dir_watch_has_no_kernel_watches_and_stays_quiet(tmp_path, monkeypatch, inotify):
+    # The keeper stops the watch when the trial's tree is gone, so the kernel
+    # frees the watches while it records the end, not inside close() on its way out.
+    from trialkit.keeper import watch
+    from trialkit.process import EventLoop
+
+    if not inotify:
+        monkeypatch.setattr(watch, "_libc", lambda: None)
+    (tmp_path / "sub").mkdir()
+    loop = EventLoop(signals=())
+    seen = []
+    watcher = watch.DirWatch(loop, [tmp_path, tmp_path / "sub"], lambda: seen.append(True))
+    fd = watcher._fd
+    if inotify:
+        assert _kernel_watches(fd) == 2
+    watcher.stop()
+    if inotify:
+        assert _kernel_watches(fd) == 0
+    (tmp_path / "f").write_bytes(b"x")
+    (tmp_path / "sub" / "g").write_bytes(b"y")
+    # Longer than the timer's period: a stopped watch neither reads events nor polls.
+    assert not loop.run_until(lambda: bool(seen), deadline=time.monotonic() + 2 * watch.POLL_SECONDS)
+    watcher.close()
+    if inotify:
+        with pytest.raises(OSError):
+            os.fstat(fd)
     loop.close()

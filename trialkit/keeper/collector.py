@@ -161,6 +161,10 @@ class Collector:
             self.on_bad(f"{source.path} before byte {end}", str(err))
             return None
 
+    def stop_watching(self) -> None:
+        """Nothing appends to the files any more; finish() still reads what is left."""
+        self.watch.stop()
+
     def finish(self) -> None:
         """The trial is over: read what is left; a partial frame at the end is a torn one."""
         self.watch.close()

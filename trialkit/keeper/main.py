@@ -245,6 +245,7 @@ def run_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, re
     reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
                     command=list(opts.command))
     stop_asked = supervise(loop, child, captures, trial)
+    reporter.trial_ended()
     reporter.status(final_status(child, stop_asked), exit_code=child.exit_code, ended=time.time())
     return child.exit_code
 

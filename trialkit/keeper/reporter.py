@@ -71,6 +71,11 @@ class Reporter:
             self.collector.collect(drain=True)  # metrics reported before the change come before it
         self._ingest_one(records.status_record(status, fields, self.trial.trial_id))
 
+    def trial_ended(self) -> None:
+        """The trial's whole tree is gone: stop watching its files (see DirWatch.stop)."""
+        if self.collector:
+            self.collector.stop_watching()
+
     def nni_stdout_line(self, line: bytes) -> None:
         """A `NNISDK_MEb'...'` line from the trial's stdout."""
         try:
