@@ -246,7 +246,7 @@ def test_dir_watch_wakes_the_loop_with_inotify_or_a_timer(tmp_path, monkeypatch,
     from trialkit.process import EventLoop
 
     if not inotify:
-        monkeypatch.setattr(watch, "_libc", lambda: None)
+        monkeypatch.setattr(watch, "_inotify_libc", lambda: None)
     loop = EventLoop(signals=())
     seen = []
     watcher = watch.DirWatch(loop, [tmp_path], lambda: seen.append((tmp_path / "f").exists()))
@@ -270,7 +270,7 @@ def test_a_stopped_dir_watch_has_no_kernel_watches_and_stays_quiet(tmp_path, mon
     from trialkit.process import EventLoop
 
     if not inotify:
-        monkeypatch.setattr(watch, "_libc", lambda: None)
+        monkeypatch.setattr(watch, "_inotify_libc", lambda: None)
     (tmp_path / "sub").mkdir()
     loop = EventLoop(signals=())
     seen = []

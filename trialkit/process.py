@@ -36,7 +36,8 @@ STRAGGLER_GRACE = 2.0  # after the main child exits, what is left of its group g
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+# The C library, for what only it offers (prctl here, inotify in keeper/watch.py); None off Linux.
+libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
 class LaunchError(Exception):
@@ -51,9 +52,9 @@ def set_child_subreaper() -> bool:
     """Become the reaper of orphaned descendants (PID 1 already is)."""
     if os.getpid() == 1:
         return True
-    if _libc is None:
+    if libc is None:
         return False
-    return _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 def _clear_signal_mask() -> None:
@@ -65,8 +66,8 @@ def set_parent_death_signal(parent: int, signum: int = signal.SIGKILL) -> None:
     # Runs in the child between fork and exec: if the parent is SIGKILLed the
     # kernel sends the child `signum`, and each trialkit layer below does the
     # same for its own children, so the whole chain goes down.
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    if libc is not None:
+        libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
         if os.getppid() != parent:
             # The parent died before prctl took effect: the signal will never
             # come, so leave now (a signal to ourselves would meet the

@@ -16,14 +16,11 @@ leaves close() almost nothing to wait for.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
-import sys
 from pathlib import Path
 from typing import Callable, Iterable, List, Optional, Tuple
 
-from trialkit.process import EventLoop
+from trialkit.process import EventLoop, libc
 
 POLL_SECONDS = 0.2  # fallback only
 
@@ -36,15 +33,9 @@ _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 
 
-@functools.lru_cache(maxsize=None)  # loading the handle costs ~0.1 ms, and stop() is on the keeper's way out
-def _libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    return libc if hasattr(libc, "inotify_init1") else None
+def _inotify_libc():
+    """The C library where it has inotify, else None (then a timer polls)."""
+    return libc if libc is not None and hasattr(libc, "inotify_init1") else None
 
 
 class DirWatch:
@@ -68,15 +59,15 @@ class DirWatch:
     @staticmethod
     def _inotify(dirs: Iterable[Path]) -> Optional[Tuple[int, List[int]]]:
         """An inotify fd watching `dirs` and its watch descriptors, or None where inotify fails."""
-        libc = _libc()
-        if libc is None:
+        inotify = _inotify_libc()
+        if inotify is None:
             return None
-        fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        fd = inotify.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if fd < 0:
             return None
         watches = []
         for path in dirs:
-            watches.append(libc.inotify_add_watch(fd, os.fsencode(path), _MASK))
+            watches.append(inotify.inotify_add_watch(fd, os.fsencode(path), _MASK))
             if watches[-1] < 0:
                 os.close(fd)
                 return None
@@ -103,7 +94,6 @@ class DirWatch:
         self._stopped = True
         if self._fd is not None:
             self.loop.remove_reader(self._fd)  # removing a watch queues an event nobody needs
-            libc = _libc()
             for watch in self._watches:
                 libc.inotify_rm_watch(self._fd, watch)
 
