@@ -7,7 +7,9 @@ PACKAGES = [
     "trialkit.keeper",
     "trialkit.launch",
     "trialkit.control",
+    "trialkit.manager",
     "trialkit.platforms",
+    "trialkit.platforms.kubernetes",
     "trialkit.ray",
     "trialkit.web",
     "trialkit.scripts",
@@ -53,7 +55,7 @@ setup(
         "console_scripts": [
             "trialkit=trialkit.cli:main",
             "trialkit-keeper=trialkit.keeper.main:main",
-            "adaptdl-ray=trialkit.ray.adaptdl:main",
+            "adaptdl-ray=trialkit.ray.adaptdl_ray:main",
         ]
     },
 )

@@ -54,7 +54,7 @@ class Job:
     """adaptdl-ray in the background; every output line with the moment it arrived."""
 
     def __init__(self, cluster: RayCluster):
-        command = [sys.executable, "-m", "trialkit.ray.adaptdl", "-u", cluster.client_address, "-f", "train.py",
+        command = [sys.executable, "-m", "trialkit.ray.adaptdl_ray", "-u", cluster.client_address, "-f", "train.py",
                    "--working-dir", str(ROOT / "examples" / "adaptdl_ray"), "-m", "2", "--cpus", "2",
                    "--checkpoint-timeout", "30", "--cluster-rescale-timeout", "2",
                    "--", "--epochs", "1000000", "--step-seconds", "0.02"]

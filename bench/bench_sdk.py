@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trialkit.control.store import Store  # noqa: E402 - after the path is set
+from trialkit.manager.store import Store  # noqa: E402 - after the path is set
 
 LOOP = """
 import json, os, statistics, time
@@ -109,7 +109,7 @@ def end_to_end(calls: int, work: Path) -> None:
     store = Store.in_dir(exp)
     store.create_experiment("bench")
     store.add_trial("bench", "t1", sequence=0, parameters={}, token="bench-token")
-    server = subprocess.Popen([sys.executable, "-m", "trialkit.control.server", "--experiment-dir", str(exp)],
+    server = subprocess.Popen([sys.executable, "-m", "trialkit.manager.server", "--experiment-dir", str(exp)],
                               env=base_environ(), stdout=subprocess.PIPE, text=True)
     try:
         url = server.stdout.readline().split()[-1]

@@ -29,8 +29,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from trialkit.control.server import ManagerServer  # noqa: E402
-from trialkit.control.store import Store  # noqa: E402
+from trialkit.manager.server import ManagerServer  # noqa: E402
+from trialkit.manager.store import Store  # noqa: E402
 from trialkit.web import install, page_url  # noqa: E402
 from web_util import Browser, fill  # noqa: E402
 

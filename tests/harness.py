@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from trialkit import records
-from trialkit.control.store import Store
+from trialkit.manager.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -53,7 +53,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, every: 
 
 
 class Manager:
-    """`python -m trialkit.control.server` on a fixed loopback port: start, kill, start again."""
+    """`python -m trialkit.manager.server` on a fixed loopback port: start, kill, start again."""
 
     def __init__(self, exp_dir: Path, port: Optional[int] = None):
         self.exp_dir = exp_dir
@@ -72,7 +72,7 @@ class Manager:
 
     def start(self) -> "Manager":
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "trialkit.control.server", "--experiment-dir", str(self.exp_dir), "--port", str(self.port)],
+            [PYTHON, "-m", "trialkit.manager.server", "--experiment-dir", str(self.exp_dir), "--port", str(self.port)],
             env=child_environ(), stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         assert line.startswith("listening on"), line

@@ -25,7 +25,7 @@ import pytest
 from conftest import PYTHON, ROOT
 from ray_cluster import ImdsStub
 from trialkit.errors import UserError
-from trialkit.ray import adaptdl as cli
+from trialkit.ray import adaptdl_ray as cli
 from trialkit.ray import spot
 from trialkit.ray.cluster import Node, plan, slots
 from trialkit.ray.connect import version_mismatch
@@ -77,7 +77,7 @@ def test_the_script_must_be_in_the_working_dir(tmp_path):
 
 
 def adaptdl_ray(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "trialkit.ray.adaptdl", *args], capture_output=True, text=True,
+    return subprocess.run([PYTHON, "-m", "trialkit.ray.adaptdl_ray", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -173,7 +173,7 @@ class Job:
     def __init__(self, cluster, script: str, working_dir: Path, script_args: Sequence[str], *options: str):
         self.lines: List[str] = []
         self.proc = subprocess.Popen(
-            [PYTHON, "-m", "trialkit.ray.adaptdl", "-u", cluster.client_address, "-f", script, "--working-dir",
+            [PYTHON, "-m", "trialkit.ray.adaptdl_ray", "-u", cluster.client_address, "-f", script, "--working-dir",
              str(working_dir), "-m", "2", "--cpus", "2", "--cluster-rescale-timeout", "2", *options, "--",
              *script_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -248,8 +248,8 @@ def test_unreadable_and_broken_files_are_user_errors(tmp_path):
 
 
 def test_v1_kubernetes_configs_go_through_the_platforms_from_v1():
-    pytest.importorskip("trialkit.platforms.frameworkcontroller")
-    pytest.importorskip("trialkit.platforms.adaptdl")
+    pytest.importorskip("trialkit.platforms.kubernetes.frameworkcontroller")
+    pytest.importorskip("trialkit.platforms.kubernetes.adaptdljob")
     # the configs of NNI's FrameworkController and AdaptDL pages
     fc = {
         "authorName": "default", "experimentName": "example_mnist", "trialConcurrency": 1,

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trialkit.control.context import IGNORE_FILE, LIMIT_BYTES, collect, copy_into, pack, unpack
+from trialkit.platforms.context import IGNORE_FILE, LIMIT_BYTES, collect, copy_into, pack, unpack
 from trialkit.errors import UserError
 
 Files = List[str]

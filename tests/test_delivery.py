@@ -1,6 +1,6 @@
 """Every record a trial reports reaches the manager once, whatever fails on the way.
 
-Real processes throughout: `python -m trialkit.control.server` on loopback,
+Real processes throughout: `python -m trialkit.manager.server` on loopback,
 `python -m trialkit.keeper` running a training script that uses the SDK. The
 channel file the SDK wrote is the ground truth the manager's rows must match.
 """

@@ -212,7 +212,8 @@ def test_config_reference_describes_every_key():
 
 def test_config_reference_lists_the_schema():
     from trialkit.control import config
-    from trialkit.platforms import kubeflow, local, ray
+    from trialkit.platforms.kubernetes import kubeflow
+    from trialkit.platforms import local, ray
 
     text = docs_hooks.expand((DOCS / "reference" / "config.md").read_text())
     for key in config.V2_KEYS + tuple(local._OPTIONS) + tuple(ray._OPTIONS) + kubeflow.ROLES:
@@ -386,7 +387,7 @@ def render_config(config) -> List[dict]:
     from trialkit.cli import RENDER_EXPERIMENT_ID, REDACTED
     from trialkit.control.specs import build_spec
     from trialkit.control.tuners import build_tuner
-    from trialkit.platforms.kubernetes import render_trial
+    from trialkit.platforms.kubernetes.render import render_trial
 
     tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space, seed=0)
     parameter_id, parameters = tuner.ask()
@@ -414,7 +415,7 @@ def _keeper(args: List[str], cwd: Path) -> None:
 
 
 def _adaptdl_ray(args: List[str], cwd: Path) -> None:
-    from trialkit.ray.adaptdl import parse_args
+    from trialkit.ray.adaptdl_ray import parse_args
 
     parse_args(args)
 
@@ -452,7 +453,7 @@ def command_parser(words: List[str]):
         module = words[2]
         if module in ("trialkit.keeper", "trialkit.keeper.main"):
             return _keeper, words[3:]
-        if module == "trialkit.ray.adaptdl":
+        if module == "trialkit.ray.adaptdl_ray":
             return _adaptdl_ray, words[3:]
         if module.startswith("trialkit.launch."):
             return _launcher(module.rsplit(".", 1)[1]), words[3:]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trialkit.platforms import kubernetes as k8s
+from trialkit.platforms.kubernetes import render as k8s
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILES = sorted((ROOT / "images").glob("Dockerfile.*"))

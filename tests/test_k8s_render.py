@@ -23,8 +23,14 @@ from hypothesis import strategies as st
 import k8s_schemas
 import k8s_strategies as gen
 from trialkit.errors import UserError
-from trialkit.platforms import adaptdl, frameworkcontroller, k8s_config, kubeflow, load
-from trialkit.platforms import kubernetes as k8s
+from trialkit.platforms.kubernetes import (
+    adaptdljob as adaptdl,
+    frameworkcontroller,
+    config as k8s_config,
+    kubeflow,
+)
+from trialkit.platforms import load
+from trialkit.platforms.kubernetes import render as k8s
 from trialkit.platforms.base import TrialSpec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from trialkit.platforms import adaptdl, frameworkcontroller, kubeflow
-from trialkit.platforms import kubernetes as k8s
-from trialkit.platforms.base import FAILED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING, PlatformStatus
-from trialkit.platforms.k8s_platform import trial_status
+from trialkit.platforms.kubernetes import adaptdljob as adaptdl, frameworkcontroller, kubeflow
+from trialkit.platforms.kubernetes import render as k8s
+from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
+from trialkit.platforms.base import PlatformStatus
+from trialkit.platforms.kubernetes.platform import trial_status
 
 T0 = "2025-01-01T00:00:00Z"
 

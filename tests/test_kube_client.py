@@ -20,10 +20,11 @@ import k8s_fake_api
 import k8s_schemas
 from k8s_fake_api import FakeApiServer
 from trialkit.errors import UserError
-from trialkit.platforms import adaptdl, frameworkcontroller, kubeflow
-from trialkit.platforms import kubernetes as k8s
-from trialkit.platforms.base import FAILED, RUNNING, SUCCEEDED, SYS_CANCELED, WAITING, TrialSpec
-from trialkit.platforms.kube_client import ClusterError, KubeClient, ObjectRef
+from trialkit.platforms.kubernetes import adaptdljob as adaptdl, frameworkcontroller, kubeflow
+from trialkit.platforms.kubernetes import render as k8s
+from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, SYS_CANCELED, WAITING
+from trialkit.platforms.base import TrialSpec
+from trialkit.platforms.kubernetes.client import ClusterError, KubeClient, ObjectRef
 
 TOKEN = "trial-token-5b7e0c1d"
 

@@ -9,11 +9,12 @@ from experiment_util import by_sequence, cli, experiment, experiment_id, export,
 from harness import wait_until
 import k8s_schemas
 from trialkit.control.queue import JobQueue, Move, jobs
-from trialkit.control.store import Store
+from trialkit.manager.store import Store
 from trialkit.errors import UserError
-from trialkit.platforms import kubeflow
-from trialkit.platforms.base import PREEMPTED, RUNNING, TrialSpec
-from trialkit.platforms.kubernetes import render_trial
+from trialkit.platforms.kubernetes import kubeflow
+from trialkit.statuses import PREEMPTED, RUNNING
+from trialkit.platforms.base import TrialSpec
+from trialkit.platforms.kubernetes.render import render_trial
 
 WAIT = 60.0  # an upper bound for a loaded machine; never waited for on success
 

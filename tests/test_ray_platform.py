@@ -14,9 +14,8 @@ from harness import Manager, wait_until
 from trialkit import env, records
 from trialkit.errors import UserError
 from trialkit.platforms import load
-from trialkit.platforms.base import (
-    FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING, TrialSpec,
-)
+from trialkit.statuses import FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
+from trialkit.platforms.base import TrialSpec
 from trialkit.platforms.ray import RayConfig, parse_section
 
 WHERE = "trainingService"

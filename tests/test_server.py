@@ -9,8 +9,8 @@ import queue
 import pytest
 import requests
 
-from trialkit.control.server import ManagerServer
-from trialkit.control.store import Store, new_token
+from trialkit.manager.server import ManagerServer
+from trialkit.manager.store import Store, new_token
 
 
 @pytest.fixture

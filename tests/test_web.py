@@ -26,10 +26,10 @@ from conftest import ROOT, TAG, tagged_processes
 from experiment_util import experiment, experiment_id, reported, start_cli, trial_status
 from harness import wait_until
 from trialkit.control.config import parse_config
-from trialkit.control.server import ManagerServer
+from trialkit.manager.server import ManagerServer
 from trialkit.control.specs import build_spec
-from trialkit.control.store import Store, new_token
-from trialkit.platforms.base import FINAL_STATUSES, PREEMPTED, SUCCEEDED, USER_CANCELED
+from trialkit.manager.store import Store, new_token
+from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, USER_CANCELED
 from trialkit.platforms.local import LocalConfig, Platform
 from trialkit.web import Admin, install, page_url
 from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill

@@ -17,8 +17,8 @@ import uuid
 from typing import Any, Dict, List, Optional
 
 from trialkit import records
-from trialkit.control.store import Store
-from trialkit.platforms.base import FAILED, RUNNING, SUCCEEDED
+from trialkit.manager.store import Store
+from trialkit.statuses import FAILED, RUNNING, SUCCEEDED
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

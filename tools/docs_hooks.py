@@ -83,14 +83,14 @@ def cli_commands() -> List[List[str]]:
 def render_cli() -> str:
     from trialkit.cli import main as trialkit_main
     from trialkit.keeper.main import parse_args as keeper_args
-    from trialkit.ray.adaptdl import parse_args as adaptdl_ray_args
+    from trialkit.ray.adaptdl_ray import parse_args as adaptdl_ray_args
 
     parts = []
     for path in cli_commands():
         title = " ".join(["trialkit"] + path)
         parts.append(f"### {title}\n\n```text\n{help_text(trialkit_main, path)}\n```\n")
     parts.append(f"## trialkit-keeper\n\nAlso `python -m trialkit.keeper`.\n\n```text\n{help_text(keeper_args, [])}\n```\n")
-    parts.append(f"## adaptdl-ray\n\nAlso `python -m trialkit.ray.adaptdl`.\n\n```text\n{help_text(adaptdl_ray_args, [])}\n```\n")
+    parts.append(f"## adaptdl-ray\n\nAlso `python -m trialkit.ray.adaptdl_ray`.\n\n```text\n{help_text(adaptdl_ray_args, [])}\n```\n")
     return "\n".join(parts)
 
 

@@ -94,7 +94,7 @@ DESCRIPTIONS: Dict[str, str] = {
     "node selectors, sidecars.",
     "k8s.keeperGraceSeconds": "The keeper's grace in the pod: SIGTERM to SIGKILL of the trial.",
     "k8s.terminationGracePeriodSeconds": "The pod's grace; must exceed keeperGraceSeconds "
-    "(default: keeperGraceSeconds + {{ const trialkit.platforms.k8s_config.KEEPER_FLUSH_SECONDS }}).",
+    "(default: keeperGraceSeconds + {{ const trialkit.platforms.kubernetes.config.KEEPER_FLUSH_SECONDS }}).",
     "k8s.dockerImage": "The image every pod runs (a role may give its own).",
     "k8s.serviceAccountName": "The pods' service account.",
     "k8s.imagePullSecrets": "Secrets to pull the image: `- name: SECRET`.",
@@ -275,7 +275,7 @@ K8S_PLATFORMS = tuple(K8S_EXAMPLES)
 @contextlib.contextmanager
 def _recording() -> Iterator[List[Tuple[str, str, Tuple[str, ...], str, Dict[str, Any]]]]:
     """Record every key a k8s_config.Section is asked for: (where, name, aliases, kind, kwargs)."""
-    from trialkit.platforms import k8s_config
+    from trialkit.platforms.kubernetes import config as k8s_config
 
     Section = k8s_config.Section
     asked: List[Tuple[str, str, Tuple[str, ...], str, Dict[str, Any]]] = []
@@ -309,7 +309,7 @@ def _recording() -> Iterator[List[Tuple[str, str, Tuple[str, ...], str, Dict[str
 def _k8s_path(platform: str, where: str, name: str) -> str:
     import re
 
-    from trialkit.platforms import kubeflow
+    from trialkit.platforms.kubernetes import kubeflow
 
     rest = re.sub(r"\[\d+\]", "[]", where[len("trainingService"):].lstrip("."))
     if platform == "kubeflow" and rest.split(".")[0] in kubeflow.ROLES:
@@ -594,7 +594,12 @@ def render_nni_v2() -> str:
 
 def render_statuses(platform: str) -> str:
     """How a platform's job status becomes a trial status, from the platform's own tables."""
-    from trialkit.platforms import adaptdl, frameworkcontroller, k8s_platform, kubeflow
+    from trialkit.platforms.kubernetes import (
+        adaptdljob as adaptdl,
+        frameworkcontroller,
+        platform as k8s_platform,
+        kubeflow,
+    )
 
     if platform == "kubeflow":
         lines = ["| job condition (status True), first match wins | trial status |", "| --- | --- |"]

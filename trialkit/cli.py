@@ -31,13 +31,14 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from trialkit import process, records
-from trialkit.control import admin, paths
+from trialkit.control import admin
+from trialkit.manager import paths
 from trialkit.control.progress import duration, number, table, trials_table, when
 from trialkit.control.queue import Move, jobs, label
 from trialkit.control.results import best_row, metric_value, to_csv, to_json, trial_rows
-from trialkit.control.store import Store
+from trialkit.manager.store import Store
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
-from trialkit.platforms.base import FINAL_STATUSES
+from trialkit.statuses import FINAL_STATUSES
 
 PROG = "trialkit"
 DETACH_WAIT = 30.0  # how long `--detach` waits to show the background manager's URL
@@ -70,7 +71,7 @@ def cmd_render(opts: argparse.Namespace) -> int:
     from trialkit.control.config import load_config
     from trialkit.control.specs import build_spec
     from trialkit.control.tuners import build_tuner
-    from trialkit.platforms.kubernetes import render_trial
+    from trialkit.platforms.kubernetes.render import render_trial
 
     config = load_config(opts.config)
     if not hasattr(platforms.load(config.platform), "render"):

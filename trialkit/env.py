@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from trialkit import layout
+
 # trialkit's own names (templates and users write the first six by hand).
 TRIAL_DIR = "TRIALKIT_TRIAL_DIR"
 GRACE_SECONDS = "TRIALKIT_GRACE_SECONDS"
@@ -58,8 +60,14 @@ ADAPTDL = {
     "tensorboard_dir": "ADAPTDL_TENSORBOARD_LOGDIR",
     "restart_count": "ADAPTDL_NUM_RESTARTS",
     "job_id": "ADAPTDL_JOB_ID",
+    # The replica topology AdaptDL's library reads (set by its scheduler, or by adaptdl-ray).
+    "replica_rank": "ADAPTDL_REPLICA_RANK",
+    "num_replicas": "ADAPTDL_NUM_REPLICAS",
+    "num_nodes": "ADAPTDL_NUM_NODES",
+    "master_addr": "ADAPTDL_MASTER_ADDR",
+    "master_port": "ADAPTDL_MASTER_PORT",
 }
-ADAPTDL_OLD_TENSORBOARD = "ADAPTDLCTL_TENSORBOARD_LOGDIR"
+ADAPTDL_OLD_TENSORBOARD = "ADAPTDLCTL_TENSORBOARD_LOGDIR"  # the name NNI's docs use
 
 DEFAULT_GRACE_SECONDS = 25.0  # under Kubernetes' default 30 s termination grace
 RANK_VARIABLES = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "ADAPTDL_REPLICA_RANK")
@@ -126,8 +134,6 @@ class TrialEnv:
 
     def child_environ(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
         """The environment of the training process: trialkit's names, NNI's and AdaptDL's."""
-        from trialkit import adaptdl  # the AdaptDL part has its own module
-
         out = dict(os.environ if base is None else base)
         own = {
             EXPERIMENT_ID: self.experiment_id,
@@ -158,7 +164,24 @@ class TrialEnv:
             nni[NNI["code_dir"]] = str(self.code_dir)
         out.update(own)
         out.update(nni)
-        out.update(adaptdl.environ(self))
+        out.update(self.adaptdl_environ())
+        return out
+
+    def adaptdl_environ(self) -> Dict[str, str]:
+        """AdaptDL's names. It names each checkpoint after the restart count and
+        refuses to save twice under one number, so the count must rise on every restart."""
+        out = {
+            ADAPTDL["checkpoint_dir"]: str(self.checkpoint_dir),
+            ADAPTDL["share_dir"]: str(self.share_dir),
+            ADAPTDL["restart_count"]: str(self.restart_count),
+            ADAPTDL["job_id"]: f"{self.experiment_id}/{self.trial_id}",
+            # adaptdl 0.2.11 pickles whole objects into its checkpoints; torch 2.x
+            # refuses to load them unless weights-only loading is turned off.
+            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
+        }
+        if self.tensorboard_dir:
+            out[ADAPTDL["tensorboard_dir"]] = str(self.tensorboard_dir)
+            out[ADAPTDL_OLD_TENSORBOARD] = str(self.tensorboard_dir)
         return out
 
 
@@ -195,8 +218,8 @@ def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:
         rank=_number(e, _first_present(e, RANK_VARIABLES) or "RANK", 0, int),
         report_all_ranks=e.get(REPORT_ALL_RANKS, "") not in ("", "0", "false", "False"),
         under_keeper=bool(e.get(UNDER_KEEPER)),
-        channel=Path(_first(e, CHANNEL) or trial_dir / ".trialkit" / "channel"),
-        stop_file=Path(_first(e, STOP_FILE) or trial_dir / ".trialkit" / "stop"),
+        channel=Path(_first(e, CHANNEL) or trial_dir / layout.HOME / layout.CHANNEL),
+        stop_file=Path(_first(e, STOP_FILE) or trial_dir / layout.HOME / layout.STOP),
     )
 
 
@@ -308,14 +331,14 @@ def _platform_topology(e: Mapping[str, str]) -> Dict[str, Any]:
             "chief_addr": f"{role}-0{domain}",
             "hosts": tuple(f"{role}-{i}{domain}" for i in range(count)),
         }
-    if e.get("ADAPTDL_NUM_REPLICAS"):
+    if e.get(ADAPTDL["num_replicas"]):
         # AdaptDL runs one pod per replica; port 0 means "local, pick one".
-        port = _topology_int(e, "ADAPTDL_MASTER_PORT")
+        port = _topology_int(e, ADAPTDL["master_port"])
         return {
             "source": "AdaptDL",
-            "num_nodes": _topology_int(e, "ADAPTDL_NUM_REPLICAS"),
-            "node_rank": _topology_int(e, "ADAPTDL_REPLICA_RANK"),
-            "chief_addr": e.get("ADAPTDL_MASTER_ADDR"),
+            "num_nodes": _topology_int(e, ADAPTDL["num_replicas"]),
+            "node_rank": _topology_int(e, ADAPTDL["replica_rank"]),
+            "chief_addr": e.get(ADAPTDL["master_addr"]),
             "chief_port": port or None,
         }
     return {}

@@ -21,7 +21,7 @@ import copy
 import os
 from typing import Any, Dict, Optional
 
-from trialkit.control import schema
+from trialkit import schema
 from trialkit.control.config import V2_KEYS, ExperimentConfig, parse_config
 
 

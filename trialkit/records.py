@@ -27,8 +27,15 @@ import math
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from trialkit.platforms.base import (
-    EARLY_STOPPED, FAILED, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED, USER_CANCELED, WAITING,
+from trialkit.statuses import (
+    EARLY_STOPPED,
+    FAILED,
+    PREEMPTED,
+    RUNNING,
+    SUCCEEDED,
+    SYS_CANCELED,
+    USER_CANCELED,
+    WAITING,
 )
 
 PERIODICAL = "PERIODICAL"

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
 
 from trialkit import process
-from trialkit.control import paths
+from trialkit.manager import paths
 from trialkit.control.queue import Move
-from trialkit.control.server import HttpError, ManagerServer, Request
+from trialkit.manager.server import HttpError, ManagerServer, Request
 from trialkit.errors import UserError
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import math
 import statistics
 from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Type
 
-from trialkit.control import schema
+from trialkit import schema
 from trialkit.control.tuners import Checker, check_args, check_mode, quiet_optuna
 from trialkit.errors import UserError
 

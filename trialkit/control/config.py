@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 import yaml
 
 from trialkit import platforms
-from trialkit.control import schema
+from trialkit import schema
 from trialkit.control.assessors import check_assessor
 from trialkit.control.searchspace import SearchSpace, parse_space
 from trialkit.control.tuners import check_tuner

@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from trialkit.control.store import Store
+from trialkit.manager.store import Store
 from trialkit.errors import UserError
-from trialkit.platforms.base import PREEMPTED, RUNNING, WAITING
+from trialkit.statuses import PREEMPTED, RUNNING, WAITING
 
 # What users see for a status: a trial stopped with a checkpoint waits to be activated.
 LABELS = {PREEMPTED: "PAUSED"}

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional
 
 from trialkit import records
-from trialkit.control.store import Store
-from trialkit.platforms.base import SUCCEEDED
+from trialkit.manager.store import Store
+from trialkit.statuses import SUCCEEDED
 
 _ROW_FIELDS = ("trial_id", "sequence", "parameter_id", "status", "exit_code", "reason", "restart_count",
                "started", "ended", "duration", "final")

@@ -36,19 +36,27 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
 
 from trialkit import platforms, records, web
-from trialkit.control import admin, paths
+from trialkit.control import admin
+from trialkit.manager import paths
 from trialkit.control.assessors import build_assessor
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot, trials_table
 from trialkit.control.queue import JobQueue, Move, label
 from trialkit.control.results import ExperimentResult, best_row, metric_value, trial_rows
-from trialkit.control.server import HttpError, ManagerServer
+from trialkit.manager.server import HttpError, ManagerServer
 from trialkit.control.specs import build_spec
-from trialkit.control.store import Store, new_token
+from trialkit.manager.store import Store, new_token
 from trialkit.control.tuners import build_tuner
 from trialkit.errors import UserError
-from trialkit.platforms.base import (
-    EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, SUCCEEDED, SYS_CANCELED, USER_CANCELED, WAITING,
+from trialkit.statuses import (
+    EARLY_STOPPED,
+    FAILED,
+    FINAL_STATUSES,
+    PREEMPTED,
+    SUCCEEDED,
+    SYS_CANCELED,
+    USER_CANCELED,
+    WAITING,
 )
 from trialkit.web.catalog import Catalog
 

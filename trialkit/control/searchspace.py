@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
-from trialkit.control import schema
+from trialkit import schema
 from trialkit.errors import UserError
 
 # Names of each type's `_value` entries, in order.

@@ -9,7 +9,7 @@ from typing import Any, Dict
 
 from trialkit import env, records
 from trialkit.control.config import ExperimentConfig
-from trialkit.control.paths import trial_id as make_trial_id
+from trialkit.manager.paths import trial_id as make_trial_id
 from trialkit.platforms.base import TrialSpec
 
 

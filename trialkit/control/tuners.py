@@ -19,7 +19,7 @@ import math
 import random
 from typing import Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Type
 
-from trialkit.control import schema
+from trialkit import schema
 from trialkit.control.searchspace import Choice, Nested, SearchSpace
 
 MODES = ("maximize", "minimize")

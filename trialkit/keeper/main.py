@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import List, NoReturn, Optional, Sequence, Tuple
 
-from trialkit import adaptdl, env
+from trialkit import adaptdl, env, layout
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import StatusFile
-from trialkit.platforms.base import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
+from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
 from trialkit.process import (
     FORWARDED_SIGNALS,
     STOP_SIGNALS,
@@ -42,7 +42,6 @@ from trialkit.process import (
 
 PROG = "trialkit-keeper"
 NNI_STDOUT_PREFIX = b"NNISDK_MEb'"
-FLUSH_SECONDS = 5.0  # default time to deliver records at exit (inside Kubernetes' margin)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -70,7 +69,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--forward", metavar="SIGNALS", default=",".join(s.name for s in FORWARDED_SIGNALS),
                         help="comma-separated signals passed to the trial's process group "
                         "(default %(default)s)")
-    parser.add_argument("--flush-seconds", type=float, default=FLUSH_SECONDS, metavar="SECONDS",
+    parser.add_argument("--flush-seconds", type=float, default=layout.FLUSH_SECONDS, metavar="SECONDS",
                         help="at exit, how long to try delivering records to the manager (default %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="capture output to files without echoing it")
     opts = parser.parse_args(options)
@@ -118,10 +117,10 @@ def read_trial(opts: argparse.Namespace) -> env.TrialEnv:
 
 def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
     """Create the trial's dirs and the keeper's home; raise the restart count if we ran here before."""
-    home = trial.trial_dir / ".trialkit"
+    home = layout.home(trial.trial_dir)
     for path in (home, trial.output_dir, trial.checkpoint_dir, trial.share_dir):
         path.mkdir(parents=True, exist_ok=True)
-    previous = StatusFile.previous(home / "status.json")
+    previous = StatusFile.previous(home / layout.STATUS)
     if previous and "restart_count" in previous:
         # AdaptDL names checkpoints after the count and refuses to reuse one:
         # a keeper restarted on the same dir must count up even if nobody told it.
@@ -136,7 +135,7 @@ def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
 def write_pidfile(home: Path, trial: env.TrialEnv) -> Tuple[Path, str]:
     """`PID START_TICKS GRACE` for cleanup.sh: which process to signal (a reused pid
     does not match the start time) and how long it may take to stop."""
-    path = home / "keeper.pid"
+    path = home / layout.PIDFILE
     line = f"{os.getpid()} {start_ticks(os.getpid())} {trial.grace_seconds:g}\n"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(line)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from trialkit import records
+from trialkit import layout, records
 from trialkit.env import TrialEnv, is_reporting_replica
 from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path, write_nni_parameters
 from trialkit.keeper.spool import Spool
@@ -34,8 +34,8 @@ class Reporter:
     def __init__(self, trial: TrialEnv, home: Path):
         self.trial = trial
         self.home = home
-        self.status_file = StatusFile(home / "status.json")
-        self.spool = Spool(home / "spool")
+        self.status_file = StatusFile(home / layout.STATUS)
+        self.spool = Spool(home / layout.SPOOL)
         self.malformed = 0
         self.collector: Optional[Collector] = None
         self.shipper = None  # a Shipper when there is a manager to send to

@@ -22,9 +22,9 @@ from trialkit.errors import UserError
 
 MODULES = {
     "local": "trialkit.platforms.local",
-    "kubeflow": "trialkit.platforms.kubeflow",
-    "frameworkcontroller": "trialkit.platforms.frameworkcontroller",
-    "adaptdl": "trialkit.platforms.adaptdl",
+    "kubeflow": "trialkit.platforms.kubernetes.kubeflow",
+    "frameworkcontroller": "trialkit.platforms.kubernetes.frameworkcontroller",
+    "adaptdl": "trialkit.platforms.kubernetes.adaptdljob",
     "ray": "trialkit.platforms.ray",
 }
 ALIASES = {"adl": "adaptdl"}

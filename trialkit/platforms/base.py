@@ -4,17 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
-# Trial statuses (DESIGN.md). PREEMPTED: stopped with a checkpoint, to resume.
-WAITING = "WAITING"
-RUNNING = "RUNNING"
-SUCCEEDED = "SUCCEEDED"
-FAILED = "FAILED"
-USER_CANCELED = "USER_CANCELED"
-SYS_CANCELED = "SYS_CANCELED"
-EARLY_STOPPED = "EARLY_STOPPED"
-PREEMPTED = "PREEMPTED"
-FINAL_STATUSES = frozenset({SUCCEEDED, FAILED, USER_CANCELED, SYS_CANCELED, EARLY_STOPPED, PREEMPTED})
-
 
 @dataclass
 class TrialSpec:

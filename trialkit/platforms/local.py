@@ -14,12 +14,14 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from trialkit import env, process
-from trialkit.control import paths, schema
+from trialkit import env, layout, process
+from trialkit.manager import paths
+from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.keeper.spool import Spool
 from trialkit.keeper.status import StatusFile
-from trialkit.platforms.base import FAILED, FINAL_STATUSES, RUNNING, WAITING, PlatformStatus, TrialSpec
+from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, WAITING
+from trialkit.platforms.base import PlatformStatus, TrialSpec
 
 # ---------------------------------------------------------------- config
 # The trainingService section (`platform: local`) and NNI v1's localConfig.
@@ -92,7 +94,7 @@ def from_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
 # ---------------------------------------------------------------- platform
 # Each trial runs as it would in a container: scripts/run.sh -> keeper -> the
 # trial command, in <experiment dir>/trials/<trial id>/, from its own copy of
-# the code dir (trialkit.control.context: .trialignore honoured, 95 MB at
+# the code dir (trialkit.platforms.context: .trialignore honoured, 95 MB at
 # most) in code/ there. The copy is made on the trial's first start; a
 # restart (activate, resume) runs the code it started with. The handle of a
 # trial is its id. The keepers are started apart from the control plane (their own
@@ -110,7 +112,7 @@ def run_sh() -> str:
 
 def check_context(code_dir: str, experiment_dir: Path) -> None:
     """Refuse a code dir that trials cannot take along: one over the size limit, or one holding the experiment."""
-    from trialkit.control import context  # pathspec comes with the control plane's extras
+    from trialkit.platforms import context  # pathspec comes with the control plane's extras
 
     _refuse_nesting(code_dir, experiment_dir)
     context.collect(code_dir)
@@ -126,7 +128,7 @@ def _refuse_nesting(code_dir: str, experiment_dir: Path) -> None:
 
 def copy_code(code_dir: str, trial_dir: Path) -> Path:
     """The trial's copy of the code dir: made once, whole or not at all (a restart finds it as it was)."""
-    from trialkit.control import context
+    from trialkit.platforms import context
 
     _refuse_nesting(code_dir, trial_dir)
     dest = trial_dir / CODE_NAME
@@ -214,7 +216,7 @@ class Platform:
         keeper = self._keepers.get(handle)
         if keeper is not None and not keeper.ended:
             return PlatformStatus(RUNNING)
-        data = StatusFile.previous(paths.trial_dir(self.experiment_dir, handle) / ".trialkit" / "status.json") or {}
+        data = StatusFile.previous(layout.status_path(paths.trial_dir(self.experiment_dir, handle))) or {}
         exit_code = data.get("exit_code", keeper.exit_code if keeper else None)
         if data.get("status") in FINAL_STATUSES:
             return PlatformStatus(data["status"], data.get("reason") or "", exit_code)
@@ -225,7 +227,6 @@ class Platform:
 
     def stop(self, handle: str, grace: float) -> None:
         """SIGTERM to the keeper (it stops the trial within its grace and flushes); SIGKILL past that."""
-        from trialkit.keeper.main import FLUSH_SECONDS  # here: config parsing loads this module, not the keeper
 
         with self._lock:
             keeper = self._keepers.get(handle)
@@ -234,7 +235,7 @@ class Platform:
             _send(keeper, signal.SIGTERM)
             if keeper.kill_timer is None:
                 # Past the grace and the keeper's time to deliver records, with a second to spare.
-                keeper.kill_timer = threading.Timer(grace + FLUSH_SECONDS + 1.0, self.kill, (handle,))
+                keeper.kill_timer = threading.Timer(grace + layout.FLUSH_SECONDS + 1.0, self.kill, (handle,))
                 keeper.kill_timer.daemon = True
                 keeper.kill_timer.start()
 
@@ -246,14 +247,14 @@ class Platform:
                 return
             # The keeper is alive, so the trial it started (its pid is the
             # trial's group) has not been reaped: the group is still the trial's.
-            data = StatusFile.previous(keeper.trial_dir / ".trialkit" / "status.json") or {}
+            data = StatusFile.previous(layout.status_path(keeper.trial_dir)) or {}
             if isinstance(data.get("pid"), int):
                 process.signal_group(data["pid"], signal.SIGKILL)
             _send(keeper, signal.SIGKILL)
 
     def undelivered_records(self, handle: str) -> List[Dict[str, Any]]:
         """What an ended keeper spooled but could not deliver (no manager listened), marked delivered."""
-        spool_dir = paths.trial_dir(self.experiment_dir, handle) / ".trialkit" / "spool"
+        spool_dir = layout.spool_dir(paths.trial_dir(self.experiment_dir, handle))
         if not spool_dir.is_dir():
             return []
         spool = Spool(spool_dir)
@@ -296,7 +297,7 @@ def _send(keeper: _Keeper, signum: int) -> None:
 def _read_pidfile(trial_dir: Path) -> Optional[Tuple[int, int]]:
     """(pid, start ticks) from the keeper's pidfile; None when there is none to trust."""
     try:
-        pid, ticks, _grace = (trial_dir / ".trialkit" / "keeper.pid").read_text().split()
+        pid, ticks, _grace = layout.pidfile_path(trial_dir).read_text().split()
         return int(pid), int(ticks)
     except (OSError, ValueError):
         return None

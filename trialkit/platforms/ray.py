@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional
 
 from trialkit import env
-from trialkit.control import paths, schema
+from trialkit.manager import paths
+from trialkit import schema
 from trialkit.errors import UserError
-from trialkit.platforms.base import (
-    FAILED, RUNNING, SYS_CANCELED, USER_CANCELED, WAITING, PlatformStatus, TrialSpec,
-)
+from trialkit.statuses import FAILED, RUNNING, SYS_CANCELED, USER_CANCELED, WAITING
+from trialkit.platforms.base import PlatformStatus, TrialSpec
 from trialkit.ray import connect
-from trialkit.ray.runner import TrialRunner
+from trialkit.ray.trial_actor import TrialRunner
 
 PLATFORM = "ray"
 TRIAL_COMMAND_REQUIRED = True

@@ -11,7 +11,7 @@ from typing import Any, Collection, Dict, List, Optional, Sequence
 
 from trialkit.ray.cluster import Node
 from trialkit.ray.replica import Checkpoint, Replica, ReplicaSpec
-from trialkit.ray.runner import RunResult
+from trialkit.ray.trial_actor import RunResult
 
 PLACE_TIMEOUT = 120.0  # for rank 0's actor to come up on its node (a fresh worker process)
 CALL_TIMEOUT = 10.0  # for small calls to a live replica

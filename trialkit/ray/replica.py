@@ -24,7 +24,7 @@ from typing import Dict, Optional, Tuple
 
 from trialkit import env
 from trialkit.ray import spot
-from trialkit.ray.runner import TrialRunner
+from trialkit.ray.trial_actor import TrialRunner
 
 CHECKPOINT_PREFIX = "checkpoint-"  # adaptdl names each checkpoint checkpoint-<restart count>
 PARTIAL_CHECKPOINT = "_checkpoint"  # where adaptdl writes before the atomic rename
@@ -106,11 +106,11 @@ class Replica(TrialRunner):
             env.CODE_DIR: cwd,
             # Modules beside the script, and at the working dir's top, import as they do locally.
             "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")])),
-            "ADAPTDL_REPLICA_RANK": str(spec.rank),
-            "ADAPTDL_NUM_REPLICAS": str(spec.replicas),
-            "ADAPTDL_NUM_NODES": str(spec.nodes),
-            "ADAPTDL_MASTER_ADDR": spec.master_addr,
-            "ADAPTDL_MASTER_PORT": str(spec.master_port),
+            env.ADAPTDL["replica_rank"]: str(spec.rank),
+            env.ADAPTDL["num_replicas"]: str(spec.replicas),
+            env.ADAPTDL["num_nodes"]: str(spec.nodes),
+            env.ADAPTDL["master_addr"]: spec.master_addr,
+            env.ADAPTDL["master_port"]: str(spec.master_port),
         }
 
     async def take_checkpoint(self) -> Optional[Checkpoint]:

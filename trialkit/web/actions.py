@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
-from trialkit.control.server import HttpError
+from trialkit.manager.server import HttpError
 from trialkit.errors import UserError
 
 ACTIONS = ("kill", "pause", "activate", "priority")

@@ -13,7 +13,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Tuple
 
-from trialkit.control.server import HttpError, Raw
+from trialkit.manager.server import HttpError, Raw
 
 PLOTLY_PLACEHOLDER = b"{{plotly}}"
 PLOTLY_MISSING = "/static/plotly-missing.js"  # 404: the page then says how to install plotly

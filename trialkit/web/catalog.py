@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
-from trialkit.control.server import HttpError
+from trialkit.manager.server import HttpError
 
 
 class Database:

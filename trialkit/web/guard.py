@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 
-from trialkit.control.server import HttpError, Request
+from trialkit.manager.server import HttpError, Request
 
 _OWN_SITE = ("same-origin", "none")  # "none": typed in the address bar or opened from a bookmark
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from trialkit.control.server import HttpError
-from trialkit.platforms.base import PREEMPTED, RUNNING, WAITING
+from trialkit.manager.server import HttpError
+from trialkit.statuses import PREEMPTED, RUNNING, WAITING
 
 MAXIMIZE = "maximize"
 # Experiment statuses (NNI's names) whose clock still runs; any other ended at its last update.

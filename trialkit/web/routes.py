@@ -27,8 +27,8 @@ import math
 import time
 from typing import Any, Callable, Optional, Tuple, Union
 
-from trialkit.control.server import HttpError, ManagerServer, Raw, Request, Stream
-from trialkit.control.store import Store
+from trialkit.manager.server import HttpError, ManagerServer, Raw, Request, Stream
+from trialkit.manager.store import Store
 from trialkit.web import events, guard, logtail, queries
 from trialkit.web.actions import Admin
 from trialkit.web.assets import Assets

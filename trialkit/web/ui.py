@@ -5,9 +5,9 @@ import secrets
 from pathlib import Path
 from typing import List, Optional
 
-from trialkit.control import paths
-from trialkit.control.server import ManagerServer
-from trialkit.control.store import DB_NAME, Store
+from trialkit.manager import paths
+from trialkit.manager.server import ManagerServer
+from trialkit.manager.store import DB_NAME, Store
 from trialkit.errors import UserError
 from trialkit.web.catalog import Catalog
 from trialkit.web.routes import install, page_url

@@ -18,12 +18,11 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import yaml
 
 from trialkit import env as envnames
+from trialkit import layout
 from trialkit.errors import UserError
 
 DEFAULT_NAMESPACE = "default"
-# cleanup.sh waits the keeper's grace plus this long for it to flush and exit;
-# the pod's terminationGracePeriodSeconds must cover both.
-KEEPER_FLUSH_SECONDS = 6
+KEEPER_FLUSH_SECONDS = layout.CLEANUP_MARGIN_SECONDS
 DEFAULT_NFS_MOUNT = "/nfs"
 
 # NNI keys that mean nothing here, accepted so that NNI configs load as written:

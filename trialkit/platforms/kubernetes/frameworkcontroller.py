@@ -14,18 +14,11 @@ from typing import ClassVar, List, Tuple
 
 from trialkit import env as envnames
 from trialkit.errors import UserError
-from trialkit.platforms import kubernetes as k8s
-from trialkit.platforms.base import (
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
-    USER_CANCELED,
-    WAITING,
-    PlatformStatus,
-    TrialSpec,
-)
-from trialkit.platforms.k8s_config import KubeCommon, Role, Section, parse_common, parse_role, v1_common, v1_role
-from trialkit.platforms.k8s_platform import KubePlatform
+from trialkit.platforms.kubernetes import render as k8s
+from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
+from trialkit.platforms.base import PlatformStatus, TrialSpec
+from trialkit.platforms.kubernetes.config import KubeCommon, Role, Section, parse_common, parse_role, v1_common, v1_role
+from trialkit.platforms.kubernetes.platform import KubePlatform
 
 PLATFORM = "frameworkcontroller"
 KIND = "Framework"

@@ -14,8 +14,9 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import yaml
 
-from trialkit.platforms import kubernetes as k8s
-from trialkit.platforms.base import FAILED, FINAL_STATUSES, SYS_CANCELED, PlatformStatus, TrialSpec
+from trialkit.platforms.kubernetes import render as k8s
+from trialkit.statuses import FAILED, FINAL_STATUSES, SYS_CANCELED
+from trialkit.platforms.base import PlatformStatus, TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +74,14 @@ class KubePlatform:
     @property
     def client(self):
         if self._client is None:
-            from trialkit.platforms.kube_client import KubeClient
+            from trialkit.platforms.kubernetes.client import KubeClient
 
             self._client = KubeClient.from_environment()
         return self._client
 
     def submit(self, spec: TrialSpec) -> str:
         """Create the trial's objects, the job last; the job then owns the per-trial ones."""
-        from trialkit.platforms.kube_client import ObjectRef
+        from trialkit.platforms.kubernetes.client import ObjectRef
 
         objects = self.renderer(self.config, spec)
         self._record(spec, objects)
@@ -104,7 +105,7 @@ class KubePlatform:
 
     def _remove_trial_objects(self, objects: Sequence[dict]) -> None:
         """Undo a submission that failed half-way; the error that stopped it is the one raised."""
-        from trialkit.platforms.kube_client import ClusterError, ObjectRef
+        from trialkit.platforms.kubernetes.client import ClusterError, ObjectRef
 
         for obj in objects:
             if k8s.LABEL_TRIAL not in obj["metadata"]["labels"]:
@@ -121,7 +122,7 @@ class KubePlatform:
         path.write_text(yaml.safe_dump_all(objects, sort_keys=False), encoding="utf-8")
 
     def status(self, handle: str) -> PlatformStatus:
-        from trialkit.platforms.kube_client import ObjectRef
+        from trialkit.platforms.kubernetes.client import ObjectRef
 
         ref = ObjectRef.parse(handle)
         job = self.client.get(ref)
@@ -140,7 +141,7 @@ class KubePlatform:
         self._delete(handle, 0)
 
     def _delete(self, handle: str, pod_grace: Optional[int]) -> None:
-        from trialkit.platforms.kube_client import ObjectRef
+        from trialkit.platforms.kubernetes.client import ObjectRef
 
         ref = ObjectRef.parse(handle)
         job = self.client.get(ref)

@@ -15,9 +15,10 @@ from typing import ClassVar, List, Optional
 
 from trialkit import env as envnames
 from trialkit.errors import UserError
-from trialkit.platforms import kubernetes as k8s
-from trialkit.platforms.base import FAILED, RUNNING, SUCCEEDED, WAITING, PlatformStatus, TrialSpec
-from trialkit.platforms.k8s_config import (
+from trialkit.platforms.kubernetes import render as k8s
+from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, WAITING
+from trialkit.platforms.base import PlatformStatus, TrialSpec
+from trialkit.platforms.kubernetes.config import (
     KubeCommon,
     Resources,
     Section,
@@ -26,7 +27,7 @@ from trialkit.platforms.k8s_config import (
     parse_size_mib,
     v1_common,
 )
-from trialkit.platforms.k8s_platform import KubePlatform
+from trialkit.platforms.kubernetes.platform import KubePlatform
 
 PLATFORM = "adaptdl"
 KIND = "AdaptDLJob"

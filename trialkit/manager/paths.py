@@ -19,7 +19,7 @@ import string
 from pathlib import Path
 from typing import List, Optional
 
-from trialkit.control.store import DB_NAME
+from trialkit.manager.store import DB_NAME
 from trialkit.errors import UserError
 
 HOME_ENV = "TRIALKIT_HOME"

@@ -21,7 +21,7 @@ import yaml
 from trialkit import env as envnames
 from trialkit.errors import UserError
 from trialkit.platforms.base import TrialSpec
-from trialkit.platforms.k8s_config import KubeCommon, NfsMount, Resources, priority_class
+from trialkit.platforms.kubernetes.config import KubeCommon, NfsMount, Resources, priority_class
 
 LABEL_EXPERIMENT = "trialkit.io/experiment"
 LABEL_TRIAL = "trialkit.io/trial"

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from trialkit import records
-from trialkit.platforms.base import FINAL_STATUSES, RUNNING, WAITING
+from trialkit.statuses import FINAL_STATUSES, RUNNING, WAITING
 
 DB_NAME = "trialkit.db"
 

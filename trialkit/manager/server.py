@@ -24,7 +24,7 @@ A handler may answer other than JSON (the web page, trialkit/web): `Raw`
 (bytes in a content type of their own) or `Stream` (chunks written as they
 come, for server-sent events); `request.query` holds the query string.
 
-    python -m trialkit.control.server --experiment-dir DIR [--host H] [--port P]
+    python -m trialkit.manager.server --experiment-dir DIR [--host H] [--port P]
 serves a store on its own (tests, benchmarks, a manager run by hand).
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from trialkit import records
-from trialkit.control.store import Store
+from trialkit.manager.store import Store
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 
 MAX_BODY = 8 << 20  # a keeper's batch is at most 1 MiB; this leaves room and bounds memory

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from trialkit import env
-from trialkit.keeper.main import FLUSH_SECONDS
+from trialkit import env, layout
 from trialkit.keeper.status import StatusFile
-from trialkit.platforms.base import FAILED, FINAL_STATUSES, USER_CANCELED
+from trialkit.statuses import FAILED, FINAL_STATUSES, USER_CANCELED
 from trialkit.process import Child, LaunchError, describe_exit, exit_code, signal_group, spawn
 
 FORCE_MARGIN = 1.0  # after grace + the keeper's flush time, before the runner kills
@@ -88,7 +87,7 @@ class TrialRunner:
         # the keeper's, and the trial command's `python3`.
         full.setdefault(env.PYTHON, sys.executable)
         full["PATH"] = os.path.dirname(sys.executable) + os.pathsep + full.get("PATH", os.defpath)
-        self._status_path = Path(full.get(env.TRIAL_DIR) or os.getcwd()) / ".trialkit" / "status.json"
+        self._status_path = layout.status_path(Path(full.get(env.TRIAL_DIR) or os.getcwd()))
         try:
             self._child = spawn(["/bin/sh", run_sh(), *args], env=full, stdin=subprocess.DEVNULL,
                                 parent_death_signal=signal.SIGTERM)
@@ -118,7 +117,7 @@ class TrialRunner:
             return False
         os.kill(child.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(asyncio.shield(self._future()), grace + FLUSH_SECONDS + FORCE_MARGIN)
+            await asyncio.wait_for(asyncio.shield(self._future()), grace + layout.FLUSH_SECONDS + FORCE_MARGIN)
         except asyncio.TimeoutError:
             await self.kill()
             return True

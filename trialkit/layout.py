@@ -1,0 +1,44 @@
+"""The keeper's files inside a trial dir: one place that names them.
+
+The keeper writes them; the local and Ray platforms read the status and the
+spool; scripts/run.sh and scripts/cleanup.sh spell the same paths in shell
+(tests/test_layering.py checks that they match these names).
+
+    <trial dir>/.trialkit/status.json   the trial's status, replaced atomically
+    <trial dir>/.trialkit/spool/        records not yet acknowledged by the manager
+    <trial dir>/.trialkit/keeper.pid    `PID START_TICKS GRACE` of the running keeper
+    <trial dir>/.trialkit/channel       the SDK's framed records
+    <trial dir>/.trialkit/stop          present: the trial was asked to stop
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+HOME = ".trialkit"
+STATUS = "status.json"
+SPOOL = "spool"
+PIDFILE = "keeper.pid"
+CHANNEL = "channel"
+STOP = "stop"
+# How long the keeper tries to deliver records at exit by default; a platform
+# that waits for a stopping keeper adds it to the trial's grace.
+FLUSH_SECONDS = 5.0
+# cleanup.sh (a pod's preStop hook) waits the keeper's grace plus this long for
+# it to flush and exit; a pod's terminationGracePeriodSeconds must cover both.
+CLEANUP_MARGIN_SECONDS = 6
+
+
+def home(trial_dir: Path) -> Path:
+    return Path(trial_dir) / HOME
+
+
+def status_path(trial_dir: Path) -> Path:
+    return home(trial_dir) / STATUS
+
+
+def spool_dir(trial_dir: Path) -> Path:
+    return home(trial_dir) / SPOOL
+
+
+def pidfile_path(trial_dir: Path) -> Path:
+    return home(trial_dir) / PIDFILE

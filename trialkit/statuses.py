@@ -1,0 +1,13 @@
+"""Trial statuses: a contract shared by the keeper, the platforms, the store and the page.
+
+PREEMPTED means stopped with a checkpoint, to resume (DESIGN.md).
+"""
+WAITING = "WAITING"
+RUNNING = "RUNNING"
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+USER_CANCELED = "USER_CANCELED"
+SYS_CANCELED = "SYS_CANCELED"
+EARLY_STOPPED = "EARLY_STOPPED"
+PREEMPTED = "PREEMPTED"
+FINAL_STATUSES = frozenset({SUCCEEDED, FAILED, USER_CANCELED, SYS_CANCELED, EARLY_STOPPED, PREEMPTED})
