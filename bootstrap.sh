@@ -40,7 +40,8 @@ install_browser() {
 case "${1:-}" in
   demo)
     install_venv
-    exec "$venv/bin/trialkit" run examples/quickstart/config.yml
+    # Trials run on the user's PATH: the quickstart's `python3` is the project's.
+    PATH="$venv/bin:$PATH" exec "$venv/bin/trialkit" run examples/quickstart/config.yml
     ;;
   test)
     install_venv

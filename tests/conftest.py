@@ -21,6 +21,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TAG = "TRIALKIT_TEST_TAG"
 PYTHON = sys.executable
+# Trials run their command on the user's PATH (as NNI's do); the tests' user
+# works in the project's environment, as `./bootstrap.sh demo` does.
+os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + os.environ.get("PATH", os.defpath)
 
 # The session's one Ray cluster (`ray_cluster`), shared by every Ray test module.
 pytest_plugins = ["ray_cluster"]

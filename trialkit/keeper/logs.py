@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 READ_SIZE = 1 << 16
 READS_PER_TURN = 16  # then back to the loop: a flood of output must not delay a signal
@@ -207,3 +207,34 @@ class Capture:
             os.close(self.pipe_fd)
         except OSError:
             pass
+
+
+# A trial that cannot import the SDK usually ran on another Python than the
+# user meant: say which one, once, where the user reads the trial's log.
+_MISSING_SDK = (b"No module named 'trialkit", b"No module named 'nni")
+_HINT_TAIL_BYTES = 1 << 16
+
+
+def missing_sdk_hint(command: List[str], stderr_path: str, path: Optional[str]) -> Optional[str]:
+    """A one-line hint naming the interpreter when the trial's stderr ends in a failed `import trialkit`/`nni`."""
+    try:
+        with open(stderr_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(stderr_path) - _HINT_TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return None
+    missing = next((name for name in _MISSING_SDK if name in tail), None)
+    if missing is None:
+        return None
+    import shlex  # only on this rare path: the keeper starts in milliseconds
+    import shutil
+
+    module = missing.decode().rpartition("'")[2]
+    try:
+        words = shlex.split(command[2]) if command[:2] == ["/bin/sh", "-c"] else command
+    except ValueError:
+        words = command
+    interpreter = next((w for w in words if os.path.basename(w).startswith("python")), words[0])
+    found = shutil.which(interpreter, path=path) or f"{interpreter} (not found on PATH)"
+    return (f"hint: the trial's command ran on {found}, which cannot import {module}: install it there "
+            f"({found} -m pip install {module}), or start the experiment with the environment that has it first on PATH")

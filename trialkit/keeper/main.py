@@ -23,7 +23,7 @@ from typing import List, NoReturn, Optional, Sequence, Tuple
 
 from trialkit import adaptdl, env, layout
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
-from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner
+from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, missing_sdk_hint
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import StatusFile
 from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
@@ -244,6 +244,10 @@ def run_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, re
     reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
                     command=list(opts.command))
     stop_asked = supervise(loop, child, captures, trial)
+    if child.exit_code != 0:
+        hint = missing_sdk_hint(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
+        if hint is not None:
+            print(f"{PROG}: {hint}", file=sys.stderr, flush=True)
     reporter.trial_ended()
     reporter.status(final_status(child, stop_asked), exit_code=child.exit_code, ended=time.time())
     return child.exit_code

@@ -148,10 +148,10 @@ def trial_environ(config: LocalConfig, spec: TrialSpec, trial_dir: Path, code: O
     if code is not None:
         out[env.CODE_DIR] = str(code)  # run.sh runs the trial from there
     out[env.SLOTS_PER_NODE] = str(config.slots_per_trial)
-    # The keeper and the trial's `python3` are the control plane's interpreter,
-    # where trialkit is installed, whatever PATH the user started us with.
+    # The keeper runs on the control plane's interpreter, where trialkit is
+    # installed; the trial's command resolves on the user's PATH, untouched, as
+    # it would in their shell (NNI's way).
     out.setdefault(env.PYTHON, sys.executable)
-    out["PATH"] = os.path.dirname(sys.executable) + os.pathsep + out.get("PATH", os.defpath)
     return out
 
 
