@@ -94,7 +94,7 @@ DESCRIPTIONS: Dict[str, str] = {
     "node selectors, sidecars.",
     "k8s.keeperGraceSeconds": "The keeper's grace in the pod: SIGTERM to SIGKILL of the trial.",
     "k8s.terminationGracePeriodSeconds": "The pod's grace; must exceed keeperGraceSeconds "
-    "(default: keeperGraceSeconds + {{ const trialkit.platforms.kubernetes.config.KEEPER_FLUSH_SECONDS }}).",
+    "(default: keeperGraceSeconds + {{ const trialkit.layout.CLEANUP_MARGIN_SECONDS }}).",
     "k8s.dockerImage": "The image every pod runs (a role may give its own).",
     "k8s.serviceAccountName": "The pods' service account.",
     "k8s.imagePullSecrets": "Secrets to pull the image: `- name: SECRET`.",

@@ -22,7 +22,6 @@ from trialkit import layout
 from trialkit.errors import UserError
 
 DEFAULT_NAMESPACE = "default"
-KEEPER_FLUSH_SECONDS = layout.CLEANUP_MARGIN_SECONDS
 DEFAULT_NFS_MOUNT = "/nfs"
 
 # NNI keys that mean nothing here, accepted so that NNI configs load as written:
@@ -293,20 +292,20 @@ def parse_grace(sec: Section) -> Tuple[int, int]:
     if keeper is None and termination is None:
         keeper = int(envnames.DEFAULT_GRACE_SECONDS)
     if termination is None:
-        termination = keeper + KEEPER_FLUSH_SECONDS
+        termination = keeper + layout.CLEANUP_MARGIN_SECONDS
     if keeper is None:
-        keeper = termination - KEEPER_FLUSH_SECONDS
+        keeper = termination - layout.CLEANUP_MARGIN_SECONDS
         if keeper < 1:
             raise UserError(
                 f"{termination} s leaves the keeper no time to stop the trial",
                 sec.at("terminationGracePeriodSeconds"),
-                f"use at least {1 + KEEPER_FLUSH_SECONDS}",
+                f"use at least {1 + layout.CLEANUP_MARGIN_SECONDS}",
             )
     if termination <= keeper:
         raise UserError(
             f"must be greater than keeperGraceSeconds ({keeper}), or Kubernetes kills the trial before the keeper stops it",
             sec.at("terminationGracePeriodSeconds"),
-            f"use at least {keeper + KEEPER_FLUSH_SECONDS}",
+            f"use at least {keeper + layout.CLEANUP_MARGIN_SECONDS}",
         )
     return keeper, termination
 
