@@ -69,6 +69,20 @@ def test_kill_9_one_rank_stops_every_worker_within_the_grace(tmp_path):
     assert not any(psutil.pid_exists(pid) for pid in pids)
 
 
+def test_a_rank_torchrun_is_not_watching_is_stopped_by_trialkit_alone(tmp_path):
+    # torchrun looks at its workers once per --monitor-interval: at an hour it cannot be what stops the
+    # survivor, and SIGKILL comes only when the grace is over, so the survivor's handler shows our stop.
+    script = write(tmp_path, "wait.py", WAIT_FOR_STOP)
+    proc = Proc([*LAUNCHER, "--monitor-interval", "3600", "--", str(script)],
+                launch_env(tmp_path, TRIALKIT_SLOTS_PER_NODE="2", TRIALKIT_GRACE_SECONDS="60"))
+    pids = {int(proc.wait_for(rf"ready rank={r} pid=(\d+)").group(1)) for r in (0, 1)}
+    psutil.Process(int(proc.wait_for(r"ready rank=1 pid=(\d+)").group(1))).kill()
+    assert proc.finish() == 137
+    assert "[rank=0] handler rank=0 signal=SIGTERM\n" in proc.text, proc.text
+    assert proc.err_lines[-1].endswith(f"running {script}; stopped the other workers")
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+
+
 def test_sigterm_at_the_keeper_runs_every_ranks_handler_once(tmp_path):
     script = write(tmp_path, "wait.py", WAIT_FOR_STOP)
     proc = Proc([*KEEPER, *LAUNCHER, str(script)], launch_env(tmp_path, TRIALKIT_SLOTS_PER_NODE="2"))

@@ -58,6 +58,7 @@ class Worker:
     exit_code: Optional[int] = None
     killed_by: int = 0
     linked: bool = True  # the link is open, so the wrap_rank is alive
+    asked_to_stop: bool = False  # we sent it a stop signal: the verdict may say we stopped it
 
     @property
     def running(self) -> bool:
@@ -70,6 +71,10 @@ class Worker:
     def signal(self, signum: int) -> None:
         """Through wrap_rank, which forwards a stop signal once however many layers send it."""
         self.link.send("signal", signum)
+
+    def stop(self, signum: int) -> None:
+        self.signal(signum)
+        self.asked_to_stop = True
 
     def kill(self) -> None:
         if self.group is not None:
@@ -155,7 +160,7 @@ class Supervisor:
         if kind == "rank" and len(values) == 2:
             self.workers[peer] = Worker(rank=values[0], pid=values[1], link=peer)
             if self.stopping_with is not None:
-                self.workers[peer].signal(self.stopping_with)  # it started while we stop: it stops too
+                self.workers[peer].stop(self.stopping_with)  # it started while we stop: it stops too
             return
         worker = self.workers.get(peer)
         if worker is None or not values:
@@ -203,7 +208,7 @@ class Supervisor:
         self.stopping_with = signum
         running = self._running()
         for worker in running:
-            worker.signal(signum)
+            worker.stop(signum)
         if not running:
             self._release_engine()
         if self.kill_at is None:
@@ -237,8 +242,9 @@ class Supervisor:
     def _outcome(self) -> Tuple[int, str]:
         if self.failed:
             w = self.failed
-            return w.exit_code or 1, (f"rank {w.rank} failed with {w.describe()} running {self.script}; "
-                                      f"stopped the other workers")
+            # Said only when we did it: an engine that tears its workers down itself must not pass for us.
+            stopped = "; stopped the other workers" if any(o.asked_to_stop for o in self.workers.values()) else ""
+            return w.exit_code or 1, f"rank {w.rank} failed with {w.describe()} running {self.script}{stopped}"
         if self.stopped_by:
             name = signal.Signals(self.stopped_by).name
             first = next((w for w in self.ended if w.exit_code), None)
