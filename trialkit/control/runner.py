@@ -48,6 +48,7 @@ from trialkit.control.specs import build_spec
 from trialkit.manager.store import Store, new_token
 from trialkit.control.tuners import build_tuner
 from trialkit.errors import UserError
+from trialkit.platforms.base import Platform
 from trialkit.statuses import (
     EARLY_STOPPED,
     FAILED,
@@ -145,7 +146,7 @@ class Runner:
         self.elapsed_before = elapsed
         self.started = time.monotonic()
         self.best: Optional[Trial] = None
-        self.platform: Any = None
+        self.platform: Platform  # made in run(), once the manager listens
         self.server: Optional[ManagerServer] = None
         self.catalog: Optional[Catalog] = None
         self.info: Optional[admin.ManagerInfo] = None
@@ -163,8 +164,7 @@ class Runner:
         try:
             self.platform = platforms.load(self.config.platform).Platform(self.config.training_service,
                                                                           self.experiment_dir)
-            if hasattr(self.platform, "on_end"):
-                self.platform.on_end = lambda handle: self.events.put(("end", handle))
+            self.platform.on_end = lambda handle: self.events.put(("end", handle))
             self.resume_trials()
             self.serve()
             status = self._final_status()
@@ -594,7 +594,7 @@ class Runner:
         for trial in self._to_resume:
             row = self.store.trial(trial.id)
             elapsed = time.time() - (row["started"] or row["created"])
-            reattach = getattr(self.platform, "reattach", None)
+            reattach = self.platform.reattach
             if reattach is not None and reattach(trial.id):
                 self._watch(trial, trial.id, elapsed)
                 continue
@@ -610,7 +610,9 @@ class Runner:
         self._to_resume = []
 
     def _collect_undelivered(self, trial: Trial) -> None:
-        batch = [rec for rec in self.platform.undelivered_records(trial.id) if records.wire_problem(rec) is None]
+        undelivered = self.platform.undelivered_records
+        left = undelivered(trial.id) if undelivered is not None else []
+        batch = [rec for rec in left if records.wire_problem(rec) is None]
         fresh = self.store.add_records(trial.id, batch)
         self.on_records(trial.id, fresh)
 

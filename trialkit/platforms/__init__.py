@@ -2,16 +2,19 @@
 
 Every platform module offers:
   parse_section(section: dict, where: str) -> its config object (UserError on bad input)
-  Platform(config, experiment_dir): submit(spec) -> handle, status(handle) -> PlatformStatus,
-      stop(handle, grace) (graceful, SIGTERM path), kill(handle)
+  Platform(config, experiment_dir): a trialkit.platforms.base.Platform, the
+      interface the experiment loop drives: submit(spec) -> handle,
+      status(handle) -> PlatformStatus, stop(handle, grace) (graceful, SIGTERM
+      path), kill(handle), and the optional hooks on_end (called the moment a
+      trial ends), reattach and undelivered_records (on resume: watch a trial
+      that still runs, collect what an ended one could not deliver). Platforms
+      inherit base.PlatformBase, whose defaults are what the loop does without
+      a hook: a status sweep every few seconds, and a trial running at the
+      interruption submitted again.
 Kubernetes platforms also offer render(config, spec) -> list[dict] and, where
 NNI's v1 format had the platform, from_v1(v1_config) -> v2 trainingService dict.
-A Platform may also offer what the experiment loop uses when present:
-  on_end: a callback(handle) it calls the moment a trial ends (else the loop
-      finds out from status() every few seconds),
-  reattach(handle) -> bool, undelivered_records(handle) -> list[dict]: on
-      resume, watch a trial that still runs, or collect what an ended one
-      could not deliver (else a trial running at the interruption is submitted again).
+A platform that copies the trial's code dir (local) offers check_context(code_dir,
+experiment_dir): a dir it cannot take is refused before the experiment starts.
 """
 from __future__ import annotations
 

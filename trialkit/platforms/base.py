@@ -1,8 +1,14 @@
-"""What every platform receives and answers, as the control plane sees it."""
+"""What every platform receives and answers, as the control plane sees it.
+
+`Platform` is the interface the experiment loop drives: four calls every
+platform answers, and three optional hooks. `PlatformBase` holds the hooks'
+defaults (what the loop does without them); a platform inherits it and
+overrides the hooks it can serve.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Protocol
 
 
 @dataclass
@@ -33,3 +39,39 @@ class PlatformStatus:
     status: str  # one of the statuses above
     reason: str = ""
     exit_code: Optional[int] = None
+
+
+class Platform(Protocol):
+    def submit(self, spec: TrialSpec) -> str:
+        """Start the trial; its handle, which names it in every later call."""
+
+    def status(self, handle: str) -> PlatformStatus:
+        """Where the trial is: WAITING, RUNNING, or a final status with its reason and exit code."""
+
+    def stop(self, handle: str, grace: float) -> None:
+        """The graceful stop: SIGTERM to the keeper, which gives the trial `grace` seconds to checkpoint."""
+
+    def kill(self, handle: str) -> None:
+        """Stop it now, no checkpoint."""
+
+    # The optional hooks (defaults in PlatformBase).
+    on_end: Callable[[str], None]
+    """The loop sets it; a platform that can tell calls it (from any thread) the moment a trial ends.
+    Without a call the loop finds the end by asking status() every few seconds."""
+    reattach: Optional[Callable[[str], bool]]
+    """On resume: watch again a trial that an earlier control plane started; False when it no longer runs
+    (status() then says how it ended). None: the platform cannot find such trials, so they start again."""
+    undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]]
+    """On resume, for a trial that ended while no manager listened: the records its keeper could not deliver."""
+
+
+def _nobody_listens(handle: str) -> None:
+    """on_end until the experiment loop sets its own."""
+
+
+class PlatformBase:
+    """The optional hooks of `Platform` as a platform without them has them."""
+
+    on_end: Callable[[str], None] = staticmethod(_nobody_listens)
+    reattach: Optional[Callable[[str], bool]] = None
+    undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]] = None

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from trialkit import env
 from trialkit.manager import paths
 from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.statuses import FAILED, RUNNING, SYS_CANCELED, USER_CANCELED, WAITING
-from trialkit.platforms.base import PlatformStatus, TrialSpec
+from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 from trialkit.ray import connect
 from trialkit.ray.trial_actor import TrialRunner
 
@@ -95,13 +95,12 @@ class _Trial:
     released: bool = False  # the actor was killed
 
 
-class Platform:
+class Platform(PlatformBase):
     """Trials on a Ray cluster. `on_end(handle)` is called (from a Ray thread) when a trial ends."""
 
     def __init__(self, config: RayConfig, experiment_dir: Path):
         self.config = config
         self.experiment_dir = Path(experiment_dir)
-        self.on_end: Callable[[str], None] = lambda handle: None
         self._trials: Dict[str, _Trial] = {}
         self._runner_class: Any = None
 

@@ -16,7 +16,7 @@ import yaml
 
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.statuses import FAILED, FINAL_STATUSES, SYS_CANCELED
-from trialkit.platforms.base import PlatformStatus, TrialSpec
+from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def trial_status(job_status: PlatformStatus, pods: Sequence[dict]) -> PlatformSt
     return job_status
 
 
-class KubePlatform:
+class KubePlatform(PlatformBase):
     """One trial = the objects `renderer` makes; its handle is the job's ObjectRef as text."""
 
     renderer: Callable[[Any, TrialSpec], List[dict]]
