@@ -85,10 +85,37 @@ def test_pruner_median_stops_a_bad_trial_and_keeps_a_good_one():
     assert [t.state.name for t in assessor._study.trials][-1] == "PRUNED"
 
 
-def test_pruner_percentile_and_successive_halving_build():
-    assert build_assessor("pruner", {"pruner": "percentile", "percentile": 25}).should_stop("t", [1.0]) is False
-    halving = build_assessor("Pruner", {"pruner": "SuccessiveHalving", "min_resource": 1, "reduction_factor": 2})
-    assert halving.should_stop("t", [1.0, 2.0]) in (True, False)
+def finished(assessor, curves):
+    """Trials t0, t1, ... that reported these curves step by step and succeeded."""
+    for i, curve in enumerate(curves):
+        for step in range(1, len(curve) + 1):
+            assessor.should_stop(f"t{i}", curve[:step])
+        assessor.trial_end(f"t{i}", succeeded=True)
+    return assessor
+
+
+@pytest.mark.parametrize("percentile, stops_06", [(25, True), (50, False)])
+def test_pruner_percentile_keeps_the_given_top_share(percentile, stops_06):
+    # Maximizing, percentile 25 keeps the best quarter: at step 1 of five finished trials
+    # [0.1, 0.3, 0.5, 0.7, 0.9] that is above 0.7 (their 75th percentile); percentile 50 keeps above 0.5.
+    assessor = finished(build_assessor("pruner", {"pruner": "percentile", "percentile": percentile,
+                                                  "n_startup_trials": 5}),
+                        [[0.1, 0.1], [0.3, 0.3], [0.5, 0.5], [0.7, 0.7], [0.9, 0.9]])
+    assert assessor.should_stop("low", [0.2]) is True
+    assert assessor.should_stop("between", [0.6]) is stops_06
+    assert assessor.should_stop("high", [0.8]) is False
+
+
+@pytest.mark.parametrize("reduction_factor, stops_06", [(2, False), (4, True)])
+def test_pruner_successive_halving_promotes_the_top_one_in_reduction_factor(reduction_factor, stops_06):
+    # Rung 0 is step 1. There a 0.6 is second of five (the finished [0.9, 0.5, 0.1], the stopped 0.2 and
+    # itself): factor 2 promotes the best 5 // 2 (it stays), factor 4 only the best (it stops).
+    assessor = finished(build_assessor("Pruner", {"pruner": "SuccessiveHalving", "min_resource": 1,
+                                                  "reduction_factor": reduction_factor}),
+                        [[0.9], [0.5], [0.1]])
+    assert assessor.should_stop("low", [0.2]) is True
+    assert assessor.should_stop("between", [0.6]) is stops_06
+    assert assessor.should_stop("high", [0.95]) is False
 
 
 @pytest.mark.parametrize(
