@@ -117,6 +117,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "kubeflow.master": "The master (PyTorchJob; one replica) or chief (TFJob).",
     "kubeflow.worker": "The workers.",
     "kubeflow.ps": "The parameter servers (TFJob only).",
+    "kubeflow.reportingRole": "The role whose task 0 ships the trial's records (`master`, `worker` or `ps`; default: "
+    "`master` if present, else `worker`). Every pod runs a keeper; only this one reports.",
     "kubeflow.<role>.replicas": "How many pods of this role.",
     "kubeflow.<role>.command": "This role's command (default: trialCommand).",
     "kubeflow.<role>.dockerImage": "This role's image (default: the section's).",
@@ -126,6 +128,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "kubeflow.<role>.privateRegistryAuthPath": "Refused: create an image pull Secret and list it in imagePullSecrets.",
     # frameworkcontroller
     "frameworkcontroller.taskRoles": "The task roles, each a group of identical pods.",
+    "frameworkcontroller.reportingRole": "The task role whose task 0 ships the trial's records (default: the role named "
+    "`chief`, `master` or `worker`, in that order, else the first). Every task runs a keeper; only this one reports.",
     "frameworkcontroller.taskRoles[].name": "The role's name: 1 to 63 lowercase letters and digits.",
     "frameworkcontroller.taskRoles[].taskNumber": "How many pods of this role.",
     "frameworkcontroller.taskRoles[].command": "This role's command (default: trialCommand).",

@@ -43,6 +43,10 @@ PYTHON = "TRIALKIT_PYTHON"  # the interpreter run.sh starts the keeper with
 # A Ray node's instance-metadata service (spot notices); set per node to point a
 # node at a stand-in, as tests do. Default: EC2's link-local address.
 IMDS_URL = "TRIALKIT_IMDS_URL"
+# The devices a process may use (CUDA's names; trialkit.gpus sets them for local trials).
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 # Compatibility names, read as input and written for the training process.
 NNI = {
@@ -285,8 +289,9 @@ def topology(environ: Optional[Mapping[str, str]] = None) -> Topology:
     topo = Topology(
         num_nodes=num_nodes,
         node_rank=_pick(_topology_int(e, NODE_RANK), found.get("node_rank"), 0),
-        # 0 slots means "not set", as TrialEnv.slots_per_node reads it.
-        slots_per_node=_topology_int(e, SLOTS_PER_NODE) or found.get("slots_per_node") or 1,
+        # 0 slots means "not set", as TrialEnv.slots_per_node reads it; then one
+        # worker per visible GPU, as torchrun's --nproc-per-node gpu.
+        slots_per_node=_topology_int(e, SLOTS_PER_NODE) or found.get("slots_per_node") or visible_device_count(e) or 1,
         chief_addr=e.get(CHIEF_ADDR) or found.get("chief_addr") or "127.0.0.1",
         chief_port=port if port is not None or num_nodes == 1 else DEFAULT_CHIEF_PORT,
         hosts=hosts,
@@ -344,6 +349,17 @@ def _platform_topology(e: Mapping[str, str]) -> Dict[str, Any]:
     return {}
 
 
+def visible_device_count(environ: Mapping[str, str]) -> int:
+    """How many devices CUDA_VISIBLE_DEVICES names (0 when unset or empty); CUDA stops at a -1."""
+    count = 0
+    for entry in environ.get(CUDA_VISIBLE_DEVICES, "").split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        count += 1
+    return count
+
+
 def _pick(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
@@ -382,11 +398,20 @@ def _check_topology(topo: Topology, e: Mapping[str, str]) -> None:
 # if two shipped, the manager would take the second one's records for
 # duplicates of the first's. Only the chief replica ships; the others keep
 # their records in their own spool and status file.
-CHIEF_ROLE = "TRIALKIT_CHIEF_ROLE"  # FrameworkController: the role whose task 0 reports
+# Set by the Kubernetes renderers: the role whose task 0 reports (the config's
+# reportingRole), and each pod's own role and index within it (FrameworkController
+# gives these as FC_TASKROLE_NAME and FC_TASK_INDEX; training-operator as pod labels).
+CHIEF_ROLE = "TRIALKIT_CHIEF_ROLE"
+ROLE = "TRIALKIT_ROLE"
+TASK_INDEX = "TRIALKIT_TASK_INDEX"
 
 
 def is_reporting_replica(environ: Optional[Mapping[str, str]] = None) -> bool:
     e = os.environ if environ is None else environ
+    chief_role = e.get(CHIEF_ROLE)
+    role = e.get(ROLE) or e.get("FC_TASKROLE_NAME")
+    if chief_role and role:
+        return role == chief_role and (e.get(TASK_INDEX) or e.get("FC_TASK_INDEX") or "0") == "0"
     tf_config = e.get("TF_CONFIG")
     if tf_config:
         try:
@@ -399,6 +424,5 @@ def is_reporting_replica(environ: Optional[Mapping[str, str]] = None) -> bool:
             return kind in ("chief", "master")
         return kind == "worker" and index == 0
     if e.get("FC_TASKROLE_NAME"):
-        chief_role = e.get(CHIEF_ROLE)
-        return e.get("FC_TASK_INDEX", "0") == "0" and chief_role in (None, e["FC_TASKROLE_NAME"])
+        return e.get("FC_TASK_INDEX", "0") == "0"
     return _platform_topology(e).get("node_rank") in (None, 0)

@@ -186,6 +186,21 @@ def parse_role(sec: Section, name: str, count_keys: Sequence[str]) -> Role:
     )
 
 
+# Without reportingRole, the first of these roles present reports, else the first role.
+REPORTING_ROLE_ORDER = ("chief", "master", "worker")
+
+
+def reporting_role(sec: Section, roles: Sequence[str]) -> str:
+    """`reportingRole`: the role whose task 0 ships the trial's records (one keeper
+    per pod holds the trial's token, and only one may ship)."""
+    key, value = sec.raw("reportingRole")
+    if value is None:
+        return next((name for name in REPORTING_ROLE_ORDER if name in roles), roles[0])
+    if value not in roles:
+        raise UserError(f"{value!r} is not one of this trial's roles", sec.at(key), "use one of: " + ", ".join(roles))
+    return str(value)
+
+
 @dataclass(frozen=True)
 class NfsMount:
     server: str

@@ -17,7 +17,16 @@ from trialkit.errors import UserError
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
 from trialkit.platforms.base import PlatformStatus, TrialSpec
-from trialkit.platforms.kubernetes.config import KubeCommon, Role, Section, parse_common, parse_role, v1_common, v1_role
+from trialkit.platforms.kubernetes.config import (
+    KubeCommon,
+    Role,
+    Section,
+    parse_common,
+    parse_role,
+    reporting_role,
+    v1_common,
+    v1_role,
+)
 from trialkit.platforms.kubernetes.platform import KubePlatform
 
 PLATFORM = "frameworkcontroller"
@@ -43,6 +52,7 @@ class TaskRole:
 class FrameworkConfig:
     task_roles: Tuple[TaskRole, ...]
     common: KubeCommon
+    reporting_role: str = ""
     platform: ClassVar[str] = PLATFORM
 
 
@@ -80,8 +90,9 @@ def parse_section(section: dict, where: str) -> FrameworkConfig:
     if duplicate:
         raise UserError(f"task role {duplicate!r} is given twice", sec.at("taskRoles"))
     common = parse_common(sec, [KIND])
+    reporter = reporting_role(sec, names)
     sec.finish()
-    return FrameworkConfig(task_roles=tuple(task_roles), common=common)
+    return FrameworkConfig(task_roles=tuple(task_roles), common=common, reporting_role=reporter)
 
 
 def from_v1(v1_config: dict) -> dict:
@@ -117,8 +128,8 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
         plan = k8s.pod_plan(
             config.common, spec, names, PLATFORM,
             image=role.image, command=role.command, res=role.resources, where=f"trainingService.taskRoles.{role.name}",
-            # Every task runs a keeper with the trial's token: only the first role's task 0 reports.
-            extra_env={envnames.CHIEF_ROLE: config.task_roles[0].role.name},
+            # Every task runs a keeper with the trial's token: only task 0 of the reporting role ships.
+            extra_env={envnames.CHIEF_ROLE: config.reporting_role},
         )
         pod = k8s.fill_pod(task.get("pod"), plan, CONTAINER)
         # FrameworkController retries tasks itself; the kubelet must not.

@@ -14,7 +14,17 @@ from trialkit.errors import UserError
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, WAITING
 from trialkit.platforms.base import PlatformStatus, TrialSpec
-from trialkit.platforms.kubernetes.config import KubeCommon, Role, Section, parse_common, parse_role, v1_common, v1_role
+from trialkit import env as envnames
+from trialkit.platforms.kubernetes.config import (
+    KubeCommon,
+    Role,
+    Section,
+    parse_common,
+    parse_role,
+    reporting_role,
+    v1_common,
+    v1_role,
+)
 from trialkit.platforms.kubernetes.platform import KubePlatform
 
 PLATFORM = "kubeflow"
@@ -25,6 +35,8 @@ API_VERSIONS = ("v1", "v1alpha2", "v1beta1", "v1beta2")
 # Pods and their Services are named <job>-<replica type>-<index>, and a
 # Service name is a DNS label: leave room for "-worker-" and the index.
 NAME_BUDGET = 48
+# training-operator labels each pod with its index within its replica type.
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class KubeflowConfig:
     operator: str
     roles: Tuple[Role, ...]
     common: KubeCommon
+    reporting_role: str = "master"
     platform: ClassVar[str] = PLATFORM
 
 
@@ -81,8 +94,9 @@ def parse_section(section: dict, where: str) -> KubeflowConfig:
     if name == "pytorch-operator" and by_name["master"].count != 1:
         raise UserError("a PyTorchJob has exactly one master", f"{where}.master.replicas", "use replicas: 1 and add workers")
     common = parse_common(sec, [operator.kind])
+    reporter = reporting_role(sec, [role.name for role in roles])
     sec.finish()
-    return KubeflowConfig(operator=name, roles=tuple(roles), common=common)
+    return KubeflowConfig(operator=name, roles=tuple(roles), common=common, reporting_role=reporter)
 
 
 def from_v1(v1_config: dict) -> dict:
@@ -110,6 +124,9 @@ def render(config: KubeflowConfig, spec: TrialSpec) -> List[dict]:
         plan = k8s.pod_plan(
             config.common, spec, names, PLATFORM,
             image=role.image, command=role.command, res=role.resources, where=f"trainingService.{role.name}",
+            # Every pod runs a keeper with the trial's token: only task 0 of the reporting role ships.
+            extra_env={envnames.CHIEF_ROLE: config.reporting_role, envnames.ROLE: role.name},
+            field_env={envnames.TASK_INDEX: f"metadata.labels['{REPLICA_INDEX_LABEL}']"},
         )
         replica["template"] = k8s.fill_pod(replica.get("template"), plan, operator.container)
         replica_specs[replica_type] = replica

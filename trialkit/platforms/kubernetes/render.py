@@ -212,8 +212,10 @@ def pod_env(
     platform: str,
     command: str,
     extra: Optional[Mapping[str, str]] = None,
+    fields: Optional[Mapping[str, str]] = None,
 ) -> List[dict]:
-    """The environment contract as container env; secrets by reference to the trial's Secret."""
+    """The environment contract as container env; secrets by reference to the trial's Secret;
+    `fields` (name -> fieldPath) from the pod's own metadata (the downward API)."""
     values = {key: value for key, value in spec.public_env().items() if key not in HOST_ONLY_ENV}
     if envnames.MANAGER_URL in values:
         values[envnames.MANAGER_URL] = pod_manager_url(values[envnames.MANAGER_URL], common.manager_address)
@@ -230,6 +232,7 @@ def pod_env(
     )
     values.update(extra or {})
     env = [{"name": key, "value": str(value)} for key, value in sorted(values.items())]
+    env += [{"name": key, "valueFrom": {"fieldRef": {"fieldPath": path}}} for key, path in sorted((fields or {}).items())]
     env += [
         {"name": key, "valueFrom": {"secretKeyRef": {"name": names.job, "key": key}}}
         for key in secret_env_names(spec)
@@ -263,6 +266,7 @@ def pod_plan(
     res: Resources,
     where: str,
     extra_env: Optional[Mapping[str, str]] = None,
+    field_env: Optional[Mapping[str, str]] = None,
     extra_mounts: Sequence[Mount] = (),
 ) -> PodPlan:
     """The plan for a role: its own image and command, else the section's, else the trial's."""
@@ -282,7 +286,7 @@ def pod_plan(
     return PodPlan(
         labels=names.labels,
         image=image,
-        env=pod_env(common, spec, names, platform, command, extra_env),
+        env=pod_env(common, spec, names, platform, command, extra_env, field_env),
         resources=resources(res),
         mounts=mounts,
         termination_grace_seconds=common.termination_grace_seconds,
