@@ -48,7 +48,7 @@ setup(
         "trialkit.scripts": "scripts",
         "trialkit.launchers": "launchers",
     },
-    package_data={"trialkit.scripts": ["*.sh"], "trialkit.launchers": ["*.yaml"], "trialkit.web": ["static/*"]},
+    package_data={"trialkit.scripts": ["*.sh"], "trialkit.launchers": ["*.yaml"], "trialkit.web": ["static/*", "vendor/*"]},
     install_requires=["psutil>=5.9", "requests>=2.28", "PyYAML>=6"],
     extras_require=EXTRAS,
     entry_points={

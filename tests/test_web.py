@@ -10,8 +10,10 @@ serves the whole module. Screenshots of each view land in tests/artifacts/web/.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -219,6 +221,7 @@ def test_a_curve_and_the_parallel_coordinates_render_with_data(site, browser):
     assert len(lines) == 3 and all(d.startswith("M") for d in lines)
     plotted = browser.execute_script("return document.getElementById('curves').data.map(t => [t.name, t.y.length])")
     assert sorted(plotted) == sorted([[chosen[1] + " (best)", 5], [chosen[0], 5], [chosen[2], 5]])
+    assert plotly_scripts(browser) == ["plotly-basic"]  # curves need no more than the basic bundle
     shot(browser, "curves")
 
     open_view(browser, site, f"#/exp/{EXPERIMENT}/params", "params")
@@ -228,7 +231,35 @@ def test_a_curve_and_the_parallel_coordinates_render_with_data(site, browser):
     assert browser.execute_script("return document.querySelectorAll('#parcoords canvas').length") > 0
     assert browser.execute_script("return document.querySelectorAll('#parcoords .y-axis').length") == 5
     assert browser.execute_script("return document.querySelectorAll('#scatter .scatterlayer .point').length") == 4 * 4
+    assert plotly_scripts(browser) == ["plotly"]  # parallel coordinates: the full bundle draws both charts
     shot(browser, "hyperparameters")
+
+
+def plotly_scripts(driver) -> List[str]:
+    """The plotly bundles the page has run, by name less their hash."""
+    sources = driver.execute_script("return [...document.scripts].map(s => s.src)")
+    return [src.rsplit("/", 1)[1].rsplit("-", 1)[0] for src in sources if "/static/plotly" in src]
+
+
+def test_page_files_go_gzipped_to_browsers_that_take_gzip(site):
+    page = requests.get(site.server.url + "/", timeout=10).text
+    basic, full = re.search(r'href="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
+                            page).groups()
+    for path in ("/", "/static/app.js", basic, full):
+        plain = requests.get(site.server.url + path, headers={"Accept-Encoding": "identity"}, timeout=10)
+        packed = requests.get(site.server.url + path, headers={"Accept-Encoding": "gzip"}, stream=True, timeout=10)
+        raw = packed.raw.read(decode_content=False)
+        assert "Content-Encoding" not in plain.headers and packed.headers["Content-Encoding"] == "gzip"
+        assert packed.headers["Vary"] == plain.headers["Vary"] == "Accept-Encoding"
+        assert len(raw) < len(plain.content) and gzip.decompress(raw) == plain.content
+        # Each form revalidates against its own tag only.
+        for answer, encoding in ((plain, "identity"), (packed, "gzip")):
+            again = requests.get(site.server.url + path, timeout=10,
+                                 headers={"Accept-Encoding": encoding, "If-None-Match": answer.headers["ETag"]})
+            assert again.status_code == 304
+        assert plain.headers["ETag"] != packed.headers["ETag"]
+    refused = requests.get(site.server.url + basic, headers={"Accept-Encoding": "gzip;q=0, br"}, timeout=10)
+    assert "Content-Encoding" not in refused.headers and refused.content.startswith(b"/**\n* plotly.js (basic")
 
 
 def test_values_from_trials_show_as_text(site, browser):

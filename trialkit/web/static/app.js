@@ -107,18 +107,34 @@
     return String(err.message || err);
   }
 
-  // plotly.js arrives after this script (it is large): charts wait for it.
-  const plotlyReady = new Promise((resolve, reject) => {
-    if (window.Plotly) return resolve(window.Plotly);
-    const script = $('plotly');
-    script.addEventListener('load', () => (window.Plotly ? resolve(window.Plotly)
-      : reject(new Error('plotly.js did not load'))));
-    script.addEventListener('error', () => reject(new Error("charts need plotly.js: pip install 'trialkit[control]'")));
-  });
+  // plotly.js comes in two bundles (assets.py): the basic one draws these trace types, the full one
+  // every type. Each is run on first use, after the next frame: its evaluation is one long task,
+  // and what the view has drawn so far (its table) paints before it.
+  const BASIC_TRACES = new Set(['scatter', 'bar', 'pie']);
+  const bundles = {};
+  function loadPlotly(full) {
+    if (!full && bundles.full) return bundles.full;  // the full bundle draws everything the basic one does
+    const kind = full ? 'full' : 'basic';
+    if (!bundles[kind]) {
+      const link = $('plotly');
+      bundles[kind] = new Promise((resolve) => requestAnimationFrame(() => setTimeout(resolve, 0)))
+        .then(() => new Promise((resolve, reject) => {
+          const script = document.createElement('script');
+          // The script sets window.Plotly as it runs; its load event follows at once.
+          script.addEventListener('load', () => (window.Plotly ? resolve(window.Plotly)
+            : reject(new Error('plotly.js did not load'))));
+          script.addEventListener('error', () => reject(new Error(full
+            ? "parallel coordinates need plotly.js: pip install 'trialkit[control]'" : 'plotly.js did not load')));
+          script.src = full ? link.dataset.full : link.href;
+          document.head.append(script);
+        }));
+    }
+    return bundles[kind];
+  }
   const PLOT_CONFIG = {displaylogo: false, responsive: true};
 
   async function plot(node, traces, layout) {
-    const Plotly = await plotlyReady;
+    const Plotly = await loadPlotly(traces.some((t) => !BASIC_TRACES.has(t.type)));
     const base = {margin: {l: 60, r: 20, t: 20, b: 50}, paper_bgcolor: 'rgba(0,0,0,0)', plot_bgcolor: '#fff'};
     await Plotly.react(node, traces, Object.assign(base, layout), PLOT_CONFIG);
   }
@@ -304,7 +320,10 @@
       } else {
         this.markSelection();
       }
-      if (live || curveKey !== this.curveKey) work.push(this.loadCurves().then(() => { this.curveKey = curveKey; }));
+      const table = work[0];
+      if (live || curveKey !== this.curveKey) {
+        work.push(this.loadCurves(table).then(() => { this.curveKey = curveKey; }));
+      }
       await Promise.all(work);
       markReady('trials');
     }
@@ -387,9 +406,11 @@
       }
     }
 
-    async loadCurves() {
+    // Asked beside the table, drawn after it: the table is what the user reads first.
+    async loadCurves(table) {
       const chosen = this.selected();
       const data = await api(`${expPath(this.exp)}/curves?trials=${enc(chosen.join(','))}`);
+      if (table) await table.catch(() => {});  // its failure is reported by load()
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
         : `Curves: the ${data.series.length} best`;
       await drawCurves(this.chart, data);
@@ -644,7 +665,6 @@
 
   async function start() {
     window.addEventListener('hashchange', () => show(false));
-    plotlyReady.catch((err) => showProblem(err.message));
     await show(false);
     follow();
   }
