@@ -186,7 +186,7 @@ def check_pod(template: dict, objects: Sequence[dict]) -> None:
             if ref:
                 assert ref["name"] in _names(objects, "Secret")
         mounts = container.get("volumeMounts", [])
-        assert all(m["name"] in volume_names for m in mounts)
+        assert all(m["name"] in volume_names for m in mounts), [m["name"] for m in mounts if m["name"] not in volume_names]
         paths = [m["mountPath"] for m in mounts]
         assert len(paths) == len(set(paths)), paths
         resources = container.get("resources", {})

@@ -477,17 +477,25 @@ def test_strict_validation_has_teeth():
     """The checks reject what a strict API server rejects: the render tests mean something."""
     objects = k8s.render_trial(parse(adl()), spec_for())
     job = job_of(objects)
-    for mutate in (
-        lambda o: o[-1]["spec"].update(replicas=3),  # not an AdaptDLJob field
-        lambda o: o[-1]["spec"]["template"]["spec"]["containers"][0].update(cmd=["x"]),  # not a container field
-        lambda o: o[-1]["spec"]["template"]["spec"].update(terminationGracePeriodSeconds="30"),  # wrong type
-        lambda o: o[1]["metadata"].update(labels={"trialkit.io/trial": "-bad-"}),  # label syntax
-        lambda o: o[-1]["spec"]["template"]["spec"]["volumes"].pop(),  # a mount without its volume
-        lambda o: o[2]["spec"].update(storage="1Gi"),  # not a PVC spec field
+    # Each refused by the check meant for it, not by a crash of the checker on an unexpected shape.
+    schema_error = k8s_schemas.kubernetes_validate.ValidationError
+    for mutate, error, says in (
+        (lambda o: o[-1]["spec"].update(replicas=3),
+         AssertionError, "'replicas' was unexpected"),  # not an AdaptDLJob field (the CRD's schema)
+        (lambda o: o[-1]["spec"]["template"]["spec"]["containers"][0].update(cmd=["x"]),
+         schema_error, "'cmd' was unexpected"),  # not a container field
+        (lambda o: o[-1]["spec"]["template"]["spec"].update(terminationGracePeriodSeconds="30"),
+         schema_error, "'30' is not of type 'integer'"),  # wrong type
+        (lambda o: o[1]["metadata"].update(labels={"trialkit.io/trial": "-bad-"}),
+         AssertionError, "-bad-"),  # label syntax
+        (lambda o: o[-1]["spec"]["template"]["spec"]["volumes"].pop(),
+         AssertionError, "adaptdl-tensorboard"),  # a mount without its volume
+        (lambda o: o[2]["spec"].update(storage="1Gi"),
+         schema_error, "'storage' was unexpected"),  # not a PVC spec field
     ):
         broken = json.loads(json.dumps(objects))
         mutate(broken)
-        with pytest.raises(Exception):
+        with pytest.raises(error, match=says):
             k8s_schemas.validate_objects(broken)
     k8s_schemas.validate_objects(objects)
     assert job["kind"] == "AdaptDLJob"
