@@ -133,9 +133,9 @@ def test_the_watcher_uses_an_imdsv2_token_and_sees_a_notice(imds):
     assert watcher.check() is None
     imds.notices["n1"] = {"action": "terminate", "time": "2026-11-22T10:00:00Z"}
     assert watcher.check() == {"action": "terminate", "time": "2026-11-22T10:00:00Z"}
-    gets = [r for r in imds.requests if r[0] == "GET"]
-    assert all(valid for _, _, valid in gets)
-    assert [r[0] for r in imds.requests].count("PUT") == 1  # the token is kept, not fetched per poll
+    notice = ("GET", "/n1/latest/meta-data/spot/instance-action", True)  # True: with the valid token
+    # One token, kept for the second poll rather than fetched per poll.
+    assert imds.requests == [("PUT", "/n1/latest/api/token", False), notice, notice]
 
 
 def test_without_a_token_the_watcher_falls_back_to_imdsv1(imds):
