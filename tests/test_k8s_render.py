@@ -467,10 +467,10 @@ def test_config_mistakes_are_one_line_user_errors(section, expected):
     assert expected in line and "\n" not in line
 
 
-def test_a_role_without_image_fails_at_render_naming_the_key():
+def test_a_role_without_image_is_refused_when_the_config_loads_naming_the_key():
     section = {"platform": "kubeflow", "managerAddress": "10.0.0.2", "master": {"replicas": 1}}
-    with pytest.raises(UserError, match=r"trainingService\.master\.dockerImage: no image"):
-        k8s.render_trial(parse(section), spec_for())
+    with pytest.raises(UserError, match=r"trainingService\.master\.dockerImage: role 'master' has no image"):
+        parse(section)
 
 
 def test_strict_validation_has_teeth():

@@ -26,6 +26,7 @@ from trialkit.platforms.kubernetes.config import (
     parse_resources,
     parse_size_mib,
     v1_common,
+    v1_trial,
 )
 from trialkit.platforms.kubernetes.platform import KubePlatform
 
@@ -81,12 +82,14 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
     )
     checkpoint.finish()
     sec.finish()
+    if not config.common.image:
+        raise UserError("no image to run the trial in", sec.at("image"), "set image (or dockerImage)")
     return config
 
 
 def from_v1(v1_config: dict) -> dict:
     """NNI v1 (`trainingServicePlatform: adl`, everything under `trial:`) as a v2 section."""
-    trial = v1_config.get("trial") or {}
+    trial = v1_trial(v1_config, list(_V1_KEYS))
     out = v1_common(v1_config, PLATFORM)
     out.update({new: trial[old] for old, new in _V1_KEYS.items() if old in trial})
     return out

@@ -19,6 +19,7 @@ import yaml
 
 from trialkit import env as envnames
 from trialkit import layout
+from trialkit import schema
 from trialkit.errors import UserError
 
 DEFAULT_NAMESPACE = "default"
@@ -120,8 +121,7 @@ class Section:
     def finish(self) -> None:
         unknown = sorted(set(self._data) - self._asked)
         if unknown:
-            known = ", ".join(sorted(self._asked - IGNORED_NNI_KEYS))
-            raise UserError(f"unknown key {unknown[0]!r}", self.where, f"known keys here: {known}")
+            raise schema.unknown("key", unknown[0], sorted(self._asked - IGNORED_NNI_KEYS), self.at(unknown[0]))
 
 
 def parse_size_mib(value: Any, where: str) -> int:
@@ -199,6 +199,17 @@ def reporting_role(sec: Section, roles: Sequence[str]) -> str:
     if value not in roles:
         raise UserError(f"{value!r} is not one of this trial's roles", sec.at(key), "use one of: " + ", ".join(roles))
     return str(value)
+
+
+def check_images(roles: Sequence[Role], common: "KubeCommon", where: str) -> None:
+    """Every role runs an image: its own, else the section's. Checked when the config
+    loads, so a missing one stops `trialkit run` before any trial is submitted."""
+    if common.image:
+        return
+    for role in roles:
+        if not role.image:
+            raise UserError(f"role {role.name!r} has no image to run", f"{where}.{role.name}.dockerImage",
+                            "set dockerImage for the role, or once for the whole section")
 
 
 @dataclass(frozen=True)
@@ -430,6 +441,23 @@ def v1_role(role: Any) -> Any:
         else:
             out[_V1_ROLE_KEYS.get(key, key)] = value
     return out
+
+
+# Keys of v1's `trial:` section that the config layer reads for every platform.
+V1_TRIAL_KEYS = ("command", "codeDir")
+
+
+def v1_trial(v1: dict, known: Sequence[str]) -> dict:
+    """v1's `trial:` section, refusing a key this platform would not read (a
+    misspelled gpuNum would otherwise run the trial without a GPU)."""
+    trial = v1.get("trial") or {}
+    if not isinstance(trial, dict):
+        raise UserError(f"expected a mapping, got {type(trial).__name__}", "trial")
+    choices = sorted({*V1_TRIAL_KEYS, *known})
+    for key in trial:
+        if key not in choices:
+            raise schema.unknown("key", key, choices, f"trial.{key}")
+    return trial
 
 
 def v1_common(v1: dict, platform: str, storage_section: Optional[dict] = None) -> dict:

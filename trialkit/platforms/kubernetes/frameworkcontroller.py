@@ -21,11 +21,13 @@ from trialkit.platforms.kubernetes.config import (
     KubeCommon,
     Role,
     Section,
+    check_images,
     parse_common,
     parse_role,
     reporting_role,
     v1_common,
     v1_role,
+    v1_trial,
 )
 from trialkit.platforms.kubernetes.platform import KubePlatform
 
@@ -90,6 +92,7 @@ def parse_section(section: dict, where: str) -> FrameworkConfig:
     if duplicate:
         raise UserError(f"task role {duplicate!r} is given twice", sec.at("taskRoles"))
     common = parse_common(sec, [KIND])
+    check_images([item.role for item in task_roles], common, f"{where}.taskRoles")
     reporter = reporting_role(sec, names)
     sec.finish()
     return FrameworkConfig(task_roles=tuple(task_roles), common=common, reporting_role=reporter)
@@ -97,7 +100,7 @@ def parse_section(section: dict, where: str) -> FrameworkConfig:
 
 def from_v1(v1_config: dict) -> dict:
     """NNI v1 (`trainingServicePlatform: frameworkcontroller`, `trial.taskRoles`, `frameworkcontrollerConfig`)."""
-    trial = v1_config.get("trial") or {}
+    trial = v1_trial(v1_config, ["taskRoles"])
     out = v1_common(v1_config, PLATFORM, v1_config.get("frameworkcontrollerConfig"))
     if "taskRoles" in trial:
         roles = trial["taskRoles"]

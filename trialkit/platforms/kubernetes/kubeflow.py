@@ -19,11 +19,13 @@ from trialkit.platforms.kubernetes.config import (
     KubeCommon,
     Role,
     Section,
+    check_images,
     parse_common,
     parse_role,
     reporting_role,
     v1_common,
     v1_role,
+    v1_trial,
 )
 from trialkit.platforms.kubernetes.platform import KubePlatform
 
@@ -94,6 +96,7 @@ def parse_section(section: dict, where: str) -> KubeflowConfig:
     if name == "pytorch-operator" and by_name["master"].count != 1:
         raise UserError("a PyTorchJob has exactly one master", f"{where}.master.replicas", "use replicas: 1 and add workers")
     common = parse_common(sec, [operator.kind])
+    check_images(roles, common, where)
     reporter = reporting_role(sec, [role.name for role in roles])
     sec.finish()
     return KubeflowConfig(operator=name, roles=tuple(roles), common=common, reporting_role=reporter)
@@ -102,7 +105,7 @@ def parse_section(section: dict, where: str) -> KubeflowConfig:
 def from_v1(v1_config: dict) -> dict:
     """NNI v1 (`trainingServicePlatform: kubeflow`, roles under `trial:`, `kubeflowConfig:`) as a v2 section."""
     kubeflow_config = v1_config.get("kubeflowConfig") or {}
-    trial = v1_config.get("trial") or {}
+    trial = v1_trial(v1_config, ROLES)
     out = v1_common(v1_config, PLATFORM, kubeflow_config)
     out.update({role: v1_role(trial[role]) for role in ROLES if role in trial})
     return out
