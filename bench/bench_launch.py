@@ -1,19 +1,23 @@
 """Launcher benchmarks, each against its peer measured in the same run.
 
-    python bench/bench_launch.py [--size 1G] [--repeat 3] [--only throughput,failfast,start]
+    python bench/bench_launch.py [--size 1G] [--repeat 3] [--only throughput,failfast,start] [--loaded]
 
 - throughput: wrap_rank on SIZE of 100-byte lines against GNU
-  `sed 's/^/[rank=0] /'` (same producer, output to /dev/null); goal >= 1.0x.
+  `sed 's/^/[rank=0] /'` (same producer, output to /dev/null); goal
+  (issue 18): at least 1.5x sed's MiB/s, on a quiet machine and a loaded one.
 - failfast: one of 2 workers crashes -> the launcher has exited; ours against
   plain torchrun; goal: no slower, and under 1 s.
 - start: the command -> the script's first line on our stdout; ours against
   plain torchrun; goal <= 1.1x.
-Runs alternate between ours and the peer (a shared machine's load then hits
-both alike); medians of --repeat runs; ratios read "ours is Nx the peer".
+With --loaded, a process burning one CPU runs beside both sides throughout.
+Runs alternate between ours and the peer, the order flipping each round (a
+shared machine's load then hits both alike); medians of --repeat runs. Each
+line ends with the goal, MET or MISSED, and the machine's load.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -25,11 +29,13 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, Iterator, List
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 LINE = "x" * 99  # with its "\n", 100 bytes
+THROUGHPUT_GOAL = 1.5  # wrap_rank's MiB/s over sed's
+START_GOAL = 1.1  # our start over torchrun's
 
 CRASHER = """
 import os, signal, sys, time
@@ -72,12 +78,17 @@ def timed(argv: List[str], **kwargs) -> float:
 
 
 def medians(repeat: int, *measures: Callable[[], float]) -> List[float]:
-    """Each measure run `repeat` times, taking turns; the median of each."""
+    """Each measure run `repeat` times, taking turns, the order reversed every other round; the median of each."""
     runs: List[List[float]] = [[] for _ in measures]
-    for _ in range(repeat):
-        for measure, times in zip(measures, runs):
+    for round_ in range(repeat):
+        pairs = list(zip(measures, runs))
+        for measure, times in pairs if round_ % 2 == 0 else pairs[::-1]:
             times.append(measure())
     return [statistics.median(times) for times in runs]
+
+
+def verdict(met: bool) -> str:
+    return f"{'MET' if met else 'MISSED'}, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
 
 
 def throughput(size: int, repeat: int) -> None:
@@ -94,7 +105,8 @@ def throughput(size: int, repeat: int) -> None:
     )
     mib = size / (1 << 20)
     print(f"throughput on {mib:.0f} MiB of 100-byte lines: producer alone {mib / alone:.0f} MiB/s, "
-          f"sed {mib / sed:.0f} MiB/s, wrap_rank {mib / ours:.0f} MiB/s -> wrap_rank is {sed / ours:.2f}x sed")
+          f"sed {mib / sed:.0f} MiB/s, wrap_rank {mib / ours:.0f} MiB/s -> wrap_rank is {sed / ours:.2f}x sed "
+          f"(goal >= {THROUGHPUT_GOAL:g}x: {verdict(sed / ours >= THROUGHPUT_GOAL)})")
 
 
 def failfast(repeat: int, workdir: Path) -> None:
@@ -114,7 +126,8 @@ def failfast(repeat: int, workdir: Path) -> None:
     ours, peer = medians(repeat, measure([PY, "-m", "trialkit.launch.torch_distributed", str(script)]),
                          measure(torchrun(script)))
     print(f"fail-fast (a worker crashes -> the launcher has exited): ours {ours * 1000:.0f} ms, "
-          f"torchrun {peer * 1000:.0f} ms -> ours is {ours / peer:.2f}x torchrun")
+          f"torchrun {peer * 1000:.0f} ms -> ours is {ours / peer:.2f}x torchrun "
+          f"(goal <= 1x and < 1 s: {verdict(ours <= peer and ours < 1.0)})")
 
 
 def start(repeat: int, workdir: Path) -> None:
@@ -137,7 +150,8 @@ def start(repeat: int, workdir: Path) -> None:
     ours, peer = medians(repeat, measure([PY, "-m", "trialkit.launch.torch_distributed", str(script)]),
                          measure(torchrun(script)))
     print(f"start (command -> the script's first line): ours {ours * 1000:.0f} ms, "
-          f"torchrun {peer * 1000:.0f} ms -> ours is {ours / peer:.2f}x torchrun")
+          f"torchrun {peer * 1000:.0f} ms -> ours is {ours / peer:.2f}x torchrun "
+          f"(goal <= {START_GOAL:g}x: {verdict(ours / peer <= START_GOAL)})")
 
 
 def torchrun(script: Path) -> List[str]:
@@ -152,14 +166,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@contextlib.contextmanager
+def burner(on: bool) -> Iterator[None]:
+    """A process spinning on one CPU while the block runs (nothing when off)."""
+    proc = subprocess.Popen([PY, "-c", "while True: pass"]) if on else None
+    try:
+        yield
+    finally:
+        if proc:
+            proc.kill()
+            proc.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=parse_size, default=1 << 30, help="throughput input (default 1G)")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median counts")
     parser.add_argument("--only", default="throughput,failfast,start", help="which benchmarks, comma-separated")
+    parser.add_argument("--loaded", action="store_true", help="burn one CPU beside both sides throughout")
     args = parser.parse_args()
     chosen = set(args.only.split(","))
-    with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp:
+    print(f"{os.cpu_count()} CPUs, {'loaded: one CPU burner running' if args.loaded else 'no added load'}, "
+          f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp, burner(args.loaded):
         if "throughput" in chosen:
             throughput(args.size, args.repeat)
         if "failfast" in chosen:
