@@ -2,16 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
-import types
 from pathlib import Path
 
 import pytest
 import yaml
 
 from trialkit.control.assessors import build_assessor
-from trialkit.control.config import ExperimentConfig, load_config, parse_config
+from trialkit.control.config import load_config, parse_config
 from trialkit.errors import UserError
 from trialkit.experiment import ConfigBag, Experiment
 from trialkit.platforms.local import LocalConfig
@@ -290,7 +287,7 @@ def test_python_api_builds_the_same_config_as_yaml(monkeypatch):
     exp.config.experiment_name = "MNIST"
     exp.config.search_space = MNIST_SPACE
     exp.config.trial_command = "python3 mnist.py"
-    exp.config.trial_code_directory = "."
+    exp.config.trial_code_directory = Path(".")  # NNI's examples pass a Path
     exp.config.trial_gpu_number = 0
     exp.config.tuner.name = "TPE"
     exp.config.tuner.class_args["optimize_mode"] = "maximize"
@@ -338,18 +335,3 @@ def test_python_api_assessor_and_nested_training_service(monkeypatch):
     bag.storage.server = "10.20.30.40"  # nested bags appear on first use, as NNI's config classes would
     bag.unused  # read but never set: left out
     assert bag.to_dict() == {"storage": {"server": "10.20.30.40"}}
-
-
-def test_run_hands_the_validated_config_to_the_runner(monkeypatch):
-    monkeypatch.chdir(NNI)
-    seen = {}
-    runner = types.ModuleType("trialkit.control.runner")
-    runner.run_experiment = lambda config, port: seen.update(config=config, port=port) or "results"
-    monkeypatch.setitem(sys.modules, "trialkit.control.runner", runner)
-    exp = Experiment("local")
-    exp.config.search_space = MNIST_SPACE
-    exp.config.trial_command = "python3 mnist.py"
-    exp.config.tuner.name = "TPE"
-    assert exp.run(8081) == "results"
-    assert seen["port"] == 8081 and isinstance(seen["config"], ExperimentConfig)
-    assert seen["config"].trial_code_directory == os.getcwd()

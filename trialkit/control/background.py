@@ -1,0 +1,62 @@
+"""Experiments run in the background, as `trialkit run --detach` and the Python API start them.
+
+    child = start(["run", CONFIG, "--experiment-id", ID], experiment_dir)
+    info = wait_listening(child, experiment_dir, 30.0)   # its manager.json, once it listens
+    status(experiment_dir, store.experiment(ID))         # RUNNING, DONE, ..., INTERRUPTED
+
+The background run is `python -m trialkit.cli ARGV` in its own session, with
+no parent-death signal: it outlives the program that started it, and its
+output goes to the experiment's manager.log (or, when asked, to ours).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from trialkit import process
+from trialkit.control import admin
+from trialkit.manager import paths
+
+_POLL = 0.05  # a one-off wait for the child to write manager.json: no event to wait on
+
+
+def start(argv: List[str], experiment_dir: Path, to_log: bool = True) -> process.Child:
+    """Start `trialkit ARGV` apart from us; its output to manager.log, or to our own stdout and stderr."""
+    if not to_log:
+        return process.spawn([sys.executable, "-m", "trialkit.cli"] + argv, stdin=subprocess.DEVNULL,
+                             die_with_parent=False)
+    # 0600: the log holds the page's URL, and the URL the admin token.
+    with os.fdopen(os.open(log_path(experiment_dir), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
+        return process.spawn([sys.executable, "-m", "trialkit.cli"] + argv, stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, die_with_parent=False)
+
+
+def log_path(experiment_dir: Path) -> Path:
+    return Path(experiment_dir) / paths.MANAGER_LOG
+
+
+def wait_listening(child: process.Child, experiment_dir: Path, timeout: float) -> Optional[admin.ManagerInfo]:
+    """The child's manager.json once its manager listens; None if it exited first or is still starting."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and child.popen.poll() is None:
+        info = admin.read_info(experiment_dir)
+        if info is not None and info.pid == child.pid:
+            return info
+        time.sleep(_POLL)
+    return None
+
+
+def status(experiment_dir: Path, experiment: Dict[str, Any]) -> str:
+    """The stored status; INTERRUPTED for one stored as running whose manager is gone."""
+    if experiment["status"] not in ("RUNNING", "PAUSED"):
+        return experiment["status"]
+    return experiment["status"] if manager_runs(experiment_dir) else "INTERRUPTED"
+
+
+def manager_runs(experiment_dir: Path) -> bool:
+    info = admin.read_info(experiment_dir)
+    return info is not None and info.running()
