@@ -23,15 +23,14 @@ import io
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from trialkit import process, records
-from trialkit.control import admin
+from trialkit import records
+from trialkit.control import admin, background
 from trialkit.manager import paths
 from trialkit.control.progress import duration, number, table, trials_table, when
 from trialkit.control.queue import Move, jobs, label
@@ -107,7 +106,7 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
             trials = store.trials(experiment_dir.name)
         done = sum(t["status"] == "SUCCEEDED" for t in trials)
         rows.append((experiment_dir.name, experiment["config"].get("experimentName") or "",
-                     _experiment_status(experiment_dir, experiment), f"{done}/{len(trials)}", when(experiment["created"])))
+                     background.status(experiment_dir, experiment), f"{done}/{len(trials)}", when(experiment["created"])))
     if not rows:
         print(f"no experiments under {paths.home() / 'experiments'}")
         return 0
@@ -125,7 +124,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
     mode = config["tuner"]["classArgs"]["optimize_mode"]
     lines = [
         f"experiment  {opts.experiment_id}" + (f" ({config['experimentName']})" if config.get("experimentName") else ""),
-        f"status      {_experiment_status(experiment_dir, experiment)}",
+        f"status      {background.status(experiment_dir, experiment)}",
         f"created     {when(experiment['created'])}",
         f"elapsed     {duration(info.elapsed if info else None)}",
         f"dir         {experiment_dir}",
@@ -304,7 +303,7 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
     if opts.experiment:
         experiment_dirs = [paths.experiment_dir(opts.experiment)]
     else:
-        experiment_dirs = [d for d in paths.all_experiment_dirs() if _manager_runs(d)]
+        experiment_dirs = [d for d in paths.all_experiment_dirs() if background.manager_runs(d)]
     rows: List[Dict[str, Any]] = []
     for experiment_dir in experiment_dirs:
         with _store(experiment_dir) as store:
@@ -398,17 +397,6 @@ def _trial_over(experiment_dir: Path, trial_id: str) -> bool:
         return store.trial(trial_id)["status"] in FINAL_STATUSES
 
 
-def _experiment_status(experiment_dir: Path, experiment: Dict[str, Any]) -> str:
-    if experiment["status"] not in ("RUNNING", "PAUSED"):
-        return experiment["status"]
-    return experiment["status"] if _manager_runs(experiment_dir) else "INTERRUPTED"
-
-
-def _manager_runs(experiment_dir: Path) -> bool:
-    info = admin.read_info(experiment_dir)
-    return info is not None and info.running()
-
-
 def _write(path: Path, text: str, where: str) -> None:
     try:
         path.write_text(text, encoding="utf-8")
@@ -424,20 +412,14 @@ def _detach(argv: List[str], experiment_id: str, experiment_dir: Path, title: st
     """Run `trialkit ARGV` in the background (own session, output to manager.log); return once it listens."""
     from trialkit.web import page_url
 
-    log_path = experiment_dir / paths.MANAGER_LOG
-    # 0600: the log holds the page's URL, and the URL the admin token.
-    with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-        child = process.spawn([sys.executable, "-m", "trialkit.cli"] + argv, stdin=subprocess.DEVNULL, stdout=log,
-                              stderr=subprocess.STDOUT, die_with_parent=False)
+    child = background.start(argv, experiment_dir)
+    log_path = background.log_path(experiment_dir)
     print(f"{title} experiment {experiment_id}", flush=True)
-    deadline = time.monotonic() + DETACH_WAIT
-    while time.monotonic() < deadline and child.popen.poll() is None:
-        info = admin.read_info(experiment_dir)
-        if info is not None and info.pid == child.pid:
-            print(f"manager: {info.url}   pid {child.pid}   log: {log_path}")
-            print(f"page: {page_url(info.url, info.token, experiment_id)}")
-            return 0
-        time.sleep(0.05)  # a one-off wait for the child to write manager.json
+    info = background.wait_listening(child, experiment_dir, DETACH_WAIT)
+    if info is not None:
+        print(f"manager: {info.url}   pid {child.pid}   log: {log_path}")
+        print(f"page: {page_url(info.url, info.token, experiment_id)}")
+        return 0
     if child.popen.poll() is None:
         print(f"the manager (pid {child.pid}) is still starting; its output goes to {log_path}")
         return 0
