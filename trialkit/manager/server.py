@@ -7,10 +7,21 @@ Routes (JSON in and out, errors as `{"error": reason}`):
     GET  /api/v1/trials/<trial_id>/parameters
         -> 200 {"parameter_id": ..., "parameters": {...}}
 Every trial route needs `Authorization: Bearer <the trial's token>`: 401 when
-there is none or it is no trial's, 403 when it is another trial's. Bodies
-over `max_body` get 413 (unread), a POST without Content-Length 411, bodies
+there is none or it is no trial's (the control plane revokes a trial's token when it
+ends), 403 when it is another trial's. The token is checked on the headers,
+before a byte of the body is read. Bodies over `max_body` get 413 (unread), a
+POST without Content-Length 411, bodies
 that are not JSON or hold a bad record 400 with the reason; a rejected batch
-stores nothing. NaN and infinities in values are accepted and kept.
+stores nothing. NaN and infinities in values are accepted and kept. When the disk takes no writes (full, read-only,
+failing: trialkit.manager.disk) a batch gets 503 and stays in the keeper's
+spool, to be sent again; `server.disk` says what is wrong.
+
+Bounds: at most `max_connections` connections are served at once (one more
+is closed at once; keepers retry), a request's line and headers must arrive
+within `header_seconds` of its first byte (slowloris), and an idle
+keep-alive connection is dropped after SOCKET_TIMEOUT. With `tls=(cert, key)`
+the server speaks HTTPS only; the TLS handshake runs in the connection's own
+thread, within `header_seconds`.
 
 The control plane registers a trial and its token in the store
 (`Store.add_trial(..., token=...)`): the server looks tokens up there, so a
@@ -20,31 +31,42 @@ they are committed, once per record ever (duplicates never reach it); keep it
 quick (put them on a queue.Queue for a tuner or assessor thread). More routes:
 `server.router.add(method, "/api/v1/things/<name>", handler)`, where handler
 takes a Request and returns (status, JSON-able body) or raises HttpError.
-A handler may answer other than JSON (the web page, trialkit/web): `Raw`
+A route may check the request's headers before its body is read:
+`router.add(..., check=fn)`, where fn(request) raises HttpError (the
+request's body is then still empty). A handler may answer other than JSON (the web page, trialkit/web): `Raw`
 (bytes in a content type of their own) or `Stream` (chunks written as they
 come, for server-sent events); `request.query` holds the query string.
 
-    python -m trialkit.manager.server --experiment-dir DIR [--host H] [--port P]
+    python -m trialkit.manager.server --experiment-dir DIR [--host H] [--port P] [--tls-cert C --tls-key K]
 serves a store on its own (tests, benchmarks, a manager run by hand).
+`ManagerServer(None, ...)` serves no keeper route at all (`trialkit ui`).
 """
 from __future__ import annotations
 
+import io
 import json
 import re
 import socket
+import ssl
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from trialkit import records
+from trialkit.manager.disk import DiskWatch
 from trialkit.manager.store import Store
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 
 MAX_BODY = 8 << 20  # a keeper's batch is at most 1 MiB; this leaves room and bounds memory
 SOCKET_TIMEOUT = 30.0  # a client that stops sending mid-body does not hold a thread forever
+HEADER_SECONDS = 10.0  # from a request's first byte to the end of its headers (slowloris)
+MAX_CONNECTIONS = 2048  # served at once, a thread each: above any keeper count tried (FINDINGS: 1,000)
+RETRY_AFTER_SECONDS = 2  # what a 503 for a disk that takes no writes suggests
 
 Listener = Callable[[str, List[Dict[str, Any]]], None]
 
@@ -77,6 +99,7 @@ class Request:
 
 
 Handler = Callable[[Request], Tuple[int, Any]]
+Check = Callable[[Request], None]
 
 
 # -- answers other than JSON (added for the web page, trialkit/web) ------------------
@@ -106,19 +129,20 @@ class Router:
     """Paths with `<name>` parts (one path segment each) mapped to handlers, per method."""
 
     def __init__(self):
-        self._routes: List[Tuple[str, "re.Pattern[str]", Handler]] = []
+        self._routes: List[Tuple[str, "re.Pattern[str]", Handler, Optional[Check]]] = []
 
-    def add(self, method: str, pattern: str, handler: Handler) -> None:
+    def add(self, method: str, pattern: str, handler: Handler, check: Optional[Check] = None) -> None:
+        """`check`, if given, sees the request before its body is read and refuses it by raising HttpError."""
         regex = re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", re.escape(pattern))
-        self._routes.append((method.upper(), re.compile(f"^{regex}$"), handler))
+        self._routes.append((method.upper(), re.compile(f"^{regex}$"), handler, check))
 
-    def resolve(self, method: str, path: str) -> Tuple[Handler, Dict[str, str]]:
+    def resolve(self, method: str, path: str) -> Tuple[Handler, Optional[Check], Dict[str, str]]:
         allowed = []
-        for route_method, regex, handler in self._routes:
+        for route_method, regex, handler, check in self._routes:
             match = regex.match(path)
             if match:
                 if route_method == method:
-                    return handler, {k: unquote(v) for k, v in match.groupdict().items()}
+                    return handler, check, {k: unquote(v) for k, v in match.groupdict().items()}
                 allowed.append(route_method)
         if allowed:
             raise HttpError(405, f"{method} is not allowed here (allowed: {', '.join(allowed)})")
@@ -126,15 +150,23 @@ class Router:
 
 
 class ManagerServer:
-    def __init__(self, store: Store, host: str = "127.0.0.1", port: int = 0, max_body: int = MAX_BODY):
+    def __init__(self, store: Optional[Store], host: str = "127.0.0.1", port: int = 0, max_body: int = MAX_BODY, *,
+                 tls: Optional[Tuple[str, str]] = None, max_connections: int = MAX_CONNECTIONS,
+                 header_seconds: float = HEADER_SECONDS):
         self.store = store
         self.max_body = max_body
+        self.header_seconds = header_seconds
         self.router = Router()
         self._listeners: List[Listener] = []
-        self.router.add("POST", "/api/v1/trials/<trial_id>/records", self._post_records)
-        self.router.add("GET", "/api/v1/trials/<trial_id>/parameters", self._get_parameters)
-        self._httpd = ThreadingHTTPServer((host, port), _RequestHandler)
-        self._httpd.daemon_threads = True
+        if store is not None:
+            self.router.add("POST", "/api/v1/trials/<trial_id>/records", self._post_records, self._trial_check)
+            self.router.add("GET", "/api/v1/trials/<trial_id>/parameters", self._get_parameters, self._trial_check)
+        self.disk = DiskWatch(store.path.parent if store is not None else Path("."))
+        self._httpd = _Server((host, port), _RequestHandler, max_connections)
+        if tls is not None:
+            self._httpd.socket = tls_context(*tls).wrap_socket(self._httpd.socket, server_side=True,
+                                                              do_handshake_on_connect=False)
+        self.scheme = "https" if tls is not None else "http"
         self._httpd.manager = self  # type: ignore[attr-defined]
         self._thread: Optional[threading.Thread] = None
         self.stopping = threading.Event()  # ends Stream answers
@@ -142,7 +174,8 @@ class ManagerServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        host = f"[{host}]" if ":" in host else host
+        return f"{self.scheme}://{host}:{port}"
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -151,16 +184,18 @@ class ManagerServer:
         token = request.bearer()
         if token is None:
             raise HttpError(401, "no bearer token (Authorization: Bearer <the trial's token>)")
-        owner = self.store.trial_for_token(token)
+        owner = self.store.trial_for_token(token) if self.store is not None else None
         if owner is None:
-            raise HttpError(401, "the token is not known")
+            raise HttpError(401, "the token is not known, or its trial has ended")
         if owner != trial_id:
             raise HttpError(403, f"the token is not trial {trial_id}'s")
+
+    def _trial_check(self, request: Request) -> None:
+        self.authenticate(request, request.params["trial_id"])
 
     # -- routes ----------------------------------------------------------------------
     def _post_records(self, request: Request) -> Tuple[int, Any]:
         trial_id = request.params["trial_id"]
-        self.authenticate(request, trial_id)
         body = request.json()
         if not isinstance(body, dict) or not isinstance(body.get("records"), list):
             raise HttpError(400, 'expected {"records": [...]}')
@@ -170,14 +205,13 @@ class ManagerServer:
             if problem:
                 raise HttpError(400, problem)
         fresh = self.store.add_records(trial_id, batch)
+        self.disk.passed()
         if fresh:
             self._notify(trial_id, fresh)
         return 200, {"acked": self.store.acked_seq(trial_id), "inserted": len(fresh)}
 
     def _get_parameters(self, request: Request) -> Tuple[int, Any]:
-        trial_id = request.params["trial_id"]
-        self.authenticate(request, trial_id)
-        trial = self.store.trial(trial_id)
+        trial = self.store.trial(request.params["trial_id"])
         return 200, {"parameter_id": trial["parameter_id"], "parameters": trial["parameters"]}
 
     def _notify(self, trial_id: str, fresh: List[Dict[str, Any]]) -> None:
@@ -187,16 +221,35 @@ class ManagerServer:
             except Exception as err:  # noqa: BLE001 - the records are stored: a listener's bug must not undo the ack
                 print(f"trialkit-manager: listener {listener!r} failed: {err!r}", file=sys.stderr, flush=True)
 
-    def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes,
-               query: Optional[Mapping[str, str]] = None) -> Tuple[int, Any]:
+    def admit(self, request: Request) -> Handler:
+        """The request's handler, once its route's check passed on the headers alone; raises HttpError."""
+        handler, check, request.params = self.router.resolve(request.method, request.path)
+        if check is not None:
+            check(request)
+        return handler
+
+    def answer(self, handler: Handler, request: Request) -> Tuple[int, Any]:
+        """Run an admitted request's handler; errors become answers (a bug 500, a disk that refuses 503)."""
         try:
-            handler, params = self.router.resolve(method, path)
-            return handler(Request(method, path, params, headers, body, dict(query or {})))
+            return handler(request)
         except HttpError as err:
             return err.status, {"error": err.reason}
         except Exception as err:  # noqa: BLE001 - a bug answers 500 (the keeper retries) instead of a dropped connection
-            print(f"trialkit-manager: {method} {path} failed: {err!r}", file=sys.stderr, flush=True)
+            if self.disk.failed(err, "the store"):
+                return 503, {"error": f"{self.disk.problem or 'the disk takes no writes'}: "
+                                      "keep the records and send them again later"}
+            print(f"trialkit-manager: {request.method} {request.path} failed: {err!r}", file=sys.stderr, flush=True)
             return 500, {"error": "internal error"}
+
+    def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes,
+               query: Optional[Mapping[str, str]] = None) -> Tuple[int, Any]:
+        """One request served in-process, body given: admit, then answer."""
+        request = Request(method, path, {}, headers, body, dict(query or {}))
+        try:
+            handler = self.admit(request)
+        except HttpError as err:
+            return err.status, {"error": err.reason}
+        return self.answer(handler, request)
 
     # -- running -----------------------------------------------------------------------
     def start(self) -> "ManagerServer":
@@ -216,24 +269,139 @@ class ManagerServer:
             self._httpd.shutdown()
             self._thread.join()
         self._httpd.server_close()
+        self.disk.close()
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """A server context for the certificate chain and key in these PEM files; UserError when they do not load."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as err:
+        raise UserError(f"cannot load the TLS certificate {cert} with key {key}: {err}", "--tls-cert/--tls-key",
+                        "give PEM files of a certificate (chain) and its private key") from None
+    return context
+
+
+def tls_pair(cert: Optional[str], key: Optional[str]) -> Optional[Tuple[str, str]]:
+    """(cert, key) from the two options, None when neither is given; UserError when only one is."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise UserError("TLS needs both a certificate and its key", "--tls-cert/--tls-key",
+                        "give both, or neither for plain HTTP")
+    return cert, key
+
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` at once; a connection over that is closed at once."""
+
+    daemon_threads = True
+    request_queue_size = 1024  # the kernel's backlog: a burst of keepers connecting is not dropped (FINDINGS)
+
+    def __init__(self, address: Tuple[str, int], handler: type, max_connections: int):
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # no thread started to release it
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that vanished or spoke no TLS is no news; a bug in a handler is answered 500 before this.
+        err = sys.exc_info()[1]
+        if not isinstance(err, (OSError, ssl.SSLError)):
+            super().handle_error(request, client_address)
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's bytes, with a deadline armed at a request's first byte until its headers are read.
+
+    A per-read timeout alone lets a client send one byte every few seconds and
+    hold its thread for good; the deadline bounds the whole request head.
+    """
+
+    def __init__(self, connection: socket.socket):
+        self.connection = connection
+        self.armed_for: Optional[float] = None  # seconds the head may take, counted from its first byte
+        self.deadline: Optional[float] = None
+
+    def readable(self) -> bool:
+        return True
+
+    def arm(self, seconds: float) -> None:
+        self.armed_for, self.deadline = seconds, None
+
+    def disarm(self) -> None:
+        self.armed_for = self.deadline = None
+
+    def readinto(self, buffer: Any) -> int:
+        timeout = SOCKET_TIMEOUT
+        if self.deadline is not None:
+            timeout = self.deadline - time.monotonic()
+            if timeout <= 0:
+                raise TimeoutError("the request's headers took too long")
+        self.connection.settimeout(min(timeout, SOCKET_TIMEOUT))
+        count = self.connection.recv_into(buffer)
+        if count and self.armed_for is not None and self.deadline is None:
+            self.deadline = time.monotonic() + self.armed_for
+        return count
 
 
 class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a keeper sends batch after batch on one connection
     timeout = SOCKET_TIMEOUT
 
+    def setup(self) -> None:
+        super().setup()
+        self._reader = _DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle(self) -> None:
+        manager: ManagerServer = self.server.manager  # type: ignore[attr-defined]
+        if isinstance(self.connection, ssl.SSLSocket):
+            try:
+                self.connection.settimeout(manager.header_seconds)
+                self.connection.do_handshake()
+            except (OSError, ssl.SSLError):
+                return  # not TLS, or too slow: nothing to answer on
+        super().handle()
+
+    def handle_one_request(self) -> None:
+        self._reader.arm(self.server.manager.header_seconds)  # type: ignore[attr-defined]
+        super().handle_one_request()
+
     def _serve(self, has_body: bool) -> None:
+        self._reader.disarm()  # the headers are in
         manager: ManagerServer = self.server.manager  # type: ignore[attr-defined]
         target = urlsplit(self.path)
-        body = b""
+        request = Request(self.command, target.path, {}, self.headers, b"", dict(parse_qsl(target.query)))
+        try:
+            handler = manager.admit(request)  # refused here, the body is never read
+        except HttpError as err:
+            return self._reply(err.status, {"error": err.reason}, close=has_body)
         if has_body:
             length = self.headers.get("Content-Length")
             if length is None or not length.isdigit():
                 return self._reply(411, {"error": "a Content-Length header is needed"}, close=True)
             if int(length) > manager.max_body:
                 return self._reply(413, {"error": f"the body is over {manager.max_body} bytes"}, close=True)
-            body = self.rfile.read(int(length))
-        status, answer = manager.handle(self.command, target.path, self.headers, body, dict(parse_qsl(target.query)))
+            request.body = self.rfile.read(int(length))
+        status, answer = manager.answer(handler, request)
         if isinstance(answer, Raw):
             self._reply_raw(status, answer)
         elif isinstance(answer, Stream):
@@ -243,9 +411,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, answer: Any, close: bool = False) -> None:
         data = records.dumps(answer).encode()
+        self._send_at_once()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if status == 503:
+            self.send_header("Retry-After", str(RETRY_AFTER_SECONDS))
         if close:
             # The body was not read: the connection cannot carry another request.
             self.send_header("Connection", "close")
@@ -313,11 +484,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--experiment-dir", required=True, help="the experiment dir (holds trialkit.db)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
+    parser.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (chain); needs --tls-key")
+    parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     try:
         opts = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        server = ManagerServer(Store.in_dir(opts.experiment_dir), opts.host, opts.port,
+                               tls=tls_pair(opts.tls_cert, opts.tls_key))
     except UserError as err:
         report_and_exit(parser.prog, err)
-    server = ManagerServer(Store.in_dir(opts.experiment_dir), opts.host, opts.port)
     print(f"listening on {server.url}", flush=True)
     try:
         server.serve_forever()

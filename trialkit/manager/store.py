@@ -24,7 +24,8 @@ Tables:
 - statuses(trial, status, exit_code, reason, time, source): every change.
 
 Tokens are stored as SHA-256 hashes; `trial_for_token` finds a trial by its
-token. STATUS records a keeper sends (`add_records`) update the trial's
+token, until the control plane records the trial's end (`set_status` to a
+final status, source "control"), which revokes it. STATUS records a keeper sends (`add_records`) update the trial's
 status, exit code, restart count and times like `set_status`, with source
 "keeper". Each method is one transaction; an RLock makes the one connection
 safe to share between the manager's threads. Readers in other processes
@@ -204,6 +205,7 @@ class Store:
         return [_trial(row) for row in rows]
 
     def trial_for_token(self, token: str) -> Optional[str]:
+        """The trial that holds this token; None once the control plane ended it (its token is revoked)."""
         with self._lock:
             row = self._db.execute("SELECT id FROM trials WHERE token_hash=?", (token_hash(token),)).fetchone()
         return row["id"] if row else None
@@ -341,6 +343,11 @@ def _set_status(db: sqlite3.Connection, trial_id: str, status: str, exit_code: O
     if status in FINAL_STATUSES:
         sets.append("ended=?")
         args.append(when)
+        if source == "control":
+            # The control plane saw the trial end: its token is revoked, so no keeper (or anyone holding
+            # the old token) can change what it reported; a restart gets a new one (replace_token). A
+            # keeper's own word keeps it: a container restarted in place reports again with it.
+            sets.append("token_hash=NULL")
     else:
         sets.append("ended=NULL")  # started again (an activated trial): not ended now
     db.execute(f"UPDATE trials SET {', '.join(sets)} WHERE id=?", args + [trial_id])

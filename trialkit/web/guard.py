@@ -1,18 +1,34 @@
-"""Who may use the page's API: the holder of the token printed with its URL, from the page's own origin.
+"""Who may use the page's API: the holder of the page's token, from the page's own origin.
+
+The page has a token of its own, derived from the manager's admin token
+(`page_token`): it opens the page's routes (reads, and the trial actions the
+page offers) and nothing else; the admin routes still want the admin token,
+which cannot be worked out from the page's. The printed URL carries it once:
+the page moves it to the tab's sessionStorage and replaces the address
+without it (history.replaceState), so it stays out of the history.
 
 The token travels in an Authorization header, which a cross-site form cannot
 send and a cross-site script cannot send without a CORS preflight that this
 server never approves; the browser's Sec-Fetch-Site and Origin headers are
 checked as well, so a request another site makes is refused before the token
-is even looked at.
+is even looked at. All of it is checked on the headers, before a body is read.
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 
 from trialkit.manager.server import HttpError, Request
 
 _OWN_SITE = ("same-origin", "none")  # "none": typed in the address bar or opened from a bookmark
+_PAGE_SCOPE = b"trialkit page: read, and the page's trial actions"
+
+
+def page_token(admin_token: str) -> str:
+    """The page's token for a manager whose admin token this is (one-way: it does not give the admin token)."""
+    digest = hmac.new(admin_token.encode(), _PAGE_SCOPE, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def check(request: Request, token: str) -> None:
@@ -21,7 +37,8 @@ def check(request: Request, token: str) -> None:
     if site is not None and site not in _OWN_SITE:
         raise HttpError(403, f"cross-site request refused (Sec-Fetch-Site: {site})")
     origin = request.headers.get("Origin")
-    if origin is not None and origin != f"http://{request.headers.get('Host', '')}":
+    host = request.headers.get("Host", "")
+    if origin is not None and origin not in (f"http://{host}", f"https://{host}"):
         raise HttpError(403, f"cross-site request refused (Origin: {origin})")
     given = request.bearer()
     if given is None:

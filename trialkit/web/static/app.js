@@ -14,16 +14,18 @@
   const statusLabel = (status) => (status === 'PREEMPTED' ? 'PAUSED' : status);
 
   // ---------------------------------------------------------------- token, API
-  // The printed URL carries ?token=...: keep it for this origin, then drop it from the address bar.
+  // The printed URL carries the page's token (?token=...) for its first use only: keep it for this tab
+  // (sessionStorage: a reload keeps it, closing the tab forgets it), then take it out of the address
+  // and of the history entry. It opens the page's routes only, never the admin ones.
   function takeToken() {
     const url = new URL(location.href);
     const given = url.searchParams.get('token');
     if (given) {
-      localStorage.setItem(TOKEN_KEY, given);
+      sessionStorage.setItem(TOKEN_KEY, given);
       url.searchParams.delete('token');
       history.replaceState(null, '', url.pathname + url.search + url.hash);
     }
-    return localStorage.getItem(TOKEN_KEY) || '';
+    return sessionStorage.getItem(TOKEN_KEY) || '';
   }
   const token = takeToken();
 
