@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import k8s_schemas
 import k8s_strategies as gen
+from trialkit.control.config import load_config
 from trialkit.errors import UserError
 from trialkit.platforms.kubernetes import (
     adaptdljob as adaptdl,
@@ -269,6 +270,28 @@ frameworkcontrollerConfig:
     path: /exports/nni
 """,
 }
+
+
+def adl_config(tmp_path, code_dir: str):
+    """The seed's adl config with trial.codeDir as given, loaded from a file as `trialkit run` loads it."""
+    (tmp_path / "search_space.json").write_text('{"lr": {"_type": "choice", "_value": [0.1]}}')
+    path = tmp_path / "config.yml"
+    path.write_text(V1_SEEDS["adl"].replace("codeDir: .", f"codeDir: {code_dir}"))
+    return load_config(path)
+
+
+def test_adl_code_dir_is_the_containers_working_directory_never_a_local_one(tmp_path):
+    # /workspace/cifar exists in the image only: the config loads all the same.
+    config = adl_config(tmp_path, "/workspace/cifar")
+    spec = spec_for(config.trial_command)
+    objects = adaptdl.render(config.training_service, spec)
+    check_contract(objects, config.training_service, spec)  # validated against the AdaptDLJob CRD
+    assert job_of(objects)["spec"]["template"]["spec"]["containers"][0]["workingDir"] == "/workspace/cifar"
+    # NNI's seed writes ".": the image's own working directory.
+    seed = adaptdl.render(adl_config(tmp_path, ".").training_service, spec)
+    assert "workingDir" not in job_of(seed)["spec"]["template"]["spec"]["containers"][0]
+    with pytest.raises(UserError, match="names a directory inside the container"):
+        adl_config(tmp_path, "src")
 
 
 def test_seed_adl_config_renders_as_nni_describes(tmp_path):

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 import requests
@@ -28,12 +28,13 @@ from conftest import ROOT, TAG, tagged_processes
 from experiment_util import experiment, experiment_id, reported, start_cli, trial_status
 from harness import wait_until
 from trialkit.control.config import parse_config
-from trialkit.manager.server import ManagerServer
+from trialkit.control.actions import Action
+from trialkit.manager.server import HttpError, ManagerServer
 from trialkit.control.specs import build_spec
 from trialkit.manager.store import Store, new_token
 from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, USER_CANCELED
 from trialkit.platforms.local import LocalConfig, Platform
-from trialkit.web import Admin, install, page_url
+from trialkit.web import install, page_url
 from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
@@ -95,8 +96,7 @@ class Site:
         self.platform.on_end = self._ended
         self.calls: List[Any] = []
         self.killed: set = set()
-        install(self.server, self.store, admin_token=self.token, read_only=False,
-                admin=Admin(kill=self._kill))
+        install(self.server, self.store, admin_token=self.token, read_only=False, performer=self)
         self.ids = [self._submit(i, dict(params, steps=5, wait=0)) for i, params in enumerate(QUICK)]
         self.ids.append(self._submit(HOLD, {"lr": 0.01, NOTE: "held", "steps": 100000, "wait": 0.2}))
         self.ids.append(self._submit(VICTIM, {"lr": 0.02, NOTE: "victim", "steps": 100000, "wait": 0.2}))
@@ -119,7 +119,10 @@ class Site:
         status = USER_CANCELED if handle in self.killed else found.status
         self.store.set_status(handle, status, exit_code=found.exit_code, reason=found.reason)
 
-    def _kill(self, trial_id: str) -> None:
+    # The page's actions, as the experiment loop would perform them: its kill is the platform's hard kill.
+    def perform(self, action: Action, trial_id: Optional[str], body: Any) -> Any:
+        if (action.on, action.name) != ("trial", "kill"):
+            raise HttpError(501, f"this site does not {action.on} {action.name}")
         self.calls.append(("kill", trial_id))
         self.killed.add(trial_id)
         self.platform.kill(trial_id)
@@ -317,7 +320,7 @@ def test_actions_need_the_token_and_refuse_cross_site_requests(site, browser):
     # A read-only page (trialkit ui) offers no action and refuses them all.
     other = ManagerServer(site.store).start()
     try:
-        install(other, site.store, admin_token="ro", read_only=True, admin=Admin(kill=site._kill))
+        install(other, site.store, admin_token="ro", read_only=True, performer=site)
         answer = requests.post(f"{other.url}/api/ui/experiments/{EXPERIMENT}/trials/{victim}/kill",
                                headers={"Authorization": "Bearer ro"}, timeout=10)
         assert answer.status_code == 403 and "read-only" in answer.json()["error"]

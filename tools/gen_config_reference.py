@@ -151,6 +151,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "adaptdl.adaptive": "AdaptDL's `preemptible`: its scheduler may stop and rescale the job.",
     "adaptdl.minReplicas": "The fewest replicas.",
     "adaptdl.maxReplicas": "The most replicas.",
+    "adaptdl.workingDir": "The container's working directory, a path in the image (NNI v1's `trial.codeDir`); "
+                          "`.` or none: the image's own.",
     "adaptdl.checkpoint": "The per-trial volumes for `/adaptdl/checkpoint` and `/adaptdl/share`.",
     "adaptdl.checkpoint.storageClass": "Their storage class (default: the cluster's).",
     "adaptdl.checkpoint.storageSize": "Their size.",

@@ -52,7 +52,8 @@ RENDER_EXPERIMENT_ID = "render"  # `trialkit render` names trials as a real run 
 
 def cmd_run(opts: argparse.Namespace) -> int:
     from trialkit.control.config import load_config
-    from trialkit.control.runner import run_experiment
+    from trialkit.control.run import run_experiment
+    from trialkit.web import attach_page
 
     config = load_config(opts.config)
     if opts.detach:
@@ -60,7 +61,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
         experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
         argv = ["run", os.path.abspath(opts.config), "--experiment-id", experiment_id] + _port_args(opts.port)
         return _detach(argv, experiment_id, experiment_dir, "started")
-    return run_experiment(config, opts.port, opts.experiment_id).exit_code
+    return run_experiment(config, opts.port, opts.experiment_id, page=attach_page).exit_code
 
 
 def cmd_render(opts: argparse.Namespace) -> int:
@@ -146,7 +147,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
 
 def cmd_experiment_stop(opts: argparse.Namespace) -> int:
     info = admin.running_manager(opts.experiment_id)
-    admin.call(opts.experiment_id, "POST", "/api/v1/admin/experiment/stop")
+    admin.act(opts.experiment_id, "experiment", "stop")
     print(f"stopping experiment {opts.experiment_id}: its trials get their grace to finish")
     with _store(paths.experiment_dir(opts.experiment_id)) as store:
         grace = _experiment(store, opts.experiment_id)["config"].get("trialGraceSeconds", 25)
@@ -161,20 +162,21 @@ def cmd_experiment_stop(opts: argparse.Namespace) -> int:
 
 
 def cmd_experiment_pause(opts: argparse.Namespace) -> int:
-    admin.call(opts.experiment_id, "POST", "/api/v1/admin/experiment/pause")
+    admin.act(opts.experiment_id, "experiment", "pause")
     print(f"pausing experiment {opts.experiment_id}: its trials checkpoint and stop, and nothing starts until "
           f"`trialkit experiment activate {opts.experiment_id}`")
     return 0
 
 
 def cmd_experiment_activate(opts: argparse.Namespace) -> int:
-    admin.call(opts.experiment_id, "POST", "/api/v1/admin/experiment/activate")
+    admin.act(opts.experiment_id, "experiment", "activate")
     print(f"activated experiment {opts.experiment_id}: its paused trials are queued to resume")
     return 0
 
 
 def cmd_experiment_resume(opts: argparse.Namespace) -> int:
-    from trialkit.control.runner import resume_experiment
+    from trialkit.control.run import resume_experiment
+    from trialkit.web import attach_page
 
     if opts.detach:
         experiment_dir = paths.experiment_dir(opts.experiment_id)
@@ -183,7 +185,7 @@ def cmd_experiment_resume(opts: argparse.Namespace) -> int:
             raise UserError(f"experiment {opts.experiment_id} is running (manager pid {info.pid})", "EXPERIMENT_ID")
         argv = ["experiment", "resume", opts.experiment_id] + _port_args(opts.port)
         return _detach(argv, opts.experiment_id, experiment_dir, "resumed")
-    return resume_experiment(opts.experiment_id, opts.port).exit_code
+    return resume_experiment(opts.experiment_id, opts.port, page=attach_page).exit_code
 
 
 def cmd_experiment_export(opts: argparse.Namespace) -> int:
@@ -275,20 +277,20 @@ def cmd_trial_logs(opts: argparse.Namespace) -> int:
 
 def cmd_trial_kill(opts: argparse.Namespace) -> int:
     experiment_id = paths.experiment_of(opts.trial_id)
-    admin.call(experiment_id, "POST", f"/api/v1/admin/trials/{opts.trial_id}/kill")
+    admin.act(experiment_id, "trial", "kill", opts.trial_id)
     print(f"stopping trial {opts.trial_id}")
     return 0
 
 
 def cmd_trial_pause(opts: argparse.Namespace) -> int:
-    admin.call(paths.experiment_of(opts.trial_id), "POST", f"/api/v1/admin/trials/{opts.trial_id}/pause")
+    admin.act(paths.experiment_of(opts.trial_id), "trial", "pause", opts.trial_id)
     print(f"pausing trial {opts.trial_id}: it checkpoints and stops; `trialkit trial activate {opts.trial_id}` "
           "resumes it")
     return 0
 
 
 def cmd_trial_activate(opts: argparse.Namespace) -> int:
-    admin.call(paths.experiment_of(opts.trial_id), "POST", f"/api/v1/admin/trials/{opts.trial_id}/activate")
+    admin.act(paths.experiment_of(opts.trial_id), "trial", "activate", opts.trial_id)
     print(f"activated trial {opts.trial_id}: queued to resume from its checkpoint")
     return 0
 
@@ -350,7 +352,7 @@ def _move(moves: List[Move]) -> None:
                             "each experiment schedules its own trials: move a trial next to one of its experiment")
         by_experiment.setdefault(experiment_id, []).append(move)
     for experiment_id, group in by_experiment.items():
-        admin.call(experiment_id, "POST", "/api/v1/admin/queue/moves", {"moves": [m.to_json() for m in group]})
+        admin.act(experiment_id, "queue", "moves", body={"moves": [m.to_json() for m in group]})
 
 
 # -- the page -----------------------------------------------------------------------------

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, NamedTuple, Optional
 
 from trialkit import layout
 
@@ -99,8 +98,9 @@ def _number(environ: Mapping[str, str], name: str, default: float, kind=float):
         return default
 
 
-@dataclass(frozen=True)
-class TrialEnv:
+# NamedTuples, not dataclasses: dataclasses imports inspect, a few ms of every
+# keeper's start before the trial can run. Immutable; a copy with changes is _replace().
+class TrialEnv(NamedTuple):
     experiment_id: str
     trial_id: str
     sequence: int
@@ -250,8 +250,7 @@ LAUNCH_SOCKET = "TRIALKIT_LAUNCH_SOCKET"  # wrap_rank -> its launcher's supervis
 DEFAULT_CHIEF_PORT = 29500  # torch.distributed's default, when a platform names no port
 
 
-@dataclass(frozen=True)
-class Topology:
+class Topology(NamedTuple):
     num_nodes: int
     node_rank: int
     slots_per_node: int

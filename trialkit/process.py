@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 FORWARDED_SIGNALS = (
@@ -132,15 +131,24 @@ def adopted_children() -> List[int]:
     return [int(entry) for entry in entries if entry.isdigit() and _stat_fields(entry)[1:2] == [me]]
 
 
-@dataclass
 class Child:
-    pid: int
-    argv: Sequence[str]
-    name: str = ""
-    exit_code: Optional[int] = None
-    killed_by: Optional[int] = None  # the signal that ended it, if one did
-    stop_deadline: Optional[float] = None  # set once; a second stop keeps the clock
-    popen: Optional[subprocess.Popen] = field(default=None, repr=False)
+    """A started child (its own session: its pid is its group's id) and how it ended.
+
+    A plain class, not a dataclass: dataclasses imports inspect, a few ms of
+    every keeper's start before the trial can run.
+    """
+
+    def __init__(self, pid: int, argv: Sequence[str], name: str = "", popen: Optional[subprocess.Popen] = None):
+        self.pid = pid
+        self.argv = argv
+        self.name = name
+        self.exit_code: Optional[int] = None
+        self.killed_by: Optional[int] = None  # the signal that ended it, if one did
+        self.stop_deadline: Optional[float] = None  # set once; a second stop keeps the clock
+        self.popen = popen
+
+    def __repr__(self) -> str:
+        return f"Child(pid={self.pid}, argv={self.argv!r}, exit_code={self.exit_code}, killed_by={self.killed_by})"
 
     @property
     def pgid(self) -> int:

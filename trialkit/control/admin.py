@@ -1,4 +1,4 @@
-"""The manager's admin side: manager.json, the admin routes, and the CLI's client for them.
+"""The manager's admin side as its clients see it: manager.json, and the CLI's client for the admin routes.
 
 A running manager writes `<experiment dir>/manager.json` (mode 0600): its
 pid and start time (which name the process for good), URL, port, the admin
@@ -6,26 +6,16 @@ token, and how long the experiment has run over all its runs. The file stays
 after the manager ends: `experiment resume` binds the same port again, so
 keepers still running deliver to the new manager at the URL they were given.
 
-Admin routes take `Authorization: Bearer <admin token>`. Each action is one
-function `action(runner, request) -> JSON body`, run on the experiment loop's
-thread (never beside it); add one by writing it and listing it in ACTIONS:
+The admin routes are the action table's (trialkit.control.actions, installed
+by trialkit.control.manager_http), behind `Authorization: Bearer <admin
+token>`. The CLI and the Python API act through them:
 
-    POST /api/v1/admin/experiment/stop              stop the experiment (trials stopped gracefully)
-    POST /api/v1/admin/experiment/pause             pause its running trials; start nothing until activated
-    POST /api/v1/admin/experiment/activate          queue its paused trials again; go on
-    POST /api/v1/admin/trials/<trial_id>/kill       stop one trial (USER_CANCELED); another takes its slot
-    POST /api/v1/admin/trials/<trial_id>/pause      stop it with a checkpoint (PREEMPTED); its slot frees
-    POST /api/v1/admin/trials/<trial_id>/activate   queue a paused trial again
-    POST /api/v1/admin/queue/moves                  {"moves": [{"trial_id", one of "priority",
-                                                    "ahead_of", "behind_of"}, ...]}: all or none
-
-A move the loop refuses (an unknown trial, a running one) answers 404/409
-with one line saying why.
+    act(experiment_id, "trial", "pause", trial_id)      # POST /api/v1/admin/trials/<id>/pause
+    act(experiment_id, "queue", "moves", body={"moves": [...]})
 """
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import json
 import os
 import secrets
@@ -33,16 +23,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import Any, Optional
 
 from trialkit import process
-from trialkit.manager import paths
-from trialkit.control.queue import Move
-from trialkit.manager.server import HttpError, ManagerServer, Request
+from trialkit.control import actions
 from trialkit.errors import UserError
-
-if TYPE_CHECKING:
-    from trialkit.control.runner import Runner
+from trialkit.manager import paths
 
 CLIENT_TIMEOUT = 30.0
 
@@ -87,78 +73,6 @@ def read_info(experiment_dir: Path) -> Optional[ManagerInfo]:
         return None
 
 
-# -- the actions (on the experiment loop's thread) ----------------------------------------
-
-
-def stop_experiment(runner: "Runner", request: Request) -> Any:
-    runner.stop_experiment_by_user("stopped by `trialkit experiment stop`")
-    return {"stopping": True}
-
-
-def pause_experiment(runner: "Runner", request: Request) -> Any:
-    runner.pause_experiment()
-    return {"paused": True}
-
-
-def activate_experiment(runner: "Runner", request: Request) -> Any:
-    runner.activate_experiment()
-    return {"paused": False}
-
-
-def kill_trial(runner: "Runner", request: Request) -> Any:
-    runner.kill_trial(request.params["trial_id"])
-    return {"stopping": request.params["trial_id"]}
-
-
-def pause_trial(runner: "Runner", request: Request) -> Any:
-    runner.pause_trial(request.params["trial_id"])
-    return {"pausing": request.params["trial_id"]}
-
-
-def activate_trial(runner: "Runner", request: Request) -> Any:
-    runner.activate_trial(request.params["trial_id"])
-    return {"queued": request.params["trial_id"]}
-
-
-def move_jobs(runner: "Runner", request: Request) -> Any:
-    body = request.json()
-    if not isinstance(body, dict) or not isinstance(body.get("moves"), list):
-        raise HttpError(400, 'expected {"moves": [...]}')
-    try:
-        moves = [Move.from_json(item) for item in body["moves"]]
-    except ValueError as err:
-        raise HttpError(400, str(err)) from None
-    runner.move_jobs(moves)
-    return {"queue": runner.queue.order()}
-
-
-Action = Callable[["Runner", Request], Any]
-ACTIONS: List[Tuple[str, str, Action]] = [
-    ("POST", "/api/v1/admin/experiment/stop", stop_experiment),
-    ("POST", "/api/v1/admin/experiment/pause", pause_experiment),
-    ("POST", "/api/v1/admin/experiment/activate", activate_experiment),
-    ("POST", "/api/v1/admin/trials/<trial_id>/kill", kill_trial),
-    ("POST", "/api/v1/admin/trials/<trial_id>/pause", pause_trial),
-    ("POST", "/api/v1/admin/trials/<trial_id>/activate", activate_trial),
-    ("POST", "/api/v1/admin/queue/moves", move_jobs),
-]
-
-
-def install(server: ManagerServer, token: str, runner: "Runner") -> None:
-    """Add the admin routes to the server, each behind the admin token."""
-    for method, pattern, action in ACTIONS:
-        server.router.add(method, pattern, _guarded(action, token, runner))
-
-
-def _guarded(action: Action, token: str, runner: "Runner") -> Callable[[Request], Tuple[int, Any]]:
-    def handler(request: Request) -> Tuple[int, Any]:
-        given = request.bearer()
-        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
-            raise HttpError(401, "admin routes need the admin token from manager.json")
-        return 200, runner.call(action, runner, request)
-    return handler
-
-
 # -- the client (the CLI) --------------------------------------------------------------
 
 
@@ -191,3 +105,9 @@ def call(experiment_id: str, method: str, path: str, body: Any = None) -> Any:
     except OSError as err:
         raise UserError(f"cannot reach the manager of {experiment_id} on port {info.port}: {err}", experiment_id,
                         "see its manager.log") from None
+
+
+def act(experiment_id: str, on: str, name: str, trial_id: Optional[str] = None, body: Any = None) -> Any:
+    """One action of the table (trialkit.control.actions) on the experiment's running manager; its JSON answer."""
+    action = actions.find(on, name)
+    return call(experiment_id, action.method, action.path(trial_id), body)

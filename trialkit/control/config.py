@@ -404,6 +404,8 @@ def convert_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
         raise UserError(f"NNI v1 configs for {platform} are not supported", "trainingServicePlatform",
                         "write a v2 config with a trainingService section")
     v2["trainingService"] = from_v1(dict(v1))
+    if getattr(platforms.load(platform), "V1_CODE_DIR_IN_IMAGE", False):
+        v2.pop("trialCodeDirectory", None)  # its from_v1 took trial.codeDir: a directory in the image
     return v2
 
 

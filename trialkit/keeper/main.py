@@ -12,7 +12,6 @@ bounded grace; the other forwarded signals pass through to the group as they are
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import subprocess
@@ -112,7 +111,7 @@ def read_trial(opts: argparse.Namespace) -> env.TrialEnv:
     if opts.grace is not None:
         environ[env.GRACE_SECONDS] = str(opts.grace)
     trial = env.read(environ)
-    return dataclasses.replace(trial, trial_dir=trial.trial_dir.absolute())
+    return trial._replace(trial_dir=trial.trial_dir.absolute())
 
 
 def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
@@ -124,7 +123,7 @@ def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
     if previous and "restart_count" in previous:
         # AdaptDL names checkpoints after the count and refuses to reuse one:
         # a keeper restarted on the same dir must count up even if nobody told it.
-        trial = dataclasses.replace(trial, restart_count=max(trial.restart_count, previous["restart_count"] + 1))
+        trial = trial._replace(restart_count=max(trial.restart_count, previous["restart_count"] + 1))
     try:
         trial.stop_file.unlink()
     except FileNotFoundError:

@@ -6,7 +6,6 @@ build the engine's argv, `supervise` it (trialkit.launch.supervisor).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import socket
@@ -36,7 +35,7 @@ def setup(prog: str, engine: str, argv: Optional[Sequence[str]]) -> Tuple[gramma
     except UserError as err:
         report_and_exit(prog, err)
     if topo.chief_port is None:
-        topo = dataclasses.replace(topo, chief_port=free_port(topo.chief_addr))
+        topo = topo._replace(chief_port=free_port(topo.chief_addr))
     return launch, topo
 
 

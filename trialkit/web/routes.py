@@ -27,10 +27,11 @@ import math
 import time
 from typing import Any, Callable, Optional, Tuple, Union
 
+from trialkit.control import actions
+from trialkit.control.actions import Performer
 from trialkit.manager.server import HttpError, ManagerServer, Raw, Request, Stream
 from trialkit.manager.store import Store
 from trialkit.web import events, guard, logtail, queries
-from trialkit.web.actions import Admin
 from trialkit.web.assets import Assets
 from trialkit.web.catalog import Catalog
 
@@ -47,20 +48,21 @@ def page_url(server: Union[ManagerServer, str], token: str, experiment_id: Optio
 
 
 def install(server: ManagerServer, store: Union[Store, Catalog], *, admin_token: str, read_only: bool,
-            admin: Optional[Admin] = None) -> Catalog:
+            performer: Optional[Performer] = None) -> Catalog:
     """Add the page and its API to the server. `store`: the manager's own, or a Catalog of stored experiments."""
     catalog = store if isinstance(store, Catalog) else Catalog(lambda: [store.path])
-    _Routes(server, catalog, admin_token, read_only, admin or Admin()).add()
+    _Routes(server, catalog, admin_token, read_only, performer).add()
     return catalog
 
 
 class _Routes:
-    def __init__(self, server: ManagerServer, catalog: Catalog, token: str, read_only: bool, admin: Admin):
+    def __init__(self, server: ManagerServer, catalog: Catalog, token: str, read_only: bool,
+                 performer: Optional[Performer]):
         self.server = server
         self.catalog = catalog
         self.token = token
         self.read_only = read_only
-        self.admin = admin
+        self.performer = performer  # the experiment loop, where trials can be acted on
         self.assets = Assets()
 
     def add(self) -> None:
@@ -92,7 +94,7 @@ class _Routes:
 
     # -- reads -------------------------------------------------------------------------
     def _info(self, request: Request) -> Any:
-        return {"read_only": self.read_only, "actions": [] if self.read_only else self.admin.offered()}
+        return {"read_only": self.read_only, "actions": [] if self.read_only or self.performer is None else actions.names("trial")}
 
     def _events(self, request: Request) -> Stream:
         return Stream(events.changes(self.catalog, self.server.stopping), "text/event-stream",
@@ -124,7 +126,9 @@ class _Routes:
         return self._read(request, queries.hyperparameters)
 
     def _queue(self, request: Request) -> Any:
-        order = self.admin.queue_order(request.params["exp"]) if self.admin.queue_order else None
+        order = None
+        if self.performer is not None:
+            order = self.performer.perform(actions.find("queue", "order"), None, {})["queue"]
         return self._read(request, queries.queue, order)
 
     def _trial(self, request: Request) -> Any:
@@ -143,7 +147,12 @@ class _Routes:
             raise HttpError(403, "this page is read-only (trialkit ui): act through the experiment's manager")
         trial_id = request.params["trial"]
         self._read(request, queries.trial, trial_id)  # 404 unless the trial is this experiment's
-        self.admin.perform(request.params["action"], trial_id, request.json() if request.body else {})
+        name, offered = request.params["action"], actions.names("trial")
+        if name not in offered:
+            raise HttpError(404, f"no action {name!r} (one of {', '.join(offered)})")
+        if self.performer is None:
+            raise HttpError(501, f"{name} is not available in this manager")
+        self.performer.perform(actions.find("trial", name), trial_id, request.json() if request.body else {})
         return {"ok": True, "at": time.time()}
 
 

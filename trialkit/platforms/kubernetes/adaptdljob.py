@@ -2,7 +2,8 @@
 
 Config (NNI's `adl`): `image`, `command`, `cpuNumber`, `gpuNumber`,
 `memorySize`, `adaptive` (AdaptDL's preemptible: the scheduler may stop and
-rescale it), `minReplicas`, `maxReplicas`, `checkpoint: {storageClass,
+rescale it), `workingDir` (the container's working directory, a path in the
+image: NNI v1's `trial.codeDir` here), `minReplicas`, `maxReplicas`, `checkpoint: {storageClass,
 storageSize}`, `nfs`, `imagePullSecrets`, plus the options every Kubernetes
 platform has (k8s_config.parse_common). Each trial gets claims for
 /adaptdl/checkpoint and /adaptdl/share; the experiment one for
@@ -41,9 +42,12 @@ DEFAULT_STORAGE_MIB = 1024
 # leave room for the group (it grows with every rescale) and the rank.
 NAME_BUDGET = 48
 
+# NNI's adl mode runs the trial in its image, from trial.codeDir there: that
+# key names a directory in the container, never one on this machine.
+V1_CODE_DIR_IN_IMAGE = True
 # The trial keys of NNI v1's `trial:` section that are this platform's options.
 _V1_KEYS = {
-    "command": "command", "image": "image", "gpuNum": "gpuNumber", "cpuNum": "cpuNumber",
+    "command": "command", "codeDir": "workingDir", "image": "image", "gpuNum": "gpuNumber", "cpuNum": "cpuNumber",
     "memorySize": "memorySize", "adaptive": "adaptive", "checkpoint": "checkpoint", "nfs": "nfs",
     "imagePullSecrets": "imagePullSecrets", "namespace": "namespace",
 }
@@ -54,6 +58,7 @@ class AdaptDLConfig:
     command: Optional[str]  # None: the trial's command
     resources: Resources
     preemptible: bool
+    working_dir: Optional[str]  # in the container; None: the image's own
     min_replicas: Optional[int]
     max_replicas: Optional[int]
     storage_class: Optional[str]  # None: the cluster's default class
@@ -74,6 +79,7 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
         command=sec.text("command"),
         resources=parse_resources(sec),
         preemptible=sec.boolean("adaptive", "preemptible"),
+        working_dir=_working_dir(sec.text("workingDir"), sec.at("workingDir")),
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         storage_class=checkpoint.text("storageClass"),
@@ -85,6 +91,16 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
     if not config.common.image:
         raise UserError("no image to run the trial in", sec.at("image"), "set image (or dockerImage)")
     return config
+
+
+def _working_dir(path: Optional[str], where: str) -> Optional[str]:
+    """An absolute path in the image; "." (NNI's examples) is the image's own working directory."""
+    if path is None or path.strip() in (".", "./"):
+        return None
+    if not path.startswith("/"):
+        raise UserError(f"{path!r} is relative, but it names a directory inside the container", where,
+                        "give an absolute path in the image (like /workspace), or . for the image's own")
+    return path
 
 
 def from_v1(v1_config: dict) -> dict:
@@ -130,6 +146,9 @@ def render(config: AdaptDLConfig, spec: TrialSpec) -> List[dict]:
         if value is not None:
             job_spec[key] = value
     job_spec["template"] = k8s.fill_pod(job_spec.get("template"), plan, CONTAINER)
+    if config.working_dir is not None:
+        container = next(c for c in job_spec["template"]["spec"]["containers"] if c["name"] == CONTAINER)
+        container["workingDir"] = config.working_dir
     claims = [
         k8s.claim_object(checkpoint_claim, common.namespace, names.labels, config.storage_class, config.storage_mib),
         k8s.claim_object(share_claim, common.namespace, names.labels, config.storage_class, config.storage_mib),

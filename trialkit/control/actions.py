@@ -1,0 +1,240 @@
+"""The action table: what a user can do to a running experiment, defined once.
+
+    experiment  stop | pause | activate | update {any of UPDATABLE: new values}
+    trial       kill | pause | activate | priority {"priority": N}
+    queue       moves {"moves": [{"trial_id", one of "priority", "ahead_of", "behind_of"}, ...]} (all or none)
+                order (GET: the waiting trials, the next to start first)
+
+Each action is one function `(loop, trial_id, body) -> JSON answer` that
+checks the request against the experiment loop's state and carries it out
+through the loop's primitives (stop_trial, cancel, requeue, ...). It runs on
+the loop's thread, never beside it: whoever holds the table hands an action to
+a `Performer` (the loop: `loop.perform(action, trial_id, body)`).
+
+One table, three ways in, all alike:
+  - the admin routes, `<method> /api/v1/admin/<on>/<name>` (a trial's:
+    `/api/v1/admin/trials/<trial_id>/<name>`), behind the admin token
+    (trialkit.control.manager_http installs them);
+  - the CLI, which calls those routes (trialkit.control.admin.act);
+  - the page, whose buttons are the trial actions (trialkit.web.routes).
+A request the loop refuses answers 404 (no such trial) or 409 (not in a state
+for it) with one line saying why; a malformed body answers 400. Add an action
+by writing its function and listing it in ACTIONS.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol
+
+from trialkit.control.queue import Move, label
+from trialkit.manager.server import HttpError
+from trialkit.statuses import PREEMPTED, USER_CANCELED
+
+if TYPE_CHECKING:
+    from trialkit.control.loop import Loop, Trial
+
+ADMIN_PREFIX = "/api/v1/admin"
+
+# Why a trial is stopped -> the status it ends with.
+KILL_STOP = (USER_CANCELED, "killed by `trialkit trial kill`")
+PAUSE_STOP = (PREEMPTED, "paused")
+USER_STOP = (USER_CANCELED, "stopped by `trialkit experiment stop`")
+
+
+@dataclass(frozen=True)
+class Action:
+    on: str  # what it acts on: "experiment", "trial" or "queue"
+    name: str  # its name there: the route's last part, the page's button
+    run: Callable[["Loop", Optional[str], Any], Any]  # (loop, trial id for a trial's, JSON body) -> JSON answer
+    method: str = "POST"
+
+    @property
+    def route(self) -> str:
+        where = "trials/<trial_id>" if self.on == "trial" else self.on
+        return f"{ADMIN_PREFIX}/{where}/{self.name}"
+
+    def path(self, trial_id: Optional[str] = None) -> str:
+        """The route for one request: a trial's with its id filled in."""
+        return self.route.replace("<trial_id>", trial_id) if self.on == "trial" else self.route
+
+
+class Performer(Protocol):
+    def perform(self, action: Action, trial_id: Optional[str], body: Any) -> Any:
+        """Run the action where the experiment's state lives and return its answer (HttpError when refused)."""
+
+
+# -- the experiment ----------------------------------------------------------------------
+
+
+def stop_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    loop.stop_experiment(USER_STOP)
+    return {"stopping": True}
+
+
+def pause_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    """Its running trials stop with a checkpoint; nothing starts and the tuner is not asked until activated."""
+    _not_stopping(loop)
+    loop.set_paused(True)
+    for trial in list(loop.active.values()):
+        if trial.stop is None:
+            loop.stop_trial(trial, PAUSE_STOP)
+    return {"paused": True}
+
+
+def activate_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    """Its paused trials queue again, in sequence order; it goes on."""
+    _not_stopping(loop)
+    loop.set_paused(False)
+    for trial in sorted(loop.trials.values(), key=lambda t: t.sequence):
+        if trial.paused:
+            loop.requeue(trial, "activated")
+    return {"paused": False}
+
+
+# What an experiment may change while it runs (nnictl update's set), as config v2 keys.
+UPDATABLE = ("trialConcurrency", "maxTrialNumber", "maxExperimentDuration", "searchSpace")
+
+
+def update_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    if not isinstance(body, dict) or not body or not set(body) <= set(UPDATABLE):
+        raise HttpError(400, f"expected an object with some of {', '.join(UPDATABLE)}")
+    loop.update_config(body)
+    return {"updated": sorted(body)}
+
+
+# -- one trial ---------------------------------------------------------------------------
+
+
+def kill_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    """Stop a running trial for good; a waiting or paused one ends without starting again."""
+    trial = _known(loop, trial_id)
+    if trial.id in loop.active and trial.stop is not None:
+        trial.stop = KILL_STOP  # already stopping (a pause, say): it ends canceled instead
+    elif trial.id in loop.active:
+        loop.stop_trial(trial, KILL_STOP)
+    elif trial.id in loop.queue or trial.paused:
+        loop.cancel(trial, KILL_STOP)
+    else:
+        raise HttpError(409, f"trial {trial_id} is not running")
+    return {"stopping": trial.id}
+
+
+def pause_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    """A running trial stops with a checkpoint (PREEMPTED) and frees its slot; a waiting one leaves the queue."""
+    trial = _known(loop, trial_id)
+    if trial.id in loop.active:
+        if trial.stop is not None:
+            raise HttpError(409, f"trial {trial_id} is already stopping")
+        loop.stop_trial(trial, PAUSE_STOP)
+    elif trial.id in loop.queue:
+        loop.queue.remove(trial.id)
+        trial.stop = PAUSE_STOP
+        loop.finish(trial, *PAUSE_STOP, None)
+    else:
+        raise HttpError(409, f"trial {trial_id} is {_state(loop, trial)}: only a running or waiting trial pauses")
+    return {"pausing": trial.id}
+
+
+def activate_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    """A paused trial queues again, to restart in the same dirs."""
+    trial = _known(loop, trial_id)
+    if not trial.paused:
+        raise HttpError(409, f"trial {trial_id} is {_state(loop, trial)}: only a paused trial activates")
+    _not_stopping(loop)
+    loop.requeue(trial, "activated")
+    return {"queued": trial.id}
+
+
+def set_priority(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    priority = body.get("priority") if isinstance(body, dict) else None
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise HttpError(400, 'expected {"priority": <a whole number>}')
+    return _move(loop, [Move(_known(loop, trial_id).id, priority=priority)])
+
+
+# -- the queue ---------------------------------------------------------------------------
+
+
+def move_jobs(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    if not isinstance(body, dict) or not isinstance(body.get("moves"), list):
+        raise HttpError(400, 'expected {"moves": [...]}')
+    try:
+        moves = [Move.from_json(item) for item in body["moves"]]
+    except ValueError as err:
+        raise HttpError(400, str(err)) from None
+    return _move(loop, moves)
+
+
+def queue_order(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    return {"queue": loop.queue.order()}
+
+
+def _move(loop: "Loop", moves: List[Move]) -> Any:
+    """Apply queue moves, all or none: each is checked before any is made."""
+    for move in moves:
+        _check_move(loop, move)
+    for move in moves:
+        loop.queue.apply(move)
+    return queue_order(loop, None, None)
+
+
+def _check_move(loop: "Loop", move: Move) -> None:
+    trial = _known(loop, move.trial_id)
+    if trial.paused and move.other is None:
+        return  # a paused trial's priority counts once it is activated
+    if trial.id not in loop.queue:
+        raise HttpError(409, f"trial {trial.id} is {_state(loop, trial)}: only a waiting trial moves "
+                             "(a paused one may change its priority)")
+    if move.other is not None:
+        other = _known(loop, move.other)
+        if other.id == trial.id:
+            raise HttpError(409, f"trial {trial.id} cannot move ahead of or behind itself")
+        if other.id not in loop.queue:
+            raise HttpError(409, f"trial {other.id} is {_state(loop, other)}, not waiting: nothing to move next to")
+
+
+# -- the table ---------------------------------------------------------------------------
+
+ACTIONS: List[Action] = [
+    Action("experiment", "stop", stop_experiment),
+    Action("experiment", "pause", pause_experiment),
+    Action("experiment", "activate", activate_experiment),
+    Action("experiment", "update", update_experiment),
+    Action("trial", "kill", kill_trial),
+    Action("trial", "pause", pause_trial),
+    Action("trial", "activate", activate_trial),
+    Action("trial", "priority", set_priority),
+    Action("queue", "moves", move_jobs),
+    Action("queue", "order", queue_order, method="GET"),
+]
+
+
+def names(on: str) -> List[str]:
+    """The actions on one kind of thing, in the table's order."""
+    return [action.name for action in ACTIONS if action.on == on]
+
+
+def find(on: str, name: str) -> Action:
+    """The action; KeyError when the table has none by that name."""
+    for action in ACTIONS:
+        if action.on == on and action.name == name:
+            return action
+    raise KeyError(f"{on} {name}")
+
+
+def _known(loop: "Loop", trial_id: Optional[str]) -> "Trial":
+    trial = loop.trials.get(trial_id or "")
+    if trial is None:
+        raise HttpError(404, f"no trial {trial_id} in experiment {loop.experiment_id}")
+    return trial
+
+
+def _state(loop: "Loop", trial: "Trial") -> str:
+    if trial.id in loop.active:
+        return "running"
+    return "waiting" if trial.id in loop.queue else label(trial.status)
+
+
+def _not_stopping(loop: "Loop") -> None:
+    if loop.stopping is not None:
+        raise HttpError(409, f"experiment {loop.experiment_id} is stopping")

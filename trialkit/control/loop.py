@@ -1,0 +1,492 @@
+"""The experiment loop: ask the tuner, submit trials, act on what they report.
+
+One thread owns every piece of state (tuner, assessor, trials, platform
+calls); the rest reaches it through one queue:
+  - the manager's HTTP threads put the records they stored (`stored`:
+    FINAL -> tuner, PERIODICAL -> assessor -> a graceful stop through the platform);
+  - the platform's threads put trial ends (`on_end`; local: the keeper exited);
+  - signal handlers put SIGTERM/SIGINT; the admin routes and the page put
+    actions of the table (trialkit.control.actions) to run here (`perform`).
+A trial's end is seen the moment its keeper exits and the next trial is
+submitted in the same pass. A platform status sweep every few seconds is only
+a backstop, for platforms that cannot tell and for a lost notice.
+
+Slots: trialConcurrency trials run at once. When one frees, the next to start
+is the job queue's head (trialkit.control.queue: activated and preempted
+trials, by priority) or, when none waits at the experiment's priority or
+above, a new trial from the tuner. A paused experiment starts nothing and asks
+the tuner nothing. The experiment ends when nothing runs, waits or is paused
+and the tuner has nothing more (or it was stopped: paused trials then stay
+paused).
+
+Named for what it is, the loop alone: the manager's HTTP is
+trialkit.control.manager_http, what users can do is trialkit.control.actions,
+resuming is trialkit.control.resume, and a run from start to summary is
+trialkit.control.run.
+"""
+from __future__ import annotations
+
+import hashlib
+import queue
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, TextIO, Tuple
+
+from trialkit import records
+from trialkit.control.assessors import build_assessor
+from trialkit.control.config import ExperimentConfig, parse_config
+from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
+from trialkit.control.queue import JobQueue, label
+from trialkit.control.results import metric_value
+from trialkit.control.specs import build_spec
+from trialkit.control.tuners import build_tuner
+from trialkit.errors import UserError
+from trialkit.manager import paths
+from trialkit.manager.server import HttpError
+from trialkit.manager.store import Store, new_token
+from trialkit.platforms.base import Platform
+from trialkit.statuses import (
+    EARLY_STOPPED,
+    FAILED,
+    FINAL_STATUSES,
+    PREEMPTED,
+    SUCCEEDED,
+    SYS_CANCELED,
+    USER_CANCELED,
+    WAITING,
+)
+
+if TYPE_CHECKING:
+    from trialkit.control.actions import Action
+    from trialkit.control.manager_http import Manager
+
+BACKSTOP_SECONDS = 5.0
+CALL_TIMEOUT = 10.0  # an action waits this long for the loop
+MAX_SUBMIT_FAILURES = 3  # in a row: the platform cannot start trials at all
+
+# Experiment statuses.
+RUNNING = "RUNNING"
+PAUSED = "PAUSED"
+DONE = "DONE"
+STOPPED = "STOPPED"
+ERROR = "ERROR"
+
+# Why the loop stops a trial -> the status it ends with (a user's reasons: trialkit.control.actions).
+ASSESSOR_STOP = (EARLY_STOPPED, "stopped early by the assessor")
+TIMEOUT_STOP = (FAILED, "timeout: ran past maxTrialDuration")
+DURATION_STOP = (SYS_CANCELED, "maxExperimentDuration reached")
+
+
+@dataclass
+class Trial:
+    id: str
+    sequence: int
+    parameter_id: int
+    parameters: Dict[str, Any]
+    status: str = WAITING
+    restart_count: int = 0
+    ran: bool = False  # submitted since it last joined the queue: its next start is a restart
+    handle: Optional[str] = None
+    deadline: Optional[float] = None  # monotonic: when maxTrialDuration runs out
+    stop: Optional[Tuple[str, str]] = None  # (status, reason) once a stop was sent
+    reason: str = ""  # why it ended as it did
+    exit_code: Optional[int] = None
+    intermediate: List[Optional[float]] = field(default_factory=list)
+    final: Any = None
+    has_final: bool = False
+
+    @property
+    def ended(self) -> bool:
+        """Not running and not to be started (paused trials too, until activated)."""
+        return self.status in FINAL_STATUSES
+
+    @property
+    def paused(self) -> bool:
+        return self.status == PREEMPTED
+
+
+class _Reply:
+    def __init__(self):
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: Optional[BaseException] = None
+
+
+def experiment_seed(experiment_id: str) -> int:
+    """The tuner's seed: fixed by the id, so a resumed experiment's tuner is the same tuner."""
+    return int.from_bytes(hashlib.sha256(experiment_id.encode()).digest()[:4], "big")
+
+
+class Loop:
+    def __init__(self, config: ExperimentConfig, experiment_id: str, experiment_dir: Path, store: Store,
+                 out: Optional[TextIO] = None, elapsed: float = 0.0):
+        self.config = config
+        self.experiment_id = experiment_id
+        self.experiment_dir = Path(experiment_dir)
+        self.store = store
+        self.progress = Progress(out)
+        self.events: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()  # put() is safe in a signal handler
+        self.tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
+                                 seed=experiment_seed(experiment_id))
+        self.assessor = build_assessor(config.assessor.name, config.assessor.class_args) if config.assessor else None
+        self.trials: Dict[str, Trial] = {}
+        self.active: Dict[str, Trial] = {}  # submitted and not ended: each holds a slot
+        self.queue = JobQueue(store)
+        self.paused = False  # the experiment: start nothing, ask the tuner nothing
+        self.by_handle: Dict[str, Trial] = {}
+        self.next_sequence = 0
+        self.exhausted = False  # the tuner has nothing more to propose
+        self.stopping: Optional[Tuple[str, str]] = None  # the experiment ends early: (trial status, why)
+        self.interrupts = 0
+        self.submit_failures = 0
+        self.error: Optional[str] = None  # why the experiment could not go on
+        self.elapsed_before = elapsed
+        self.started = time.monotonic()
+        self.best: Optional[Trial] = None
+        # Set by trialkit.control.run before serve(): the manager listens first, then the platform starts.
+        self.manager: Manager
+        self.platform: Platform
+
+    # -- the loop ----------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Submit and listen until no trial runs and none is left to start."""
+        last_backstop = time.monotonic()
+        while True:
+            self._check_limits()
+            self._fill()
+            if self._over():
+                return
+            try:
+                event = self.events.get(timeout=self._wait_time(last_backstop))
+            except queue.Empty:
+                event = None
+            while event is not None:
+                self._handle(event)
+                try:
+                    event = self.events.get_nowait()
+                except queue.Empty:
+                    event = None
+            if time.monotonic() - last_backstop >= BACKSTOP_SECONDS:
+                last_backstop = time.monotonic()
+                self._backstop()
+            self.progress.update(self.snapshot())
+
+    def final_status(self) -> str:
+        if self.error is not None:
+            return ERROR
+        return STOPPED if self.stopping is not None and self.stopping[0] == USER_CANCELED else DONE
+
+    def _over(self) -> bool:
+        if self.active or self.queue:
+            return False
+        if self.stopping is not None:
+            return True
+        # A paused experiment or trial waits for `activate`.
+        return not self.paused and not any(t.paused for t in self.trials.values()) and not self._may_create()
+
+    def _wait_time(self, last_backstop: float) -> float:
+        now = time.monotonic()
+        until = [last_backstop + BACKSTOP_SECONDS]
+        until += [t.deadline for t in self.active.values() if t.deadline is not None and t.stop is None]
+        if self.config.max_experiment_duration is not None and self.stopping is None:
+            until.append(now + self.config.max_experiment_duration - self.elapsed())
+        if self.progress.tty:
+            until.append(now + TICK_SECONDS)
+        return max(0.0, min(until) - now)
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.monotonic() - self.started
+
+    # -- what other threads hand the loop ----------------------------------------------------
+    def stored(self, trial_id: str, fresh: List[Dict[str, Any]]) -> None:
+        """The manager's listener: records its HTTP threads stored."""
+        self.events.put(("records", trial_id, fresh))
+
+    def ended(self, handle: str) -> None:
+        """The platform's on_end: a trial ended (from the platform's thread)."""
+        self.events.put(("end", handle))
+
+    def perform(self, action: "Action", trial_id: Optional[str], body: Any) -> Any:
+        """Run an action of the table on the loop's thread and return its answer (admin routes, the page)."""
+        reply = _Reply()
+        self.events.put(("action", action, trial_id, body, reply))
+        if not reply.done.wait(CALL_TIMEOUT):
+            raise HttpError(503, "the experiment loop did not answer in time")
+        if reply.error is not None:
+            raise reply.error
+        return reply.value
+
+    @contextmanager
+    def signals_handled(self) -> Iterator[None]:
+        """SIGINT and SIGTERM stop the experiment gracefully (a second one kills the trials) while inside."""
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals reach only the main thread; an embedding program keeps its own
+            return
+        previous = {signum: signal.signal(signum, self._signal_handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _signal_handler(self, signum: int, frame: Any) -> None:
+        self.events.put(("signal", signum))
+
+    def _handle(self, event: tuple) -> None:
+        kind = event[0]
+        if kind == "records":
+            self.on_records(event[1], event[2])
+        elif kind == "end":
+            trial = self.by_handle.get(event[1])
+            if trial is not None and trial.id in self.active:
+                self._check_ended(trial)
+        elif kind == "signal":
+            self._on_signal(event[1])
+        elif kind == "action":
+            _, action, trial_id, body, reply = event
+            try:
+                reply.value = action.run(self, trial_id, body)
+            except Exception as err:  # noqa: BLE001 - handed to the HTTP thread, which answers with it
+                reply.error = err
+            reply.done.set()
+
+    # -- records and trial ends -----------------------------------------------------------
+    def on_records(self, trial_id: str, fresh: List[Dict[str, Any]]) -> None:
+        trial = self.trials.get(trial_id)
+        if trial is None:
+            return
+        for rec in fresh:
+            if rec["type"] == records.FINAL and not trial.has_final:
+                trial.final, trial.has_final = rec["value"], True
+                value = metric_value(rec["value"])
+                if value is not None:
+                    self.tuner.tell(trial.parameter_id, value)
+                    self.note_best(trial, value)
+            elif rec["type"] == records.PERIODICAL:
+                trial.intermediate.append(metric_value(rec["value"]))
+                self._assess(trial)
+            elif rec["type"] == records.STATUS and trial.id not in self.active:
+                # A keeper's late word (delivered after its exit was seen) must not undo ours.
+                self.store.set_status(trial.id, trial.status, exit_code=trial.exit_code, reason=trial.reason)
+
+    def _assess(self, trial: Trial) -> None:
+        if self.assessor is None or trial.stop is not None or trial.ended:
+            return
+        steps = [value for value in trial.intermediate if value is not None]
+        if steps and self.assessor.should_stop(trial.id, steps):
+            self.stop_trial(trial, ASSESSOR_STOP)
+
+    def note_best(self, trial: Trial, value: float) -> None:
+        best = None if self.best is None else metric_value(self.best.final)
+        if best is None or self.tuner.better(value, best):
+            self.best = trial
+
+    def _check_ended(self, trial: Trial) -> None:
+        try:
+            status = self.platform.status(trial.handle)
+        except Exception as err:  # noqa: BLE001 - a platform's hiccup (an API call) waits for the next sweep
+            self.progress.say(f"warning: cannot read the status of {trial.id}: {err}")
+            return
+        if status.status in FINAL_STATUSES:
+            self.finish(trial, status.status, status.reason, status.exit_code)
+
+    def finish(self, trial: Trial, status: str, reason: str, exit_code: Optional[int]) -> None:
+        # A stop that came too late to matter (the trial finished with its result) changes nothing.
+        if trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
+            status, reason = trial.stop
+        self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
+        trial.status, trial.reason, trial.exit_code = status, reason, exit_code
+        self.active.pop(trial.id, None)
+        self.manager.save(self.elapsed())
+        self.progress.trial_ended(trial.id, label(status), trial.final, reason, self.snapshot())
+        if trial.paused:
+            if trial.stop is None and self.stopping is None:
+                # Stopped with a checkpoint by someone else (a pod deleted, a spot notice): it resumes.
+                self.requeue(trial, "preempted: queued to resume")
+            return  # not done: the tuner and the assessor wait for its result
+        self.tuner.tell_failed(trial.parameter_id)  # ignored when its final result was told
+        if self.assessor is not None:
+            self.assessor.trial_end(trial.id, status == SUCCEEDED)
+
+    def _backstop(self) -> None:
+        for trial in list(self.active.values()):
+            if trial.handle is not None:
+                self._check_ended(trial)
+
+    def _on_signal(self, signum: int) -> None:
+        self.interrupts += 1
+        name = signal.Signals(signum).name
+        if self.interrupts == 1:
+            self.progress.say(f"{name}: stopping the trials gracefully (again to kill them now)")
+            self.stop_experiment((USER_CANCELED, f"experiment stopped ({name})"))
+        else:
+            self.progress.say(f"{name}: killing the trials")
+            for trial in self.active.values():
+                self.platform.kill(trial.handle)
+
+    # -- stopping ----------------------------------------------------------------------
+    def stop_experiment(self, why: Tuple[str, str]) -> None:
+        """End early: running trials stop gracefully, waiting ones end; `why` is (their status, the reason)."""
+        if self.stopping is None:
+            self.stopping = why
+        for trial in list(self.active.values()):
+            self.stop_trial(trial, why)
+        for trial_id in self.queue.order():
+            self.cancel(self.trials[trial_id], why)
+
+    def cancel(self, trial: Trial, why: Tuple[str, str]) -> None:
+        """End a trial that holds no slot (waiting or paused)."""
+        if trial.id in self.queue:
+            self.queue.remove(trial.id)
+        trial.stop = why  # over a pause's: this is how it ends
+        self.finish(trial, *why, None)
+
+    def stop_trial(self, trial: Trial, why: Tuple[str, str]) -> None:
+        """The graceful stop through the platform; the trial ends as `why` says once the platform reports it."""
+        if trial.stop is not None or trial.ended:
+            return
+        trial.stop = why
+        try:
+            self.platform.stop(trial.handle, self.config.trial_grace_seconds)
+        except Exception as err:  # noqa: BLE001 - a platform's hiccup (an API call) must not end the experiment
+            self.progress.say(f"warning: cannot stop {trial.id}: {err}")
+
+    def _check_limits(self) -> None:
+        now = time.monotonic()
+        for trial in list(self.active.values()):
+            if trial.deadline is not None and now >= trial.deadline:
+                self.stop_trial(trial, TIMEOUT_STOP)
+        limit = self.config.max_experiment_duration
+        if limit is not None and self.stopping is None and self.elapsed() >= limit:
+            self.stop_experiment(DURATION_STOP)
+
+    def set_paused(self, paused: bool) -> None:
+        """A paused experiment starts nothing and asks the tuner nothing; the store says so."""
+        self.paused = paused
+        self.store.set_experiment_status(self.experiment_id, PAUSED if paused else RUNNING)
+
+    # -- starting trials -----------------------------------------------------------------
+    def _may_create(self) -> bool:
+        limit = self.config.max_trial_number
+        return not self.exhausted and (limit is None or len(self.trials) < limit)
+
+    def _fill(self) -> None:
+        while self.stopping is None and not self.paused and len(self.active) < self.config.trial_concurrency:
+            trial = self._next()
+            if trial is None:
+                return
+            self.submit(trial)
+
+    def _next(self) -> Optional[Trial]:
+        """The trial to start: the queue's head, unless the tuner's next one goes first.
+
+        The tuner's next trial counts as waiting at the back of the
+        experiment's priority: queued trials of a lower priority wait for it.
+        """
+        head = self.queue.head()
+        if (head is None or self.queue.priority(head) < self.config.priority) and self._may_create():
+            asked = self.tuner.ask()
+            if asked is not None:
+                return self._create(*asked)
+            self.exhausted = True
+        if head is None:
+            return None
+        self.queue.remove(head)
+        return self.trials[head]
+
+    def _create(self, parameter_id: int, parameters: Dict[str, Any]) -> Trial:
+        sequence = self.next_sequence
+        self.next_sequence += 1
+        trial = Trial(paths.trial_id(self.experiment_id, sequence), sequence, parameter_id, parameters)
+        trial_dir = paths.trial_dir(self.experiment_dir, trial.id)
+        self.store.add_trial(self.experiment_id, trial.id, sequence=sequence, parameters=parameters, token=None,
+                             parameter_id=parameter_id, priority=self.config.priority, trial_dir=str(trial_dir),
+                             stdout_path=str(trial_dir / "stdout.log"), stderr_path=str(trial_dir / "stderr.log"))
+        self.trials[trial.id] = trial
+        self.queue.track(trial.id, self.config.priority)
+        return trial
+
+    def submit(self, trial: Trial) -> None:
+        token = new_token()  # each start its own: a keeper of an earlier start can no longer deliver
+        self.store.replace_token(trial.id, token)
+        spec = build_spec(self.config, self.experiment_id, trial.sequence, trial.parameter_id, trial.parameters,
+                          self.manager.url, token, trial.restart_count)
+        spec.priority = self.queue.priority(trial.id)
+        try:
+            handle = self.platform.submit(spec)
+        except Exception as err:  # noqa: BLE001 - a trial the platform cannot start fails; the experiment goes on
+            self.submit_failures += 1
+            self.finish(trial, FAILED, f"the platform could not start it: {err}", None)
+            if self.submit_failures >= MAX_SUBMIT_FAILURES:
+                self.error = f"{self.submit_failures} trials in a row could not start: {err}"
+                self.stop_experiment((SYS_CANCELED, self.error))
+            return
+        self.submit_failures = 0
+        trial.ran = True
+        self.watch(trial, handle, 0.0)
+
+    def watch(self, trial: Trial, handle: str, elapsed: float) -> None:
+        """A running trial holds a slot; `elapsed`: how long it has run already (a reattached one)."""
+        trial.handle = handle
+        self.by_handle[handle] = trial
+        self.active[trial.id] = trial
+        if self.config.max_trial_duration is not None:
+            trial.deadline = time.monotonic() + self.config.max_trial_duration - elapsed
+
+    def requeue(self, trial: Trial, why: str) -> None:
+        """Back to the queue: it starts again in the same dirs, with the restart count + 1 if it ran."""
+        if trial.ran:
+            trial.ran = False
+            trial.restart_count += 1
+            self.store.set_restart_count(trial.id, trial.restart_count)
+        trial.status, trial.stop, trial.reason, trial.exit_code = WAITING, None, why, None
+        self.store.set_status(trial.id, WAITING, reason=why)
+        self.queue.push(trial.id)
+
+    # -- the tuner ---------------------------------------------------------------------------
+    def replay(self, tuner: Any) -> None:
+        """Tell a fresh tuner every trial so far: results, running ones, failures."""
+        tuner.replay([(t.parameter_id, t.parameters, metric_value(t.final)) for t in self.trials.values()])
+        for trial in self.trials.values():
+            if trial.ended and not trial.paused:
+                tuner.tell_failed(trial.parameter_id)  # ignored when it has a final result
+
+    def update_config(self, changes: Dict[str, Any]) -> None:
+        """New values for some of the config's v2 keys, checked as a config file's are; stored for a resume.
+
+        A new search space gets a new tuner that has been told every trial so far.
+        """
+        try:
+            config = parse_config({**self.config.to_dict(), **changes}, self.experiment_dir,
+                                  source=f"the update of experiment {self.experiment_id}")
+        except UserError as err:
+            raise HttpError(400, str(err)) from None
+        if "searchSpace" in changes:
+            tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
+                                seed=experiment_seed(self.experiment_id))
+            self.replay(tuner)
+            self.tuner, self.exhausted = tuner, False
+        self.config = config
+        self.store.set_experiment_config(self.experiment_id, config.to_dict())
+
+    # -- output --------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        counts: Dict[str, int] = {}
+        for trial in self.trials.values():
+            counts[trial.status] = counts.get(trial.status, 0) + 1
+        best = self.best
+        return Snapshot(
+            done=counts.get(SUCCEEDED, 0),
+            running=len(self.active),
+            failed=counts.get(FAILED, 0),
+            early_stopped=counts.get(EARLY_STOPPED, 0),
+            canceled=counts.get(USER_CANCELED, 0) + counts.get(SYS_CANCELED, 0),
+            elapsed=self.elapsed(),
+            best_value=metric_value(best.final) if best else None,
+            best_trial=best.id if best else None,
+            best_parameters=best.parameters if best else None,
+        )

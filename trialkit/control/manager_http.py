@@ -1,0 +1,112 @@
+"""The manager's HTTP side of a running experiment, wired to its loop.
+
+    manager = Manager.start(loop, port, page=hook)   # listening; manager.json written
+    manager.url                                       # what trials are told to deliver to
+    manager.close()
+
+One server (trialkit.manager.server) serves three things: the keepers' routes,
+whose stored records go to the loop's queue; the admin routes, one per action
+of the table (trialkit.control.actions) behind the admin token, each run on
+the loop's thread; and, when the face that started the experiment shows one,
+the page. The page comes as a hook (`PageHook`) that the face passes in: the
+control plane never imports trialkit.web, the page imports the action table.
+
+It listens on loopback for local trials and on every address otherwise,
+telling trials trainingService.managerAddress, nniManagerIp or the host name.
+Kept apart from the loop (trialkit.control.loop), which knows nothing of HTTP
+but the action table's answers.
+"""
+from __future__ import annotations
+
+import hmac
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+
+from trialkit.control import actions
+from trialkit.control.actions import Action, Performer
+from trialkit.control.admin import ManagerInfo, write_info
+from trialkit.control.config import ExperimentConfig
+from trialkit.errors import UserError
+from trialkit.manager.server import HttpError, ManagerServer, Request
+from trialkit.manager.store import Store
+
+if TYPE_CHECKING:
+    from trialkit.control.loop import Loop
+
+
+@dataclass
+class AttachedPage:
+    url: str  # printed at the start: the page, with what opens it
+    close: Callable[[], None]  # called once the server has stopped
+
+
+# (server, the experiment's store, manager.json's info, who performs the page's actions) -> the attached page
+PageHook = Callable[[ManagerServer, Store, ManagerInfo, Performer], AttachedPage]
+
+
+class Manager:
+    def __init__(self, server: ManagerServer, info: ManagerInfo, experiment_dir: Path,
+                 page: Optional[AttachedPage]):
+        self.server = server
+        self.info = info
+        self.experiment_dir = experiment_dir
+        self.page = page
+
+    @classmethod
+    def start(cls, loop: "Loop", port: Optional[int], page: Optional[PageHook] = None) -> "Manager":
+        """Listen (UserError when the port is taken), wire the routes to the loop, write manager.json."""
+        local = loop.config.platform == "local"
+        host = "127.0.0.1" if local else "0.0.0.0"
+        try:
+            server = ManagerServer(loop.store, host, port or 0)
+        except OSError as err:
+            raise UserError(f"cannot listen on {host}:{port}: {err.strerror}", "--port",
+                            "pick a free port, or leave --port out for any free one") from None
+        bound = server.url.rsplit(":", 1)[1]
+        url = server.url if local else f"http://{_advertised_host(loop.config)}:{bound}"
+        info = ManagerInfo.for_this_process(loop.experiment_id, url, int(bound), loop.elapsed_before)
+        install_admin_routes(server, info.token, loop)
+        attached = page(server, loop.store, info, loop) if page is not None else None
+        server.add_listener(loop.stored)
+        server.start()
+        manager = cls(server, info, loop.experiment_dir, attached)
+        manager.save(loop.elapsed())
+        return manager
+
+    @property
+    def url(self) -> str:
+        return self.info.url
+
+    def save(self, elapsed: float) -> None:
+        """manager.json with how long the experiment has run: kept current, so a manager killed outright
+        resumes with the time it had."""
+        self.info.elapsed = elapsed
+        write_info(self.experiment_dir, self.info)
+
+    def close(self) -> None:
+        self.server.stop()
+        if self.page is not None:
+            self.page.close()
+
+
+def install_admin_routes(server: ManagerServer, token: str, performer: Performer) -> None:
+    """One route per action of the table, behind the admin token."""
+    for action in actions.ACTIONS:
+        server.router.add(action.method, action.route, _performed(action, token, performer))
+
+
+def _performed(action: Action, token: str, performer: Performer) -> Callable[[Request], Tuple[int, Any]]:
+    def handler(request: Request) -> Tuple[int, Any]:
+        given = request.bearer()
+        if given is None or not hmac.compare_digest(given.encode(), token.encode()):
+            raise HttpError(401, "admin routes need the admin token from manager.json")
+        body = request.json() if request.body else {}
+        return 200, performer.perform(action, request.params.get("trial_id"), body)
+    return handler
+
+
+def _advertised_host(config: ExperimentConfig) -> str:
+    common = getattr(config.training_service, "common", None)  # the Kubernetes platforms' shared section
+    return getattr(common, "manager_address", None) or config.nni_manager_ip or socket.gethostname()

@@ -1,0 +1,75 @@
+"""Going on with an interrupted experiment: its loop rebuilt from the store, its trials found again.
+
+    lost = restore(loop)          # before the manager listens: trials, queue, tuner, assessor
+    ...                           # the manager listens, the platform starts
+    resume_trials(loop, lost)     # each trial that was running: reattached, collected, or restarted
+
+The tuner is told every trial as the store holds it (the same seed makes it
+the same tuner), the assessor every ended trial's curve. A trial that was
+running when the manager went away is watched again where the platform can
+find it (`Platform.reattach`), given its status and undelivered records when
+it ended meanwhile, and otherwise started again with its restart count + 1.
+"""
+from __future__ import annotations
+
+import time
+from typing import List
+
+from trialkit import records
+from trialkit.control.loop import Loop, Trial
+from trialkit.control.results import metric_value
+from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, WAITING
+
+
+def restore(loop: Loop) -> List[Trial]:
+    """Rebuild the loop's trials, tuner and assessor from its store; the trials that were running."""
+    running = []
+    for row in loop.store.trials(loop.experiment_id):
+        trial = Trial(row["id"], row["sequence"], row["parameter_id"], row["parameters"], row["status"],
+                      row["restart_count"], ran=row["status"] == PREEMPTED and row["started"] is not None)
+        queued = row["status"] == WAITING and row["position"] is not None
+        loop.queue.track(trial.id, row["priority"], row["position"] if queued else None)
+        metrics = loop.store.records_for(trial.id)
+        finals = [rec["value"] for rec in metrics if rec["type"] == records.FINAL]
+        trial.intermediate = [metric_value(rec["value"]) for rec in metrics if rec["type"] == records.PERIODICAL]
+        trial.final, trial.has_final = (finals[0], True) if finals else (None, False)
+        loop.trials[trial.id] = trial
+        loop.next_sequence = max(loop.next_sequence, trial.sequence + 1)
+        if trial.has_final and metric_value(trial.final) is not None:
+            loop.note_best(trial, metric_value(trial.final))
+        if not trial.ended and not queued:
+            running.append(trial)
+    loop.replay(loop.tuner)
+    for trial in loop.trials.values():
+        if trial.ended and not trial.paused and loop.assessor is not None:
+            steps = [value for value in trial.intermediate if value is not None]
+            loop.assessor.trial_end(trial.id, trial.status == SUCCEEDED, steps)
+    return running
+
+
+def resume_trials(loop: Loop, running: List[Trial]) -> None:
+    """Each trial that was running: reattach, collect what it left while nobody listened, or restart it."""
+    reattach = loop.platform.reattach
+    for trial in running:
+        row = loop.store.trial(trial.id)
+        elapsed = time.time() - (row["started"] or row["created"])
+        if reattach is not None and reattach(trial.id):
+            loop.watch(trial, trial.id, elapsed)
+            continue
+        status = loop.platform.status(trial.id) if reattach is not None else None
+        if status is not None and status.status in FINAL_STATUSES:
+            _collect_undelivered(loop, trial)
+            loop.finish(trial, status.status, status.reason, status.exit_code)
+            continue
+        trial.restart_count += 1
+        loop.store.set_restart_count(trial.id, trial.restart_count)
+        loop.progress.say(f"trial {trial.id}: lost while the manager was away; restarting it")
+        loop.submit(trial)
+
+
+def _collect_undelivered(loop: Loop, trial: Trial) -> None:
+    undelivered = loop.platform.undelivered_records
+    left = undelivered(trial.id) if undelivered is not None else []
+    batch = [rec for rec in left if records.wire_problem(rec) is None]
+    fresh = loop.store.add_records(trial.id, batch)
+    loop.on_records(trial.id, fresh)

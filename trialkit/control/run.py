@@ -1,0 +1,115 @@
+"""An experiment from start to summary: the control plane's entry points.
+
+    result = run_experiment(config, port=8080)     # a new experiment, until it ends
+    result = resume_experiment("abcd1234")         # an interrupted one, from its store
+
+A run: the manager listens (trialkit.control.manager_http), the platform
+starts, trials left running by an earlier run are found again
+(trialkit.control.resume), the loop serves until the experiment ends
+(trialkit.control.loop), and the summary is printed. A face that shows the
+page passes `page=trialkit.web.attach_page`: the control plane does not
+import the page.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional, TextIO
+
+from trialkit import platforms, records
+from trialkit.control import admin
+from trialkit.control.config import ExperimentConfig, parse_config
+from trialkit.control.loop import ERROR, PAUSED, RUNNING, Loop, Trial
+from trialkit.control.manager_http import Manager, PageHook
+from trialkit.control.progress import trials_table
+from trialkit.control.results import ExperimentResult, best_row, metric_value, trial_rows
+from trialkit.control.resume import restore, resume_trials
+from trialkit.errors import UserError
+from trialkit.manager import paths
+from trialkit.manager.store import Store
+from trialkit.statuses import WAITING
+
+
+def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experiment_id: Optional[str] = None,
+                   out: Optional[TextIO] = None, page: Optional[PageHook] = None) -> ExperimentResult:
+    """Create the experiment and run it until it ends (the CLI's `run`, the Python API's `Experiment.run`)."""
+    experiment_id = experiment_id or paths.new_experiment_id()
+    _check_context(config, paths.experiments_root(config.experiment_working_directory) / experiment_id)
+    experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
+    store = Store.in_dir(experiment_dir)
+    try:
+        store.create_experiment(experiment_id, config=config.to_dict())
+        return _run(Loop(config, experiment_id, experiment_dir, store, out), port, "started", page, [])
+    finally:
+        store.close()
+
+
+def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optional[TextIO] = None,
+                      page: Optional[PageHook] = None) -> ExperimentResult:
+    """Go on with an interrupted experiment: same id, same store, same manager port unless told otherwise."""
+    experiment_dir = paths.experiment_dir(experiment_id)
+    info = admin.read_info(experiment_dir)
+    if info is not None and info.running():
+        raise UserError(f"experiment {experiment_id} is running (manager pid {info.pid})", "EXPERIMENT_ID",
+                        f"stop it first with `trialkit experiment stop {experiment_id}`")
+    store = Store.in_dir(experiment_dir)
+    try:
+        stored = store.experiment(experiment_id)
+        if stored is None:
+            raise UserError(f"the store in {experiment_dir} holds no experiment {experiment_id}", "EXPERIMENT_ID")
+        config = parse_config(stored["config"], experiment_dir, source=f"experiment {experiment_id}'s stored config")
+        _check_context(config, experiment_dir)
+        loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
+        loop.paused = stored["status"] == PAUSED  # it stays paused until activated
+        if not loop.paused:
+            store.set_experiment_status(experiment_id, RUNNING)
+        running = restore(loop)
+        return _run(loop, port or (info.port if info else None), "resumed", page, running)
+    finally:
+        store.close()
+
+
+def _run(loop: Loop, port: Optional[int], title: str, page: Optional[PageHook], running: List[Trial]) -> ExperimentResult:
+    manager = loop.manager = Manager.start(loop, port, page)
+    loop.progress.say(f"{title} experiment {loop.experiment_id}")
+    loop.progress.say(f"manager: {manager.url}   dir: {loop.experiment_dir}")
+    if manager.page is not None:
+        loop.progress.say(f"page: {manager.page.url}")
+    status = ERROR
+    try:
+        with loop.signals_handled():
+            loop.platform = platforms.load(loop.config.platform).Platform(loop.config.training_service,
+                                                                          loop.experiment_dir)
+            loop.platform.on_end = loop.ended
+            loop.platform.on_waiting = lambda trial_id, why: loop.store.set_status(trial_id, WAITING, reason=why)
+            resume_trials(loop, running)
+            loop.serve()
+            status = loop.final_status()
+    finally:
+        manager.close()
+        loop.store.set_experiment_status(loop.experiment_id, status)
+        manager.save(loop.elapsed())
+        loop.progress.close()
+    result = ExperimentResult(loop.experiment_id, status, loop.config.optimize_mode,
+                              trial_rows(loop.store, loop.experiment_id))
+    _summary(loop, result)
+    return result
+
+
+def _summary(loop: Loop, result: ExperimentResult) -> None:
+    say = loop.progress.say
+    say(f"\nexperiment {loop.experiment_id} {result.status} after {loop.snapshot().line()}")
+    if result.trials:
+        say(trials_table(result.trials))
+    best = best_row(result.trials, loop.config.optimize_mode)
+    if best is not None:
+        say(f"best: {best['trial_id']} final={metric_value(best['final']):.6g} "
+            f"parameters={records.dumps(best['parameters'])}")
+    if loop.error is not None:
+        say(f"error: {loop.error}")
+
+
+def _check_context(config: ExperimentConfig, experiment_dir: Path) -> None:
+    """Refuse, before anything starts, a code dir the platform cannot take with each trial (local: too big)."""
+    check = getattr(platforms.load(config.platform), "check_context", None)
+    if check is not None:
+        check(config.trial_code_directory, experiment_dir)
