@@ -6,6 +6,8 @@ decides when they end.
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import socket
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from experiment_util import TIMEOUT
+from experiment_util import TIMEOUT, cli
 from harness import ROOT
 from trialkit.errors import UserError
 from trialkit.experiment import Experiment, RunMode, TrialJob, TrialMetricData, TrialResult
@@ -165,6 +167,23 @@ def test_run_waits_and_returns_true_and_the_context_manager_stops_a_running_expe
         until("a trial to run", lambda: statuses(running) == ["RUNNING"])
     assert running.get_status() == "STOPPED"
     assert statuses(running) == ["USER_CANCELED"]
+
+
+def test_csv_export_gives_each_key_of_a_dict_metric_a_column_as_nnictl_does(tmp_path):
+    (tmp_path / "gate").touch()
+    exp = gated_experiment(tmp_path, max_trial_number=2)
+    assert exp.run(free_port()) is True
+    done = cli("experiment", "export", exp.id, "--format", "csv")
+    assert done.returncode == 0, done.stderr
+    header = done.stdout.splitlines()[0].split(",")
+    at = header.index("final")
+    assert header[at:at + 5] == ["final", "final.loss", "intermediate", "latest", "latest.loss"]
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert len(rows) == 2
+    for row in rows:
+        x = float(row["param.x"])  # final {"default": x, "loss": 1/x}; intermediate {"default": x/10, "loss": 1.0}
+        assert (float(row["final"]), float(row["final.loss"]), float(row["latest"]), float(row["latest.loss"])) == (
+            x, 1 / x, x / 10, 1.0)
 
 
 def test_members_that_make_no_sense_here_say_so(tmp_path):

@@ -90,21 +90,46 @@ def to_json(rows: List[Dict[str, Any]]) -> str:
 
 
 def to_csv(rows: List[Dict[str, Any]]) -> str:
-    """One line per trial: the fields, final's number, intermediate numbers as a JSON list, one column per parameter."""
-    params: List[str] = []
-    for row in rows:
-        for key in flat_parameters(row["parameters"]):
-            if key not in params:
-                params.append(key)
+    """One line per trial, laid out as nnictl's export: the fields, with `final` the final metric's number (a
+    dict's "default") and a `final.KEY` column for each other key of a dict metric; the intermediate numbers as
+    a JSON list; the latest intermediate metric as `latest` and `latest.KEY`; a `param.NAME` column per parameter."""
+    params = _columns(flat_parameters(row["parameters"]) for row in rows)
+    final_keys = _columns(_extra_keys(row["final"]) for row in rows)
+    latest_keys = _columns(_extra_keys(_latest(row)) for row in rows)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(list(_ROW_FIELDS) + ["intermediate"] + [f"param.{key}" for key in params])
+    writer.writerow(list(_ROW_FIELDS) + [f"final.{key}" for key in final_keys] + ["intermediate", "latest"]
+                    + [f"latest.{key}" for key in latest_keys] + [f"param.{key}" for key in params])
     for row in rows:
         flat = flat_parameters(row["parameters"])
         cells = [metric_value(row["final"]) if key == "final" else row[key] for key in _ROW_FIELDS]
+        cells += _key_cells(row["final"], final_keys)
         cells.append(records.dumps([metric_value(value) for value in row["intermediate"]]))
+        cells.append(metric_value(_latest(row)))
+        cells += _key_cells(_latest(row), latest_keys)
         writer.writerow(["" if cell is None else cell for cell in cells] + [flat.get(key, "") for key in params])
     return buffer.getvalue()
+
+
+def _latest(row: Dict[str, Any]) -> Any:
+    return row["intermediate"][-1] if row["intermediate"] else None
+
+
+def _columns(key_lists: Iterable[Iterable[str]]) -> List[str]:
+    """Every key once, in the order first seen."""
+    return list(dict.fromkeys(key for keys in key_lists for key in keys))
+
+
+def _extra_keys(metric: Any) -> List[str]:
+    """A dict metric's keys besides "default" (the main value, which has its own column)."""
+    return [key for key in metric if key != "default"] if isinstance(metric, dict) else []
+
+
+def _key_cells(metric: Any, keys: List[str]) -> List[Any]:
+    """A dict metric's values under `keys`: numbers and text as they are, other JSON as its text; None where absent."""
+    values = metric if isinstance(metric, dict) else {}
+    return [None if key not in values else values[key] if isinstance(values[key], (int, float, str))
+            and not isinstance(values[key], bool) else records.dumps(values[key]) for key in keys]
 
 
 @dataclass
