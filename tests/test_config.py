@@ -44,7 +44,7 @@ def test_nni_minimal_v2_config_loads():
     assert config.trial_code_directory == str(NNI)  # "." is the config file's directory
     assert config.trial_gpu_number == 0 and config.trial_concurrency == 1
     assert (config.tuner.name, config.optimize_mode) == ("TPE", "maximize")
-    assert config.platform == "local" and config.training_service == LocalConfig()
+    assert config.platform == "local" and config.training_service == LocalConfig(trial_gpu_number=0)
 
 
 def test_nni_detailed_v2_config_loads():
@@ -76,7 +76,8 @@ def test_v1_local_config_and_assessor_convert():
     v1["localConfig"] = {"gpuIndices": "0,1", "maxTrialNumPerGpu": 2, "useActiveGpu": True}
     v1["assessor"] = {"builtinAssessorName": "Medianstop", "classArgs": {"start_step": 3}}
     config = parse_config(v1, NNI)
-    assert config.training_service == LocalConfig(use_active_gpu=True, max_trial_number_per_gpu=2, gpu_indices=(0, 1))
+    assert config.training_service == LocalConfig(use_active_gpu=True, max_trial_number_per_gpu=2, gpu_indices=(0, 1),
+                                                  trial_gpu_number=0)  # trial.gpuNum
     assert config.assessor.class_args == {"start_step": 3, "optimize_mode": "maximize"}  # the tuner's mode
 
 
@@ -96,12 +97,12 @@ def test_nested_search_space_file_loads():
 
 
 def test_camel_and_snake_case_give_the_same_config():
-    camel = minimal(trialConcurrency=2, maxTrialNumber=5, maxTrialDuration="30m",
+    camel = minimal(trialConcurrency=2, maxTrialNumber=5, maxTrialDuration="30m", trialGpuNumber=1,
                     trainingService={"platform": "local", "useActiveGpu": True})
     snake = {
         "search_space": camel["searchSpace"], "trial_command": camel["trialCommand"],
         "tuner": {"name": "tpe", "class_args": {"optimize_mode": "MAXIMIZE"}},
-        "trial_concurrency": 2, "max_trial_number": 5, "max_trial_duration": 1800,
+        "trial_concurrency": 2, "max_trial_number": 5, "max_trial_duration": 1800, "trial_gpu_number": 1,
         "training_service": {"platform": "Local", "use_active_gpu": True},
     }
     assert parse_config(camel, NNI) == parse_config(snake, NNI)
@@ -328,6 +329,7 @@ def test_python_api_assessor_and_nested_training_service(monkeypatch):
     exp.config.assessor.name = "Medianstop"
     exp.config.assessor.class_args["start_step"] = 2
     exp.config.training_service["gpu_indices"] = [1]
+    exp.config.trial_gpu_number = 1
     config = exp.config.validate()
     assert config.assessor.class_args == {"start_step": 2, "optimize_mode": "maximize"}
     assert config.training_service.gpu_indices == (1,)

@@ -31,6 +31,7 @@ V2 = {
     "trialCommand": "python3 mnist.py",
     "trialCodeDirectory": ".",
     "trialConcurrency": 2,
+    "trialGpuNumber": 1,
     "maxTrialNumber": 10,
     "maxExperimentDuration": "1h",
     "maxTrialDuration": 600,

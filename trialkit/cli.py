@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from trialkit import records
 from trialkit.control import admin, background
 from trialkit.manager import paths
-from trialkit.control.progress import duration, number, table, trials_table, when
+from trialkit.control.progress import duration, gpu_list, number, table, trials_table, when
 from trialkit.control.queue import Move, jobs, label
 from trialkit.control.results import best_row, metric_value, to_csv, to_json, trial_rows
 from trialkit.manager.store import Store
@@ -246,6 +246,8 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         f"dir            {row['trial_dir']}",
         "history:",
     ]
+    if row["gpus"] is not None:
+        lines.insert(4, f"gpus           {gpu_list(row['gpus'])}")
     lines += [f"  {when(h['time'])}  {h['status']:<13} {h['source']:<7} "
               + (f"exit {h['exit_code']} " if h["exit_code"] is not None else "") + (h["reason"] or "")
               for h in history]

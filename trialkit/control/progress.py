@@ -150,9 +150,18 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def trials_table(rows: List[Dict[str, Any]]) -> str:
-    """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`)."""
+    """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`); a gpus
+    column when GPUs were scheduled (the ones each trial's latest start was given)."""
+    with_gpus = any(row.get("gpus") is not None for row in rows)
     return table(
-        ("trial", "status", "final", "steps", "duration", "parameters"),
-        [(row["trial_id"], label(row["status"]), number(metric_value(row["final"])), len(row["intermediate"]),
-          duration(row["duration"]), parameters_text(row["parameters"])) for row in rows],
+        ("trial", "status") + (("gpus",) if with_gpus else ()) + ("final", "steps", "duration", "parameters"),
+        [(row["trial_id"], label(row["status"])) + ((gpu_list(row.get("gpus")),) if with_gpus else ())
+         + (number(metric_value(row["final"])), len(row["intermediate"]), duration(row["duration"]),
+            parameters_text(row["parameters"])) for row in rows],
     )
+
+
+def gpu_list(indices: Optional[Sequence[int]]) -> str:
+    if indices is None:
+        return "-"
+    return ",".join(map(str, indices)) if indices else "none"

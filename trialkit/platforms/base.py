@@ -63,15 +63,23 @@ class Platform(Protocol):
     (status() then says how it ended). None: the platform cannot find such trials, so they start again."""
     undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]]
     """On resume, for a trial that ended while no manager listened: the records its keeper could not deliver."""
+    on_waiting: Callable[[str, str], None]
+    """The loop sets it; a platform that holds a submitted trial back (local: until its GPUs are free) calls
+    it from submit() with the trial's id and why, before the trial can start."""
 
 
 def _nobody_listens(handle: str) -> None:
     """on_end until the experiment loop sets its own."""
 
 
+def _nobody_asks(trial_id: str, why: str) -> None:
+    """on_waiting until the experiment loop sets its own."""
+
+
 class PlatformBase:
     """The optional hooks of `Platform` as a platform without them has them."""
 
     on_end: Callable[[str], None] = staticmethod(_nobody_listens)
+    on_waiting: Callable[[str, str], None] = staticmethod(_nobody_asks)
     reattach: Optional[Callable[[str], bool]] = None
     undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]] = None

@@ -1,6 +1,7 @@
 """The local platform: each trial a process tree on this machine."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -9,19 +10,22 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from trialkit import env, layout, process
+import psutil
+
+from trialkit import env, gpus, layout, process
 from trialkit.manager import paths
 from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.keeper.spool import Spool
 from trialkit.keeper.status import StatusFile
-from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, WAITING
-from trialkit.platforms.base import PlatformStatus, TrialSpec
+from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, USER_CANCELED, WAITING
+from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
 # ---------------------------------------------------------------- config
 # The trainingService section (`platform: local`) and NNI v1's localConfig.
@@ -33,14 +37,43 @@ TRIAL_COMMAND_REQUIRED = True
 
 @dataclass(frozen=True)
 class LocalConfig:
-    """NNI's local options, plus `slots_per_trial`: the slots (TRIALKIT_SLOTS_PER_NODE) each trial gets."""
+    """NNI's local options, plus `slots_per_trial`: the slots (TRIALKIT_SLOTS_PER_NODE) each trial gets.
+
+    `trial_gpu_number` is the experiment's top-level trialGpuNumber (NNI too
+    hands it to its training service): None leaves the trial's devices as
+    the control plane's; a number schedules GPUs (trialkit.gpus).
+    """
 
     use_active_gpu: bool = False
     max_trial_number_per_gpu: int = 1
     gpu_indices: Optional[Tuple[int, ...]] = None  # None: every GPU the machine has
-    reuse_mode: bool = False
-    slots_per_trial: int = 1
+    slots_per_trial: Optional[int] = None  # None: one per GPU the trial gets, at least one
+    trial_gpu_number: Optional[int] = None
     platform: str = PLATFORM
+
+    @property
+    def slots(self) -> int:
+        return trial_slots(self.slots_per_trial, self.trial_gpu_number)
+
+
+def trial_slots(slots_per_trial: Optional[int], trial_gpu_number: Optional[int]) -> int:
+    """The slots a local trial holds (its TRIALKIT_SLOTS_PER_NODE, the job list's count): slotsPerTrial,
+    else its GPUs (a launcher starts one worker per GPU), else one."""
+    return slots_per_trial or trial_gpu_number or 1
+
+
+def with_trial_gpus(config: LocalConfig, trial_gpu_number: Optional[int]) -> LocalConfig:
+    """The config with the experiment's trialGpuNumber, which this platform applies; GPU options without it
+    would schedule nothing, so they are refused."""
+    if trial_gpu_number is None:
+        unused = [key for key, given in (("gpuIndices", config.gpu_indices is not None),
+                                         ("maxTrialNumberPerGpu", config.max_trial_number_per_gpu != 1),
+                                         ("useActiveGpu", config.use_active_gpu)) if given]
+        if unused:
+            raise UserError(f"trainingService.{unused[0]} is set but trialGpuNumber is not, so no GPU is scheduled",
+                            "trialGpuNumber", "add trialGpuNumber: 1 (the GPUs each trial gets), or remove "
+                            f"{unused[0]}")
+    return dataclasses.replace(config, trial_gpu_number=trial_gpu_number)
 
 
 def _gpu_indices(value: Any, where: str) -> Tuple[int, ...]:
@@ -66,13 +99,17 @@ _OPTIONS = {
     "useActiveGpu": ("use_active_gpu", schema.as_bool),
     "maxTrialNumberPerGpu": ("max_trial_number_per_gpu", _at_least_one),
     "gpuIndices": ("gpu_indices", _gpu_indices),
-    "reuseMode": ("reuse_mode", schema.as_bool),
     "slotsPerTrial": ("slots_per_trial", _at_least_one),
 }
 
 
 def parse_section(section: Mapping[str, Any], where: str) -> LocalConfig:
-    sec = schema.normalize_keys(section, ("platform",) + tuple(_OPTIONS), where)
+    sec = schema.normalize_keys(section, ("platform", "reuseMode") + tuple(_OPTIONS), where)
+    # NNI's reuse mode runs trials one after another in a kept environment; a
+    # local trial here always runs in its own dir and keeper.
+    if sec.get("reuseMode") is not None and schema.as_bool(sec["reuseMode"], schema.path(where, "reuseMode")):
+        raise UserError("reuseMode: true is not supported", schema.path(where, "reuseMode"),
+                        "remove it: every local trial runs as its own process tree")
     return LocalConfig(**{
         field: check(sec[key], schema.path(where, key))
         for key, (field, check) in _OPTIONS.items()
@@ -104,6 +141,7 @@ def from_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
 LOG_NAME = "trial.log"  # the keeper's own output, the trial's echoed in it: what a container log holds
 CODE_NAME = "code"  # the trial's copy of the code dir, in its trial dir
 SPOOL_BATCH = 1000
+GPU_POLL_SECONDS = 5.0  # while trials wait for GPUs: how often nvidia-smi is asked again
 
 
 def run_sh() -> str:
@@ -140,14 +178,17 @@ def copy_code(code_dir: str, trial_dir: Path) -> Path:
     return dest
 
 
-def trial_environ(config: LocalConfig, spec: TrialSpec, trial_dir: Path, code: Optional[Path]) -> Dict[str, str]:
-    """The keeper's environment: ours, the spec's contract and this platform's part."""
+def trial_environ(config: LocalConfig, spec: TrialSpec, trial_dir: Path, code: Optional[Path],
+                  gpu_indices: Sequence[int] = ()) -> Dict[str, str]:
+    """The keeper's environment: ours, the spec's contract and this platform's part (its GPUs among it)."""
     out = dict(os.environ)
     out.update(spec.env)
     out[env.TRIAL_DIR] = str(trial_dir)
     if code is not None:
         out[env.CODE_DIR] = str(code)  # run.sh runs the trial from there
-    out[env.SLOTS_PER_NODE] = str(config.slots_per_trial)
+    out[env.SLOTS_PER_NODE] = str(config.slots)
+    if config.trial_gpu_number is not None:
+        out.update(gpus.trial_environ(gpu_indices))
     # The keeper runs on the control plane's interpreter, where trialkit is
     # installed; the trial's command resolves on the user's PATH, untouched, as
     # it would in their shell (NNI's way).
@@ -167,53 +208,115 @@ class _Keeper:
     kill_timer: Optional[threading.Timer] = None
 
 
-class Platform:
-    """Local trials. `on_end(handle)` is called (from a waiter thread) when a keeper exits."""
+@dataclass
+class _Held:
+    """A submitted trial that waits for its GPUs."""
+
+    spec: TrialSpec
+    code: Optional[Path]
+    reason: str
+
+
+class Platform(PlatformBase):
+    """Local trials. `on_end(handle)` is called (from a waiter thread) when a keeper exits.
+
+    With trialGpuNumber set, a trial whose GPUs are not free is held here
+    (WAITING, `on_waiting(handle, reason)` says why) and started, in the order
+    submitted, as soon as they are: when a keeper ends, or at the next look
+    at nvidia-smi (other processes leave GPUs without telling us).
+    """
 
     def __init__(self, config: LocalConfig, experiment_dir: Path):
         self.config = config
         self.experiment_dir = Path(experiment_dir)
-        self.on_end: Callable[[str], None] = lambda handle: None
         self._keepers: Dict[str, _Keeper] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._held: Dict[str, _Held] = {}  # in submission order
+        self._unstarted: Dict[str, PlatformStatus] = {}  # stopped, or failed to start, while held
+        self._poller: Optional[threading.Thread] = None
+        self._pool: Optional[gpus.Pool] = None
+        if config.trial_gpu_number:
+            self._pool = gpus.Pool(config.trial_gpu_number, config.max_trial_number_per_gpu, config.gpu_indices,
+                                   config.use_active_gpu)
+            self._pool.check(gpus.inventory())  # before any trial: a config that can never run is refused
+            self._adopt_running()
 
     def submit(self, spec: TrialSpec) -> str:
         trial_dir = paths.trial_dir(self.experiment_dir, spec.trial_id)
         trial_dir.mkdir(parents=True, exist_ok=True)
         code = copy_code(spec.code_dir, trial_dir) if spec.code_dir is not None else None
-        with open(trial_dir / LOG_NAME, "ab") as log:
-            child = process.spawn(["/bin/sh", run_sh()], env=trial_environ(self.config, spec, trial_dir, code),
-                                  cwd=str(trial_dir), stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, name=spec.trial_id, die_with_parent=False)
+        if self._pool is None:
+            self._launch(spec, code, ())
+            return spec.trial_id
+        with self._lock:
+            self._unstarted.pop(spec.trial_id, None)
+            found = gpus.inventory()
+            # Trials start in the order submitted: none passes one that waits.
+            indices = None if self._held else self._pool.take(spec.trial_id, found, self._ours)
+            if indices is not None:
+                self._launch(spec, code, indices)
+                return spec.trial_id
+            held = self._held[spec.trial_id] = _Held(spec, code, self._pool.waiting_reason(found, self._ours))
+            gpus.forget_assignment(trial_dir)
+            if self._poller is None:
+                self._poller = threading.Thread(target=self._poll, name="gpu-poll", daemon=True)
+                self._poller.start()
+            self.on_waiting(spec.trial_id, held.reason)
+        return spec.trial_id
+
+    def _launch(self, spec: TrialSpec, code: Optional[Path], indices: Sequence[int]) -> None:
+        """Start the trial's keeper with these GPUs (the pool already counts them as the trial's)."""
+        trial_dir = paths.trial_dir(self.experiment_dir, spec.trial_id)
+        try:
+            if self._pool is not None:
+                gpus.write_assignment(trial_dir, indices)  # before the keeper: a restarted control plane reads it
+            with open(trial_dir / LOG_NAME, "ab") as log:
+                child = process.spawn(["/bin/sh", run_sh()],
+                                      env=trial_environ(self.config, spec, trial_dir, code, indices),
+                                      cwd=str(trial_dir), stdin=subprocess.DEVNULL, stdout=log,
+                                      stderr=subprocess.STDOUT, name=spec.trial_id, die_with_parent=False)
+        except BaseException:
+            if self._pool is not None:
+                with self._lock:
+                    self._pool.release(spec.trial_id)
+            raise
         # Not reaped before our waiter thread does it: the pid is still this child's.
         self._watch(_Keeper(spec.trial_id, trial_dir, child.pid, os.pidfd_open(child.pid), child.popen))
-        return spec.trial_id
 
     def reattach(self, handle: str) -> bool:
         """Watch the trial's keeper again if it still runs (a control plane before us started it)."""
-        trial_dir = paths.trial_dir(self.experiment_dir, handle)
-        found = _read_pidfile(trial_dir)
-        if found is None:
+        with self._lock:
+            keeper = self._keepers.get(handle)
+        if keeper is not None:  # found when the GPUs were counted
+            return not keeper.ended
+        keeper = _find_keeper(handle, paths.trial_dir(self.experiment_dir, handle))
+        if keeper is None:
             return False
-        pid, ticks = found
-        try:
-            pidfd = os.pidfd_open(pid)
-        except OSError:
-            return False
-        # Checked after pidfd_open: the fd then holds the very process we checked.
-        if not _is_keeper(pid, ticks):
-            os.close(pidfd)
-            return False
-        self._watch(_Keeper(handle, trial_dir, pid, pidfd))
+        self._watch(keeper)
         return True
 
+    def _adopt_running(self) -> None:
+        """Count the GPUs of trials whose keepers outlived an earlier control plane, before giving any out."""
+        for path in sorted((self.experiment_dir / "trials").glob(f"*/{gpus.ASSIGNMENT_NAME}")):
+            indices = gpus.read_assignment(str(path.parent))
+            keeper = _find_keeper(path.parent.name, path.parent)
+            if keeper is not None and indices is not None:
+                self._pool.hold(keeper.trial_id, indices)
+                self._watch(keeper)
+
     def status(self, handle: str) -> PlatformStatus:
-        """RUNNING while its keeper runs; then the final status the keeper recorded (FAILED if none).
+        """WAITING while held for GPUs; RUNNING while its keeper runs; then the final status the keeper
+        recorded (FAILED if none).
 
         A trial that no keeper here runs and that never ended (its keeper died
         with the machine, say) is WAITING: to be started again.
         """
-        keeper = self._keepers.get(handle)
+        with self._lock:
+            if handle in self._held:
+                return PlatformStatus(WAITING, self._held[handle].reason)
+            if handle in self._unstarted:
+                return self._unstarted[handle]
+            keeper = self._keepers.get(handle)
         if keeper is not None and not keeper.ended:
             return PlatformStatus(RUNNING)
         data = StatusFile.previous(layout.status_path(paths.trial_dir(self.experiment_dir, handle))) or {}
@@ -227,7 +330,8 @@ class Platform:
 
     def stop(self, handle: str, grace: float) -> None:
         """SIGTERM to the keeper (it stops the trial within its grace and flushes); SIGKILL past that."""
-
+        if self._drop_held(handle):
+            return
         with self._lock:
             keeper = self._keepers.get(handle)
             if keeper is None or keeper.ended:
@@ -241,6 +345,8 @@ class Platform:
 
     def kill(self, handle: str) -> None:
         """SIGKILL the trial's process group, then its keeper."""
+        if self._drop_held(handle):
+            return
         with self._lock:
             keeper = self._keepers.get(handle)
             if keeper is None or keeper.ended:
@@ -251,6 +357,15 @@ class Platform:
             if isinstance(data.get("pid"), int):
                 process.signal_group(data["pid"], signal.SIGKILL)
             _send(keeper, signal.SIGKILL)
+
+    def _drop_held(self, handle: str) -> bool:
+        """A stop for a trial still waiting for GPUs: it ends without starting."""
+        with self._lock:
+            if self._held.pop(handle, None) is None:
+                return False
+            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for GPUs")
+        self.on_end(handle)
+        return True
 
     def undelivered_records(self, handle: str) -> List[Dict[str, Any]]:
         """What an ended keeper spooled but could not deliver (no manager listened), marked delivered."""
@@ -270,7 +385,8 @@ class Platform:
             spool.close()
 
     def _watch(self, keeper: _Keeper) -> None:
-        self._keepers[keeper.trial_id] = keeper
+        with self._lock:
+            self._keepers[keeper.trial_id] = keeper
         threading.Thread(target=self._wait, args=(keeper,), name=f"wait-{keeper.trial_id}", daemon=True).start()
 
     def _wait(self, keeper: _Keeper) -> None:
@@ -284,7 +400,77 @@ class Platform:
             os.close(keeper.pidfd)
             if keeper.kill_timer is not None:
                 keeper.kill_timer.cancel()
+            if self._pool is not None:
+                # The keeper's children die with it (parent-death signal): its GPUs are free,
+                # however it ended (kill -9 included).
+                self._pool.release(keeper.trial_id)
+        self._start_held()
         self.on_end(keeper.trial_id)
+
+    # -- GPUs -------------------------------------------------------------------------------
+    def _start_held(self) -> None:
+        """Start the held trials whose GPUs are free now, first submitted first."""
+        failed: List[str] = []
+        with self._lock:
+            if not self._held:
+                return
+            try:
+                found = gpus.inventory()
+            except UserError as err:
+                found, failed = [], list(self._held)
+                for trial_id in failed:
+                    self._unstarted[trial_id] = PlatformStatus(FAILED, f"cannot schedule its GPUs: {err.line()}")
+                self._held.clear()
+            for trial_id, held in list(self._held.items()):
+                indices = self._pool.take(trial_id, found, self._ours)
+                if indices is None:
+                    reason = self._pool.waiting_reason(found, self._ours)
+                    for rest in self._held.values():
+                        rest.reason = reason
+                    break
+                del self._held[trial_id]
+                try:
+                    self._launch(held.spec, held.code, indices)
+                except Exception as err:  # noqa: BLE001 - this trial fails; the others go on
+                    self._unstarted[trial_id] = PlatformStatus(FAILED, f"the platform could not start it: {err}")
+                    failed.append(trial_id)
+        for trial_id in failed:
+            self.on_end(trial_id)
+
+    def _poll(self) -> None:
+        """While trials wait: look at the GPUs again now and then (another process may have left one)."""
+        while True:
+            time.sleep(GPU_POLL_SECONDS)
+            with self._lock:
+                if not self._held:
+                    self._poller = None
+                    return
+            self._start_held()
+
+    def _ours(self, pid: int) -> bool:
+        """Whether a process on a GPU is one of this experiment's trials (a keeper of ours is its ancestor)."""
+        keepers = {keeper.pid for keeper in self._keepers.values() if not keeper.ended}
+        try:
+            return pid in keepers or any(parent.pid in keepers for parent in psutil.Process(pid).parents())
+        except psutil.Error:
+            return False
+
+
+def _find_keeper(trial_id: str, trial_dir: Path) -> Optional[_Keeper]:
+    """The trial's keeper if it still runs (started by a control plane before us), from its pidfile."""
+    found = _read_pidfile(trial_dir)
+    if found is None:
+        return None
+    pid, ticks = found
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    # Checked after pidfd_open: the fd then holds the very process we checked.
+    if not _is_keeper(pid, ticks):
+        os.close(pidfd)
+        return None
+    return _Keeper(trial_id, trial_dir, pid, pidfd)
 
 
 def _send(keeper: _Keeper, signum: int) -> None:

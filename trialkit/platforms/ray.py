@@ -4,7 +4,7 @@
       platform: ray
       address: ray://HEAD:10001 | HEAD:6379 | auto   (default auto: a cluster on this machine)
       cpusPerTrial: 1
-      gpusPerTrial: 0
+      gpusPerTrial: 0            (or the top-level trialGpuNumber)
       workingDir: ./code         (optional: shipped to the nodes; trials run in it)
       runtimeEnv: {pip: [...]}   (optional: Ray's runtime_env for the trials' workers)
 
@@ -16,6 +16,7 @@ wait. ray is imported on first use, so configs load without it.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
@@ -41,6 +42,7 @@ class RayConfig:
     gpus_per_trial: float = 0.0
     working_dir: Optional[str] = None
     runtime_env: Dict[str, Any] = field(default_factory=dict)
+    trial_gpu_number: Optional[int] = None  # the experiment's trialGpuNumber; 0 hides every GPU
     platform: str = PLATFORM
 
 
@@ -86,6 +88,21 @@ def parse_section(section: Mapping[str, Any], where: str) -> RayConfig:
     return config
 
 
+def with_trial_gpus(config: RayConfig, trial_gpu_number: Optional[int]) -> RayConfig:
+    """The config with the experiment's trialGpuNumber: the GPUs each trial's actor asks Ray for."""
+    if trial_gpu_number is None:
+        return config
+    if config.gpus_per_trial and config.gpus_per_trial != trial_gpu_number:
+        raise UserError(f"trialGpuNumber {trial_gpu_number} and trainingService.gpusPerTrial "
+                        f"{config.gpus_per_trial:g} disagree", "trialGpuNumber", "keep one of them")
+    return dataclasses.replace(config, gpus_per_trial=float(trial_gpu_number), trial_gpu_number=trial_gpu_number)
+
+
+def actor_options(config: RayConfig) -> Dict[str, float]:
+    """What a trial's actor asks Ray for; Ray sets the actor's CUDA_VISIBLE_DEVICES to the GPUs it gives."""
+    return {"num_cpus": config.cpus_per_trial, "num_gpus": config.gpus_per_trial}
+
+
 @dataclass
 class _Trial:
     actor: Any
@@ -119,8 +136,7 @@ class Platform(PlatformBase):
 
     def submit(self, spec: TrialSpec) -> str:
         runner_class = self._connect()
-        actor = runner_class.options(num_cpus=self.config.cpus_per_trial, num_gpus=self.config.gpus_per_trial) \
-            .remote(f"trial {spec.trial_id}")
+        actor = runner_class.options(**actor_options(self.config)).remote(f"trial {spec.trial_id}")
         trial = self._trials[spec.trial_id] = _Trial(actor, actor.start.remote([], self._environ(spec)),
                                                      actor.wait.remote())
         # Ray calls back (from its own thread) when the keeper has exited.
@@ -132,6 +148,10 @@ class Platform(PlatformBase):
         environ[env.TRIAL_DIR] = str(paths.trial_dir(self.experiment_dir, spec.trial_id))
         environ[env.COMMAND] = spec.command
         environ[env.PLATFORM] = PLATFORM
+        if self.config.trial_gpu_number == 0:
+            # Ray (2.60) leaves a GPU-less actor's CUDA_VISIBLE_DEVICES as the node's: a CPU trial
+            # must not take a GPU by accident.
+            environ[env.CUDA_VISIBLE_DEVICES] = ""
         if self.config.working_dir:
             # The code travelled: it is the worker's working dir there, not this machine's path.
             environ.pop(env.CODE_DIR, None)
