@@ -187,16 +187,14 @@ def test_submit_creates_needs_first_then_the_job_then_ownership(api, client, tmp
         ("POST", f"{crd}/adaptdljobs"),
         ("PATCH", f"{core}/secrets/{job_name}"),
         ("PATCH", f"{core}/configmaps/{job_name}"),
-        ("PATCH", f"{core}/persistentvolumeclaims/{job_name}-checkpoint"),
-        ("PATCH", f"{core}/persistentvolumeclaims/{job_name}-share"),
     ]
     job = api.objects[f"{crd}/adaptdljobs/{job_name}"]
     owner = {"apiVersion": "adaptdl.petuum.com/v1", "kind": "AdaptDLJob", "name": job_name, "uid": job["metadata"]["uid"]}
     for request in api.requests[6:]:
         assert request.body == {"metadata": {"ownerReferences": [owner]}}
-    # The experiment's TensorBoard claim is nobody's: it outlives the trial.
-    tensorboard = next(v for k, v in api.objects.items() if k.endswith("-tensorboard") or "tensorboard" in k)
-    assert "ownerReferences" not in tensorboard["metadata"]
+    # Claims are nobody's: the trial's checkpoint outlives its job (pause), the TensorBoard claim every trial.
+    claims = [v for k, v in api.objects.items() if "/persistentvolumeclaims/" in k]
+    assert len(claims) == 3 and all("ownerReferences" not in claim["metadata"] for claim in claims)
     # The token: in the Secret's body, and nowhere else at all.
     secret_post = api.requests[0]
     assert secret_post.body["stringData"] == {"TRIALKIT_TOKEN": TOKEN}

@@ -67,6 +67,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "and that platform's keys (below).",
     "top.trialGraceSeconds": "trialkit: how long a stopped trial has between SIGTERM and SIGKILL "
     "(`TRIALKIT_GRACE_SECONDS` in the trial).",
+    "top.trialCheckpointEvery": "trialkit: seconds of training between the AdaptDL checkpoints trialkit takes, "
+    "so that a node that dies without warning costs at most that much; `0`: only AdaptDL's own, on SIGTERM "
+    "(`TRIALKIT_CHECKPOINT_EVERY` in the trial; the default and the cost: "
+    "[periodic AdaptDL checkpoints](../platforms.md#periodic-adaptdl-checkpoints)).",
     "top.experimentWorkingDirectory": "trialkit: where the experiment's dir goes (default `$TRIALKIT_HOME/experiments`; "
     "a link there keeps it findable by id).",
     "top.trialTemplate": "trialkit: your own job template (YAML) for the cluster platforms, instead of the packaged one.",
@@ -110,6 +114,16 @@ DESCRIPTIONS: Dict[str, str] = {
     "k8s.storage.path": "The exported path.",
     "k8s.storage.containerMountPath": "Where it is mounted in the pod.",
     "k8s.imagePullSecrets[].name": "The Secret's name.",
+    "k8s.checkpoint": "A per-trial claim for checkpoints, owned by no job: pausing a trial keeps it and activating "
+    "mounts it again; it goes when the experiment is stopped or deleted. Kubeflow and FrameworkController mount it at "
+    "`/var/lib/trialkit/checkpoint` (`TRIALKIT_CHECKPOINT_DIR`); without it, checkpoints are on the pod's disk and a "
+    "pause loses them. AdaptDL always has it, at `/adaptdl/checkpoint`, with a share claim at `/adaptdl/share`.",
+    "k8s.checkpoint.storageClass": "The claim's storage class (default: the cluster's).",
+    "k8s.checkpoint.storageSize": "The claim's size (default 1Gi).",
+    "k8s.keepFinishedJobs": "How long a finished trial's job (and its pods) stays before trialkit deletes it, "
+    "for `kubectl logs` and `kubectl describe`.",
+    "k8s.keepFinishedJobs.succeeded": "After success: a duration (default 10m).",
+    "k8s.keepFinishedJobs.failed": "After failure or cancellation: a duration (default 1d).",
     "k8s.reuseMode": "Must be false: every trial is its own job.",
     # kubeflow
     "kubeflow.operator": "`pytorch-operator` (PyTorchJob) or `tf-operator` (TFJob).",
@@ -153,9 +167,6 @@ DESCRIPTIONS: Dict[str, str] = {
     "adaptdl.maxReplicas": "The most replicas.",
     "adaptdl.workingDir": "The container's working directory, a path in the image (NNI v1's `trial.codeDir`); "
                           "`.` or none: the image's own.",
-    "adaptdl.checkpoint": "The per-trial volumes for `/adaptdl/checkpoint` and `/adaptdl/share`.",
-    "adaptdl.checkpoint.storageClass": "Their storage class (default: the cluster's).",
-    "adaptdl.checkpoint.storageSize": "Their size.",
 }
 
 # Kinds for keys read with Section.raw(), which does not say.
@@ -256,7 +267,9 @@ K8S_EXAMPLES: Dict[str, List[Dict[str, Any]]] = {
         {"operator": "pytorch-operator", "managerAddress": "10.0.0.1", "dockerImage": "img",
          "master": {"replicas": 1, "command": "python3 t.py", "cpuNumber": 1, "gpuNumber": 0, "memorySize": "1g"},
          "worker": {"replicas": 2}, "nfs": {"server": "10.0.0.2", "path": "/x", "containerMountPath": "/nfs"},
-         "imagePullSecrets": [{"name": "pull"}]},
+         "imagePullSecrets": [{"name": "pull"}], "reportingRole": "master",
+         "checkpoint": {"storageClass": "dfs", "storageSize": "1Gi"},
+         "keepFinishedJobs": {"succeeded": "10m", "failed": "1d"}},
         {"operator": "tf-operator", "managerAddress": "10.0.0.1", "dockerImage": "img",
          "ps": {"replicas": 1}, "worker": {"replicas": 1}, "master": {"replicas": 1},
          "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x", "containerMountPath": "/nfs"}},
@@ -265,14 +278,18 @@ K8S_EXAMPLES: Dict[str, List[Dict[str, Any]]] = {
         {"managerAddress": "10.0.0.1", "dockerImage": "img",
          "taskRoles": [{"name": "worker", "taskNumber": 2, "command": "python3 t.py",
                         "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceededTaskCount": 2}}],
-         "nfs": {"server": "10.0.0.2", "path": "/x"}, "imagePullSecrets": [{"name": "pull"}]},
-        {"managerAddress": "10.0.0.1", "taskRoles": [{"name": "worker"}],
+         "nfs": {"server": "10.0.0.2", "path": "/x"}, "imagePullSecrets": [{"name": "pull"}],
+         "reportingRole": "worker", "checkpoint": {"storageClass": "dfs", "storageSize": "1Gi"},
+         "keepFinishedJobs": {"succeeded": "10m", "failed": "1d"}},
+        {"managerAddress": "10.0.0.1", "dockerImage": "img", "taskRoles": [{"name": "worker"}],
          "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x"}},
     ],
     "adaptdl": [
         {"managerAddress": "10.0.0.1", "image": "img", "checkpoint": {"storageClass": "dfs", "storageSize": "1Gi"},
-         "nfs": {"server": "10.0.0.2", "path": "/x"}, "imagePullSecrets": [{"name": "pull"}]},
-        {"managerAddress": "10.0.0.1", "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x"}},
+         "nfs": {"server": "10.0.0.2", "path": "/x"}, "imagePullSecrets": [{"name": "pull"}],
+         "keepFinishedJobs": {"succeeded": "10m", "failed": "1d"}},
+        {"managerAddress": "10.0.0.1", "image": "img",
+         "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x"}},
     ],
 }
 K8S_PLATFORMS = tuple(K8S_EXAMPLES)

@@ -20,12 +20,14 @@ from trialkit.platforms.kubernetes import render as k8s
 from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, WAITING
 from trialkit.platforms.base import PlatformStatus, TrialSpec
 from trialkit.platforms.kubernetes.config import (
+    DEFAULT_STORAGE_MIB,
     KubeCommon,
     Resources,
     Section,
+    Storage,
     parse_common,
     parse_resources,
-    parse_size_mib,
+    parse_storage,
     v1_common,
     v1_trial,
 )
@@ -37,7 +39,6 @@ CONTAINER = "main"
 CHECKPOINT_DIR = "/adaptdl/checkpoint"
 SHARE_DIR = "/adaptdl/share"
 TENSORBOARD_DIR = "/adaptdl/tensorboard"
-DEFAULT_STORAGE_MIB = 1024
 # AdaptDL names each pod's host <job>-<restart group>-<rank>, a DNS label:
 # leave room for the group (it grows with every rescale) and the rank.
 NAME_BUDGET = 48
@@ -61,8 +62,7 @@ class AdaptDLConfig:
     working_dir: Optional[str]  # in the container; None: the image's own
     min_replicas: Optional[int]
     max_replicas: Optional[int]
-    storage_class: Optional[str]  # None: the cluster's default class
-    storage_mib: int
+    storage: Storage  # AdaptDL's checkpoint, share and TensorBoard claims
     common: KubeCommon
     platform: ClassVar[str] = PLATFORM
 
@@ -73,8 +73,6 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
     max_replicas = sec.integer("maxReplicas", minimum=1)
     if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
         raise UserError(f"maxReplicas ({max_replicas}) is below minReplicas ({min_replicas})", sec.at("maxReplicas"))
-    checkpoint = sec.section("checkpoint") or Section({}, sec.at("checkpoint"))
-    size_key, size = checkpoint.raw("storageSize")
     config = AdaptDLConfig(
         command=sec.text("command"),
         resources=parse_resources(sec),
@@ -82,11 +80,9 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
         working_dir=_working_dir(sec.text("workingDir"), sec.at("workingDir")),
         min_replicas=min_replicas,
         max_replicas=max_replicas,
-        storage_class=checkpoint.text("storageClass"),
-        storage_mib=DEFAULT_STORAGE_MIB if size is None else parse_size_mib(size, checkpoint.at(size_key)),
+        storage=parse_storage(sec) or Storage(None, DEFAULT_STORAGE_MIB),
         common=parse_common(sec, [KIND]),
     )
-    checkpoint.finish()
     sec.finish()
     if not config.common.image:
         raise UserError("no image to run the trial in", sec.at("image"), "set image (or dockerImage)")
@@ -114,7 +110,7 @@ def from_v1(v1_config: dict) -> dict:
 def render(config: AdaptDLConfig, spec: TrialSpec) -> List[dict]:
     common = config.common
     names = k8s.trial_names(spec, NAME_BUDGET)
-    checkpoint_claim = f"{names.job}-checkpoint"
+    checkpoint_claim = k8s.checkpoint_claim_name(names)
     share_claim = f"{names.job}-share"
     tensorboard_claim = k8s.object_name(["tk", spec.experiment_id, "tensorboard"])
     # One TensorBoard volume for the experiment, a directory in it per trial:
@@ -149,12 +145,13 @@ def render(config: AdaptDLConfig, spec: TrialSpec) -> List[dict]:
     if config.working_dir is not None:
         container = next(c for c in job_spec["template"]["spec"]["containers"] if c["name"] == CONTAINER)
         container["workingDir"] = config.working_dir
+    storage = config.storage
     claims = [
-        k8s.claim_object(checkpoint_claim, common.namespace, names.labels, config.storage_class, config.storage_mib),
-        k8s.claim_object(share_claim, common.namespace, names.labels, config.storage_class, config.storage_mib),
-        # Labelled with the experiment only: it outlives every trial's job.
+        k8s.claim_object(checkpoint_claim, common.namespace, names.labels, storage.storage_class, storage.size_mib),
+        k8s.claim_object(share_claim, common.namespace, names.labels, storage.storage_class, storage.size_mib),
+        # Labelled with the experiment only: shared by every trial.
         k8s.claim_object(
-            tensorboard_claim, common.namespace, names.experiment_labels, config.storage_class, config.storage_mib
+            tensorboard_claim, common.namespace, names.experiment_labels, storage.storage_class, storage.size_mib
         ),
     ]
     return k8s.trial_objects(common, spec, names, job, claims)

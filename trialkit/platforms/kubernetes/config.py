@@ -24,6 +24,11 @@ from trialkit.errors import UserError
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_NFS_MOUNT = "/nfs"
+DEFAULT_STORAGE_MIB = 1024
+# A finished trial's job (and its pods) stays this long for `kubectl logs` and
+# `kubectl describe`; a failed one longer, since that is when they are read.
+DEFAULT_KEEP_SUCCEEDED_SECONDS = 600.0
+DEFAULT_KEEP_FAILED_SECONDS = 86400.0
 
 # NNI keys that mean nothing here, accepted so that NNI configs load as written:
 # the trial's code is in its image, so nothing is copied to a code directory.
@@ -220,6 +225,56 @@ class NfsMount:
 
 
 @dataclass(frozen=True)
+class Storage:
+    """A claim for a trial's checkpoints: it outlives the trial's job (pause and
+    activate mount the same one) and goes when the experiment is stopped or deleted."""
+
+    storage_class: Optional[str]  # None: the cluster's default class
+    size_mib: int
+
+
+def parse_storage(sec: Section) -> Optional[Storage]:
+    """`checkpoint: {storageClass, storageSize}`; None when the section has none."""
+    checkpoint = sec.section("checkpoint")
+    if checkpoint is None:
+        return None
+    size_key, size = checkpoint.raw("storageSize")
+    storage = Storage(
+        storage_class=checkpoint.text("storageClass"),
+        size_mib=DEFAULT_STORAGE_MIB if size is None else parse_size_mib(size, checkpoint.at(size_key)),
+    )
+    checkpoint.finish()
+    return storage
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a finished trial's job is kept before trialkit deletes it."""
+
+    succeeded_seconds: float = DEFAULT_KEEP_SUCCEEDED_SECONDS
+    failed_seconds: float = DEFAULT_KEEP_FAILED_SECONDS
+
+
+def parse_retention(sec: Section) -> Retention:
+    """`keepFinishedJobs: {succeeded: 10m, failed: 1d}` (durations; the others: a failed
+    or canceled trial counts as failed)."""
+    keep = sec.section("keepFinishedJobs")
+    if keep is None:
+        return Retention()
+    out = Retention(
+        succeeded_seconds=_duration(keep, "succeeded", DEFAULT_KEEP_SUCCEEDED_SECONDS),
+        failed_seconds=_duration(keep, "failed", DEFAULT_KEEP_FAILED_SECONDS),
+    )
+    keep.finish()
+    return out
+
+
+def _duration(sec: Section, name: str, default: float) -> float:
+    key, value = sec.raw(name)
+    return default if value is None else schema.as_duration(value, sec.at(key))
+
+
+@dataclass(frozen=True)
 class KubeCommon:
     """What every Kubernetes platform's section holds besides its jobs' shape."""
 
@@ -233,6 +288,7 @@ class KubeCommon:
     image_pull_secrets: Tuple[str, ...]
     nfs: Optional[NfsMount]
     priority_classes: Tuple[Tuple[int, str], ...] = ()  # (trial priority, PriorityClass name), ascending
+    retention: Retention = Retention()
 
 
 def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
@@ -259,6 +315,7 @@ def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
         image_pull_secrets=parse_pull_secrets(sec),
         nfs=parse_nfs(sec),
         priority_classes=parse_priority_classes(sec),
+        retention=parse_retention(sec),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar, List, Tuple
+from typing import ClassVar, List, Optional, Tuple
 
 from trialkit import env as envnames
 from trialkit.errors import UserError
@@ -21,9 +21,11 @@ from trialkit.platforms.kubernetes.config import (
     KubeCommon,
     Role,
     Section,
+    Storage,
     check_images,
     parse_common,
     parse_role,
+    parse_storage,
     reporting_role,
     v1_common,
     v1_role,
@@ -55,6 +57,7 @@ class FrameworkConfig:
     task_roles: Tuple[TaskRole, ...]
     common: KubeCommon
     reporting_role: str = ""
+    storage: Optional[Storage] = None  # the checkpoint claim; None: checkpoints on the pod's disk
     platform: ClassVar[str] = PLATFORM
 
 
@@ -94,8 +97,9 @@ def parse_section(section: dict, where: str) -> FrameworkConfig:
     common = parse_common(sec, [KIND])
     check_images([item.role for item in task_roles], common, f"{where}.taskRoles")
     reporter = reporting_role(sec, names)
+    storage = parse_storage(sec)
     sec.finish()
-    return FrameworkConfig(task_roles=tuple(task_roles), common=common, reporting_role=reporter)
+    return FrameworkConfig(task_roles=tuple(task_roles), common=common, reporting_role=reporter, storage=storage)
 
 
 def from_v1(v1_config: dict) -> dict:
@@ -116,6 +120,7 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
     job_spec.setdefault("retryPolicy", {"fancyRetryPolicy": True, "maxRetryCount": 0})
     entries = {entry.get("name"): entry for entry in job_spec.get("taskRoles") or []}
     task_roles = []
+    claims, mounts, checkpoint_env = k8s.checkpoint_storage(config.common, names, config.storage)
     for item in config.task_roles:
         role = item.role
         entry = k8s.role_entry(entries, role.name)
@@ -132,7 +137,8 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
             config.common, spec, names, PLATFORM,
             image=role.image, command=role.command, res=role.resources, where=f"trainingService.taskRoles.{role.name}",
             # Every task runs a keeper with the trial's token: only task 0 of the reporting role ships.
-            extra_env={envnames.CHIEF_ROLE: config.reporting_role},
+            extra_env={envnames.CHIEF_ROLE: config.reporting_role, **checkpoint_env},
+            extra_mounts=mounts,
         )
         pod = k8s.fill_pod(task.get("pod"), plan, CONTAINER)
         # FrameworkController retries tasks itself; the kubelet must not.
@@ -140,7 +146,7 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
         task["pod"] = pod
         task_roles.append(entry)
     job_spec["taskRoles"] = task_roles
-    return k8s.trial_objects(config.common, spec, names, job)
+    return k8s.trial_objects(config.common, spec, names, job, claims)
 
 
 # status.state while the Framework is not Completed. The Attempt* states after

@@ -8,7 +8,7 @@ platform has (k8s_config.parse_common).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Dict, List, Mapping, Tuple
+from typing import ClassVar, Dict, List, Mapping, Optional, Tuple
 
 from trialkit.errors import UserError
 from trialkit.platforms.kubernetes import render as k8s
@@ -19,9 +19,11 @@ from trialkit.platforms.kubernetes.config import (
     KubeCommon,
     Role,
     Section,
+    Storage,
     check_images,
     parse_common,
     parse_role,
+    parse_storage,
     reporting_role,
     v1_common,
     v1_role,
@@ -68,6 +70,7 @@ class KubeflowConfig:
     roles: Tuple[Role, ...]
     common: KubeCommon
     reporting_role: str = "master"
+    storage: Optional[Storage] = None  # the checkpoint claim; None: checkpoints on the pod's disk
     platform: ClassVar[str] = PLATFORM
 
 
@@ -98,8 +101,9 @@ def parse_section(section: dict, where: str) -> KubeflowConfig:
     common = parse_common(sec, [operator.kind])
     check_images(roles, common, where)
     reporter = reporting_role(sec, [role.name for role in roles])
+    storage = parse_storage(sec)
     sec.finish()
-    return KubeflowConfig(operator=name, roles=tuple(roles), common=common, reporting_role=reporter)
+    return KubeflowConfig(operator=name, roles=tuple(roles), common=common, reporting_role=reporter, storage=storage)
 
 
 def from_v1(v1_config: dict) -> dict:
@@ -119,6 +123,7 @@ def render(config: KubeflowConfig, spec: TrialSpec) -> List[dict]:
     job_spec = job.setdefault("spec", {})
     entries = job_spec.get(operator.replicas_field) or {}
     replica_specs: Dict[str, dict] = {}
+    claims, mounts, checkpoint_env = k8s.checkpoint_storage(config.common, names, config.storage)
     for role in config.roles:
         replica_type = operator.replica_types[role.name]
         replica = k8s.role_entry(entries, replica_type)
@@ -128,13 +133,14 @@ def render(config: KubeflowConfig, spec: TrialSpec) -> List[dict]:
             config.common, spec, names, PLATFORM,
             image=role.image, command=role.command, res=role.resources, where=f"trainingService.{role.name}",
             # Every pod runs a keeper with the trial's token: only task 0 of the reporting role ships.
-            extra_env={envnames.CHIEF_ROLE: config.reporting_role, envnames.ROLE: role.name},
+            extra_env={envnames.CHIEF_ROLE: config.reporting_role, envnames.ROLE: role.name, **checkpoint_env},
             field_env={envnames.TASK_INDEX: f"metadata.labels['{REPLICA_INDEX_LABEL}']"},
+            extra_mounts=mounts,
         )
         replica["template"] = k8s.fill_pod(replica.get("template"), plan, operator.container)
         replica_specs[replica_type] = replica
     job_spec[operator.replicas_field] = replica_specs
-    return k8s.trial_objects(config.common, spec, names, job)
+    return k8s.trial_objects(config.common, spec, names, job, claims)
 
 
 # Conditions that hold ("status": "True"), the most decisive first. The

@@ -4,18 +4,27 @@ Each Kubernetes platform module subclasses KubePlatform with its pure
 `renderer` (config, spec -> objects) and `mapper` (job -> PlatformStatus).
 What all of them share lives here: the order of creation, ownership, the
 pod-level failures a job's status does not show, and deletion.
+
+Lifetimes: a trial's ConfigMap and Secret are owned by its job and go with it;
+its checkpoint claims are owned by nobody, so a pause (which deletes the job)
+keeps the checkpoint and activate mounts the same claim again. A finished job
+is deleted once its retention has passed (keepFinishedJobs); everything else
+of the experiment goes with `remove_experiment` (the experiment stopped or
+deleted).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence
 
 import yaml
 
+from trialkit import env as envnames
 from trialkit.platforms.kubernetes import render as k8s
-from trialkit.statuses import FAILED, FINAL_STATUSES, SYS_CANCELED
+from trialkit.statuses import FAILED, FINAL_STATUSES, SUCCEEDED, SYS_CANCELED
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
 log = logging.getLogger(__name__)
@@ -70,6 +79,12 @@ class KubePlatform(PlatformBase):
         self.config = config
         self.experiment_dir = Path(experiment_dir)
         self._client = client
+        self._expiring: dict = {}  # handle -> the timer that deletes its finished job
+
+    @property
+    def checkpoint_survives_stop(self) -> bool:
+        """Whether the trial's checkpoint is on a claim that outlives its job (else pausing loses it)."""
+        return getattr(self.config, "storage", None) is not None
 
     @property
     def client(self):
@@ -99,7 +114,8 @@ class KubePlatform(PlatformBase):
             self._remove_trial_objects(created)
             raise
         for obj in needs:
-            if k8s.LABEL_TRIAL in obj["metadata"]["labels"]:
+            # A claim is nobody's: it holds the checkpoint that activate resumes from.
+            if k8s.LABEL_TRIAL in obj["metadata"]["labels"] and obj["kind"] != "PersistentVolumeClaim":
                 self.client.set_owner(ObjectRef.of(obj), submitted)
         return str(ObjectRef.of(job))
 
@@ -129,7 +145,39 @@ class KubePlatform(PlatformBase):
         if job is None:
             return PlatformStatus(SYS_CANCELED, f"{ref} no longer exists")
         pods = self.client.list_pods(ref.namespace, _selector(job))
-        return trial_status(self.mapper(job), pods)
+        status = trial_status(self.mapper(job), pods)
+        if status.status in FINAL_STATUSES:
+            self._expire(handle, status.status)
+        return status
+
+    def _expire(self, handle: str, status: str) -> None:
+        """Delete the finished job (its pods, ConfigMap and Secret with it) after its retention."""
+        if handle in self._expiring:
+            return
+        retention = self.config.common.retention
+        delay = retention.succeeded_seconds if status == SUCCEEDED else retention.failed_seconds
+        timer = threading.Timer(delay, self._delete, (handle, None))
+        timer.daemon = True  # what outlives the control plane goes with remove_experiment
+        self._expiring[handle] = timer
+        timer.start()
+
+    def remove_experiment(self, experiment_id: str, trial_ids: Sequence[str]) -> List[str]:
+        """Delete every object the experiment's trials were made of, claims included; what was deleted."""
+        from trialkit.platforms.kubernetes.client import ObjectRef
+
+        for timer in self._expiring.values():
+            timer.cancel()
+        removed, seen = [], set()
+        for trial_id in trial_ids:
+            # The renderer names every object of a trial; a placeholder command renders the same names.
+            placeholder = TrialSpec(experiment_id, trial_id, 0, "true", env={envnames.TOKEN: ""})
+            for obj in self.renderer(self.config, placeholder):
+                ref = ObjectRef.of(obj)
+                if ref not in seen:
+                    seen.add(ref)
+                    if self.client.delete(ref):
+                        removed.append(str(ref))
+        return removed
 
     def stop(self, handle: str, grace: Optional[float] = None) -> None:
         """Delete the job: its pods run cleanup.sh (the keeper checkpoints) within their

@@ -21,7 +21,7 @@ import yaml
 from trialkit import env as envnames
 from trialkit.errors import UserError
 from trialkit.platforms.base import TrialSpec
-from trialkit.platforms.kubernetes.config import KubeCommon, NfsMount, Resources, priority_class
+from trialkit.platforms.kubernetes.config import KubeCommon, NfsMount, Resources, Storage, priority_class
 
 LABEL_EXPERIMENT = "trialkit.io/experiment"
 LABEL_TRIAL = "trialkit.io/trial"
@@ -35,6 +35,8 @@ RUN_COMMAND = ["/bin/sh", f"{SCRIPTS_DIR}/run.sh"]
 CLEANUP_COMMAND = ["/bin/sh", f"{SCRIPTS_DIR}/cleanup.sh"]
 # The keeper's home in a pod: an emptyDir, so it outlives a container restart.
 POD_TRIAL_DIR = "/var/lib/trialkit/trial"
+# Where a trial's checkpoint claim is mounted, when the section configures one.
+POD_CHECKPOINT_DIR = "/var/lib/trialkit/checkpoint"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # Paths on the control plane's machine mean nothing in a pod, and a restart
@@ -368,6 +370,22 @@ def claim_object(name: str, namespace: str, labels: Mapping[str, str], storage_c
     if storage_class:
         claim["spec"]["storageClassName"] = storage_class
     return claim
+
+
+def checkpoint_claim_name(names: TrialNames) -> str:
+    return f"{names.job}-checkpoint"
+
+
+def checkpoint_storage(
+    common: KubeCommon, names: TrialNames, storage: Optional[Storage], path: str = POD_CHECKPOINT_DIR
+) -> Tuple[List[dict], List[Mount], Dict[str, str]]:
+    """The trial's checkpoint claim, its mount and the variable naming it; nothing without storage
+    (then the checkpoint dir is on the pod's own disk and a pause loses it)."""
+    if storage is None:
+        return [], [], {}
+    name = checkpoint_claim_name(names)
+    claim = claim_object(name, common.namespace, names.labels, storage.storage_class, storage.size_mib)
+    return [claim], [claim_mount("trialkit-checkpoint", name, path)], {envnames.CHECKPOINT_DIR: path}
 
 
 def trial_objects(

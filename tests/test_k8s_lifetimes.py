@@ -1,0 +1,124 @@
+"""How long a cluster trial's objects live (issue 23), against the stand-in API server.
+
+- Pause deletes the job; the checkpoint claim stays (owned by nobody) and
+  activate mounts the same claim again, on every kind with checkpoint storage.
+- A finished job goes after its retention: a succeeded one sooner than a failed one.
+- Removing the experiment leaves no object of it behind.
+"""
+from __future__ import annotations
+
+import pytest
+
+from harness import wait_until
+from test_kube_client import TOKEN, api, client, spec  # noqa: F401 (fixtures)
+from trialkit.platforms.kubernetes import adaptdljob, frameworkcontroller, kubeflow
+from trialkit.platforms.kubernetes import render as k8s
+from trialkit.platforms.kubernetes.client import ObjectRef
+from trialkit.statuses import FAILED, SUCCEEDED
+
+STORAGE = {"checkpoint": {"storageClass": "dfs", "storageSize": "2Gi"}}
+COMMON = {"namespace": "team", "managerAddress": "10.0.0.2"}
+KINDS = [
+    (kubeflow, {"platform": "kubeflow", **COMMON, "dockerImage": "i:1", "master": {"replicas": 1},
+                "worker": {"replicas": 2}}),
+    (frameworkcontroller, {"platform": "frameworkcontroller", **COMMON, "dockerImage": "i:1",
+                           "taskRoles": [{"name": "worker", "taskNumber": 2}]}),
+    (adaptdljob, {"platform": "adaptdl", **COMMON, "image": "i:1"}),
+]
+IDS = ["kubeflow", "frameworkcontroller", "adaptdl"]
+
+
+def platform_of(module, section, tmp_path, client):
+    return module.Platform(module.parse_section(section, "trainingService"), tmp_path / "experiment", client=client)
+
+
+def claims(api) -> dict:
+    return {path.rsplit("/", 1)[-1]: obj for path, obj in api.objects.items() if "/persistentvolumeclaims/" in path}
+
+
+def job_paths(api) -> list:
+    return [path for path in api.objects if path.startswith("/apis/")]
+
+
+def mounted_claims(job: dict) -> set:
+    import k8s_schemas
+
+    found = set()
+    for template in k8s_schemas.pod_templates(job):
+        for volume in template["spec"].get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                found.add(volume["persistentVolumeClaim"]["claimName"])
+    return found
+
+
+@pytest.mark.parametrize("module, section", KINDS, ids=IDS)
+def test_pause_then_activate_keeps_the_checkpoint_claim_and_mounts_it_again(api, client, tmp_path, module, section):
+    platform = platform_of(module, {**section, **STORAGE}, tmp_path, client)
+    assert platform.checkpoint_survives_stop
+    handle = platform.submit(spec())
+    checkpoint = k8s.checkpoint_claim_name(k8s.trial_names(spec(), getattr(module, "NAME_BUDGET", k8s.MAX_NAME),
+                                                           "" if module is frameworkcontroller else "-"))
+    before = claims(api)
+    assert checkpoint in before and "ownerReferences" not in before[checkpoint]["metadata"]
+    platform.stop(handle, grace=30)  # pause: the job goes, its pods checkpoint first
+    assert job_paths(api) == [] and checkpoint in claims(api)
+    uid = claims(api)[checkpoint]["metadata"]["uid"]
+    platform.submit(spec())  # activate
+    assert claims(api)[checkpoint]["metadata"]["uid"] == uid, "the same claim, data and all"
+    job = api.objects[job_paths(api)[0]]
+    assert checkpoint in mounted_claims(job)
+
+
+@pytest.mark.parametrize("module, section", KINDS[:2], ids=IDS[:2])
+def test_without_storage_the_platform_says_a_pause_loses_progress(api, client, tmp_path, module, section):
+    platform = platform_of(module, section, tmp_path, client)
+    assert not platform.checkpoint_survives_stop
+    platform.submit(spec())
+    assert claims(api) == {}
+
+
+def finish(api, module, status: str) -> None:
+    path = job_paths(api)[0]
+    if module is adaptdljob:
+        api.objects[path]["status"] = {"phase": "Succeeded" if status == SUCCEEDED else "Failed"}
+    elif module is kubeflow:
+        kind = "Succeeded" if status == SUCCEEDED else "Failed"
+        api.objects[path]["status"] = {"conditions": [{"type": kind, "status": "True"}]}
+    else:
+        name = "Succeeded" if status == SUCCEEDED else "Failed"
+        api.objects[path]["status"] = {"state": "Completed",
+                                       "attemptStatus": {"completionStatus": {"code": 0 if name == "Succeeded" else 1,
+                                                                              "type": {"name": name}}}}
+
+
+@pytest.mark.parametrize("module, section", KINDS, ids=IDS)
+def test_a_finished_job_goes_after_its_retention_a_failed_one_later(api, client, tmp_path, module, section):
+    keep = {"keepFinishedJobs": {"succeeded": 0.3, "failed": "1h"}}
+    platform = platform_of(module, {**section, **STORAGE, **keep}, tmp_path, client)
+    succeeded = platform.submit(spec("t1"))
+    finish(api, module, SUCCEEDED)
+    assert platform.status(succeeded).status == SUCCEEDED
+    assert job_paths(api), "kept for its retention"
+    wait_until(lambda: not job_paths(api), 10, "the succeeded job to be deleted")
+    assert claims(api), "claims go with the experiment, not with the job"
+    failed = platform.submit(spec("t2"))
+    finish(api, module, FAILED)
+    assert platform.status(failed).status == FAILED
+    for _ in range(3):
+        assert platform.status(failed).status == FAILED  # asked again: one timer, not one per call
+    assert len(platform._expiring) == 2
+    assert job_paths(api), "a failed job stays for `kubectl describe`"
+    platform.remove_experiment("exp1", ["t1", "t2"])
+
+
+@pytest.mark.parametrize("module, section", KINDS, ids=IDS)
+def test_removing_the_experiment_leaves_no_object_behind(api, client, tmp_path, module, section):
+    platform = platform_of(module, {**section, **STORAGE}, tmp_path, client)
+    for trial in ("t1", "t2"):
+        platform.submit(spec(trial))
+    platform.stop(ObjectRef.of(api.objects[job_paths(api)[0]]).__str__(), grace=30)  # one paused, one running
+    assert api.objects
+    removed = platform.remove_experiment("exp1", ["t1", "t2"])
+    assert api.objects == {}, sorted(api.objects)
+    assert removed and all(TOKEN not in ref for ref in removed)
+    assert platform.remove_experiment("exp1", ["t1", "t2"]) == []  # twice: nothing left, no error
