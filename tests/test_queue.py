@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import requests
 
 from experiment_util import by_sequence, cli, experiment, experiment_id, export, reported, start_cli, trial_status
 from harness import wait_until
 import k8s_schemas
+from trialkit.control import admin
 from trialkit.control.queue import JobQueue, Move, jobs
 from trialkit.manager.store import Store
 from trialkit.errors import UserError
@@ -171,6 +173,20 @@ def test_one_slot_starts_waiting_trials_in_the_order_their_priorities_say(tmp_pa
     assert "cannot read" in refused("job", "update-batch", f"{t0}.priority")
     table = ok("job", "list", "--experiment", exp)
     assert [line.split()[1] for line in table.splitlines()[2:]] == [t3, t2, t1, t0]  # t0's 7 was refused with the batch
+
+    # The page and the admin routes act through the CLI's action table: the page's priority button moves t0 to
+    # the front, the admin route's order says so, its priority action puts t0 back, and the page's queue view
+    # shows the loop's order (by priority and sequence alone, t0 would be ahead of t1).
+    proc.stdout.readline()  # manager: ...
+    base, token = proc.stdout.readline().split()[-1].split("#")[0].split("/?token=")  # page: URL?token=T#/exp/ID
+    page = {"Authorization": f"Bearer {token}"}
+    moved = requests.post(f"{base}/api/ui/experiments/{exp}/trials/{t0}/priority", json={"priority": 9},
+                          headers=page, timeout=WAIT)
+    assert moved.status_code == 200, moved.text
+    assert admin.act(exp, "queue", "order") == {"queue": [t0, t2, t1]}
+    assert admin.act(exp, "trial", "priority", t0, body={"priority": 0}) == {"queue": [t2, t1, t0]}
+    view = requests.get(f"{base}/api/ui/experiments/{exp}/queue", headers=page, timeout=WAIT).json()
+    assert [row["id"] for row in view] == [t3, t2, t1, t0]
 
     ok("trial", "kill", t3)  # frees the slot: the queue's head starts, then the next
     assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
