@@ -342,3 +342,13 @@ def test_unpack_refuses_members_that_escape(tmp_path):
     with pytest.raises(tarfile.FilterError):
         unpack(buf.getvalue(), tmp_path / "dest")
     assert not (tmp_path / "escaped").exists()
+
+
+def test_a_determined_detignore_is_read_and_a_trialignore_overrides_it(tmp_path):
+    # Determined users bring a .detignore: it drops files as a .trialignore would,
+    # and the .trialignore beside it has the last word.
+    build(tmp_path, ["train.py", "data/big.bin", "notes.txt", "keep.log", "other.log"],
+          {"": ["data/", "*.log", "notes.txt"]}, ".detignore")
+    assert set(collect(tmp_path)) == {"train.py", ".detignore"}
+    (tmp_path / IGNORE_FILE).write_text("!keep.log\n")
+    assert set(collect(tmp_path)) == {"train.py", ".detignore", IGNORE_FILE, "keep.log"}

@@ -537,7 +537,7 @@ def build_parser() -> ArgumentParser:
     sub = job.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     listing = _command(sub, "list", cmd_job_list, "list the jobs in scheduling order",
                        "Position, id, experiment, name, priority, submitted, slots (acquired/needed) and status "
-                       "(SCHEDULED, QUEUED, PAUSED) of the trials of every running experiment.")
+                       "(SCHEDULED, QUEUED, PAUSED) of the trials of every running experiment.", aliases=["ls"])
     listing.add_argument("--experiment", metavar="EXPERIMENT_ID", help="only this experiment's jobs")
     shape = listing.add_mutually_exclusive_group()
     shape.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")
@@ -567,8 +567,8 @@ def build_parser() -> ArgumentParser:
 
 
 def _command(commands: Any, name: str, func: Optional[Callable[[argparse.Namespace], int]], summary: str,
-             description: str) -> ArgumentParser:
-    parser = commands.add_parser(name, help=summary, description=description)
+             description: str, aliases: Sequence[str] = ()) -> ArgumentParser:
+    parser = commands.add_parser(name, help=summary, description=description, aliases=list(aliases))
     parser.set_defaults(func=func)
     return parser
 

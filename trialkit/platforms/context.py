@@ -10,6 +10,8 @@ ship it as bytes (`pack`, then `unpack` where it runs). What goes in is
   relative to itself; a deeper file overrides a higher one, and within a file
   the last matching line wins. A directory that is ignored is not entered, so
   nothing under it can be brought back by a `!` line (git's rule too).
+  Determined's `.detignore` is read as well, as if its lines came first in the
+  same directory's `.trialignore`: a Determined project needs no change.
 - `__pycache__/`, `*.pyc`, `*.pyo` and `.git/` are always left out; no
   `.trialignore` line brings them back (Determined's `.detignore` rule).
 - `startup-hook.sh` at the top is always kept, whatever the ignore rules say:
@@ -43,6 +45,9 @@ import pathspec
 from trialkit.errors import UserError
 
 IGNORE_FILE = ".trialignore"
+# Read too, before .trialignore in the same directory, so a Determined user's
+# project needs no change (and a .trialignore line can override it).
+DETERMINED_IGNORE_FILE = ".detignore"
 STARTUP_HOOK = "startup-hook.sh"
 LIMIT_BYTES = 95 * 1024 * 1024
 DEFAULT_IGNORES = ("__pycache__/", "*.pyc", "*.pyo", ".git/")
@@ -164,10 +169,13 @@ class _Rules:
         self.files: Dict[str, List[_Line]] = {}
 
     def read(self, root: Path, rel_dir: str) -> None:
-        path = root / rel_dir / IGNORE_FILE
-        if path.is_file() and not path.is_symlink():
-            text = path.read_text(encoding="utf-8", errors="surrogateescape")
-            self.files[rel_dir] = _compile(text.splitlines())
+        lines: List[str] = []
+        for name in (DETERMINED_IGNORE_FILE, IGNORE_FILE):
+            path = root / rel_dir / name
+            if path.is_file() and not path.is_symlink():
+                lines += path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()
+        if lines:
+            self.files[rel_dir] = _compile(lines)
 
     def ignored(self, rel: str, is_dir: bool) -> bool:
         # A trailing slash is how gitignore tells a directory: `data/` names
