@@ -92,16 +92,18 @@ class Manager:
 
 
 def install_admin_routes(server: ManagerServer, token: str, performer: Performer) -> None:
-    """One route per action of the table, behind the admin token."""
-    for action in actions.ACTIONS:
-        server.router.add(action.method, action.route, _performed(action, token, performer))
-
-
-def _performed(action: Action, token: str, performer: Performer) -> Callable[[Request], Tuple[int, Any]]:
-    def handler(request: Request) -> Tuple[int, Any]:
+    """One route per action of the table, behind the admin token (checked before the body is read)."""
+    def check(request: Request) -> None:
         given = request.bearer()
         if given is None or not hmac.compare_digest(given.encode(), token.encode()):
             raise HttpError(401, "admin routes need the admin token from manager.json")
+
+    for action in actions.ACTIONS:
+        server.router.add(action.method, action.route, _performed(action, performer), check)
+
+
+def _performed(action: Action, performer: Performer) -> Callable[[Request], Tuple[int, Any]]:
+    def handler(request: Request) -> Tuple[int, Any]:
         body = request.json() if request.body else {}
         return 200, performer.perform(action, request.params.get("trial_id"), body)
     return handler
