@@ -35,6 +35,7 @@ from trialkit.manager.store import Store, new_token
 from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, USER_CANCELED
 from trialkit.platforms.local import LocalConfig, Platform
 from trialkit.web import install, page_url
+from trialkit.web.guard import page_token
 from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
@@ -304,7 +305,7 @@ def test_the_trial_page_follows_its_log_without_reload(site, browser):
 def test_actions_need_the_token_and_refuse_cross_site_requests(site, browser):
     victim = site.ids[VICTIM]
     kill = f"{site.server.url}/api/ui/experiments/{EXPERIMENT}/trials/{victim}/kill"
-    good = {"Authorization": f"Bearer {site.token}"}
+    good = {"Authorization": f"Bearer {page_token(site.token)}"}
     assert requests.post(kill, timeout=10).status_code == 401
     assert requests.post(kill, headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 403
     assert requests.get(f"{site.server.url}/api/ui/experiments", timeout=10).status_code == 401
@@ -317,15 +318,17 @@ def test_actions_need_the_token_and_refuse_cross_site_requests(site, browser):
     wait_until(lambda: "refused" in browser.page_source or "token" in browser.page_source, 30, "the refusal")
     assert site.calls == [] and site.status(VICTIM) == "RUNNING"
 
-    # A read-only page (trialkit ui) offers no action and refuses them all.
+    assert requests.post(kill, headers={"Authorization": f"Bearer {site.token}"}, timeout=10).status_code == 403
+    # A read-only page (trialkit ui) offers no action: it has no route for one.
     other = ManagerServer(site.store).start()
     try:
         install(other, site.store, admin_token="ro", read_only=True, performer=site)
+        read_only = {"Authorization": f"Bearer {page_token('ro')}"}
         answer = requests.post(f"{other.url}/api/ui/experiments/{EXPERIMENT}/trials/{victim}/kill",
-                               headers={"Authorization": "Bearer ro"}, timeout=10)
-        assert answer.status_code == 403 and "read-only" in answer.json()["error"]
-        assert requests.get(f"{other.url}/api/ui/info", headers={"Authorization": "Bearer ro"}, timeout=10).json() == \
-            {"read_only": True, "actions": []}
+                               headers=read_only, timeout=10)
+        assert answer.status_code == 404
+        assert requests.get(f"{other.url}/api/ui/info", headers=read_only, timeout=10).json() == \
+            {"read_only": True, "actions": [], "disk": None}
     finally:
         other.stop()
     assert site.calls == []
@@ -381,7 +384,7 @@ def test_the_trials_api_sorts_filters_and_pages_on_the_server(tmp_path):
     try:
         def page(**query: Any) -> Dict[str, Any]:
             answer = requests.get(f"{server.url}/api/ui/experiments/big/trials", params=query,
-                                  headers={"Authorization": "Bearer tok"}, timeout=10)
+                                  headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
             assert answer.status_code == 200, answer.text
             return answer.json()
         first = page(limit=25)
@@ -398,7 +401,7 @@ def test_the_trials_api_sorts_filters_and_pages_on_the_server(tmp_path):
         assert lrs == sorted(lrs) and all(0.001 <= lr <= 0.01 for lr in lrs)
         assert page(status="RUNNING")["total"] == 10
         bad = requests.get(f"{server.url}/api/ui/experiments/big/trials", params={"sort": "p:nope"},
-                           headers={"Authorization": "Bearer tok"}, timeout=10)
+                           headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
         assert bad.status_code == 400
     finally:
         server.stop()

@@ -16,9 +16,12 @@
     GET  /api/ui/experiments/<exp>/trials/<trial>/log   ?name=stdout|stderr&offset=N: the log from N
     POST /api/ui/experiments/<exp>/trials/<trial>/<action>   kill | pause | activate | priority {"priority": N}
 
-Every /api/ui route needs `Authorization: Bearer <admin token>` and refuses
-cross-site requests (trialkit.web.guard); actions are refused (403) on a
-read-only page. Answers are strict JSON (NaN and infinities as strings).
+Every /api/ui route needs `Authorization: Bearer <the page's token>` (derived
+from the admin token, good for these routes only: trialkit.web.guard) and
+refuses cross-site requests, both on the headers before a body is read. A
+read-only page (`trialkit ui`) has no action route at all. Answers are strict
+JSON (NaN and infinities as strings); /api/ui/info also says what is wrong
+with the manager's disk, if anything (`disk`).
 """
 from __future__ import annotations
 
@@ -39,19 +42,23 @@ Answer = Tuple[int, Any]
 
 
 def page_url(server: Union[ManagerServer, str], token: str, experiment_id: Optional[str] = None) -> str:
-    """The URL to print: the page, carrying the token (the page keeps it and drops it from the address bar).
+    """The URL to print: the page, carrying the page's token for this admin token (the page keeps it for
+    the tab and drops it from the address bar).
 
     `server`: the server, or the address it is reached at (a manager bound to every address advertises one).
     """
     base = server if isinstance(server, str) else server.url
-    return f"{base}/?token={token}" + (f"#/exp/{experiment_id}" if experiment_id else "")
+    return f"{base}/?token={guard.page_token(token)}" + (f"#/exp/{experiment_id}" if experiment_id else "")
 
 
 def install(server: ManagerServer, store: Union[Store, Catalog], *, admin_token: str, read_only: bool,
             performer: Optional[Performer] = None) -> Catalog:
-    """Add the page and its API to the server. `store`: the manager's own, or a Catalog of stored experiments."""
+    """Add the page and its API to the server, opened by the page's token for `admin_token`.
+
+    `store`: the manager's own, or a Catalog of stored experiments.
+    """
     catalog = store if isinstance(store, Catalog) else Catalog(lambda: [store.path])
-    _Routes(server, catalog, admin_token, read_only, performer).add()
+    _Routes(server, catalog, guard.page_token(admin_token), read_only, performer).add()
     return catalog
 
 
@@ -81,20 +88,20 @@ class _Routes:
             ("GET", exp + "/queue", self._queue),
             ("GET", exp + "/trials/<trial>", self._trial),
             ("GET", exp + "/trials/<trial>/log", self._log),
-            ("POST", exp + "/trials/<trial>/<action>", self._action),
-        ]:
-            add(method, pattern, self._guarded(handler))
+        ] + ([] if self.read_only else [("POST", exp + "/trials/<trial>/<action>", self._action)]):
+            add(method, pattern, self._answered(handler), lambda request: guard.check(request, self.token))
 
-    def _guarded(self, handler: Callable[[Request], Any]) -> Callable[[Request], Answer]:
+    @staticmethod
+    def _answered(handler: Callable[[Request], Any]) -> Callable[[Request], Answer]:
         def serve(request: Request) -> Answer:
-            guard.check(request, self.token)
             answer = handler(request)
             return (200, answer) if isinstance(answer, Stream) else (200, _json(answer))
         return serve
 
     # -- reads -------------------------------------------------------------------------
     def _info(self, request: Request) -> Any:
-        return {"read_only": self.read_only, "actions": [] if self.read_only or self.performer is None else actions.names("trial")}
+        return {"read_only": self.read_only, "actions": [] if self.read_only or self.performer is None else actions.names("trial"),
+                "disk": self.server.disk.problem}
 
     def _events(self, request: Request) -> Stream:
         return Stream(events.changes(self.catalog, self.server.stopping), "text/event-stream",
@@ -143,8 +150,6 @@ class _Routes:
 
     # -- actions -------------------------------------------------------------------------
     def _action(self, request: Request) -> Any:
-        if self.read_only:
-            raise HttpError(403, "this page is read-only (trialkit ui): act through the experiment's manager")
         trial_id = request.params["trial"]
         self._read(request, queries.trial, trial_id)  # 404 unless the trial is this experiment's
         name, offered = request.params["action"], actions.names("trial")

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 from trialkit.manager import paths
 from trialkit.manager.server import ManagerServer
-from trialkit.manager.store import DB_NAME, Store
+from trialkit.manager.store import DB_NAME
 from trialkit.errors import UserError
 from trialkit.web.catalog import Catalog
 from trialkit.web.routes import install, page_url
@@ -19,9 +19,8 @@ def serve_ui(experiment_id: Optional[str], port: int, host: str = "127.0.0.1") -
     if not found:
         raise UserError(f"no experiments under {paths.experiments_root()}", "trialkit ui",
                         "run one first, or set TRIALKIT_HOME to where they were run")
-    # The keepers' routes come with the server; they answer only trials of this store that still hold a token.
-    store = Store(found[0])
-    server = ManagerServer(store, host, port)
+    # No store: the server then has no keeper route, and the page here has no action route: nothing writes.
+    server = ManagerServer(None, host, port)
     token = secrets.token_urlsafe(24)
     catalog = install(server, Catalog(lambda: _stores(experiment_id)), admin_token=token, read_only=True)
     print(f"trialkit ui: {page_url(server, token, experiment_id)}", flush=True)
@@ -32,7 +31,6 @@ def serve_ui(experiment_id: Optional[str], port: int, host: str = "127.0.0.1") -
     finally:
         server.stop()
         catalog.close()
-        store.close()
     return 0
 
 
