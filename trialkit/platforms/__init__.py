@@ -6,8 +6,9 @@ Every platform module offers:
       interface the experiment loop drives: submit(spec) -> handle,
       status(handle) -> PlatformStatus, stop(handle, grace) (graceful, SIGTERM
       path), kill(handle), and the optional hooks on_end (called the moment a
-      trial ends), reattach and undelivered_records (on resume: watch a trial
-      that still runs, collect what an ended one could not deliver). Platforms
+      trial ends), on_waiting (a submitted trial held back, and why), reattach
+      and undelivered_records (on resume: watch a trial that still runs,
+      collect what an ended one could not deliver). Platforms
       inherit base.PlatformBase, whose defaults are what the loop does without
       a hook: a status sweep every few seconds, and a trial running at the
       interruption submitted again.

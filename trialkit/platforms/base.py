@@ -1,7 +1,7 @@
 """What every platform receives and answers, as the control plane sees it.
 
 `Platform` is the interface the experiment loop drives: four calls every
-platform answers, and three optional hooks. `PlatformBase` holds the hooks'
+platform answers, and optional hooks. `PlatformBase` holds the hooks'
 defaults (what the loop does without them); a platform inherits it and
 overrides the hooks it can serve.
 """
