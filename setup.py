@@ -4,6 +4,8 @@ from setuptools import setup
 # them there) and ship inside the package as data.
 PACKAGES = [
     "trialkit",
+    "trialkit.adaptdl",
+    "trialkit.adaptdl.boot",
     "trialkit.keeper",
     "trialkit.launch",
     "trialkit.control",

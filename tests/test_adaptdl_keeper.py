@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 
 import pytest
 
-from keeper_util import PYTHON, ROOT, cleanup_sh, keeper, py, run_sh, status, trial_dir
+from keeper_util import PYTHON, ROOT, cleanup_sh, keeper, kill_group, numbers_after, py, run_sh, status, trial_dir
 
 
 EXAMPLE = ROOT / "examples" / "adaptdl" / "train.py"
@@ -80,3 +81,79 @@ def test_preempted_by_cleanup_then_resumed_from_the_checkpoint(trial_env):
     totals = {int(e): int(n) for e, n in EPOCH_DONE.findall(second.stdout)}
     seen = sum(size for *_, size in before) + sum(size for e, *_, size in after if e <= epoch)
     assert totals[epoch] == seen
+
+
+def test_periodic_checkpoints_hook_the_trials_python_unless_turned_off(trial_env):
+    show = py("""
+        import json, os, sys
+        print(json.dumps({"every": os.environ["TRIALKIT_CHECKPOINT_EVERY"],
+                          "path": os.environ["PYTHONPATH"].split(os.pathsep),
+                          "hooked": "sitecustomize" in sys.modules and hasattr(sys.modules["sitecustomize"], "HOOKED")}))
+    """)
+    boot = str(ROOT / "trialkit" / "adaptdl" / "boot")
+    k = keeper(show, trial_env)
+    assert k.wait() == 0
+    assert json.loads(k.stdout) == {"every": "600", "path": [boot, *trial_env["PYTHONPATH"].split(os.pathsep)],
+                                    "hooked": True}
+    k = keeper(show, {**trial_env, "TRIALKIT_CHECKPOINT_EVERY": "0"})
+    assert k.wait() == 0
+    assert json.loads(k.stdout) == {"every": "0", "path": trial_env["PYTHONPATH"].split(os.pathsep), "hooked": False}
+
+
+# A wrapper of the example: one more State, whose second save writes half its
+# data and then blocks, so that the test can SIGKILL the trial in the middle of
+# writing a checkpoint. The training code itself is the example, unchanged.
+TORN = '''
+import runpy
+import sys
+import time
+
+import adaptdl.checkpoint
+
+TRAIN = sys.argv.pop(1)
+
+
+class TornOnSecondSave(adaptdl.checkpoint.State):
+    saves = 0
+
+    def save(self, fileobj):
+        self.saves += 1
+        fileobj.write(b"half of it")
+        if self.saves == 2:
+            fileobj.flush()
+            print("blocked in the middle of a checkpoint", flush=True)
+            time.sleep(3600)
+
+
+TornOnSecondSave("torn")
+sys.argv[0] = TRAIN
+runpy.run_path(TRAIN, run_name="__main__")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("adaptdl") is None, reason="needs the adaptdl extra")
+def test_a_trial_killed_while_writing_a_checkpoint_resumes_from_the_previous_one(trial_env, tmp_path):
+    (tmp_path / "torn.py").write_text(TORN)
+    env = {**trial_env, "TRIALKIT_PYTHON": PYTHON, "TRIALKIT_CHECKPOINT_EVERY": "1",
+           "TRIALKIT_EXPERIMENT_ID": "e2e", "TRIALKIT_TRIAL_ID": "torn"}
+    command = [PYTHON, str(tmp_path / "torn.py"), str(EXAMPLE), "--epochs", "3", "--step-seconds", "0.02"]
+
+    first = run_sh(env, *command)
+    saved = numbers_after(first.expect(b"trialkit: checkpoint at step", "stderr"), b"step")[0]
+    first.expect(b"blocked in the middle of a checkpoint")
+    kill_group(status(env)["pid"])  # the training process, SIGKILLed mid-write
+    assert first.wait() == 137, first.stderr[-3000:]
+    checkpoints = trial_dir(env) / "checkpoint"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["_checkpoint", "checkpoint-0"]
+    assert (checkpoints / "_checkpoint" / "torn").read_bytes() == b"half of it"  # the torn one, aside
+    before = batches(first.stdout)
+
+    second = run_sh({**env, "TRIALKIT_RESTART_COUNT": "1"}, *command)
+    assert second.wait() == 0, second.stderr[-3000:]
+    assert f"trialkit: resuming at step {saved}\n".encode() in second.stderr
+    after = batches(second.stdout)
+    # The data position is the one of the checkpoint before the torn one: the
+    # next batch after its step, not a later one.
+    assert after[0][:2] == before[saved][:2], (before[saved - 1:saved + 2], after[:2])
+    assert b"training done" in second.stdout

@@ -31,7 +31,10 @@ from trialkit.ray.cluster import Node, plan, slots
 from trialkit.ray.connect import version_mismatch
 
 EXAMPLE = ROOT / "examples" / "adaptdl_ray"
-EPOCH = re.compile(r"epoch (\d+) loss ([0-9.e+-]+) replicas (\d+) restarts (\d+)")
+EPOCH = re.compile(r"epoch (\d+) loss ([0-9.e+-]+) replicas (\d+) restarts (\d+) samples (\d+)")
+SAVED = re.compile(r"\(rank 0 .*trialkit: checkpoint at step (\d+)")
+RESUMED = re.compile(r"starting from the checkpoint of restart (\d+) at step (\d+)")
+SAMPLES = 1024  # the example's dataset: every epoch trains on each sample once
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 START_TIMEOUT = 180.0  # a (re)start: actors, python, torch, adaptdl's 5 s connect retry, on a loaded machine
 
@@ -62,6 +65,8 @@ def test_the_seeds_command_line_is_read():
     assert (opts.address, opts.file, opts.max_workers, opts.cpus, opts.gpus) == ("ray://head:10001", "code.py", 3, 4, 1)
     assert (opts.checkpoint_timeout, opts.cluster_rescale_timeout) == (120, 60)
     assert opts.script_args == ["-autoscale-bsz", "--lr", "0.1"]
+    assert opts.checkpoint_every == 600
+    assert cli.parse_args(["-f", "code.py", "-m", "1", "--checkpoint-every", "2"]).checkpoint_every == 2
 
 
 def test_the_script_must_be_in_the_working_dir(tmp_path):
@@ -165,6 +170,7 @@ class Epoch:
     loss: float
     replicas: int
     restarts: int
+    samples: int
 
 
 class Job:
@@ -189,7 +195,7 @@ class Job:
         for line in list(self.lines):
             match = EPOCH.search(line)
             if match:
-                epoch = Epoch(int(match[1]), float(match[2]), int(match[3]), int(match[4]))
+                epoch = Epoch(int(match[1]), float(match[2]), int(match[3]), int(match[4]), int(match[5]))
                 if restarts is None or epoch.restarts == restarts:
                     found.append(epoch)
         return found
@@ -201,6 +207,10 @@ class Job:
     def wait_for_line(self, text: str, timeout: float = START_TIMEOUT) -> str:
         return self._until(lambda: next((line for line in list(self.lines) if text in line), None), timeout,
                            repr(text))
+
+    def wait_for_match(self, pattern: re.Pattern, timeout: float = START_TIMEOUT) -> re.Match:
+        return self._until(lambda: next(filter(None, map(pattern.search, list(self.lines))), None), timeout,
+                           pattern.pattern)
 
     def _until(self, found, timeout: float, what: str):
         deadline = time.monotonic() + timeout
@@ -369,3 +379,27 @@ def test_a_cluster_of_another_python_is_one_line_and_exit_2(cluster, tmp_path):
     mine = f"{sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}"
     assert (f"-u/--address: the cluster runs Python 3.10.13 with Ray {started_by['ray_version']}, "
             f"but this machine runs Python {mine} with Ray") in one_error_line(result)
+
+
+@pytest.mark.slow
+def test_a_crashed_node_costs_at_most_one_checkpoint_interval(cluster, start_job):
+    """Node2 dies without warning (every process SIGKILLed at once): no checkpoint can be
+    taken then, but rank 0 (on the head) took one every 2 s: the job resumes from the
+    newest, on the head alone, and finishes. The script is the example, unchanged."""
+    epochs = 24
+    job = start_job("train.py", EXAMPLE, ["--epochs", str(epochs), "--step-seconds", "0.02"],
+                    "--checkpoint-every", "2")
+    job.wait_for_match(SAVED)
+    assert job.wait_for_epoch(restarts=0).replicas == 2
+    cluster.crash_node("node2")
+    saved = [int(m[1]) for m in map(SAVED.search, list(job.lines)) if m]  # printed before the crash
+    resumed = job.wait_for_match(RESUMED)
+    assert int(resumed[1]) == 0 and int(resumed[2]) >= saved[-1], job.output()
+    assert job.wait() == 0, job.output()
+    assert any(f"trialkit: resuming at step {resumed[2]}" in line for line in job.lines), job.output()
+    after = job.epochs(restarts=1)
+    assert after[0].replicas == 1 and after[-1].epoch == epochs - 1
+    # Each epoch trained on every sample once: the one cut by the crash too, its
+    # samples before the checkpoint (kept by its Accumulator) and after it.
+    assert [e.samples for e in after] == [SAMPLES] * len(after), job.output()
+    assert [e.epoch for e in after] == list(range(after[0].epoch, epochs))

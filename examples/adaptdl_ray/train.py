@@ -3,7 +3,8 @@
     adaptdl-ray -u ray://HEAD:10001 -f train.py -m 2 --cpus 1 -- --epochs 20
 
 Replica 0 prints one line an epoch:
-`epoch E loss L replicas N restarts R`. When the job rescales (a node joins
+`epoch E loss L replicas N restarts R samples S` (S: the samples the epoch
+trained on, counted once each however the epoch was cut by restarts). When the job rescales (a node joins
 or goes, a spot notice) AdaptDL saves its state, the workers restart with the
 new number of replicas, and the lines go on from the saved epoch with the
 loss where it was, not from the start.
@@ -68,7 +69,8 @@ def main() -> None:
         with totals.synchronized():
             if adaptdl.env.replica_rank() == 0:
                 print(f"epoch {epoch} loss {totals['loss'] / totals['samples']:.6f} "
-                      f"replicas {adaptdl.env.num_replicas()} restarts {adaptdl.env.num_restarts()}", flush=True)
+                      f"replicas {adaptdl.env.num_replicas()} restarts {adaptdl.env.num_restarts()} "
+                      f"samples {totals['samples']}", flush=True)
             totals["loss"], totals["samples"] = 0.0, 0  # the next epoch's sums
 
 

@@ -31,7 +31,9 @@ from trialkit.errors import UserError
 
 LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
 
-TRIALKIT_KEYS = ("trialGraceSeconds", "experimentWorkingDirectory", "trialTemplate", "priority")
+TRIALKIT_KEYS = (
+    "trialGraceSeconds", "trialCheckpointEvery", "experimentWorkingDirectory", "trialTemplate", "priority",
+)
 V2_KEYS = (
     "experimentName", "experimentType", "searchSpace", "searchSpaceFile", "trialCommand", "trialCodeDirectory",
     "trialConcurrency", "trialGpuNumber", "maxExperimentDuration", "maxTrialNumber", "maxTrialDuration",
@@ -104,6 +106,7 @@ class ExperimentConfig:
     log_level: str = "info"
     experiment_working_directory: Optional[str] = None  # None: the store's default (TRIALKIT_HOME)
     trial_grace_seconds: float = DEFAULT_GRACE_SECONDS
+    trial_checkpoint_every: Optional[float] = None  # None: the keeper's default (TRIALKIT_CHECKPOINT_EVERY)
     trial_template: Optional[str] = None  # absolute
     priority: int = 0
 
@@ -233,6 +236,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
             c, "experimentWorkingDirectory", lambda v, w: _absolute(schema.as_str(v, w), base, w)),
         trial_grace_seconds=_optional(c, "trialGraceSeconds", lambda v, w: schema.as_number(v, w, minimum=0),
                                       DEFAULT_GRACE_SECONDS),
+        trial_checkpoint_every=_optional(c, "trialCheckpointEvery", lambda v, w: schema.as_number(v, w, minimum=0)),
         trial_template=template,
         priority=_optional(c, "priority", schema.as_int, 0),
     )

@@ -32,6 +32,8 @@ def build_spec(config: ExperimentConfig, experiment_id: str, sequence: int, para
     }
     if config.trial_command is not None:
         contract[env.COMMAND] = config.trial_command
+    if config.trial_checkpoint_every is not None:
+        contract[env.CHECKPOINT_EVERY] = f"{config.trial_checkpoint_every:g}"
     return TrialSpec(
         experiment_id=experiment_id,
         trial_id=trial,

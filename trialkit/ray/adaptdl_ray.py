@@ -2,7 +2,7 @@
 
     adaptdl-ray -u ray://HEAD:10001 -f code.py -m MAX_WORKERS --cpus C --gpus G
                 [--working-dir DIR] [--checkpoint-timeout 120] [--cluster-rescale-timeout 60]
-                [--shared-dir DIR] -- SCRIPT_ARGS
+                [--shared-dir DIR] [--checkpoint-every SECONDS] -- SCRIPT_ARGS
 
 Its life: read the arguments, find the script in the working dir, connect to
 the cluster (shipping the working dir to it), start the controller actor on
@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
+from trialkit import env
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.ray import cluster, connect
 from trialkit.ray.controller import Controller, Job, Outcome
@@ -55,6 +56,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--cluster-rescale-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="how long to wait for new nodes when growing before scheduling on what "
                         "exists (default %(default)g)")
+    parser.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
+                        default=env.read().checkpoint_every,
+                        help=f"seconds of training between checkpoints, so that a node that dies without "
+                        f"warning costs at most that much; 0: checkpoint only when stopped (default "
+                        f"${env.CHECKPOINT_EVERY}, else {env.DEFAULT_CHECKPOINT_EVERY:g})")
     parser.add_argument("--shared-dir", metavar="DIR",
                         help="a directory every node mounts (EFS, NFS): checkpoints and "
                         "ADAPTDL_SHARE_PATH live there instead of travelling through the controller")
@@ -64,7 +70,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if opts.cpus < 0 or opts.gpus < 0 or not (opts.cpus or opts.gpus):
         raise UserError(f"--cpus {opts.cpus:g} --gpus {opts.gpus:g} is no worker size", "--cpus/--gpus",
                         "give each worker some CPUs or GPUs")
-    for name in ("checkpoint_timeout", "cluster_rescale_timeout"):
+    for name in ("checkpoint_timeout", "cluster_rescale_timeout", "checkpoint_every"):
         if getattr(opts, name) < 0:
             raise UserError("must not be negative", "--" + name.replace("_", "-"), "give seconds >= 0")
     opts.script_args = script_args
@@ -137,6 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         checkpoint_timeout=opts.checkpoint_timeout,
         rescale_timeout=opts.cluster_rescale_timeout,
         shared_dir=opts.shared_dir,
+        checkpoint_every=opts.checkpoint_every,
     )
     outcome = wait(start_controller(job), job)
     if outcome.error:

@@ -2,7 +2,8 @@
 what the cluster has.
 
     plan N workers (up to the maximum) -> start a generation -> watch it and the cluster
-    -> on an event: stop it gracefully, keep rank 0's checkpoint (or the previous one)
+    -> on an event: stop it gracefully, keep rank 0's checkpoint (the one it saves when
+       stopped, else its newest periodic one, else the previous one)
     -> restart count + 1, plan again ... until the script ends
 
 Events: the cluster holds more workers than run (after waiting up to the
@@ -43,6 +44,7 @@ class Job:
     checkpoint_timeout: float
     rescale_timeout: float
     shared_dir: Optional[str] = None
+    checkpoint_every: float = 0.0  # seconds of training between checkpoints; 0: on a stop only
 
     def bundle(self) -> Dict[str, float]:
         return {name: amount for name, amount in (("CPU", self.cpus), ("GPU", self.gpus)) if amount}
@@ -98,7 +100,7 @@ class Controller:
         nodes = self._wait_for_nodes(first=True)
         while nodes and not self._stop.is_set():
             generation = Generation(self.job, nodes, self.restarts, self.checkpoint)
-            resume = f"from the checkpoint of restart {self.checkpoint.restart}" if self.checkpoint else "afresh"
+            resume = f"from {self.checkpoint.describe()}" if self.checkpoint else "afresh: no checkpoint yet"
             say(f"restart {self.restarts}: {cluster.describe(nodes)}, starting {resume}")
             event = self._watch(generation)
             say(event.why)
@@ -206,10 +208,10 @@ class Controller:
         taken = generation.take_checkpoint(self.job.checkpoint_timeout, lost_nodes)
         if taken is not None:
             self.checkpoint = taken
-            say(f"took rank 0's checkpoint of restart {taken.restart}")
+            say(f"took rank 0's checkpoint of restart {taken.restart}" +
+                (f" (step {taken.step})" if taken.step is not None else ""))
             return True
-        fallback = (f"resuming from the checkpoint of restart {self.checkpoint.restart}" if self.checkpoint
-                    else "starting afresh")
+        fallback = f"resuming from {self.checkpoint.describe()}" if self.checkpoint else "starting afresh"
         late = f" within the {self.job.checkpoint_timeout:g} s checkpoint timeout" if timed_out else ""
         say(f"rank 0 left no checkpoint{late}: {fallback}")
         return False

@@ -45,7 +45,8 @@ class Generation:
         for rank, (node, actor) in enumerate(zip(nodes, actors)):
             spec = ReplicaSpec(job_id=job.job_id, command=job.command, rank=rank, replicas=len(nodes),
                                nodes=len({n.node_id for n in nodes}), restart=restart, master_addr=nodes[0].address,
-                               master_port=port, grace=job.checkpoint_timeout, shared_dir=job.shared_dir)
+                               master_port=port, grace=job.checkpoint_timeout, shared_dir=job.shared_dir,
+                               checkpoint_every=job.checkpoint_every)
             actor.start_replica.remote(spec, shipped)
             self.members.append(Member(rank, node, actor, actor.wait.remote()))
         # One watcher a node: a notice concerns the node, not a replica.

@@ -22,12 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from trialkit import env
+from trialkit import adaptdl, env
 from trialkit.ray import spot
 from trialkit.ray.trial_actor import TrialRunner
 
-CHECKPOINT_PREFIX = "checkpoint-"  # adaptdl names each checkpoint checkpoint-<restart count>
-PARTIAL_CHECKPOINT = "_checkpoint"  # where adaptdl writes before the atomic rename
 EXPERIMENT_ID = "adaptdl-ray"
 
 
@@ -43,12 +41,18 @@ class ReplicaSpec:
     master_port: int
     grace: float  # the checkpoint timeout: how long the script has to save once stopped
     shared_dir: Optional[str]  # storage every node mounts; None: checkpoints travel as tars
+    checkpoint_every: float  # seconds of training between checkpoints; 0: on a stop only
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     restart: int  # the restart count it was written under
     data: Optional[bytes]  # a tar of checkpoint-<restart>; None when it lives in the shared dir
+    step: Optional[int] = None  # the training step it was taken at, if trialkit's hook wrote it
+
+    def describe(self) -> str:
+        at = f" at step {self.step}" if self.step is not None else ""
+        return f"the checkpoint of restart {self.restart}{at}"
 
 
 def job_root(job_id: str) -> Path:
@@ -103,6 +107,7 @@ class Replica(TrialRunner):
             env.SHARE_DIR: str(share_parent / "share"),
             env.RESTART_COUNT: str(spec.restart),
             env.GRACE_SECONDS: str(spec.grace),
+            env.CHECKPOINT_EVERY: f"{spec.checkpoint_every:g}",
             env.CODE_DIR: cwd,
             # Modules beside the script, and at the working dir's top, import as they do locally.
             "PYTHONPATH": os.pathsep.join(filter(None, [cwd, os.environ.get("PYTHONPATH")])),
@@ -114,22 +119,23 @@ class Replica(TrialRunner):
         }
 
     async def take_checkpoint(self) -> Optional[Checkpoint]:
-        """The checkpoint this replica (rank 0) wrote under the current restart count, if it did."""
+        """The newest checkpoint this replica (rank 0) committed under the current restart count:
+        on a stop, or the last periodic one when the stop came too late or a peer was lost."""
         spec, directory = self._spec, self._checkpoints
         if spec is None or directory is None:
             return None
-        written = directory / f"{CHECKPOINT_PREFIX}{spec.restart}"
+        written = directory / adaptdl.checkpoint_name(spec.restart)
         if not written.is_dir():
             return None
         data = None if spec.shared_dir else await asyncio.to_thread(_pack, written)
-        return Checkpoint(spec.restart, data)
+        return Checkpoint(spec.restart, data, adaptdl.checkpoint_step(written))
 
     async def cleanup(self) -> None:
         """Remove this replica's home; in a shared dir, a half-written checkpoint too."""
         if self._home is not None:
             await asyncio.to_thread(shutil.rmtree, self._home, True)
         if self._spec is not None and self._spec.shared_dir and self._spec.rank == 0 and self._checkpoints:
-            await asyncio.to_thread(shutil.rmtree, self._checkpoints / PARTIAL_CHECKPOINT, True)
+            await asyncio.to_thread(shutil.rmtree, self._checkpoints / adaptdl.STAGING, True)
 
     async def remove_job_root(self, job_id: str) -> None:
         """At the job's end: this node's share dir and whatever else the job left here."""
