@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -33,7 +34,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import requests
 
@@ -70,14 +71,16 @@ def prepare(workdir: Path, trials: int, trial_python: str, **extra: str) -> Path
     return path
 
 
-def run_trialkit(config: Path, home: Path) -> float:
+def run_trialkit(config: Path, trials: Optional[int], home: Path) -> float:
+    """Seconds from `trialkit run` to its end; with `trials`, each of them must have succeeded."""
     env = dict(os.environ, TRIALKIT_HOME=str(home))
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "trialkit.cli", "run", str(config)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seconds = time.monotonic() - started
-    if done.returncode != 0:
-        sys.exit(f"trialkit run failed ({done.returncode}):\n{done.stdout[-3000:]}")
+    summary = re.findall(r"experiment \S+ DONE after .* (\d+) done, 0 running, 0 failed", done.stdout)
+    if done.returncode != 0 or (trials is not None and summary != [str(trials)]):
+        sys.exit(f"trialkit run did not succeed in all {trials} trials ({done.returncode}):\n{done.stdout[-3000:]}")
     return seconds
 
 
@@ -148,7 +151,8 @@ def main() -> int:
         print(f"{opts.trials} trials, concurrency {CONCURRENCY}, {opts.samples} samples each; {os.cpu_count()} CPUs; "
               f"{load_now()}", flush=True)
         races = {
-            "trialkit": lambda i: run_trialkit(prepare(work / f"tk{i}", opts.trials, "python3"), work / "home"),
+            "trialkit": lambda i: run_trialkit(prepare(work / f"tk{i}", opts.trials, sys.executable), opts.trials,
+                                              work / "home"),
             "NNI 3.0": lambda i: run_nni(nnictl, prepare(work / f"nni{i}", opts.trials, nni,
                                                          experimentWorkingDirectory=str(work / "nni-work")),
                                          opts.trials, opts.poll),
@@ -160,7 +164,7 @@ def main() -> int:
                 print(f"  sample {i + 1} {name}: {times[name][-1]:.2f} s, {load_now()}", flush=True)
         met = report(times, opts.trials)
         if opts.quickstart:
-            seconds = run_trialkit(ROOT / "examples" / "quickstart" / "config.yml", work / "home")
+            seconds = run_trialkit(ROOT / "examples" / "quickstart" / "config.yml", None, work / "home")
             print(f"quickstart: {seconds:.1f} s wall (10 trials, TPE, concurrency 2)")
     return 0 if met else 1
 
