@@ -9,7 +9,9 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit.errors import UserError
 
@@ -87,7 +89,7 @@ def as_bool(value: Any, where: str) -> bool:
 
 def as_str(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise UserError(f"expected a non-empty string, got {show(value)}", where, "write a string")
+        raise wrong_value("a non-empty string", value, where, "write a string")
     return value
 
 
@@ -147,3 +149,75 @@ def lookup(kind: str, name: Any, known: Sequence[str], unavailable: Sequence[str
                 raise UserError(f"NNI's {kind} {entry!r} is not available in trialkit", where,
                                 "use one of: " + ", ".join(known))
     raise unknown(kind, name, known, where)
+
+
+# -- placeholders, v1 names, every problem at once -------------------------------------------
+
+
+def placeholder(value: Any) -> Optional[str]:
+    """`{your_nfs_server}` as NNI's docs write it (YAML reads a one-key mapping with no value); None otherwise."""
+    if isinstance(value, dict) and len(value) == 1 and None in value.values():
+        return "{" + str(next(iter(value))) + "}"
+    return None
+
+
+def wrong_value(expected: str, value: Any, where: str, fix: Optional[str] = None) -> UserError:
+    """The error for a value of the wrong kind; an unfilled placeholder is named as one."""
+    filler = placeholder(value)
+    if filler is not None:
+        return UserError(f"{filler} is a placeholder left unfilled", where, f"replace it with your value, {expected}")
+    return UserError(f"expected {expected}, got {show(value)}", where, fix)
+
+
+def rename_path(where: str, prefixes: Sequence[Tuple[str, str]]) -> str:
+    """`where` with the first matching prefix replaced: (v2 path, v1 path) pairs name what a v1 config wrote."""
+    for new, old in prefixes:
+        if where == new or where.startswith((new + ".", new + "[")):
+            return old + where[len(new):]
+    return where
+
+
+class ConfigProblems(UserError):
+    """Several mistakes in one config, reported together on one line."""
+
+    def __init__(self, problems: Sequence[UserError]):
+        self.problems = list(problems)
+        super().__init__(f"{len(self.problems)} problems: " + "; ".join(p.line() for p in self.problems))
+
+
+_problems: ContextVar[Optional[List[UserError]]] = ContextVar("trialkit_config_problems", default=None)
+
+
+@contextmanager
+def every_problem() -> Iterator[None]:
+    """Collect what report() is given inside, and a UserError raised there; then raise them as one.
+
+    A raised error at the place of one already reported is left out: it is
+    most likely that one's consequence (a placeholder, then "server missing").
+    """
+    problems: List[UserError] = []
+    token = _problems.set(problems)
+    try:
+        yield
+    except UserError as err:
+        _add(problems, err)
+    finally:
+        _problems.reset(token)
+    if len(problems) == 1:
+        raise problems[0]
+    if problems:
+        raise ConfigProblems(problems)
+
+
+def report(err: UserError) -> None:
+    """A problem: kept for the end of every_problem() when one collects, raised at once otherwise."""
+    problems = _problems.get()
+    if problems is None:
+        raise err
+    _add(problems, err)
+
+
+def _add(problems: List[UserError], err: UserError) -> None:
+    for one in err.problems if isinstance(err, ConfigProblems) else [err]:
+        if not any(known.where == one.where for known in problems):
+            problems.append(one)

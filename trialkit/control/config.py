@@ -154,7 +154,8 @@ def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "con
     # key in a v2 config is then a typo with a did-you-mean, not a format switch.
     if any(isinstance(k, str) and schema.fold(k) == "trainingserviceplatform" for k in data):
         return _parse_v1(data, base)
-    return _parse_v2(data, base)
+    with schema.every_problem():  # a refusal lists every problem it found
+        return _parse_v2(data, base)
 
 
 def read_data_file(path: Path, where: str) -> Any:
@@ -362,19 +363,35 @@ def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) ->
 def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
     v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
     try:
-        return _parse_v2(convert_v1(v1), base)
+        with schema.every_problem():  # a refusal lists every problem it found
+            return _parse_v2(convert_v1(v1), base)
+    except schema.ConfigProblems as err:
+        raise schema.ConfigProblems([_in_v1(one, v1) for one in err.problems]) from None
     except UserError as err:
-        raise UserError(err.what, _v1_where(err.where), err.fix) from None
+        raise _in_v1(err, v1) from None
+
+
+def _in_v1(err: UserError, v1: Mapping[str, Any]) -> UserError:
+    """The error naming the key the v1 config wrote, its v2 name added."""
+    where = _v1_where(err.where, v1)
+    fix = err.fix if where == err.where else "; ".join(filter(None, [err.fix, f"{err.where} in a v2 config"]))
+    return UserError(err.what, where, fix)
 
 
 _V2_TO_V1 = {v2: v1 for v1, v2 in V1_RENAMES.items()}
 
 
-def _v1_where(where: Optional[str]) -> Optional[str]:
-    """Name the key the user wrote: a v1 config's errors speak v1."""
+def _v1_where(where: Optional[str], v1: Mapping[str, Any]) -> Optional[str]:
+    """Name the key the user wrote: a v1 config's errors speak v1 (the platform's keys as its V1_WHERE says)."""
     if where is None:
         return None
     head, _, rest = where.partition(".")
+    if head == "trainingService":
+        try:
+            module = platforms.load(platforms.canonical_name(v1.get("trainingServicePlatform"), "trainingServicePlatform"))
+        except UserError:
+            return where
+        return schema.rename_path(where, getattr(module, "V1_WHERE", ()))
     if head in ("tuner", "assessor", "advisor") and rest == "name":
         return f"{head}.builtin{head.title()}Name"
     if head in _V2_TO_V1:

@@ -117,6 +117,10 @@ def parse_section(section: Mapping[str, Any], where: str) -> LocalConfig:
     })
 
 
+# A v1 config's errors name its keys.
+V1_WHERE = [("trainingService.maxTrialNumberPerGpu", "localConfig.maxTrialNumPerGpu"), ("trainingService", "localConfig")]
+
+
 def from_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
     """NNI v1's `localConfig` as a v2 trainingService section."""
     # The experiment's loader takes trial.command, codeDir and gpuNum; a local

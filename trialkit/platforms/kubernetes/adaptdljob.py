@@ -89,6 +89,11 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
     return config
 
 
+# A v1 config's errors name its keys: every option of the section came from `trial:`.
+V1_WHERE = [(f"trainingService.{new}", f"trial.{old}") for old, new in _V1_KEYS.items()] + [
+    ("trainingService.managerAddress", "nniManagerIp"), ("trainingService", "trial")]
+
+
 def _working_dir(path: Optional[str], where: str) -> Optional[str]:
     """An absolute path in the image; "." (NNI's examples) is the image's own working directory."""
     if path is None or path.strip() in (".", "./"):

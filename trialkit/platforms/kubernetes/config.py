@@ -50,7 +50,12 @@ def camel(key: str) -> str:
 
 
 class Section:
-    """One mapping of the config, read key by key; keys nobody asked for are errors."""
+    """One mapping of the config, read key by key; keys nobody asked for are errors.
+
+    A value of the wrong kind reads as the default and is reported
+    (schema.report): where the config layer collects problems, a refusal
+    lists every one of them at once.
+    """
 
     def __init__(self, data: Any, where: str):
         if not isinstance(data, dict):
@@ -80,7 +85,7 @@ class Section:
         if value is None:
             return default
         if isinstance(value, (dict, list, bool)) or str(value).strip() == "":
-            raise UserError(f"expected a non-empty string, got {value!r}", self.at(key))
+            return self._wrong("a non-empty string", value, key, default)
         return str(value)
 
     def integer(
@@ -90,9 +95,10 @@ class Section:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UserError(f"expected an integer, got {value!r}", self.at(key))
+            return self._wrong("an integer", value, key, default)
         if minimum is not None and value < minimum:
-            raise UserError(f"must be at least {minimum}, got {value}", self.at(key))
+            schema.report(UserError(f"must be at least {minimum}, got {value}", self.at(key)))
+            return default
         return value
 
     def number(self, name: str, *aliases: str) -> Optional[float]:
@@ -100,7 +106,7 @@ class Section:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise UserError(f"expected a positive number, got {value!r}", self.at(key))
+            return self._wrong("a positive number", value, key, None)
         return float(value)
 
     def boolean(self, name: str, *aliases: str, default: bool = False) -> bool:
@@ -108,7 +114,7 @@ class Section:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise UserError(f"expected true or false, got {value!r}", self.at(key))
+            return self._wrong("true or false", value, key, default)
         return value
 
     def section(self, name: str, *aliases: str) -> Optional["Section"]:
@@ -124,9 +130,12 @@ class Section:
         return [Section(item, f"{self.at(key)}[{i}]") for i, item in enumerate(value)]
 
     def finish(self) -> None:
-        unknown = sorted(set(self._data) - self._asked)
-        if unknown:
-            raise schema.unknown("key", unknown[0], sorted(self._asked - IGNORED_NNI_KEYS), self.at(unknown[0]))
+        for key in sorted(set(self._data) - self._asked):
+            schema.report(schema.unknown("key", key, sorted(self._asked - IGNORED_NNI_KEYS), self.at(key)))
+
+    def _wrong(self, expected: str, value: Any, key: str, default: Any) -> Any:
+        schema.report(schema.wrong_value(expected, value, self.at(key)))
+        return default
 
 
 def parse_size_mib(value: Any, where: str) -> int:
@@ -412,13 +421,14 @@ def parse_nfs(sec: Section) -> Optional[NfsMount]:
             )
     server, path = nfs.text("server"), nfs.text("path")
     mount_path = nfs.text("containerMountPath", default=DEFAULT_NFS_MOUNT)
+    # Reported, not raised: the section's other problems are found too.
     for key, value in (("server", server), ("path", path)):
         if value is None:
-            raise UserError(f"the NFS volume needs a {key}", nfs.at(key))
+            schema.report(UserError(f"the NFS volume needs a {key}", nfs.at(key)))
     if not mount_path.startswith("/"):
-        raise UserError(f"{mount_path!r} is not an absolute path", nfs.at("containerMountPath"))
+        schema.report(UserError(f"{mount_path!r} is not an absolute path", nfs.at("containerMountPath")))
     nfs.finish()
-    return NfsMount(server=server, path=path, mount_path=mount_path)
+    return NfsMount(server=server, path=path, mount_path=mount_path) if server and path else None
 
 
 def manager_address(value: Any, where: str) -> str:
@@ -515,6 +525,17 @@ def v1_trial(v1: dict, known: Sequence[str]) -> dict:
         if key not in choices:
             raise schema.unknown("key", key, choices, f"trial.{key}")
     return trial
+
+
+def v1_where(section_key: str, roles: Sequence[Tuple[str, str]] = ()) -> List[Tuple[str, str]]:
+    """(v2 path, v1 path) pairs naming where v1_common and the platform's roles took each key from;
+    the catch-all `trainingService` -> `section_key` comes last."""
+    return list(roles) + [
+        ("trainingService.managerAddress", "nniManagerIp"),
+        ("trainingService.storage.storageType", f"{section_key}.storage"),
+        ("trainingService.storage", f"{section_key}.nfs"),
+        ("trainingService", section_key),
+    ]
 
 
 def v1_common(v1: dict, platform: str, storage_section: Optional[dict] = None) -> dict:

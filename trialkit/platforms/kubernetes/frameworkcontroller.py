@@ -30,6 +30,7 @@ from trialkit.platforms.kubernetes.config import (
     v1_common,
     v1_role,
     v1_trial,
+    v1_where,
 )
 from trialkit.platforms.kubernetes.platform import KubePlatform
 
@@ -100,6 +101,10 @@ def parse_section(section: dict, where: str) -> FrameworkConfig:
     storage = parse_storage(sec)
     sec.finish()
     return FrameworkConfig(task_roles=tuple(task_roles), common=common, reporting_role=reporter, storage=storage)
+
+
+# A v1 config's errors name its keys: the roles are trial.taskRoles there, the rest frameworkcontrollerConfig's.
+V1_WHERE = v1_where("frameworkcontrollerConfig", [("trainingService.taskRoles", "trial.taskRoles")])
 
 
 def from_v1(v1_config: dict) -> dict:

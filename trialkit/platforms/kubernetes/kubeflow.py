@@ -28,6 +28,7 @@ from trialkit.platforms.kubernetes.config import (
     v1_common,
     v1_role,
     v1_trial,
+    v1_where,
 )
 from trialkit.platforms.kubernetes.platform import KubePlatform
 
@@ -104,6 +105,10 @@ def parse_section(section: dict, where: str) -> KubeflowConfig:
     storage = parse_storage(sec)
     sec.finish()
     return KubeflowConfig(operator=name, roles=tuple(roles), common=common, reporting_role=reporter, storage=storage)
+
+
+# A v1 config's errors name its keys: trainingService.worker.X is trial.worker.X there, the rest kubeflowConfig's.
+V1_WHERE = v1_where("kubeflowConfig", [(f"trainingService.{role}", f"trial.{role}") for role in ROLES])
 
 
 def from_v1(v1_config: dict) -> dict:

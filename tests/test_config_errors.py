@@ -1,0 +1,99 @@
+"""A config's errors name what the user wrote (a v1 config's keys, NNI's unfilled placeholders), every one at once.
+
+Run as a user runs them: `trialkit render CONFIG`, one line on stderr, exit 2.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from experiment_util import cli
+
+# shared/seeds/001: NNI's FrameworkController page, as written (placeholders and all).
+FRAMEWORKCONTROLLER_V1 = """
+authorName: default
+experimentName: example_mnist
+trialConcurrency: 1
+maxExecDuration: 10h
+maxTrialNum: 100
+trainingServicePlatform: frameworkcontroller
+searchSpacePath: search_space.json
+useAnnotation: false
+tuner:
+  builtinTunerName: TPE
+  classArgs:
+    optimize_mode: maximize
+trial:
+  codeDir: .
+  taskRoles:
+    - name: worker
+      taskNum: 1
+      command: python3 mnist.py
+      gpuNum: 1
+      cpuNum: 1
+      memoryMB: 8192
+      image: msranni/nni:latest
+      frameworkAttemptCompletionPolicy:
+        minFailedTaskCount: 1
+        minSucceededTaskCount: 1
+frameworkcontrollerConfig:
+  storage: nfs
+  serviceAccountName: {your_frameworkcontroller_service_account_name}
+  nfs:
+    server: {your_nfs_server}
+    path: {your_nfs_server_exported_path}
+"""
+
+
+def render(tmp_path: Path, text: str):
+    (tmp_path / "search_space.json").write_text(json.dumps({"lr": {"_type": "choice", "_value": [0.1]}}))
+    (tmp_path / "config.yml").write_text(text)
+    return cli("render", tmp_path / "config.yml")
+
+
+def test_a_v1_configs_unfilled_placeholders_are_named_by_their_v1_keys_all_at_once(tmp_path):
+    done = render(tmp_path, FRAMEWORKCONTROLLER_V1)
+    assert done.returncode == 2 and done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1
+    line = done.stderr
+    assert line.startswith("trialkit: error: 3 problems: ")
+    for v1_key, placeholder, v2_key in (
+            ("frameworkcontrollerConfig.serviceAccountName", "{your_frameworkcontroller_service_account_name}",
+             "trainingService.serviceAccountName"),
+            ("frameworkcontrollerConfig.nfs.server", "{your_nfs_server}", "trainingService.storage.server"),
+            ("frameworkcontrollerConfig.nfs.path", "{your_nfs_server_exported_path}", "trainingService.storage.path")):
+        assert f"{v1_key}: {placeholder} is a placeholder left unfilled" in line
+        assert f"{v2_key} in a v2 config" in line
+    filled = FRAMEWORKCONTROLLER_V1.replace("{your_frameworkcontroller_service_account_name}", "frameworkcontroller") \
+        .replace("{your_nfs_server}", "10.20.30.40").replace("{your_nfs_server_exported_path}", "/exports/nni")
+    done = render(tmp_path, filled)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_v1_roles_and_trial_keys_are_named_as_written(tmp_path):
+    v1 = yaml.safe_load(FRAMEWORKCONTROLLER_V1)
+    v1["frameworkcontrollerConfig"] = {"serviceAccountName": "fc", "namespce": "default"}
+    v1["trial"]["taskRoles"][0]["taskNum"] = "one"
+    done = render(tmp_path, yaml.safe_dump(v1))
+    assert done.returncode == 2
+    assert "2 problems: " in done.stderr
+    assert "frameworkcontrollerConfig.namespce: unknown key" in done.stderr
+    assert "trial.taskRoles[0].taskNumber: expected an integer, got 'one'" in done.stderr
+
+
+def test_a_v2_configs_refusal_lists_every_problem(tmp_path):
+    config = {"searchSpaceFile": "search_space.json", "trialCommand": "python3 train.py",
+              "tuner": {"name": "TPE"},
+              "trainingService": {"platform": "kubeflow", "operator": "pytorch-operator", "managerAddress": "10.0.0.1",
+                                  "dockerImage": "example/train:1", "nodeSelectr": {"a": "b"},
+                                  "storage": {"storageType": "nfs", "server": {"your_nfs_server": None}, "path": "/x"},
+                                  "master": {"replicas": "many", "command": "python3 train.py"}}}
+    done = render(tmp_path, yaml.safe_dump(config))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "3 problems: " in done.stderr
+    for fragment in ("trainingService.nodeSelectr: unknown key",
+                     "trainingService.storage.server: {your_nfs_server} is a placeholder left unfilled",
+                     "trainingService.master.replicas: expected an integer, got 'many'"):
+        assert fragment in done.stderr
