@@ -12,7 +12,7 @@ from trialkit import records
 
 
 def seq_frames(*objs) -> bytes:
-    return b"".join(records.frame(json.dumps(o).encode()) for o in objs)
+    return b"".join(records.frame(json.dumps(o)) for o in objs)
 
 
 def nni_frame(obj) -> bytes:
@@ -116,7 +116,7 @@ def test_decoders_never_raise_on_any_bytes(noise, pieces):
 @given(st.lists(st.integers(min_value=0, max_value=10**6), min_size=1, max_size=20), st.binary(max_size=30),
        st.integers(min_value=0, max_value=19))
 def test_seq_decoder_loses_only_the_damaged_frame(values, noise, where):
-    frames = [records.frame(json.dumps({"v": v}).encode()) for v in values]
+    frames = [records.frame(json.dumps({"v": v})) for v in values]
     where = where % len(frames)
     damaged = frames[where][: len(frames[where]) // 2] + noise.replace(b"\x1e", b"").replace(b"\n", b"")
     data = b"".join(frames[:where]) + damaged + b"".join(frames[where + 1:])
@@ -174,7 +174,7 @@ def test_numpy_and_torch_scalars_become_numbers():
 def test_wire_problem_names_what_is_wrong():
     good = {"seq": 1, "type": "PERIODICAL", "value": 0.5, "sequence": 0}
     assert records.wire_problem(good) is None
-    assert records.wire_problem({**good, "seq": 0}) == "seq 0 is not a positive integer"
+    assert records.wire_problem({**good, "seq": 0}) == "seq 0 is not a positive 64-bit integer"
     assert "unknown type" in records.wire_problem({**good, "type": "X"})
     assert "no value" in records.wire_problem({"seq": 1, "type": "FINAL"})
     assert "status" in records.wire_problem({"seq": 1, "type": "STATUS", "value": {"status": "DANCING"}})

@@ -70,7 +70,6 @@ def test_oversize_body_is_refused_unread(manager):
     (b'{"records": 5}', 'expected {"records": [...]}'),
     (b'[1, 2]', 'expected {"records": [...]}'),
     (json.dumps({"records": [metric(1), {"seq": "two", "type": "FINAL", "value": 1}]}).encode(), "seq 'two'"),
-    (json.dumps({"records": [metric(1), {"seq": 2, "type": "STATUS", "value": {}}]}).encode(), "status"),
 ])
 def test_malformed_bodies_get_400_with_a_reason_and_nothing_is_stored(manager, body, reason):
     answer = post(manager, "t1", body)

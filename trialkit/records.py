@@ -18,12 +18,23 @@ Three framings reach the keeper:
   escaped, so it may hold quotes of either kind.
 Decoders never raise on bad input: they report each malformed piece once
 (to `on_bad`) and go on with the next good frame.
+
+Values. A metric is whatever JSON allows. Read through `loads`, a number that
+Python cannot hold without loss (a float literal beyond +-1.8e308, an integer
+of more than 4300 digits) becomes the string of its JSON text, so it is kept
+and shown as written instead of turning into infinity or an error; values nest
+at most MAX_DEPTH levels. `metric_number` is the one rule for "the number a
+metric stands for" (tuners, assessors, the best trial, export, the page).
+
+Ranges. Integer fields the store keeps (seq, sequence, a numeric parameter_id,
+exit_code, restart_count, time) must fit SQLite's 64-bit integer; the keeper
+refuses a record where one does not (`normalize`), the manager refuses it alone
+(`record_problem`) and the rest of its batch is stored.
 """
 from __future__ import annotations
 
 import ast
 import json
-import math
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -41,6 +52,7 @@ from trialkit.statuses import (
 PERIODICAL = "PERIODICAL"
 FINAL = "FINAL"
 STATUS = "STATUS"
+REJECTED = "REJECTED"  # the store's type for a record the manager refused (never sent as one)
 METRIC_TYPES = (PERIODICAL, FINAL)
 RECORD_TYPES = (PERIODICAL, FINAL, STATUS)
 NNI_REQUEST_PARAMETER = "REQUEST_PARAMETER"  # NNI asks for parameters; the keeper wrote them before start
@@ -50,6 +62,9 @@ RS = b"\x1e"
 LF = b"\n"
 NNI_STDOUT_PREFIX = b"NNISDK_MEb'"
 MAX_FRAME = 1 << 20  # NNI refuses metrics of 1,000,000 bytes or more; so do we
+MAX_DEPTH = 64  # nesting of a value: every JSON reader on the way (keeper, manager, SQLite) can parse it
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # SQLite's INTEGER
+FLOAT_MAX = 1.7976931348623157e308
 
 OnBad = Callable[[int, str], None]  # (byte offset or line number, reason)
 
@@ -85,20 +100,59 @@ def dumps(obj: Any) -> str:
     return _encode(obj)
 
 
+def metric_number(value: Any) -> Optional[float]:
+    """The number a metric stands for: the metric itself, or a dict's "default"; None when there is none.
+
+    The one rule: only a finite number that a float holds counts. A string, a
+    bool, a list, NaN, an infinity, or a number beyond a float's range (10**400,
+    kept as reported) is not a number here: tuners and assessors get nothing
+    for it, the best trial ignores it, the page shows no metric
+    (web/queries.py's SQL follows the same rule).
+    """
+    if type(value) is dict:
+        value = value.get("default")
+    value = plain(value)
+    if type(value) is float:
+        return value if value - value == 0.0 else None  # inf - inf and NaN - NaN are NaN
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            return None
+        return number if number - number == 0.0 else None
+    return None
+
+
 def is_metric(value: Any) -> bool:
-    """A number, or a dict whose "default" is a number (what tuners read)."""
-    value = plain(value.get("default") if isinstance(value, dict) else value)
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A number, or a dict whose "default" is one (what tuners read)."""
+    return metric_number(value) is not None
 
 
 def scalars(value: Any) -> Iterator[Tuple[str, float]]:
     """The numeric parts of a metric, named: ("default", x) for a number; each numeric key of a dict."""
     if isinstance(value, dict):
         for key, item in value.items():
-            if isinstance(item, (int, float)) and not isinstance(item, bool):
-                yield str(key), float(item)
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        yield "default", float(value)
+            number = metric_number(item)
+            if number is not None:
+                yield str(key), number
+    else:
+        number = metric_number(value)
+        if number is not None:
+            yield "default", number
+
+
+def in_int64(value: Any) -> bool:
+    """An int (not a bool) that SQLite can store as an INTEGER."""
+    return type(value) is int and INT64_MIN <= value <= INT64_MAX
+
+
+def depth_ok(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` nests at most `limit` levels of lists and objects."""
+    if type(value) is dict:
+        return limit > 0 and all(depth_ok(item, limit - 1) for item in value.values())
+    if type(value) is list:
+        return limit > 0 and all(depth_ok(item, limit - 1) for item in value)
+    return True
 
 
 # -- records -----------------------------------------------------------------
@@ -107,9 +161,10 @@ def parameter_id(raw: Optional[str], fallback: int) -> Any:
     if raw is None:
         return fallback
     try:
-        return int(raw)
+        number = int(raw)
     except ValueError:
         return raw
+    return number if in_int64(number) else raw  # beyond SQLite's integers: kept as the text it is
 
 
 def status_record(status: str, fields: Dict[str, Any], trial_id: str) -> Dict[str, Any]:
@@ -125,7 +180,11 @@ _IDENT_TYPES = (type(None), int, str)
 
 
 def _ident(value: Any) -> Any:
-    return value if type(value) in _IDENT_TYPES else str(value)
+    """An id as the store keeps it: None, a 64-bit integer or text (anything else as its text)."""
+    kind = type(value)
+    if kind is str or value is None or (kind is int and INT64_MIN <= value <= INT64_MAX):
+        return value
+    return str(value)
 
 
 def normalize(obj: Any, source: str) -> Optional[Dict[str, Any]]:
@@ -136,68 +195,173 @@ def normalize(obj: Any, source: str) -> Optional[Dict[str, Any]]:
     if kind == NNI_REQUEST_PARAMETER:
         return None
     if kind not in METRIC_TYPES:
-        raise BadRecord(f"unknown record type {kind!r}")
+        raise BadRecord(f"unknown record type {kind!r:.40}")
     if "value" not in obj:
         raise BadRecord("no value")
     value = obj["value"]
     if type(value) is str:
         # NNI dumps the metric a second time; trialkit's SDK does not.
         try:
-            value = json.loads(value)
-        except ValueError:
+            value = loads(value)
+        except BadRecord:
             pass  # a metric that is a plain string stays one
-    sequence = obj.get("sequence")
-    if sequence is not None and type(sequence) is not int:
-        raise BadRecord(f"sequence {sequence!r} is not an integer")
     when = obj.get("time")
-    return {
+    rec = {
         "type": kind,
         "parameter_id": _ident(obj.get("parameter_id")),
         "trial_job_id": _ident(obj.get("trial_job_id")),
-        "sequence": sequence,
+        "sequence": obj.get("sequence"),
         "value": value,
-        "time": when if type(when) in (int, float) and math.isfinite(when) else time.time(),
+        "time": _seconds(when),
         "source": source,
     }
+    problem = record_problem(rec)
+    if problem:
+        raise BadRecord(problem)
+    return rec
 
 
-_STATUS_FIELDS = {"exit_code": (type(None), int), "restart_count": (type(None), int), "reason": (type(None), str)}
+def _seconds(when: Any) -> float:
+    """A record's time as a finite float; now when it has none that is one."""
+    if type(when) in (int, float):
+        try:
+            when = float(when)
+        except OverflowError:
+            return time.time()
+        if when - when == 0.0:
+            return when
+    return time.time()
 
 
-def wire_problem(rec: Any) -> Optional[str]:
-    """Why a record sent to the manager is unusable, or None when it is fine (exact type checks: hot path)."""
-    if type(rec) is not dict:
-        return "a record is not a JSON object"
-    seq = rec.get("seq")
-    if type(seq) is not int or seq < 1:
-        return f"seq {seq!r} is not a positive integer"
+_STATUS_FIELDS = {"exit_code": int, "restart_count": int, "reason": str}
+
+
+def _bad_text(text: str) -> bool:
+    """Text SQLite cannot take: JSON's \\ud800-style escapes can make lone surrogates, which are not UTF-8."""
+    if text.isascii():
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _field_problem(name: str, value: Any, kind: type) -> Optional[str]:
+    """Why one optional field cannot be stored, or None: of type `kind`, 64-bit when an integer, UTF-8 when text."""
+    if value is None:
+        return None
+    if kind is int and type(value) is int:
+        if INT64_MIN <= value <= INT64_MAX:
+            return None
+        return f"{name} {value!r:.40} is out of range (a 64-bit integer)"
+    if type(value) is str and kind is str:
+        return f"{name} is not valid Unicode text" if _bad_text(value) else None
+    return f"{name} {value!r:.40} has the wrong type ({'an integer' if kind is int else 'text'} or null)"
+
+
+def record_problem(rec: Dict[str, Any]) -> Optional[str]:
+    """Why a record (with or without its seq) cannot be stored, or None when it can. Exact type checks: hot path."""
     kind = rec.get("type")
     if kind not in RECORD_TYPES:
-        return f"record {seq}: unknown type {kind!r}"
+        return f"unknown type {kind!r:.40}"
     if "value" not in rec:
-        return f"record {seq}: no value"
+        return "no value"
+    value = rec["value"]
     if kind == STATUS:
-        value = rec["value"]
         if type(value) is not dict or value.get("status") not in STATUSES:
-            return f"record {seq}: a STATUS value needs a status, one of {', '.join(STATUSES)}"
-        for key, types in _STATUS_FIELDS.items():
-            if type(value.get(key)) not in types:
-                return f"record {seq}: {key} {value.get(key)!r:.40} has the wrong type"
-    sequence = rec.get("sequence")
-    if sequence is not None and type(sequence) is not int:
-        return f"record {seq}: sequence {sequence!r} is not an integer"
+            return f"a STATUS value needs a status, one of {', '.join(STATUSES)}"
+        for key, field_type in _STATUS_FIELDS.items():
+            problem = _field_problem(key, value.get(key), field_type)
+            if problem:
+                return problem
+    elif not depth_ok(value):
+        return f"value nests deeper than {MAX_DEPTH} levels"
+    problem = _field_problem("sequence", rec.get("sequence"), int)
+    if problem:
+        return problem
     when = rec.get("time")
-    if when is not None and type(when) not in (int, float):
-        return f"record {seq}: time {when!r} is not a number"
+    if when is not None and type(when) is not float:
+        problem = _field_problem("time", when, int)  # an int time must fit the column too
+        if problem:
+            return problem if type(when) is int else f"time {when!r:.40} is not a number"
     for key in ("parameter_id", "source", "trial_job_id"):
-        if type(rec.get(key)) not in _IDENT_TYPES:
-            return f"record {seq}: {key} {rec.get(key)!r:.40} is not a string or an integer"
+        ident = rec.get(key)
+        if type(ident) is not str:
+            problem = _field_problem(key, ident, int)
+            if problem:
+                return problem if type(ident) is int else f"{key} {ident!r:.40} is not a string or an integer"
+        elif _bad_text(ident):
+            return f"{key} is not valid Unicode text"
     return None
 
 
+def seq_problem(rec: Any) -> Optional[str]:
+    """Why a record sent to the manager cannot even be acknowledged (no usable seq), or None."""
+    if type(rec) is not dict:
+        return "a record is not a JSON object"
+    seq = rec.get("seq")
+    if type(seq) is not int or not 1 <= seq <= INT64_MAX:
+        return f"seq {seq!r:.40} is not a positive 64-bit integer"
+    return None
+
+
+def split_batch(body: Any) -> Tuple[List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]:
+    """A keeper's `{"records": [...]}` as (records to store, [(record, why it is refused)]).
+
+    Raises BadRecord when the batch as a whole is unusable: not that shape, or
+    a record without a seq to acknowledge it by.
+    """
+    if type(body) is not dict or type(body.get("records")) is not list:
+        raise BadRecord('expected {"records": [...]}')
+    good, refused = [], []
+    for rec in body["records"]:
+        problem = seq_problem(rec)
+        if problem:
+            raise BadRecord(problem)
+        problem = record_problem(rec)
+        if problem:
+            refused.append((rec, problem))
+        else:
+            good.append(rec)
+    return good, refused
+
+
+def wire_problem(rec: Any) -> Optional[str]:
+    """Why a record sent to the manager is unusable, or None when it is fine."""
+    problem = seq_problem(rec)
+    if problem:
+        return problem
+    problem = record_problem(rec)
+    return f"record {rec['seq']}: {problem}" if problem else None
+
+
 # -- framing -----------------------------------------------------------------
-def frame(payload: bytes) -> bytes:
-    return RS + payload + LF
+def frame(text: str) -> bytes:
+    """One RFC 7464 frame of one JSON text (which, escaped as dumps writes it, never holds RS or LF)."""
+    return b"\x1e%s\n" % text.encode()
+
+
+_METRIC = '{"type":"%s","sequence":%d,"time":%r,"value":%s,%s'
+
+
+def metric_frame(kind: str, sequence: int, when: float, value_json: str, ident_json: str) -> bytes:
+    """The frame of one metric record from its parts' JSON texts (the SDK's hot path: no dict, no encoder).
+
+    `ident_json` is the constant rest of the record: a JSON object's members
+    without its opening brace, as `dumps(ident)[1:]` gives them.
+    """
+    return frame(_METRIC % (kind, sequence, when, value_json, ident_json))
+
+
+def metric_json(metric: Any) -> str:
+    """A metric's JSON text. Raises ValueError for one JSON cannot write (an integer of over 4300 digits)."""
+    kind = type(metric)
+    if kind is float and metric - metric == 0.0:  # finite: the common case, kept cheap
+        return float.__repr__(metric)
+    if kind is int and -FLOAT_MAX <= metric <= FLOAT_MAX:
+        return int.__repr__(metric)
+    return dumps(plain(metric))
 
 
 class _Decoder:
@@ -308,18 +472,34 @@ def parse_nni_stdout(line: bytes) -> Any:
         raise BadRecord("not an NNISDK_MEb'...' line")
     body = line[len(NNI_STDOUT_PREFIX):-1]
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError):
+        return loads(body)
+    except BadRecord:
         pass
     try:
         # Some writers print Python's repr of the bytes instead (escaped quotes, \\x.. bytes).
-        return json.loads(ast.literal_eval("b'" + body.decode("ascii") + "'"))
-    except (ValueError, SyntaxError, RecursionError) as err:
+        return loads(ast.literal_eval("b'" + body.decode("ascii") + "'"))
+    except (ValueError, SyntaxError, RecursionError, MemoryError) as err:
         raise BadRecord(f"not JSON: {err}") from None
 
 
-def loads(payload: bytes) -> Any:
+def _lossless_float(text: str) -> Any:
+    value = float(text)
+    return value if value - value == 0.0 else text  # 1e400 would read as inf: keep what was written
+
+
+def _lossless_int(text: str) -> Any:
     try:
-        return json.loads(payload)
+        return int(text)
+    except ValueError:  # over Python's 4300 digits for int(str): kept as what was written
+        return text
+
+
+_decode = json.JSONDecoder(parse_float=_lossless_float, parse_int=_lossless_int).decode
+
+
+def loads(payload: Any) -> Any:
+    """JSON (bytes or text) as trialkit reads every record: numbers kept without loss (see the module's doc)."""
+    try:
+        return _decode(payload.decode() if type(payload) is bytes else payload)
     except (ValueError, RecursionError) as err:  # RecursionError: nesting deeper than Python's stack
-        raise BadRecord(f"not JSON: {err}") from None
+        raise BadRecord(f"not JSON: {str(err)[:200]}") from None

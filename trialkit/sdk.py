@@ -11,7 +11,6 @@ training loop: a metric that cannot be kept is reported on stderr instead.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -42,7 +41,7 @@ class Session:
                  "trial_job_id": trial.trial_id}
         if trial.report_all_ranks:
             ident["rank"] = trial.rank
-        self._tail = json.dumps(ident, separators=(",", ":"))[1:]
+        self._tail = records.dumps(ident)[1:]
 
     @classmethod
     def from_environ(cls) -> "Session":
@@ -64,27 +63,28 @@ class Session:
         if not self.reporting:
             return
         kind_of = type(metric)
-        if kind_of is float and metric - metric == 0.0:  # finite: the common case, kept cheap
-            value = float.__repr__(metric)
-        elif kind_of is int:
-            value = int.__repr__(metric)
-        else:
+        if kind_of is not float or metric - metric != 0.0:  # not a finite float, the common case
             metric = records.plain(metric)
-            if not records.is_metric(metric):
-                self._warn("shape", f"a metric should be a number or a dict with a numeric 'default' "
-                           f"(got {metric!r:.60}); it is kept as it is")
-            value = records.dumps(metric)
+            if records.metric_number(metric) is None:
+                self._warn("shape", f"a metric should be a number (finite, within a float's range) or a dict with a numeric "
+                           f"'default' "
+                           f"(got {_show(metric)}); it is kept as it is, but tuners and assessors do not see "
+                           f"a number in it")
+        try:
+            value = records.metric_json(metric)
+        except (ValueError, RecursionError) as err:
+            self._warn("encode", f"a metric cannot be written as JSON ({_show(err)}); it is lost")
+            return
         if kind == records.PERIODICAL:
             sequence = self._next_sequence
             self._next_sequence += 1
         else:
             sequence = 0  # NNI numbers only intermediate results
-        frame = '\x1e{"type":"%s","sequence":%d,"time":%r,"value":%s,%s\n' % (
-            kind, sequence, time.time(), value, self._tail)
+        frame = records.metric_frame(kind, sequence, time.time(), value, self._tail)
         if self.standalone:
             print(f"trialkit: {_KIND_NAMES[kind]} {sequence}: {metric!r}", file=self._out or sys.stdout, flush=True)
         try:
-            self._channel.write(frame.encode())
+            self._channel.write(frame)
         except OSError as err:
             lost = "it is only printed" if self.standalone else "it is lost"
             self._warn("write", f"cannot write metrics to {self.trial.channel} ({err.strerror}); {lost}")
@@ -119,3 +119,12 @@ class Session:
             print(f"trialkit: {message}", file=self._err or sys.stderr, flush=True)
         except (OSError, ValueError):
             pass  # stderr closed: nothing left to tell
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A short repr for a warning (repr of an int of over 4300 digits raises, and long ones drown the line)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= limit else text[:limit - 3] + "..."

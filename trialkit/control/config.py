@@ -28,6 +28,7 @@ from trialkit.control.searchspace import SearchSpace, parse_space
 from trialkit.control.tuners import check_tuner
 from trialkit.env import DEFAULT_GRACE_SECONDS
 from trialkit.errors import UserError
+from trialkit.records import INT64_MAX, INT64_MIN
 
 LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
 
@@ -239,7 +240,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
                                       DEFAULT_GRACE_SECONDS),
         trial_checkpoint_every=_optional(c, "trialCheckpointEvery", lambda v, w: schema.as_number(v, w, minimum=0)),
         trial_template=template,
-        priority=_optional(c, "priority", schema.as_int, 0),
+        priority=_optional(c, "priority", lambda v, w: schema.as_int(v, w, INT64_MIN, INT64_MAX), 0),
     )
 
 

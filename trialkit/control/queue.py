@@ -26,11 +26,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trialkit.manager.store import Store
 from trialkit.errors import UserError
+from trialkit.records import INT64_MAX, INT64_MIN, in_int64
 from trialkit.statuses import PREEMPTED, RUNNING, WAITING
 
 # What users see for a status: a trial stopped with a checkpoint waits to be activated.
 LABELS = {PREEMPTED: "PAUSED"}
 _FIELDS = {"priority": "priority", "ahead-of": "ahead_of", "behind-of": "behind_of"}
+_PRIORITY_RANGE = f"a priority is a whole number from {INT64_MIN} to {INT64_MAX}"
 
 
 def label(status: str) -> str:
@@ -50,6 +52,10 @@ class Move:
     priority: Optional[int] = None
     ahead_of: Optional[str] = None
     behind_of: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.priority is not None and not in_int64(self.priority):
+            raise UserError(f"priority {self.priority} is out of range", self.trial_id, _PRIORITY_RANGE)
 
     @property
     def other(self) -> Optional[str]:
@@ -81,6 +87,8 @@ class Move:
         value = data[given[0]]
         if given[0] == "priority" and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError("priority is a whole number")
+        if given[0] == "priority" and not in_int64(value):
+            raise ValueError(f"priority is out of range ({_PRIORITY_RANGE})")
         if given[0] != "priority" and not isinstance(value, str):
             raise ValueError(f"{given[0]} is a trial id")
         return cls(data["trial_id"], **{given[0]: value})

@@ -7,15 +7,16 @@
 A row holds the trial's id, sequence, parameter id, parameters, status, exit
 code, reason, restart count, start and end times, and its metrics as
 reported: `intermediate` (every PERIODICAL value, in order) and `final` (the
-first FINAL value, or None). A metric is a number or a dict with a "default";
-`metric_value` gives the number tuners compare.
+first FINAL value, or None), each as reported, whatever JSON allowed; and
+`rejected`, the records the manager refused (`{"seq", "reason", "record"}`).
+`metric_value` (records.metric_number) gives the number tuners compare: None
+for a value that is not a finite number a float holds.
 """
 from __future__ import annotations
 
 import csv
 import io
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -27,13 +28,15 @@ _ROW_FIELDS = ("trial_id", "sequence", "parameter_id", "status", "exit_code", "r
                "started", "ended", "duration", "final")
 
 
-def metric_value(value: Any) -> Optional[float]:
-    """The comparable number of a metric (its "default" for a dict); None when it has none."""
-    if isinstance(value, dict):
-        value = value.get("default")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
+metric_value = records.metric_number  # the one rule, under the name the control plane's faces use
+
+
+def metric_cell(value: Any) -> Any:
+    """A metric as a table or CSV shows it: its number, else (10**400, NaN, text) its JSON text; None for none."""
+    number = metric_value(value)
+    if number is not None or value is None:
+        return number
+    return records.dumps(value)
 
 
 def trial_rows(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
@@ -56,6 +59,8 @@ def trial_rows(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
             "duration": ended - started if started is not None and ended is not None else None,
             "intermediate": [rec["value"] for rec in metrics if rec["type"] == records.PERIODICAL],
             "final": finals[0] if finals else None,
+            "rejected": [{"seq": rec["seq"], "reason": rec["reason"], "record": rec["value"]}
+                         for rec in metrics if rec["type"] == records.REJECTED],
             "trial_dir": trial["trial_dir"],
         })
     return rows
@@ -64,7 +69,7 @@ def trial_rows(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
 def best_row(rows: Iterable[Dict[str, Any]], optimize_mode: str) -> Optional[Dict[str, Any]]:
     """The row with the best finite final metric, None when no trial has one."""
     scored = [(metric_value(row["final"]), row) for row in rows]
-    scored = [(value, row) for value, row in scored if value is not None and math.isfinite(value)]
+    scored = [(value, row) for value, row in scored if value is not None]
     if not scored:
         return None
     pick = max if optimize_mode == "maximize" else min
@@ -102,10 +107,10 @@ def to_csv(rows: List[Dict[str, Any]]) -> str:
                     + [f"latest.{key}" for key in latest_keys] + [f"param.{key}" for key in params])
     for row in rows:
         flat = flat_parameters(row["parameters"])
-        cells = [metric_value(row["final"]) if key == "final" else row[key] for key in _ROW_FIELDS]
+        cells = [metric_cell(row["final"]) if key == "final" else row[key] for key in _ROW_FIELDS]
         cells += _key_cells(row["final"], final_keys)
-        cells.append(records.dumps([metric_value(value) for value in row["intermediate"]]))
-        cells.append(metric_value(_latest(row)))
+        cells.append(records.dumps([metric_cell(value) for value in row["intermediate"]]))
+        cells.append(metric_cell(_latest(row)))
         cells += _key_cells(_latest(row), latest_keys)
         writer.writerow(["" if cell is None else cell for cell in cells] + [flat.get(key, "") for key in params])
     return buffer.getvalue()

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import List, NoReturn, Optional, Sequence, Tuple
 
-from trialkit import adaptdl, env, layout
+from trialkit import adaptdl, env, layout, records
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, missing_sdk_hint
 from trialkit.keeper.reporter import Reporter
@@ -40,7 +40,6 @@ from trialkit.process import (
 )
 
 PROG = "trialkit-keeper"
-NNI_STDOUT_PREFIX = b"NNISDK_MEb'"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -165,7 +164,7 @@ def start_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop,
         os.close(err_w)
     captures = [
         Capture(out_r, str(trial.trial_dir / "stdout.log"), None if opts.quiet else sys.stdout.fileno(),
-                LineScanner(NNI_STDOUT_PREFIX, reporter.nni_stdout_line)),
+                LineScanner(records.NNI_STDOUT_PREFIX, reporter.nni_stdout_line)),
         Capture(err_r, str(trial.trial_dir / "stderr.log"), None if opts.quiet else sys.stderr.fileno()),
     ]
     for capture in captures:

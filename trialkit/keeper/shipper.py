@@ -7,6 +7,10 @@ spool forgets them. One batch is in flight at a time, always starting just
 after the last ack, so a lost answer or a keeper restart only resends what
 the manager then stores once. Failures (manager down, 5xx, refused token)
 are retried with exponential backoff and jitter; nothing is ever dropped.
+A record the manager cannot store is refused alone: the answer names it in
+`"rejected": [{"seq", "reason"}]` and acks past it (the manager keeps it as a
+rejected row), so the keeper says why in the trial's log, once, and the rest
+of the batch and every later record go on as usual.
 Each change between reachable and unreachable is said once, not every try.
 
 HTTP goes through the standard library's http.client on one keep-alive
@@ -21,7 +25,7 @@ import random
 import sys
 import threading
 import time
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 from urllib.parse import quote, urlsplit
 
 from trialkit.keeper.spool import Spool
@@ -95,6 +99,7 @@ class Shipper:
                     continue  # the manager closed an idle keep-alive connection: send again on a new one
                 status, answer = None, type(err).__name__  # the full text differs every try
             if status == 200 and isinstance(answer, dict) and isinstance(answer.get("acked"), int):
+                self._note_rejected(answer.get("rejected"))
                 self.spool.ack(answer["acked"])
                 if self._failing:
                     self.log(f"the manager answers again; delivering {self.spool.unsent} spooled records")
@@ -136,6 +141,13 @@ class Shipper:
             return CONNECT_TIMEOUT, READ_TIMEOUT
         left = max(0.05, self._deadline - time.monotonic())
         return min(CONNECT_TIMEOUT, left), min(READ_TIMEOUT, left)
+
+    def _note_rejected(self, rejected: Any) -> None:
+        """The manager names each record it refused once (a resent one is no longer new to it)."""
+        for item in rejected if isinstance(rejected, list) else ():
+            if isinstance(item, dict):
+                self.log(f"the manager refused record {item.get('seq')} ({item.get('reason')}); "
+                         f"it is kept there as rejected, and the other records go on")
 
     def _note_failure(self, status: Optional[int], answer) -> None:
         if status is None:

@@ -31,8 +31,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from trialkit import records
 
 SEGMENT_RECORDS = 10_000
-_RECORD = b'\x1e{"seq":'
-_CURSOR = b'\x1e{"cursor":'
+_RECORD = records.RS + b'{"seq":'  # the seq first: read back without decoding the record
+_CURSOR = records.RS + b'{"cursor":'
 _SUFFIX = ".log"
 
 
@@ -113,9 +113,9 @@ class Spool:
         seq = self.next_seq
         lines = []
         for rec in recs:
-            lines.append(b'\x1e{"seq":%d,%s\n' % (seq, records.dumps(rec)[1:].encode()))
+            lines.append(records.frame('{"seq":%d,%s' % (seq, records.dumps(rec)[1:])))
             seq += 1
-        lines.append(b'\x1e{"cursor":%s,"next":%d}\n' % (records.dumps(cursor).encode(), seq))
+        lines.append(records.frame('{"cursor":%s,"next":%d}' % (records.dumps(cursor), seq)))
         data = b"".join(lines)
         try:
             view = memoryview(data)

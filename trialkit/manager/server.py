@@ -2,17 +2,22 @@
 
 Routes (JSON in and out, errors as `{"error": reason}`):
     POST /api/v1/trials/<trial_id>/records   {"records": [{"seq": 1, "type": ..., "value": ...}, ...]}
-        -> 200 {"acked": N, "inserted": K}: N is the highest seq up to which the
-           trial's records are all stored; a record sent again is stored once.
+        -> 200 {"acked": N, "inserted": K[, "rejected": [{"seq": S, "reason": R}, ...]]}:
+           N is the highest seq up to which the trial's records are all stored
+           or refused; a record sent again is stored once. A record with a
+           usable seq that cannot be stored (records.record_problem: a wrong
+           type, a number out of SQLite's range, ...) is refused alone: kept
+           as a REJECTED row with its reason, named once in "rejected", and
+           counted in N, so the keeper logs it and moves on.
     GET  /api/v1/trials/<trial_id>/parameters
         -> 200 {"parameter_id": ..., "parameters": {...}}
 Every trial route needs `Authorization: Bearer <the trial's token>`: 401 when
 there is none or it is no trial's (the control plane revokes a trial's token when it
 ends), 403 when it is another trial's. The token is checked on the headers,
 before a byte of the body is read. Bodies over `max_body` get 413 (unread), a
-POST without Content-Length 411, bodies
-that are not JSON or hold a bad record 400 with the reason; a rejected batch
-stores nothing. NaN and infinities in values are accepted and kept. When the disk takes no writes (full, read-only,
+POST without Content-Length 411, bodies that are not JSON, not `{"records": [...]}`
+or hold a record without a usable seq 400 with the reason; such a batch stores nothing. NaN and infinities in
+values are accepted and kept. When the disk takes no writes (full, read-only,
 failing: trialkit.manager.disk) a batch gets 503 and stays in the keeper's
 spool, to be sent again; `server.disk` says what is wrong.
 
@@ -196,19 +201,18 @@ class ManagerServer:
     # -- routes ----------------------------------------------------------------------
     def _post_records(self, request: Request) -> Tuple[int, Any]:
         trial_id = request.params["trial_id"]
-        body = request.json()
-        if not isinstance(body, dict) or not isinstance(body.get("records"), list):
-            raise HttpError(400, 'expected {"records": [...]}')
-        batch = body["records"]
-        for rec in batch:
-            problem = records.wire_problem(rec)
-            if problem:
-                raise HttpError(400, problem)
-        fresh = self.store.add_records(trial_id, batch)
+        try:
+            batch, rejected = records.split_batch(records.loads(request.body))
+        except records.BadRecord as err:
+            raise HttpError(400, str(err)) from None
+        fresh, refused = self.store.add_batch(trial_id, batch, rejected)
         self.disk.passed()
         if fresh:
             self._notify(trial_id, fresh)
-        return 200, {"acked": self.store.acked_seq(trial_id), "inserted": len(fresh)}
+        answer = {"acked": self.store.acked_seq(trial_id), "inserted": len(fresh)}
+        if refused:
+            answer["rejected"] = refused
+        return 200, answer
 
     def _get_parameters(self, request: Request) -> Tuple[int, Any]:
         trial = self.store.trial(request.params["trial_id"])

@@ -6,6 +6,7 @@
     store.add_trial("exp1", "trial-1", sequence=0, parameters={"lr": 0.1}, token=token)
     ...  # the platform starts the trial with TRIALKIT_TOKEN=token
     new = store.add_records("trial-1", batch)       # newly stored records (len = inserted count)
+    new, refused = store.add_batch("trial-1", batch, rejected)  # the manager's route: refused records too
     store.acked_seq("trial-1")                      # highest seq up to which all are stored
     store.records_for("trial-1", type="PERIODICAL") # [{seq, type, sequence, value, time, ...}]
     store.set_status("trial-1", "EARLY_STOPPED", reason="assessor")
@@ -19,8 +20,12 @@ Tables:
   position): position is the trial's place in the job queue, NULL when it is
   not queued (trialkit.control.queue).
 - records(trial, seq, type, sequence, parameter_id, value JSON, time,
-  received, source), unique on (trial, seq): a batch sent twice is stored once.
-  NaN and infinities are kept (as JSON's NaN/Infinity, which json.loads reads).
+  received, source, reason), unique on (trial, seq): a batch sent twice is
+  stored once. NaN and infinities are kept (as JSON's NaN/Infinity, which
+  json.loads reads); so is any number JSON allows (records.loads). A record
+  the manager refused is kept as type REJECTED, its value the whole record
+  as sent and `reason` why: it counts for the ack (the keeper moves on) and
+  shows in the export, but no reader takes it for a metric.
 - statuses(trial, status, exit_code, reason, time, source): every change.
 
 Tokens are stored as SHA-256 hashes; `trial_for_token` finds a trial by its
@@ -88,6 +93,7 @@ CREATE TABLE IF NOT EXISTS records (
     time REAL,
     received REAL NOT NULL,
     source TEXT,
+    reason TEXT,
     PRIMARY KEY (trial, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS statuses (
@@ -103,7 +109,7 @@ CREATE INDEX IF NOT EXISTS statuses_by_trial ON statuses(trial, id);
 """
 
 # Columns added after a store's first version: (table, column, type), added where missing.
-_ADDED_COLUMNS = (("trials", "position", "INTEGER"),)
+_ADDED_COLUMNS = (("trials", "position", "INTEGER"), ("records", "reason", "TEXT"))
 
 _TRIAL_JSON = ("parameters",)
 
@@ -243,31 +249,45 @@ class Store:
 
         Records must be valid (records.wire_problem is None). Applies STATUS records to the trial.
         """
-        batch = sorted(batch, key=lambda r: r["seq"])
-        if not batch:
-            return []
+        return self.add_batch(trial_id, batch, ())[0]
+
+    def add_batch(self, trial_id: str, batch: Iterable[Dict[str, Any]],
+                  rejected: Iterable[Tuple[Dict[str, Any], str]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+        """add_records, and records refused with their reason (each with a usable seq) as REJECTED rows.
+
+        Returns the newly stored records and the newly refused ones as `{"seq", "reason"}`, in seq order.
+        """
+        rows = sorted([(rec["seq"], rec, None) for rec in batch] + [(rec["seq"], rec, why) for rec, why in rejected],
+                      key=lambda row: row[0])
+        if not rows:
+            return [], []
         now = time.time()
         with self._tx() as db:
             stored = {seq for (seq,) in db.execute("SELECT seq FROM records WHERE trial=? AND seq BETWEEN ? AND ?",
-                                                   (trial_id, batch[0]["seq"], batch[-1]["seq"]))}
-            fresh = []
-            for rec in batch:
-                if rec["seq"] not in stored:
-                    stored.add(rec["seq"])  # a seq twice in one batch is stored once too
+                                                   (trial_id, rows[0][0], rows[-1][0]))}
+            fresh, refused, values = [], [], []
+            for seq, rec, why in rows:
+                if seq in stored:
+                    continue
+                stored.add(seq)  # a seq twice in one batch is stored once too
+                if why is None:
                     fresh.append(rec)
+                    values.append((trial_id, seq, rec["type"], rec.get("sequence"), rec.get("parameter_id"),
+                                   records.dumps(rec["value"]), rec.get("time"), now, rec.get("source"), None))
+                else:
+                    refused.append({"seq": seq, "reason": why})
+                    values.append((trial_id, seq, records.REJECTED, None, None, _as_sent(rec), None, now, None, why))
             db.executemany(
-                "INSERT INTO records(trial, seq, type, sequence, parameter_id, value, time, received, source) "
-                "VALUES (?,?,?,?,?,?,?,?,?)",
-                [(trial_id, rec["seq"], rec["type"], rec.get("sequence"), rec.get("parameter_id"),
-                  records.dumps(rec["value"]), rec.get("time"), now, rec.get("source")) for rec in fresh])
+                "INSERT INTO records(trial, seq, type, sequence, parameter_id, value, time, received, source, reason) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)", values)
             for rec in fresh:
                 if rec["type"] == records.STATUS:
                     value = rec["value"]
                     _set_status(db, trial_id, value["status"], value.get("exit_code"), value.get("reason") or "",
                                 value.get("restart_count"), rec.get("time") or now, "keeper")
-            if fresh:
+            if values:
                 _advance_ack(db, trial_id)
-        return fresh
+        return fresh, refused
 
     def acked_seq(self, trial_id: str) -> int:
         """The highest seq such that every record 1..seq of the trial is stored."""
@@ -276,7 +296,7 @@ class Store:
         return row["acked_seq"] if row else 0
 
     def records_for(self, trial_id: str, type: Optional[str] = None, after_seq: int = 0) -> List[Dict[str, Any]]:
-        sql = ("SELECT seq, type, sequence, parameter_id, value, time, received, source FROM records "
+        sql = ("SELECT seq, type, sequence, parameter_id, value, time, received, source, reason FROM records "
                "WHERE trial=? AND seq>?")
         args: List[Any] = [trial_id, after_seq]
         if type is not None:
@@ -286,7 +306,7 @@ class Store:
         out = []
         for row in rows:
             rec = dict(row)
-            rec["value"] = json.loads(rec["value"])
+            rec["value"] = records.loads(rec["value"])
             out.append(rec)
         return out
 
@@ -352,6 +372,14 @@ def _set_status(db: sqlite3.Connection, trial_id: str, status: str, exit_code: O
         sets.append("ended=NULL")  # started again (an activated trial): not ended now
     db.execute(f"UPDATE trials SET {', '.join(sets)} WHERE id=?", args + [trial_id])
     _history(db, trial_id, status, exit_code, reason, when, source)
+
+
+def _as_sent(rec: Any) -> str:
+    """A refused record's JSON text, to keep beside its reason."""
+    try:
+        return records.dumps(rec)
+    except (ValueError, RecursionError) as err:  # nothing the manager parsed should get here; keep the row anyway
+        return records.dumps(f"(not kept: {err})")
 
 
 def _advance_ack(db: sqlite3.Connection, trial_id: str) -> None:

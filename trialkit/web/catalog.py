@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Sequence, Tuple
 
 from trialkit.manager.server import HttpError
+from trialkit.web import queries
 
 
 class Database:
@@ -25,6 +26,7 @@ class Database:
         self._db = sqlite3.connect(f"{self.path.absolute().as_uri()}?mode=ro", uri=True, check_same_thread=False,
                                    isolation_level=None)
         self._db.row_factory = sqlite3.Row
+        queries.register(self._db)
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:

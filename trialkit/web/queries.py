@@ -2,13 +2,15 @@
 
 A trial's metric is the default value of its last FINAL record (a number, or
 a dict's "default"), taken in SQL so that sorting and filtering 10,000 trials
-stays in SQLite and only one page of rows reaches Python. Values SQLite cannot
-read as JSON (NaN, infinities) count as no metric.
+stays in SQLite and only one page of rows reaches Python. The SQL calls
+records.metric_number itself, as the SQL function `metric_number(value)` that
+`register` adds to a connection: SQLite's own JSON functions read NaN and
+infinities nowhere in a value and numbers beyond a float as infinities, so
+they would disagree with the tuners about which trials have a metric.
 """
 from __future__ import annotations
 
 import json
-import math
 import re
 import sqlite3
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from trialkit.manager.server import HttpError
+from trialkit.records import INT64_MAX, BadRecord, loads, metric_number
 from trialkit.statuses import PREEMPTED, RUNNING, WAITING
 
 MAXIMIZE = "maximize"
@@ -27,26 +30,21 @@ CURVE_TRIALS = 50
 CURVE_POINTS = 2000  # per trial: longer curves are thinned evenly
 
 
-def _metric(col: str) -> str:
-    """SQL for the default metric held in a JSON column; NULL when there is none."""
-    return (f"CASE WHEN json_valid({col}) THEN CASE json_type({col}) "
-            f"WHEN 'integer' THEN json_extract({col}, '$') WHEN 'real' THEN json_extract({col}, '$') "
-            f"WHEN 'object' THEN CASE WHEN json_type({col}, '$.default') IN ('integer', 'real') "
-            f"THEN json_extract({col}, '$.default') END END END")
+def register(db: sqlite3.Connection) -> None:
+    """Give a connection the SQL function these queries use: metric_number(JSON text) -> REAL or NULL."""
+    db.create_function("metric_number", 1, _metric_of_json, deterministic=True)
+
+
+def _metric_of_json(text: Optional[str]) -> Optional[float]:
+    try:
+        return metric_number(loads(text)) if text is not None else None
+    except BadRecord:
+        return None
 
 
 # The trial's last FINAL record: the primary key (trial, seq) walked backwards stops at it.
-FINAL = (f"(SELECT {_metric('r.value')} FROM records r WHERE r.trial = t.id AND r.type = 'FINAL' "
-         f"ORDER BY r.seq DESC LIMIT 1)")
-
-
-def default_metric(value: Any) -> Optional[float]:
-    """The number a metric value stands for (a number or a dict's "default"); None for none or non-finite."""
-    if isinstance(value, dict):
-        value = value.get("default")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return value
-    return None
+FINAL = ("(SELECT metric_number(r.value) FROM records r WHERE r.trial = t.id AND r.type = 'FINAL' "
+         "ORDER BY r.seq DESC LIMIT 1)")
 
 
 def optimize_mode(config: Mapping[str, Any]) -> str:
@@ -143,7 +141,7 @@ def _number(value: Any) -> Optional[float]:
 
 def _json(text: Optional[str]) -> Any:
     try:
-        return json.loads(text) if text is not None else None
+        return loads(text) if text is not None else None
     except ValueError:
         return None
 
@@ -173,6 +171,8 @@ class TrialQuery:
             offset, limit = int(query.get("offset", 0)), int(query.get("limit", 50))
         except ValueError:
             raise HttpError(400, "offset and limit are whole numbers") from None
+        if offset > INT64_MAX:  # SQLite's OFFSET is a 64-bit integer; a limit is clamped below
+            raise HttpError(400, f"offset is out of range (at most {INT64_MAX})")
         return cls(
             statuses=[s for s in query.get("status", "").split(",") if s],
             metric=query.get("metric", ""),
@@ -291,8 +291,8 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
                           (experiment_id, top)).fetchall()
     series = []
     for row in rows:
-        values = [default_metric(_json(v)) for (v,) in db.execute(
-            "SELECT value FROM records WHERE trial=? AND type='PERIODICAL' ORDER BY seq", (row["id"],))]
+        values = [v for (v,) in db.execute(
+            "SELECT metric_number(value) FROM records WHERE trial=? AND type='PERIODICAL' ORDER BY seq", (row["id"],))]
         steps = list(range(1, len(values) + 1))
         stride = max(1, -(-len(values) // CURVE_POINTS))
         series.append({"id": row["id"], "metric": row["metric"], "steps": steps[::stride], "values": values[::stride]})

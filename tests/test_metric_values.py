@@ -1,0 +1,285 @@
+"""A metric is whatever JSON allows; a field beyond its range is refused alone, at every edge.
+
+Real parts: the manager as a process on loopback (or in-process over real
+HTTP), real keepers running real trial scripts, the `trialkit` command as a
+user runs it, SQLite on disk. Issue 16 points 1 and 2.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from experiment_util import cli, experiment, experiment_id, export
+from harness import PYTHON, Manager, start_keeper
+from trialkit import layout, records
+from trialkit.manager.server import ManagerServer
+from trialkit.manager.store import Store
+from trialkit.control.results import trial_rows
+from trialkit.web import install, queries
+from trialkit.web.catalog import Database
+from trialkit.web.guard import page_token
+
+BIG = 10 ** 400  # an integer JSON allows and no float holds
+HUGE_TEXT = "9" * 5000  # more digits than Python reads into an int by default
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def server(tmp_path):
+    store = Store.in_dir(tmp_path / "exp")
+    store.create_experiment("exp")
+    store.add_trial("exp", "t1", sequence=0, parameters={}, token="token-1")
+    manager = ManagerServer(store).start()
+    yield manager
+    manager.stop()
+    store.close()
+
+
+def post(server, body: bytes):
+    return requests.post(f"{server.url}/api/v1/trials/t1/records", data=body,
+                         headers={"Authorization": "Bearer token-1"}, timeout=30)
+
+
+def record(seq: int, value: str = "0.5", **fields) -> str:
+    """One record's JSON text, its value written as given (so any number JSON allows can be sent)."""
+    rest = "".join(f',"{k}":{json.dumps(v)}' for k, v in fields.items())
+    return '{"seq":%d,"type":"PERIODICAL","value":%s%s}' % (seq, value, rest)
+
+
+# ---------------------------------------------------------------- one rule for a metric's number
+
+_numbers = st.one_of(st.integers(min_value=-10 ** 500, max_value=10 ** 500), st.floats(), st.booleans(), st.none(),
+                     st.text(max_size=4))
+_metrics = st.one_of(_numbers, st.dictionaries(st.sampled_from(["default", "loss"]), _numbers, max_size=2),
+                     st.lists(_numbers, max_size=2))
+# Number texts a keeper may send that Python would not write: beyond a float, underflowing, over 4300 digits.
+_number_texts = st.sampled_from(["1e400", "-1e400", "1e-400", "9" * 400, "-" + HUGE_TEXT, '{"default":1e999}', "-0"])
+
+
+def test_the_page_and_the_export_agree_on_the_number_a_metric_stands_for(tmp_path):
+    store = Store.in_dir(tmp_path / "exp")
+    store.create_experiment("exp", {"searchSpace": {}})
+    page = Database(store.path)
+    count = 0
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(st.one_of(_metrics.map(records.dumps), _number_texts))
+    def check(text):
+        nonlocal count
+        count += 1
+        trial_id = f"t{count}"
+        store.add_trial("exp", trial_id, sequence=count, parameters={}, token=None)
+        answer = post_to(store, trial_id, '{"records":[{"seq":1,"type":"FINAL","value":%s}]}' % text)
+        assert answer == {"acked": 1, "inserted": 1}
+        final = [row for row in trial_rows(store, "exp") if row["trial_id"] == trial_id][0]["final"]
+        with page.reading() as db:
+            shown = queries.trial(db, "exp", trial_id)["metric"]
+        number = records.metric_number(final)
+        assert shown == number and (number is None or math.isfinite(number)), (text[:80], shown, number)
+
+    try:
+        check()
+    finally:
+        page.close()
+        store.close()
+
+
+def post_to(store: Store, trial_id: str, body: str):
+    """The records route's own steps (parse, split, store), as the manager runs them, without a socket."""
+    batch, rejected = records.split_batch(records.loads(body))
+    fresh, refused = store.add_batch(trial_id, batch, rejected)
+    return {"acked": store.acked_seq(trial_id), "inserted": len(fresh)}
+
+
+def test_numbers_json_allows_are_kept_without_loss_and_are_no_tuner_number():
+    assert records.loads("1e400") == "1e400" and records.loads(HUGE_TEXT) == HUGE_TEXT
+    assert records.loads(str(BIG)) == BIG and records.loads("1.5") == 1.5
+    for value in (BIG, "1e400", HUGE_TEXT, float("nan"), float("inf"), {"default": BIG}, True, "0.5"):
+        assert records.metric_number(value) is None, value
+    assert records.metric_number({"default": 3}) == 3.0 and records.metric_number(2 ** 64) == float(2 ** 64)
+
+
+# ---------------------------------------------------------------- the manager
+
+def test_the_manager_stores_any_number_json_allows_and_gives_it_back(server):
+    body = '{"records":[%s]}' % ",".join([record(1, str(BIG)), record(2, "1e400"), record(3, HUGE_TEXT),
+                                          record(4, '{"default":%s,"loss":-1e999}' % BIG)])
+    answer = post(server, body.encode())
+    assert answer.status_code == 200 and answer.json() == {"acked": 4, "inserted": 4}
+    values = [rec["value"] for rec in server.store.records_for("t1")]
+    assert values == [BIG, "1e400", HUGE_TEXT, {"default": BIG, "loss": "-1e999"}]
+
+
+def test_a_record_the_manager_cannot_store_is_refused_alone_and_kept_with_its_reason(server):
+    batch = [record(1), record(2, sequence=2 ** 63), record(3, parameter_id=-2 ** 64),
+             '{"seq":4,"type":"STATUS","value":{"status":"RUNNING","exit_code":%d}}' % 2 ** 70,
+             record(5, time=2 ** 64), record(6, source="\ud800"), record(7, "1.25")]
+    body = ('{"records":[%s]}' % ",".join(batch)).encode()
+    answer = post(server, body)
+    assert answer.status_code == 200, answer.text
+    reply = answer.json()
+    assert reply["acked"] == 7 and reply["inserted"] == 2
+    reasons = {item["seq"]: item["reason"] for item in reply["rejected"]}
+    assert sorted(reasons) == [2, 3, 4, 5, 6]
+    for seq, name in ((2, "sequence"), (3, "parameter_id"), (4, "exit_code"), (5, "time"), (6, "source")):
+        assert name in reasons[seq], reasons
+    stored = server.store.records_for("t1")
+    assert [(r["seq"], r["type"]) for r in stored] == [
+        (1, "PERIODICAL"), (2, "REJECTED"), (3, "REJECTED"), (4, "REJECTED"), (5, "REJECTED"), (6, "REJECTED"),
+        (7, "PERIODICAL")]
+    assert stored[1]["reason"] == reasons[2] and stored[1]["value"]["sequence"] == 2 ** 63  # kept as sent
+    assert server.store.trial("t1")["status"] == "WAITING"  # the refused STATUS changed nothing
+    again = post(server, body).json()
+    assert again == {"acked": 7, "inserted": 0}  # named once: a resent batch has nothing new to say
+
+
+def test_a_seq_beyond_64_bits_gets_400_naming_it(server):
+    answer = post(server, b'{"records":[{"seq":%d,"type":"FINAL","value":1}]}' % 2 ** 63)
+    assert answer.status_code == 400 and "seq 9223372036854775808" in answer.json()["error"]
+    assert server.store.count_records() == 0
+
+
+# ---------------------------------------------------------------- a real keeper against a real manager
+
+TRIAL = r"""
+import trialkit
+trialkit.report_intermediate_result(10 ** 400)
+print("NNISDK_MEb'" + '{"type": "PERIODICAL", "sequence": %d, "value": "1"}' % 2 ** 70 + "'", flush=True)
+print("NNISDK_MEb'" + '{"type": "PERIODICAL", "sequence": 5, "parameter_id": %d, "value": "1e400"}' % 2 ** 70
+      + "'", flush=True)
+for i in range(20):
+    trialkit.report_intermediate_result(i)
+trialkit.report_final_result(0.75)
+"""
+
+
+@pytest.fixture
+def manager(tmp_path):
+    m = Manager(tmp_path / "exp")
+    m.register("t1", "token-1")
+    m.start()
+    yield m
+    m.close()
+
+
+def run_keeper(tmp_path: Path, manager: Manager, script: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    keeper = start_keeper(tmp_path / "trial", [PYTHON, str(path)], manager=manager)
+    out, err = keeper.communicate(timeout=120)
+    assert manager.proc.poll() is None, "the manager exited"
+    return subprocess.CompletedProcess(keeper.args, keeper.returncode, out, err)
+
+
+def test_huge_values_and_out_of_range_fields_from_a_trial_never_block_its_records(tmp_path, manager):
+    done = run_keeper(tmp_path, manager, TRIAL)
+    assert done.returncode == 0, done.stderr
+    assert "not delivered" not in done.stderr
+    stored = manager.store.records_for("t1")
+    # The huge value is kept as reported; parameter_id beyond int64 is kept as its text.
+    assert [(r["type"], r["value"]) for r in stored if r["source"] == "channel"] == [
+        ("PERIODICAL", BIG)] + [("PERIODICAL", i) for i in range(20)] + [("FINAL", 0.75)]
+    assert [r["value"] for r in stored if r["source"] == "stdout"] == ["1e400"]
+    assert [r["parameter_id"] for r in stored if r["value"] == "1e400"] == [str(2 ** 70)]
+    # The sequence beyond int64 is refused at the keeper, with its reason, once.
+    assert done.stderr.count("sequence 1180591620717411303424 is out of range") == 1
+    assert manager.store.trial("t1")["status"] == "SUCCEEDED"
+
+
+def spooled_batch(trial_dir: Path, recs) -> None:
+    """A spool as an older keeper (or another version of the manager's rules) left it: records, then the cursor."""
+    spool = layout.spool_dir(trial_dir)
+    spool.mkdir(parents=True)
+    lines = [records.frame(records.dumps({"seq": seq, **rec})) for seq, rec in enumerate(recs, 1)]
+    lines.append(records.frame(records.dumps({"cursor": {}, "next": len(recs) + 1})))
+    (spool / f"{1:012d}.log").write_bytes(b"".join(lines))
+
+
+def test_the_keeper_logs_a_refused_record_once_and_delivers_every_other(tmp_path, manager):
+    good = {"type": "PERIODICAL", "value": 1.0, "sequence": 0, "source": "channel"}
+    spooled_batch(tmp_path / "trial", [good, {**good, "sequence": 2 ** 64}, {**good, "value": 3.0, "sequence": 2}])
+    done = run_keeper(tmp_path, manager, "import trialkit\nfor i in range(5): trialkit.report_intermediate_result(i)\n"
+                                         "trialkit.report_final_result(9)\n")
+    assert done.returncode == 0, done.stderr
+    assert "not delivered" not in done.stderr
+    assert done.stderr.count("the manager refused record 2 (sequence 18446744073709551616 is out of range") == 1
+    stored = manager.store.records_for("t1")
+    assert manager.store.acked_seq("t1") == len(stored) == 3 + 5 + 1 + 2  # + RUNNING and SUCCEEDED
+    assert [r["type"] for r in stored[:3]] == ["PERIODICAL", "REJECTED", "PERIODICAL"]
+    assert "out of range" in stored[1]["reason"]
+    assert [r["value"] for r in stored if r["type"] == "PERIODICAL"] == [1.0, 3.0, 0, 1, 2, 3, 4]
+    assert manager.store.trial("t1")["status"] == "SUCCEEDED"
+
+
+# ---------------------------------------------------------------- the whole experiment, and what users run after
+
+HUGE_TRIAL = r"""
+import trialkit
+x = trialkit.get_next_parameter()["x"]
+trialkit.report_intermediate_result(10 ** 400)
+print("NNISDK_MEb'" + '{"type": "PERIODICAL", "sequence": 1, "value": "1e400"}' + "'", flush=True)
+trialkit.report_intermediate_result(x)
+trialkit.report_final_result(10 ** 400 if x < 0.5 else x)
+"""
+
+
+def test_a_huge_metric_never_takes_the_experiment_or_the_commands_down(tmp_path, home):
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [0.1, 0.9]}}, HUGE_TRIAL, maxTrialNumber=2,
+                        trialConcurrency=1, tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}},
+                        assessor={"name": "Medianstop", "classArgs": {"start_step": 1}})
+    done = cli("run", config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    rows = export(exp)
+    assert [(row["status"], row["final"]) for row in rows] == [("SUCCEEDED", BIG), ("SUCCEEDED", 0.9)]
+    assert sorted(map(str, rows[0]["intermediate"])) == sorted(map(str, [BIG, "1e400", 0.1]))  # stdout: any order
+    assert f"final={0.9:.6g}" in done.stdout  # the best trial is the one with a number
+    csv_out = cli("experiment", "export", exp, "--format", "csv")
+    assert csv_out.returncode == 0, csv_out.stderr
+    assert str(BIG) in csv_out.stdout  # shown as reported, not as an empty cell or inf
+    for args in (["experiment", "show", exp], ["trial", "list", exp], ["experiment", "plot", exp, "-o",
+                                                                        tmp_path / "plot.png"]):
+        shown = cli(*args)
+        assert shown.returncode == 0 and "Traceback" not in shown.stderr, (args, shown.stderr)
+    resumed = cli("experiment", "resume", exp)
+    assert "Traceback" not in resumed.stderr and "internal error" not in resumed.stderr, resumed.stderr
+    assert resumed.returncode in (0, 2), resumed.stderr
+
+
+# ---------------------------------------------------------------- ranges at the other edges
+
+def test_a_priority_beyond_64_bits_is_one_line_and_exit_2_from_the_cli_and_the_config(tmp_path, home):
+    done = cli("job", "update", "abcd1234-00001", "--priority", "99999999999999999999")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "priority 99999999999999999999 is out of range" in done.stderr
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, "print(1)\n", priority=2 ** 63)
+    run = cli("run", config)
+    assert run.returncode == 2 and len(run.stderr.splitlines()) == 1, run.stderr
+    assert "priority" in run.stderr and "too large" in run.stderr
+
+
+def test_a_page_offset_beyond_64_bits_is_a_400(tmp_path):
+    store = Store.in_dir(tmp_path / "exp")
+    store.create_experiment("exp", {"searchSpace": {}})
+    server = ManagerServer(store).start()
+    install(server, store, admin_token="tok", read_only=True)
+    try:
+        answer = requests.get(f"{server.url}/api/ui/experiments/exp/trials", params={"offset": "9" * 30},
+                              headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
+        assert answer.status_code == 400 and "offset" in answer.json()["error"]
+    finally:
+        server.stop()
+        store.close()
