@@ -182,6 +182,11 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE experiments SET status=?, updated=? WHERE id=?", (status, time.time(), experiment_id))
 
+    def set_experiment_config(self, experiment_id: str, config: Dict[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE experiments SET config=?, updated=? WHERE id=?",
+                       (json.dumps(config), time.time(), experiment_id))
+
     # -- trials -----------------------------------------------------------------------
     def add_trial(self, experiment_id: str, trial_id: str, *, sequence: int, parameters: Dict[str, Any],
                   token: Optional[str], parameter_id: Optional[int] = None, priority: int = 0,
