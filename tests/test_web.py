@@ -7,17 +7,15 @@ action is the platform's hard kill. Pausing from the page runs a real
 experiment (`trialkit run`): the page its manager serves, the runner's pause
 (SIGTERM -> the script checkpoints and exits 143 -> PAUSED). One browser
 serves the whole module. Screenshots of each view land in tests/artifacts/web/.
+What needs no browser (the guard over plain HTTP, the data API, the files, trialkit
+ui) is in test_web_routes.py, which runs without Chromium.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import re
 import secrets
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -35,8 +33,7 @@ from trialkit.manager.store import Store, new_token
 from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, USER_CANCELED
 from trialkit.platforms.local import LocalConfig, Platform
 from trialkit.web import install, page_url
-from trialkit.web.guard import page_token
-from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill
+from web_util import CHROMEDRIVER, CHROMIUM, Browser
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
                                 reason="needs Debian's chromium and chromium-driver (bootstrap.sh installs them)")
@@ -245,27 +242,6 @@ def plotly_scripts(driver) -> List[str]:
     return [src.rsplit("/", 1)[1].rsplit("-", 1)[0] for src in sources if "/static/plotly" in src]
 
 
-def test_page_files_go_gzipped_to_browsers_that_take_gzip(site):
-    page = requests.get(site.server.url + "/", timeout=10).text
-    basic, full = re.search(r'href="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
-                            page).groups()
-    for path in ("/", "/static/app.js", basic, full):
-        plain = requests.get(site.server.url + path, headers={"Accept-Encoding": "identity"}, timeout=10)
-        packed = requests.get(site.server.url + path, headers={"Accept-Encoding": "gzip"}, stream=True, timeout=10)
-        raw = packed.raw.read(decode_content=False)
-        assert "Content-Encoding" not in plain.headers and packed.headers["Content-Encoding"] == "gzip"
-        assert packed.headers["Vary"] == plain.headers["Vary"] == "Accept-Encoding"
-        assert len(raw) < len(plain.content) and gzip.decompress(raw) == plain.content
-        # Each form revalidates against its own tag only.
-        for answer, encoding in ((plain, "identity"), (packed, "gzip")):
-            again = requests.get(site.server.url + path, timeout=10,
-                                 headers={"Accept-Encoding": encoding, "If-None-Match": answer.headers["ETag"]})
-            assert again.status_code == 304
-        assert plain.headers["ETag"] != packed.headers["ETag"]
-    refused = requests.get(site.server.url + basic, headers={"Accept-Encoding": "gzip;q=0, br"}, timeout=10)
-    assert "Content-Encoding" not in refused.headers and refused.content.startswith(b"/**\n* plotly.js (basic")
-
-
 def test_values_from_trials_show_as_text(site, browser):
     open_view(browser, site, f"#/exp/{EXPERIMENT}/trials", "trials")
     notes = cell_texts(browser, "#trials tbody td.param:nth-child(7)")
@@ -302,36 +278,16 @@ def test_the_trial_page_follows_its_log_without_reload(site, browser):
 
 # ---------------------------------------------------------------- actions
 
-def test_actions_need_the_token_and_refuse_cross_site_requests(site, browser):
+def test_a_form_another_site_posts_at_the_manager_is_refused(site, browser):
+    # The same refusals over plain HTTP, with and without the token, are in test_web_routes.py.
     victim = site.ids[VICTIM]
     kill = f"{site.server.url}/api/ui/experiments/{EXPERIMENT}/trials/{victim}/kill"
-    good = {"Authorization": f"Bearer {page_token(site.token)}"}
-    assert requests.post(kill, timeout=10).status_code == 401
-    assert requests.post(kill, headers={"Authorization": "Bearer wrong"}, timeout=10).status_code == 403
-    assert requests.get(f"{site.server.url}/api/ui/experiments", timeout=10).status_code == 401
-    assert requests.post(kill, headers={**good, "Origin": "http://evil.example"}, timeout=10).status_code == 403
-    assert requests.post(kill, headers={**good, "Sec-Fetch-Site": "cross-site"}, timeout=10).status_code == 403
     # A page on another site posts a form at the manager, as a CSRF attack would.
     form = (f'<form method="post" action="{kill}"><input name="x" value="1"></form>'
             "<script>document.forms[0].submit()</script>")
     browser.get("data:text/html," + requests.utils.quote(form))
     wait_until(lambda: "refused" in browser.page_source or "token" in browser.page_source, 30, "the refusal")
     assert site.calls == [] and site.status(VICTIM) == "RUNNING"
-
-    assert requests.post(kill, headers={"Authorization": f"Bearer {site.token}"}, timeout=10).status_code == 403
-    # A read-only page (trialkit ui) offers no action: it has no route for one.
-    other = ManagerServer(site.store).start()
-    try:
-        install(other, site.store, admin_token="ro", read_only=True, performer=site)
-        read_only = {"Authorization": f"Bearer {page_token('ro')}"}
-        answer = requests.post(f"{other.url}/api/ui/experiments/{EXPERIMENT}/trials/{victim}/kill",
-                               headers=read_only, timeout=10)
-        assert answer.status_code == 404
-        assert requests.get(f"{other.url}/api/ui/info", headers=read_only, timeout=10).json() == \
-            {"read_only": True, "actions": [], "disk": None}
-    finally:
-        other.stop()
-    assert site.calls == []
 
 
 def test_pausing_a_trial_from_the_page_pauses_it(tmp_path, monkeypatch, browser):
@@ -374,57 +330,3 @@ def test_killing_a_trial_from_its_page(site, browser):
     shot(browser, "trial-killed")
 
 
-# ---------------------------------------------------------------- without a browser
-
-def test_the_trials_api_sorts_filters_and_pages_on_the_server(tmp_path):
-    store = Store.in_dir(tmp_path / "exp")
-    ids = fill(store, "big", trials=300, steps=3, running=10)
-    server = ManagerServer(store).start()
-    install(server, store, admin_token="tok", read_only=True)
-    try:
-        def page(**query: Any) -> Dict[str, Any]:
-            answer = requests.get(f"{server.url}/api/ui/experiments/big/trials", params=query,
-                                  headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
-            assert answer.status_code == 200, answer.text
-            return answer.json()
-        first = page(limit=25)
-        assert first["total"] == 300 and [r["id"] for r in first["rows"]] == ids[:25]
-        assert [r["id"] for r in page(limit=25, offset=275)["rows"]] == ids[275:]
-        best = page(sort="metric", order="desc", limit=300)["rows"]
-        metrics = [r["metric"] for r in best]
-        assert metrics[:290] == sorted(metrics[:290], reverse=True) and metrics[290:] == [None] * 10
-        adam = page(**{"p:optimizer": "=adam", "metric": ">0.05", "limit": 300})
-        assert adam["total"] == len(adam["rows"]) > 0
-        assert all(r["parameters"]["optimizer"] == "adam" and r["metric"] > 0.05 for r in adam["rows"])
-        ranged = page(**{"p:lr": "0.001..0.01", "sort": "p:lr", "limit": 300})["rows"]
-        lrs = [r["parameters"]["lr"] for r in ranged]
-        assert lrs == sorted(lrs) and all(0.001 <= lr <= 0.01 for lr in lrs)
-        assert page(status="RUNNING")["total"] == 10
-        bad = requests.get(f"{server.url}/api/ui/experiments/big/trials", params={"sort": "p:nope"},
-                           headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
-        assert bad.status_code == 400
-    finally:
-        server.stop()
-        store.close()
-
-
-def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):
-    home = tmp_path / "home"
-    store = Store.in_dir(home / "experiments" / "done1")
-    fill(store, "done1", trials=3, steps=2)
-    store.close()
-    code = "import sys; from trialkit.web import serve_ui; sys.exit(serve_ui(None, 0))"
-    env = dict(os.environ, TRIALKIT_HOME=str(home), PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("trialkit ui: http://127.0.0.1:"), line
-        url = line.split()[-1]
-        base, token = url.split("/?token=")
-        headers = {"Authorization": f"Bearer {token}"}
-        listed = requests.get(f"{base}/api/ui/experiments", headers=headers, timeout=10).json()
-        assert [(e["id"], e["trials"]) for e in listed] == [("done1", 3)]
-        assert requests.get(f"{base}/api/ui/info", headers=headers, timeout=10).json()["read_only"] is True
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)

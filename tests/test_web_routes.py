@@ -7,15 +7,29 @@ the URL it prints, the real action table behind the page's kill button.
 """
 from __future__ import annotations
 
+import gzip
+import os
+import re
 import signal
+import subprocess
+import sys
+from typing import Any, Dict, List, Optional
 from urllib.parse import urlsplit
 
 import pytest
 import requests
 
+from conftest import ROOT
 from experiment_util import experiment, experiment_id, reported, start_cli, trial_status
 from harness import wait_until
+from trialkit.control.actions import ADMIN_PREFIX, Action
+from trialkit.control.admin import read_info
+from trialkit.manager.server import ManagerServer
+from trialkit.manager.store import Store
 from trialkit.statuses import USER_CANCELED
+from trialkit.web import install
+from trialkit.web.guard import page_token
+from web_util import fill
 
 HOLD = """
 import time, trialkit
@@ -61,8 +75,130 @@ def test_actions_need_the_page_token_and_refuse_cross_site_requests(running):
     # The right token, sent from another site's page: refused before the token is looked at.
     assert requests.post(kill, headers={**good, "Origin": "http://evil.example"}, timeout=10).status_code == 403
     assert requests.post(kill, headers={**good, "Sec-Fetch-Site": "cross-site"}, timeout=10).status_code == 403
+    # The admin token opens the admin routes, not the page's; the page's token opens only the page's.
+    admin = {"Authorization": f"Bearer {read_info(home / 'experiments' / exp).token}"}
+    assert requests.post(kill, headers=admin, timeout=10).status_code == 403
+    admin_kill = f"{base}{ADMIN_PREFIX}/trials/{trial}/kill"
+    assert requests.post(admin_kill, headers=good, json={}, timeout=10).status_code == 401
     assert trial_status(home, trial) == "RUNNING"
     # From the page's own origin the same request is the kill button's, and it kills.
     own = {**good, "Origin": base, "Sec-Fetch-Site": "same-origin"}
     assert requests.post(kill, headers=own, timeout=10).status_code == 200
     wait_until(lambda: trial_status(home, trial) == USER_CANCELED, 60, "the trial to be killed")
+
+
+class Recorder:
+    """Stands where the experiment loop performs the page's actions: here, none may arrive."""
+
+    def __init__(self) -> None:
+        self.calls: List[Any] = []
+
+    def perform(self, action: Action, trial_id: Optional[str], body: Any) -> Any:
+        self.calls.append((action.on, action.name, trial_id))
+        return {}
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A manager serving the page read-only over a store of finished and running trials."""
+    store = Store.in_dir(tmp_path / "exp")
+    fill(store, "exp1", trials=4, steps=2, running=1)
+    server = ManagerServer(store).start()
+    install(server, store, admin_token="tok", read_only=True)
+    yield server
+    server.stop()
+    store.close()
+
+
+def test_a_read_only_page_has_no_action_route_even_beside_a_loop(tmp_path):
+    store = Store.in_dir(tmp_path / "exp")
+    trial = fill(store, "exp1", trials=2, steps=2, running=1)[-1]
+    server = ManagerServer(store).start()
+    loop = Recorder()
+    try:
+        install(server, store, admin_token="ro", read_only=True, performer=loop)
+        read_only = {"Authorization": f"Bearer {page_token('ro')}"}
+        answer = requests.post(f"{server.url}/api/ui/experiments/exp1/trials/{trial}/kill",
+                               headers=read_only, timeout=10)
+        assert answer.status_code == 404
+        assert requests.get(f"{server.url}/api/ui/info", headers=read_only, timeout=10).json() == \
+            {"read_only": True, "actions": [], "disk": None}
+    finally:
+        server.stop()
+        store.close()
+    assert loop.calls == []
+
+
+def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
+    page = requests.get(served.url + "/", timeout=10).text
+    basic, full = re.search(r'href="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
+                            page).groups()
+    for path in ("/", "/static/app.js", basic, full):
+        plain = requests.get(served.url + path, headers={"Accept-Encoding": "identity"}, timeout=10)
+        packed = requests.get(served.url + path, headers={"Accept-Encoding": "gzip"}, stream=True, timeout=10)
+        raw = packed.raw.read(decode_content=False)
+        assert "Content-Encoding" not in plain.headers and packed.headers["Content-Encoding"] == "gzip"
+        assert packed.headers["Vary"] == plain.headers["Vary"] == "Accept-Encoding"
+        assert len(raw) < len(plain.content) and gzip.decompress(raw) == plain.content
+        # Each form revalidates against its own tag only.
+        for answer, encoding in ((plain, "identity"), (packed, "gzip")):
+            again = requests.get(served.url + path, timeout=10,
+                                 headers={"Accept-Encoding": encoding, "If-None-Match": answer.headers["ETag"]})
+            assert again.status_code == 304
+        assert plain.headers["ETag"] != packed.headers["ETag"]
+    refused = requests.get(served.url + basic, headers={"Accept-Encoding": "gzip;q=0, br"}, timeout=10)
+    assert "Content-Encoding" not in refused.headers and refused.content.startswith(b"/**\n* plotly.js (basic")
+
+
+def test_the_trials_api_sorts_filters_and_pages_on_the_server(tmp_path):
+    store = Store.in_dir(tmp_path / "exp")
+    ids = fill(store, "big", trials=300, steps=3, running=10)
+    server = ManagerServer(store).start()
+    install(server, store, admin_token="tok", read_only=True)
+    try:
+        def page(**query: Any) -> Dict[str, Any]:
+            answer = requests.get(f"{server.url}/api/ui/experiments/big/trials", params=query,
+                                  headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+        first = page(limit=25)
+        assert first["total"] == 300 and [r["id"] for r in first["rows"]] == ids[:25]
+        assert [r["id"] for r in page(limit=25, offset=275)["rows"]] == ids[275:]
+        best = page(sort="metric", order="desc", limit=300)["rows"]
+        metrics = [r["metric"] for r in best]
+        assert metrics[:290] == sorted(metrics[:290], reverse=True) and metrics[290:] == [None] * 10
+        adam = page(**{"p:optimizer": "=adam", "metric": ">0.05", "limit": 300})
+        assert adam["total"] == len(adam["rows"]) > 0
+        assert all(r["parameters"]["optimizer"] == "adam" and r["metric"] > 0.05 for r in adam["rows"])
+        ranged = page(**{"p:lr": "0.001..0.01", "sort": "p:lr", "limit": 300})["rows"]
+        lrs = [r["parameters"]["lr"] for r in ranged]
+        assert lrs == sorted(lrs) and all(0.001 <= lr <= 0.01 for lr in lrs)
+        assert page(status="RUNNING")["total"] == 10
+        bad = requests.get(f"{server.url}/api/ui/experiments/big/trials", params={"sort": "p:nope"},
+                           headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
+        assert bad.status_code == 400
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):
+    home = tmp_path / "home"
+    store = Store.in_dir(home / "experiments" / "done1")
+    fill(store, "done1", trials=3, steps=2)
+    store.close()
+    code = "import sys; from trialkit.web import serve_ui; sys.exit(serve_ui(None, 0))"
+    env = dict(os.environ, TRIALKIT_HOME=str(home), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("trialkit ui: http://127.0.0.1:"), line
+        url = line.split()[-1]
+        base, token = url.split("/?token=")
+        headers = {"Authorization": f"Bearer {token}"}
+        listed = requests.get(f"{base}/api/ui/experiments", headers=headers, timeout=10).json()
+        assert [(e["id"], e["trials"]) for e in listed] == [("done1", 3)]
+        assert requests.get(f"{base}/api/ui/info", headers=headers, timeout=10).json()["read_only"] is True
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
