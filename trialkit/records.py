@@ -33,7 +33,6 @@ refuses a record where one does not (`normalize`), the manager refuses it alone
 """
 from __future__ import annotations
 
-import ast
 import json
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -475,6 +474,8 @@ def parse_nni_stdout(line: bytes) -> Any:
         return loads(body)
     except BadRecord:
         pass
+    import ast  # here, for the rare repr-style line: not on every keeper's and trial's start
+
     try:
         # Some writers print Python's repr of the bytes instead (escaped quotes, \\x.. bytes).
         return loads(ast.literal_eval("b'" + body.decode("ascii") + "'"))
