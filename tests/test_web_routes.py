@@ -167,12 +167,16 @@ def test_the_trials_api_sorts_filters_and_pages_on_the_server(tmp_path):
         best = page(sort="metric", order="desc", limit=300)["rows"]
         metrics = [r["metric"] for r in best]
         assert metrics[:290] == sorted(metrics[:290], reverse=True) and metrics[290:] == [None] * 10
+        # Every row, unfiltered, tells which rows each filter must return: all of them, and only them.
+        every = page(limit=300)["rows"]
+        expected = [r["id"] for r in every if r["parameters"]["optimizer"] == "adam" and (r["metric"] or 0) > 0.05]
+        assert 0 < len(expected) < 290  # the filter has rows to keep and rows to drop
         adam = page(**{"p:optimizer": "=adam", "metric": ">0.05", "limit": 300})
-        assert adam["total"] == len(adam["rows"]) > 0
-        assert all(r["parameters"]["optimizer"] == "adam" and r["metric"] > 0.05 for r in adam["rows"])
+        assert adam["total"] == len(adam["rows"]) and sorted(r["id"] for r in adam["rows"]) == sorted(expected)
+        by_lr = sorted((r["parameters"]["lr"], r["id"]) for r in every if 0.001 <= r["parameters"]["lr"] <= 0.01)
+        assert 0 < len(by_lr) < 300
         ranged = page(**{"p:lr": "0.001..0.01", "sort": "p:lr", "limit": 300})["rows"]
-        lrs = [r["parameters"]["lr"] for r in ranged]
-        assert lrs == sorted(lrs) and all(0.001 <= lr <= 0.01 for lr in lrs)
+        assert [r["id"] for r in ranged] == [trial_id for _, trial_id in by_lr]
         assert page(status="RUNNING")["total"] == 10
         bad = requests.get(f"{server.url}/api/ui/experiments/big/trials", params={"sort": "p:nope"},
                            headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
