@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 GREETING = b"ok\n"
@@ -31,12 +30,18 @@ CONNECT_TIMEOUT = 10.0  # the launcher answers from an idle event loop; this onl
 Message = Tuple[str, Tuple[int, ...]]
 
 
-@dataclass(eq=False)  # one per connection: hashed by identity
 class Connection:
-    sock: socket.socket
-    fds: List[int] = field(default_factory=list)  # the launcher's stdout and stderr, when it shares them
-    closed: bool = False  # the other end is gone; the owner unregisters, then closes
-    _buffer: bytes = field(default=b"", repr=False)
+    """One end of a link, one per connection (hashed by identity).
+
+    A plain class, not a dataclass: dataclasses imports inspect, a few ms of
+    every worker's wrap_rank start.
+    """
+
+    def __init__(self, sock: socket.socket, fds: Optional[List[int]] = None):
+        self.sock = sock
+        self.fds: List[int] = fds if fds is not None else []  # the launcher's stdout and stderr, when shared
+        self.closed = False  # the other end is gone; the owner unregisters, then closes
+        self._buffer = b""
 
     def read(self) -> List[Message]:
         """The complete messages that arrived (a non-blocking socket)."""
