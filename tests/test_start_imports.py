@@ -1,0 +1,52 @@
+"""What the keeper, wrap_rank and a trial's SDK load before their first useful step.
+
+Their start-up is mostly imports (bench/bench_keeper.py races it against
+`python -c pass`). Modules that cost milliseconds and are not needed on that
+path must stay off it: dataclasses (which imports inspect), ast, and
+http.client (with ssl and email) where no manager is set. Each check runs in
+a fresh interpreter and names what pulled the module in.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+HEAVY = ("dataclasses", "inspect", "ast", "http.client", "ssl")
+
+PROBE = """
+import builtins, json, sys
+loaded_by = {}
+real_import = builtins.__import__
+def tracing_import(name, globals=None, locals=None, fromlist=(), level=0):
+    before = set(sys.modules)
+    try:
+        return real_import(name, globals, locals, fromlist, level)
+    finally:
+        for new in set(sys.modules) - before:
+            loaded_by.setdefault(new, (globals or {}).get("__name__", "?"))
+builtins.__import__ = tracing_import
+exec(sys.argv[1])
+print(json.dumps({m: loaded_by.get(m, "?") for m in sys.argv[2:] if m in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("what, code", [
+    ("the keeper", "import trialkit.keeper.main"),
+    ("wrap_rank", "import trialkit.launch.wrap_rank"),
+    ("a trial's SDK", "import trialkit; trialkit.get_next_parameter(); trialkit.report_intermediate_result(1)"),
+])
+def test_start_path_leaves_heavy_modules_out(what, code, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRIALKIT_TRIAL_DIR=str(tmp_path))
+    for name in ("TRIALKIT_MANAGER_URL", "NNI_PLATFORM"):
+        env.pop(name, None)
+    done = subprocess.run([sys.executable, "-c", PROBE, code, *HEAVY], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {}, f"{what} loads {loaded} (module: imported by)"
