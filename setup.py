@@ -21,7 +21,7 @@ PACKAGES = [
 EXTRAS = {
     "torch": ["torch==2.13.0"],
     "deepspeed": ["deepspeed==0.19.8"],
-    "adaptdl": ["adaptdl==0.2.11", "setuptools<81"],
+    "adaptdl": ["adaptdl==0.2.11", "setuptools<81", "semver<3"],
     "ray": ["ray[default]==2.60.0"],
     "kubernetes": ["kubernetes>=30"],
     "control": ["optuna>=4", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5"],
