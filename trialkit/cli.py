@@ -4,7 +4,10 @@
     trialkit render CONFIG [--trial N] [-o DIR]
     trialkit experiment list | show ID | stop ID | resume ID [--port P] [--detach] | pause ID | activate ID
                         | export ID [--format json|csv] [-o FILE] | plot ID -o FILE.png
-    trialkit trial list EXPERIMENT_ID | show TRIAL_ID | logs TRIAL_ID [-f] | kill TRIAL_ID
+                        | update ID [--trial-concurrency N] [--max-trial-number N] [--max-experiment-duration D]
+                                    [--search-space FILE]
+                        | import ID -f FILE
+    trialkit trial list|ls EXPERIMENT_ID | show TRIAL_ID | logs TRIAL_ID [-f] | kill TRIAL_ID
                    | pause TRIAL_ID | activate TRIAL_ID
     trialkit job list [--experiment ID] [--json|--csv]
                  | update TRIAL_ID (--priority N | --ahead-of TRIAL_ID | --behind-of TRIAL_ID)
@@ -166,6 +169,51 @@ def cmd_experiment_pause(opts: argparse.Namespace) -> int:
     print(f"pausing experiment {opts.experiment_id}: its trials checkpoint and stop, and nothing starts until "
           f"`trialkit experiment activate {opts.experiment_id}`")
     return 0
+
+
+def cmd_experiment_update(opts: argparse.Namespace) -> int:
+    from trialkit.control.config import read_data_file
+
+    changes = {key: value for key, value in (("trialConcurrency", opts.trial_concurrency),
+                                             ("maxTrialNumber", opts.max_trial_number),
+                                             ("maxExperimentDuration", opts.max_experiment_duration)) if value is not None}
+    if opts.search_space is not None:
+        changes["searchSpace"] = read_data_file(Path(opts.search_space), "--search-space")
+    if not changes:
+        raise UserError("nothing to update", "experiment update",
+                        "give --trial-concurrency, --max-trial-number, --max-experiment-duration or --search-space")
+    admin.act(opts.experiment_id, "experiment", "update", body=changes)
+    print(f"updated experiment {opts.experiment_id}: {', '.join(changes)}")
+    return 0
+
+
+def cmd_experiment_import(opts: argparse.Namespace) -> int:
+    from trialkit.control.config import read_data_file
+
+    data = read_data_file(Path(opts.file), "--file")
+    results = [result for result in map(_imported, data if isinstance(data, list) else [None]) if result is not None]
+    if not results:
+        raise UserError(f"{opts.file} holds no results", "--file",
+                        'give a list of {"parameter": {...}, "value": ...} (nnictl\'s) or a trialkit JSON export')
+    answer = admin.act(opts.experiment_id, "experiment", "import", body={"results": results})
+    print(f"imported {answer['imported']} results into experiment {opts.experiment_id}'s tuner")
+    return 0
+
+
+def _imported(entry: Any) -> Optional[Dict[str, Any]]:
+    """One result to import: nnictl's {"parameter", "value" (maybe JSON text)} or a trialkit export row
+    {"parameters", "final"}; None for one without a number."""
+    if not isinstance(entry, dict):
+        return None
+    parameters = entry.get("parameter", entry.get("parameters"))
+    value = entry.get("value", entry.get("final"))
+    if isinstance(value, str):
+        try:
+            value = records.loads(value)
+        except ValueError:
+            return None
+    number = metric_value(value)
+    return None if not isinstance(parameters, dict) or number is None else {"parameters": parameters, "value": number}
 
 
 def cmd_experiment_activate(opts: argparse.Namespace) -> int:
@@ -501,6 +549,20 @@ def build_parser() -> ArgumentParser:
     _experiment_id(_command(sub, "activate", cmd_experiment_activate, "go on with a paused experiment",
                             "Queue its paused trials again (each restarts from its checkpoint, in the same dirs, with "
                             "the restart count + 1) and start trials again."))
+    update = _experiment_id(_command(sub, "update", cmd_experiment_update, "change a running experiment's limits",
+                                     "nnictl update's set: the trials run at once, the most trials, the longest run, "
+                                     "the search space (its tuner starts over on it, told every trial so far). "
+                                     "Checked as the config is, and kept for a resume."))
+    update.add_argument("--trial-concurrency", type=int, metavar="N", help="trials that run at once")
+    update.add_argument("--max-trial-number", type=int, metavar="N", help="the most trials the experiment runs")
+    update.add_argument("--max-experiment-duration", metavar="D", help="how long it may run in all: 30m, 2h, 1d")
+    update.add_argument("--search-space", metavar="FILE", help="a new search space (JSON or YAML file)")
+    imports = _experiment_id(_command(sub, "import", cmd_experiment_import, "teach a running experiment's tuner "
+                                      "results from elsewhere",
+                                      "Results from an earlier experiment (`trialkit experiment export` JSON, or "
+                                      "nnictl's export) go to the tuner as if its own trials had found them. They "
+                                      "are not kept over a resume."))
+    imports.add_argument("-f", "--file", required=True, metavar="FILE", help="the results, a JSON list")
     export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
                                      "Every trial with its parameters, status, exit code, intermediate and final "
                                      "metrics, as JSON (a list of trials) or CSV (a line per trial)."))
@@ -515,7 +577,8 @@ def build_parser() -> ArgumentParser:
                      "Commands on trials, found by id (<experiment id>-<sequence>).")
     sub = trial.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _experiment_id(_command(sub, "list", cmd_trial_list, "list an experiment's trials",
-                            "One line per trial: status, final metric, steps reported, duration, parameters."))
+                            "One line per trial: status, final metric, steps reported, duration, parameters.",
+                            aliases=["ls"]))
     _trial_id(_command(sub, "show", cmd_trial_show, "show one trial",
                        "The trial's status, exit code, parameters, metrics, dir and status history."))
     logs = _trial_id(_command(sub, "logs", cmd_trial_logs, "print a trial's output",

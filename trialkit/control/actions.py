@@ -1,6 +1,7 @@
 """The action table: what a user can do to a running experiment, defined once.
 
     experiment  stop | pause | activate | update {any of UPDATABLE: new values}
+                | import {"results": [{"parameters", "value"}, ...]} (the tuner learns them)
     trial       kill | pause | activate | priority {"priority": N}
     queue       moves {"moves": [{"trial_id", one of "priority", "ahead_of", "behind_of"}, ...]} (all or none)
                 order (GET: the waiting trials, the next to start first)
@@ -102,6 +103,17 @@ def update_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     return {"updated": sorted(body)}
 
 
+def import_results(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    """{"results": [{"parameters": {...}, "value": number}, ...]}: the tuner learns them (not kept over a resume)."""
+    results = body.get("results") if isinstance(body, dict) else None
+    if not isinstance(results, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("parameters"), dict) and isinstance(r.get("value"), (int, float))
+            and not isinstance(r.get("value"), bool) for r in results):
+        raise HttpError(400, 'expected {"results": [{"parameters": {...}, "value": number}, ...]}')
+    loop.tuner.import_results([(r["parameters"], r["value"]) for r in results])
+    return {"imported": len(results)}
+
+
 # -- one trial ---------------------------------------------------------------------------
 
 
@@ -200,6 +212,7 @@ ACTIONS: List[Action] = [
     Action("experiment", "pause", pause_experiment),
     Action("experiment", "activate", activate_experiment),
     Action("experiment", "update", update_experiment),
+    Action("experiment", "import", import_results),
     Action("trial", "kill", kill_trial),
     Action("trial", "pause", pause_trial),
     Action("trial", "activate", activate_trial),

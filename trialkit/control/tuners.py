@@ -101,6 +101,11 @@ class Tuner:
             if value is not None:
                 self.tell(parameter_id, value)
 
+    def import_results(self, results: List[Tuple[Dict[str, Any], float]]) -> None:
+        """Results found elsewhere (`nnictl experiment import`'s data), learned from as if run here, under
+        parameter ids after every one handed out."""
+        self.replay([(self._next_id + i, params, value) for i, (params, value) in enumerate(results)])
+
     def _finish(self, parameter_id: int) -> bool:
         if parameter_id not in self._params:
             raise KeyError(f"parameter id {parameter_id} was never handed out")
