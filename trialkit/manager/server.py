@@ -15,9 +15,10 @@ Every trial route needs `Authorization: Bearer <the trial's token>`: 401 when
 there is none or it is no trial's (the control plane revokes a trial's token when it
 ends), 403 when it is another trial's. The token is checked on the headers,
 before a byte of the body is read. Bodies over `max_body` get 413 (unread), a
-POST without Content-Length 411, bodies that are not JSON, not `{"records": [...]}`
-or hold a record without a usable seq 400 with the reason; such a batch stores nothing. NaN and infinities in
-values are accepted and kept. When the disk takes no writes (full, read-only,
+POST without Content-Length 411, bodies that are not JSON, not
+`{"records": [...]}` or hold a record without a usable seq 400 with the
+reason; such a batch stores nothing. Any value JSON allows is accepted and
+kept (records.loads). When the disk takes no writes (full, read-only,
 failing: trialkit.manager.disk) a batch gets 503 and stays in the keeper's
 spool, to be sent again; `server.disk` says what is wrong.
 
