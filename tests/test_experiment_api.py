@@ -288,3 +288,21 @@ def test_a_detached_experiment_outlives_its_program_and_a_background_one_stops_w
     finally:
         exp.stop()
     assert exp.get_status() == "STOPPED"
+
+
+@pytest.mark.parametrize("mode", ["Foreground", "Background"])
+def test_foreground_shows_the_managers_output_here_and_background_keeps_it_in_manager_log(tmp_path, mode):
+    exp = gated_experiment(tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(exp.config.validate().to_dict()))
+    driver = DRIVER + "Experiment(None, id=experiment_id).stop()\n"  # another object stops it: connect's way
+    done = subprocess.run([sys.executable, "-c", driver, exp.id, str(config), str(free_port()), mode],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert exp.get_status() == "STOPPED"
+    log_file = Path(os.environ["TRIALKIT_HOME"]) / "experiments" / exp.id / "manager.log"
+    log = log_file.read_text() if log_file.exists() else ""
+    # The manager's own line naming its page:
+    shown_here = any(line.startswith("page: http://127.0.0.1:") for line in done.stdout.splitlines())
+    in_log = any(line.startswith("page: http://127.0.0.1:") for line in log.splitlines())
+    assert (shown_here, in_log) == ((True, False) if mode == "Foreground" else (False, True))

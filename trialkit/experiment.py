@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
+import psutil
+
 from trialkit import records, schema
 from trialkit.control import admin, background
 from trialkit.control.config import V2_KEYS, ExperimentConfig, parse_config
@@ -490,7 +492,7 @@ class Experiment:
             info = admin.read_info(paths.experiment_dir(self.id))
         except UserError:
             return None
-        return info if info is not None and info.running() else None
+        return info if info is not None and info.running() and not _zombie(info.pid) else None
 
     def _update(self, key: str, value: Any) -> None:
         admin.act(self.id, "experiment", "update", body={key: value})
@@ -520,6 +522,14 @@ class Experiment:
 def _metrics(store: Store, trial_id: str) -> List[TrialMetricData]:
     return [TrialMetricData(_ms(rec["time"]), trial_id, rec["parameter_id"], rec["type"], rec["sequence"], rec["value"])
             for rec in store.records_for(trial_id) if rec["type"] in (records.FINAL, records.PERIODICAL)]
+
+
+def _zombie(pid: int) -> bool:
+    """Ended, not yet reaped: a manager this program started through another Experiment object."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _no_debug(debug: bool, member: str) -> None:
