@@ -97,3 +97,15 @@ def test_a_v2_configs_refusal_lists_every_problem(tmp_path):
                      "trainingService.storage.server: {your_nfs_server} is a placeholder left unfilled",
                      "trainingService.master.replicas: expected an integer, got 'many'"):
         assert fragment in done.stderr
+
+
+def test_rendering_names_every_roles_problem_at_once(tmp_path):
+    config = {"searchSpaceFile": "search_space.json", "tuner": {"name": "TPE"},
+              "trainingService": {"platform": "kubeflow", "operator": "tf-operator", "managerAddress": "10.0.0.1",
+                                  "dockerImage": "example/train:1",
+                                  "worker": {"replicas": 2}, "ps": {"replicas": 1}}}  # no command anywhere
+    done = render(tmp_path, yaml.safe_dump(config))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "2 problems: " in done.stderr
+    assert "trainingService.worker.command: no command to run" in done.stderr
+    assert "trainingService.ps.command: no command to run" in done.stderr

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar, List, Optional
 
 from trialkit import env as envnames
+from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, WAITING
@@ -72,7 +73,8 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
     min_replicas = sec.integer("minReplicas", minimum=0)
     max_replicas = sec.integer("maxReplicas", minimum=1)
     if min_replicas is not None and max_replicas is not None and max_replicas < min_replicas:
-        raise UserError(f"maxReplicas ({max_replicas}) is below minReplicas ({min_replicas})", sec.at("maxReplicas"))
+        schema.report(UserError(f"maxReplicas ({max_replicas}) is below minReplicas ({min_replicas})",
+                                sec.at("maxReplicas")))
     config = AdaptDLConfig(
         command=sec.text("command"),
         resources=parse_resources(sec),
@@ -85,7 +87,7 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
     )
     sec.finish()
     if not config.common.image:
-        raise UserError("no image to run the trial in", sec.at("image"), "set image (or dockerImage)")
+        schema.report(UserError("no image to run the trial in", sec.at("image"), "set image (or dockerImage)"))
     return config
 
 
@@ -99,8 +101,9 @@ def _working_dir(path: Optional[str], where: str) -> Optional[str]:
     if path is None or path.strip() in (".", "./"):
         return None
     if not path.startswith("/"):
-        raise UserError(f"{path!r} is relative, but it names a directory inside the container", where,
-                        "give an absolute path in the image (like /workspace), or . for the image's own")
+        schema.report(UserError(f"{path!r} is relative, but it names a directory inside the container", where,
+                                "give an absolute path in the image (like /workspace), or . for the image's own"))
+        return None
     return path
 
 

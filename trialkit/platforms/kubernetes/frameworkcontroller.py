@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar, List, Optional, Tuple
 
 from trialkit import env as envnames
+from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
@@ -65,7 +66,8 @@ class FrameworkConfig:
 def _threshold(policy: Section, key: str, default: int, task_number: int) -> int:
     value = policy.integer(key, default=default)
     if value != UNLIMITED and not 1 <= value <= task_number:
-        raise UserError(f"must be -1 or between 1 and taskNumber ({task_number}), got {value}", policy.at(key))
+        schema.report(UserError(f"must be -1 or between 1 and taskNumber ({task_number}), got {value}", policy.at(key)))
+        return default
     return value
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Dict, List, Mapping, Optional, Tuple
 
+from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, WAITING
@@ -98,7 +99,8 @@ def parse_section(section: dict, where: str) -> KubeflowConfig:
         raise UserError(f"{name} needs a {role} role", where, f"add {role}: {{replicas: 1, command: ...}}")
     by_name = {role.name: role for role in roles}
     if name == "pytorch-operator" and by_name["master"].count != 1:
-        raise UserError("a PyTorchJob has exactly one master", f"{where}.master.replicas", "use replicas: 1 and add workers")
+        schema.report(UserError("a PyTorchJob has exactly one master", f"{where}.master.replicas",
+                                "use replicas: 1 and add workers"))
     common = parse_common(sec, [operator.kind])
     check_images(roles, common, where)
     reporter = reporting_role(sec, [role.name for role in roles])

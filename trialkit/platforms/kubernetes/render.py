@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 
 from trialkit import env as envnames
+from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.platforms.base import TrialSpec
 from trialkit.platforms.kubernetes.config import KubeCommon, NfsMount, Resources, Storage, priority_class
@@ -272,19 +273,21 @@ def pod_plan(
     extra_mounts: Sequence[Mount] = (),
 ) -> PodPlan:
     """The plan for a role: its own image and command, else the section's, else the trial's."""
+    # Reported, not raised: render_trial names every role's problems at once.
     image = image or common.image or spec.image
     if not image:
-        raise UserError("no image to run the trial in", f"{where}.dockerImage", "set dockerImage (or image)")
+        schema.report(UserError("no image to run the trial in", f"{where}.dockerImage", "set dockerImage (or image)"))
     command = command or spec.command
     if not command or not command.strip():
-        raise UserError("no command to run", f"{where}.command", "set command here or trialCommand")
+        schema.report(UserError("no command to run", f"{where}.command", "set command here or trialCommand"))
+        command = ""
     mounts = base_mounts(common, names) + list(extra_mounts)
     paths = [mount.path for mount in mounts]
     if len(set(paths)) != len(paths):
         taken = next(path for path in paths if paths.count(path) > 1)
-        raise UserError(
+        schema.report(UserError(
             f"trialkit mounts its own volume at {taken}", "trainingService.nfs.containerMountPath", "choose another path"
-        )
+        ))
     return PodPlan(
         labels=names.labels,
         image=image,
@@ -403,7 +406,9 @@ def with_secrets(objects: Sequence[dict], spec: TrialSpec) -> List[dict]:
 
 
 def render_trial(platform_config, spec: TrialSpec) -> List[dict]:
-    """Every object that submitting `spec` on this platform creates (`trialkit render`)."""
+    """Every object that submitting `spec` on this platform creates (`trialkit render`); a refusal names
+    every problem found."""
     from trialkit.platforms import load
 
-    return load(platform_config.platform).render(platform_config, spec)
+    with schema.every_problem():
+        return load(platform_config.platform).render(platform_config, spec)
