@@ -90,3 +90,18 @@ def test_without_the_key_the_keepers_default_holds_and_0_turns_the_hook_off():
     assert env.read({}).checkpoint_every == env.DEFAULT_CHECKPOINT_EVERY
     off = env.read({env.CHECKPOINT_EVERY: "0"}).child_environ({"PYTHONPATH": "/app"})
     assert off["PYTHONPATH"] == "/app" and off[env.CHECKPOINT_EVERY] == "0"
+
+
+def test_the_reducers_first_retries_come_quickly_then_adaptdls_own():
+    """AdaptDL's reducer sleeps 5 s after each refused connect to rank 0; its own rank 0
+    is mostly refused once (its server thread binds after the first connect)."""
+    slept = []
+
+    class Clock:
+        def sleep(self, seconds):
+            slept.append(seconds)
+
+    quick = hook._QuickRetry(Clock())
+    for _ in range(5):
+        quick.sleep(5)
+    assert slept == [*hook.RECONNECT_SECONDS, 5, 5]
