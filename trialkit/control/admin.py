@@ -29,6 +29,7 @@ from trialkit import process
 from trialkit.control import actions
 from trialkit.errors import UserError
 from trialkit.manager import paths
+from trialkit.manager.disk import DiskWatch
 
 CLIENT_TIMEOUT = 30.0
 
@@ -56,13 +57,24 @@ class ManagerInfo:
             return False
 
 
-def write_info(experiment_dir: Path, info: ManagerInfo) -> None:
+def write_info(experiment_dir: Path, info: ManagerInfo, disk: Optional[DiskWatch] = None) -> bool:
+    """Replace manager.json; False when `disk` took note that the disk refused it (the next write tries again)."""
     path = Path(experiment_dir) / paths.MANAGER_FILE
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the admin token
-    with os.fdopen(fd, "w") as f:
-        json.dump(dataclasses.asdict(info), f)
-    os.replace(tmp, path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the admin token
+        with os.fdopen(fd, "w") as f:
+            json.dump(dataclasses.asdict(info), f)
+        os.replace(tmp, path)
+    except OSError as err:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        if disk is None or not disk.failed(err, paths.MANAGER_FILE):
+            raise
+        return False  # the run goes on: the file lags, the manager keeps its state in memory
+    return True
 
 
 def read_info(experiment_dir: Path) -> Optional[ManagerInfo]:

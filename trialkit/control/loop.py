@@ -34,7 +34,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, TextIO, Tuple
 
 from trialkit import records
 from trialkit.control.assessors import build_assessor
@@ -155,9 +155,11 @@ class Loop:
     def serve(self) -> None:
         """Submit and listen until no trial runs and none is left to start."""
         last_backstop = time.monotonic()
+        disk = self.manager.server.disk
         while True:
             self._check_limits()
-            self._fill()
+            if disk.problem is None:  # a disk that takes no writes starts no trial
+                self._survive(self._fill)
             if self._over():
                 return
             try:
@@ -165,15 +167,27 @@ class Loop:
             except queue.Empty:
                 event = None
             while event is not None:
-                self._handle(event)
+                self._survive(self._handle, event)
                 try:
                     event = self.events.get_nowait()
                 except queue.Empty:
                     event = None
             if time.monotonic() - last_backstop >= BACKSTOP_SECONDS:
                 last_backstop = time.monotonic()
-                self._backstop()
+                self._survive(self._backstop)
             self.progress.update(self.snapshot())
+
+    def _survive(self, step: Callable[..., None], *args: Any) -> None:
+        """One step of the loop; a store write the disk refuses stops the step, not the experiment.
+
+        What the step did not record is taken again: a trial whose end could not be stored stays
+        active, and the backstop sweep ends it once the disk takes writes (trialkit.manager.disk).
+        """
+        try:
+            step(*args)
+        except Exception as err:
+            if not self.manager.server.disk.failed(err, "the store"):
+                raise
 
     def final_status(self) -> str:
         if self.error is not None:
@@ -489,4 +503,5 @@ class Loop:
             best_value=metric_value(best.final) if best else None,
             best_trial=best.id if best else None,
             best_parameters=best.parameters if best else None,
+            disk=self.manager.server.disk.problem,
         )

@@ -83,7 +83,7 @@ class Manager:
         """manager.json with how long the experiment has run: kept current, so a manager killed outright
         resumes with the time it had."""
         self.info.elapsed = elapsed
-        write_info(self.experiment_dir, self.info)
+        write_info(self.experiment_dir, self.info, self.server.disk)
 
     def close(self) -> None:
         self.server.stop()

@@ -33,10 +33,13 @@ class Snapshot:
     best_value: Optional[float] = None
     best_trial: Optional[str] = None
     best_parameters: Optional[Dict[str, Any]] = None
+    disk: Optional[str] = None  # what is wrong with the experiment's disk, while it takes no writes
 
     def line(self) -> str:
         text = (f"[{duration(self.elapsed)}] {self.done} done, {self.running} running, {self.failed} failed, "
                 f"{self.early_stopped} early-stopped")
+        if self.disk:
+            text = f"DISK: {self.disk} | {text}"
         if self.canceled:
             text += f", {self.canceled} canceled"
         if self.best_value is not None:

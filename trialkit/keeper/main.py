@@ -146,8 +146,8 @@ def remove_pidfile(pidfile: Tuple[Path, str]) -> None:
     try:
         if path.read_text() == line:  # a newer keeper on this dir may have replaced it
             path.unlink()
-    except FileNotFoundError:
-        pass
+    except OSError:
+        pass  # gone already, or a disk that takes no writes: a stale pidfile names a process that has ended
 
 
 def start_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop,

@@ -6,10 +6,16 @@ manager (shipper.py, when a manager URL is set). Records come from the
 followed files (collector.py), from NNI's stdout lines, and from the keeper
 itself (status changes). The status file in the trial dir is kept as well,
 for people and for the local platform.
+
+A disk that refuses writes (full, read-only) loses nothing already spooled:
+records the followed files hold are read again later, and the keeper's own
+records (status changes, stdout lines), which no file holds, wait in memory
+in order and are spooled before anything newer, up to the end of the flush.
 """
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -20,6 +26,9 @@ from trialkit.keeper.spool import Spool
 from trialkit.keeper.status import StatusFile
 from trialkit.keeper.tensorboard import Scalars
 from trialkit.process import EventLoop
+
+
+HELD_RETRY_SECONDS = 0.2
 
 
 def _log(message: str) -> None:
@@ -37,6 +46,7 @@ class Reporter:
         self.status_file = StatusFile(home / layout.STATUS)
         self.spool = Spool(home / layout.SPOOL)
         self.malformed = 0
+        self.held: List[Dict[str, Any]] = []  # records no file holds that the spool could not take yet
         self.collector: Optional[Collector] = None
         self.shipper = None  # a Shipper when there is a manager to send to
         self.scalars = Scalars(trial.tensorboard_dir, _warn) if trial.tensorboard_dir else None
@@ -94,6 +104,11 @@ class Reporter:
             self.scalars.close()
         if self.malformed:
             self.status_file.update(malformed_records=self.malformed)
+        while self.held and time.monotonic() < deadline and not self._spool_held():
+            time.sleep(HELD_RETRY_SECONDS)  # the disk may take writes again before the flush ends
+        if self.held:
+            _log(f"{len(self.held)} records ({', '.join(r['type'] for r in self.held)}) could not be written "
+                 "to the spool and are lost; the trial's exit code is the keeper's")
         # Without a manager the spool is the record of the trial: nothing to say.
         left = self.shipper.close(deadline) if self.shipper else 0
         self.spool.close()
@@ -103,17 +118,31 @@ class Reporter:
 
     def _ingest(self, recs: List[Dict[str, Any]], cursor: Dict[str, Any]) -> None:
         """Spool, then the rest. Raises OSError: the collector reads again what was not spooled."""
+        if self.held and not self._spool_held():
+            raise OSError("the spool still refuses earlier records")  # they go first: order is kept
+        self._spool(recs, cursor)
+
+    def _spool(self, recs: List[Dict[str, Any]], cursor: Dict[str, Any]) -> None:
         self.spool.append(recs, cursor)
         if self.scalars:
             for rec in recs:
                 self.scalars.add(rec)
 
     def _ingest_one(self, rec: Dict[str, Any]) -> None:
-        """A record that no file holds (a status change, a stdout line): a failure loses it."""
+        """A record that no file holds (a status change, a stdout line): held in memory until spooled."""
+        self.held.append(rec)
+        self._spool_held()
+
+    def _spool_held(self) -> bool:
+        """Spool the held records; False (said once) while the disk refuses them."""
         try:
-            self._ingest([rec], self.spool.cursor)  # the files' cursor has not moved
+            self._spool(self.held, self.spool.cursor)  # the files' cursor has not moved
         except OSError as err:
-            _warn(f"cannot write the spool ({err.strerror}); a {rec['type']} record is lost")
+            if len(self.held) == 1:
+                _warn(f"cannot write the spool ({err.strerror}); the keeper's own records wait in memory")
+            return False
+        self.held = []
+        return True
 
     def _bad(self, where: str, reason: str) -> None:
         self.malformed += 1

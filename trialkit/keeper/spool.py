@@ -201,11 +201,17 @@ class Spool:
             if seq <= self.acked:
                 return
             self.acked = seq
-            tmp = self.dir / "acked.tmp"
-            tmp.write_text(str(seq))
-            os.replace(tmp, self.dir / "acked")
-            while len(self._segments) > 1 and self._segments[1] - 1 <= seq:
-                self._path(self._segments.pop(0)).unlink(missing_ok=True)
+            try:
+                tmp = self.dir / "acked.tmp"
+                tmp.write_text(str(seq))
+                os.replace(tmp, self.dir / "acked")
+                while len(self._segments) > 1 and self._segments[1] - 1 <= seq:
+                    self._path(self._segments[0]).unlink(missing_ok=True)
+                    self._segments.pop(0)
+            except OSError:
+                # A disk that takes no writes (full, read-only): the ack on disk may lag (see above), so a
+                # later keeper sends a few records again and the manager stores them once.
+                pass
             self.cond.notify_all()
 
     def _path(self, first: int) -> Path:

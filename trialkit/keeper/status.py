@@ -1,21 +1,32 @@
 """The trial's life in a small JSON file in the trial dir, replaced atomically.
 
 Readers (cleanup.sh, the local platform, a person) never see half a file: each
-update is written to a temporary file and renamed over the old one.
+update is written to a temporary file and renamed over the old one. The file
+only mirrors what the keeper holds in memory: when the disk refuses a write
+(full, read-only) the keeper says so once and goes on, and the next update
+writes everything again. The status itself still reaches the manager as a
+record, and the keeper's exit code is the trial's.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
+
+
+def _warn(message: str) -> None:
+    print(f"[trialkit-keeper] warning: {message}", file=sys.stderr, flush=True)
 
 
 class StatusFile:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, warn: Callable[[str], None] = _warn):
         self.path = path
         self.data: Dict[str, Any] = {"history": []}
+        self._warn = warn
+        self._failing: Optional[str] = None  # why the last write failed, said once
 
     @staticmethod
     def previous(path: Path) -> Optional[Dict[str, Any]]:
@@ -26,12 +37,31 @@ class StatusFile:
         except (OSError, ValueError):
             return None
 
-    def update(self, status: Optional[str] = None, **fields: Any) -> None:
+    def update(self, status: Optional[str] = None, **fields: Any) -> bool:
+        """Record the change and write the file; False when the disk refused it (the next update tries again)."""
         self.data.update(fields)
         if status is not None:
             self.data["status"] = status
             self.data["history"].append({"status": status, "time": time.time()})
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:  # one write: this is on the keeper's way out
-            f.write(json.dumps(self.data).encode())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "wb") as f:  # one write: this is on the keeper's way out
+                f.write(json.dumps(self.data).encode())
+            os.replace(tmp, self.path)
+        except OSError as err:
+            self._lost(tmp, err)
+            return False
+        if self._failing is not None:
+            self._warn(f"{self.path} is written again")
+            self._failing = None
+        return True
+
+    def _lost(self, tmp: Path, err: OSError) -> None:
+        try:
+            tmp.unlink()  # a half-written file would take the little room there is
+        except OSError:
+            pass
+        if self._failing is None:
+            self._warn(f"cannot write {self.path} ({err.strerror}); it lags until the disk takes writes "
+                       "again (the manager still gets every status)")
+        self._failing = err.strerror or str(err)

@@ -24,7 +24,7 @@ from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.keeper.spool import Spool
 from trialkit.keeper.status import StatusFile
-from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, USER_CANCELED, WAITING
+from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
 # ---------------------------------------------------------------- config
@@ -329,6 +329,9 @@ class Platform(PlatformBase):
             return PlatformStatus(data["status"], data.get("reason") or "", exit_code)
         if keeper is None:
             return PlatformStatus(WAITING, "no keeper runs it")
+        if keeper.exit_code == 0:
+            # The keeper exits with the trial's code: its status file lags (a full disk refused it).
+            return PlatformStatus(SUCCEEDED, "", 0)
         how = process.describe_exit(keeper.exit_code) if keeper.exit_code is not None else "an unknown status"
         return PlatformStatus(FAILED, f"the keeper ended ({how}) before the trial did", keeper.exit_code)
 

@@ -1,0 +1,258 @@
+"""A disk that takes no writes (issue 16, point 3): a real 2 MiB tmpfs filled up, or remounted read-only.
+
+The manager's store on such a disk: `trialkit run` keeps running, answers its
+keepers 503 (they keep the records in their spools and retry), shows the
+condition on the page and in one log line, marks no trial failed, and goes
+on by itself once the disk takes writes again: every record a trial wrote is
+stored once. The keeper's own trial dir on such a disk: the trial's status
+and exit code still reach the manager, nothing spooled is lost.
+
+Tests run as root here (mount, umount); where mounting is refused they skip,
+saying why. Every mount is undone in teardown.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Iterator, List
+
+import pytest
+import requests
+import yaml
+
+from harness import Manager, channel_records, child_environ, start_keeper, wait_until
+
+PYTHON = sys.executable
+TIMEOUT = 120.0  # a bound for a loaded machine, never waited for on success
+EXPERIMENT = "diskfull"
+
+
+@contextmanager
+def mounted(path: Path, *options: str) -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", *options, str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount here ({' '.join(['mount', *options])}): {done.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        while os.path.ismount(path):  # a read-only layer a test left on top, then the mount itself
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=True)
+
+
+def tmpfs(path: Path, size: str = "2m"):
+    return mounted(path, "-t", "tmpfs", "-o", f"size={size}", "tmpfs")
+
+
+def fill(directory: Path) -> Path:
+    """Write a file until the disk refuses another byte."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * chunk)
+            except OSError as err:
+                assert err.errno == errno.ENOSPC, err
+    finally:
+        os.close(fd)
+    return filler
+
+
+def remount(path: Path, mode: str) -> None:
+    done = subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def read_only_layer(path: Path) -> None:
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True, capture_output=True)
+    remount_layer = subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True, text=True)
+    assert remount_layer.returncode == 0, remount_layer.stderr
+
+
+def skip_unless_read_only_mid_run(disk: Path) -> None:
+    """Skip when this kernel refuses `remount,ro` while a file is open for writing, as one always is mid-run
+    (SQLite's files in the manager, the spool's segment in a keeper)."""
+    with open(disk / "open-for-writing", "wb"):
+        done = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True, text=True)
+    if done.returncode != 0:
+        os.unlink(disk / "open-for-writing")
+        pytest.skip(f"mount -o remount,ro is refused while a file is open for writing: {done.stderr.strip()}")
+    remount(disk, "rw")
+    os.unlink(disk / "open-for-writing")
+
+
+# ---------------------------------------------------------------- the manager's disk
+
+TRIAL = """
+import os, pathlib, time, trialkit
+seq = trialkit.get_sequence_id()
+signals = pathlib.Path(os.environ["T_SIGNALS"])
+def wait(name):
+    while not (signals / name).exists():
+        time.sleep(0.05)
+for i in range(10):
+    trialkit.report_intermediate_result(seq * 1000 + i)
+if seq == 1:
+    trialkit.report_final_result(seq)  # delivered before the fault; this trial ends during it
+(signals / f"at10-{seq}").touch()
+wait("fault")
+if seq == 0:
+    for i in range(10, 30):  # delivered only once the disk takes writes again
+        trialkit.report_intermediate_result(seq * 1000 + i)
+    (signals / "wrote-0").touch()
+    wait("mended")
+    trialkit.report_final_result(seq)
+"""
+
+
+def stored(db: Path, sql: str, *args) -> List[tuple]:
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def page_get(url: str, path: str) -> dict:
+    base, token = url.split("/?token=")
+    token = token.split("#")[0]
+    return requests.get(base + path, headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+
+
+@pytest.mark.parametrize("fault", ["ENOSPC", "EROFS"])
+def test_the_manager_outlives_a_store_disk_that_takes_no_writes(tmp_path, fault):
+    home, signals, code = tmp_path / "home", tmp_path / "signals", tmp_path / "code"
+    for folder in (signals, code, tmp_path / "trials"):
+        folder.mkdir()
+    (code / "trial.py").write_text(TRIAL)
+    (code / "space.json").write_text(json.dumps({"x": {"_type": "choice", "_value": [1, 2, 3]}}))
+    config = code / "config.yml"
+    config.write_text(yaml.safe_dump({
+        "searchSpaceFile": "space.json", "trialCommand": f"{PYTHON} trial.py", "trialConcurrency": 2,
+        "maxTrialNumber": 2, "tuner": {"name": "Random", "classArgs": {"optimize_mode": "maximize"}},
+        "trainingService": {"platform": "local"}}))
+    exp_dir = home / "experiments" / EXPERIMENT
+    db = exp_dir / "trialkit.db"
+    with tmpfs(exp_dir) as disk, mounted(exp_dir / "trials", "--bind", str(tmp_path / "trials")):
+        if fault == "EROFS":
+            skip_unless_read_only_mid_run(disk)
+        # The store's disk is the 2 MiB tmpfs; the trials' dirs are elsewhere (a bind mount), so only the
+        # manager meets the fault here (the keeper's own disk: the test below).
+        out, err = open(tmp_path / "run.out", "w+"), open(tmp_path / "run.err", "w+")
+        run = subprocess.Popen([PYTHON, "-m", "trialkit.cli", "run", str(config), "--experiment-id", EXPERIMENT],
+                               stdout=out, stderr=err, env=child_environ(TRIALKIT_HOME=str(home),
+                                                                         T_SIGNALS=str(signals)))
+        try:
+            trial = [f"{EXPERIMENT}-{i:05d}" for i in range(2)]
+            wait_until(lambda: (signals / "at10-0").exists() and (signals / "at10-1").exists(), TIMEOUT, "step 10")
+            wait_until(lambda: stored(db, "SELECT COUNT(*) FROM records WHERE type IN ('PERIODICAL', 'FINAL')")
+                       == [(21,)], TIMEOUT, "the first records to be stored")
+            filler = fill(disk) if fault == "ENOSPC" else remount(disk, "ro")
+            (signals / "fault").touch()
+            wait_until(lambda: (signals / "wrote-0").exists(), TIMEOUT, "trial 0's records written")
+            # Trial 1 ended: its keeper gave up delivering its last status and exited; the loop could not
+            # record the end. Trial 0 delivers its 20 new records and gets 503s.
+            wait_until(lambda: not (tmp_path / "trials" / trial[1] / ".trialkit" / "keeper.pid").exists(),
+                       TIMEOUT, "trial 1's keeper to exit")
+            wait_until(lambda: "cannot write the store" in (tmp_path / "run.err").read_text(), TIMEOUT,
+                       "the manager's line about its disk")
+            page = [line.split()[-1] for line in (tmp_path / "run.out").read_text().splitlines()
+                    if line.startswith("page: ")][0]
+            problem = page_get(page, "/api/ui/info")["disk"]
+            assert problem and ("full" in problem if fault == "ENOSPC" else "read-only" in problem), problem
+            assert run.poll() is None, "the manager died"
+            statuses = dict(stored(db, "SELECT id, status FROM trials"))
+            assert statuses[trial[1]] != "FAILED" and stored(db, "SELECT COUNT(*) FROM records")[0][0] < 40
+            if fault == "ENOSPC":
+                filler.unlink()
+            else:
+                remount(disk, "rw")
+            (signals / "mended").touch()
+            assert run.wait(timeout=TIMEOUT) == 0, (tmp_path / "run.err").read_text()
+        finally:
+            if run.poll() is None:
+                run.send_signal(signal.SIGKILL)
+                run.wait()
+            out.close()
+            err.close()
+        log = (tmp_path / "run.err").read_text()
+        rows = stored(db, "SELECT trial, type, value FROM records WHERE type IN ('PERIODICAL', 'FINAL') "
+                          "ORDER BY trial, seq")
+        statuses = dict(stored(db, "SELECT id, status FROM trials"))
+    assert "Traceback" not in log, log
+    assert log.count("cannot write the store") == 1 and log.count("takes writes again; going on") == 1, log
+    assert statuses == {trial[0]: "SUCCEEDED", trial[1]: "SUCCEEDED"}
+    sent = {t: channel_records(tmp_path / "trials" / t / ".trialkit" / "channel") for t in trial}
+    for t in trial:
+        kept = [(kind, json.loads(value)) for who, kind, value in rows if who == t]
+        assert kept == [(r["type"], r["value"]) for r in sent[t]]  # every record once, in order
+    print(f"{fault}: records sent {sum(map(len, sent.values()))}, stored {len(rows)}")
+
+
+# ---------------------------------------------------------------- the keeper's own disk
+
+KEEPER_TRIAL = """
+import os, pathlib, time, trialkit
+signals = pathlib.Path(os.environ["T_SIGNALS"])
+for i in range(5):
+    trialkit.report_intermediate_result(i)
+(signals / "reported").touch()
+while not (signals / "fault").exists():
+    time.sleep(0.05)
+trialkit.report_final_result(5)  # may be refused by the full disk at the source (the SDK says so)
+"""
+
+
+@pytest.mark.parametrize("fault", ["ENOSPC", "EROFS"])
+def test_a_keeper_on_a_disk_that_takes_no_writes_still_reports_how_the_trial_ended(tmp_path, fault):
+    manager = Manager(tmp_path / "exp").start()
+    manager.register("t1", "token-1")
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(KEEPER_TRIAL))
+    try:
+        with tmpfs(tmp_path / "trialdisk") as disk:
+            keeper = start_keeper(disk / "trial", [PYTHON, str(script)], manager=manager,
+                                  options=["--flush-seconds", str(TIMEOUT)], T_SIGNALS=str(signals))
+            wait_until(lambda: (signals / "reported").exists(), TIMEOUT, "the first reports")
+            wait_until(lambda: manager.store.count_records("t1") == 6, TIMEOUT, "RUNNING and 5 results stored")
+            # Read-only: a read-only bind mount over the trial's disk. Files the keeper opens from now on
+            # (its status file, the spool's ack) are refused with EROFS; what it holds open stays writable,
+            # as the kernel refuses to remount a file system read-only under an open writer.
+            filler = fill(disk) if fault == "ENOSPC" else read_only_layer(disk)
+            lines: List[str] = []
+            reader = threading.Thread(target=lambda: lines.extend(keeper.stderr), daemon=True)
+            reader.start()
+            (signals / "fault").touch()
+            # The trial ended and the keeper could not write its status file (its spool may still take a
+            # small append: into a page its segment holds, or through its open file).
+            wait_until(lambda: any("cannot write" in line and "status.json" in line for line in lines), TIMEOUT,
+                       "the keeper's word about its status file")
+            if fault == "ENOSPC":
+                filler.unlink()
+            else:
+                subprocess.run(["umount", str(disk)], check=True, capture_output=True)
+            keeper.wait(timeout=TIMEOUT)
+            reader.join(TIMEOUT)
+            keeper.stdout.close()
+            err = "".join(lines)
+            written = channel_records(disk / "trial" / ".trialkit" / "channel")
+            stored_records = manager.store.records_for("t1")
+    finally:
+        manager.close()
+    assert keeper.returncode == 0, err
+    assert "Traceback" not in err, err
+    statuses = [r["value"]["status"] for r in stored_records if r["type"] == "STATUS"]
+    assert statuses == ["RUNNING", "SUCCEEDED"]
+    metrics = [(r["type"], r["value"]) for r in stored_records if r["type"] != "STATUS"]
+    assert metrics == [(r["type"], r["value"]) for r in written]
+    print(f"{fault}: keeper records written {len(written) + 2}, stored {len(stored_records)}")
