@@ -1,9 +1,10 @@
 """Launcher benchmarks, each against its peer measured in the same run.
 
     python bench/bench_launch.py [--size 1G] [--repeat 3] [--only throughput,failfast,start] [--loaded]
+                                 [--producer file|yes]
 
 - throughput: wrap_rank on SIZE of 100-byte lines against GNU
-  `sed 's/^/[rank=0] /'` (same producer, output to /dev/null); goal
+  `sed 's/^/[rank=0] /'` (same producer, see `producer`; output to /dev/null); goal
   (issue 18): at least 1.5x sed's MiB/s, on a quiet machine and a loaded one.
 - failfast: one of 2 workers crashes -> the launcher has exited; ours against
   plain torchrun; goal: no slower, and under 1 s.
@@ -20,6 +21,7 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import socket
 import statistics
@@ -64,6 +66,10 @@ def parse_size(text: str) -> int:
 def environ() -> Dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    # As installed (pip compiles every module): our modules' bytecode is cached, as torch's
+    # already is, so that our side does not compile its source on every start.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / "trialkit-bench-pycache")
     env["PYTHONUNBUFFERED"] = "1"
     env["OMP_NUM_THREADS"] = "1"
     env["TRIALKIT_SLOTS_PER_NODE"] = "2"
@@ -91,12 +97,26 @@ def verdict(met: bool) -> str:
     return f"{'MET' if met else 'MISSED'}, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
 
 
-def throughput(size: int, repeat: int) -> None:
+def producer(kind: str, size: int, workdir: Path) -> str:
+    """The shell line that writes SIZE bytes of lines (a constant line: no user input).
+
+    yes: `yes | head -c`, two processes and a pipe between them; their CPU is
+    shared by both sides and, on a busy machine, dilutes the ratio. file: `cat`
+    of a file in the page cache, the cheapest producer, so that the ratio is the
+    prefixers' own.
+    """
+    lines = f"yes {LINE} | head -c {size}"
+    if kind == "yes":
+        return lines
+    path = workdir / "lines.txt"
+    subprocess.run(["sh", "-c", f"{lines} > {shlex.quote(str(path))}"], check=True)
+    return f"cat {shlex.quote(str(path))}"
+
+
+def throughput(size: int, repeat: int, produce: str, what: str) -> None:
     if not shutil.which("sed"):
         print("throughput: no sed here; skipped")
         return
-    # A constant shell line (no user input): `yes` makes lines far faster than either side eats them.
-    produce = f"yes {LINE} | head -c {size}"
     alone, sed, ours = medians(
         repeat,
         lambda: timed(["sh", "-c", f"{produce} > /dev/null"]),
@@ -104,7 +124,7 @@ def throughput(size: int, repeat: int) -> None:
         lambda: timed([PY, "-m", "trialkit.launch.wrap_rank", "0", "--", "sh", "-c", produce], env=environ()),
     )
     mib = size / (1 << 20)
-    print(f"throughput on {mib:.0f} MiB of 100-byte lines: producer alone {mib / alone:.0f} MiB/s, "
+    print(f"throughput on {mib:.0f} MiB of 100-byte lines ({what}): producer alone {mib / alone:.0f} MiB/s, "
           f"sed {mib / sed:.0f} MiB/s, wrap_rank {mib / ours:.0f} MiB/s -> wrap_rank is {sed / ours:.2f}x sed "
           f"(goal >= {THROUGHPUT_GOAL:g}x: {verdict(sed / ours >= THROUGHPUT_GOAL)})")
 
@@ -184,13 +204,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median counts")
     parser.add_argument("--only", default="throughput,failfast,start", help="which benchmarks, comma-separated")
     parser.add_argument("--loaded", action="store_true", help="burn one CPU beside both sides throughout")
+    parser.add_argument("--producer", choices=("file", "yes"), default="file",
+                        help="throughput's input: cat of a cached file (default) or yes | head")
     args = parser.parse_args()
     chosen = set(args.only.split(","))
     print(f"{os.cpu_count()} CPUs, {'loaded: one CPU burner running' if args.loaded else 'no added load'}, "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the start", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as tmp, burner(args.loaded):
         if "throughput" in chosen:
-            throughput(args.size, args.repeat)
+            throughput(args.size, args.repeat, producer(args.producer, args.size, Path(tmp)),
+                       f"producer: {args.producer}")
         if "failfast" in chosen:
             failfast(args.repeat, Path(tmp))
         if "start" in chosen:
