@@ -306,7 +306,17 @@ class Loop:
             self.progress.say(f"warning: cannot read the status of {trial.id}: {err}")
             return
         if status.status in FINAL_STATUSES:
+            self.collect_undelivered(trial)
             self.finish(trial, status.status, status.reason, status.exit_code)
+
+    def collect_undelivered(self, trial: Trial) -> None:
+        """Store what the trial's keeper spooled and could not deliver (its manager was
+        away when it ended); usually nothing. Stored once: the store dedupes by sequence."""
+        undelivered = self.platform.undelivered_records
+        left = undelivered(trial.handle or trial.id) if undelivered is not None else []
+        batch = [rec for rec in left if records.wire_problem(rec) is None]
+        if batch:
+            self.on_records(trial.id, self.store.add_records(trial.id, batch))
 
     def finish(self, trial: Trial, status: str, reason: str, exit_code: Optional[int]) -> None:
         # A stop that came too late to matter (the trial finished with its result) changes nothing.

@@ -58,7 +58,7 @@ def resume_trials(loop: Loop, running: List[Trial]) -> None:
             continue
         status = loop.platform.status(trial.id) if reattach is not None else None
         if status is not None and status.status in FINAL_STATUSES:
-            _collect_undelivered(loop, trial)
+            loop.collect_undelivered(trial)
             loop.finish(trial, status.status, status.reason, status.exit_code)
             continue
         trial.restart_count += 1
@@ -66,10 +66,3 @@ def resume_trials(loop: Loop, running: List[Trial]) -> None:
         loop.progress.say(f"trial {trial.id}: lost while the manager was away; restarting it")
         loop.submit(trial)
 
-
-def _collect_undelivered(loop: Loop, trial: Trial) -> None:
-    undelivered = loop.platform.undelivered_records
-    left = undelivered(trial.id) if undelivered is not None else []
-    batch = [rec for rec in left if records.wire_problem(rec) is None]
-    fresh = loop.store.add_records(trial.id, batch)
-    loop.on_records(trial.id, fresh)

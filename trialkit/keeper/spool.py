@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from trialkit import records
 
 SEGMENT_RECORDS = 10_000
+DRAIN_BATCH = 1000  # records read at a time by drain()
 _RECORD = records.RS + b'{"seq":'  # the seq first: read back without decoding the record
 _CURSOR = records.RS + b'{"cursor":'
 _SUFFIX = ".log"
@@ -216,3 +217,21 @@ class Spool:
 
     def _path(self, first: int) -> Path:
         return self.dir / f"{first:012d}{_SUFFIX}"
+
+
+def drain(directory: Path) -> List[Dict[str, Any]]:
+    """What an ended keeper spooled but never had acknowledged (no manager listened),
+    marked delivered: the caller hands it to the store. Empty when there is no spool."""
+    if not Path(directory).is_dir():
+        return []
+    spool = Spool(Path(directory))
+    out: List[Dict[str, Any]] = []
+    try:
+        while True:
+            batch = spool.read(spool.acked, DRAIN_BATCH, 1 << 20)
+            if not batch:
+                return out
+            out.extend(json.loads(line) for _, line in batch)
+            spool.ack(batch[-1][0])
+    finally:
+        spool.close()

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import select
 import shutil
@@ -22,7 +21,7 @@ from trialkit import env, gpus, layout, process
 from trialkit.manager import paths
 from trialkit import schema
 from trialkit.errors import UserError
-from trialkit.keeper.spool import Spool
+from trialkit.keeper import spool
 from trialkit.keeper.status import StatusFile
 from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
@@ -144,7 +143,6 @@ def from_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
 
 LOG_NAME = "trial.log"  # the keeper's own output, the trial's echoed in it: what a container log holds
 CODE_NAME = "code"  # the trial's copy of the code dir, in its trial dir
-SPOOL_BATCH = 1000
 GPU_POLL_SECONDS = 5.0  # while trials wait for GPUs: how often nvidia-smi is asked again
 
 
@@ -376,20 +374,7 @@ class Platform(PlatformBase):
 
     def undelivered_records(self, handle: str) -> List[Dict[str, Any]]:
         """What an ended keeper spooled but could not deliver (no manager listened), marked delivered."""
-        spool_dir = layout.spool_dir(paths.trial_dir(self.experiment_dir, handle))
-        if not spool_dir.is_dir():
-            return []
-        spool = Spool(spool_dir)
-        out: List[Dict[str, Any]] = []
-        try:
-            while True:
-                batch = spool.read(spool.acked, SPOOL_BATCH, 1 << 20)
-                if not batch:
-                    return out
-                out.extend(json.loads(line) for _, line in batch)
-                spool.ack(batch[-1][0])
-        finally:
-            spool.close()
+        return spool.drain(layout.spool_dir(paths.trial_dir(self.experiment_dir, handle)))
 
     def _watch(self, keeper: _Keeper) -> None:
         with self._lock:

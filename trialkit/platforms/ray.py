@@ -5,7 +5,7 @@
       address: ray://HEAD:10001 | HEAD:6379 | auto   (default auto: a cluster on this machine)
       cpusPerTrial: 1
       gpusPerTrial: 0            (or the top-level trialGpuNumber)
-      workingDir: ./code         (optional: shipped to the nodes; trials run in it)
+      workingDir: ./code         (optional, default trialCodeDirectory: shipped to the nodes; trials run in it)
       runtimeEnv: {pip: [...]}   (optional: Ray's runtime_env for the trials' workers)
 
 A trial is a TrialRunner actor holding the trial's CPUs and GPUs; it runs
@@ -13,19 +13,39 @@ run.sh -> keeper -> the trial command with the environment contract, and the
 keeper reports to the manager as on every platform. stop() goes through the
 keeper (SIGTERM: the trial may checkpoint, then its grace), kill() does not
 wait. ray is imported on first use, so configs load without it.
+
+The trials' code travels as local trials' does: the experiment's context
+(trialkit.platforms.context: .trialignore, the size limit, startup-hook.sh
+kept) is copied once into the experiment dir and handed to Ray's own runtime
+environment as the working dir, which Ray packs and ships to every node. A
+resumed experiment ships the same copy: a restarted trial runs the code it
+started with.
+
+The actors are detached and named after their trials (in Ray's namespace
+"trialkit"): a control plane killed and resumed finds them again by name
+(`reattach`), rather than through object references that died with it (the
+Ray Jobs API would run a trial as a job of its own, with its own driver and
+working dir: more per trial, and nothing it would add here). A trial that is
+still running is watched again; one that ended meanwhile gives its result
+and the records its keeper could not deliver, and its actor goes.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
-from trialkit import env
+from trialkit import env, layout
+from trialkit.keeper import spool
+from trialkit.keeper.status import StatusFile
 from trialkit.manager import paths
 from trialkit import schema
 from trialkit.errors import UserError
-from trialkit.statuses import FAILED, RUNNING, SYS_CANCELED, USER_CANCELED, WAITING
+from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, USER_CANCELED, WAITING
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 from trialkit.ray import connect
 from trialkit.ray.trial_actor import TrialRunner
@@ -33,6 +53,9 @@ from trialkit.ray.trial_actor import TrialRunner
 PLATFORM = "ray"
 TRIAL_COMMAND_REQUIRED = True
 KILL_WAIT = 5.0  # for the runner to SIGKILL the trial before its worker is killed too
+NAMESPACE = "trialkit"
+CONTEXT_NAME = "ray-context"  # in the experiment dir: the code as the trials get it
+ACTOR_CALL_TIMEOUT = 30.0  # for an actor found again to answer
 
 
 @dataclass(frozen=True)
@@ -109,7 +132,9 @@ class _Trial:
     started: Any  # ObjectRef: the keeper's pid, once it runs
     done: Any  # ObjectRef: the RunResult, once the keeper exited
     stop_asked: bool = False
+    kill_asked: bool = False
     released: bool = False  # the actor was killed
+    undelivered: List[Dict[str, Any]] = field(default_factory=list)  # what its keeper could not deliver
 
 
 class Platform(PlatformBase):
@@ -120,8 +145,9 @@ class Platform(PlatformBase):
         self.experiment_dir = Path(experiment_dir)
         self._trials: Dict[str, _Trial] = {}
         self._runner_class: Any = None
+        self._shipped: Optional[str] = None  # the context dir Ray ships, once connected
 
-    def _connect(self) -> Any:
+    def _connect(self, code_dir: Optional[str] = None) -> Any:
         import ray
 
         if self._runner_class is None:
@@ -129,19 +155,83 @@ class Platform(PlatformBase):
                 where = "trainingService.address"
                 # The trials' output stays in their dirs and Ray's logs, not on the control plane's terminal.
                 # Ray ships a local working dir only at this level (for the whole connection).
+                self._shipped = self._context(code_dir)
                 connect.connect(connect.parse_address(self.config.address, where), where, log_to_driver=False,
-                                runtime_env=connect.runtime_env(self.config.working_dir, self.config.runtime_env))
+                                runtime_env=connect.runtime_env(self._shipped, self.config.runtime_env))
             self._runner_class = ray.remote(TrialRunner)
         return self._runner_class
 
+    def _context(self, code_dir: Optional[str]) -> Optional[str]:
+        """The experiment's trial context, made once: what Ray ships as the trials' working dir."""
+        from trialkit.platforms import context  # pathspec comes with the control plane's extras
+
+        dest = self.experiment_dir / CONTEXT_NAME
+        if dest.is_dir():
+            return str(dest)
+        source = self.config.working_dir or code_dir
+        if not source:
+            return None
+        partial = dest.with_name(dest.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        context.copy_into(source, partial)
+        os.replace(partial, dest)  # a crash half-way leaves no half context to ship later
+        return str(dest)
+
     def submit(self, spec: TrialSpec) -> str:
-        runner_class = self._connect()
-        actor = runner_class.options(**actor_options(self.config)).remote(f"trial {spec.trial_id}")
-        trial = self._trials[spec.trial_id] = _Trial(actor, actor.start.remote([], self._environ(spec)),
-                                                     actor.wait.remote())
-        # Ray calls back (from its own thread) when the keeper has exited.
-        trial.done.future().add_done_callback(lambda _: self.on_end(spec.trial_id))
+        runner_class = self._connect(spec.code_dir)
+        self._forget_stale(spec.trial_id)
+        actor = runner_class.options(name=actor_name(spec.trial_id), namespace=NAMESPACE, lifetime="detached",
+                                     **actor_options(self.config)).remote(f"trial {spec.trial_id}")
+        actor.start.remote([], self._environ(spec))
+        self._follow(spec.trial_id, actor)
         return spec.trial_id
+
+    def _follow(self, handle: str, actor: Any) -> _Trial:
+        trial = self._trials[handle] = _Trial(actor, actor.started.remote(), actor.wait.remote())
+        # Ray calls back (from its own thread) when the keeper has exited.
+        trial.done.future().add_done_callback(lambda _: self.on_end(handle))
+        return trial
+
+    def _forget_stale(self, handle: str) -> None:
+        """An actor left by an earlier run of this trial (one that ended while no control
+        plane listened) holds its name: it goes before the trial starts again."""
+        import ray
+
+        actor = _find(handle)
+        if actor is not None:
+            ray.kill(actor)
+            deadline = time.monotonic() + ACTOR_CALL_TIMEOUT
+            while _find(handle) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)  # Ray frees the name once the GCS has the actor dead: no event to wait on
+
+    def reattach(self, handle: str) -> bool:
+        """Follow a trial an earlier control plane started, if its actor still runs it; False when there
+        is none, or its keeper ended meanwhile (status() then has its result, undelivered_records its records)."""
+        import ray
+
+        self._connect()
+        actor = _find(handle)
+        if actor is None:
+            return False
+        try:
+            ended = ray.get(actor.ended.remote(), timeout=ACTOR_CALL_TIMEOUT)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+        if ended:
+            trial = self._trials[handle] = _Trial(actor, actor.started.remote(), actor.wait.remote())
+            ray.wait([trial.done], timeout=ACTOR_CALL_TIMEOUT)  # ready at once: status() answers from it
+            return False
+        self._follow(handle, actor)
+        return True
+
+    def undelivered_records(self, handle: str) -> List[Dict[str, Any]]:
+        """What the ended trial's keeper spooled and could not deliver (its manager was away), once."""
+        trial = self._trials.get(handle)
+        if trial is None:
+            return spool.drain(layout.spool_dir(paths.trial_dir(self.experiment_dir, handle)))
+        self._release(trial)
+        out, trial.undelivered = trial.undelivered, []
+        return out
 
     def _environ(self, spec: TrialSpec) -> Dict[str, str]:
         environ = dict(spec.env)
@@ -152,7 +242,7 @@ class Platform(PlatformBase):
             # Ray (2.60) leaves a GPU-less actor's CUDA_VISIBLE_DEVICES as the node's: a CPU trial
             # must not take a GPU by accident.
             environ[env.CUDA_VISIBLE_DEVICES] = ""
-        if self.config.working_dir:
+        if self._shipped:
             # The code travelled: it is the worker's working dir there, not this machine's path.
             environ.pop(env.CODE_DIR, None)
             environ.pop(env.NNI["code_dir"], None)
@@ -163,8 +253,11 @@ class Platform(PlatformBase):
 
         trial = self._trials.get(handle)
         if trial is None:
-            return PlatformStatus(SYS_CANCELED, "this control plane did not start it (its actor died with the "
-                                                "experiment that did)")
+            # No actor runs it (its node is gone): what its keeper last wrote, where this machine can read it.
+            data = StatusFile.previous(layout.status_path(paths.trial_dir(self.experiment_dir, handle))) or {}
+            if data.get("status") in FINAL_STATUSES:
+                return PlatformStatus(data["status"], data.get("reason") or "", data.get("exit_code"))
+            return PlatformStatus(WAITING, "no actor runs it")
         if not _ready(trial.done):
             return PlatformStatus(RUNNING if _ready(trial.started) else WAITING)
         self._release(trial)
@@ -173,6 +266,8 @@ class Platform(PlatformBase):
         except ray.exceptions.RayActorError as err:
             status = USER_CANCELED if trial.stop_asked else FAILED
             return PlatformStatus(status, f"its Ray worker is gone: {_first_line(err)}")
+        if trial.kill_asked:
+            return PlatformStatus(USER_CANCELED, "killed", result.exit_code)
         if result.status is None:  # the keeper itself was killed
             return PlatformStatus(USER_CANCELED if trial.stop_asked else FAILED, result.reason, result.exit_code)
         return PlatformStatus(result.status, result.reason, result.exit_code)
@@ -198,17 +293,36 @@ class Platform(PlatformBase):
         trial = self._trials.get(handle)
         if trial is None or _ready(trial.done):
             return
-        trial.stop_asked = True
+        trial.stop_asked = trial.kill_asked = True
         ray.wait([trial.actor.kill.remote()], timeout=KILL_WAIT)
         ray.kill(trial.actor)
 
     def _release(self, trial: _Trial) -> None:
-        """The trial ended: its actor goes, and with it the CPUs and GPUs it held."""
+        """The trial ended: take what its keeper could not deliver, then its actor goes,
+        and with it the CPUs and GPUs it held."""
         import ray
 
         if not trial.released:
             trial.released = True
+            try:
+                trial.undelivered = ray.get(trial.actor.collect.remote(), timeout=ACTOR_CALL_TIMEOUT)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                pass  # its worker is gone, and the spool with it
             ray.kill(trial.actor)
+
+
+def actor_name(handle: str) -> str:
+    return f"trialkit-trial-{handle}"
+
+
+def _find(handle: str) -> Any:
+    """The trial's actor, if one lives (started by this control plane or an earlier one)."""
+    import ray
+
+    try:
+        return ray.get_actor(actor_name(handle), namespace=NAMESPACE)
+    except ValueError:
+        return None
 
 
 def _ready(ref: Any) -> bool:

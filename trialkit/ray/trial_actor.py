@@ -10,6 +10,13 @@ signal fires when the forking *thread* ends. That signal is SIGTERM: when Ray
 kills the worker (node stopped, actor killed, driver gone), the keeper still
 stops the trial gracefully, bounded by its grace.
 
+The ray platform makes it a detached, named actor: it outlives the control
+plane that started it, so a control plane killed and resumed finds the trial
+still running (or its result, if it ended meanwhile) and restarts nothing.
+When nobody collects an ended trial's result within LINGER_SECONDS, the actor
+leaves by itself, so a control plane that never comes back does not hold the
+trial's CPUs and GPUs for ever.
+
 The class is plain Python; callers wrap it with ray.remote, so importing this
 module does not import ray.
 """
@@ -26,11 +33,15 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from trialkit import env, layout
+from trialkit.keeper import spool
 from trialkit.keeper.status import StatusFile
 from trialkit.statuses import FAILED, FINAL_STATUSES, USER_CANCELED
 from trialkit.process import Child, LaunchError, describe_exit, exit_code, signal_group, spawn
 
 FORCE_MARGIN = 1.0  # after grace + the keeper's flush time, before the runner kills
+# How long an ended trial's result waits for a control plane to collect it: a
+# resume after a crash comes within minutes; after this the actor's resources go back.
+LINGER_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,8 @@ class TrialRunner:
         self._status_path: Optional[Path] = None
         self._result: Optional[asyncio.Future] = None
         self._stop_asked = False
+        self._started: Optional[asyncio.Event] = None
+        self._collected = False
 
     def __repr__(self) -> str:
         return self.label  # Ray prefixes the keeper's forwarded output with it
@@ -75,10 +88,16 @@ class TrialRunner:
             self._result = asyncio.get_running_loop().create_future()
         return self._result
 
+    def _started_event(self) -> asyncio.Event:
+        if self._started is None:
+            self._started = asyncio.Event()
+        return self._started
+
     async def start(self, args: Sequence[str], environ: Mapping[str, str]) -> int:
         """Start run.sh ARGS (none: it runs $TRIALKIT_COMMAND) with `environ` over the
         worker's own environment; returns the keeper's pid (0 if it did not start)."""
         result = self._future()
+        self._started_event().set()
         if self._stop_asked:
             result.set_result(RunResult(None, USER_CANCELED, "stopped before it started", node_id()))
             return 0
@@ -103,10 +122,34 @@ class TrialRunner:
         if final.get("status") not in FINAL_STATUSES:  # the keeper was killed before it could say
             final = {"reason": f"the keeper ended ({describe_exit(code)}) before the trial did"}
         result.set_result(RunResult(code, final.get("status"), final.get("reason", ""), node_id()))
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, self._leave_unless_collected)
+
+    def _leave_unless_collected(self) -> None:
+        if not self._collected:
+            # No control plane took the result: end this worker, which gives the
+            # actor's resources back (a detached actor is never released otherwise).
+            os._exit(0)
 
     async def wait(self) -> RunResult:
         """The keeper's exit code and final status, once it has exited."""
         return await asyncio.shield(self._future())
+
+    async def ended(self) -> bool:
+        """Whether the keeper has exited (its result is ready)."""
+        return self._result is not None and self._result.done()
+
+    async def started(self) -> int:
+        """The keeper's pid, once start() has run (0 if the trial never started)."""
+        await self._started_event().wait()
+        return self._child.pid if self._child is not None else 0
+
+    async def collect(self) -> list:
+        """The control plane has the result: the actor may go. What the keeper spooled and
+        could not deliver (its manager was away when it ended), marked delivered."""
+        self._collected = True
+        if self._status_path is None:
+            return []
+        return spool.drain(self._status_path.parent / layout.SPOOL)
 
     async def stop(self, grace: float) -> bool:
         """SIGTERM to the keeper; kill the trial and keeper if they outlast the grace.
