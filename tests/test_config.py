@@ -109,20 +109,23 @@ def test_camel_and_snake_case_give_the_same_config():
 
 
 def test_to_dict_round_trips_through_json(tmp_path):
-    (tmp_path / "job.yaml").write_text("kind: Pod\n")
     config = parse_config(minimal(
         experimentName="e", trialConcurrency=3, maxTrialNumber=7, maxExperimentDuration="1.5h", maxTrialDuration=90,
-        trialGpuNumber=1, nniManagerIp="10.0.0.2", debug=True, experimentWorkingDirectory="runs",
-        trialGraceSeconds=5, trialTemplate="job.yaml", priority=3,
+        trialGpuNumber=1, logLevel="info", debug=False, experimentWorkingDirectory="runs",
+        trialGraceSeconds=5, priority=3,
         assessor={"name": "Medianstop", "classArgs": {"start_step": 2}},
         trainingService={"platform": "local", "gpuIndices": [0], "slotsPerTrial": 2},
     ), tmp_path)
     stored = json.loads(json.dumps(config.to_dict()))
     assert parse_config(stored, "/somewhere/else") == config
-    assert stored["maxExperimentDuration"] == 5400 and stored["logLevel"] == "debug"
+    assert stored["maxExperimentDuration"] == 5400
     assert stored["experimentWorkingDirectory"] == str(tmp_path / "runs")
-    assert config.trial_template == str(tmp_path / "job.yaml")
     assert config.training_service.slots_per_trial == 2
+    (tmp_path / "job.yaml").write_text("kind: AdaptDLJob\n")
+    cluster = parse_config(minimal(nniManagerIp="10.0.0.2", trialTemplate="job.yaml",
+                                   trainingService={"platform": "adaptdl", "image": "img:1"}), tmp_path)
+    assert parse_config(json.loads(json.dumps(cluster.to_dict())), "/somewhere/else") == cluster
+    assert cluster.trial_template == str(tmp_path / "job.yaml")
 
 
 @pytest.mark.parametrize("value, seconds", [

@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
@@ -34,6 +34,7 @@ LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
 
 TRIALKIT_KEYS = (
     "trialGraceSeconds", "trialCheckpointEvery", "experimentWorkingDirectory", "trialTemplate", "priority",
+    "maxTrialRestarts",
 )
 V2_KEYS = (
     "experimentName", "experimentType", "searchSpace", "searchSpaceFile", "trialCommand", "trialCodeDirectory",
@@ -46,8 +47,9 @@ UNSUPPORTED = {
     "tunerGpuIndices": "tuners run on the CPU in trialkit; remove it",
 }
 
-# authorName, description, multiThread, versionCheck and logCollection are read
-# and dropped: they describe NNI's manager, not the experiment.
+# authorName and description are read and dropped (notes for people, not
+# settings); versionCheck and logCollection too (NNI's manager-to-trial
+# plumbing, which trialkit's keeper replaces); multiThread must be false.
 V1_KEYS = (
     "authorName", "experimentName", "description", "trialConcurrency", "maxExecDuration", "maxTrialNum",
     "trainingServicePlatform", "searchSpacePath", "useAnnotation", "multiPhase", "multiThread", "nniManagerIp",
@@ -104,10 +106,10 @@ class ExperimentConfig:
     max_experiment_duration: Optional[float] = None  # seconds
     max_trial_duration: Optional[float] = None  # seconds
     nni_manager_ip: Optional[str] = None
-    log_level: str = "info"
     experiment_working_directory: Optional[str] = None  # None: the store's default (TRIALKIT_HOME)
     trial_grace_seconds: float = DEFAULT_GRACE_SECONDS
     trial_checkpoint_every: Optional[float] = None  # None: the keeper's default (TRIALKIT_CHECKPOINT_EVERY)
+    max_trial_restarts: int = 0  # restarts of a trial that failed for a cause not its own (a node lost, ...)
     trial_template: Optional[str] = None  # absolute
     priority: int = 0
 
@@ -159,28 +161,87 @@ def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "con
         return _parse_v2(data, base)
 
 
+MAX_DEPTH = 100  # levels of nesting a config may have (a search space nests a few)
+MAX_VALUES = 1_000_000  # values a config may hold once its YAML aliases are expanded (billion laughs)
+
+
 def read_data_file(path: Path, where: str) -> Any:
-    """JSON or YAML from a file; YAML as JSON reads it (1e-3 is a number)."""
+    """JSON or YAML from a file; YAML as JSON reads it (1e-3 is a number).
+
+    Refused, naming the line: a key given twice in one mapping, nesting deeper
+    than MAX_DEPTH; and a document whose aliases expand past MAX_VALUES values.
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path
         reason = getattr(err, "strerror", None) or str(err)
         raise UserError(f"cannot read {str(path)!r}: {reason}", where, "check the path") from None
     try:
-        return json.loads(text)
-    except ValueError:
-        pass
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError):
+        pass  # YAML reads JSON too, and says where a repeated key or too deep a nesting is
     try:
-        return yaml.load(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or "not valid YAML"
         raise UserError(f"cannot parse {str(path)!r}{place}: {problem}", where, "fix the YAML syntax there") from None
+    if _expanded_size(data, {}) > MAX_VALUES:
+        raise UserError(f"{str(path)!r} expands to more than {MAX_VALUES:,} values (YAML aliases of aliases)", where,
+                        "write the values out, or use fewer nested aliases")
+    return data
+
+
+def _unique_keys(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a key is given twice")
+    return out
+
+
+def _expanded_size(value: Any, seen: Dict[int, int]) -> int:
+    """How many values `value` holds with every alias expanded; shared objects are counted once each (memo)."""
+    if not isinstance(value, (dict, list)):
+        return 1
+    if id(value) not in seen:
+        seen[id(value)] = 1  # a cycle (a recursive alias) counts once, not forever
+        items = value.values() if isinstance(value, dict) else value
+        seen[id(value)] = min(1 + sum(_expanded_size(item, seen) for item in items), MAX_VALUES + 1)
+    return seen[id(value)]
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 as JSON users expect: 1e-3 is a float, 2024-01-01 stays a string."""
+    """YAML 1.1 as JSON users expect: 1e-3 is a float, 2024-01-01 stays a string; no key twice; nesting bounded."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first: Dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` merges keys that the mapping's own may override
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    if key in first:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"the key {key!r} is given twice (first at line {first[key].line + 1})",
+                            key_node.start_mark)
+                    first[key] = key_node.start_mark
+                except TypeError:
+                    pass  # an unhashable key: SafeLoader says so itself
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -212,10 +273,12 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
     manager_ip = _optional(c, "nniManagerIp", schema.as_str)
     section, platform_config, module = _training_service(
         c.get("trainingService"), base, {"managerAddress": manager_ip, "trialTemplate": template})
+    gpus = _optional(c, "trialGpuNumber", lambda v, w: schema.as_int(v, w, minimum=0))
+    platform_config = _with_trial_gpus(module, platform_config, gpus)
     command = _optional(c, "trialCommand", schema.as_str)
     if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
         raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
-    debug = _optional(c, "debug", schema.as_bool)
+    _check_manager_keys(c, module, section["platform"], manager_ip, template)
     return ExperimentConfig(
         search_space=space,
         trial_command=command,
@@ -227,24 +290,39 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
         training_service_section=section,
         experiment_name=_optional(c, "experimentName", schema.as_str),
         assessor=_assessor(c.get("assessor"), tuner),
-        trial_gpu_number=_optional(c, "trialGpuNumber", lambda v, w: schema.as_int(v, w, minimum=0)),
+        trial_gpu_number=gpus,
         max_trial_number=_optional(c, "maxTrialNumber", _positive_int),
         max_experiment_duration=_optional(c, "maxExperimentDuration", schema.as_duration),
         max_trial_duration=_optional(c, "maxTrialDuration", schema.as_duration),
         nni_manager_ip=manager_ip,
-        log_level=_optional(c, "logLevel", lambda v, w: schema.as_choice(v, LOG_LEVELS, w))
-        or ("debug" if debug else "info"),
-        experiment_working_directory=_optional(
-            c, "experimentWorkingDirectory", lambda v, w: _absolute(schema.as_str(v, w), base, w)),
+        experiment_working_directory=_optional(c, "experimentWorkingDirectory", lambda v, w: _working_directory(v, base, w)),
         trial_grace_seconds=_optional(c, "trialGraceSeconds", lambda v, w: schema.as_number(v, w, minimum=0),
                                       DEFAULT_GRACE_SECONDS),
         trial_checkpoint_every=_optional(c, "trialCheckpointEvery", lambda v, w: schema.as_number(v, w, minimum=0)),
+        max_trial_restarts=_optional(c, "maxTrialRestarts", lambda v, w: schema.as_int(v, w, 0, 1000), 0),
         trial_template=template,
         priority=_optional(c, "priority", lambda v, w: schema.as_int(v, w, INT64_MIN, INT64_MAX), 0),
     )
 
 
 _UNSUPPORTED_FOLDS = {schema.fold(k): why for k, why in UNSUPPORTED.items()}
+
+
+def _check_manager_keys(c: Mapping[str, Any], module: Any, platform: str, manager_ip: Optional[str],
+                        template: Optional[str]) -> None:
+    """Refuse the keys about the manager and the trials' jobs that this platform would not apply."""
+    # The manager logs its one way (progress, warnings); the trials' own output is in their dirs.
+    if c.get("logLevel") is not None and schema.as_choice(c["logLevel"], LOG_LEVELS, "logLevel") != "info":
+        raise UserError(f"logLevel {c['logLevel']!r} is not supported: the manager logs at info", "logLevel",
+                        "remove it; each trial's output is in its dir (`trialkit trial logs ID`)")
+    _only_false(c, "debug", "debug", "the manager has no debug mode; each trial's output is in its dir "
+                                     "(`trialkit trial logs ID`)")
+    if template is not None and not hasattr(module, "render"):
+        raise UserError(f"trialTemplate is not used on the {platform} platform", "trialTemplate",
+                        "remove it: only kubeflow, frameworkcontroller and adaptdl fill a job template")
+    if manager_ip is not None and platform == "local":
+        raise UserError("nniManagerIp is not used on the local platform", "nniManagerIp",
+                        "remove it: local trials reach the manager on 127.0.0.1")
 
 
 def _optional(c: Mapping[str, Any], key: str, check: Callable[[Any, str], Any], default: Any = None) -> Any:
@@ -272,7 +350,31 @@ def _directory(value: Any, base: Path, where: str) -> str:
     path = _absolute(schema.as_str(value, where), base, where)
     if not os.path.isdir(path):
         raise UserError(f"{value!r} is not a directory ({path})", where, "point it at the directory of your trial code")
+    _not_kernel_files(path, where)
     return path
+
+
+def _working_directory(value: Any, base: Path, where: str) -> str:
+    """A directory to make experiments in: where it exists already, a directory on a disk."""
+    path = _absolute(schema.as_str(value, where), base, where)
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{path} cannot be made: {existing} is not a directory", where, "point it at a directory")
+    _not_kernel_files(path, where)
+    return path
+
+
+_KERNEL_FILES = ("/proc", "/sys")  # the kernel's views, not places for code or experiments
+
+
+def _not_kernel_files(path: str, where: str) -> None:
+    real = os.path.realpath(path)
+    for root in _KERNEL_FILES:
+        if real == root or real.startswith(root + "/"):
+            raise UserError(f"{path} is under {root}, the kernel's view of processes and devices", where,
+                            "point it at a directory on a disk")
 
 
 def _file(value: Any, base: Path, where: str) -> str:
@@ -324,6 +426,18 @@ def _assessor(section: Any, tuner: AlgorithmConfig) -> Optional[AlgorithmConfig]
         raise UserError(f"optimize_mode {mode!r} differs from the tuner's {tuner.class_args['optimize_mode']!r}",
                         "assessor.classArgs.optimize_mode", "use the tuner's optimize_mode, or leave it out")
     return AlgorithmConfig(name, args)
+
+
+def _with_trial_gpus(module: Any, platform_config: Any, gpus: Optional[int]) -> Any:
+    """Hand trialGpuNumber to the platform, which applies it (as NNI copies it into its training service's
+    config); a platform that sizes GPUs its own way (per role) refuses it rather than ignore it."""
+    apply = getattr(module, "with_trial_gpus", None)
+    if apply is not None:
+        return apply(platform_config, gpus)
+    if gpus is not None:
+        raise UserError(f"trialGpuNumber is not used on the {module.PLATFORM} platform", "trialGpuNumber",
+                        "remove it and set gpuNumber for each role under trainingService")
+    return platform_config
 
 
 def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) -> Tuple[Dict[str, Any], Any, Any]:
@@ -404,6 +518,7 @@ def convert_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
     """An NNI v1 config (keys already as V1_KEYS spell them) as a v2 dict."""
     _only_false(v1, "useAnnotation", "useAnnotation", "write a v2 config with a searchSpace")
     _only_false(v1, "multiPhase", "multiPhase", "trialkit trials take one set of parameters")
+    _only_false(v1, "multiThread", "multiThread", "the tuner answers one request at a time")
     if v1.get("trainingServicePlatform") is None:
         raise UserError("trainingServicePlatform is missing", "trainingServicePlatform", "add trainingServicePlatform: local")
     platform = platforms.canonical_name(v1["trainingServicePlatform"], "trainingServicePlatform")
@@ -413,7 +528,10 @@ def convert_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
 
     v2: Dict[str, Any] = {}
     trial = dict(schema.mapping(v1.get("trial") or {}, "trial"))
+    takes_gpus = hasattr(platforms.load(platform), "with_trial_gpus")
     for old, new in V1_RENAMES.items():
+        if new == "trialGpuNumber" and not takes_gpus:
+            continue  # a cluster platform's from_v1 reads trial.gpuNum as its role's gpuNumber
         holder, key = (trial, old[len("trial."):]) if old.startswith("trial.") else (v1, old)
         if holder.get(key) is not None:
             v2[new] = holder[key]

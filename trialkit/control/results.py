@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional
 
-from trialkit import records
+from trialkit import gpus, records
 from trialkit.manager.store import Store
 from trialkit.statuses import SUCCEEDED
 
@@ -62,6 +62,7 @@ def trial_rows(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
             "rejected": [{"seq": rec["seq"], "reason": rec["reason"], "record": rec["value"]}
                          for rec in metrics if rec["type"] == records.REJECTED],
             "trial_dir": trial["trial_dir"],
+            "gpus": gpus.read_assignment(trial["trial_dir"]),  # None: the platform scheduled no GPU for it
         })
     return rows
 
