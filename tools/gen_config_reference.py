@@ -51,20 +51,27 @@ DESCRIPTIONS: Dict[str, str] = {
     "top.trialCodeDirectory": "Where the trial's code is; relative to the config file. Its `.trialignore` "
     "says what trials leave out; a `startup-hook.sh` at its top runs before each trial.",
     "top.trialConcurrency": "How many trials run at once.",
-    "top.trialGpuNumber": "GPUs per trial (NNI's key; the platform sections set GPUs per role).",
+    "top.trialGpuNumber": "GPUs per trial. local: the trial waits (WAITING, with the reason) until that many GPUs "
+    "are free and runs with exactly those (`CUDA_VISIBLE_DEVICES`); `0` gives it none (an empty "
+    "`CUDA_VISIBLE_DEVICES`); left out, trials see the GPUs the control plane sees. ray: the GPUs each trial's actor "
+    "asks Ray for. Refused on the Kubernetes platforms: set `gpuNumber` per role.",
     "top.maxExperimentDuration": "Stop the experiment after this long (`30m`, `2h`, `1d`, or seconds); "
     "running trials end SYS_CANCELED.",
     "top.maxTrialNumber": "Stop proposing trials after this many.",
     "top.maxTrialDuration": "Stop a trial that runs longer (graceful stop, then FAILED with a timeout reason).",
-    "top.nniManagerIp": "The address pods reach the manager at (a name for `managerAddress`; cluster platforms only).",
+    "top.nniManagerIp": "The address trials reach the manager at (a name for `managerAddress` on the cluster "
+    "platforms; ray's workers use it too). Refused on local, where trials use 127.0.0.1.",
     "top.useAnnotation": "Must be false: NNI's annotations are not supported.",
-    "top.debug": "`true` sets logLevel to debug.",
-    "top.logLevel": "One of fatal, error, warning, info, debug, trace.",
+    "top.debug": "Must be false: the manager has no debug mode (each trial's output is in its dir).",
+    "top.logLevel": "Only `info`, the manager's one level (NNI's other levels are refused).",
     "top.tuner": "`{name, classArgs}`: which tuner proposes parameters (see [tuners](#tuners)).",
     "top.assessor": "`{name, classArgs}`: which assessor stops poor trials early (see [assessors](#assessors)).",
     "top.advisor": "NNI's name for a tuner that also assesses; taken as the tuner.",
     "top.trainingService": "Where trials run: `platform:` local, kubeflow, frameworkcontroller, adaptdl or ray, "
     "and that platform's keys (below).",
+    "top.maxTrialRestarts": "trialkit (Determined's `max_restarts`): how many times a trial that failed for a cause "
+    "not its own (its keeper killed, its Ray worker or node lost, its pod evicted or OOM-killed) starts again, from its "
+    "checkpoint, with the restart count one higher (default 0). A trial's own non-zero exit is never retried.",
     "top.trialGraceSeconds": "trialkit: how long a stopped trial has between SIGTERM and SIGKILL "
     "(`TRIALKIT_GRACE_SECONDS` in the trial).",
     "top.trialCheckpointEvery": "trialkit: seconds of training between the AdaptDL checkpoints trialkit takes, "
@@ -73,20 +80,24 @@ DESCRIPTIONS: Dict[str, str] = {
     "[periodic AdaptDL checkpoints](../platforms.md#periodic-adaptdl-checkpoints)).",
     "top.experimentWorkingDirectory": "trialkit: where the experiment's dir goes (default `$TRIALKIT_HOME/experiments`; "
     "a link there keeps it findable by id).",
-    "top.trialTemplate": "trialkit: your own job template (YAML) for the cluster platforms, instead of the packaged one.",
+    "top.trialTemplate": "trialkit: your own job template (YAML) for the cluster platforms, instead of the packaged "
+    "one; refused on local and ray.",
     "top.priority": "trialkit: the trials' priority in the job queue (higher runs first).",
     # local
     "local.platform": "`local`.",
-    "local.useActiveGpu": "NNI's option, accepted.",
-    "local.maxTrialNumberPerGpu": "NNI's option, accepted.",
-    "local.gpuIndices": "NNI's option (`0`, `[0, 1]` or `\"0,1\"`), accepted.",
-    "local.reuseMode": "NNI's option, accepted.",
-    "local.slotsPerTrial": "trialkit: the slots each trial gets (`TRIALKIT_SLOTS_PER_NODE`: workers a launcher starts).",
+    "local.useActiveGpu": "`false`: a GPU that runs a process this experiment did not start (as nvidia-smi "
+    "shows) gets no trial; `true`: it is used like the others. Needs trialGpuNumber.",
+    "local.maxTrialNumberPerGpu": "How many trials may share one GPU. Needs trialGpuNumber.",
+    "local.gpuIndices": "The GPUs trials may use, nvidia-smi's indices (`0`, `[0, 1]` or `\"0,1\"`; default: "
+    "every GPU, or those a `CUDA_VISIBLE_DEVICES` set for `trialkit run` names). Needs trialGpuNumber.",
+    "local.slotsPerTrial": "trialkit: the slots each trial gets (`TRIALKIT_SLOTS_PER_NODE`: workers a launcher "
+    "starts); default: the trial's GPUs (trialGpuNumber), else 1.",
     # ray
     "ray.platform": "`ray`.",
     "ray.address": "The cluster: `ray://HEAD:10001`, `HEAD:6379`, or `auto` (a cluster on this machine).",
     "ray.cpusPerTrial": "CPUs each trial holds on the cluster.",
-    "ray.gpusPerTrial": "GPUs each trial holds on the cluster.",
+    "ray.gpusPerTrial": "GPUs each trial holds on the cluster (trialGpuNumber sets it too); Ray sets the "
+    "trial's `CUDA_VISIBLE_DEVICES` to the ones it gives.",
     "ray.workingDir": "A directory shipped to the nodes; trials run in it.",
     "ray.runtimeEnv": "Ray's `runtime_env` for the trials' workers (pip packages, env vars).",
     # every Kubernetes platform
@@ -412,7 +423,7 @@ def assessor_rows() -> List[Tuple[str, str]]:
 # marker to its v2 key. Keys are those of NNI's v1 documentation (the seeds).
 V1_COMMON = {
     "authorName": "@", "experimentName": "@", "description": "@", "trialConcurrency": "@", "maxExecDuration": "@",
-    "maxTrialNum": "@", "searchSpacePath": "@", "useAnnotation": False, "multiPhase": False, "multiThread": "@",
+    "maxTrialNum": "@", "searchSpacePath": "@", "useAnnotation": False, "multiPhase": False, "multiThread": False,
     "nniManagerIp": "@", "logDir": "@", "debug": "@", "versionCheck": "@", "logLevel": "@", "logCollection": "@",
     "tuner": {"builtinTunerName": "@", "classArgs": "@"},
     "assessor": {"builtinAssessorName": "@", "classArgs": "@"},
@@ -594,7 +605,12 @@ NNI_V2_NOTES: Dict[str, str] = {
     "assessor": "`Medianstop`, or `Pruner` (optuna's pruners)",
     "useAnnotation": "must be false",
     "advisor": "taken as the tuner; NNI's advisors (BOHB, Hyperband) are not available",
-    "nniManagerIp": "for cluster platforms, the address pods reach the manager at (`managerAddress`)",
+    "nniManagerIp": "for cluster platforms, the address pods reach the manager at (`managerAddress`); refused on "
+    "local",
+    "trialGpuNumber": "local: a trial waits for that many free GPUs and gets exactly them, as in NNI's local mode; "
+    "ray: its actor's `num_gpus`; refused on the Kubernetes platforms (set `gpuNumber` per role)",
+    "debug": "must be false",
+    "logLevel": "only `info`",
     "experimentWorkingDirectory": "holds the experiment's dir; the default is `$TRIALKIT_HOME/experiments`",
 }
 

@@ -48,7 +48,7 @@ from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.server import HttpError
 from trialkit.manager.store import Store, new_token
-from trialkit.platforms.base import Platform
+from trialkit.platforms.base import Platform, PlatformStatus
 from trialkit.statuses import (
     EARLY_STOPPED,
     FAILED,
@@ -98,6 +98,7 @@ class Trial:
     intermediate: List[Optional[float]] = field(default_factory=list)
     final: Any = None
     has_final: bool = False
+    retries: int = 0  # restarts after failures not its own (maxTrialRestarts)
 
     @property
     def ended(self) -> bool:
@@ -307,7 +308,21 @@ class Loop:
             return
         if status.status in FINAL_STATUSES:
             self.collect_undelivered(trial)
-            self.finish(trial, status.status, status.reason, status.exit_code)
+            if not self._retried(trial, status):
+                self.finish(trial, status.status, status.reason, status.exit_code)
+
+    def _retried(self, trial: Trial, status: PlatformStatus) -> bool:
+        """A trial that failed for a cause not its own starts again from its checkpoint, up to maxTrialRestarts."""
+        limit = self.config.max_trial_restarts
+        if not (status.status == FAILED and status.retryable and trial.stop is None and self.stopping is None
+                and trial.retries < limit):
+            return False
+        trial.retries += 1
+        self.active.pop(trial.id, None)
+        why = f"restart {trial.retries} of {limit} after: {status.reason or 'a failure not its own'}"
+        self.progress.say(f"trial {trial.id}: {why}")
+        self.requeue(trial, why)
+        return True
 
     def collect_undelivered(self, trial: Trial) -> None:
         """Store what the trial's keeper spooled and could not deliver (its manager was
@@ -322,6 +337,8 @@ class Loop:
         # A stop that came too late to matter (the trial finished with its result) changes nothing.
         if trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
             status, reason = trial.stop
+        if status == SUCCEEDED and not trial.has_final and not reason:
+            reason = "ended without reporting a final result"
         self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
         trial.status, trial.reason, trial.exit_code = status, reason, exit_code
         self.active.pop(trial.id, None)

@@ -39,6 +39,9 @@ class PlatformStatus:
     status: str  # one of the statuses above
     reason: str = ""
     exit_code: Optional[int] = None
+    # FAILED for a cause that is not the trial's own exit code (its node lost, its
+    # pod evicted or OOM-killed, its keeper gone): maxTrialRestarts may start it again.
+    retryable: bool = False
 
 
 class Platform(Protocol):

@@ -331,7 +331,8 @@ class Platform(PlatformBase):
             # The keeper exits with the trial's code: its status file lags (a full disk refused it).
             return PlatformStatus(SUCCEEDED, "", 0)
         how = process.describe_exit(keeper.exit_code) if keeper.exit_code is not None else "an unknown status"
-        return PlatformStatus(FAILED, f"the keeper ended ({how}) before the trial did", keeper.exit_code)
+        return PlatformStatus(FAILED, f"the keeper ended ({how}) before the trial did", keeper.exit_code,
+                              retryable=True)
 
     def stop(self, handle: str, grace: float) -> None:
         """SIGTERM to the keeper (it stops the trial within its grace and flushes); SIGKILL past that."""

@@ -265,11 +265,12 @@ class Platform(PlatformBase):
             result = ray.get(trial.done)
         except ray.exceptions.RayActorError as err:
             status = USER_CANCELED if trial.stop_asked else FAILED
-            return PlatformStatus(status, f"its Ray worker is gone: {_first_line(err)}")
+            return PlatformStatus(status, f"its Ray worker is gone: {_first_line(err)}", retryable=True)
         if trial.kill_asked:
             return PlatformStatus(USER_CANCELED, "killed", result.exit_code)
         if result.status is None:  # the keeper itself was killed
-            return PlatformStatus(USER_CANCELED if trial.stop_asked else FAILED, result.reason, result.exit_code)
+            return PlatformStatus(USER_CANCELED if trial.stop_asked else FAILED, result.reason, result.exit_code,
+                                  retryable=True)
         return PlatformStatus(result.status, result.reason, result.exit_code)
 
     def stop(self, handle: str, grace: Optional[float] = None) -> None:

@@ -45,6 +45,27 @@ def image_failure(pods: Sequence[dict]) -> Optional[str]:
     return None
 
 
+# Why a pod ended that is the cluster's doing, not the trial's: a restart may succeed.
+POD_INFRASTRUCTURE_REASONS = frozenset({"Evicted", "NodeLost", "Shutdown", "Terminated", "NodeShutdown",
+                                        "Preempting", "UnexpectedAdmissionError"})
+CONTAINER_INFRASTRUCTURE_REASONS = frozenset({"OOMKilled", "ContainerStatusUnknown"})
+
+
+def infrastructure_failure(pods: Sequence[dict]) -> Optional[str]:
+    """Why the trial's pods failed when the cluster, not the trial, failed them; None otherwise."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        name = pod["metadata"]["name"]
+        if status.get("reason") in POD_INFRASTRUCTURE_REASONS:
+            detail = f": {status['message']}" if status.get("message") else ""
+            return f"{name}: {status['reason']}{detail}"
+        for container in status.get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            if terminated.get("reason") in CONTAINER_INFRASTRUCTURE_REASONS:
+                return f"{name}: {terminated['reason']}"
+    return None
+
+
 def trial_exit_code(pods: Sequence[dict]) -> Optional[int]:
     """The trial containers' exit code: the first non-zero one, else 0; None if none ended."""
     codes = []
@@ -65,7 +86,11 @@ def trial_status(job_status: PlatformStatus, pods: Sequence[dict]) -> PlatformSt
         failure = image_failure(pods)
         return PlatformStatus(FAILED, failure) if failure else job_status
     if job_status.exit_code is None:
-        return dataclasses.replace(job_status, exit_code=trial_exit_code(pods))
+        job_status = dataclasses.replace(job_status, exit_code=trial_exit_code(pods))
+    cause = infrastructure_failure(pods) if job_status.status == FAILED else None
+    if cause:
+        reason = f"{cause}; {job_status.reason}" if job_status.reason else cause
+        return dataclasses.replace(job_status, reason=reason, retryable=True)
     return job_status
 
 
