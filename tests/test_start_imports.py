@@ -2,9 +2,10 @@
 
 Their start-up is mostly imports (bench/bench_keeper.py races it against
 `python -c pass`). Modules that cost milliseconds and are not needed on that
-path must stay off it: dataclasses (which imports inspect), ast, and
-http.client (with ssl and email) where no manager is set. Each check runs in
-a fresh interpreter and names what pulled the module in.
+path must stay off it: dataclasses (which imports inspect), ast, shutil (with
+zlib, bz2, lzma), AdaptDL's wiring (it brings its checkpoint hook's module),
+and http.client (with ssl and email) where no manager is set. Each check runs
+in a fresh interpreter and names what pulled the module in.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from conftest import ROOT
 
-HEAVY = ("dataclasses", "inspect", "ast", "http.client", "ssl")
+HEAVY = ("dataclasses", "inspect", "ast", "http.client", "ssl", "shutil", "trialkit.adaptdl")
 
 PROBE = """
 import builtins, json, sys

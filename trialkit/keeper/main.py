@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import List, NoReturn, Optional, Sequence, Tuple
 
-from trialkit import adaptdl, env, layout, records
+from trialkit import env, layout, records
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, missing_sdk_hint
 from trialkit.keeper.reporter import Reporter
@@ -205,6 +205,10 @@ def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env
 def final_status(child: Child, stop_asked: bool) -> str:
     if child.exit_code == 0:
         return SUCCEEDED
+    # Loaded only here: AdaptDL's wiring brings its checkpoint hook's module (json, ctypes,
+    # shutil), ~2 ms that a keeper's start and a successful trial's way out do without.
+    from trialkit import adaptdl
+
     # 143 from exit(), not from dying of SIGTERM: the trial saved a checkpoint.
     if child.killed_by is None and adaptdl.is_checkpointed_exit(child.exit_code, stop_asked):
         return PREEMPTED
