@@ -26,6 +26,7 @@ import io
 import json
 import os
 import signal
+import sqlite3
 import sys
 import time
 from contextlib import closing
@@ -103,11 +104,17 @@ def cmd_render(opts: argparse.Namespace) -> int:
 def cmd_experiment_list(opts: argparse.Namespace) -> int:
     rows = []
     for experiment_dir in paths.all_experiment_dirs():
-        with _store(experiment_dir) as store:
-            experiment = store.experiment(experiment_dir.name)
-            if experiment is None:
-                continue
-            trials = store.trials(experiment_dir.name)
+        try:
+            with _store(experiment_dir) as store:
+                experiment = store.experiment(experiment_dir.name)
+                if experiment is None:
+                    continue
+                trials = store.trials(experiment_dir.name)
+        except (sqlite3.DatabaseError, DamagedStore) as err:
+            # One damaged store (garbage bytes, a cut-off copy) is one line: the others still list.
+            rows.append((experiment_dir.name, "", f"DAMAGED ({paths.DB_NAME}: {getattr(err, 'reason', err)})",
+                         "-", "-"))
+            continue
         done = sum(t["status"] == "SUCCEEDED" for t in trials)
         rows.append((experiment_dir.name, experiment["config"].get("experimentName") or "",
                      background.status(experiment_dir, experiment), f"{done}/{len(trials)}", when(experiment["created"])))
@@ -257,10 +264,16 @@ def cmd_experiment_plot(opts: argparse.Namespace) -> int:
     with _store(paths.experiment_dir(opts.experiment_id)) as store:
         _experiment(store, opts.experiment_id)
         rows = trial_rows(store, opts.experiment_id)
-    if not Path(opts.output).parent.is_dir():
-        raise UserError(f"no directory {str(Path(opts.output).parent)!r} to write into", "-o", "create it first")
-    plot_experiment(rows, f"experiment {opts.experiment_id}", Path(opts.output))
-    print(opts.output)
+    output = Path(opts.output)
+    if output.is_dir():
+        output = output / f"{opts.experiment_id}.png"  # -o DIR: the plot goes inside it, as `render -o DIR` does
+    if not output.parent.is_dir():
+        raise UserError(f"no directory {str(output.parent)!r} to write into", "-o", "create it first")
+    try:
+        plot_experiment(rows, f"experiment {opts.experiment_id}", output)
+    except OSError as err:
+        raise UserError(f"cannot write {str(output)!r}: {err.strerror}", "-o", "check the path") from None
+    print(output)
     return 0
 
 
@@ -426,9 +439,18 @@ def cmd_ui(opts: argparse.Namespace) -> int:
 # -- helpers ----------------------------------------------------------------------------
 
 
-def _store(experiment_dir: Path) -> "closing[Store]":
-    return closing(Store.in_dir(experiment_dir))
+class DamagedStore(UserError):
+    def __init__(self, experiment_dir: Path, err: sqlite3.DatabaseError):
+        self.reason = str(err)
+        super().__init__(f"its store is damaged ({paths.DB_NAME}: {err})", f"experiment {experiment_dir.name}",
+                         f"restore {experiment_dir / paths.DB_NAME} from a copy, or remove {experiment_dir}")
 
+
+def _store(experiment_dir: Path) -> "closing[Store]":
+    try:
+        return closing(Store.in_dir(experiment_dir))
+    except sqlite3.DatabaseError as err:
+        raise DamagedStore(experiment_dir, err) from None
 
 def _experiment(store: Store, experiment_id: str) -> Dict[str, Any]:
     experiment = store.experiment(experiment_id)
@@ -571,7 +593,8 @@ def build_parser() -> ArgumentParser:
     plot = _experiment_id(_command(sub, "plot", cmd_experiment_plot, "plot an experiment's metrics to a PNG",
                                    "Intermediate metric curves per trial, and the final metric against each "
                                    "parameter, in one PNG."))
-    plot.add_argument("-o", "--output", metavar="FILE.png", required=True, help="the PNG file to write")
+    plot.add_argument("-o", "--output", metavar="FILE.png", required=True,
+                      help="the PNG file to write (a directory: <experiment id>.png inside it)")
 
     trial = _command(commands, "trial", None, "list, inspect, follow or kill trials",
                      "Commands on trials, found by id (<experiment id>-<sequence>).")

@@ -319,10 +319,10 @@ def _platform_topology(e: Mapping[str, str]) -> Dict[str, Any]:
         # Kubeflow PyTorchJob. PET_* since training-operator 1.4; before, one
         # process per pod with WORLD_SIZE pods and RANK the pod's index.
         # LOCAL_RANK marks a torchrun worker, whose RANK is not a node rank.
-        nnodes = e.get("PET_NNODES") or e["WORLD_SIZE"]
+        name = "PET_NNODES" if e.get("PET_NNODES") else "WORLD_SIZE"
         out: Dict[str, Any] = {
             "source": "PyTorchJob",
-            "num_nodes": _topology_int({"n": nnodes.split(":")[-1]}, "n"),  # "min:max" when elastic
+            "num_nodes": _topology_int({name: e[name].split(":")[-1]}, name),  # "min:max" when elastic
             "node_rank": _topology_int(e, "PET_NODE_RANK" if e.get("PET_NODE_RANK") else "RANK"),
             "slots_per_node": _topology_int(e, "PET_NPROC_PER_NODE"),  # may be "auto": then ours
             "chief_addr": e.get("MASTER_ADDR"),
@@ -399,6 +399,9 @@ def _check_topology(topo: Topology, e: Mapping[str, str]) -> None:
     if not 0 <= topo.node_rank < topo.num_nodes:
         raise UserError(f"node rank {topo.node_rank} is outside 0..{topo.num_nodes - 1}",
                         f"topology from {topo.source}", f"set {NODE_RANK} below {NUM_NODES}")
+    if topo.chief_port is not None and not 0 < topo.chief_port < 65536:
+        named = next((name for name in (CHIEF_PORT, "MASTER_PORT") if e.get(name)), f"topology from {topo.source}")
+        raise UserError(f"port {topo.chief_port} is outside 1..65535", named, "give the chief a port from 1 to 65535")
     if topo.num_nodes > 1 and topo.chief_addr in ("127.0.0.1", "localhost") and not e.get(CHIEF_ADDR):
         raise UserError(f"{topo.num_nodes} nodes but no chief address", f"topology from {topo.source}",
                         f"set {CHIEF_ADDR} to node 0's address")

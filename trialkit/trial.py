@@ -21,13 +21,14 @@ error inside the user's module is theirs and keeps its traceback.
 """
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Type
+from typing import Any, Dict, List, Optional, Tuple, Type
 
 from trialkit import env
 from trialkit.errors import UserError
@@ -88,13 +89,65 @@ def split_spec(spec: str) -> Tuple[str, str]:
 
 
 def check_spec(spec: str) -> None:
-    """What can be checked without importing the user's code (the launcher is kept light)."""
-    where, _ = split_spec(spec)
+    """The file or module and its class found, without running the user's code (the launcher stays light
+    and no engine starts for a name that is not there): the source is read, not imported."""
+    where, name = split_spec(spec)
     if where.endswith(".py"):
         if not os.path.isfile(where):
             raise UserError(f"no file {where}", "--trial", f"check the path (from {os.getcwd()})")
+        source: Optional[str] = where
     elif not all(part.isidentifier() for part in where.split(".")):
         raise UserError(f"{where!r} is not a module name", "--trial", FORMAT_HINT)
+    else:
+        source = _module_source(where)
+    if source is not None and not _may_define(source, name):
+        raise UserError(f"{where} has no class {name}", "--trial", "check the class name")
+
+
+def _module_source(name: str) -> Optional[str]:
+    """The .py file of module `name` (its packages are imported, the module is not); None when not Python source."""
+    _cwd_on_path()
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError as err:
+        spec, name = None, err.name or name
+    except (ImportError, ValueError):
+        return None  # a package that fails to import: the import in the worker says why
+    if spec is None:
+        raise UserError(f"no module named {name}", "--trial", f"run from the directory that holds it, or {FORMAT_HINT}")
+    return spec.origin if spec.origin and spec.origin.endswith(".py") else None
+
+
+def _may_define(path: str, name: str) -> bool:
+    """Whether the file's top level defines, assigns or imports `name` (True when it cannot tell)."""
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return True  # importing it will say what is wrong
+    found, dynamic = set(), False
+    statements = list(tree.body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.add(node.name)
+            dynamic |= node.name == "__getattr__"
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                dynamic |= alias.name == "*"
+                found.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):  # definitions under a guard
+            statements.extend(getattr(node, "body", []) + getattr(node, "orelse", [])
+                              + getattr(node, "finalbody", []) + [s for h in getattr(node, "handlers", []) for s in h.body])
+    return dynamic or name in found
+
+
+def _cwd_on_path() -> None:
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def load(spec: str) -> Type[Trial]:
@@ -112,8 +165,7 @@ def load(spec: str) -> Type[Trial]:
 
 
 def _import_module(name: str):
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    _cwd_on_path()
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as err:

@@ -32,10 +32,10 @@ def setup(prog: str, engine: str, argv: Optional[Sequence[str]]) -> Tuple[gramma
         if launch.trial:
             trials.check_spec(launch.trial)
         topo = env.topology()
+        if topo.chief_port is None:
+            topo = topo._replace(chief_port=free_port(topo.chief_addr))
     except UserError as err:
         report_and_exit(prog, err)
-    if topo.chief_port is None:
-        topo = topo._replace(chief_port=free_port(topo.chief_addr))
     return launch, topo
 
 
@@ -55,6 +55,11 @@ def supervise(prog: str, engine: str, launch: grammar.Launch, topo: env.Topology
 
 def free_port(addr: str) -> int:
     """A port free on addr now, for a single node's rendezvous (a fixed one collides between trials)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((addr, 0))
-        return sock.getsockname()[1]
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET  # TRIALKIT_CHIEF_ADDR=::1
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((addr, 0))
+            return sock.getsockname()[1]
+    except OSError as err:
+        raise UserError(f"cannot listen on {addr}: {err.strerror or err}", env.CHIEF_ADDR,
+                        "give this node's own address (or leave it unset on one node)") from None

@@ -56,10 +56,15 @@ def create_experiment_dir(experiment_id: str, working_directory: Optional[str] =
     """An experiment's dir, made if new; under `working_directory` when given, linked from the default root."""
     default = experiments_root() / experiment_id
     path = experiments_root(working_directory) / experiment_id
-    path.mkdir(parents=True, exist_ok=True)  # `run --detach` makes it before its background run
-    if path != default and not default.is_symlink():
-        default.parent.mkdir(parents=True, exist_ok=True)
-        default.symlink_to(path.absolute(), target_is_directory=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)  # `run --detach` makes it before its background run
+        if path != default and not default.is_symlink():
+            default.parent.mkdir(parents=True, exist_ok=True)
+            default.symlink_to(path.absolute(), target_is_directory=True)
+    except OSError as err:
+        where = "experimentWorkingDirectory" if working_directory else HOME_ENV
+        raise UserError(f"cannot make the experiment's dir {err.filename or path}: {err.strerror or err}", where,
+                        "point it at a directory you can write") from None
     return path
 
 

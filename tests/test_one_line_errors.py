@@ -1,0 +1,161 @@
+"""Bad inputs get one line and exit 2, never a traceback (issue 16, points 7 and 8).
+
+Each case is run as a user runs it: the `trialkit` command or a launcher,
+in a fresh TRIALKIT_HOME. What a user sees is asserted: the exit status,
+one line on stderr naming what was wrong, no "Traceback".
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from harness import child_environ
+from trialkit.manager.store import Store
+
+PYTHON = sys.executable
+TIMEOUT = 60.0
+BASE = {"searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}}, "trialCommand": "python3 -c pass",
+        "trialConcurrency": 1, "maxTrialNumber": 1,
+        "tuner": {"name": "Random", "classArgs": {"optimize_mode": "maximize"}},
+        "trainingService": {"platform": "local"}}
+
+
+def config_text(**keys) -> str:
+    return yaml.safe_dump({**BASE, **keys}, sort_keys=False)
+
+
+def deep_space(levels: int) -> str:
+    return config_text().replace(
+        "searchSpace:\n  x:\n    _type: choice\n    _value:\n    - 1\n    - 2\n",
+        'searchSpace: {"x": ' + '{"_type": "choice", "_value": [' * levels + "1" + "]}" * levels + "}\n")
+
+
+def billion_laughs() -> str:
+    lines = ["searchSpace:", "  x:", "    _type: choice", "    _value:", '      - &a ["x","x","x","x","x","x","x","x","x","x"]']
+    for name, previous in zip("bcdefghi", "abcdefgh"):
+        lines.append(f"      - &{name} [" + ",".join([f"*{previous}"] * 10) + "]")
+    rest = yaml.safe_dump({k: v for k, v in BASE.items() if k != "searchSpace"}, sort_keys=False)
+    return "\n".join(lines) + "\n" + rest
+
+
+# (name, the config's text, what the one line names)
+RUN_CASES = [
+    ("working dir under /dev/null", config_text(experimentWorkingDirectory="/dev/null/x"), "experimentWorkingDirectory"),
+    ("working dir under /sys", config_text(experimentWorkingDirectory="/sys/x"), "experimentWorkingDirectory"),
+    ("working dir under /proc", config_text(experimentWorkingDirectory="/proc/x"), "experimentWorkingDirectory"),
+    ("code dir /proc/self", config_text(trialCodeDirectory="/proc/self"), "trialCodeDirectory"),
+    ("search space nested 3000 deep", deep_space(3000), "nested deeper than 100"),
+    ("aliases of aliases in _value", billion_laughs(), "expands to more than"),
+    ("a key given twice", config_text() + "trialConcurrency: 2\n", "'trialConcurrency' is given twice (first at line"),
+]
+
+
+def assert_one_line(done: subprocess.CompletedProcess, names: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert names in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("name, text, names", RUN_CASES, ids=[case[0] for case in RUN_CASES])
+def test_a_bad_config_is_one_line(tmp_path, name, text, names):
+    code = tmp_path / "code"  # the experiments live outside the code dir (TRIALKIT_HOME)
+    code.mkdir()
+    (code / "config.yml").write_text(text)
+    done = subprocess.run([PYTHON, "-m", "trialkit.cli", "run", str(code / "config.yml")], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=child_environ(TRIALKIT_HOME=str(tmp_path / "home")))
+    assert_one_line(done, names)
+
+
+TRIAL_FILE = "import trialkit\n\n\nclass Fine(trialkit.Trial):\n    def run(self):\n        pass\n"
+LAUNCH_CASES = [
+    ("--trial names no module", ["--trial", "no_such_module_here:Fine"], {}, "no module named no_such_module_here"),
+    ("--trial names no class in a module", ["--trial", "fine_trial:Missing"], {}, "fine_trial has no class Missing"),
+    ("--trial names no class in a file", ["--trial", "fine_trial.py:Missing"], {}, "has no class Missing"),
+    ("chief port out of range", ["script.py"], {"TRIALKIT_CHIEF_PORT": "99999"}, "TRIALKIT_CHIEF_PORT"),
+    ("chief address not of this node", ["script.py"], {"TRIALKIT_CHIEF_ADDR": "no.such.host.invalid"},
+     "TRIALKIT_CHIEF_ADDR"),
+    ("PET_NNODES not a number", ["script.py"], {"PET_NNODES": "1:x"}, "PET_NNODES"),
+]
+
+
+@pytest.mark.parametrize("engine", ["torch_distributed", "deepspeed"])
+@pytest.mark.parametrize("name, args, environ, names", LAUNCH_CASES, ids=[case[0] for case in LAUNCH_CASES])
+def test_a_bad_launch_is_one_line_before_any_engine_starts(tmp_path, engine, name, args, environ, names):
+    (tmp_path / "fine_trial.py").write_text(TRIAL_FILE)
+    (tmp_path / "script.py").write_text("print('ran')\n")
+    done = subprocess.run([PYTHON, "-m", f"trialkit.launch.{engine}", *args], capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=tmp_path, env=child_environ(**environ))
+    assert_one_line(done, names)
+    assert "ran" not in done.stdout
+
+
+def test_a_chief_on_ipv6_loopback_runs(tmp_path):
+    (tmp_path / "script.py").write_text("print('ran')\n")
+    done = subprocess.run([PYTHON, "-m", "trialkit.launch.torch_distributed", "script.py"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=child_environ(TRIALKIT_CHIEF_ADDR="::1"))
+    assert done.returncode == 0, done.stderr
+    assert "ran" in done.stdout and "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------- stored experiments
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    home = tmp_path / "home"
+    for experiment_id in ("good1", "good2"):
+        store = Store.in_dir(home / "experiments" / experiment_id)
+        store.create_experiment(experiment_id, config={"experimentName": f"name-{experiment_id}"})
+        store.close()
+    bad = home / "experiments" / "bad1"
+    bad.mkdir(parents=True)
+    (bad / "trialkit.db").write_bytes(os.urandom(8192))  # garbage where the store should be
+    return home
+
+
+def cli(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "trialkit.cli", *args], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=child_environ(TRIALKIT_HOME=str(home)))
+
+
+def test_a_damaged_store_is_one_line_of_the_list_and_the_others_still_list(home):
+    done = cli(home, "experiment", "list")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()[2:]}
+    assert set(lines) == {"bad1", "good1", "good2"}
+    assert "DAMAGED (trialkit.db: file is not a database)" in lines["bad1"]
+    assert "name-good1" in lines["good1"] and "name-good2" in lines["good2"]
+    assert_one_line(cli(home, "experiment", "show", "bad1"), "its store is damaged")
+
+
+def test_plot_into_a_directory_writes_inside_it(home, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots"
+    out.mkdir()
+    done = cli(home, "experiment", "plot", "good1", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert (out / "good1.png").read_bytes().startswith(b"\x89PNG")
+    assert not (tmp_path / "plots.png").exists()
+
+
+def test_trialkit_ui_serves_on_ipv6_loopback(home):
+    proc = subprocess.Popen([PYTHON, "-m", "trialkit.cli", "ui", "good1", "--host", "::1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=child_environ(TRIALKIT_HOME=str(home)))
+    try:
+        url = proc.stdout.readline().split()[-1]
+        assert url.startswith("http://[::1]:"), (url, proc.stderr.read() if proc.poll() is not None else "")
+        base, token = url.split("/?token=")
+        token = token.split("#")[0]
+        listed = requests.get(f"{base}/api/ui/experiments", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert [e["id"] for e in listed.json()] == ["good1"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+        proc.stderr.close()
