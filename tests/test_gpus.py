@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import requests
 
 from experiment_util import cli, experiment, experiment_id, start_cli, stored
 from gpu_util import fake_gpus, most_at_once, overlapping, runs, trial_script, uuid
@@ -115,17 +116,41 @@ def test_a_config_asking_for_more_gpus_than_the_pool_holds_is_refused_at_start(t
 # -- scheduling: real experiments ------------------------------------------------------------
 
 
-def test_one_gpu_a_trial_never_more_trials_than_gpus_each_its_own(tmp_path, monkeypatch):
+def test_one_gpu_a_trial_never_more_trials_than_gpus_each_its_own(tmp_path, monkeypatch, home):
     fake_gpus(tmp_path, monkeypatch, 4)
-    log = tmp_path / "runs.log"
-    run_to_end(gpu_experiment(tmp_path, log, group=4, trials=8, concurrency=8))
+    log, gate = tmp_path / "runs.log", tmp_path / "go"
+    proc = start_cli("run", gpu_experiment(tmp_path, log, group=1, trials=8, concurrency=8, gate=gate))
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        # All eight are submitted at once (concurrency 8): four start, four wait for a GPU.
+        wait_until(lambda: len(waiting_for_a_gpu(home, exp)) == 4, 60, "four trials to wait for a GPU")
+        wait_until(lambda: len(list(Path(f"{log}.starts").iterdir())) == 4, 60, "four trials to start")
+        assert sorted(waiting_for_a_gpu(home, exp)) == [f"{exp}-{n:05d}" for n in range(4, 8)]
+        gate.touch()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:
+        stop(proc)
     done = runs(log)
-    assert len(done) == 8 and all(r["barrier"] for r in done)  # four at once, twice
-    assert most_at_once(done) == 4
+    assert len(done) == 8 and most_at_once(done) == 4
     assert all(len(r["devices"].split(",")) == 1 for r in done)
     assert all(a["devices"] != b["devices"] for a, b in overlapping(done))
     assert {r["devices"] for r in done} == {"0", "1", "2", "3"}
     assert all(r["nvidia"] == r["devices"] and r["order"] == "PCI_BUS_ID" and r["slots"] == "1" for r in done)
+
+
+def waiting_for_a_gpu(home: Path, exp: str) -> list:
+    """The trials the store shows WAITING for a GPU now."""
+    return [trial for trial, in stored(home, exp, "SELECT id FROM trials WHERE status='WAITING' "
+                                                  "AND reason LIKE 'waiting for 1 GPU%'")]
+
+
+def stop(proc) -> None:
+    """A control plane a test started: killed (SIGKILL) if it still runs, its pipes closed."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
 
 
 def test_two_trials_per_gpu_run_eight_at_once_two_on_each(tmp_path, monkeypatch):
@@ -182,22 +207,32 @@ def test_a_waiting_trial_shows_why_and_kill_9_of_a_keeper_frees_its_gpu(tmp_path
     fake_gpus(tmp_path, monkeypatch, 1)
     log, gate = tmp_path / "runs.log", tmp_path / "go"
     proc = start_cli("run", gpu_experiment(tmp_path, log, group=1, trials=2, concurrency=2, gate=gate))
-    exp = experiment_id(proc.stdout.readline())
-    first, second = f"{exp}-00000", f"{exp}-00001"
-    trials = home / "experiments" / exp / "trials"
-    wait_until(lambda: (trials / first / ".trialkit" / "keeper.pid").exists(), 60, "the first trial's keeper")
-    wait_until(lambda: "waiting for 1 GPU" in cli("trial", "show", second).stdout, 60, "the second to wait")
-    shown = cli("trial", "show", second).stdout
-    assert "status         WAITING: waiting for 1 GPU: 0 of 1 free" in shown
-    listed = table(cli("trial", "list", exp).stdout)
-    assert (listed[first]["status"], listed[first]["gpus"]) == ("RUNNING", "0")
-    assert (listed[second]["status"], listed[second]["gpus"]) == ("WAITING", "-")
-    assert "gpus           0\n" in cli("trial", "show", first).stdout
-    keeper = int((trials / first / ".trialkit" / "keeper.pid").read_text().split()[0])
-    os.kill(keeper, signal.SIGKILL)
-    gate.touch()
-    assert proc.wait(timeout=60) == 0, proc.stderr.read()
-    proc.stdout.close(), proc.stderr.close()
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        proc.stdout.readline()  # manager: ...
+        page, token = proc.stdout.readline().split()[-1].split("#")[0].split("/?token=")
+        first, second = f"{exp}-00000", f"{exp}-00001"
+        trials = home / "experiments" / exp / "trials"
+        wait_until(lambda: (trials / first / ".trialkit" / "keeper.pid").exists(), 60, "the first trial's keeper")
+        wait_until(lambda: waiting_for_a_gpu(home, exp) == [second], 60, "the second to wait")
+        assert "status         WAITING: waiting for 1 GPU: 0 of 1 free" in cli("trial", "show", second).stdout
+        rows = requests.get(f"{page}/api/ui/experiments/{exp}/trials", headers={"Authorization": f"Bearer {token}"},
+                            timeout=10).json()["rows"]
+        assert {row["id"]: row["reason"] for row in rows}[second] == "waiting for 1 GPU: 0 of 1 free"  # the page's
+        wait_until(lambda: table(cli("trial", "list", exp).stdout)[first]["status"] == "RUNNING", 60, "RUNNING")
+        listed = table(cli("trial", "list", exp).stdout)
+        assert (listed[first]["gpus"], listed[second]["gpus"]) == ("0", "-")
+        assert listed[second]["status"] == "WAITING: waiting for 1 GPU: 0 of 1 free"
+        assert "gpus           0\n" in cli("trial", "show", first).stdout
+        keeper = int((trials / first / ".trialkit" / "keeper.pid").read_text().split()[0])
+        os.kill(keeper, signal.SIGKILL)
+        # The second trial starts on the GPU set free; the first, killed with its keeper, never passes the gate.
+        wait_until(lambda: len(list(Path(f"{log}.starts").iterdir())) == 2, 60, "the second trial to start")
+        gate.touch()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:
+        gate.touch()
+        stop(proc)
     assert [(r["trial"], r["devices"]) for r in runs(log)] == [(second, "0")]
     assert stored(home, exp, "SELECT status FROM trials ORDER BY sequence") == [("FAILED",), ("SUCCEEDED",)]
 
@@ -206,22 +241,26 @@ def test_resume_keeps_the_running_trials_gpus_and_gives_none_twice(tmp_path, mon
     fake_gpus(tmp_path, monkeypatch, 2)
     log, gate = tmp_path / "runs.log", tmp_path / "go"
     proc = start_cli("run", gpu_experiment(tmp_path, log, group=1, trials=4, concurrency=3, gate=gate))
-    exp = experiment_id(proc.stdout.readline())
-    held = f"{exp}-00002"
+    resumed = None
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        held = f"{exp}-00002"
 
-    def waits_for_a_gpu() -> int:
-        return stored(home, exp, "SELECT COUNT(*) FROM statuses WHERE trial=? AND reason LIKE 'waiting for 1 GPU%'",
-                      held)[0][0]
+        def times_held() -> int:
+            return stored(home, exp, "SELECT COUNT(*) FROM statuses WHERE trial=? AND reason LIKE "
+                                     "'waiting for 1 GPU%'", held)[0][0]
 
-    wait_until(lambda: waits_for_a_gpu() == 1, 60, "the third trial to wait")
-    proc.kill()  # the control plane dies; the two trials holding the GPUs run on
-    proc.wait()
-    proc.stdout.close(), proc.stderr.close()
-    resumed = start_cli("experiment", "resume", exp)
-    wait_until(lambda: waits_for_a_gpu() == 2, 60, "the third trial to wait again after the resume")
-    gate.touch()
-    assert resumed.wait(timeout=60) == 0, resumed.stderr.read()
-    resumed.stdout.close(), resumed.stderr.close()
+        wait_until(lambda: times_held() == 1, 60, "the third trial to wait")
+        stop(proc)  # kill -9: the control plane dies; the two trials holding the GPUs run on
+        resumed = start_cli("experiment", "resume", exp)
+        wait_until(lambda: times_held() == 2, 60, "the third trial to wait again after the resume")
+        gate.touch()
+        assert resumed.wait(timeout=60) == 0, resumed.stderr.read()
+    finally:
+        gate.touch()
+        stop(proc)
+        if resumed is not None:
+            stop(resumed)
     done = runs(log)
     assert len(done) == 4 and {r["devices"] for r in done} == {"0", "1"}
     assert all(a["devices"] != b["devices"] for a, b in overlapping(done))

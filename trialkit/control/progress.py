@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO
 from trialkit import records
 from trialkit.control.queue import label
 from trialkit.control.results import flat_parameters, metric_value
+from trialkit.statuses import WAITING
 
 _CLEAR_LINE = "\r\x1b[K"
 TICK_SECONDS = 1.0  # how often a TTY's line is refreshed when nothing happens
@@ -158,10 +159,16 @@ def trials_table(rows: List[Dict[str, Any]]) -> str:
     with_gpus = any(row.get("gpus") is not None for row in rows)
     return table(
         ("trial", "status") + (("gpus",) if with_gpus else ()) + ("final", "steps", "duration", "parameters"),
-        [(row["trial_id"], label(row["status"])) + ((gpu_list(row.get("gpus")),) if with_gpus else ())
+        [(row["trial_id"], status_text(row)) + ((gpu_list(row.get("gpus")),) if with_gpus else ())
          + (number(metric_value(row["final"])), len(row["intermediate"]), duration(row["duration"]),
             parameters_text(row["parameters"])) for row in rows],
     )
+
+
+def status_text(row: Dict[str, Any]) -> str:
+    """A trial's status as tables show it; a waiting trial says what it waits for."""
+    waits = row["status"] == WAITING and row.get("reason")
+    return f"{label(row['status'])}: {row['reason']}" if waits else label(row["status"])
 
 
 def gpu_list(indices: Optional[Sequence[int]]) -> str:

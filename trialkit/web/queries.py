@@ -264,6 +264,7 @@ def _trial_row(row: sqlite3.Row, now: float) -> Dict[str, Any]:
         "id": row["id"],
         "sequence": row["sequence"],
         "status": row["status"],
+        "reason": row["reason"] if row["status"] == WAITING else None,  # why it waits (its GPUs, a queue)
         "metric": row["metric"],
         "parameters": _json(row["parameters"]),
         "restarts": row["restart_count"],

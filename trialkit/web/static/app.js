@@ -344,7 +344,7 @@
           onchange: (e) => this.toggle(t.id, e.target.checked)})),
         el('td', {}, el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`}, t.id)),
         el('td', {class: 'num'}, t.sequence),
-        el('td', {}, statusBadge(t.status)),
+        el('td', {}, statusBadge(t.status), t.reason ? el('span', {class: 'muted reason'}, ' ' + t.reason) : ''),
         el('td', {class: 'num metric'}, fmtNumber(t.metric)),
         page.parameters.map((p) => el('td', {class: 'param'}, fmtValue((t.parameters || {})[p]))),
         el('td', {class: 'num'}, t.restarts),
