@@ -1,6 +1,7 @@
 """Rescale latency of adaptdl-ray on a local Ray cluster: from a node's loss to training resumed.
 
     python bench/bench_ray_rescale.py [--runs 5] [--kinds stop,spot,crash] [--checkpoint-every SECONDS]
+                                      [--train-before SECONDS]
 
 One cluster as the tests build it (tests/ray_cluster.py: a head and node2, 2
 CPUs each) and one long adaptdl-ray job on examples/adaptdl_ray/train.py with
@@ -129,7 +130,8 @@ def bring_node2_back(kind: str, cluster: RayCluster) -> None:
     cluster.start_node("node2")
 
 
-def sample(kind: str, cluster: RayCluster, job: Job) -> Dict[str, float]:
+def sample(kind: str, cluster: RayCluster, job: Job, train_before: float) -> Dict[str, float]:
+    time.sleep(train_before)  # training on 2 workers since the last restart: what a crash can lose
     began = take_node2_away(kind, cluster)
     at_event = job.last_epoch(began)
     resumed = job.resumed_with(began, 1)
@@ -161,6 +163,8 @@ def main() -> int:
     parser.add_argument("--log", metavar="FILE", help="write adaptdl-ray's output there, each line timed")
     parser.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
                         help="adaptdl-ray's periodic checkpoints (default: its own default)")
+    parser.add_argument("--train-before", type=float, default=0.0, metavar="SECONDS",
+                        help="training time before each event (default %(default)g)")
     opts = parser.parse_args()
     kinds = [k for k in opts.kinds.split(",") if k]
     os.environ.setdefault("TRIALKIT_TEST_TAG", "bench-ray-rescale")
@@ -176,7 +180,7 @@ def main() -> int:
         job.resumed_with(0.0, 2)
         for run in range(opts.runs):
             for kind in kinds:  # round-robin: the machine's load falls on every kind alike
-                stages = sample(kind, cluster, job)
+                stages = sample(kind, cluster, job, opts.train_before)
                 results[kind].append(stages)
                 print(f"run {run + 1} {kind}: {stages['total']:.1f} s, caught up {stages['caught up']:.1f} s",
                       flush=True)
