@@ -99,9 +99,11 @@ def free_port() -> int:
 def run_nni(nnictl: str, config: Path, trials: int, poll: float) -> float:
     port = free_port()
     api = f"http://127.0.0.1:{port}/api/v1/nni"
+    # NNI keeps a registry of experiments under ~/nni-experiments: this run's goes in its own dir.
+    env = dict(os.environ, HOME=str(config.parent))
     started = time.monotonic()
     created = subprocess.run([nnictl, "create", "--config", str(config), "--port", str(port)], cwd=config.parent,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if created.returncode != 0:
         sys.exit(f"nnictl create failed ({created.returncode}):\n{created.stdout[-3000:]}")
     session = requests.Session()
@@ -116,7 +118,8 @@ def run_nni(nnictl: str, config: Path, trials: int, poll: float) -> float:
         experiment = session.get(f"{api}/experiment", timeout=30).json()["id"]
     finally:
         session.close()
-    subprocess.run([nnictl, "stop", experiment], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run([nnictl, "stop", experiment], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   check=True)
     succeeded = sum(job["status"] == "SUCCEEDED" for job in jobs)
     if succeeded != trials:
         sys.exit(f"NNI ran {trials} trials but only {succeeded} succeeded: {[job['status'] for job in jobs]}")
