@@ -192,6 +192,29 @@ def test_a_gpu_another_process_uses_stays_free_unless_use_active_gpu(tmp_path, m
     assert {r["devices"] for r in runs(log2)} == {"0", "1", "2", "3"}
 
 
+def test_a_waiting_trial_can_be_killed_and_the_next_starts_when_the_other_process_leaves(tmp_path, monkeypatch,
+                                                                                          home):
+    smi = fake_gpus(tmp_path, monkeypatch, 1)
+    smi.set(apps=[[uuid(0), psutil.Process().pid]])
+    log = tmp_path / "runs.log"
+    proc = start_cli("run", gpu_experiment(tmp_path, log, group=1, trials=2, concurrency=2))
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        first, second = f"{exp}-00000", f"{exp}-00001"
+        wait_until(lambda: len(waiting_for_a_gpu(home, exp)) == 2, 60, "both trials to wait")
+        reason = stored(home, exp, "SELECT reason FROM trials WHERE id=?", first)[0][0]
+        assert reason == "waiting for 1 GPU: 0 of 1 free; GPU 0 busy with other processes (useActiveGpu: false)"
+        killed = cli("trial", "kill", first)
+        assert killed.returncode == 0, killed.stderr
+        wait_until(lambda: stored(home, exp, "SELECT status FROM trials WHERE id=?", first) == [("USER_CANCELED",)],
+                   60, "the killed trial to end")
+        smi.set(apps=[])  # the other process leaves; nvidia-smi is asked again within seconds
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:
+        stop(proc)
+    assert [(r["trial"], r["devices"]) for r in runs(log)] == [(second, "0")]
+
+
 def test_zero_gpus_hides_every_gpu_and_no_key_leaves_them_alone(tmp_path, monkeypatch):
     fake_gpus(tmp_path, monkeypatch, 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
