@@ -44,7 +44,7 @@ def nested(depth: int, leaf=1):
 
 DEEP = st.integers(min_value=0, max_value=200).map(nested)
 ANY = st.one_of(VALUES, DEEP)
-FIELDS = ("type", "value", "sequence", "parameter_id", "time", "source", "trial_job_id", "rank")
+FIELDS = ("type", "value", "sequence", "parameter_id", "time", "source", "trial_job_id", "rank", "run")
 TYPES = st.one_of(st.sampled_from(records.RECORD_TYPES), ANY)
 STATUS_VALUES = st.fixed_dictionaries({"status": st.one_of(st.sampled_from(records.STATUSES), ANY)},
                                       optional={"exit_code": ANY, "restart_count": ANY, "reason": ANY})

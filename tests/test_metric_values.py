@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from experiment_util import cli, experiment, experiment_id, export
-from harness import PYTHON, Manager, start_keeper
+from harness import PYTHON, Manager, start_keeper, wait_until
 from trialkit import layout, records
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
@@ -300,3 +301,44 @@ def test_a_page_offset_beyond_64_bits_is_a_400(tmp_path):
     finally:
         server.stop()
         store.close()
+
+
+# ---------------------------------------------------------------- runs of a restarted trial (issue 16 point 4)
+
+def test_a_restarted_trial_keeps_its_runs_apart_and_shows_the_latest(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    m = Manager(home / "experiments" / "exp")
+    m.register("t1", "token-1")
+    m.start()
+    try:
+        # Run 0 is lost after 5 steps (the machine dies: kill -9 of its keeper, whose child dies with it);
+        # run 1 (the keeper counts up on the same trial dir) starts from step 0 again.
+        script = tmp_path / "lost.py"
+        script.write_text("import time, trialkit\nfor i in range(5): trialkit.report_intermediate_result(100 + i)\n"
+                          "time.sleep(600)\n")
+        first = start_keeper(tmp_path / "trial", [PYTHON, str(script)], manager=m)
+        wait_until(lambda: m.store.count_records("t1") >= 6, 60, "run 0's steps to arrive")  # RUNNING + 5
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=60)
+        again = run_keeper(tmp_path, m, "import trialkit\nfor i in range(3): trialkit.report_intermediate_result(200 + i)\n"
+                                        "print(\"NNISDK_MEb'\" + '{\"type\": \"FINAL\", \"value\": \"7\"}' + \"'\")\n")
+        assert again.returncode == 0, again.stderr
+        stored = [(r["run"], r["value"]) for r in m.store.records_for("t1") if r["type"] in records.METRIC_TYPES]
+        assert stored == [(0, 100 + i) for i in range(5)] + [(1, 200 + i) for i in range(3)] + [(1, 7)]
+        latest = export("exp")
+        assert [(r["run"], r["intermediate"], r["final"]) for r in latest] == [(1, [200, 201, 202], 7)]
+        every = json.loads(cli("experiment", "export", "exp", "--all-runs").stdout)
+        assert [(r["run"], r["intermediate"], r["final"]) for r in every] == [
+            (0, [100, 101, 102, 103, 104], None), (1, [200, 201, 202], 7)]
+        csv_lines = cli("experiment", "export", "exp", "--all-runs", "--format", "csv").stdout.splitlines()
+        run_column = csv_lines[0].split(",").index("run")
+        assert [line.split(",")[run_column] for line in csv_lines[1:]] == ["0", "1"]
+        page = Database(m.store.path)
+        try:
+            with page.reading() as db:
+                assert queries.curves(db, "exp", ["t1"])["series"][0]["values"] == [200, 201, 202]
+        finally:
+            page.close()
+    finally:
+        m.close()

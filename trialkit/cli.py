@@ -3,7 +3,7 @@
     trialkit run CONFIG [--port P] [--detach]
     trialkit render CONFIG [--trial N] [-o DIR]
     trialkit experiment list | show ID | stop ID | resume ID [--port P] [--detach] | pause ID | activate ID
-                        | export ID [--format json|csv] [-o FILE] | plot ID -o FILE.png
+                        | export ID [--format json|csv] [-o FILE] [--all-runs] | plot ID -o FILE.png
                         | update ID [--trial-concurrency N] [--max-trial-number N] [--max-experiment-duration D]
                                     [--search-space FILE]
                         | import ID -f FILE
@@ -246,7 +246,7 @@ def cmd_experiment_resume(opts: argparse.Namespace) -> int:
 def cmd_experiment_export(opts: argparse.Namespace) -> int:
     with _store(paths.experiment_dir(opts.experiment_id)) as store:
         _experiment(store, opts.experiment_id)
-        rows = trial_rows(store, opts.experiment_id)
+        rows = trial_rows(store, opts.experiment_id, all_runs=opts.all_runs)
     text = to_json(rows) if opts.format == "json" else to_csv(rows)
     if opts.output is None:
         sys.stdout.write(text)
@@ -590,6 +590,8 @@ def build_parser() -> ArgumentParser:
                                      "metrics, as JSON (a list of trials) or CSV (a line per trial)."))
     export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
     export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+    export.add_argument("--all-runs", action="store_true",
+                        help="a row per run of each trial (a restarted trial starts a new run); default: its latest run")
     plot = _experiment_id(_command(sub, "plot", cmd_experiment_plot, "plot an experiment's metrics to a PNG",
                                    "Intermediate metric curves per trial, and the final metric against each "
                                    "parameter, in one PNG."))

@@ -1,7 +1,9 @@
 """Record shapes and the framing codecs the SDK, the keeper and the manager share.
 
 A metric record is NNI-shaped, `{"parameter_id", "trial_job_id", "type",
-"sequence", "value"}` plus the `time` it was reported; unlike NNI's wire form,
+"sequence", "value"}` plus the `time` it was reported and the `run` it belongs
+to (the trial's restart count: a restarted trial numbers its steps from 0
+again, and runs are kept apart); unlike NNI's wire form,
 `value` is the metric itself (a number or a dict with a "default" key), not
 the metric dumped to a string again. A status record is `{"type": "STATUS",
 "value": {"status", ...}}`. On the way to the manager the keeper adds `seq`,
@@ -166,8 +168,9 @@ def parameter_id(raw: Optional[str], fallback: int) -> Any:
     return number if in_int64(number) else raw  # beyond SQLite's integers: kept as the text it is
 
 
-def status_record(status: str, fields: Dict[str, Any], trial_id: str) -> Dict[str, Any]:
-    return {"type": STATUS, "trial_job_id": trial_id, "time": time.time(), "value": {"status": status, **fields}}
+def status_record(status: str, fields: Dict[str, Any], trial_id: str, run: Optional[int] = None) -> Dict[str, Any]:
+    return {"type": STATUS, "trial_job_id": trial_id, "time": time.time(), "run": run,
+            "value": {"status": status, **fields}}
 
 
 def nni_parameter_cfg(pid: Any, parameters: Dict[str, Any]) -> Dict[str, Any]:
@@ -186,8 +189,11 @@ def _ident(value: Any) -> Any:
     return str(value)
 
 
-def normalize(obj: Any, source: str) -> Optional[Dict[str, Any]]:
-    """A decoded trialkit or NNI record in trialkit's shape, valid on the wire; None for NNI's parameter requests."""
+def normalize(obj: Any, source: str, run: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """A decoded trialkit or NNI record in trialkit's shape, valid on the wire; None for NNI's parameter requests.
+
+    `run` is the keeper's run number, for records that do not carry one (NNI's SDK writes none).
+    """
     if type(obj) is not dict:
         raise BadRecord(f"expected a JSON object, got {type(obj).__name__}")
     kind = obj.get("type")
@@ -213,6 +219,7 @@ def normalize(obj: Any, source: str) -> Optional[Dict[str, Any]]:
         "value": value,
         "time": _seconds(when),
         "source": source,
+        "run": obj.get("run", run),
     }
     problem = record_problem(rec)
     if problem:
@@ -276,9 +283,10 @@ def record_problem(rec: Dict[str, Any]) -> Optional[str]:
                 return problem
     elif not depth_ok(value):
         return f"value nests deeper than {MAX_DEPTH} levels"
-    problem = _field_problem("sequence", rec.get("sequence"), int)
-    if problem:
-        return problem
+    for key in ("sequence", "run"):
+        problem = _field_problem(key, rec.get(key), int)
+        if problem:
+            return problem
     when = rec.get("time")
     if when is not None and type(when) is not float:
         problem = _field_problem("time", when, int)  # an int time must fit the column too

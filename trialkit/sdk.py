@@ -38,7 +38,7 @@ class Session:
         self._warned: Set[str] = set()
         # The parts of a record that never change, encoded once.
         ident = {"parameter_id": records.parameter_id(trial.parameter_id, trial.sequence),
-                 "trial_job_id": trial.trial_id}
+                 "trial_job_id": trial.trial_id, "run": trial.restart_count}
         if trial.report_all_ranks:
             ident["rank"] = trial.rank
         self._tail = records.dumps(ident)[1:]

@@ -1,14 +1,17 @@
 """An experiment's results as rows: what `export`, `show`, `plot`, the summary and the Python API return.
 
     rows = trial_rows(store, experiment_id)   # one dict per trial, in sequence order
+    trial_rows(store, experiment_id, all_runs=True)  # one per run of each trial (export --all-runs)
     best_row(rows, "maximize")
     to_json(rows) / to_csv(rows)
 
 A row holds the trial's id, sequence, parameter id, parameters, status, exit
-code, reason, restart count, start and end times, and its metrics as
-reported: `intermediate` (every PERIODICAL value, in order) and `final` (the
-first FINAL value, or None), each as reported, whatever JSON allowed; and
-`rejected`, the records the manager refused (`{"seq", "reason", "record"}`).
+code, reason, restart count, start and end times, and the metrics of one run
+(a restarted trial's runs are kept apart; by default its latest run that
+reported any): `run`, `intermediate` (every PERIODICAL value, in order) and
+`final` (the first FINAL value, or None), each as reported, whatever JSON
+allowed; and `rejected`, the records the manager refused (`{"seq", "reason",
+"record"}`).
 `metric_value` (records.metric_number) gives the number tuners compare: None
 for a value that is not a finite number a float holds.
 """
@@ -24,7 +27,7 @@ from trialkit import gpus, records
 from trialkit.manager.store import Store
 from trialkit.statuses import SUCCEEDED
 
-_ROW_FIELDS = ("trial_id", "sequence", "parameter_id", "status", "exit_code", "reason", "restart_count",
+_ROW_FIELDS = ("trial_id", "sequence", "parameter_id", "status", "exit_code", "reason", "restart_count", "run",
                "started", "ended", "duration", "final")
 
 
@@ -39,13 +42,13 @@ def metric_cell(value: Any) -> Any:
     return records.dumps(value)
 
 
-def trial_rows(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
+def trial_rows(store: Store, experiment_id: str, all_runs: bool = False) -> List[Dict[str, Any]]:
     rows = []
     for trial in store.trials(experiment_id):
         metrics = store.records_for(trial["id"])
-        finals = [rec["value"] for rec in metrics if rec["type"] == records.FINAL]
+        runs = sorted({rec["run"] for rec in metrics if rec["type"] in records.METRIC_TYPES}) or [None]
         started, ended = trial["started"], trial["ended"]
-        rows.append({
+        row = {
             "trial_id": trial["id"],
             "sequence": trial["sequence"],
             "parameter_id": trial["parameter_id"],
@@ -57,14 +60,22 @@ def trial_rows(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
             "started": started,
             "ended": ended,
             "duration": ended - started if started is not None and ended is not None else None,
-            "intermediate": [rec["value"] for rec in metrics if rec["type"] == records.PERIODICAL],
-            "final": finals[0] if finals else None,
             "rejected": [{"seq": rec["seq"], "reason": rec["reason"], "record": rec["value"]}
                          for rec in metrics if rec["type"] == records.REJECTED],
             "trial_dir": trial["trial_dir"],
             "gpus": gpus.read_assignment(trial["trial_dir"]),  # None: the platform scheduled no GPU for it
-        })
+        }
+        for run in runs if all_runs else runs[-1:]:
+            rows.append({**row, **_run_metrics(metrics, run)})
     return rows
+
+
+def _run_metrics(metrics: List[Dict[str, Any]], run: Optional[int]) -> Dict[str, Any]:
+    """One run's metrics: its number, its intermediate values in order and its first final value."""
+    mine = [rec for rec in metrics if rec["run"] == run]
+    finals = [rec["value"] for rec in mine if rec["type"] == records.FINAL]
+    return {"run": run, "intermediate": [rec["value"] for rec in mine if rec["type"] == records.PERIODICAL],
+            "final": finals[0] if finals else None}
 
 
 def best_row(rows: Iterable[Dict[str, Any]], optimize_mode: str) -> Optional[Dict[str, Any]]:

@@ -104,8 +104,9 @@ class FileSource:
 
 class Collector:
     def __init__(self, loop: EventLoop, sources: List[FileSource], sink: Sink, on_bad: OnBad,
-                 warn: Callable[[str], None]):
+                 warn: Callable[[str], None], run: Optional[int] = None):
         self.loop = loop
+        self.run = run  # for records that carry no run number (NNI's)
         self.sources = sources
         self.sink = sink
         self.on_bad = on_bad
@@ -156,7 +157,7 @@ class Collector:
 
     def _decode(self, source: FileSource, payload: bytes, end: int) -> Optional[Dict[str, Any]]:
         try:
-            return records.normalize(records.loads(payload), source.name)
+            return records.normalize(records.loads(payload), source.name, self.run)
         except records.BadRecord as err:
             self.on_bad(f"{source.path} before byte {end}", str(err))
             return None

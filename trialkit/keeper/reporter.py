@@ -65,7 +65,7 @@ class Reporter:
             FileSource("channel", self.trial.channel, records.SeqDecoder, cursor.get("channel"), self._bad, _warn),
             FileSource("nni", nni_metrics, records.NniFrameDecoder, cursor.get("nni"), self._bad, _warn),
         ]
-        self.collector = Collector(loop, sources, self._ingest, self._bad, _warn)
+        self.collector = Collector(loop, sources, self._ingest, self._bad, _warn, self.trial.restart_count)
         self.collector.collect(drain=True)  # what a previous keeper on this dir had not spooled
         if self.trial.manager_url and is_reporting_replica():
             # Imported here: http.client (with ssl and email) costs a keeper
@@ -79,7 +79,7 @@ class Reporter:
         self.status_file.update(status, **fields)
         if self.collector:
             self.collector.collect(drain=True)  # metrics reported before the change come before it
-        self._ingest_one(records.status_record(status, fields, self.trial.trial_id))
+        self._ingest_one(records.status_record(status, fields, self.trial.trial_id, self.trial.restart_count))
 
     def trial_ended(self) -> None:
         """The trial's whole tree is gone: stop watching its files (see DirWatch.stop)."""
@@ -89,7 +89,7 @@ class Reporter:
     def nni_stdout_line(self, line: bytes) -> None:
         """A `NNISDK_MEb'...'` line from the trial's stdout."""
         try:
-            rec = records.normalize(records.parse_nni_stdout(line), "stdout")
+            rec = records.normalize(records.parse_nni_stdout(line), "stdout", self.trial.restart_count)
         except records.BadRecord as err:
             self._bad("an NNISDK line on stdout", f"{err}: {line[:80]!r}")
             return

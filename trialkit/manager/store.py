@@ -20,12 +20,14 @@ Tables:
   position): position is the trial's place in the job queue, NULL when it is
   not queued (trialkit.control.queue).
 - records(trial, seq, type, sequence, parameter_id, value JSON, time,
-  received, source, reason), unique on (trial, seq): a batch sent twice is
+  received, source, reason, run), unique on (trial, seq): a batch sent twice is
   stored once. NaN and infinities are kept (as JSON's NaN/Infinity, which
   json.loads reads); so is any number JSON allows (records.loads). A record
   the manager refused is kept as type REJECTED, its value the whole record
   as sent and `reason` why: it counts for the ack (the keeper moves on) and
-  shows in the export, but no reader takes it for a metric.
+  shows in the export, but no reader takes it for a metric. `run` is the
+  trial's run (restart count) the record was reported in; NULL in records
+  from before runs were counted, which read as run 0.
 - statuses(trial, status, exit_code, reason, time, source): every change.
 
 Tokens are stored as SHA-256 hashes; `trial_for_token` finds a trial by its
@@ -94,6 +96,7 @@ CREATE TABLE IF NOT EXISTS records (
     received REAL NOT NULL,
     source TEXT,
     reason TEXT,
+    run INTEGER,
     PRIMARY KEY (trial, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS statuses (
@@ -109,7 +112,7 @@ CREATE INDEX IF NOT EXISTS statuses_by_trial ON statuses(trial, id);
 """
 
 # Columns added after a store's first version: (table, column, type), added where missing.
-_ADDED_COLUMNS = (("trials", "position", "INTEGER"), ("records", "reason", "TEXT"))
+_ADDED_COLUMNS = (("trials", "position", "INTEGER"), ("records", "reason", "TEXT"), ("records", "run", "INTEGER"))
 
 _TRIAL_JSON = ("parameters",)
 
@@ -278,13 +281,15 @@ class Store:
                 if why is None:
                     fresh.append(rec)
                     values.append((trial_id, seq, rec["type"], rec.get("sequence"), rec.get("parameter_id"),
-                                   records.dumps(rec["value"]), rec.get("time"), now, rec.get("source"), None))
+                                   records.dumps(rec["value"]), rec.get("time"), now, rec.get("source"), None,
+                                   rec.get("run")))
                 else:
                     refused.append({"seq": seq, "reason": why})
-                    values.append((trial_id, seq, records.REJECTED, None, None, _as_sent(rec), None, now, None, why))
+                    values.append((trial_id, seq, records.REJECTED, None, None, _as_sent(rec), None, now, None, why,
+                                   None))
             db.executemany(
-                "INSERT INTO records(trial, seq, type, sequence, parameter_id, value, time, received, source, reason) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?)", values)
+                "INSERT INTO records(trial, seq, type, sequence, parameter_id, value, time, received, source, reason, "
+                "run) VALUES (?,?,?,?,?,?,?,?,?,?,?)", values)
             for rec in fresh:
                 if rec["type"] == records.STATUS:
                     value = rec["value"]
@@ -301,7 +306,8 @@ class Store:
         return row["acked_seq"] if row else 0
 
     def records_for(self, trial_id: str, type: Optional[str] = None, after_seq: int = 0) -> List[Dict[str, Any]]:
-        sql = ("SELECT seq, type, sequence, parameter_id, value, time, received, source, reason FROM records "
+        sql = ("SELECT seq, type, sequence, parameter_id, value, time, received, source, reason, COALESCE(run, 0) "
+               "AS run FROM records "
                "WHERE trial=? AND seq>?")
         args: List[Any] = [trial_id, after_seq]
         if type is not None:

@@ -278,7 +278,8 @@ def _trial_row(row: sqlite3.Row, now: float) -> Dict[str, Any]:
 # ---------------------------------------------------------------- charts
 
 def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str], top: int = 10) -> Dict[str, Any]:
-    """Intermediate results of the given trials (else the `top` best) over their steps, with final metrics."""
+    """Intermediate results of the given trials (else the `top` best) over their steps in their latest run,
+    with final metrics."""
     exp = _experiment_row(db, experiment_id)
     mode = optimize_mode(exp["config"])
     if trial_ids:
@@ -291,9 +292,11 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
                           f"WHERE t.experiment=?) ORDER BY metric {_order(mode)} NULLS LAST, sequence DESC LIMIT ?",
                           (experiment_id, top)).fetchall()
     series = []
+    latest = _LATEST_RUN if _has_runs(db) else ""
     for row in rows:
         values = [v for (v,) in db.execute(
-            "SELECT metric_number(value) FROM records WHERE trial=? AND type='PERIODICAL' ORDER BY seq", (row["id"],))]
+            f"SELECT metric_number(value) FROM records WHERE trial=? AND type='PERIODICAL' {latest} ORDER BY seq",
+            (row["id"],) * (2 if latest else 1))]
         steps = list(range(1, len(values) + 1))
         stride = max(1, -(-len(values) // CURVE_POINTS))
         series.append({"id": row["id"], "metric": row["metric"], "steps": steps[::stride], "values": values[::stride]})
@@ -302,6 +305,16 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
     else:
         best = _best(db, experiment_id, mode)
     return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series}
+
+
+# A restarted trial numbers its steps from 0 again: its curve is its latest run's (NULL runs: before runs were kept).
+_LATEST_RUN = ("AND COALESCE(run, 0) = (SELECT COALESCE(MAX(run), 0) FROM records "
+               "WHERE trial=? AND type IN ('PERIODICAL', 'FINAL'))")
+
+
+def _has_runs(db: sqlite3.Connection) -> bool:
+    """Whether the store has its records' runs: the page reads older stores read-only, as they are."""
+    return any(row[1] == "run" for row in db.execute("PRAGMA table_info(records)"))
 
 
 def hyperparameters(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any]:
