@@ -122,3 +122,82 @@ def test_removing_the_experiment_leaves_no_object_behind(api, client, tmp_path, 
     assert api.objects == {}, sorted(api.objects)
     assert removed and all(TOKEN not in ref for ref in removed)
     assert platform.remove_experiment("exp1", ["t1", "t2"]) == []  # twice: nothing left, no error
+
+
+def test_the_end_of_the_experiment_gives_back_the_claims_but_keeps_the_jobs(api, client, tmp_path):
+    platform = platform_of(adaptdljob, {**KINDS[2][1], **STORAGE}, tmp_path, client)
+    platform.submit(spec("t1"))
+    assert len(claims(api)) == 3
+    platform.experiment_ended("exp1", ["t1"])
+    assert claims(api) == {} and len(job_paths(api)) == 1, "a finished job goes with its retention"
+
+
+# --- through the command line, against the stand-in API server -----------------
+
+
+def kubeflow_config(tmp_path):
+    import yaml
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    config = {"searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}}, "trialCommand": "python3 train.py",
+              "trialConcurrency": 2, "maxTrialNumber": 2, "tuner": {"name": "GridSearch"},
+              "trainingService": {"platform": "kubeflow", "namespace": "team", "managerAddress": "10.0.0.2",
+                                  "dockerImage": "i:1", "master": {"replicas": 1}, **STORAGE}}
+    path = folder / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("kubeconfig, says", [
+    ("missing", "cannot use the Kubernetes configuration"),
+    ("unreachable", "the Kubernetes API server does not answer"),
+])
+def test_no_cluster_stops_run_before_the_manager_starts(tmp_path, monkeypatch, kubeconfig, says):
+    from k8s_fake_api import FakeApiServer
+    from experiment_util import cli
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    if kubeconfig == "missing":
+        monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-file"))
+    else:
+        with FakeApiServer() as gone:
+            path = gone.kubeconfig(tmp_path)
+        monkeypatch.setenv("KUBECONFIG", str(path))  # a server that was there and is not any more
+    done = cli("run", kubeflow_config(tmp_path))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and says in done.stderr
+    assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
+
+
+def test_run_stop_then_delete_leaves_nothing_on_the_cluster(api, tmp_path, monkeypatch):
+    import json as json_module
+
+    from experiment_util import cli, experiment_id, start_cli
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    proc = start_cli("run", kubeflow_config(tmp_path))
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        wait_until(lambda: len(job_paths(api)) == 2, 60, "two trials submitted")
+        assert len(claims(api)) == 2
+        stopped = cli("experiment", "stop", exp)
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert job_paths(api) == [] and claims(api) == {}, "stopped: jobs stopped, claims given back"
+    left = sorted(api.objects)  # the ConfigMaps and Secrets the jobs owned (no garbage collector here)
+    assert left and all("/configmaps/" in path or "/secrets/" in path for path in left)
+    refused = cli("experiment", "delete", exp)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    deleted = cli("experiment", "delete", exp, "--yes")
+    assert deleted.returncode == 0, deleted.stderr
+    assert api.objects == {}, sorted(api.objects)
+    assert not (home / "experiments" / exp).exists()
+    assert json_module.loads(cli("experiment", "list", "--json").stdout or "[]") == [] or exp not in cli(
+        "experiment", "list").stdout

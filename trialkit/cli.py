@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import errno
 import io
 import json
@@ -55,15 +56,22 @@ RENDER_EXPERIMENT_ID = "render"  # `trialkit render` names trials as a real run 
 
 
 def cmd_run(opts: argparse.Namespace) -> int:
-    from trialkit.control.config import load_config
+    from trialkit.control.config import load_config, manager_tls
     from trialkit.control.run import run_experiment
+    from trialkit.manager.server import tls_pair
     from trialkit.web import attach_page
 
     config = load_config(opts.config)
+    tls = tls_pair(opts.tls_cert, opts.tls_key)
+    if tls is not None:
+        config = dataclasses.replace(config, manager_tls=manager_tls(
+            {"certFile": tls[0], "keyFile": tls[1]}, Path.cwd(), "--tls-cert/--tls-key"))
     if opts.detach:
         experiment_id = paths.new_experiment_id()
         experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
         argv = ["run", os.path.abspath(opts.config), "--experiment-id", experiment_id] + _port_args(opts.port)
+        if config.manager_tls:
+            argv += ["--tls-cert", config.manager_tls["certFile"], "--tls-key", config.manager_tls["keyFile"]]
         return _detach(argv, experiment_id, experiment_dir, "started")
     return run_experiment(config, opts.port, opts.experiment_id, page=attach_page).exit_code
 
@@ -241,6 +249,26 @@ def cmd_experiment_resume(opts: argparse.Namespace) -> int:
         argv = ["experiment", "resume", opts.experiment_id] + _port_args(opts.port)
         return _detach(argv, opts.experiment_id, experiment_dir, "resumed")
     return resume_experiment(opts.experiment_id, opts.port, page=attach_page).exit_code
+
+
+def cmd_experiment_delete(opts: argparse.Namespace) -> int:
+    from trialkit.control.run import delete_experiment
+
+    experiment_dir = paths.experiment_dir(opts.experiment_id)
+    if not opts.yes:
+        if not sys.stdin.isatty():
+            raise UserError("deleting asks for a confirmation and there is no terminal to ask on", "--yes",
+                            "add --yes to delete without asking")
+        answer = input(f"delete experiment {opts.experiment_id}: its store, its dir {experiment_dir} and what its "
+                       f"platform made for it (jobs, claims)? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    removed = delete_experiment(opts.experiment_id)
+    for name in removed:
+        print(f"deleted {name}")
+    print(f"experiment {opts.experiment_id} deleted")
+    return 0
 
 
 def cmd_experiment_export(opts: argparse.Namespace) -> int:
@@ -452,6 +480,7 @@ def _store(experiment_dir: Path) -> "closing[Store]":
     except sqlite3.DatabaseError as err:
         raise DamagedStore(experiment_dir, err) from None
 
+
 def _experiment(store: Store, experiment_id: str) -> Dict[str, Any]:
     experiment = store.experiment(experiment_id)
     if experiment is None:
@@ -541,6 +570,9 @@ def build_parser() -> ArgumentParser:
     _port_option(run)
     _detach_option(run)
     run.add_argument("--experiment-id", help=argparse.SUPPRESS)  # the detached run's id, chosen by its parent
+    run.add_argument("--tls-cert", metavar="FILE", help="serve the manager over HTTPS with this PEM certificate "
+                     "(chain), for trials and the page (config: managerTls.certFile); needs --tls-key")
+    run.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert (managerTls.keyFile)")
 
     render = _command(commands, "render", cmd_render, "print the objects one trial would create on a cluster",
                       "Render what submitting a trial creates on the config's Kubernetes platform, as YAML. "
@@ -585,6 +617,11 @@ def build_parser() -> ArgumentParser:
                                       "nnictl's export) go to the tuner as if its own trials had found them. They "
                                       "are not kept over a resume."))
     imports.add_argument("-f", "--file", required=True, metavar="FILE", help="the results, a JSON list")
+    delete = _experiment_id(_command(sub, "delete", cmd_experiment_delete, "delete a stopped experiment",
+                                     "Remove what the experiment's platform made for it (a cluster's jobs, "
+                                     "ConfigMaps, Secrets, checkpoint and TensorBoard claims), then its dir and "
+                                     "store. Asks first; a running experiment is refused."))
+    delete.add_argument("--yes", action="store_true", help="delete without asking")
     export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
                                      "Every trial with its parameters, status, exit code, intermediate and final "
                                      "metrics, as JSON (a list of trials) or CSV (a line per trial)."))

@@ -121,6 +121,13 @@ def start_ticks(pid: int) -> int:
     return int(_stat_fields(str(pid))[19])
 
 
+def is_running(pid: int, ticks: int) -> bool:
+    """Whether the process that started at `ticks` with this pid still runs: not gone, not
+    a zombie waiting to be reaped (it has exited), not a reused pid."""
+    fields = _stat_fields(str(pid))
+    return len(fields) > 19 and fields[0] != b"Z" and int(fields[19]) == ticks
+
+
 def adopted_children() -> List[int]:
     """Our own children, found in /proc (orphans a subreaper inherited included)."""
     me = str(os.getpid()).encode()

@@ -12,13 +12,14 @@ import the page.
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import List, Optional, TextIO
 
 from trialkit import platforms, records
 from trialkit.control import admin
 from trialkit.control.config import ExperimentConfig, parse_config
-from trialkit.control.loop import ERROR, PAUSED, RUNNING, Loop, Trial
+from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop, Trial
 from trialkit.control.manager_http import Manager, PageHook
 from trialkit.control.progress import trials_table
 from trialkit.control.results import ExperimentResult, best_row, metric_value, trial_rows
@@ -26,6 +27,7 @@ from trialkit.control.resume import restore, resume_trials
 from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.store import Store
+from trialkit.platforms.base import Platform
 from trialkit.statuses import WAITING
 
 
@@ -33,12 +35,14 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
                    out: Optional[TextIO] = None, page: Optional[PageHook] = None) -> ExperimentResult:
     """Create the experiment and run it until it ends (the CLI's `run`, the Python API's `Experiment.run`)."""
     experiment_id = experiment_id or paths.new_experiment_id()
-    _check_context(config, paths.experiments_root(config.experiment_working_directory) / experiment_id)
+    planned_dir = paths.experiments_root(config.experiment_working_directory) / experiment_id
+    _check_context(config, planned_dir)
+    platform = _platform(config, planned_dir)
     experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
     store = Store.in_dir(experiment_dir)
     try:
         store.create_experiment(experiment_id, config=config.to_dict())
-        return _run(Loop(config, experiment_id, experiment_dir, store, out), port, "started", page, [])
+        return _run(Loop(config, experiment_id, experiment_dir, store, out), platform, port, "started", page, [])
     finally:
         store.close()
 
@@ -58,17 +62,49 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
             raise UserError(f"the store in {experiment_dir} holds no experiment {experiment_id}", "EXPERIMENT_ID")
         config = parse_config(stored["config"], experiment_dir, source=f"experiment {experiment_id}'s stored config")
         _check_context(config, experiment_dir)
+        platform = _platform(config, experiment_dir)
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
         loop.paused = stored["status"] == PAUSED  # it stays paused until activated
         if not loop.paused:
             store.set_experiment_status(experiment_id, RUNNING)
         running = restore(loop)
-        return _run(loop, port or (info.port if info else None), "resumed", page, running)
+        return _run(loop, platform, port or (info.port if info else None), "resumed", page, running)
     finally:
         store.close()
 
 
-def _run(loop: Loop, port: Optional[int], title: str, page: Optional[PageHook], running: List[Trial]) -> ExperimentResult:
+def delete_experiment(experiment_id: str) -> List[str]:
+    """Remove a stopped experiment: the objects its platform made for it (a cluster's jobs and claims),
+    then its dir and store. What the platform deleted, by name."""
+    experiment_dir = paths.experiment_dir(experiment_id)
+    info = admin.read_info(experiment_dir)
+    if info is not None and info.running():
+        raise UserError(f"experiment {experiment_id} is running (manager pid {info.pid})", "EXPERIMENT_ID",
+                        f"stop it first with `trialkit experiment stop {experiment_id}`")
+    store = Store.in_dir(experiment_dir)
+    try:
+        stored = store.experiment(experiment_id)
+        if stored is None:
+            raise UserError(f"the store in {experiment_dir} holds no experiment {experiment_id}", "EXPERIMENT_ID")
+        config = parse_config(stored["config"], experiment_dir, source=f"experiment {experiment_id}'s stored config")
+        trial_ids = [row["id"] for row in store.trials(experiment_id)]
+    finally:
+        store.close()
+    platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
+    removed = platform.remove_experiment(experiment_id, trial_ids) if platform.remove_experiment else []
+    shutil.rmtree(experiment_dir)
+    return removed
+
+
+def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
+    """The platform, ready to take trials (a cluster platform checked its cluster answers)."""
+    platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
+    platform.check_ready()
+    return platform
+
+
+def _run(loop: Loop, platform: Platform, port: Optional[int], title: str, page: Optional[PageHook],
+         running: List[Trial]) -> ExperimentResult:
     manager = loop.manager = Manager.start(loop, port, page)
     loop.progress.say(f"{title} experiment {loop.experiment_id}")
     loop.progress.say(f"manager: {manager.url}   dir: {loop.experiment_dir}")
@@ -77,13 +113,14 @@ def _run(loop: Loop, port: Optional[int], title: str, page: Optional[PageHook], 
     status = ERROR
     try:
         with loop.signals_handled():
-            loop.platform = platforms.load(loop.config.platform).Platform(loop.config.training_service,
-                                                                          loop.experiment_dir)
+            loop.platform = platform
             loop.platform.on_end = loop.ended
             loop.platform.on_waiting = lambda trial_id, why: loop.store.set_status(trial_id, WAITING, reason=why)
             resume_trials(loop, running)
             loop.serve()
             status = loop.final_status()
+            if status in (DONE, STOPPED):
+                platform.experiment_ended(loop.experiment_id, list(loop.trials))
     finally:
         manager.close()
         loop.store.set_experiment_status(loop.experiment_id, status)

@@ -8,7 +8,7 @@ overrides the hooks it can serve.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Protocol
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 
 @dataclass
@@ -65,7 +65,16 @@ class Platform(Protocol):
     """On resume: watch again a trial that an earlier control plane started; False when it no longer runs
     (status() then says how it ended). None: the platform cannot find such trials, so they start again."""
     undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]]
-    """On resume, for a trial that ended while no manager listened: the records its keeper could not deliver."""
+    """For a trial that ended: the records its keeper could not deliver (no manager listened); usually none."""
+    remove_experiment: Optional[Callable[[str, Sequence[str]], List[str]]]
+    """(experiment id, trial ids) -> what it deleted: every object the platform made for the experiment
+    (`trialkit experiment delete`). None: it leaves nothing behind the experiment dir holds."""
+
+    def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
+        """The experiment is done or stopped: give back what only its trials' resumption needed (checkpoint claims)."""
+
+    def check_ready(self) -> None:
+        """Before the manager starts: raise a UserError if trials cannot be submitted at all (no cluster)."""
     on_waiting: Callable[[str, str], None]
     """The loop sets it; a platform that holds a submitted trial back (local: until its GPUs are free) calls
     it from submit() with the trial's id and why, before the trial can start."""
@@ -86,3 +95,10 @@ class PlatformBase:
     on_waiting: Callable[[str, str], None] = staticmethod(_nobody_asks)
     reattach: Optional[Callable[[str], bool]] = None
     undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]] = None
+    remove_experiment: Optional[Callable[[str, Sequence[str]], List[str]]] = None
+
+    def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
+        """Nothing outlives a trial here."""
+
+    def check_ready(self) -> None:
+        """Ready as soon as it exists."""

@@ -25,6 +25,7 @@ import yaml
 from trialkit import env as envnames
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.statuses import FAILED, FINAL_STATUSES, SUCCEEDED, SYS_CANCELED
+from trialkit.errors import UserError
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
 log = logging.getLogger(__name__)
@@ -188,21 +189,46 @@ class KubePlatform(PlatformBase):
 
     def remove_experiment(self, experiment_id: str, trial_ids: Sequence[str]) -> List[str]:
         """Delete every object the experiment's trials were made of, claims included; what was deleted."""
-        from trialkit.platforms.kubernetes.client import ObjectRef
-
         for timer in self._expiring.values():
             timer.cancel()
-        removed, seen = [], set()
+        return self._delete_all(self._objects(experiment_id, trial_ids))
+
+    def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
+        """Done or stopped: the checkpoint claims (and the TensorBoard one) go; finished jobs go with their
+        retention, or with `trialkit experiment delete`."""
+        claims = [ref for ref in self._objects(experiment_id, trial_ids) if ref.kind == "PersistentVolumeClaim"]
+        removed = self._delete_all(claims)
+        if removed:
+            log.info("removed %d claims of experiment %s", len(removed), experiment_id)
+
+    def _objects(self, experiment_id: str, trial_ids: Sequence[str]) -> list:
+        """The refs of every object of the experiment's trials, each once: the renderer names them all
+        (a placeholder command and token render the same names)."""
+        from trialkit.platforms.kubernetes.client import ObjectRef
+
+        refs: dict = {}
         for trial_id in trial_ids:
-            # The renderer names every object of a trial; a placeholder command renders the same names.
             placeholder = TrialSpec(experiment_id, trial_id, 0, "true", env={envnames.TOKEN: ""})
             for obj in self.renderer(self.config, placeholder):
-                ref = ObjectRef.of(obj)
-                if ref not in seen:
-                    seen.add(ref)
-                    if self.client.delete(ref):
-                        removed.append(str(ref))
-        return removed
+                refs.setdefault(ObjectRef.of(obj), None)
+        return list(refs)
+
+    def _delete_all(self, refs: Sequence[Any]) -> List[str]:
+        return [str(ref) for ref in refs if self.client.delete(ref)]
+
+    def check_ready(self) -> None:
+        """Before the manager starts: a kubeconfig that cannot be read, or an API server that does not
+        answer, is one line now rather than three failed trials later."""
+        from trialkit.platforms.kubernetes.client import ClusterError, KubeClient, ObjectRef
+
+        client = self._client or KubeClient.from_environment(attempts=2, backoff=0.2)
+        namespace = self.config.common.namespace
+        try:
+            client.get(ObjectRef("ConfigMap", namespace, "trialkit-ready-check"))
+        except ClusterError as err:
+            raise UserError(f"the Kubernetes API server does not answer: {err}", "KUBECONFIG",
+                            "check the cluster in your kubeconfig, and that it is up") from None
+        self._client = client
 
     def stop(self, handle: str, grace: Optional[float] = None) -> None:
         """Delete the job: its pods run cleanup.sh (the keeper checkpoints) within their
