@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -38,10 +39,11 @@ def home(tmp_path, monkeypatch):
 
 
 def gpu_experiment(tmp_path: Path, log: Path, group: int, trials: int, concurrency: int, gate: Path = None,
-                   name: str = "exp", **local):
+                   name: str = "exp", top: dict = None, **local):
+    """An experiment of `trials` logging trials; `top`: more top-level keys, `local`: the section's keys."""
     return experiment(tmp_path, SPACE, trial_script(log, group, gate), name=name, maxTrialNumber=trials,
                       trialConcurrency=concurrency, trialGpuNumber=local.pop("trialGpuNumber", 1),
-                      trainingService={"platform": "local", **local})
+                      trainingService={"platform": "local", **local}, **(top or {}))
 
 
 def table(text: str) -> dict:
@@ -213,6 +215,24 @@ def test_a_waiting_trial_can_be_killed_and_the_next_starts_when_the_other_proces
     finally:
         stop(proc)
     assert [(r["trial"], r["devices"]) for r in runs(log)] == [(second, "0")]
+
+
+def test_max_trial_duration_counts_from_the_start_not_the_wait_for_a_gpu(tmp_path, monkeypatch, home):
+    fake_gpus(tmp_path, monkeypatch, 1)
+    log, gate = tmp_path / "runs.log", tmp_path / "go"
+    limit = 4  # seconds; the second trial waits longer than this for the GPU, then runs well within it
+    proc = start_cli("run", gpu_experiment(tmp_path, log, group=1, trials=2, concurrency=2, gate=gate,
+                                           top={"maxTrialDuration": limit}))
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        wait_until(lambda: waiting_for_a_gpu(home, exp) == [f"{exp}-00001"], 60, "the second trial to wait")
+        time.sleep(limit + 1)  # past the second trial's limit, had its clock started when it was submitted
+        gate.touch()
+        assert proc.wait(timeout=60) == 0, stored(home, exp, "SELECT id, status, reason FROM trials")
+    finally:
+        gate.touch()
+        stop(proc)
+    assert stored(home, exp, "SELECT status FROM trials ORDER BY sequence") == [("FAILED",), ("SUCCEEDED",)]
 
 
 def test_zero_gpus_hides_every_gpu_and_no_key_leaves_them_alone(tmp_path, monkeypatch):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, TextIO, Tuple
 
-from trialkit import records
+from trialkit import records, statuses
 from trialkit.control.assessors import build_assessor
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
@@ -287,6 +287,11 @@ class Loop:
             elif rec["type"] == records.STATUS and trial.id not in self.active:
                 # A keeper's late word (delivered after its exit was seen) must not undo ours.
                 self.store.set_status(trial.id, trial.status, exit_code=trial.exit_code, reason=trial.reason)
+            elif rec["type"] == records.STATUS and rec["value"].get("status") == statuses.RUNNING \
+                    and self.config.max_trial_duration is not None:
+                # maxTrialDuration counts from the start, not the submission: a trial may wait for its GPUs
+                # (or a pod for its node) first.
+                trial.deadline = time.monotonic() + self.config.max_trial_duration
 
     def _assess(self, trial: Trial) -> None:
         if self.assessor is None or trial.stop is not None or trial.ended:
@@ -468,14 +473,16 @@ class Loop:
             return
         self.submit_failures = 0
         trial.ran = True
-        self.watch(trial, handle, 0.0)
+        self.watch(trial, handle, None)
 
-    def watch(self, trial: Trial, handle: str, elapsed: float) -> None:
-        """A running trial holds a slot; `elapsed`: how long it has run already (a reattached one)."""
+    def watch(self, trial: Trial, handle: str, elapsed: Optional[float]) -> None:
+        """A submitted trial holds a slot; `elapsed`: how long it has run already (a reattached one), None for
+        one just submitted, whose maxTrialDuration starts when its keeper reports it running (on_records)."""
         trial.handle = handle
         self.by_handle[handle] = trial
         self.active[trial.id] = trial
-        if self.config.max_trial_duration is not None:
+        trial.deadline = None
+        if self.config.max_trial_duration is not None and elapsed is not None:
             trial.deadline = time.monotonic() + self.config.max_trial_duration - elapsed
 
     def requeue(self, trial: Trial, why: str) -> None:
