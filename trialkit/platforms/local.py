@@ -300,10 +300,9 @@ class Platform(PlatformBase):
     def _adopt_running(self) -> None:
         """Count the GPUs of trials whose keepers outlived an earlier control plane, before giving any out."""
         for path in sorted((self.experiment_dir / "trials").glob(f"*/{gpus.ASSIGNMENT_NAME}")):
-            indices = gpus.read_assignment(str(path.parent))
             keeper = _find_keeper(path.parent.name, path.parent)
-            if keeper is not None and indices is not None:
-                self._pool.hold(keeper.trial_id, indices)
+            if keeper is not None:
+                self._pool.hold(keeper.trial_id, gpus.read_assignment(str(path.parent)) or ())
                 self._watch(keeper)
 
     def status(self, handle: str) -> PlatformStatus:
