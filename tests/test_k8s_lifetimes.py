@@ -135,7 +135,7 @@ def test_the_end_of_the_experiment_gives_back_the_claims_but_keeps_the_jobs(api,
 # --- through the command line, against the stand-in API server -----------------
 
 
-def kubeflow_config(tmp_path):
+def kubeflow_config(tmp_path, storage: bool = True):
     import yaml
 
     folder = tmp_path / "project"
@@ -143,7 +143,7 @@ def kubeflow_config(tmp_path):
     config = {"searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}}, "trialCommand": "python3 train.py",
               "trialConcurrency": 2, "maxTrialNumber": 2, "tuner": {"name": "GridSearch"},
               "trainingService": {"platform": "kubeflow", "namespace": "team", "managerAddress": "10.0.0.2",
-                                  "dockerImage": "i:1", "master": {"replicas": 1}, **STORAGE}}
+                                  "dockerImage": "i:1", "master": {"replicas": 1}, **(STORAGE if storage else {})}}
     path = folder / "config.yml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -201,3 +201,24 @@ def test_run_stop_then_delete_leaves_nothing_on_the_cluster(api, tmp_path, monke
     assert not (home / "experiments" / exp).exists()
     assert json_module.loads(cli("experiment", "list", "--json").stdout or "[]") == [] or exp not in cli(
         "experiment", "list").stdout
+
+
+@pytest.mark.parametrize("storage", [True, False])
+def test_pause_says_when_progress_will_be_lost(api, tmp_path, monkeypatch, storage):
+    from experiment_util import cli, experiment_id, start_cli
+
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    proc = start_cli("run", kubeflow_config(tmp_path, storage))
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        wait_until(lambda: len(job_paths(api)) == 2, 60, "two trials submitted")
+        paused = cli("trial", "pause", f"{exp}-00000")
+        assert paused.returncode == 0, paused.stderr
+        lost = "warning: this platform keeps no checkpoint over a pause"
+        assert (lost in paused.stdout) is not storage, paused.stdout
+        assert cli("experiment", "stop", exp).returncode == 0
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -180,9 +180,10 @@ def cmd_experiment_stop(opts: argparse.Namespace) -> int:
 
 
 def cmd_experiment_pause(opts: argparse.Namespace) -> int:
-    admin.act(opts.experiment_id, "experiment", "pause")
+    answer = admin.act(opts.experiment_id, "experiment", "pause")
     print(f"pausing experiment {opts.experiment_id}: its trials checkpoint and stop, and nothing starts until "
           f"`trialkit experiment activate {opts.experiment_id}`")
+    _warn(answer)
     return 0
 
 
@@ -374,10 +375,16 @@ def cmd_trial_kill(opts: argparse.Namespace) -> int:
 
 
 def cmd_trial_pause(opts: argparse.Namespace) -> int:
-    admin.act(paths.experiment_of(opts.trial_id), "trial", "pause", opts.trial_id)
+    answer = admin.act(paths.experiment_of(opts.trial_id), "trial", "pause", opts.trial_id)
     print(f"pausing trial {opts.trial_id}: it checkpoints and stops; `trialkit trial activate {opts.trial_id}` "
           "resumes it")
+    _warn(answer)
     return 0
+
+
+def _warn(answer: Any) -> None:
+    if isinstance(answer, dict) and answer.get("warning"):
+        print(f"warning: {answer['warning']}")
 
 
 def cmd_trial_activate(opts: argparse.Namespace) -> int:

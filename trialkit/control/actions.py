@@ -79,7 +79,7 @@ def pause_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     for trial in list(loop.active.values()):
         if trial.stop is None:
             loop.stop_trial(trial, PAUSE_STOP)
-    return {"paused": True}
+    return {"paused": True, **_progress_warning(loop)}
 
 
 def activate_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
@@ -144,7 +144,15 @@ def pause_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
         loop.finish(trial, *PAUSE_STOP, None)
     else:
         raise HttpError(409, f"trial {trial_id} is {_state(loop, trial)}: only a running or waiting trial pauses")
-    return {"pausing": trial.id}
+    return {"pausing": trial.id, **_progress_warning(loop)}
+
+
+def _progress_warning(loop: "Loop") -> dict:
+    """What a pause answers when the platform keeps no checkpoint over it (a cluster without checkpoint storage)."""
+    if loop.platform.checkpoint_survives_stop:
+        return {}
+    return {"warning": "this platform keeps no checkpoint over a pause (configure checkpoint storage): "
+                       "an activated trial starts from the beginning"}
 
 
 def activate_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:

@@ -75,6 +75,9 @@ class Platform(Protocol):
 
     def check_ready(self) -> None:
         """Before the manager starts: raise a UserError if trials cannot be submitted at all (no cluster)."""
+
+    checkpoint_survives_stop: bool
+    """Whether a stopped trial's checkpoint dir is kept for its restart (else a pause loses its progress)."""
     on_waiting: Callable[[str, str], None]
     """The loop sets it; a platform that holds a submitted trial back (local: until its GPUs are free) calls
     it from submit() with the trial's id and why, before the trial can start."""
@@ -96,6 +99,7 @@ class PlatformBase:
     reattach: Optional[Callable[[str], bool]] = None
     undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]] = None
     remove_experiment: Optional[Callable[[str, Sequence[str]], List[str]]] = None
+    checkpoint_survives_stop: bool = True  # the trial dir, checkpoint included, stays where the restart runs
 
     def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
         """Nothing outlives a trial here."""
