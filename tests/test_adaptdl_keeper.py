@@ -104,6 +104,19 @@ def test_periodic_checkpoints_hook_the_trials_python_unless_turned_off(trial_env
                                     "flag": "get_exit_flag", "reducer_sleeps": "module"}
 
 
+def test_the_hook_still_runs_the_sitecustomize_it_shadows(trial_env, tmp_path):
+    own = tmp_path / "site"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import sys\nsys.own_sitecustomize = 'ran'\n")  # this process only
+    env = {**trial_env, "PYTHONPATH": trial_env["PYTHONPATH"] + os.pathsep + str(own)}
+    k = keeper(py("""
+        import sys
+        print(getattr(sys, "own_sitecustomize", None), sys.modules["sitecustomize"].HOOKED)
+    """), env)
+    assert k.wait() == 0, k.stderr
+    assert k.stdout.split() == [b"ran", b"adaptdl.torch.data"]
+
+
 # A wrapper of the example: one more State, whose third save under restart 0
 # writes half its data and then blocks, so that the test can SIGKILL the trial in the middle of
 # writing a checkpoint. The training code itself is the example, unchanged.
