@@ -107,3 +107,57 @@ trialkit.report_final_result(1.0 if "secret.txt" not in here and "helper.py" in 
     assert "HOOK yes" in line
     assert f"CWD {code}" not in line, "it runs in Ray's copy of the context, not in the code dir here"
     ray_cluster.wait_clean()
+
+
+CHECKPOINTED = """
+import pathlib, time, trialkit
+p = trialkit.get_next_parameter()
+mark = pathlib.Path(trialkit.checkpoint_dir()) / "step"
+if mark.exists():
+    print("resumed from", mark.read_text(), flush=True)
+else:
+    trialkit.report_intermediate_result(0.5)
+    mark.write_text("7")
+    print("saved", flush=True)
+    time.sleep(p["sleep"])
+trialkit.report_final_result(p["x"])
+"""
+
+
+def test_a_trial_whose_node_dies_restarts_from_its_checkpoint(ray_cluster, tmp_path, monkeypatch):
+    if "node2" not in ray_cluster.nodes:
+        ray_cluster.start_node("node2")
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    # One trial a node (1.5 of each node's 2 CPUs); the trial on node2 dies with it.
+    space = {"x": {"_type": "choice", "_value": [1, 2]}, "sleep": {"_type": "choice", "_value": [25]}}
+    config = experiment(tmp_path, space, CHECKPOINTED, maxTrialNumber=2, trialConcurrency=2, nniManagerIp="127.0.0.1",
+                        tuner={"name": "GridSearch"}, maxTrialRestarts=1,
+                        trainingService={"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 1.5})
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trials_dir = home / "experiments" / exp / "trials"
+        deadline = time.monotonic() + 120
+        while sum("saved" in (d / "stdout.log").read_text() for d in trials_dir.glob("*") if (d / "stdout.log").exists()) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.1)
+        ray_cluster.crash_node("node2")
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        ray_cluster.start_node("node2")
+    assert proc.returncode == 0, out + err
+    assert "restart 1 of 1 after: its Ray worker is gone" in out, out
+    rows = {row["parameters"]["x"]: row for row in export(exp)}
+    assert all(row["status"] == "SUCCEEDED" and row["final"] == x for x, row in rows.items()), rows
+    restarted = [row for row in rows.values() if row["restart_count"] == 1]
+    assert len(restarted) == 1 and [row["restart_count"] for row in rows.values()].count(0) == 1
+    log = (trials_dir / restarted[0]["trial_id"] / "stdout.log").read_text()
+    assert "resumed from 7" in log
+    runs = [row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)
+            if row["trial_id"] == restarted[0]["trial_id"]]
+    assert len(runs) == 2, "each run kept apart"
+    ray_cluster.wait_clean()
