@@ -13,6 +13,7 @@ saying why. Every mount is undone in teardown.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
 import signal
@@ -256,3 +257,11 @@ def test_a_keeper_on_a_disk_that_takes_no_writes_still_reports_how_the_trial_end
     metrics = [(r["type"], r["value"]) for r in stored_records if r["type"] != "STATUS"]
     assert metrics == [(r["type"], r["value"]) for r in written]
     print(f"{fault}: keeper records written {len(written) + 2}, stored {len(stored_records)}")
+
+
+def test_the_progress_line_on_a_terminal_says_what_is_wrong_with_the_disk():
+    from trialkit.control.progress import Progress, Snapshot
+
+    out = io.StringIO()
+    Progress(out, tty=True).update(Snapshot(1, 1, 0, 0, 0, 5.0, disk="cannot write the store in /x: the disk is full"))
+    assert out.getvalue().startswith("\r\x1b[KDISK: cannot write the store in /x")  # first, before a narrow cut

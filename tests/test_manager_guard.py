@@ -254,3 +254,64 @@ def test_the_standalone_server_wants_both_tls_files(tmp_path):
                           env=child_environ())
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "--tls-key" in done.stderr
+
+
+TLS_TRIAL = """
+import os, pathlib, time, trialkit
+seq = trialkit.get_sequence_id()
+trialkit.report_intermediate_result(seq)
+if seq == 1:
+    while not pathlib.Path(os.environ["T_GO"]).exists():
+        time.sleep(0.05)
+trialkit.report_final_result(seq + 10)
+"""
+
+
+def test_trialkit_run_serves_its_trials_the_page_and_the_cli_over_tls(tmp_path):
+    cert, key = self_signed(tmp_path)
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "trial.py").write_text(TLS_TRIAL)
+    (code / "config.yml").write_text(json.dumps({
+        "searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}}, "trialCommand": f"{PYTHON} trial.py",
+        "trialConcurrency": 2, "maxTrialNumber": 2, "trainingService": {"platform": "local"}, "trialGraceSeconds": 1,
+        "tuner": {"name": "Random", "classArgs": {"optimize_mode": "maximize"}}}))
+    home = tmp_path / "home"
+    # Local trials trust the certificate the way any keeper does: SSL_CERT_FILE (a pod mounts the CA).
+    environ = child_environ(TRIALKIT_HOME=str(home), SSL_CERT_FILE=cert, T_GO=str(tmp_path / "go"))
+    run = subprocess.Popen([PYTHON, "-m", "trialkit.cli", "run", str(code / "config.yml"), "--tls-cert", cert,
+                            "--tls-key", key], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ)
+    try:
+        experiment = run.stdout.readline().split()[-1]
+        manager = run.stdout.readline()
+        page = run.stdout.readline().split()[-1]
+        assert manager.split()[1].startswith("https://127.0.0.1:") and page.startswith("https://127.0.0.1:")
+        info = json.loads((home / "experiments" / experiment / "manager.json").read_text())
+        assert info["url"].startswith("https://")
+        store = Store.in_dir(home / "experiments" / experiment)
+        try:
+            wait_until(lambda: store.count_records(f"{experiment}-00000") >= 4, 60, "trial 0 to deliver over TLS")
+        finally:
+            store.close()
+        base, token = page.split("/?token=")
+        listed = requests.get(f"{base}/api/ui/experiments", verify=cert, timeout=10,
+                              headers={"Authorization": f"Bearer {token.split('#')[0]}"})
+        assert [e["id"] for e in listed.json()] == [experiment]
+        # The CLI's admin call goes over TLS to its own manager on loopback.
+        stop = subprocess.run([PYTHON, "-m", "trialkit.cli", "experiment", "stop", experiment], capture_output=True,
+                              text=True, timeout=60, env=environ)
+        assert stop.stdout.startswith(f"stopping experiment {experiment}"), stop.stdout + stop.stderr
+        assert run.wait(timeout=60) == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        out, err = run.communicate()
+    assert "Traceback" not in err, err
+    store = Store.in_dir(home / "experiments" / experiment)
+    try:
+        trials = {t["sequence"]: t for t in store.trials(experiment)}
+        assert trials[0]["status"] == "SUCCEEDED" and trials[1]["status"] == "USER_CANCELED"
+        assert [r["value"] for r in store.records_for(trials[0]["id"], type="FINAL")] == [10]
+    finally:
+        store.close()

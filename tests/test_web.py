@@ -12,6 +12,7 @@ ui) is in test_web_routes.py, which runs without Chromium.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -33,7 +34,7 @@ from trialkit.manager.store import Store, new_token
 from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, USER_CANCELED
 from trialkit.platforms.local import LocalConfig, Platform
 from trialkit.web import install, page_url
-from web_util import CHROMEDRIVER, CHROMIUM, Browser
+from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
                                 reason="needs Debian's chromium and chromium-driver (bootstrap.sh installs them)")
@@ -330,3 +331,23 @@ def test_killing_a_trial_from_its_page(site, browser):
     shot(browser, "trial-killed")
 
 
+
+
+def test_the_page_says_when_the_managers_disk_takes_no_writes(tmp_path, browser):
+    # A manager of its own: the module's site has keepers delivering, and a write that passes ends the condition.
+    store = Store.in_dir(tmp_path / "exp")
+    fill(store, "diskexp", trials=2, steps=2)
+    server = ManagerServer(store).start()
+    install(server, store, admin_token="disk-token", read_only=False)
+    server.disk.probe_seconds = 3600  # the test says when the condition ends, not the probe (the real disk is fine)
+    try:
+        server.disk.failed(OSError(errno.ENOSPC, "No space left on device"), "the store")
+        browser.get(page_url(server, "disk-token"))
+        shown = wait_for(browser, "const d = document.getElementById('disk'); return d && !d.hidden && d.textContent",
+                         "the disk badge")
+        assert shown.startswith("DISK: cannot write the store in ") and "No space left on device" in shown
+        server.disk.passed()
+        wait_for(browser, "return document.getElementById('disk').hidden", "the badge to go once writes pass")
+    finally:
+        server.stop()
+        store.close()

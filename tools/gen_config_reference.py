@@ -83,6 +83,9 @@ DESCRIPTIONS: Dict[str, str] = {
     "top.trialTemplate": "trialkit: your own job template (YAML) for the cluster platforms, instead of the packaged "
     "one; refused on local and ray.",
     "top.priority": "trialkit: the trials' priority in the job queue (higher runs first).",
+    "top.managerTls": "trialkit: `{certFile, keyFile}`, PEM files: the manager serves HTTPS only, to trials and "
+    "the page (`trialkit run --tls-cert/--tls-key` does the same); trials must trust the certificate "
+    "([TLS](../platforms.md#the-manager-over-tls)).",
     # local
     "local.platform": "`local`.",
     "local.useActiveGpu": "`false`: a GPU that runs a process this experiment did not start (as nvidia-smi "

@@ -34,7 +34,7 @@ LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
 
 TRIALKIT_KEYS = (
     "trialGraceSeconds", "trialCheckpointEvery", "experimentWorkingDirectory", "trialTemplate", "priority",
-    "maxTrialRestarts",
+    "maxTrialRestarts", "managerTls",
 )
 V2_KEYS = (
     "experimentName", "experimentType", "searchSpace", "searchSpaceFile", "trialCommand", "trialCodeDirectory",
@@ -112,6 +112,7 @@ class ExperimentConfig:
     max_trial_restarts: int = 0  # restarts of a trial that failed for a cause not its own (a node lost, ...)
     trial_template: Optional[str] = None  # absolute
     priority: int = 0
+    manager_tls: Optional[Dict[str, str]] = None  # {"certFile", "keyFile"}, absolute: the manager serves HTTPS
 
     @property
     def platform(self) -> str:
@@ -300,6 +301,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
                                       DEFAULT_GRACE_SECONDS),
         trial_checkpoint_every=_optional(c, "trialCheckpointEvery", lambda v, w: schema.as_number(v, w, minimum=0)),
         max_trial_restarts=_optional(c, "maxTrialRestarts", lambda v, w: schema.as_int(v, w, 0, 1000), 0),
+        manager_tls=_optional(c, "managerTls", lambda v, w: manager_tls(v, base, w)),
         trial_template=template,
         priority=_optional(c, "priority", lambda v, w: schema.as_int(v, w, INT64_MIN, INT64_MAX), 0),
     )
@@ -352,6 +354,18 @@ def _directory(value: Any, base: Path, where: str) -> str:
         raise UserError(f"{value!r} is not a directory ({path})", where, "point it at the directory of your trial code")
     _not_kernel_files(path, where)
     return path
+
+
+TLS_KEYS = ("certFile", "keyFile")
+
+
+def manager_tls(value: Any, base: Path, where: str) -> Dict[str, str]:
+    """`{certFile, keyFile}`: PEM files of the manager's certificate (chain) and key, made absolute."""
+    section = schema.normalize_keys(value, TLS_KEYS, where)
+    missing = [key for key in TLS_KEYS if section.get(key) is None]
+    if missing:
+        raise UserError(f"{' and '.join(missing)} missing", where, "give both certFile and keyFile (PEM files)")
+    return {key: _file(section[key], base, schema.path(where, key)) for key in TLS_KEYS}
 
 
 def _working_directory(value: Any, base: Path, where: str) -> str:

@@ -60,12 +60,12 @@ class Manager:
         local = loop.config.platform == "local"
         host = "127.0.0.1" if local else "0.0.0.0"
         try:
-            server = ManagerServer(loop.store, host, port or 0)
+            server = ManagerServer(loop.store, host, port or 0, tls=tls_files(loop.config))
         except OSError as err:
             raise UserError(f"cannot listen on {host}:{port}: {err.strerror}", "--port",
                             "pick a free port, or leave --port out for any free one") from None
         bound = server.url.rsplit(":", 1)[1]
-        url = server.url if local else f"http://{_advertised_host(loop.config)}:{bound}"
+        url = server.url if local else f"{server.scheme}://{_advertised_host(loop.config)}:{bound}"
         info = ManagerInfo.for_this_process(loop.experiment_id, url, int(bound), loop.elapsed_before)
         install_admin_routes(server, info.token, loop)
         attached = page(server, loop.store, info, loop) if page is not None else None
@@ -107,6 +107,11 @@ def _performed(action: Action, performer: Performer) -> Callable[[Request], Tupl
         body = request.json() if request.body else {}
         return 200, performer.perform(action, request.params.get("trial_id"), body)
     return handler
+
+
+def tls_files(config: ExperimentConfig) -> Optional[Tuple[str, str]]:
+    """(certificate, key) when the manager serves HTTPS (managerTls, or `run --tls-cert/--tls-key`)."""
+    return (config.manager_tls["certFile"], config.manager_tls["keyFile"]) if config.manager_tls else None
 
 
 def _advertised_host(config: ExperimentConfig) -> str:

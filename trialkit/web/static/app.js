@@ -8,6 +8,7 @@
   const TOKEN_KEY = 'trialkit-token';
   const REFRESH_GAP_MS = 1000;  // live updates redraw at most once a second
   const LOG_POLL_MS = 1000;
+  const DISK_POLL_MS = 5000;  // how soon the header says the manager's disk takes no writes (or takes them again)
   const FINAL = ['SUCCEEDED', 'FAILED', 'USER_CANCELED', 'SYS_CANCELED', 'EARLY_STOPPED'];
   const STATUSES = ['WAITING', 'RUNNING', 'PREEMPTED', ...FINAL];
   // A trial stopped with a checkpoint waits to be activated: users know it as paused (as the CLI says).
@@ -147,7 +148,17 @@
   const infoReady = api('/api/ui/info').then((got) => {
     info = got;
     $('mode').hidden = !got.read_only;
+    showDisk(got.disk);
+    // A disk that refuses writes commits nothing, so no change event tells of it: ask now and then.
+    if (!got.read_only) setInterval(() => api('/api/ui/info').then((now) => showDisk(now.disk), () => {}), DISK_POLL_MS);
   }).catch((err) => showProblem(problemFrom(err)));
+
+  const diskBadge = Object.assign(document.createElement('span'), {id: 'disk', className: 'badge', hidden: true});
+  document.querySelector('header').append(diskBadge);
+  function showDisk(problem) {
+    diskBadge.textContent = problem ? `DISK: ${problem}` : '';
+    diskBadge.hidden = !problem;
+  }
 
   async function act(exp, trial, action, body) {
     try {
