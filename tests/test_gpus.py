@@ -247,7 +247,8 @@ def test_zero_gpus_hides_every_gpu_and_no_key_leaves_them_alone(tmp_path, monkey
 
 
 def test_a_waiting_trial_shows_why_and_kill_9_of_a_keeper_frees_its_gpu(tmp_path, monkeypatch, home):
-    fake_gpus(tmp_path, monkeypatch, 1)
+    smi = fake_gpus(tmp_path, monkeypatch, 1)
+    smi.set(gpus=[[0, uuid(0), 16384, 900, 87]])
     log, gate = tmp_path / "runs.log", tmp_path / "go"
     proc = start_cli("run", gpu_experiment(tmp_path, log, group=1, trials=2, concurrency=2, gate=gate))
     try:
@@ -266,7 +267,12 @@ def test_a_waiting_trial_shows_why_and_kill_9_of_a_keeper_frees_its_gpu(tmp_path
         listed = table(cli("trial", "list", exp).stdout)
         assert (listed[first]["gpus"], listed[second]["gpus"]) == ("0", "-")
         assert listed[second]["status"] == "WAITING: waiting for 1 GPU: 0 of 1 free"
-        assert "gpus           0\n" in cli("trial", "show", first).stdout
+        shown = cli("trial", "show", first).stdout
+        assert "gpus           0\n" in shown
+        assert "gpu use        0: 87% busy, 900 of 16384 MiB at " in shown  # as the trial found it
+        smi.set(gpus=[[0, uuid(0), 16384, 15000, 55]])  # sampled again while it runs
+        wait_until(lambda: "0: 55% busy, 15000 of 16384 MiB" in cli("trial", "show", first).stdout, 60,
+                   "a later sample")
         keeper = int((trials / first / ".trialkit" / "keeper.pid").read_text().split()[0])
         os.kill(keeper, signal.SIGKILL)
         # The second trial starts on the GPU set free; the first, killed with its keeper, never passes the gate.

@@ -34,10 +34,10 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from trialkit import records
+from trialkit import gpus, records
 from trialkit.control import admin, background
 from trialkit.manager import paths
-from trialkit.control.progress import duration, gpu_list, number, table, trials_table, when
+from trialkit.control.progress import duration, gpu_list, gpu_use, number, table, trials_table, when
 from trialkit.control.queue import Move, jobs, label
 from trialkit.control.results import best_row, metric_value, to_csv, to_json, trial_rows
 from trialkit.manager.store import Store
@@ -337,7 +337,10 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         "history:",
     ]
     if row["gpus"] is not None:
+        samples = gpus.read_samples(row["trial_dir"])
         lines.insert(4, f"gpus           {gpu_list(row['gpus'])}")
+        if samples:
+            lines.insert(5, f"gpu use        {gpu_use(samples[-1])} ({len(samples)} samples)")
     lines += [f"  {when(h['time'])}  {h['status']:<13} {h['source']:<7} "
               + (f"exit {h['exit_code']} " if h["exit_code"] is not None else "") + (h["reason"] or "")
               for h in history]

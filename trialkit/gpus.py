@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -29,6 +30,7 @@ QUERY_GPUS = [NVIDIA_SMI, "--query-gpu=index,uuid,memory.total,memory.used,utili
 QUERY_APPS = [NVIDIA_SMI, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"]
 QUERY_TIMEOUT = 30.0  # nvidia-smi hangs on a wedged driver; a stuck scheduler is worse than an error
 ASSIGNMENT_NAME = "gpus.json"  # in a trial's dir: the GPUs its latest start was given
+SAMPLES_NAME = "gpu_samples.jsonl"  # in a trial's dir: its GPUs' use, one sample a line, while it runs
 
 
 @dataclass(frozen=True)
@@ -265,3 +267,32 @@ def read_assignment(trial_dir: Optional[str]) -> Optional[Tuple[int, ...]]:
         return tuple(int(index) for index in data["indices"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def append_sample(trial_dir: Path, found: Sequence[Gpu], indices: Sequence[int], when: Optional[float] = None) -> None:
+    """Add the use of a trial's GPUs, as nvidia-smi just reported it, to the trial's samples."""
+    mine = [gpu for gpu in found if gpu.index in indices]
+    if not mine:
+        return
+    sample = {"time": time.time() if when is None else when,
+              "gpus": [{"index": g.index, "utilization": g.utilization, "memory_used": g.memory_used,
+                        "memory_total": g.memory_total} for g in mine]}
+    with open(Path(trial_dir) / SAMPLES_NAME, "a", encoding="utf-8") as f:
+        f.write(json.dumps(sample) + "\n")  # one write: a reader sees whole lines
+
+
+def read_samples(trial_dir: Optional[str]) -> List[Dict]:
+    """A trial's GPU samples, oldest first; a line cut short (a crash while writing) is left out."""
+    if not trial_dir:
+        return []
+    try:
+        text = (Path(trial_dir) / SAMPLES_NAME).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

@@ -171,6 +171,16 @@ def status_text(row: Dict[str, Any]) -> str:
     return f"{label(row['status'])}: {row['reason']}" if waits else label(row["status"])
 
 
+def gpu_use(sample: Dict[str, Any]) -> str:
+    """One sample of a trial's GPUs (trialkit.gpus.read_samples): `0: 87% busy, 900 of 16384 MiB`, and when."""
+    def shown(value: Any, unit: str = "") -> str:
+        return "?" if value is None else f"{value}{unit}"
+
+    each = [f"{g['index']}: {shown(g['utilization'], '%')} busy, {shown(g['memory_used'])} of "
+            f"{shown(g['memory_total'])} MiB" for g in sample["gpus"]]
+    return "; ".join(each) + f" at {when(sample['time'])}"
+
+
 def gpu_list(indices: Optional[Sequence[int]]) -> str:
     if indices is None:
         return "-"

@@ -143,7 +143,7 @@ def from_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
 
 LOG_NAME = "trial.log"  # the keeper's own output, the trial's echoed in it: what a container log holds
 CODE_NAME = "code"  # the trial's copy of the code dir, in its trial dir
-GPU_POLL_SECONDS = 5.0  # while trials wait for GPUs: how often nvidia-smi is asked again
+GPU_POLL_SECONDS = 5.0  # while GPU trials run or wait: how often nvidia-smi is asked (starts, samples)
 
 
 def run_sh() -> str:
@@ -235,7 +235,7 @@ class Platform(PlatformBase):
         self._lock = threading.RLock()
         self._held: Dict[str, _Held] = {}  # in submission order
         self._unstarted: Dict[str, PlatformStatus] = {}  # stopped, or failed to start, while held
-        self._poller: Optional[threading.Thread] = None
+        self._watcher: Optional[threading.Thread] = None  # asks nvidia-smi while GPU trials run or wait
         self._pool: Optional[gpus.Pool] = None
         if config.trial_gpu_number:
             self._pool = gpus.Pool(config.trial_gpu_number, config.max_trial_number_per_gpu, config.gpu_indices,
@@ -256,22 +256,23 @@ class Platform(PlatformBase):
             # Trials start in the order submitted: none passes one that waits.
             indices = None if self._held else self._pool.take(spec.trial_id, found, self._ours)
             if indices is not None:
-                self._launch(spec, code, indices)
+                self._launch(spec, code, indices, found)
                 return spec.trial_id
             held = self._held[spec.trial_id] = _Held(spec, code, self._pool.waiting_reason(found, self._ours))
             gpus.forget_assignment(trial_dir)
-            if self._poller is None:
-                self._poller = threading.Thread(target=self._poll, name="gpu-poll", daemon=True)
-                self._poller.start()
+            self._watch_gpus()
             self.on_waiting(spec.trial_id, held.reason)
         return spec.trial_id
 
-    def _launch(self, spec: TrialSpec, code: Optional[Path], indices: Sequence[int]) -> None:
+    def _launch(self, spec: TrialSpec, code: Optional[Path], indices: Sequence[int],
+                found: Sequence[gpus.Gpu] = ()) -> None:
         """Start the trial's keeper with these GPUs (the pool already counts them as the trial's)."""
         trial_dir = paths.trial_dir(self.experiment_dir, spec.trial_id)
         try:
             if self._pool is not None:
                 gpus.write_assignment(trial_dir, indices)  # before the keeper: a restarted control plane reads it
+                gpus.append_sample(trial_dir, found, indices)  # its GPUs as it found them
+                self._watch_gpus()
             with open(trial_dir / LOG_NAME, "ab") as log:
                 child = process.spawn(["/bin/sh", run_sh()],
                                       env=trial_environ(self.config, spec, trial_dir, code, indices),
@@ -302,7 +303,9 @@ class Platform(PlatformBase):
         for path in sorted((self.experiment_dir / "trials").glob(f"*/{gpus.ASSIGNMENT_NAME}")):
             keeper = _find_keeper(path.parent.name, path.parent)
             if keeper is not None:
-                self._pool.hold(keeper.trial_id, gpus.read_assignment(str(path.parent)) or ())
+                with self._lock:
+                    self._pool.hold(keeper.trial_id, gpus.read_assignment(str(path.parent)) or ())
+                    self._watch_gpus()
                 self._watch(keeper)
 
     def status(self, handle: str) -> PlatformStatus:
@@ -400,44 +403,61 @@ class Platform(PlatformBase):
         self.on_end(keeper.trial_id)
 
     # -- GPUs -------------------------------------------------------------------------------
-    def _start_held(self) -> None:
-        """Start the held trials whose GPUs are free now, first submitted first."""
+    def _start_held(self, found: Optional[List[gpus.Gpu]] = None) -> None:
+        """Start the held trials whose GPUs are free now (`found`: nvidia-smi's answer, else asked here),
+        first submitted first. The others wait, and say why when that changes."""
         failed: List[str] = []
         with self._lock:
             if not self._held:
                 return
+            reason = None
             try:
-                found = gpus.inventory()
-            except UserError as err:
-                found, failed = [], list(self._held)
-                for trial_id in failed:
-                    self._unstarted[trial_id] = PlatformStatus(FAILED, f"cannot schedule its GPUs: {err.line()}")
-                self._held.clear()
+                found = gpus.inventory() if found is None else found
+            except UserError as err:  # asked again at the next look; the trials wait and say why
+                reason = f"waiting for GPUs: {err.line()}"
             for trial_id, held in list(self._held.items()):
-                indices = self._pool.take(trial_id, found, self._ours)
+                indices = None if reason else self._pool.take(trial_id, found, self._ours)
                 if indices is None:
-                    reason = self._pool.waiting_reason(found, self._ours)
-                    for rest in self._held.values():
-                        rest.reason = reason
+                    reason = reason or self._pool.waiting_reason(found, self._ours)
                     break
                 del self._held[trial_id]
                 try:
-                    self._launch(held.spec, held.code, indices)
+                    self._launch(held.spec, held.code, indices, found)
                 except Exception as err:  # noqa: BLE001 - this trial fails; the others go on
                     self._unstarted[trial_id] = PlatformStatus(FAILED, f"the platform could not start it: {err}")
                     failed.append(trial_id)
+            for trial_id, held in self._held.items():
+                if held.reason != reason:
+                    held.reason = reason
+                    self.on_waiting(trial_id, reason)
         for trial_id in failed:
             self.on_end(trial_id)
 
-    def _poll(self) -> None:
-        """While trials wait: look at the GPUs again now and then (another process may have left one)."""
+    def _watch_gpus(self) -> None:
+        """Start the watcher unless it runs (called under the lock)."""
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._look_at_gpus, name="gpu-watch", daemon=True)
+            self._watcher.start()
+
+    def _look_at_gpus(self) -> None:
+        """While GPU trials run or wait, ask nvidia-smi now and then: start the waiting trials another
+        process made room for, and add a sample of its GPUs' use to each running trial's file."""
         while True:
             time.sleep(GPU_POLL_SECONDS)
             with self._lock:
-                if not self._held:
-                    self._poller = None
+                if not self._held and not self._pool.held:
+                    self._watcher = None
                     return
-            self._start_held()
+            try:
+                found = gpus.inventory()
+            except UserError:
+                found = None  # _start_held says why to the waiting trials; the samples skip this look
+            self._start_held(found)
+            if found is not None:
+                with self._lock:
+                    running = dict(self._pool.held)
+                for trial_id, indices in running.items():
+                    gpus.append_sample(paths.trial_dir(self.experiment_dir, trial_id), found, indices)
 
     def _ours(self, pid: int) -> bool:
         """Whether a process on a GPU is one of this experiment's trials (a keeper of ours is its ancestor)."""
