@@ -210,7 +210,10 @@ def test_a_waiting_trial_can_be_killed_and_the_next_starts_when_the_other_proces
         assert killed.returncode == 0, killed.stderr
         wait_until(lambda: stored(home, exp, "SELECT status FROM trials WHERE id=?", first) == [("USER_CANCELED",)],
                    60, "the killed trial to end")
-        smi.set(apps=[])  # the other process leaves; nvidia-smi is asked again within seconds
+        smi.set(fail="Unable to determine the device handle for GPU 0000:3B:00.0: Unknown Error")
+        wait_until(lambda: "nvidia-smi failed (exit 9): Unable to determine" in cli("trial", "show", second).stdout,
+                   60, "the waiting trial to say nvidia-smi fails")
+        smi.set(fail=None, apps=[])  # nvidia-smi recovers, the other process has left: the trial starts
         assert proc.wait(timeout=60) == 0, proc.stderr.read()
     finally:
         stop(proc)
