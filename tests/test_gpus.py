@@ -22,6 +22,7 @@ from experiment_util import cli, experiment, experiment_id, start_cli, stored
 from gpu_util import fake_gpus, most_at_once, overlapping, runs, trial_script, uuid
 from harness import wait_until
 from launch_support import PY, Proc, launch_env, write
+from web_util import Browser
 from trialkit import env, gpus
 from trialkit.control.config import parse_config
 from trialkit.errors import UserError
@@ -287,6 +288,36 @@ def test_a_waiting_trial_shows_why_and_kill_9_of_a_keeper_frees_its_gpu(tmp_path
         stop(proc)
     assert [(r["trial"], r["devices"]) for r in runs(log)] == [(second, "0")]
     assert stored(home, exp, "SELECT status FROM trials ORDER BY sequence") == [("FAILED",), ("SUCCEEDED",)]
+
+
+def test_the_trial_page_plots_its_gpus_use_as_sampled(tmp_path, monkeypatch, home):
+    smi = fake_gpus(tmp_path, monkeypatch, 2)
+    smi.set(gpus=[[0, uuid(0), 16384, 900, 87], [1, uuid(1), 16384, 0, 0]])
+    log, gate = tmp_path / "runs.log", tmp_path / "go"
+    proc = start_cli("run", gpu_experiment(tmp_path, log, group=1, trials=1, concurrency=1, gate=gate))
+    browser = None
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        proc.stdout.readline()  # manager: ...
+        page = proc.stdout.readline().split()[-1]
+        trial_dir = home / "experiments" / exp / "trials" / f"{exp}-00000"
+        wait_until(lambda: len(gpus.read_samples(str(trial_dir))) == 1, 60, "the first sample")
+        smi.set(gpus=[[0, uuid(0), 16384, 15000, 55], [1, uuid(1), 16384, 0, 0]])
+        wait_until(lambda: len(gpus.read_samples(str(trial_dir))) >= 2, 60, "a second sample")
+        browser = Browser()
+        browser.driver.get(f"{page.split('#')[0]}#/exp/{exp}/trial/{exp}-00000")
+        wait_until(lambda: browser.driver.execute_script("return document.body.dataset.ready === 'trial'"), 60,
+                   "the trial view")
+        plotted = browser.driver.execute_script(
+            "return document.getElementById('trial-gpus').data.map(t => [t.name, t.y.slice(0, 2)])")
+        assert plotted == [["GPU 0 utilization %", [87, 55]], ["GPU 0 memory MiB", [900, 15000]]]
+        gate.touch()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    finally:
+        gate.touch()
+        stop(proc)
+        if browser is not None:
+            assert not browser.close()
 
 
 def test_resume_keeps_the_running_trials_gpus_and_gives_none_twice(tmp_path, monkeypatch, home):

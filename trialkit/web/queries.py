@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from trialkit import gpus
 from trialkit.manager.server import HttpError
 from trialkit.records import INT64_MAX, BadRecord, loads, metric_number
 from trialkit.statuses import PREEMPTED, RUNNING, WAITING
@@ -361,6 +362,8 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         "history": [dict(r) for r in db.execute(
             "SELECT status, exit_code, reason, time, source FROM statuses WHERE trial=? ORDER BY id", (trial_id,))],
         "logs": {name: path for name, path in log_paths(row).items() if path},
+        "gpus": gpus.read_assignment(trial_dir),  # None: no GPU was scheduled for it
+        "gpu_samples": gpus.read_samples(trial_dir),
     })
     return out
 

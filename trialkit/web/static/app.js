@@ -444,6 +444,24 @@
       legend: {orientation: 'h', y: -0.2}});
   }
 
+  // A trial's GPUs over time (trialkit.gpus samples): utilization and memory used, one pair of lines per GPU.
+  async function drawGpuUse(node, samples) {
+    const indices = [...new Set(samples.flatMap((s) => s.gpus.map((g) => g.index)))].sort((a, b) => a - b);
+    const series = (index, field) => {
+      const points = samples.flatMap((s) => s.gpus.filter((g) => g.index === index)
+        .map((g) => [new Date(s.time * 1000), g[field]]));
+      return {x: points.map((p) => p[0]), y: points.map((p) => p[1])};
+    };
+    const traces = indices.flatMap((index) => [
+      {type: 'scatter', mode: 'lines+markers', name: `GPU ${index} utilization %`, ...series(index, 'utilization')},
+      {type: 'scatter', mode: 'lines', name: `GPU ${index} memory MiB`, yaxis: 'y2', line: {dash: 'dot'},
+        ...series(index, 'memory_used')},
+    ]);
+    await plot(node, traces, {xaxis: {type: 'date'}, yaxis: {title: {text: 'utilization %'}, range: [0, 100]},
+      yaxis2: {title: {text: 'memory MiB'}, overlaying: 'y', side: 'right', rangemode: 'tozero'},
+      legend: {orientation: 'h', y: -0.2}, margin: {l: 60, r: 60, t: 20, b: 50}});
+  }
+
   // Parallel coordinates of parameters and final metric, and the metric against each parameter.
   class HyperView {
     constructor(exp) { this.exp = exp; this.key = 'params:' + exp; }
@@ -531,6 +549,8 @@
       this.actions = el('div', {class: 'actions'});
       this.params = el('div');
       this.chart = el('div', {class: 'chart', id: 'trial-curve'});
+      this.gpuChart = el('div', {class: 'chart', id: 'trial-gpus'});
+      this.gpuPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'GPU use'), this.gpuChart);
       this.history = el('tbody');
       this.log = el('pre', {id: 'log'});
       this.logTabs = el('div', {class: 'toolbar'}, ['stdout', 'stderr'].map((name) =>
@@ -538,7 +558,7 @@
       main.replaceChildren(this.title, this.actions,
         el('div', {class: 'two'}, el('div', {class: 'panel'}, el('h2', {}, 'Trial'), this.facts),
           el('div', {class: 'panel'}, el('h2', {}, 'Parameters'), this.params)),
-        el('div', {class: 'panel'}, el('h2', {}, 'Intermediate results'), this.chart),
+        el('div', {class: 'panel'}, el('h2', {}, 'Intermediate results'), this.chart), this.gpuPanel,
         el('div', {class: 'panel'}, el('h2', {}, 'Status history'), el('table', {id: 'history'},
           headRow('Time', 'Status', 'Exit code', 'Reason', 'Source'), this.history)),
         el('div', {class: 'panel'}, el('h2', {}, 'Log'), this.logTabs, this.log));
@@ -558,6 +578,7 @@
         ...fact('Final result', t.final === null ? '—' : fmtValue(t.final)),
         ...fact('Intermediate results', t.intermediate), ...fact('Exit code', fmtValue(t.exit_code)),
         ...fact('Restarts', t.restarts), ...fact('Priority', t.priority), ...fact('Reason', t.reason || '—'),
+        ...fact('GPUs', t.gpus ? (t.gpus.join(',') || 'none') : '—'),
         ...fact('Submitted', fmtTime(t.created)), ...fact('Started', fmtTime(t.started)),
         ...fact('Ended', fmtTime(t.ended)),
         ...fact('Duration', fmtDuration(t.duration)), ...fact('Trial dir', t.trial_dir || '—'),
@@ -566,7 +587,9 @@
       this.history.replaceChildren(...t.history.map((h) => el('tr', {},
         el('td', {}, fmtTime(h.time)), el('td', {}, statusBadge(h.status)), el('td', {}, fmtValue(h.exit_code)),
         el('td', {}, h.reason || ''), el('td', {}, h.source))));
-      await Promise.all([drawCurves(this.chart, curves), this.pollLog()]);
+      this.gpuPanel.hidden = !t.gpu_samples.length;
+      await Promise.all([drawCurves(this.chart, curves), this.pollLog(),
+        t.gpu_samples.length ? drawGpuUse(this.gpuChart, t.gpu_samples) : null]);
       markReady('trial');
     }
 
