@@ -140,7 +140,8 @@ def test_the_records_route_never_answers_500_never_exits_and_loses_no_valid_reco
         client.check_stored()
 
     check()
-    for raw in (b"", b"{", b"[" * 100000, b'{"records":[' + b"[" * 5000 + b"]", "\ud800".encode("utf-8", "surrogatepass"),
+    for raw in (b"", b"{", b"[" * 100000, b'{"records":[' + b"[" * 5000 + b"]",
+                "\ud800".encode("utf-8", "surrogatepass"),
                 b'{"records":[{"seq":1,"type":"FINAL","value":' + b"9" * 100000 + b"}]}"):
         client.post(raw)
     with capsys.disabled():

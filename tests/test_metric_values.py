@@ -321,11 +321,13 @@ def test_a_restarted_trial_keeps_its_runs_apart_and_shows_the_latest(tmp_path, m
         wait_until(lambda: m.store.count_records("t1") >= 6, 60, "run 0's steps to arrive")  # RUNNING + 5
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=60)
-        again = run_keeper(tmp_path, m, "import trialkit\nfor i in range(3): trialkit.report_intermediate_result(200 + i)\n"
+        again = run_keeper(tmp_path, m, "import trialkit\n"
+                                        "for i in range(3): trialkit.report_intermediate_result(200 + i)\n"
                                         "print(\"NNISDK_MEb'\" + '{\"type\": \"FINAL\", \"value\": \"7\"}' + \"'\")\n")
         assert again.returncode == 0, again.stderr
         stored = [(r["run"], r["value"]) for r in m.store.records_for("t1") if r["type"] in records.METRIC_TYPES]
-        assert stored == [(0, 100 + i) for i in range(5)] + [(1, 200 + i) for i in range(3)] + [(1, 7)]
+        # (sorted: the stdout line and the SDK's file reach the keeper by two paths, in either order)
+        assert sorted(stored) == [(0, 100 + i) for i in range(5)] + [(1, 7)] + [(1, 200 + i) for i in range(3)]
         latest = export("exp")
         assert [(r["run"], r["intermediate"], r["final"]) for r in latest] == [(1, [200, 201, 202], 7)]
         every = json.loads(cli("experiment", "export", "exp", "--all-runs").stdout)
@@ -342,3 +344,19 @@ def test_a_restarted_trial_keeps_its_runs_apart_and_shows_the_latest(tmp_path, m
             page.close()
     finally:
         m.close()
+
+
+def test_the_sdk_never_raises_into_the_training_loop_for_a_huge_number(tmp_path):
+    import io
+
+    from trialkit import env
+    from trialkit.sdk import Session
+
+    err = io.StringIO()
+    session = Session(env.read({env.TRIAL_DIR: str(tmp_path), env.UNDER_KEEPER: "1", env.TRIAL_ID: "t1"}), err=err)
+    session.report("PERIODICAL", 10 ** 5000)  # more digits than JSON can be written with here: lost, said once
+    session.report("PERIODICAL", 10 ** 400)  # kept as reported, said to be no number for a tuner
+    session.report("FINAL", 0.5)
+    frames = records.SeqDecoder(lambda at, why: None).feed((tmp_path / ".trialkit" / "channel").read_bytes())
+    assert [records.loads(payload)["value"] for payload, _ in frames] == [BIG, 0.5]
+    assert "cannot be written as JSON" in err.getvalue() and "do not see a number" in err.getvalue()

@@ -167,8 +167,8 @@ def test_numpy_and_torch_scalars_become_numbers():
     assert records.plain(np.float32(1.5)) == 1.5 and type(records.plain(np.float32(1.5))) is float
     assert records.plain(torch.tensor(2)) == 2
     assert json.loads(records.dumps({"default": np.int64(3), "t": torch.tensor(0.5)})) == {"default": 3, "t": 0.5}
-    assert records.is_metric({"default": np.float64(0.1)}) and records.is_metric(np.float32(2))
-    assert not records.is_metric("high") and not records.is_metric({"loss": 1.0})
+    assert records.metric_number({"default": np.float64(0.1)}) == 0.1 and records.metric_number(np.float32(2)) == 2.0
+    assert records.metric_number("high") is None and records.metric_number({"loss": 1.0}) is None
 
 
 def test_wire_problem_names_what_is_wrong():

@@ -65,7 +65,6 @@ NNI_STDOUT_PREFIX = b"NNISDK_MEb'"
 MAX_FRAME = 1 << 20  # NNI refuses metrics of 1,000,000 bytes or more; so do we
 MAX_DEPTH = 64  # nesting of a value: every JSON reader on the way (keeper, manager, SQLite) can parse it
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # SQLite's INTEGER
-FLOAT_MAX = 1.7976931348623157e308
 
 OnBad = Callable[[int, str], None]  # (byte offset or line number, reason)
 
@@ -122,11 +121,6 @@ def metric_number(value: Any) -> Optional[float]:
             return None
         return number if number - number == 0.0 else None
     return None
-
-
-def is_metric(value: Any) -> bool:
-    """A number, or a dict whose "default" is one (what tuners read)."""
-    return metric_number(value) is not None
 
 
 def scalars(value: Any) -> Iterator[Tuple[str, float]]:
@@ -363,16 +357,6 @@ def metric_frame(kind: str, sequence: int, when: float, value_json: str, ident_j
     without its opening brace, as `dumps(ident)[1:]` gives them.
     """
     return (_METRIC_FRAME % (kind, sequence, when, value_json, ident_json)).encode()
-
-
-def metric_json(metric: Any) -> str:
-    """A metric's JSON text. Raises ValueError for one JSON cannot write (an integer of over 4300 digits)."""
-    kind = type(metric)
-    if kind is float and metric - metric == 0.0:  # finite: the common case, kept cheap
-        return float.__repr__(metric)
-    if kind is int and -FLOAT_MAX <= metric <= FLOAT_MAX:
-        return int.__repr__(metric)
-    return dumps(plain(metric))
 
 
 class _Decoder:

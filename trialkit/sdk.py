@@ -62,19 +62,12 @@ class Session:
         """Append one metric record to the channel (PERIODICAL or FINAL)."""
         if not self.reporting:
             return
-        kind_of = type(metric)
-        if kind_of is not float or metric - metric != 0.0:  # not a finite float, the common case
-            metric = records.plain(metric)
-            if records.metric_number(metric) is None:
-                self._warn("shape", f"a metric should be a number (finite, within a float's range) or a dict with a numeric "
-                           f"'default' "
-                           f"(got {_show(metric)}); it is kept as it is, but tuners and assessors do not see "
-                           f"a number in it")
-        try:
-            value = records.metric_json(metric)
-        except (ValueError, RecursionError) as err:
-            self._warn("encode", f"a metric cannot be written as JSON ({_show(err)}); it is lost")
-            return
+        if type(metric) is float and metric - metric == 0.0:  # finite: the common case, kept cheap
+            value = float.__repr__(metric)
+        else:
+            value = self._value_json(metric)
+            if value is None:
+                return
         if kind == records.PERIODICAL:
             sequence = self._next_sequence
             self._next_sequence += 1
@@ -92,6 +85,19 @@ class Session:
         if self.standalone:
             self._warn("where", f"no trialkit keeper here: metrics are printed and appended to "
                        f"{os.path.abspath(self.trial.channel)} (JSON text sequence, RFC 7464)")
+
+    def _value_json(self, metric: Any) -> Optional[str]:
+        """Any metric but a finite float: its JSON text (None when it cannot be written), said once if no number."""
+        metric = records.plain(metric)
+        if records.metric_number(metric) is None:
+            self._warn("shape", f"a metric should be a number (finite, within a float's range) or a dict "
+                       f"with a numeric 'default' (got {_show(metric)}); it is kept as it is, but tuners and "
+                       f"assessors do not see a number in it")
+        try:
+            return records.dumps(metric)
+        except (ValueError, RecursionError) as err:  # an int of over 4300 digits, a cycle, a deep nest
+            self._warn("encode", f"a metric cannot be written as JSON ({_show(err)}); it is lost")
+            return None
 
     # -- stopping ---------------------------------------------------------------
     def should_preempt(self) -> bool:
