@@ -189,7 +189,7 @@ class Pool:
         pool = len(self._pool(gpus))
         if self.gpus_per_trial > pool:
             where = "gpuIndices" if self.indices is not None else "this machine"
-            raise UserError(f"each trial asks for {self.gpus_per_trial} GPUs but {where} holds {pool} "
+            raise UserError(f"each trial asks for {_gpus(self.gpus_per_trial)} but {where} holds {pool} "
                             f"({_listed([g.index for g in self._pool(gpus)])})", "trialGpuNumber",
                             f"set trialGpuNumber to {pool} or less" if pool else "leave trialGpuNumber out")
 
@@ -227,7 +227,7 @@ class Pool:
         """Why a trial waits, with the numbers."""
         pool = self._pool(gpus)
         foreign = [] if self.use_active else [g.index for g in pool if not all(ours(pid) for pid in g.pids)]
-        text = (f"waiting for {self.gpus_per_trial} GPU{'s' if self.gpus_per_trial != 1 else ''}: "
+        text = (f"waiting for {_gpus(self.gpus_per_trial)}: "
                 f"{len(self.free(gpus, ours))} of {len(pool)} free")
         if foreign:
             text += f"; GPU {_listed(foreign)} busy with other processes (useActiveGpu: false)"
@@ -235,6 +235,10 @@ class Pool:
 
     def _pool(self, gpus: Sequence[Gpu]) -> List[Gpu]:
         return [gpu for gpu in gpus if self.indices is None or gpu.index in self.indices]
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" + ("" if count == 1 else "s")
 
 
 def _listed(indices: Sequence[int]) -> str:
