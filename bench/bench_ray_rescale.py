@@ -59,7 +59,7 @@ class Job:
     def __init__(self, cluster: RayCluster, checkpoint_every: Optional[float]):
         every = [] if checkpoint_every is None else ["--checkpoint-every", f"{checkpoint_every:g}"]
         command = [sys.executable, "-m", "trialkit.ray.adaptdl_ray", "-u", cluster.client_address, "-f", "train.py",
-                   "--working-dir", str(ROOT / "examples" / "adaptdl_ray"), "-m", "2", "--cpus", "2",
+                   "--working-dir", str(ROOT / "examples" / "adaptdl_ray"), "-m", "2", "--workers", "2", "--cpus", "2",
                    "--checkpoint-timeout", "30", "--cluster-rescale-timeout", "2", *every,
                    "--", "--epochs", "1000000", "--step-seconds", "0.02"]
         self.lines: List[Tuple[float, str]] = []

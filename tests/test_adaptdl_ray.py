@@ -173,14 +173,21 @@ class Epoch:
     samples: int
 
 
+# The elasticity tests pin two workers (one a node): what they test is the job
+# following the cluster, not the goodput model's choice (tested on its own below).
+WORKERS = ("--workers", "2")
+
+
 class Job:
     """adaptdl-ray running in the background; its output collected line by line."""
 
-    def __init__(self, cluster, script: str, working_dir: Path, script_args: Sequence[str], *options: str):
+    def __init__(self, cluster, script: str, working_dir: Path, script_args: Sequence[str], *options: str,
+                 workers: Sequence[str] = WORKERS):
         self.lines: List[str] = []
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "trialkit.ray.adaptdl_ray", "-u", cluster.client_address, "-f", script, "--working-dir",
-             str(working_dir), "-m", "2", "--cpus", "2", "--cluster-rescale-timeout", "2", *options, "--",
+             str(working_dir), "-m", "2", "--cpus", "2", "--cluster-rescale-timeout", "2", *workers, *options,
+             "--",
              *script_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -260,8 +267,8 @@ def start_job(cluster):
     """Job(cluster, ...) without the cluster; jobs still running at the end get Ctrl-C."""
     jobs: List[Job] = []
 
-    def start(*args) -> Job:
-        jobs.append(Job(cluster, *args))
+    def start(*args, **keys) -> Job:
+        jobs.append(Job(cluster, *args, **keys))
         return jobs[-1]
 
     yield start
@@ -403,3 +410,21 @@ def test_a_crashed_node_costs_at_most_one_checkpoint_interval(cluster, start_job
     # samples before the checkpoint (kept by its Accumulator) and after it.
     assert [e.samples for e in after] == [SAMPLES] * len(after), job.output()
     assert [e.epoch for e in after] == list(range(after[0].epoch, epochs))
+
+
+SIZED = re.compile(r"sizing \(new hints\): (\d+): .*predicted speedup by workers: 1: 1\.00x, 2: ([0-9.]+)x")
+
+
+@pytest.mark.slow
+def test_the_trainers_hints_reach_the_controller_and_size_the_job(start_job):
+    """-m 2 on two nodes and no pinned count: one worker until AdaptDL's unchanged trainer
+    sends its hints (after 30 s of training, over HTTP, to ADAPTDL_SUPERVISOR_URL); then
+    AdaptDL's goodput model sizes the job from them. Each step here waits 10 ms, standing
+    in for compute, so a second worker pays: the job grows to two, through a checkpoint."""
+    job = start_job("train.py", EXAMPLE, ["--epochs", "100000", "--step-seconds", "0.01", "--autoscale-bsz"],
+                    workers=())
+    decided = job.wait_for_match(SIZED, timeout=150)
+    assert int(decided[1]) == 2 and float(decided[2]) > 1.0 + 0.3, job.output()
+    assert all(e.replicas == 1 for e in job.epochs(restarts=0)), "one worker until the hints came"
+    job.wait_for_match(re.compile(r"the goodput model chose 2 workers \(now 1\): rescaling"))
+    assert job.wait_for_epoch(restarts=1).replicas == 2, job.output()

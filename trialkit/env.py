@@ -63,6 +63,9 @@ ADAPTDL = {
     "tensorboard_dir": "ADAPTDL_TENSORBOARD_LOGDIR",
     "restart_count": "ADAPTDL_NUM_RESTARTS",
     "job_id": "ADAPTDL_JOB_ID",
+    # Set by adaptdl-ray: where the trainer sends its scheduling hints and finds its peers.
+    "supervisor_url": "ADAPTDL_SUPERVISOR_URL",
+    "sched_version": "ADAPTDL_SCHED_VERSION",
     # The replica topology AdaptDL's library reads (set by its scheduler, or by adaptdl-ray).
     "replica_rank": "ADAPTDL_REPLICA_RANK",
     "num_replicas": "ADAPTDL_NUM_REPLICAS",
@@ -189,7 +192,7 @@ class TrialEnv(NamedTuple):
             ADAPTDL["checkpoint_dir"]: str(self.checkpoint_dir),
             ADAPTDL["share_dir"]: str(self.share_dir),
             ADAPTDL["restart_count"]: str(self.restart_count),
-            ADAPTDL["job_id"]: f"{self.experiment_id}/{self.trial_id}",
+            ADAPTDL["job_id"]: adaptdl_job_key(self.experiment_id, self.trial_id),
             # adaptdl 0.2.11 pickles whole objects into its checkpoints; torch 2.x
             # refuses to load them unless weights-only loading is turned off.
             "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1",
@@ -199,6 +202,11 @@ class TrialEnv(NamedTuple):
             out[ADAPTDL["tensorboard_dir"]] = str(self.tensorboard_dir)
             out[ADAPTDL_OLD_TENSORBOARD] = str(self.tensorboard_dir)
         return out
+
+
+def adaptdl_job_key(experiment_id: str, trial_id: str) -> str:
+    """ADAPTDL_JOB_ID: the key AdaptDL's trainer names its job by to a supervisor."""
+    return f"{experiment_id}/{trial_id}"
 
 
 def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:

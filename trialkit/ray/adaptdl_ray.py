@@ -44,7 +44,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="the cluster: ray://HEAD:10001, HEAD:6379 or auto (default %(default)s)")
     parser.add_argument("-f", "--file", required=True,
                         help="the training script, relative to --working-dir when that is given")
-    parser.add_argument("-m", "--max-workers", type=int, required=True, help="the most workers to run")
+    parser.add_argument("-m", "--max-workers", type=int, required=True,
+                        help="the most workers the job may have; within it, AdaptDL's goodput model, fed by the "
+                        "trainer's own hints, chooses how many pay (one until the first hints arrive)")
+    parser.add_argument("--min-workers", type=int, default=1, metavar="N",
+                        help="the fewest workers the job runs on (default %(default)s)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="a fixed number of workers: the goodput model is not asked (the job still "
+                        "shrinks to what a smaller cluster holds, and grows back)")
     parser.add_argument("--cpus", type=float, default=1.0, help="CPUs per worker (default %(default)g)")
     parser.add_argument("--gpus", type=float, default=0.0, help="GPUs per worker (default %(default)g)")
     parser.add_argument("--working-dir", metavar="DIR",
@@ -67,6 +74,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     opts = parser.parse_args(options)
     if opts.max_workers < 1:
         raise UserError(f"-m {opts.max_workers}: at least one worker is needed", "-m/--max-workers", "give 1 or more")
+    for name, value in (("--min-workers", opts.min_workers), ("--workers", opts.workers)):
+        if value is not None and not 1 <= value <= opts.max_workers:
+            raise UserError(f"{name} {value} is outside 1..{opts.max_workers} (-m)", name,
+                            f"give 1 to {opts.max_workers}, or raise -m")
     if opts.cpus < 0 or opts.gpus < 0 or not (opts.cpus or opts.gpus):
         raise UserError(f"--cpus {opts.cpus:g} --gpus {opts.gpus:g} is no worker size", "--cpus/--gpus",
                         "give each worker some CPUs or GPUs")
@@ -144,6 +155,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         rescale_timeout=opts.cluster_rescale_timeout,
         shared_dir=opts.shared_dir,
         checkpoint_every=opts.checkpoint_every,
+        min_workers=opts.min_workers,
+        fixed_workers=opts.workers,
     )
     outcome = wait(start_controller(job), job)
     if outcome.error:

@@ -1,13 +1,20 @@
 """The elastic AdaptDL controller: a Ray actor that keeps one job training on
-what the cluster has.
+what the cluster has, at the size AdaptDL's goodput model says pays.
 
-    plan N workers (up to the maximum) -> start a generation -> watch it and the cluster
+    size the job (trialkit.ray.sizing: one worker until the trainer's hints arrive,
+    then the goodput model's choice, up to -m; or the user's fixed count)
+    -> plan N workers -> start a generation -> watch it and the cluster
     -> on an event: stop it gracefully, keep rank 0's checkpoint (the one it saves when
        stopped, else its newest periodic one, else the previous one)
     -> restart count + 1, plan again ... until the script ends
 
-Events: the cluster holds more workers than run (after waiting up to the
-rescale timeout for it to reach the maximum), a node with replicas is gone, a
+The controller serves AdaptDL's supervisor protocol (trialkit.ray.supervisor):
+the trainer's hints reach it over HTTP, and its rank 0's address is found
+there. It asks Ray's autoscaler for the workers it chose, not for -m.
+
+Events: new hints make the model choose another size (past the hysteresis:
+a rescale must repay its restart), the cluster holds more of the chosen
+workers than run (after waiting up to the rescale timeout), a node with replicas is gone, a
 node is going (a spot notice, or Ray draining it), a replica failed or was
 killed. A replica that exits by itself with a code of its own while its peers
 are alive is the script's verdict: the job ends with that code.
@@ -21,9 +28,10 @@ from typing import Collection, Dict, List, Optional, Set, Tuple
 
 from trialkit.adaptdl import CHECKPOINTED_EXIT
 from trialkit.process import describe_exit
-from trialkit.ray import cluster
-from trialkit.ray.generation import Generation, Member
+from trialkit.ray import cluster, sizing
+from trialkit.ray.generation import Generation, Member, job_key
 from trialkit.ray.replica import Checkpoint
+from trialkit.ray.supervisor import Supervisor
 
 POLL_SECONDS = 0.5  # how often the cluster's nodes are looked at
 SETTLE_SECONDS = 3.0  # after a replica failed: how long its peers have to show they are alive
@@ -45,6 +53,8 @@ class Job:
     rescale_timeout: float
     shared_dir: Optional[str] = None
     checkpoint_every: float = 0.0  # seconds of training between checkpoints; 0: on a stop only
+    min_workers: int = 1
+    fixed_workers: Optional[int] = None  # the user's count: the goodput model is not asked
 
     def bundle(self) -> Dict[str, float]:
         return {name: amount for name, amount in (("CPU", self.cpus), ("GPU", self.gpus)) if amount}
@@ -78,6 +88,11 @@ class Controller:
         self.suspects: Dict[str, float] = {}  # node -> until when (monotonic) it gets no worker
         self.failures = 0
         self._stop = threading.Event()
+        self.target = job.fixed_workers or job.min_workers  # the size chosen; one worker until hints come
+        self.speedup: Optional[sizing.Speedup] = None
+        self._hints_changed = threading.Event()
+        self.supervisor: Optional[Supervisor] = None
+        self.last_decision = ""
 
     def __repr__(self) -> str:
         return "adaptdl-ray"  # the prefix of its lines on the user's terminal
@@ -87,19 +102,55 @@ class Controller:
         self._stop.set()
 
     def run(self) -> Outcome:
+        import ray
         from ray.autoscaler.sdk import request_resources
 
-        # Where an autoscaler runs, this brings the cluster up to the maximum (no-op elsewhere).
-        request_resources(bundles=[self.job.bundle()] * self.job.max_workers)
+        self.supervisor = Supervisor(ray.util.get_node_ip_address(), self._on_hints).start()
+        self._ask_autoscaler()
         try:
             return self._run()
         finally:
             request_resources(bundles=[])
+            self.supervisor.close()
+
+    def _ask_autoscaler(self) -> None:
+        """Where an autoscaler runs, this brings the cluster up to the chosen size (no-op elsewhere)."""
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=[self.job.bundle()] * self.target)
+
+    def _on_hints(self, key: str, hints: sizing.Hints) -> None:
+        """The trainer's hints (from the supervisor's thread): the next look at the job re-sizes it."""
+        if key != job_key(self.job.job_id):
+            say(f"ignored hints for another job ({key})")
+            return
+        self.speedup = sizing.Speedup(hints)
+        self._hints_changed.set()
+
+    def _resize(self, nodes: List[cluster.Node], running: int, why: str) -> int:
+        """The goodput model's size for the job now, said in the log when it is news."""
+        usable = [n for n in nodes if n.node_id not in self._left_out()]
+        node_slots = [cluster.slots(n, self.job.cpus, self.job.gpus) for n in usable] or [0]
+        demand = sizing.Demand(self.job.job_id, self.speedup, min_workers=self.job.min_workers,
+                               max_workers=self.job.max_workers, current=running, pinned=self.job.fixed_workers)
+        decided = sizing.plan([demand], node_slots)
+        chosen = decided.workers[self.job.job_id] or self.target
+        predicted = decided.predicted.get(self.job.job_id)
+        line = (f"sizing ({why}): {decided.reasons[self.job.job_id]}"
+                + (("; predicted speedup by workers: " + ", ".join(f"{n}: {s:.2f}x" for n, s in predicted.items()))
+                   if predicted else ""))
+        if line != self.last_decision:
+            say(line)
+            self.last_decision = line
+        if chosen != self.target:
+            self.target = chosen
+            self._ask_autoscaler()
+        return chosen
 
     def _run(self) -> Outcome:
         nodes = self._wait_for_nodes(first=True)
         while nodes and not self._stop.is_set():
-            generation = Generation(self.job, nodes, self.restarts, self.checkpoint)
+            generation = Generation(self.job, nodes, self.restarts, self.checkpoint, self.supervisor)
             resume = f"from {self.checkpoint.describe()}" if self.checkpoint else "afresh: no checkpoint yet"
             say(f"restart {self.restarts}: {cluster.describe(nodes)}, starting {resume}")
             event = self._watch(generation)
@@ -129,7 +180,7 @@ class Controller:
         deadline = time.monotonic() + self.job.rescale_timeout
         while True:
             nodes = self._plan(cluster.alive_nodes(), cluster.draining_nodes())
-            if len(nodes) >= self.job.max_workers or (nodes and not first):
+            if len(nodes) >= self.target or (nodes and not first):
                 return nodes
             # Ray offers no public event for a node joining: look again shortly,
             # but wake at once when the job is told to stop.
@@ -137,10 +188,12 @@ class Controller:
                 return nodes
 
     def _plan(self, nodes: List[cluster.Node], draining: Collection[str] = ()) -> List[cluster.Node]:
+        return cluster.plan(nodes, self.job.cpus, self.job.gpus, self.target, self._left_out(draining))
+
+    def _left_out(self, draining: Collection[str] = ()) -> Set[str]:
         now = time.monotonic()
         suspects = {node for node, until in self.suspects.items() if until > now}
-        return cluster.plan(nodes, self.job.cpus, self.job.gpus, self.job.max_workers,
-                            self.excluded.union(draining, suspects))
+        return self.excluded.union(draining, suspects)
 
     def _watch(self, generation: Generation) -> Event:
         import ray
@@ -169,6 +222,12 @@ class Controller:
             if gone:
                 return Event(f"node {_name(gone[0].node)} is gone (rank {_ranks(gone)})", failure=True,
                              suspect=tuple({m.node.node_id for m in gone}))
+            if self._hints_changed.is_set():
+                self._hints_changed.clear()
+                running = len(generation.members)
+                chosen = self._resize(nodes, running, "new hints")
+                if chosen != running:
+                    return Event(f"the goodput model chose {chosen} workers (now {running}): rescaling")
             draining = cluster.draining_nodes()
             leaving = [m for m in generation.members if m.node.node_id in draining]
             if leaving:
@@ -180,7 +239,7 @@ class Controller:
                 grow_since = None
                 continue
             grow_since = grow_since or time.monotonic()
-            if fit >= self.job.max_workers or time.monotonic() - grow_since >= self.job.rescale_timeout:
+            if fit >= self.target or time.monotonic() - grow_since >= self.job.rescale_timeout:
                 return Event(f"the cluster now holds {fit} workers: rescaling")
 
     def _finished(self, generation: Generation, member: Member) -> Event:

@@ -10,12 +10,18 @@ from dataclasses import dataclass
 from typing import Any, Collection, Dict, List, Optional, Sequence
 
 from trialkit.ray.cluster import Node
-from trialkit.ray.replica import Checkpoint, Replica, ReplicaSpec
+from trialkit import env
+from trialkit.ray.replica import EXPERIMENT_ID, Checkpoint, Replica, ReplicaSpec
 from trialkit.ray.trial_actor import RunResult
 
 PLACE_TIMEOUT = 120.0  # for rank 0's actor to come up on its node (a fresh worker process)
 CALL_TIMEOUT = 10.0  # for small calls to a live replica
 STOP_MARGIN = 10.0  # beyond the grace: the keeper's flush, the runner's kill, the reply
+
+
+def job_key(job_id: str) -> str:
+    """The key the job's trainers use with the supervisor (their ADAPTDL_JOB_ID)."""
+    return env.adaptdl_job_key(EXPERIMENT_ID, job_id)
 
 
 @dataclass
@@ -27,7 +33,8 @@ class Member:
 
 
 class Generation:
-    def __init__(self, job: Any, nodes: Sequence[Node], restart: int, checkpoint: Optional[Checkpoint]):
+    def __init__(self, job: Any, nodes: Sequence[Node], restart: int, checkpoint: Optional[Checkpoint],
+                 supervisor: Any = None):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -40,13 +47,17 @@ class Generation:
             for rank, node in enumerate(nodes)
         ]
         port = ray.get(actors[0].free_port.remote(), timeout=PLACE_TIMEOUT)
+        if supervisor is not None:
+            # With a supervisor, AdaptDL's trainer asks it for rank 0's address (its discover call).
+            supervisor.publish(job_key(job.job_id), restart, [node.address for node in nodes])
         shipped = ray.put(checkpoint)  # once, however many replicas read it
         self.members: List[Member] = []
         for rank, (node, actor) in enumerate(zip(nodes, actors)):
             spec = ReplicaSpec(job_id=job.job_id, command=job.command, rank=rank, replicas=len(nodes),
                                nodes=len({n.node_id for n in nodes}), restart=restart, master_addr=nodes[0].address,
                                master_port=port, grace=job.checkpoint_timeout, shared_dir=job.shared_dir,
-                               checkpoint_every=job.checkpoint_every)
+                               checkpoint_every=job.checkpoint_every,
+                               supervisor_url=supervisor.url if supervisor is not None else None)
             actor.start_replica.remote(spec, shipped)
             self.members.append(Member(rank, node, actor, actor.wait.remote()))
         # One watcher a node: a notice concerns the node, not a replica.

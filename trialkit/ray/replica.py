@@ -42,6 +42,7 @@ class ReplicaSpec:
     grace: float  # the checkpoint timeout: how long the script has to save once stopped
     shared_dir: Optional[str]  # storage every node mounts; None: checkpoints travel as tars
     checkpoint_every: float  # seconds of training between checkpoints; 0: on a stop only
+    supervisor_url: Optional[str] = None  # the controller's supervisor: hints go there, peers are found there
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,16 @@ class Checkpoint:
     def describe(self) -> str:
         at = f" at step {self.step}" if self.step is not None else ""
         return f"the checkpoint of restart {self.restart}{at}"
+
+
+def supervisor_environ(url: Optional[str]) -> Dict[str, str]:
+    """What makes AdaptDL's trainer report its hints to `url` (and find its peers there). It
+    checks the scheduler's major version against its own: the protocol is adaptdl 0.2's."""
+    if not url:
+        return {}
+    from importlib.metadata import version
+
+    return {env.ADAPTDL["supervisor_url"]: url, env.ADAPTDL["sched_version"]: version("adaptdl")}
 
 
 def job_root(job_id: str) -> Path:
@@ -116,6 +127,7 @@ class Replica(TrialRunner):
             env.ADAPTDL["num_nodes"]: str(spec.nodes),
             env.ADAPTDL["master_addr"]: spec.master_addr,
             env.ADAPTDL["master_port"]: str(spec.master_port),
+            **supervisor_environ(spec.supervisor_url),
         }
 
     async def take_checkpoint(self) -> Optional[Checkpoint]:
