@@ -1,4 +1,10 @@
+import re
+from pathlib import Path
+
 from setuptools import setup
+
+VERSION = re.search(r'^__version__ = "([^"]+)"', (Path(__file__).parent / "trialkit" / "__init__.py").read_text(),
+                    re.M).group(1)
 
 # scripts/ and launchers/ sit at the top of the checkout (users and images read
 # them there) and ship inside the package as data.
@@ -41,7 +47,7 @@ EXTRAS["test"] = [
 
 setup(
     name="trialkit",
-    version="0.1.0",
+    version=VERSION,
     description="A trial runtime for deep-learning training and a lean control plane for hyperparameter experiments",
     python_requires=">=3.9",
     packages=PACKAGES,

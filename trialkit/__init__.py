@@ -24,6 +24,8 @@ __all__ = [
     "checkpoint_dir", "share_dir", "tensorboard_dir", "output_dir",
 ]
 
+__version__ = "0.1.0"  # setup.py reads it from here; keepers tell it to the manager
+
 _session = None
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, TextIO, Tuple
 
-from trialkit import records, statuses
+from trialkit import __version__, records, statuses
 from trialkit.control.assessors import build_assessor
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
@@ -99,6 +99,7 @@ class Trial:
     final: Any = None
     has_final: bool = False
     retries: int = 0  # restarts after failures not its own (maxTrialRestarts)
+    note: str = ""  # a warning that stays with it as its reason when nothing else explains its end
 
     @property
     def ended(self) -> bool:
@@ -287,11 +288,22 @@ class Loop:
             elif rec["type"] == records.STATUS and trial.id not in self.active:
                 # A keeper's late word (delivered after its exit was seen) must not undo ours.
                 self.store.set_status(trial.id, trial.status, exit_code=trial.exit_code, reason=trial.reason)
-            elif rec["type"] == records.STATUS and rec["value"].get("status") == statuses.RUNNING \
-                    and self.config.max_trial_duration is not None:
-                # maxTrialDuration counts from the start, not the submission: a trial may wait for its GPUs
-                # (or a pod for its node) first.
-                trial.deadline = time.monotonic() + self.config.max_trial_duration
+            elif rec["type"] == records.STATUS and rec["value"].get("status") == statuses.RUNNING:
+                self._check_keeper_version(trial, rec["value"].get("keeper_version"))
+                if self.config.max_trial_duration is not None:
+                    # maxTrialDuration counts from the start, not the submission: a trial may wait for its GPUs
+                    # (or a pod for its node) first.
+                    trial.deadline = time.monotonic() + self.config.max_trial_duration
+
+    def _check_keeper_version(self, trial: Trial, theirs: Any) -> None:
+        """A keeper of another trialkit (an image built long ago) may speak an older record format:
+        the trial's status says so in one line, from the start."""
+        if theirs is None or theirs == __version__:
+            return
+        trial.note = (f"its keeper is trialkit {theirs}, this manager trialkit {__version__}: "
+                      "install the same version in the trial's image")
+        self.progress.say(f"trial {trial.id}: warning: {trial.note}")
+        self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note)
 
     def _assess(self, trial: Trial) -> None:
         if self.assessor is None or trial.stop is not None or trial.ended:
@@ -344,6 +356,7 @@ class Loop:
             status, reason = trial.stop
         if status == SUCCEEDED and not trial.has_final and not reason:
             reason = "ended without reporting a final result"
+        reason = reason or trial.note
         self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
         trial.status, trial.reason, trial.exit_code = status, reason, exit_code
         self.active.pop(trial.id, None)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import List, NoReturn, Optional, Sequence, Tuple
 
-from trialkit import env, layout, records
+from trialkit import __version__, env, layout, records
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, missing_sdk_hint
 from trialkit.keeper.reporter import Reporter
@@ -244,7 +244,7 @@ def run_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, re
         reporter.status(FAILED, exit_code=err.code, reason=str(err), restart_count=trial.restart_count)
         return err.code
     reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
-                    command=list(opts.command))
+                    command=list(opts.command), keeper_version=__version__)
     stop_asked = supervise(loop, child, captures, trial)
     if child.exit_code != 0:
         hint = missing_sdk_hint(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
