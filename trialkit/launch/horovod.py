@@ -7,7 +7,9 @@ SIGINT than on SIGTERM, so a failure stops the other workers with SIGINT.
 horovodrun decodes and prefixes the workers' output itself (and chokes on
 bytes that are not UTF-8), so wrap_rank writes to the launcher's own stdout and
 stderr instead. On several nodes, horovodrun on node 0 starts every worker
-over ssh: the launcher runs there only.
+over ssh: the launcher runs there only. With `--ray` first among the
+overrides, Ray starts the workers instead, on any nodes, without ssh
+(trialkit.launch.horovod_ray).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import List, Optional, Sequence
 
 from trialkit import env
 from trialkit.errors import UserError, report_and_exit
-from trialkit.launch import launcher
+from trialkit.launch import horovod_ray, launcher
 
 PROG = "trialkit.launch.horovod"
 ENGINE = "horovodrun"
@@ -52,6 +54,8 @@ def check_topology(topo: env.Topology) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     launch, topo = launcher.setup(PROG, ENGINE, argv)
+    if launch.overrides[:1] == (horovod_ray.FLAG,):
+        return horovod_ray.main(PROG, launch, RANK_VARS, stop_signal=signal.SIGINT)
     try:
         check_topology(topo)
     except UserError as err:

@@ -1,0 +1,153 @@
+"""horovod --ray: Horovod workers started by Ray on the session's two-raylet cluster, no ssh.
+
+The builders are tested as data; the launches are real: horovod 0.28.1 with
+gloo on the CPU, one worker on each raylet (STRICT_SPREAD), real actors.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import psutil
+import pytest
+
+from launch_support import PY, Proc, launch_env, write
+from trialkit.errors import UserError
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("horovod") is None or importlib.util.find_spec("ray") is None,
+                                reason="needs horovod (tools/build_horovod.sh) and ray")
+
+from trialkit.launch import horovod_ray  # noqa: E402  (after the skip: it names horovod's modules)
+
+LAUNCH = [PY, "-m", "trialkit.launch.horovod", "--ray"]
+
+# -- the builders, as data ------------------------------------------------------------------------
+
+
+def test_options_defaults_and_the_address_from_the_environment():
+    assert horovod_ray.parse_options([], {}) == horovod_ray.Options()
+    assert horovod_ray.parse_options([], {"RAY_ADDRESS": "10.0.0.1:6379"}).address == "10.0.0.1:6379"
+    options = horovod_ray.parse_options(["--nodes", "2", "--workers-per-node", "3", "--cpus-per-worker", "0.5",
+                                         "--gpus-per-worker", "1", "--address", "h:6379", "--placement-timeout", "5"],
+                                        {"RAY_ADDRESS": "ignored:1"})
+    assert options == horovod_ray.Options(2, 3, 0.5, 1.0, "h:6379", 5.0)
+    assert options.world_size == 6
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["--nodes", "0"], "argument --nodes: invalid positive int value: '0'"),
+    (["--cpus-per-worker", "-1"], "invalid non-negative float value"),
+    (["--np", "2"], "unrecognized arguments: --np 2"),
+])
+def test_option_mistakes_are_one_line(argv, what):
+    with pytest.raises(UserError) as caught:
+        horovod_ray.parse_options(argv, {})
+    assert what in caught.value.line() and "\n" not in caught.value.line()
+
+
+def test_one_bundle_per_node_holds_its_workers():
+    assert horovod_ray.bundles(horovod_ray.Options(nodes=2)) == [{"CPU": 1.0}, {"CPU": 1.0}]
+    assert horovod_ray.bundles(horovod_ray.Options(nodes=1, workers_per_node=2, cpus_per_worker=0.5,
+                                                   gpus_per_worker=1)) == [{"CPU": 1.0, "GPU": 2.0}]
+
+
+def test_ranks_follow_the_bundles_and_a_worker_gets_horovodruns_gloo_variables():
+    slots = horovod_ray.assignments(["nodeA", "nodeA", "nodeB", "nodeB"], 2)
+    assert [(s.hostname, s.rank, s.local_rank, s.cross_rank, s.size) for s in slots] == [
+        ("nodeA", 0, 0, 0, 4), ("nodeA", 1, 1, 0, 4), ("nodeB", 2, 0, 1, 4), ("nodeB", 3, 1, 1, 4)]
+    base = {"PATH": "/bin", "TRIALKIT_TRIAL_DIR": "/t", "RAY_JOB_ID": "01", "CUDA_VISIBLE_DEVICES": "0",
+            "TRIALKIT_LAUNCH_SOCKET": "/s", "PWD": "/here"}
+    assert horovod_ray.worker_environ(base, slots[2], ("10.0.0.1", 4242), "eth0", gpus=0) == {
+        "PATH": "/bin", "TRIALKIT_TRIAL_DIR": "/t",
+        "HOROVOD_HOSTNAME": "nodeB", "HOROVOD_RANK": "2", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "0",
+        "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "4242",
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "eth0",
+        "CUDA_VISIBLE_DEVICES": ""}
+    with_gpu = horovod_ray.worker_environ(base, slots[0], ("10.0.0.1", 4242), None, gpus=1)
+    assert "CUDA_VISIBLE_DEVICES" not in with_gpu and "HOROVOD_GLOO_IFACE" not in with_gpu
+
+
+def test_a_mistake_after_ray_is_one_line_before_any_cluster(tmp_path):
+    proc = Proc([*LAUNCH, "--nodes", "two", "--", "train.py"], launch_env(tmp_path, RAY_ADDRESS="127.0.0.1:1"))
+    assert proc.finish(timeout=60) == 2
+    assert proc.err_lines == ["trialkit.launch.horovod: error: --ray: argument --nodes: invalid positive int value: 'two' "
+                              "(options after --ray: [--nodes NODES] [--workers-per-node WORKERS_PER_NODE] "
+                              "[--cpus-per-worker CPUS_PER_WORKER] [--gpus-per-worker GPUS_PER_WORKER] "
+                              "[--address ADDRESS] [--placement-timeout PLACEMENT_TIMEOUT])"]
+
+
+# -- on the cluster ---------------------------------------------------------------------------------
+
+TRAIN = """
+import os, torch, horovod.torch as hvd
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+for step in range(3):
+    torch.manual_seed(100 * hvd.rank() + step)  # each rank its own batch: only allreduce keeps them equal
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+weights = model.weight.detach()
+agree = torch.equal(hvd.allreduce(weights, op=hvd.Max), hvd.allreduce(weights, op=hvd.Min))
+print(f"rank {hvd.rank()} of {hvd.size()} agree {agree} raylet {os.environ['RAY_RAYLET_PID']}", flush=True)
+"""
+
+
+@pytest.fixture
+def cluster(ray_cluster):
+    yield ray_cluster
+    ray_cluster.wait_clean()
+
+
+def node_of(cluster, pid: int) -> str:
+    """Which of the fixture's nodes runs this process (its raylet descends from that node's `ray start`)."""
+    ancestors = {p.pid for p in psutil.Process(pid).parents()}
+    return next(name for name, node in cluster.nodes.items() if node.process.pid in ancestors)
+
+
+@pytest.mark.slow
+def test_two_workers_train_on_two_raylets(cluster, tmp_path):
+    script = write(tmp_path, "train.py", TRAIN)
+    proc = Proc([*LAUNCH, "--nodes", "2", "--", str(script)], launch_env(tmp_path, RAY_ADDRESS=cluster.address),
+                cwd=tmp_path)
+    assert proc.finish(timeout=300) == 0, proc.err[-3000:]
+    lines = re.findall(r"^\[rank=(\d)\] rank (\d) of 2 agree True raylet (\d+)$", proc.text, re.M)
+    assert sorted((prefix, rank) for prefix, rank, _ in lines) == [("0", "0"), ("1", "1")], proc.text[-3000:]
+    assert sorted(node_of(cluster, int(raylet)) for _, _, raylet in lines) == ["head", "node2"]
+
+
+@pytest.mark.slow
+def test_a_failing_rank_stops_the_other_and_the_launch_fails(cluster, tmp_path):
+    script = write(tmp_path, "fail.py", """
+    import signal, sys, torch, horovod.torch as hvd
+    try:
+        hvd.init()
+        hvd.allreduce(torch.tensor([0.0]))  # both are up and listening for SIGINT
+        if hvd.rank() == 0:
+            sys.exit(5)
+        signal.pause()
+    except KeyboardInterrupt:
+        print(f"rank {hvd.rank()} interrupted", flush=True)
+        sys.exit(130)
+    """)
+    proc = Proc([*LAUNCH, "--nodes", "2", "--", str(script)],
+                launch_env(tmp_path, RAY_ADDRESS=cluster.address, TRIALKIT_GRACE_SECONDS="20"))
+    assert proc.finish(timeout=300) == 5, proc.err[-3000:]
+    assert "[rank=1] rank 1 interrupted\n" in proc.text
+    assert proc.err_lines[-1] == (f"trialkit.launch.horovod: rank 0 failed with exit code 5 running {script}; "
+                                  f"stopped the other workers")
+
+
+@pytest.mark.slow
+def test_more_nodes_than_the_cluster_has_is_one_line(cluster, tmp_path):
+    proc = Proc([*LAUNCH, "--nodes", "3", "--placement-timeout", "2", "--", "train.py"],
+                launch_env(tmp_path, RAY_ADDRESS=cluster.address))
+    assert proc.finish(timeout=120) == 1
+    assert proc.err_lines[-1] == ("trialkit.launch.horovod: --ray --nodes: the cluster has no room for 3 x {'CPU': 1.0} "
+                                  "on distinct nodes after 2 s (use fewer nodes or smaller workers, or add nodes)")
