@@ -29,6 +29,8 @@ EXTRAS = {
     "deepspeed": ["deepspeed==0.19.8"],
     "adaptdl": ["adaptdl==0.2.11", "setuptools<81", "semver<3"],
     "ray": ["ray[default]==2.60.0"],
+    # Ray Train (pandas, pyarrow, ...): bench/bench_ray_rescale.py races adaptdl-ray against its elastic mode.
+    "ray-train": ["ray[default,train]==2.60.0"],
     "kubernetes": ["kubernetes>=30"],
     "control": ["optuna>=4", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5"],
     # The user guide (docs/, mkdocs.yml): built in strict mode by tests/test_docs.py.
