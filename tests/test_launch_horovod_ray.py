@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import signal
 
 import psutil
 import pytest
@@ -24,7 +25,7 @@ LAUNCH = [PY, "-m", "trialkit.launch.horovod", "--ray"]
 # -- the builders, as data ------------------------------------------------------------------------
 
 
-def test_options_defaults_and_the_address_from_the_environment():
+def test_options_defaults_and_the_address_from_the_environment(tmp_path, monkeypatch):
     assert horovod_ray.parse_options([], {}) == horovod_ray.Options()
     assert horovod_ray.parse_options([], {"RAY_ADDRESS": "10.0.0.1:6379"}).address == "10.0.0.1:6379"
     options = horovod_ray.parse_options(["--nodes", "2", "--workers-per-node", "3", "--cpus-per-worker", "0.5",
@@ -32,12 +33,15 @@ def test_options_defaults_and_the_address_from_the_environment():
                                         {"RAY_ADDRESS": "ignored:1"})
     assert options == horovod_ray.Options(2, 3, 0.5, 1.0, "h:6379", 5.0)
     assert options.world_size == 6
+    monkeypatch.chdir(tmp_path)
+    assert horovod_ray.parse_options(["--working-dir", "."], {}).working_dir == str(tmp_path)
 
 
 @pytest.mark.parametrize("argv, what", [
     (["--nodes", "0"], "argument --nodes: invalid positive int value: '0'"),
     (["--cpus-per-worker", "-1"], "invalid non-negative float value"),
     (["--np", "2"], "unrecognized arguments: --np 2"),
+    (["--working-dir", "/no/such/dir"], "argument --working-dir: '/no/such/dir' is not a directory"),
 ])
 def test_option_mistakes_are_one_line(argv, what):
     with pytest.raises(UserError) as caught:
@@ -74,7 +78,8 @@ def test_a_mistake_after_ray_is_one_line_before_any_cluster(tmp_path):
     assert proc.err_lines == ["trialkit.launch.horovod: error: --ray: argument --nodes: invalid positive int value: 'two' "
                               "(options after --ray: [--nodes NODES] [--workers-per-node WORKERS_PER_NODE] "
                               "[--cpus-per-worker CPUS_PER_WORKER] [--gpus-per-worker GPUS_PER_WORKER] "
-                              "[--address ADDRESS] [--placement-timeout PLACEMENT_TIMEOUT])"]
+                              "[--address ADDRESS] [--placement-timeout PLACEMENT_TIMEOUT] "
+                              "[--working-dir WORKING_DIR])"]
 
 
 # -- on the cluster ---------------------------------------------------------------------------------
@@ -101,8 +106,11 @@ print(f"rank {hvd.rank()} of {hvd.size()} agree {agree} raylet {os.environ['RAY_
 
 @pytest.fixture
 def cluster(ray_cluster):
+    from ray.util.state import list_placement_groups
+
     yield ray_cluster
     ray_cluster.wait_clean()
+    assert not list_placement_groups(address=ray_cluster.dashboard_url, filters=[("state", "!=", "REMOVED")])
 
 
 def node_of(cluster, pid: int) -> str:
@@ -144,6 +152,46 @@ def test_a_failing_rank_stops_the_other_and_the_launch_fails(cluster, tmp_path):
                                   f"stopped the other workers")
 
 
+# Both ranks join, say so, and wait; SIGTERM runs a handler that says so and exits 143 (a checkpoint).
+WAIT_FOR_STOP = """
+import os, signal, sys, torch, horovod.torch as hvd
+def on_term(signum, frame):
+    print(f"rank {hvd.rank()} stopping on {signal.Signals(signum).name}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+hvd.init()
+hvd.allreduce(torch.tensor([0.0]))
+print(f"ready {hvd.rank()} pid {os.getpid()}", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_launcher_reaches_every_worker_once(cluster, tmp_path):
+    script = write(tmp_path, "wait.py", WAIT_FOR_STOP)
+    proc = Proc([*LAUNCH, "--nodes", "2", "--", str(script)], launch_env(tmp_path, RAY_ADDRESS=cluster.address))
+    for rank in (0, 1):
+        proc.wait_for(f"ready {rank} ", timeout=180)
+    proc.signal(signal.SIGTERM)
+    assert proc.finish(timeout=120) == 143, proc.err[-3000:]
+    for rank in (0, 1):
+        assert proc.text.count(f"[rank={rank}] rank {rank} stopping on SIGTERM\n") == 1
+    assert proc.err_lines[-1] == "trialkit.launch.horovod: stopped by SIGTERM; rank 0 ended with exit code 143"
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_outright_leaves_no_worker(cluster, tmp_path):
+    script = write(tmp_path, "wait.py", WAIT_FOR_STOP)
+    proc = Proc([*LAUNCH, "--nodes", "2", "--", str(script)], launch_env(tmp_path, RAY_ADDRESS=cluster.address))
+    pids = [int(proc.wait_for(f"ready {rank} pid (\\d+)", timeout=180).group(1)) for rank in (0, 1)]
+    proc.signal(signal.SIGKILL)
+    assert proc.finish(timeout=60) == -signal.SIGKILL
+    # Ray ends the actors of a driver that died; each wrap_rank then stops its script (SIGTERM).
+    gone, alive = psutil.wait_procs([psutil.Process(pid) for pid in pids], timeout=60)
+    assert not alive
+
+
 @pytest.mark.slow
 def test_more_nodes_than_the_cluster_has_is_one_line(cluster, tmp_path):
     proc = Proc([*LAUNCH, "--nodes", "3", "--placement-timeout", "2", "--", "train.py"],
@@ -151,3 +199,54 @@ def test_more_nodes_than_the_cluster_has_is_one_line(cluster, tmp_path):
     assert proc.finish(timeout=120) == 1
     assert proc.err_lines[-1] == ("trialkit.launch.horovod: --ray --nodes: the cluster has no room for 3 x {'CPU': 1.0} "
                                   "on distinct nodes after 2 s (use fewer nodes or smaller workers, or add nodes)")
+
+
+# -- a Ray platform trial -----------------------------------------------------------------------------
+
+TRIAL = TRAIN + """
+import trialkit
+print(f"rank {hvd.rank()} cwd {os.getcwd()}", flush=True)
+if hvd.rank() == 0:
+    trialkit.report_final_result(float(weights.sum()))
+"""
+
+
+@pytest.mark.slow
+def test_a_ray_trial_trains_across_nodes_with_its_code_shipped(cluster, tmp_path):
+    """The trial's keeper runs the launcher in the trial's actor; --working-dir . ships the trial's
+    code (itself shipped there by the platform) on to each worker's node."""
+    import ray
+
+    from harness import Manager, wait_until
+    from trialkit import env, records
+    from trialkit.platforms import load
+    from trialkit.platforms.base import TrialSpec
+    from trialkit.statuses import FINAL_STATUSES, SUCCEEDED
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRIAL)
+    manager = Manager(tmp_path / "manager").start()
+    manager.register("hvd", "token-hvd")
+    contract = {env.EXPERIMENT_ID: "exp", env.TRIAL_ID: "hvd", env.SEQUENCE: "0", env.MANAGER_URL: manager.url,
+                env.TOKEN: "token-hvd", env.CODE_DIR: str(code), "RAY_ADDRESS": cluster.address,
+                "OMP_NUM_THREADS": "1"}
+    ray_platform = load("ray")
+    platform = ray_platform.Platform(ray_platform.parse_section({"platform": "ray", "address": cluster.address},
+                                                                "trainingService"), tmp_path / "exp")
+    command = "python3 -m trialkit.launch.horovod --ray --nodes 2 --working-dir . -- train.py"
+    try:
+        handle = platform.submit(TrialSpec("exp", "hvd", 0, command, env=contract, code_dir=str(code)))
+        wait_until(lambda: platform.status(handle).status in FINAL_STATUSES, 300, "the trial to end", every=0.5)
+        log = (tmp_path / "exp" / "trials" / "hvd" / "stdout.log").read_text()
+        assert platform.status(handle).status == SUCCEEDED, log[-3000:]
+        stored = manager.store.records_for("hvd")
+        assert len([r for r in stored if r["type"] == records.FINAL]) == 1
+    finally:
+        manager.close()
+        ray.shutdown()
+    assert re.findall(r"^\[rank=(\d)\] rank \d of 2 agree True", log, re.M) in (["0", "1"], ["1", "0"])
+    cwds = dict(re.findall(r"^\[rank=(\d)\] rank \d cwd (\S+)$", log, re.M))
+    # Each worker runs in the copy Ray unpacked on its own node: two raylets, two session dirs.
+    assert len(cwds) == 2 and cwds["0"] != cwds["1"] and all("_ray_pkg_" in cwd for cwd in cwds.values()), cwds
+

@@ -31,7 +31,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from trialkit import env
 from trialkit.errors import UserError, report_and_exit
 from trialkit.launch import grammar, launcher
-from trialkit.process import STOP_SIGNALS, FORWARDED_SIGNALS, describe_exit
+from trialkit.process import FORWARDED_SIGNALS, STOP_SIGNALS
 
 FLAG = "--ray"
 TICK = 0.2  # Ray futures have no fd to select on: how often the loop looks at signals and the grace
@@ -47,6 +47,7 @@ class Options:
     gpus_per_worker: float = 0.0
     address: str = "auto"
     placement_timeout: float = 60.0
+    working_dir: Optional[str] = None  # shipped to every worker by Ray; else they run in our working directory
 
     @property
     def world_size(self) -> int:
@@ -67,6 +68,7 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     parser.add_argument("--gpus-per-worker", type=_positive(float, zero=True), default=0.0)
     parser.add_argument("--address", default=environ.get("RAY_ADDRESS") or "auto")
     parser.add_argument("--placement-timeout", type=_positive(float), default=60.0)
+    parser.add_argument("--working-dir", type=_directory)
     return Options(**vars(parser.parse_args(list(argv))))
 
 
@@ -78,6 +80,12 @@ def _positive(kind, zero: bool = False):
         return value
     convert.__name__ = f"{'non-negative' if zero else 'positive'} {kind.__name__}"
     return convert
+
+
+def _directory(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+    return os.path.abspath(text)
 
 
 def bundles(options: Options) -> List[Dict[str, float]]:
@@ -122,7 +130,7 @@ def worker_environ(base: Mapping[str, str], slot, rendezvous: Tuple[str, int], i
 def main(prog: str, launch: grammar.Launch, rank_vars: str, stop_signal: int) -> int:
     try:
         options = parse_options(launch.overrides[1:], os.environ)
-        connect(options.address)
+        connect(options)
     except UserError as err:
         report_and_exit(prog, err)
     import ray
@@ -141,14 +149,16 @@ def main(prog: str, launch: grammar.Launch, rank_vars: str, stop_signal: int) ->
         ray.shutdown()
 
 
-def connect(address: str) -> None:
+def connect(options: Options) -> None:
+    """Join the cluster as a driver; Ray ships --working-dir to every worker as their working dir."""
     import ray
 
+    runtime_env = {"working_dir": options.working_dir} if options.working_dir else None
     try:
         # Our stdout is the workers' lines only: Ray's own forwarding of them is off.
-        ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+        ray.init(address=options.address, runtime_env=runtime_env, log_to_driver=False, logging_level="WARNING")
     except ConnectionError as err:
-        raise UserError(f"cannot connect to the Ray cluster at {address}: {str(err).splitlines()[0]}",
+        raise UserError(f"cannot connect to the Ray cluster at {options.address}: {str(err).splitlines()[0]}",
                         f"{FLAG} --address", "give the head's address (HOST:6379), or run on a node of the cluster") \
             from None
 
@@ -167,7 +177,7 @@ class Worker:
         return self.exit_code is None and not self.lost
 
     def describe(self) -> str:
-        return f"its Ray worker lost ({self.lost})" if self.lost else describe_exit(self.exit_code)
+        return f"its Ray worker lost ({self.lost})" if self.lost else f"exit code {self.exit_code}"
 
 
 @dataclass
@@ -212,7 +222,7 @@ class Job:
         slots = assignments([node for node, _, _ in places], options.workers_per_node)
         # The address Ray gives this process's node, the one the other nodes reach it by.
         self.rendezvous = Rendezvous(ray.util.get_node_ip_address(), slots)
-        cwd = os.getcwd()
+        cwd = None if options.working_dir else os.getcwd()  # None: the shipped copy, each on its node
         ray.get([w.actor.start.remote(argv, worker_environ(os.environ, slot, self.rendezvous.address, iface,
                                                             options.gpus_per_worker), cwd)
                  for w, slot, (_, _, iface) in zip(self.workers, slots, places)])

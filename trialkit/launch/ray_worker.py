@@ -53,8 +53,8 @@ class RayWorker:
         address = ray.util.get_node_ip_address()
         return ray.get_runtime_context().get_node_id(), address, interface_of(address, psutil.net_if_addrs())
 
-    async def start(self, argv: Sequence[str], environ: Mapping[str, str], cwd: str) -> None:
-        """Start argv with `environ` over this worker's own environment, in `cwd`."""
+    async def start(self, argv: Sequence[str], environ: Mapping[str, str], cwd: Optional[str]) -> None:
+        """Start argv with `environ` over this worker's own environment, in `cwd` (None: the actor's)."""
         loop = asyncio.get_running_loop()
         self._changed = asyncio.Event()
         pipes = {1: os.pipe(), 2: os.pipe()}
