@@ -22,7 +22,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from contextlib import closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 from typing import Iterator, List
 
@@ -129,7 +129,8 @@ def page_get(url: str, path: str) -> dict:
 
 
 @pytest.mark.parametrize("fault", ["ENOSPC", "EROFS"])
-def test_the_manager_outlives_a_store_disk_that_takes_no_writes(tmp_path, fault):
+@pytest.mark.parametrize("trials_on", ["another disk", "the same disk"])
+def test_the_manager_outlives_a_store_disk_that_takes_no_writes(tmp_path, fault, trials_on):
     home, signals, code = tmp_path / "home", tmp_path / "signals", tmp_path / "code"
     for folder in (signals, code, tmp_path / "trials"):
         folder.mkdir()
@@ -142,11 +143,15 @@ def test_the_manager_outlives_a_store_disk_that_takes_no_writes(tmp_path, fault)
         "trainingService": {"platform": "local"}}))
     exp_dir = home / "experiments" / EXPERIMENT
     db = exp_dir / "trialkit.db"
-    with tmpfs(exp_dir) as disk, mounted(exp_dir / "trials", "--bind", str(tmp_path / "trials")):
+    trials_dir = exp_dir / "trials"
+    with ExitStack() as mounts:
+        disk = mounts.enter_context(tmpfs(exp_dir))
         if fault == "EROFS":
             skip_unless_read_only_mid_run(disk)
-        # The store's disk is the 2 MiB tmpfs; the trials' dirs are elsewhere (a bind mount), so only the
-        # manager meets the fault here (the keeper's own disk: the test below).
+        if trials_on == "another disk":
+            # Only the manager meets the fault: the trials' dirs are a bind mount of a directory elsewhere.
+            mounts.enter_context(mounted(trials_dir, "--bind", str(tmp_path / "trials")))
+        # Else the keepers meet it too (their status files, spools, logs), as with all of TRIALKIT_HOME there.
         out, err = open(tmp_path / "run.out", "w+"), open(tmp_path / "run.err", "w+")
         run = subprocess.Popen([PYTHON, "-m", "trialkit.cli", "run", str(config), "--experiment-id", EXPERIMENT],
                                stdout=out, stderr=err, env=child_environ(TRIALKIT_HOME=str(home),
@@ -161,7 +166,7 @@ def test_the_manager_outlives_a_store_disk_that_takes_no_writes(tmp_path, fault)
             wait_until(lambda: (signals / "wrote-0").exists(), TIMEOUT, "trial 0's records written")
             # Trial 1 ended: its keeper gave up delivering its last status and exited; the loop could not
             # record the end. Trial 0 delivers its 20 new records and gets 503s.
-            wait_until(lambda: not (tmp_path / "trials" / trial[1] / ".trialkit" / "keeper.pid").exists(),
+            wait_until(lambda: not (trials_dir / trial[1] / ".trialkit" / "keeper.pid").exists(),
                        TIMEOUT, "trial 1's keeper to exit")
             wait_until(lambda: "cannot write the store" in (tmp_path / "run.err").read_text(), TIMEOUT,
                        "the manager's line about its disk")
@@ -188,14 +193,14 @@ def test_the_manager_outlives_a_store_disk_that_takes_no_writes(tmp_path, fault)
         rows = stored(db, "SELECT trial, type, value FROM records WHERE type IN ('PERIODICAL', 'FINAL') "
                           "ORDER BY trial, seq")
         statuses = dict(stored(db, "SELECT id, status FROM trials"))
+        sent = {t: channel_records(trials_dir / t / ".trialkit" / "channel") for t in trial}
     assert "Traceback" not in log, log
     assert log.count("cannot write the store") == 1 and log.count("takes writes again; going on") == 1, log
     assert statuses == {trial[0]: "SUCCEEDED", trial[1]: "SUCCEEDED"}
-    sent = {t: channel_records(tmp_path / "trials" / t / ".trialkit" / "channel") for t in trial}
     for t in trial:
         kept = [(kind, json.loads(value)) for who, kind, value in rows if who == t]
         assert kept == [(r["type"], r["value"]) for r in sent[t]]  # every record once, in order
-    print(f"{fault}: records sent {sum(map(len, sent.values()))}, stored {len(rows)}")
+    print(f"{fault}, trials on {trials_on}: records sent {sum(map(len, sent.values()))}, stored {len(rows)}")
 
 
 # ---------------------------------------------------------------- the keeper's own disk
@@ -208,7 +213,9 @@ for i in range(5):
 (signals / "reported").touch()
 while not (signals / "fault").exists():
     time.sleep(0.05)
-trialkit.report_final_result(5)  # may be refused by the full disk at the source (the SDK says so)
+for i in range(5, 25):  # some may be refused by the full disk at the source (the SDK says so)
+    trialkit.report_intermediate_result(i)
+trialkit.report_final_result(25)
 """
 
 

@@ -162,6 +162,11 @@ class Collector:
             self.on_bad(f"{source.path} before byte {end}", str(err))
             return None
 
+    @property
+    def spool_failing(self) -> bool:
+        """Whether the last collect could not spool what it read (it is read again next time)."""
+        return self._spool_failing
+
     def stop_watching(self) -> None:
         """Nothing appends to the files any more; finish() still reads what is left."""
         self.watch.stop()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, NoReturn, Optional, Sequence, Tuple
+from typing import Any, List, NoReturn, Optional, Sequence, Tuple
 
 from trialkit import __version__, env, layout, records
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
@@ -255,7 +255,31 @@ def run_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, re
     return child.exit_code
 
 
+class _Unfailing:
+    """The keeper's own stderr, whose lines are dropped rather than raised when they cannot be written: the
+    local platform points it at trial.log, and a full or read-only disk must not end the keeper mid-delivery."""
+
+    def __init__(self, stream: Any):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
+    sys.stderr = _Unfailing(sys.stderr)
     code = run(sys.argv[1:] if argv is None else argv)
     # Everything is written and delivered: leave without the interpreter's
     # teardown (module cleanup, daemon echo threads), which would add tens of

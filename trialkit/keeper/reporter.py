@@ -49,6 +49,7 @@ class Reporter:
         self.held: List[Dict[str, Any]] = []  # records no file holds that the spool could not take yet
         self.collector: Optional[Collector] = None
         self.shipper = None  # a Shipper when there is a manager to send to
+        self.log_streams: List[Any] = []  # keeper.logship.LogStream, when there is a manager
         self.scalars = Scalars(trial.tensorboard_dir, _warn) if trial.tensorboard_dir else None
 
     def attach(self, loop: EventLoop) -> None:
@@ -81,10 +82,17 @@ class Reporter:
             self.collector.collect(drain=True)  # metrics reported before the change come before it
         self._ingest_one(records.status_record(status, fields, self.trial.trial_id, self.trial.restart_count))
 
+    def log_chunk(self, stream: str, text: str) -> None:
+        """Whole lines of the trial's output, for the manager (keeper.logship decides what and when)."""
+        self._ingest_one(records.log_record(stream, text, self.trial.trial_id, self.trial.restart_count))
+
     def trial_ended(self) -> None:
-        """The trial's whole tree is gone: stop watching its files (see DirWatch.stop)."""
+        """The trial's whole tree is gone: stop watching its files (see DirWatch.stop); its last
+        output goes out before its final status."""
         if self.collector:
             self.collector.stop_watching()
+        for stream in self.log_streams:
+            stream.flush(final=True)
 
     def nni_stdout_line(self, line: bytes) -> None:
         """A `NNISDK_MEb'...'` line from the trial's stdout."""
@@ -98,14 +106,13 @@ class Reporter:
 
     def finish(self, deadline: float) -> None:
         """Deliver what is pending until the deadline (monotonic seconds), then say what is left."""
+        self._spool_refused(deadline)
         if self.collector:
             self.collector.finish()
         if self.scalars:
             self.scalars.close()
         if self.malformed:
             self.status_file.update(malformed_records=self.malformed)
-        while self.held and time.monotonic() < deadline and not self._spool_held():
-            time.sleep(HELD_RETRY_SECONDS)  # the disk may take writes again before the flush ends
         if self.held:
             _log(f"{len(self.held)} records ({', '.join(r['type'] for r in self.held)}) could not be written "
                  "to the spool and are lost; the trial's exit code is the keeper's")
@@ -116,10 +123,21 @@ class Reporter:
             _log(f"{left} records were not delivered to {self.trial.manager_url}; they stay in "
                  f"{self.spool.dir} and go out with the next keeper on this trial dir")
 
+    def _spool_refused(self, deadline: float) -> None:
+        """What the spool refused (a full or read-only disk), tried again until the flush's deadline."""
+        while time.monotonic() < deadline:
+            if self.collector:
+                self.collector.collect(drain=True)
+            if self.held:
+                self._spool_held()
+            if not self.held and not (self.collector and self.collector.spool_failing):
+                return
+            time.sleep(HELD_RETRY_SECONDS)  # the disk may take writes again before the flush ends
+
     def _ingest(self, recs: List[Dict[str, Any]], cursor: Dict[str, Any]) -> None:
         """Spool, then the rest. Raises OSError: the collector reads again what was not spooled."""
         if self.held and not self._spool_held():
-            raise OSError("the spool still refuses earlier records")  # they go first: order is kept
+            raise OSError(0, "earlier records wait for the spool")  # they go first: order is kept
         self._spool(recs, cursor)
 
     def _spool(self, recs: List[Dict[str, Any]], cursor: Dict[str, Any]) -> None:
