@@ -15,7 +15,11 @@
     trialkit ui [EXPERIMENT_ID] [--port P] [--host H]
 
 Each subcommand is one function of the parsed options returning the exit
-status. A user's mistake is a UserError: one line on stderr, exit 2.
+status. A user's mistake is a UserError: one line on stderr, exit 2. A
+command imports what only it needs inside its function: the commands that
+read the store (`trial list` above all, which scripts and users run while an
+experiment runs) start without the HTTP client, TLS and the control loop that
+the commands talking to a manager need.
 """
 from __future__ import annotations
 
@@ -35,7 +39,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from trialkit import gpus, records
-from trialkit.control import admin, background
 from trialkit.manager import paths
 from trialkit.control.progress import duration, gpu_list, gpu_use, number, table, trials_table, when
 from trialkit.control.queue import Move, jobs, label
@@ -110,6 +113,8 @@ def cmd_render(opts: argparse.Namespace) -> int:
 
 
 def cmd_experiment_list(opts: argparse.Namespace) -> int:
+    from trialkit.control import background
+
     rows = []
     for experiment_dir in paths.all_experiment_dirs():
         try:
@@ -134,6 +139,8 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
 
 
 def cmd_experiment_show(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin, background
+
     experiment_dir = paths.experiment_dir(opts.experiment_id)
     with _store(experiment_dir) as store:
         experiment = _experiment(store, opts.experiment_id)
@@ -164,6 +171,8 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
 
 
 def cmd_experiment_stop(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin
+
     info = admin.running_manager(opts.experiment_id)
     admin.act(opts.experiment_id, "experiment", "stop")
     print(f"stopping experiment {opts.experiment_id}: its trials get their grace to finish")
@@ -180,6 +189,8 @@ def cmd_experiment_stop(opts: argparse.Namespace) -> int:
 
 
 def cmd_experiment_pause(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin
+
     answer = admin.act(opts.experiment_id, "experiment", "pause")
     print(f"pausing experiment {opts.experiment_id}: its trials checkpoint and stop, and nothing starts until "
           f"`trialkit experiment activate {opts.experiment_id}`")
@@ -188,6 +199,7 @@ def cmd_experiment_pause(opts: argparse.Namespace) -> int:
 
 
 def cmd_experiment_update(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin
     from trialkit.control.config import read_data_file
 
     changes = {key: value for key, value in (("trialConcurrency", opts.trial_concurrency),
@@ -204,6 +216,7 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
 
 
 def cmd_experiment_import(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin
     from trialkit.control.config import read_data_file
 
     data = read_data_file(Path(opts.file), "--file")
@@ -233,12 +246,15 @@ def _imported(entry: Any) -> Optional[Dict[str, Any]]:
 
 
 def cmd_experiment_activate(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin
+
     admin.act(opts.experiment_id, "experiment", "activate")
     print(f"activated experiment {opts.experiment_id}: its paused trials are queued to resume")
     return 0
 
 
 def cmd_experiment_resume(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin
     from trialkit.control.run import resume_experiment
     from trialkit.web import attach_page
 
@@ -349,11 +365,37 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
 
 
 def cmd_trial_logs(opts: argparse.Namespace) -> int:
-    from trialkit.platforms.local import LOG_NAME
-
+    """What the trial's keeper shipped (every platform alike), else its log file on this machine."""
     experiment_dir = paths.experiment_dir(paths.experiment_of(opts.trial_id))
     with _store(experiment_dir) as store:
         _trial(store, opts.trial_id)
+        shipped = store.records_for(opts.trial_id, type=records.LOG)
+    if shipped or opts.rank is not None:
+        return _print_shipped_logs(experiment_dir, opts, shipped)
+    return _print_log_file(experiment_dir, opts)
+
+
+def _print_shipped_logs(experiment_dir: Path, opts: argparse.Namespace, shipped: List[Dict[str, Any]]) -> int:
+    keep = f"[rank={opts.rank}] " if opts.rank is not None else None
+    last = 0
+    while True:
+        for rec in shipped:
+            last = rec["seq"]
+            text = rec["value"]["text"]
+            if keep is not None:
+                text = "".join(line for line in text.splitlines(keepends=True) if line.startswith(keep))
+            sys.stdout.write(text)
+        sys.stdout.flush()
+        if not opts.follow or _trial_over(experiment_dir, opts.trial_id):
+            return 0
+        time.sleep(FOLLOW_PAUSE)
+        with _store(experiment_dir) as store:
+            shipped = store.records_for(opts.trial_id, type=records.LOG, after_seq=last)
+
+
+def _print_log_file(experiment_dir: Path, opts: argparse.Namespace) -> int:
+    from trialkit.platforms.local import LOG_NAME
+
     log = paths.trial_dir(experiment_dir, opts.trial_id) / LOG_NAME
     if not log.exists():
         raise UserError(f"no log of trial {opts.trial_id} on this machine ({log})", "TRIAL_ID",
@@ -371,6 +413,8 @@ def cmd_trial_logs(opts: argparse.Namespace) -> int:
 
 
 def cmd_trial_kill(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin
+
     experiment_id = paths.experiment_of(opts.trial_id)
     admin.act(experiment_id, "trial", "kill", opts.trial_id)
     print(f"stopping trial {opts.trial_id}")
@@ -378,6 +422,8 @@ def cmd_trial_kill(opts: argparse.Namespace) -> int:
 
 
 def cmd_trial_pause(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin
+
     answer = admin.act(paths.experiment_of(opts.trial_id), "trial", "pause", opts.trial_id)
     print(f"pausing trial {opts.trial_id}: it checkpoints and stops; `trialkit trial activate {opts.trial_id}` "
           "resumes it")
@@ -391,6 +437,8 @@ def _warn(answer: Any) -> None:
 
 
 def cmd_trial_activate(opts: argparse.Namespace) -> int:
+    from trialkit.control import admin
+
     admin.act(paths.experiment_of(opts.trial_id), "trial", "activate", opts.trial_id)
     print(f"activated trial {opts.trial_id}: queued to resume from its checkpoint")
     return 0
@@ -403,6 +451,8 @@ JOB_COLUMNS = ("position", "id", "experiment", "name", "priority", "submitted", 
 
 
 def cmd_job_list(opts: argparse.Namespace) -> int:
+    from trialkit.control import background
+
     if opts.experiment:
         experiment_dirs = [paths.experiment_dir(opts.experiment)]
     else:
@@ -445,6 +495,8 @@ def cmd_job_update_batch(opts: argparse.Namespace) -> int:
 
 def _move(moves: List[Move]) -> None:
     """Send moves to their experiments' managers: one request per experiment, all or none there."""
+    from trialkit.control import admin
+
     by_experiment: Dict[str, List[Move]] = {}
     for move in moves:
         experiment_id = paths.experiment_of(move.trial_id)
@@ -523,6 +575,7 @@ def _port_args(port: Optional[int]) -> List[str]:
 
 def _detach(argv: List[str], experiment_id: str, experiment_dir: Path, title: str) -> int:
     """Run `trialkit ARGV` in the background (own session, output to manager.log); return once it listens."""
+    from trialkit.control import background
     from trialkit.web import page_url
 
     child = background.start(argv, experiment_dir)
@@ -654,8 +707,12 @@ def build_parser() -> ArgumentParser:
     _trial_id(_command(sub, "show", cmd_trial_show, "show one trial",
                        "The trial's status, exit code, parameters, metrics, dir and status history."))
     logs = _trial_id(_command(sub, "logs", cmd_trial_logs, "print a trial's output",
-                              "The trial's output as its keeper saw it (stdout and stderr, interleaved)."))
+                              "The trial's output as its keeper shipped it to the manager, on every platform "
+                              "(stdout and stderr, in chunks of whole lines; each distributed worker's lines "
+                              "start with [rank=N]); for a trial whose keeper shipped nothing, its log file on "
+                              "this machine."))
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the trial ends")
+    logs.add_argument("--rank", type=int, metavar="N", help="only the lines of rank N ([rank=N] ...)")
     _trial_id(_command(sub, "kill", cmd_trial_kill, "stop a running trial",
                        "Stop the trial gracefully (SIGTERM path, USER_CANCELED); the tuner's next trial takes "
                        "its place. A waiting or paused trial ends without starting again."))

@@ -53,9 +53,11 @@ from trialkit.statuses import (
 PERIODICAL = "PERIODICAL"
 FINAL = "FINAL"
 STATUS = "STATUS"
+LOG = "LOG"  # a chunk of the trial's output: {"stream": "stdout"|"stderr", "text": whole lines}
 REJECTED = "REJECTED"  # the store's type for a record the manager refused (never sent as one)
 METRIC_TYPES = (PERIODICAL, FINAL)
-RECORD_TYPES = (PERIODICAL, FINAL, STATUS)
+RECORD_TYPES = (PERIODICAL, FINAL, STATUS, LOG)
+LOG_STREAMS = ("stdout", "stderr")
 NNI_REQUEST_PARAMETER = "REQUEST_PARAMETER"  # NNI asks for parameters; the keeper wrote them before start
 STATUSES = (WAITING, RUNNING, SUCCEEDED, FAILED, USER_CANCELED, SYS_CANCELED, EARLY_STOPPED, PREEMPTED)
 
@@ -167,6 +169,11 @@ def status_record(status: str, fields: Dict[str, Any], trial_id: str, run: Optio
             "value": {"status": status, **fields}}
 
 
+def log_record(stream: str, text: str, trial_id: str, run: Optional[int] = None) -> Dict[str, Any]:
+    return {"type": LOG, "trial_job_id": trial_id, "time": time.time(), "run": run,
+            "value": {"stream": stream, "text": text}}
+
+
 def nni_parameter_cfg(pid: Any, parameters: Dict[str, Any]) -> Dict[str, Any]:
     """The content of NNI's parameter.cfg, which nni.get_next_parameter() waits for."""
     return {"parameter_id": pid, "parameter_source": "algorithm", "parameters": parameters, "parameter_index": 0}
@@ -275,6 +282,11 @@ def record_problem(rec: Dict[str, Any]) -> Optional[str]:
             problem = _field_problem(key, value.get(key), field_type)
             if problem:
                 return problem
+    elif kind == LOG:
+        if type(value) is not dict or value.get("stream") not in LOG_STREAMS or type(value.get("text")) is not str:
+            return 'a LOG value is {"stream": "stdout" or "stderr", "text": "..."}'
+        if _bad_text(value["text"]):
+            return "the log text is not valid Unicode"
     elif not depth_ok(value):
         return f"value nests deeper than {MAX_DEPTH} levels"
     for key in ("sequence", "run"):

@@ -146,10 +146,12 @@ class LineScanner:
 class Capture:
     """One stream: pipe -> file (+ echo, + optional line scanner)."""
 
-    def __init__(self, pipe_fd: int, path: str, echo_fd: Optional[int], scanner: Optional[LineScanner] = None):
+    def __init__(self, pipe_fd: int, path: str, echo_fd: Optional[int], scanner: Optional[LineScanner] = None,
+                 tee: Optional[Callable[[bytes], None]] = None):
         self.pipe_fd = pipe_fd
         self.path = path
         self.scanner = scanner
+        self.tee = tee  # the manager's copy (keeper.logship), when there is a manager
         self.echo = Echo(echo_fd) if echo_fd is not None else None
         self.open = True
         self._file = self._open_log()
@@ -172,6 +174,8 @@ class Capture:
                 self.echo.put(data)
             if self.scanner:
                 self.scanner.feed(data)
+            if self.tee:
+                self.tee(data)
             if len(data) < READ_SIZE:
                 return
 

@@ -162,14 +162,28 @@ def start_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop,
     finally:
         os.close(out_w)
         os.close(err_w)
+    streams = log_streams(reporter, loop)
     captures = [
         Capture(out_r, str(trial.trial_dir / "stdout.log"), None if opts.quiet else sys.stdout.fileno(),
-                LineScanner(records.NNI_STDOUT_PREFIX, reporter.nni_stdout_line)),
-        Capture(err_r, str(trial.trial_dir / "stderr.log"), None if opts.quiet else sys.stderr.fileno()),
+                LineScanner(records.NNI_STDOUT_PREFIX, reporter.nni_stdout_line), streams.get("stdout")),
+        Capture(err_r, str(trial.trial_dir / "stderr.log"), None if opts.quiet else sys.stderr.fileno(),
+                tee=streams.get("stderr")),
     ]
     for capture in captures:
         loop.add_reader(capture.pipe_fd, _reader(loop, capture))
     return loop.watch(child), captures
+
+
+def log_streams(reporter: Reporter, loop: EventLoop) -> dict:
+    """stream -> the feed of its copy for the manager; none without a manager to ship to."""
+    if reporter.shipper is None:
+        return {}
+    from trialkit.keeper.logship import Budget, LogStream
+
+    budget = Budget()
+    reporter.log_streams = [LogStream(name, budget, reporter.log_chunk, loop.call_later)
+                            for name in ("stdout", "stderr")]
+    return {stream.name: stream.feed for stream in reporter.log_streams}
 
 
 def _reader(loop: EventLoop, capture: Capture):

@@ -21,8 +21,9 @@ import fcntl
 import os
 import select
 import signal
+import stat
 import sys
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from trialkit import env
 from trialkit.errors import UserError, report_and_exit
@@ -89,6 +90,10 @@ class Relay:
         self.loop = loop
         self.pipe_fd = pipe_fd
         self.out_fd: Optional[int] = out_fd
+        # Every rank of a launch writes to the same pipe: a write larger than
+        # PIPE_BUF may be cut in the middle of a line by another rank's. Writes
+        # of whole lines within PIPE_BUF are atomic, so each line arrives whole.
+        self.shared_pipe = stat.S_ISFIFO(os.fstat(out_fd).st_mode)
         self.lines = LinePrefixer(prefix)
         self.open = True
         os.set_blocking(pipe_fd, False)
@@ -129,11 +134,29 @@ class Relay:
         if not buffers or self.out_fd is None:
             return
         try:
-            _writev_all(self.out_fd, buffers)
+            if self.shared_pipe:
+                for piece in whole_line_pieces(b"".join(buffers), select.PIPE_BUF):
+                    _writev_all(self.out_fd, [piece])
+            else:
+                _writev_all(self.out_fd, buffers)
         except OSError:
             # Our reader is gone: keep draining the command so that it never
             # blocks on a full pipe, and drop what it says.
             self.out_fd = None
+
+
+def whole_line_pieces(data: bytes, limit: int) -> Iterator[memoryview]:
+    """`data` in pieces of at most `limit` bytes, each ending at a line end where a line
+    fits (a longer line goes out in pieces of `limit`: it cannot be written atomically)."""
+    view, start, size = memoryview(data), 0, len(data)
+    while start < size:
+        end = min(start + limit, size)
+        if end < size:
+            cut = data.rfind(b"\n", start, end)
+            if cut >= start:
+                end = cut + 1
+        yield view[start:end]
+        start = end
 
 
 def _writev_all(fd: int, buffers: List[Buffer]) -> None:

@@ -306,12 +306,16 @@ class Store:
         return row["acked_seq"] if row else 0
 
     def records_for(self, trial_id: str, type: Optional[str] = None, after_seq: int = 0) -> List[Dict[str, Any]]:
+        """The trial's records after `after_seq`, in order: of one type, or every type but the
+        trial's output (LOG records, read apart: they are most of the bytes)."""
         sql = ("SELECT seq, type, sequence, parameter_id, value, time, received, source, reason, COALESCE(run, 0) "
                "AS run FROM records "
                "WHERE trial=? AND seq>?")
         args: List[Any] = [trial_id, after_seq]
         if type is not None:
             sql, args = sql + " AND type=?", args + [type]
+        else:
+            sql, args = sql + " AND type!=?", args + [records.LOG]
         with self._lock:
             rows = self._db.execute(sql + " ORDER BY seq", args).fetchall()
         out = []

@@ -16,7 +16,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import gpus
 from trialkit.manager.server import HttpError
@@ -386,6 +386,19 @@ def trial_log_path(db: sqlite3.Connection, experiment_id: str, trial_id: str, na
     if name not in paths:
         raise HttpError(400, f"no log {name!r} (stdout or stderr)")
     return paths[name]
+
+
+def shipped_log(db: sqlite3.Connection, experiment_id: str, trial_id: str, name: str,
+                after_seq: int) -> List[Tuple[int, str]]:
+    """(seq, text) of what the trial's keeper shipped of stream `name`, after `after_seq`."""
+    rows = db.execute("SELECT seq, value FROM records WHERE trial=? AND type='LOG' AND seq>? ORDER BY seq",
+                      (trial_id, after_seq)).fetchall()
+    out = []
+    for seq, value in rows:
+        chunk = json.loads(value)
+        if chunk.get("stream") == name:
+            out.append((seq, chunk.get("text", "")))
+    return out
 
 
 QUEUED = (RUNNING, WAITING, PREEMPTED)

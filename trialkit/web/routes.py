@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -142,11 +143,17 @@ class _Routes:
         return self._read(request, queries.trial, request.params["trial"])
 
     def _log(self, request: Request) -> Any:
-        path = self._read(request, queries.trial_log_path, request.params["trial"], request.query.get("name", "stdout"))
-        offset = request.query.get("offset")
-        if offset is not None and not offset.isdigit():
-            raise HttpError(400, "offset is a whole number of bytes")
-        return logtail.read(path, None if offset is None else int(offset))
+        """The trial's log file where this machine has it, else what its keeper shipped (cluster trials)."""
+        trial, name = request.params["trial"], request.query.get("name", "stdout")
+        path = self._read(request, queries.trial_log_path, trial, name)
+        offset, rank = _count(request, "offset"), _count(request, "rank")
+        if path and os.path.exists(path):
+            part = logtail.read(path, offset)
+        else:
+            part = logtail.read_shipped(self._read(request, queries.shipped_log, trial, name, offset or 0), offset)
+        if rank is not None:
+            part["text"] = logtail.only_rank(part["text"], rank)
+        return part
 
     # -- actions -------------------------------------------------------------------------
     def _action(self, request: Request) -> Any:
@@ -177,3 +184,13 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def _count(request: Request, key: str) -> Optional[int]:
+    """A whole-number query parameter (ASCII digits, within int64), or None when absent."""
+    raw = request.query.get(key)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise HttpError(400, f"{key} is a whole number")
+    return int(raw)

@@ -539,7 +539,7 @@
   class TrialView {
     constructor(exp, trial) {
       this.exp = exp; this.trial = trial; this.key = `trial:${exp}:${trial}`;
-      this.logName = 'stdout'; this.offset = null; this.timer = null;
+      this.logName = 'stdout'; this.offset = null; this.timer = null; this.rank = '';
     }
     mount(main) {
       crumbs(el('a', {href: '#/'}, 'experiments'), el('a', {href: '#/exp/' + enc(this.exp)}, this.exp),
@@ -553,8 +553,10 @@
       this.gpuPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'GPU use'), this.gpuChart);
       this.history = el('tbody');
       this.log = el('pre', {id: 'log'});
-      this.logTabs = el('div', {class: 'toolbar'}, ['stdout', 'stderr'].map((name) =>
-        el('button', {'data-log': name, onclick: () => this.switchLog(name)}, name)));
+      this.rankBox = el('input', {type: 'number', min: '0', placeholder: 'every rank', id: 'log-rank',
+        'aria-label': 'only the lines of rank', onchange: (e) => { this.rank = e.target.value.trim(); this.switchLog(this.logName); }});
+      this.logTabs = el('div', {class: 'toolbar'}, ...['stdout', 'stderr'].map((name) =>
+        el('button', {'data-log': name, onclick: () => this.switchLog(name)}, name)), el('label', {}, ' rank ', this.rankBox));
       main.replaceChildren(this.title, this.actions,
         el('div', {class: 'two'}, el('div', {class: 'panel'}, el('h2', {}, 'Trial'), this.facts),
           el('div', {class: 'panel'}, el('h2', {}, 'Parameters'), this.params)),
@@ -606,8 +608,9 @@
       for (const b of this.logTabs.querySelectorAll('button')) b.classList.toggle('on', b.dataset.log === this.logName);
       const name = this.logName;
       const offset = this.offset === null ? '' : `&offset=${this.offset}`;
+      const rank = /^\d+$/.test(this.rank) ? `&rank=${this.rank}` : '';
       try {
-        const part = await api(`${expPath(this.exp)}/trials/${enc(this.trial)}/log?name=${name}${offset}`);
+        const part = await api(`${expPath(this.exp)}/trials/${enc(this.trial)}/log?name=${name}${offset}${rank}`);
         if (name !== this.logName) return;
         const atBottom = this.log.scrollTop + this.log.clientHeight >= this.log.scrollHeight - 4;
         if (!part.exists) this.log.textContent = `(no ${name} yet)`;
