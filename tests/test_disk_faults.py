@@ -31,6 +31,8 @@ import requests
 import yaml
 
 from harness import Manager, channel_records, child_environ, start_keeper, wait_until
+from trialkit.manager.server import ManagerServer
+from trialkit.manager.store import Store
 
 PYTHON = sys.executable
 TIMEOUT = 120.0  # a bound for a loaded machine, never waited for on success
@@ -272,3 +274,25 @@ def test_the_progress_line_on_a_terminal_says_what_is_wrong_with_the_disk():
     out = io.StringIO()
     Progress(out, tty=True).update(Snapshot(1, 1, 0, 0, 0, 5.0, disk="cannot write the store in /x: the disk is full"))
     assert out.getvalue().startswith("\r\x1b[KDISK: cannot write the store in /x")  # first, before a narrow cut
+
+
+def test_a_batch_the_full_store_cannot_take_gets_503_then_200_once_it_can(tmp_path):
+    with tmpfs(tmp_path / "disk") as disk:
+        store = Store.in_dir(disk)
+        store.create_experiment("exp")
+        store.add_trial("exp", "t1", sequence=0, parameters={}, token="token-1")
+        server = ManagerServer(store).start()
+        post = lambda seq: requests.post(  # noqa: E731
+            f"{server.url}/api/v1/trials/t1/records", headers={"Authorization": "Bearer token-1"}, timeout=10,
+            json={"records": [{"seq": seq, "type": "PERIODICAL", "sequence": seq, "value": "x" * 20000}]})
+        try:
+            assert post(1).status_code == 200
+            filler = fill(disk)
+            refused = post(2)
+            assert refused.status_code == 503 and refused.headers["Retry-After"] == "2"
+            assert "the disk is full" in refused.json()["error"] and server.disk.problem
+            filler.unlink()
+            assert post(2).json()["acked"] == 2 and server.disk.problem is None
+        finally:
+            server.stop()
+            store.close()
