@@ -51,3 +51,19 @@ def test_start_path_leaves_heavy_modules_out(what, code, tmp_path):
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == {}, f"{what} loads {loaded} (module: imported by)"
+
+
+# What the commands that only read the store leave to the commands that talk to a manager.
+MANAGER_SIDE = ("trialkit.control.admin", "trialkit.control.actions", "trialkit.control.background",
+                "trialkit.platforms.local", "trialkit.manager.server", "http.client", "ssl", "psutil")
+
+
+def test_trial_list_as_a_command_leaves_the_manager_side_out(tmp_path):
+    # Users and scripts run `trialkit trial list` while an experiment runs; its
+    # start-up is most of its answer time (bench/bench_ray_many.py).
+    code = "import trialkit.cli\ntry:\n    trialkit.cli.main(['trial', 'list', 'nosuch'])\nexcept SystemExit:\n    pass"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRIALKIT_HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", PROBE, code, *MANAGER_SIDE], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert "no experiment 'nosuch'" in done.stderr, done.stderr
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {}, f"trial list loads {loaded} (module: imported by)"

@@ -27,7 +27,6 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from trialkit.manager.store import Store
 from trialkit.errors import UserError
 from trialkit.records import INT64_MAX, INT64_MIN, in_int64
-from trialkit.platforms.local import trial_slots
 from trialkit.statuses import PREEMPTED, RUNNING, WAITING
 
 # What users see for a status: a trial stopped with a checkpoint waits to be activated.
@@ -188,4 +187,7 @@ def jobs(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
 
 def _slots(config: Mapping[str, Any]) -> int:
     """Slots a trial holds, counted as the local platform counts them: slotsPerTrial, else its GPUs, else one."""
+    # Here, not at the top: the local platform costs every CLI command (trial list among them) ~25 ms to import.
+    from trialkit.platforms.local import trial_slots
+
     return trial_slots(config.get("trainingService", {}).get("slotsPerTrial"), config.get("trialGpuNumber"))
