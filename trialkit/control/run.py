@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import List, Optional, TextIO
+from typing import List, Optional, TextIO, Tuple
 
 from trialkit import platforms, records
 from trialkit.control import admin
@@ -50,17 +50,8 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
 def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optional[TextIO] = None,
                       page: Optional[PageHook] = None) -> ExperimentResult:
     """Go on with an interrupted experiment: same id, same store, same manager port unless told otherwise."""
-    experiment_dir = paths.experiment_dir(experiment_id)
-    info = admin.read_info(experiment_dir)
-    if info is not None and info.running():
-        raise UserError(f"experiment {experiment_id} is running (manager pid {info.pid})", "EXPERIMENT_ID",
-                        f"stop it first with `trialkit experiment stop {experiment_id}`")
-    store = Store.in_dir(experiment_dir)
+    experiment_dir, info, store, stored, config = _stopped_experiment(experiment_id)
     try:
-        stored = store.experiment(experiment_id)
-        if stored is None:
-            raise UserError(f"the store in {experiment_dir} holds no experiment {experiment_id}", "EXPERIMENT_ID")
-        config = parse_config(stored["config"], experiment_dir, source=f"experiment {experiment_id}'s stored config")
         _check_context(config, experiment_dir)
         platform = _platform(config, experiment_dir)
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
@@ -76,6 +67,19 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
 def delete_experiment(experiment_id: str) -> List[str]:
     """Remove a stopped experiment: the objects its platform made for it (a cluster's jobs and claims),
     then its dir and store. What the platform deleted, by name."""
+    experiment_dir, _, store, _, config = _stopped_experiment(experiment_id)
+    try:
+        trial_ids = [row["id"] for row in store.trials(experiment_id)]
+    finally:
+        store.close()
+    platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
+    removed = platform.remove_experiment(experiment_id, trial_ids) if platform.remove_experiment else []
+    shutil.rmtree(experiment_dir)
+    return removed
+
+
+def _stopped_experiment(experiment_id: str) -> Tuple[Path, Optional[admin.ManagerInfo], Store, dict, ExperimentConfig]:
+    """(dir, last manager, store, stored row, config) of an experiment no manager runs; the caller closes the store."""
     experiment_dir = paths.experiment_dir(experiment_id)
     info = admin.read_info(experiment_dir)
     if info is not None and info.running():
@@ -87,13 +91,10 @@ def delete_experiment(experiment_id: str) -> List[str]:
         if stored is None:
             raise UserError(f"the store in {experiment_dir} holds no experiment {experiment_id}", "EXPERIMENT_ID")
         config = parse_config(stored["config"], experiment_dir, source=f"experiment {experiment_id}'s stored config")
-        trial_ids = [row["id"] for row in store.trials(experiment_id)]
-    finally:
+    except BaseException:
         store.close()
-    platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
-    removed = platform.remove_experiment(experiment_id, trial_ids) if platform.remove_experiment else []
-    shutil.rmtree(experiment_dir)
-    return removed
+        raise
+    return experiment_dir, info, store, stored, config
 
 
 def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
