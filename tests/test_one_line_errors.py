@@ -144,6 +144,10 @@ def test_plot_into_a_directory_writes_inside_it(home, tmp_path):
     assert not (tmp_path / "plots.png").exists()
 
 
+def test_trialkit_ui_on_a_host_name_that_does_not_resolve_is_one_line(home):
+    assert_one_line(cli(home, "ui", "--host", "no.such.host.invalid"), "--host")
+
+
 def test_trialkit_ui_serves_on_ipv6_loopback(home):
     proc = subprocess.Popen([PYTHON, "-m", "trialkit.cli", "ui", "good1", "--host", "::1"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=child_environ(TRIALKIT_HOME=str(home)))

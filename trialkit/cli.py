@@ -31,6 +31,7 @@ import io
 import json
 import os
 import signal
+import socket
 import sqlite3
 import sys
 import time
@@ -517,9 +518,10 @@ def cmd_ui(opts: argparse.Namespace) -> int:
     try:
         return serve_ui(opts.experiment_id, opts.port or 0, opts.host)
     except OSError as err:
-        if err.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+        name_unknown = isinstance(err, socket.gaierror)  # --host no.such.host
+        if err.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES) and not name_unknown:
             raise
-        if err.errno == errno.EADDRNOTAVAIL:
+        if err.errno == errno.EADDRNOTAVAIL or name_unknown:
             raise UserError(f"cannot listen on {opts.host}: {err.strerror}", "--host",
                             "give an address of this machine (default 127.0.0.1)") from None
         raise UserError(f"cannot listen on {opts.host}:{opts.port or 0}: {err.strerror}", "--port",
