@@ -56,7 +56,7 @@ def test_one_bundle_per_node_holds_its_workers():
 
 
 def test_ranks_follow_the_bundles_and_a_worker_gets_horovodruns_gloo_variables():
-    slots = horovod_ray.assignments(["nodeA", "nodeA", "nodeB", "nodeB"], 2)
+    slots = horovod_ray.assignments(["nodeA", "nodeA", "nodeB", "nodeB"])
     assert [(s.hostname, s.rank, s.local_rank, s.cross_rank, s.size) for s in slots] == [
         ("nodeA", 0, 0, 0, 4), ("nodeA", 1, 1, 0, 4), ("nodeB", 2, 0, 1, 4), ("nodeB", 3, 1, 1, 4)]
     base = {"PATH": "/bin", "TRIALKIT_TRIAL_DIR": "/t", "RAY_JOB_ID": "01", "CUDA_VISIBLE_DEVICES": "0",
@@ -75,7 +75,8 @@ def test_ranks_follow_the_bundles_and_a_worker_gets_horovodruns_gloo_variables()
 def test_a_mistake_after_ray_is_one_line_before_any_cluster(tmp_path):
     proc = Proc([*LAUNCH, "--nodes", "two", "--", "train.py"], launch_env(tmp_path, RAY_ADDRESS="127.0.0.1:1"))
     assert proc.finish(timeout=60) == 2
-    assert proc.err_lines == ["trialkit.launch.horovod: error: --ray: argument --nodes: invalid positive int value: 'two' "
+    assert proc.err_lines == ["trialkit.launch.horovod: error: --ray: argument --nodes: invalid positive int value: "
+                              "'two' "
                               "(options after --ray: [--nodes NODES] [--workers-per-node WORKERS_PER_NODE] "
                               "[--cpus-per-worker CPUS_PER_WORKER] [--gpus-per-worker GPUS_PER_WORKER] "
                               "[--address ADDRESS] [--placement-timeout PLACEMENT_TIMEOUT] "
@@ -146,7 +147,7 @@ def test_a_failing_rank_stops_the_other_and_the_launch_fails(cluster, tmp_path):
     """)
     proc = Proc([*LAUNCH, "--nodes", "2", "--", str(script)],
                 launch_env(tmp_path, RAY_ADDRESS=cluster.address, TRIALKIT_GRACE_SECONDS="20"))
-    assert proc.finish(timeout=300) == 5, proc.err[-3000:]
+    assert proc.finish(timeout=120) == 5, proc.err[-3000:]
     assert "[rank=1] rank 1 interrupted\n" in proc.text
     assert proc.err_lines[-1] == (f"trialkit.launch.horovod: rank 0 failed with exit code 5 running {script}; "
                                   f"stopped the other workers")
@@ -197,8 +198,8 @@ def test_more_nodes_than_the_cluster_has_is_one_line(cluster, tmp_path):
     proc = Proc([*LAUNCH, "--nodes", "3", "--placement-timeout", "2", "--", "train.py"],
                 launch_env(tmp_path, RAY_ADDRESS=cluster.address))
     assert proc.finish(timeout=120) == 1
-    assert proc.err_lines[-1] == ("trialkit.launch.horovod: --ray --nodes: the cluster has no room for 3 x {'CPU': 1.0} "
-                                  "on distinct nodes after 2 s (use fewer nodes or smaller workers, or add nodes)")
+    assert proc.err_lines[-1] == ("trialkit.launch.horovod: --ray --nodes: the cluster has no room for 3 x "
+                                  "{'CPU': 1.0} on distinct nodes after 2 s (use fewer nodes or smaller workers, or add nodes)")
 
 
 # -- a Ray platform trial -----------------------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""Horovod on a Ray cluster, no ssh: `python -m trialkit.launch.horovod --ray [RAY_OPTIONS...] -- (--trial T)|(SCRIPT...)`.
+"""Horovod on a Ray cluster, no ssh:
+
+    python -m trialkit.launch.horovod --ray [RAY_OPTIONS...] -- (--trial TRIAL)|(SCRIPT...)
 
 Ray starts the workers and Horovod's own gloo rendezvous connects them, as
 horovodrun does over ssh: place --nodes bundles of --workers-per-node workers
@@ -8,8 +10,8 @@ with Horovod's host assignment, serve Horovod's rendezvous from this process
 on its node's address, and start every worker as `python -m wrap_rank ...`
 with the variables horovodrun gives a gloo worker. Then supervise: relay each
 worker's rank-prefixed lines to our stdout and stderr, stop every worker
-with SIGINT (then SIGKILL after the grace) when one fails or a stop signal
-reaches us, and exit with the first failure's code.
+when one fails (SIGINT) or a stop signal reaches us (that signal), SIGKILL
+what is left after the grace, and exit with the first failure's code.
 
 Why not horovod.ray's RayExecutor: it runs on Ray 2.60, but it runs Python
 functions inside synchronous actors, so a running worker takes no signal
@@ -31,6 +33,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from trialkit import env
 from trialkit.errors import UserError, report_and_exit
 from trialkit.launch import grammar, launcher
+from trialkit.launch.wrap_rank import _writev_all  # the same whole-line writes as every rank's prefixer
 from trialkit.process import FORWARDED_SIGNALS, STOP_SIGNALS
 
 FLAG = "--ray"
@@ -96,12 +99,14 @@ def bundles(options: Options) -> List[Dict[str, float]]:
     return [dict(bundle) for _ in range(options.nodes)]
 
 
-def assignments(node_ids: Sequence[str], workers_per_node: int) -> list:
-    """Horovod's slots (rank, local and cross ranks) for workers listed bundle by bundle."""
+def assignments(node_ids: Sequence[str]) -> list:
+    """Horovod's slots (rank, local and cross ranks) for the workers' nodes, listed bundle by bundle."""
+    from collections import Counter
+
     from horovod.runner.common.util.hosts import HostInfo, get_host_assignments
 
-    nodes = list(dict.fromkeys(node_ids))  # in bundle order
-    return get_host_assignments([HostInfo(node, workers_per_node) for node in nodes], len(node_ids))
+    counts = Counter(node_ids)  # in bundle order
+    return get_host_assignments([HostInfo(node, n) for node, n in counts.items()], len(node_ids))
 
 
 def worker_environ(base: Mapping[str, str], slot, rendezvous: Tuple[str, int], iface: Optional[str],
@@ -145,7 +150,7 @@ def main(prog: str, launch: grammar.Launch, rank_vars: str, stop_signal: int) ->
         job.start([sys.executable, *launcher.wrapped(rank_vars, launch)], options)
         return job.supervise()
     finally:
-        job.close()
+        # Ray ends a job's actors and placement group with it: nothing outlives the launcher.
         ray.shutdown()
 
 
@@ -169,7 +174,6 @@ class Worker:
     actor: object
     exit_code: Optional[int] = None
     lost: str = ""  # why its actor is gone, when it died before its exit code came
-    reading: bool = True
     asked_to_stop: bool = False
 
     @property
@@ -186,9 +190,7 @@ class Job:
     script: str
     grace: float
     stop_signal: int
-    group: object = None
     workers: List[Worker] = field(default_factory=list)
-    rendezvous: object = None
     failed: Optional[Worker] = None
     stopped_by: Optional[int] = None
     kill_at: Optional[float] = None
@@ -201,15 +203,15 @@ class Job:
 
         from trialkit.launch.ray_worker import RayWorker
 
-        self.group = placement_group(bundles(options), strategy="STRICT_SPREAD")
-        ready, _ = ray.wait([self.group.ready()], timeout=options.placement_timeout)
+        group = placement_group(bundles(options), strategy="STRICT_SPREAD")
+        ready, _ = ray.wait([group.ready()], timeout=options.placement_timeout)
         if not ready:
             raise UserError(f"the cluster has no room for {options.nodes} x {bundles(options)[0]} on distinct nodes "
                             f"after {options.placement_timeout:g} s", f"{FLAG} --nodes",
                             "use fewer nodes or smaller workers, or add nodes")
         remote = ray.remote(RayWorker)
         for rank in range(options.world_size):
-            strategy = PlacementGroupSchedulingStrategy(self.group, rank // options.workers_per_node)
+            strategy = PlacementGroupSchedulingStrategy(group, rank // options.workers_per_node)
             actor = remote.options(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
                                    scheduling_strategy=strategy).remote()
             self.workers.append(Worker(rank, actor))
@@ -219,11 +221,11 @@ class Job:
         import ray
 
         places = ray.get([w.actor.where.remote() for w in self.workers])
-        slots = assignments([node for node, _, _ in places], options.workers_per_node)
+        slots = assignments([node for node, _, _ in places])
         # The address Ray gives this process's node, the one the other nodes reach it by.
-        self.rendezvous = Rendezvous(ray.util.get_node_ip_address(), slots)
+        rendezvous = serve_rendezvous(ray.util.get_node_ip_address(), slots)
         cwd = None if options.working_dir else os.getcwd()  # None: the shipped copy, each on its node
-        ray.get([w.actor.start.remote(argv, worker_environ(os.environ, slot, self.rendezvous.address, iface,
+        ray.get([w.actor.start.remote(argv, worker_environ(os.environ, slot, rendezvous, iface,
                                                             options.gpus_per_worker), cwd)
                  for w, slot, (_, _, iface) in zip(self.workers, slots, places)])
 
@@ -264,7 +266,7 @@ class Job:
         except ray.exceptions.RayActorError:
             return None
         for stream, data in chunks:
-            _write_all(stream, data)
+            _write(stream, data)
         return worker.actor.read.remote() if chunks else None
 
     def _on_wait(self, worker: Worker, ref) -> None:
@@ -314,40 +316,20 @@ class Job:
                 return first.exit_code, f"stopped by {name}; rank {first.rank} ended with {first.describe()}"
         return 0, ""
 
-    def close(self) -> None:
-        """Nothing of the job outlives it: actors, placement group, rendezvous."""
-        import ray
 
-        for worker in self.workers:
-            ray.kill(worker.actor)
-        if self.group is not None:
-            ray.util.remove_placement_group(self.group)
-        if self.rendezvous is not None:
-            self.rendezvous.close()
+def serve_rendezvous(host: str, slots: list) -> Tuple[str, int]:
+    """Horovod's gloo rendezvous (the HTTP server horovodrun runs) on `host` only, not on every
+    address as horovodrun's does; it serves until the launcher exits."""
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-
-class Rendezvous:
-    """Horovod's gloo rendezvous (the HTTP server horovodrun runs), bound to one address, not every one."""
-
-    def __init__(self, host: str, slots: list):
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-
-        self.server = RendezvousHTTPServer((host, 0), RendezvousHandler, 0)
-        self.server.init(slots)
-        self.address = (host, self.server.server_address[1])
-        self.thread = threading.Thread(target=self.server.serve_forever, name="horovod-rendezvous", daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+    server = RendezvousHTTPServer((host, 0), RendezvousHandler, 0)
+    server.init(slots)
+    threading.Thread(target=server.serve_forever, name="horovod-rendezvous", daemon=True).start()
+    return host, server.server_address[1]
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except BrokenPipeError:
-            return  # our reader is gone; the workers go on
+def _write(fd: int, data: bytes) -> None:
+    try:
+        _writev_all(fd, [data])
+    except OSError:
+        pass  # our reader is gone (BrokenPipeError): the workers go on
