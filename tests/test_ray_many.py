@@ -1,0 +1,56 @@
+"""Many Ray trials at once, small (issue 19): 20 trials at trialConcurrency 10 on the session's two-raylet cluster.
+
+Each trial asks for 0.08 CPUs, so ten fit on the cluster's four CPUs at once
+(one CPU each: four). Each leaves a marker and waits until ten markers exist:
+the first ten can only get past that together, so the experiment succeeds
+only if ten ran at once (no clock involved). Then every trial SUCCEEDED, ran
+once (one marker each, restart count 0, one final result stored), and nothing
+is left on the cluster. bench/bench_ray_many.py runs the 200 trials at 50.
+"""
+from __future__ import annotations
+
+import pytest
+
+from experiment_util import cli, experiment, experiment_id, export, stored
+
+pytestmark = pytest.mark.slow
+
+TRIALS, CONCURRENCY = 20, 10
+BARRIER = """
+import os, pathlib, sys, time, trialkit
+p = trialkit.get_next_parameter()
+markers = pathlib.Path(p["markers"])
+(markers / f"{p['x']}-{os.getpid()}").touch()
+deadline = time.monotonic() + 150  # a bound for a loaded machine: fewer at once never gets past
+while len(list(markers.iterdir())) < p["together"]:
+    if time.monotonic() > deadline:
+        sys.exit(f"only {len(list(markers.iterdir()))} trials ran at once")
+    time.sleep(0.2)
+trialkit.report_final_result(p["x"])
+"""
+
+
+def test_twenty_ray_trials_ten_at_once_each_once_nothing_left(ray_cluster, tmp_path, monkeypatch):
+    if "node2" not in ray_cluster.nodes:
+        ray_cluster.start_node("node2")
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    space = {"x": {"_type": "choice", "_value": list(range(TRIALS))},
+             "markers": {"_type": "choice", "_value": [str(markers)]},
+             "together": {"_type": "choice", "_value": [CONCURRENCY]}}
+    config = experiment(tmp_path, space, BARRIER, maxTrialNumber=TRIALS, trialConcurrency=CONCURRENCY,
+                        nniManagerIp="127.0.0.1", tuner={"name": "GridSearch"},
+                        trainingService={"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 0.08})
+    done = cli("run", config, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    exp = experiment_id(done.stdout.splitlines()[0])
+    rows = export(exp)
+    assert sorted(row["parameters"]["x"] for row in rows) == list(range(TRIALS)), "each trial once, none lost"
+    for row in rows:
+        assert (row["status"], row["restart_count"], row["final"]) == ("SUCCEEDED", 0, row["parameters"]["x"]), row
+    assert sorted(int(name.partition("-")[0]) for name in (p.name for p in markers.iterdir())) == list(range(TRIALS)), \
+        "each trial's command ran once"
+    assert stored(home, exp, "SELECT COUNT(*) FROM records WHERE type='FINAL'")[0][0] == TRIALS
+    ray_cluster.wait_clean()
