@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from trialkit import records
 
 SEGMENT_RECORDS = 10_000
-DRAIN_BATCH = 1000  # records read at a time by drain()
+DRAIN_BATCH = 1000  # records read at a time by unacknowledged()
 _RECORD = records.RS + b'{"seq":'  # the seq first: read back without decoding the record
 _CURSOR = records.RS + b'{"cursor":'
 _SUFFIX = ".log"
@@ -219,19 +219,21 @@ class Spool:
         return self.dir / f"{first:012d}{_SUFFIX}"
 
 
-def drain(directory: Path) -> List[Dict[str, Any]]:
-    """What an ended keeper spooled but never had acknowledged (no manager listened),
-    marked delivered: the caller hands it to the store. Empty when there is no spool."""
+def unacknowledged(directory: Path) -> List[Dict[str, Any]]:
+    """What an ended keeper spooled and never had acknowledged (no manager listened), for
+    the caller to store. Read only: the store keeps each (trial, seq) once, so reading the
+    same again later duplicates nothing, and a store that fails to take them loses nothing."""
     if not Path(directory).is_dir():
         return []
     spool = Spool(Path(directory))
     out: List[Dict[str, Any]] = []
+    after = spool.acked
     try:
         while True:
-            batch = spool.read(spool.acked, DRAIN_BATCH, 1 << 20)
+            batch = spool.read(after, DRAIN_BATCH, 1 << 20)
             if not batch:
                 return out
             out.extend(json.loads(line) for _, line in batch)
-            spool.ack(batch[-1][0])
+            after = batch[-1][0]
     finally:
         spool.close()

@@ -376,8 +376,8 @@ class Platform(PlatformBase):
         return True
 
     def undelivered_records(self, handle: str) -> List[Dict[str, Any]]:
-        """What an ended keeper spooled but could not deliver (no manager listened), marked delivered."""
-        return spool.drain(layout.spool_dir(paths.trial_dir(self.experiment_dir, handle)))
+        """What an ended keeper spooled but could not deliver (no manager listened)."""
+        return spool.unacknowledged(layout.spool_dir(paths.trial_dir(self.experiment_dir, handle)))
 
     def _watch(self, keeper: _Keeper) -> None:
         with self._lock:

@@ -123,7 +123,7 @@ def with_trial_gpus(config: RayConfig, trial_gpu_number: Optional[int]) -> RayCo
 
 def actor_options(config: RayConfig) -> Dict[str, float]:
     """What a trial's actor asks Ray for; Ray sets the actor's CUDA_VISIBLE_DEVICES to the GPUs it gives."""
-    return {"num_cpus": config.cpus_per_trial, "num_gpus": config.gpus_per_trial}
+    return {"num_cpus": max(1.0, config.cpus_per_trial), "num_gpus": config.gpus_per_trial}
 
 
 @dataclass
@@ -228,7 +228,7 @@ class Platform(PlatformBase):
         """What the ended trial's keeper spooled and could not deliver (its manager was away), once."""
         trial = self._trials.get(handle)
         if trial is None:
-            return spool.drain(layout.spool_dir(paths.trial_dir(self.experiment_dir, handle)))
+            return spool.unacknowledged(layout.spool_dir(paths.trial_dir(self.experiment_dir, handle)))
         self._release(trial)
         out, trial.undelivered = trial.undelivered, []
         return out

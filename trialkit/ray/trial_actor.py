@@ -145,11 +145,11 @@ class TrialRunner:
 
     async def collect(self) -> list:
         """The control plane has the result: the actor may go. What the keeper spooled and
-        could not deliver (its manager was away when it ended), marked delivered."""
+        could not deliver (its manager was away when it ended)."""
         self._collected = True
         if self._status_path is None:
             return []
-        return spool.drain(self._status_path.parent / layout.SPOOL)
+        return spool.unacknowledged(self._status_path.parent / layout.SPOOL)
 
     async def stop(self, grace: float) -> bool:
         """SIGTERM to the keeper; kill the trial and keeper if they outlast the grace.
