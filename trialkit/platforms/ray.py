@@ -123,7 +123,7 @@ def with_trial_gpus(config: RayConfig, trial_gpu_number: Optional[int]) -> RayCo
 
 def actor_options(config: RayConfig) -> Dict[str, float]:
     """What a trial's actor asks Ray for; Ray sets the actor's CUDA_VISIBLE_DEVICES to the GPUs it gives."""
-    return {"num_cpus": max(1.0, config.cpus_per_trial), "num_gpus": config.gpus_per_trial}
+    return {"num_cpus": config.cpus_per_trial, "num_gpus": config.gpus_per_trial}
 
 
 @dataclass
