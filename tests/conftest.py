@@ -25,6 +25,11 @@ PYTHON = sys.executable
 # works in the project's environment, as `./bootstrap.sh demo` does.
 os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + os.environ.get("PATH", os.defpath)
 
+# Ray 2.60 turns token authentication on for any cluster started while ~/.ray/auth_token
+# exists (a local `ray.init()` anywhere on the machine writes one), and a node or driver
+# started before it then cannot join. The tests' clusters are on loopback: no tokens.
+os.environ["RAY_AUTH_MODE"] = "disabled"
+
 # The session's one Ray cluster (`ray_cluster`), shared by every Ray test module.
 pytest_plugins = ["ray_cluster"]
 
