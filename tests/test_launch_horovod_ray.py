@@ -153,6 +153,46 @@ def test_a_failing_rank_stops_the_other_and_the_launch_fails(cluster, tmp_path):
                                   f"stopped the other workers")
 
 
+@pytest.mark.slow
+def test_a_wedged_worker_is_killed_after_the_grace(cluster, tmp_path):
+    """Rank 1's wrap_rank is stopped (SIGSTOP) so it cannot pass SIGINT on: the grace ends in SIGKILL."""
+    script = write(tmp_path, "wedged.py", """
+    import os, pathlib, signal, sys, time
+    if os.environ["HOROVOD_RANK"] == "1":
+        print(f"wrap_rank {os.getppid()}", flush=True)
+        while True:
+            signal.pause()
+    while not pathlib.Path("wedged").exists():
+        time.sleep(0.05)
+    sys.exit(5)
+    """)
+    proc = Proc([*LAUNCH, "--nodes", "2", "--", str(script)],
+                launch_env(tmp_path, RAY_ADDRESS=cluster.address, TRIALKIT_GRACE_SECONDS="2"), cwd=tmp_path)
+    wrap_rank = psutil.Process(int(proc.wait_for(r"wrap_rank (\d+)").group(1)))
+    wrap_rank.suspend()
+    (tmp_path / "wedged").touch()
+    assert proc.finish(timeout=120) == 5, proc.err[-3000:]
+    assert proc.err_lines[-1].startswith("trialkit.launch.horovod: rank 0 failed with exit code 5")
+    psutil.wait_procs([wrap_rank], timeout=10)
+    assert not wrap_rank.is_running()
+
+
+@pytest.mark.slow
+def test_long_lines_of_two_ranks_never_mix(cluster, tmp_path):
+    """Lines longer than a pipe read come through whole, however the two ranks' output interleaves."""
+    script = write(tmp_path, "chatty.py", """
+    import os, sys
+    rank = os.environ["HOROVOD_RANK"]
+    for _ in range(20):
+        sys.stdout.write(rank * 300_000 + "\\n")
+    """)
+    proc = Proc([*LAUNCH, "--nodes", "2", "--", str(script)], launch_env(tmp_path, RAY_ADDRESS=cluster.address))
+    assert proc.finish(timeout=120) == 0, proc.err[-3000:]
+    lines = proc.text.splitlines()
+    assert sorted(set(lines)) == [f"[rank={r}] " + str(r) * 300_000 for r in (0, 1)]
+    assert len(lines) == 40
+
+
 # Both ranks join, say so, and wait; SIGTERM runs a handler that says so and exits 143 (a checkpoint).
 WAIT_FOR_STOP = """
 import os, signal, sys, torch, horovod.torch as hvd
