@@ -132,6 +132,24 @@ def test_two_workers_train_on_two_raylets(cluster, tmp_path):
 
 
 @pytest.mark.slow
+def test_workers_fill_each_nodes_bundle_with_fractional_cpus(cluster, tmp_path):
+    """3 workers of half a CPU on each 2-CPU node: they fit only as fractions; ranks fill a node first."""
+    script = write(tmp_path, "where.py", """
+    import os
+    print("slot", *(os.environ[f"HOROVOD_{name}"] for name in ("RANK", "LOCAL_RANK", "CROSS_RANK", "SIZE")),
+          os.environ["RAY_RAYLET_PID"], flush=True)
+    """)
+    proc = Proc([*LAUNCH, "--nodes", "2", "--workers-per-node", "3", "--cpus-per-worker", "0.5",
+                 "--placement-timeout", "20", "--", str(script)], launch_env(tmp_path, RAY_ADDRESS=cluster.address))
+    assert proc.finish(timeout=180) == 0, proc.err[-3000:]
+    slots = sorted(re.findall(r"^\[rank=\d\] slot (\d) (\d) (\d) 6 (\d+)$", proc.text, re.M))
+    assert [(rank, local, cross) for rank, local, cross, _ in slots] == [
+        ("0", "0", "0"), ("1", "1", "0"), ("2", "2", "0"), ("3", "0", "1"), ("4", "1", "1"), ("5", "2", "1")]
+    nodes = [node_of(cluster, int(raylet)) for *_, raylet in slots]
+    assert len(set(nodes[:3])) == len(set(nodes[3:])) == 1 and nodes[0] != nodes[3]
+
+
+@pytest.mark.slow
 def test_a_failing_rank_stops_the_other_and_the_launch_fails(cluster, tmp_path):
     script = write(tmp_path, "fail.py", """
     import signal, sys, torch, horovod.torch as hvd
