@@ -18,8 +18,6 @@ import numpy
 # numpy.int, which numpy removed in 1.24: restore the alias before it is used.
 numpy.int = int
 
-import adaptdl.env  # noqa: E402  (after the numpy fix)
-import adaptdl.torch as adl  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
 
@@ -47,6 +45,12 @@ def synthetic(samples: int) -> TensorDataset:
 
 
 def main() -> None:
+    # Here, not at the top: importing adaptdl.torch takes over SIGTERM, which only a main
+    # thread may, and bench/bench_ray_rescale.py imports this module's model and data in
+    # Ray Train's worker thread to train the same job there.
+    import adaptdl.env
+    import adaptdl.torch as adl
+
     args = parse_args()
     adl.init_process_group("gloo")
     torch.manual_seed(0)
