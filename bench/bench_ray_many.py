@@ -1,0 +1,362 @@
+"""Many trials at once on Ray: 200 short trials, 50 running at once, on a local two-raylet cluster.
+
+    python bench/bench_ray_many.py [--trials 200] [--concurrency 50] [--seconds 40] [--cpus 0.08] [--stages 30]
+
+One cluster as the tests build it (tests/ray_cluster.py: a head and node2, 2
+CPUs each), stopped at the end even on failure (each node by its process
+group). First, where a trial's start goes, on that cluster: --stages bare Ray
+actors (a worker process each, nothing of ours), then as many trial actors
+running their keeper to the end (ours added: the TrialRunner class, run.sh,
+the keeper), and the driver's calls a submit makes. Then the experiment,
+through `trialkit run` as a user runs it: every trial sleeps --seconds and
+reports its parameter as its final result, asking Ray for --cpus CPUs (0.08:
+25 trials a node, 50 on the cluster). While it runs, every 0.5 s the bench
+counts the trials running (the store's status, which each keeper sets) and
+times the trial table three ways: `trialkit trial list` as the in-process call
+(trialkit.cli.main), the page's trials route (with the page's token), and,
+every 2 s, `trialkit trial list` as a command (a fresh process), beside the
+same command for an experiment that does not exist (its start-up alone) and a
+bare `python -c pass` (the interpreter alone). At the end: every trial
+SUCCEEDED once (each parameter once, restart count 0), no actor alive and no
+keeper or trial left on the cluster. Printed: peak and median running at once
+(the median over the samples from the first time the goal was reached until
+the last trial was submitted; over all samples if never), the ramp (how soon
+--concurrency keepers ran: Ray's start rate), the latencies (median, p90,
+max), and each goal with MET or MISSED. Goals: --concurrency at once; the
+trial table in under 100 ms (p90).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ray_cluster import ImdsStub, RayCluster  # noqa: E402  (the tests' cluster, started the same way)
+from trialkit.cli import main as trialkit_main  # noqa: E402  (imported once: the in-process call is timed alone)
+
+LIST_GOAL_MS = 100.0
+SAMPLE_EVERY = 0.5
+COMMAND_EVERY = 2.0  # a command costs a process start on a 2-core machine: fewer of them
+CLEAN_WAIT = 60.0
+TRIAL = """
+import time, trialkit
+p = trialkit.get_next_parameter()
+time.sleep(p["seconds"])
+trialkit.report_final_result(p["x"])
+"""
+
+
+def write_experiment(folder: Path, cluster: RayCluster, opts: argparse.Namespace) -> Path:
+    folder.mkdir()
+    (folder / "trial.py").write_text(TRIAL)
+    space = {"x": {"_type": "choice", "_value": list(range(opts.trials))},
+             "seconds": {"_type": "choice", "_value": [opts.seconds]}}
+    (folder / "search_space.json").write_text(json.dumps(space))
+    config = {"experimentName": "ray-many", "searchSpaceFile": "search_space.json", "trialCommand": "python3 trial.py",
+              "trialCodeDirectory": ".", "trialConcurrency": opts.concurrency, "maxTrialNumber": opts.trials,
+              "nniManagerIp": "127.0.0.1", "tuner": {"name": "GridSearch"},
+              "trainingService": {"platform": "ray", "address": cluster.address, "cpusPerTrial": opts.cpus}}
+    path = folder / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def query(db_path: Path, sql: str) -> List[tuple]:
+    with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)) as db:
+        return db.execute(sql).fetchall()
+
+
+def list_in_process(experiment: str) -> float:
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = trialkit_main(["trial", "list", experiment])
+    elapsed = time.perf_counter() - start
+    assert code == 0, f"trial list exited {code}"
+    return elapsed * 1000
+
+
+def list_command(*args: str) -> float:
+    start = time.perf_counter()
+    subprocess.run([str(Path(sys.executable).with_name("trialkit")), "trial", "list", *args],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return (time.perf_counter() - start) * 1000
+
+
+def page_trials(experiment_dir: Path, experiment: str) -> Optional[float]:
+    """The page's trial table as the page asks for it (its token, its route); None while no manager listens."""
+    from trialkit.control.admin import read_info
+    from trialkit.web import guard
+
+    info = read_info(experiment_dir)
+    if info is None:
+        return None
+    request = urllib.request.Request(f"{info.url}/api/ui/experiments/{experiment}/trials",
+                                     headers={"Authorization": f"Bearer {guard.page_token(info.token)}"})
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            answer.read()
+    except OSError:
+        return None  # the experiment ended and its manager with it
+    return (time.perf_counter() - start) * 1000
+
+
+def bare_interpreter() -> float:
+    """The floor under any command: this Python starting and doing nothing, on the machine as loaded."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=False)
+    return (time.perf_counter() - start) * 1000
+
+
+class Sampler:
+    """Counts running trials and times trial list, in a thread, until stopped."""
+
+    def __init__(self, db_path: Path, experiment: str):
+        self.db_path, self.experiment = db_path, experiment
+        self.running: List[tuple] = []  # (time, running, submitted)
+        self.in_process: List[float] = []
+        self.page: List[float] = []
+        self.command: List[float] = []
+        self.startup: List[float] = []
+        self.interpreter: List[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_command = 0.0
+        while not self._stop.wait(SAMPLE_EVERY):
+            if not self.db_path.exists():
+                continue
+            try:
+                counts = dict(query(self.db_path, "SELECT status, COUNT(*) FROM trials GROUP BY status"))
+            except sqlite3.Error:
+                continue  # not created yet
+            self.running.append((time.monotonic(), counts.get("RUNNING", 0), sum(counts.values())))
+            self.in_process.append(list_in_process(self.experiment))
+            page = page_trials(self.db_path.parent, self.experiment)
+            if page is not None:
+                self.page.append(page)
+            if time.monotonic() >= next_command:
+                self.command.append(list_command(self.experiment))
+                self.startup.append(list_command(self.experiment + "-nosuch"))
+                self.interpreter.append(bare_interpreter())
+                next_command = time.monotonic() + COMMAND_EVERY
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def p90(values: List[float]) -> float:
+    ordered = sorted(values) or [float("inf")]
+    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+
+
+def spread(values: List[float]) -> str:
+    if not values:
+        return "no samples"
+    return (f"median {statistics.median(values):.0f} ms, p90 {p90(values):.0f} ms, max {max(values):.0f} ms "
+            f"(n={len(values)})")
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
+def check_trials(db_path: Path, trials: int) -> List[str]:
+    """What is wrong with the trials: each parameter once, SUCCEEDED, never restarted."""
+    rows = query(db_path, "SELECT parameters, status, restart_count FROM trials")
+    xs = sorted(json.loads(parameters)["x"] for parameters, _, _ in rows)
+    problems = []
+    if xs != list(range(trials)):
+        problems.append(f"{len(rows)} trials, parameters {'duplicated' if len(set(xs)) < len(xs) else 'missing'}")
+    bad = [(status, restarts) for _, status, restarts in rows if (status, restarts) != ("SUCCEEDED", 0)]
+    if bad:
+        problems.append(f"{len(bad)} trials not SUCCEEDED once: {bad[:5]}")
+    return problems
+
+
+def start_rate(db_path: Path, first: int) -> Optional[tuple]:
+    """(seconds, trials/s): from the first trial's creation until `first` trials' keepers said RUNNING;
+    None if fewer ever did. The ramp is all starts, no ends: it is Ray's start rate here."""
+    created = query(db_path, "SELECT MIN(created) FROM trials")[0][0]
+    running = sorted(row[0] for row in query(db_path, "SELECT MIN(time) FROM statuses WHERE status = 'RUNNING' "
+                                                      "GROUP BY trial"))
+    if len(running) < first:
+        return None
+    took = running[first - 1] - created
+    return took, first / took
+
+
+def start_stages(cluster: RayCluster, root: Path, count: int) -> List[str]:
+    """Where a Ray trial's start goes, on this cluster before the experiment: `count` bare actors (a Ray worker
+    process each, nothing of ours) against `count` trial actors whose keeper runs `true` (ours added: the
+    TrialRunner class, run.sh, the keeper), and the driver's calls a submit makes."""
+    import ray
+
+    from trialkit.platforms.ray import NAMESPACE, actor_options, parse_section
+    from trialkit.ray.trial_actor import TrialRunner
+
+    options = actor_options(parse_section({"platform": "ray", "cpusPerTrial": 0.08}, "bench"))
+    code = root / "stages"
+    code.mkdir()
+    ray.init(address=cluster.address, log_to_driver=False, runtime_env={"working_dir": str(code)})
+    try:
+        @ray.remote
+        class Bare:
+            def ping(self) -> int:
+                return os.getpid()
+
+        start = time.monotonic()
+        bare = [Bare.options(**options).remote() for _ in range(count)]
+        ray.get([actor.ping.remote() for actor in bare])
+        bare_rate = count / (time.monotonic() - start)
+        for actor in bare:
+            ray.kill(actor)
+        time.sleep(2.0)  # their workers go before the next batch starts its own
+
+        runner = ray.remote(TrialRunner)
+        start = time.monotonic()
+        created = []
+        for i in range(count):
+            before = time.perf_counter()
+            try:  # the name check a submit makes first (_forget_stale): a miss
+                ray.get_actor(f"stage-{i}", namespace=NAMESPACE)
+            except ValueError:
+                pass
+            looked = time.perf_counter()
+            actor = runner.options(name=f"stage-{i}", namespace=NAMESPACE, lifetime="detached",
+                                   **options).remote(f"stage {i}")
+            actor.start.remote([], {"TRIALKIT_COMMAND": "true", "TRIALKIT_TRIAL_DIR": str(code / str(i))})
+            created.append((actor, looked - before, time.perf_counter() - looked))
+        ray.get([actor.wait.remote() for actor, _, _ in created])
+        runner_rate = count / (time.monotonic() - start)
+        for actor, _, _ in created:
+            ray.kill(actor)
+    finally:
+        ray.shutdown()
+    lookup = statistics.median(looked for _, looked, _ in created) * 1000
+    create = statistics.median(made for _, _, made in created) * 1000
+    return [f"  start, {count} at once: bare Ray actors {bare_rate:.2f}/s (a worker process each); trial actors "
+            f"with their keeper run to the end {runner_rate:.2f}/s",
+            f"  submit's driver calls: name lookup {lookup:.1f} ms, named detached actor created + start sent "
+            f"{create:.1f} ms (median)"]
+
+
+def left_on(cluster: RayCluster) -> List[str]:
+    deadline = time.monotonic() + CLEAN_WAIT
+    while True:
+        left = cluster.live_actors() + cluster.training_processes()
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1.0)
+
+
+def run(opts: argparse.Namespace, root: Path, cluster: RayCluster) -> bool:
+    home = root / "home"
+    environ = dict(os.environ, TRIALKIT_HOME=str(home))
+    os.environ["TRIALKIT_HOME"] = str(home)  # the in-process trial list reads the same experiments
+    config = write_experiment(root / "exp", cluster, opts)
+    stages = start_stages(cluster, root, opts.stages) if opts.stages else []
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "trialkit.cli", "run", str(config)], env=environ,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    sampler: Optional[Sampler] = None
+    try:
+        experiment = proc.stdout.readline().split()[-1]
+        db_path = home / "experiments" / experiment / "trialkit.db"
+        sampler = Sampler(db_path, experiment)
+        out, err = proc.communicate(timeout=opts.timeout)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    took = time.monotonic() - started
+    if proc.returncode != 0:
+        print(f"trialkit run exited {proc.returncode}:\n{out[-2000:]}\n{err[-2000:]}")
+    problems = check_trials(db_path, opts.trials)
+    left = left_on(cluster)
+
+    counts = [running for _, running, _ in sampler.running]
+    peak = max(counts, default=0)
+    reached = next((i for i, c in enumerate(counts) if c >= opts.concurrency), None)
+    last_submit = max((i for i, (_, _, submitted) in enumerate(sampler.running) if submitted < opts.trials),
+                      default=len(counts) - 1)
+    window = counts[reached:last_submit + 1] if reached is not None and reached <= last_submit else counts
+    ramp = start_rate(db_path, opts.concurrency)
+    print(f"{opts.trials} trials of {opts.seconds:g} s, trialConcurrency {opts.concurrency}, cpusPerTrial {opts.cpus:g}, "
+          f"on 2 raylets of 2 CPUs: {took:.0f} s in all, trialkit run exit {proc.returncode}")
+    print(f"  trials: {'every one SUCCEEDED once' if not problems else '; '.join(problems)}")
+    print(f"  left on the cluster: {'nothing' if not left else '; '.join(left[:5])}")
+    print(f"  running at once: peak {peak}, median {statistics.median(window) if window else 0:g} "
+          f"(goal {opts.concurrency}: {verdict(peak >= opts.concurrency)})")
+    print(f"  ramp: {opts.concurrency} keepers RUNNING " + (f"{ramp[0]:.1f} s after the first trial was created "
+          f"({ramp[1]:.2f} trials started a second)" if ramp else "never"))
+    for line in stages:
+        print(line)
+    print(f"  trial list in process:      {spread(sampler.in_process)} "
+          f"(goal p90 < {LIST_GOAL_MS:g} ms: {verdict(p90(sampler.in_process) < LIST_GOAL_MS)})")
+    print(f"  the page's trial table:     {spread(sampler.page)} "
+          f"(goal p90 < {LIST_GOAL_MS:g} ms: {verdict(p90(sampler.page) < LIST_GOAL_MS)})")
+    print(f"  trial list as a command:    {spread(sampler.command)} "
+          f"(goal p90 < {LIST_GOAL_MS:g} ms: {verdict(p90(sampler.command) < LIST_GOAL_MS)})")
+    print(f"  of which the start-up:      {spread(sampler.startup)} (`trialkit trial list` of no experiment)")
+    print(f"  of which the interpreter:   {spread(sampler.interpreter)} (`python -c pass`)")
+    return proc.returncode == 0 and not problems and not left
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=40.0, help="how long each trial runs")
+    parser.add_argument("--cpus", type=float, default=0.08, help="cpusPerTrial")
+    parser.add_argument("--stages", type=int, default=30,
+                        help="first, start this many bare and trial actors to see where start time goes (0: not)")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="for the whole experiment")
+    opts = parser.parse_args()
+    imds = ImdsStub()
+    # Short: Ray's socket paths live under it and must fit a Unix socket name.
+    root = Path(tempfile.mkdtemp(prefix="tkbench-", dir="/tmp"))
+    cluster = RayCluster(root, imds)
+    try:
+        cluster.start_head()
+        cluster.start_node("node2")
+        ok = run(opts, root, cluster)
+    finally:
+        nodes = list(cluster.nodes.values())
+        try:
+            cluster.shutdown()
+        finally:
+            for node in nodes:  # each `ray start` leads its own session: whatever shutdown left goes with it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(node.process.pid, signal.SIGKILL)
+            imds.close()
+            shutil.rmtree(root, ignore_errors=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
