@@ -15,7 +15,8 @@ of load the drivers stop appending and the shippers deliver what is left
 Reported: records/s acknowledged while the load ran (against what was
 offered), the acknowledgement latency of each record (from its append to the
 spool to the manager's answer that covers it: p50/p99/max), the manager's
-threads, RSS and CPU (psutil on its pid), the load processes' own CPU (what
+threads, RSS and CPU (psutil on its pid; also per batch acknowledged, the
+figure the machine's load moves least), the load processes' own CPU (what
 the generator costs this machine), failed requests by kind (refused, reset,
 timed out, non-200), and whether the store holds every record exactly once.
 
@@ -275,7 +276,9 @@ def main() -> int:
               f"(offered {opts.keepers * opts.rate:,})")
         print(f"ack latency: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {worst:.1f} ms")
         print(f"manager: threads max {max(sampler.threads, default=0)}, RSS {rss_idle / 2**20:.0f} MiB idle, "
-              f"max {max(sampler.rss, default=0) / 2**20:.0f} MiB, CPU {manager_cpu / load_seconds:.2f} cores")
+              f"max {max(sampler.rss, default=0) / 2**20:.0f} MiB, CPU {manager_cpu / load_seconds:.2f} cores "
+              f"({manager_cpu / max(1.0, accepted * load_seconds / max(1, round(opts.rate * opts.tick))) * 1e3:.2f} "
+              "ms a batch)")
         print("failed requests: " + (", ".join(f"{kind} {n}" for kind, n in sorted(failures.items())) or "none"))
         print(f"stored: {stored:,} of {offered:,} records appended, {lost:,} lost; "
               f"trials not acked to their last record: {len(short)}; left unacked after the drain: "
