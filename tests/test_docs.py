@@ -431,6 +431,13 @@ def _launcher(name: str):
     return parse
 
 
+def _ray_horovod(args: List[str], cwd: Path) -> None:
+    from trialkit.launch import grammar
+    from trialkit.ray import horovod
+
+    horovod.parse_options(grammar.parse(args, horovod.ENGINE).overrides, {})
+
+
 def _bootstrap(args: List[str], cwd: Path) -> None:
     assert args and f"\n  {args[0]})" in (ROOT / "bootstrap.sh").read_text(), f"bootstrap.sh has no {args[0]!r}"
 
@@ -454,6 +461,8 @@ def command_parser(words: List[str]):
             return _keeper, words[3:]
         if module == "trialkit.ray.adaptdl_ray":
             return _adaptdl_ray, words[3:]
+        if module == "trialkit.ray.horovod":
+            return _ray_horovod, words[3:]
         if module.startswith("trialkit.launch."):
             return _launcher(module.rsplit(".", 1)[1]), words[3:]
     return None
@@ -516,7 +525,7 @@ def test_examples(page, tmp_path):
                 parse_command(line, cwd, block.where)
 
 
-MESSAGE_PREFIXES = ("trialkit: error: ", "trialkit: ", "trialkit-keeper: ", "[trialkit-keeper] warning: ",
+MESSAGE_PREFIXES = ("trialkit: error: ", "trialkit: ", "trialkit-keeper: ", "trialkit-manager: ", "[trialkit-keeper] warning: ",
                     "[trialkit-keeper] ", "run.sh: ")
 MIN_FRAGMENT = 12  # shorter pieces ("trial", "FAILED (") are glue between the values a message holds
 
