@@ -7,9 +7,8 @@ SIGINT than on SIGTERM, so a failure stops the other workers with SIGINT.
 horovodrun decodes and prefixes the workers' output itself (and chokes on
 bytes that are not UTF-8), so wrap_rank writes to the launcher's own stdout and
 stderr instead. On several nodes, horovodrun on node 0 starts every worker
-over ssh: the launcher runs there only. With `--ray` first among the
-overrides, Ray starts the workers instead, on any nodes, without ssh
-(trialkit.launch.horovod_ray).
+over ssh: the launcher runs there only. On a Ray cluster, trialkit.ray.horovod
+starts the workers without ssh.
 """
 from __future__ import annotations
 
@@ -20,11 +19,12 @@ from typing import List, Optional, Sequence
 
 from trialkit import env
 from trialkit.errors import UserError, report_and_exit
-from trialkit.launch import horovod_ray, launcher
+from trialkit.launch import launcher
 
 PROG = "trialkit.launch.horovod"
 ENGINE = "horovodrun"
 RANK_VARS = "HOROVOD_RANK,RANK,OMPI_COMM_WORLD_RANK,PMI_RANK"
+STOP_SIGNAL = signal.SIGINT  # horovod stops more cleanly on it than on SIGTERM
 
 
 def build_command(topo: env.Topology, overrides: Sequence[str], worker: Sequence[str], mpi: bool = False,
@@ -54,15 +54,13 @@ def check_topology(topo: env.Topology) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     launch, topo = launcher.setup(PROG, ENGINE, argv)
-    if launch.overrides[:1] == (horovod_ray.FLAG,):
-        return horovod_ray.main(PROG, launch, RANK_VARS, stop_signal=signal.SIGINT)
     try:
         check_topology(topo)
     except UserError as err:
         report_and_exit(PROG, err)
     mpi = shutil.which("mpirun") is not None
     command = build_command(topo, launch.overrides, launcher.wrapped(RANK_VARS, launch), mpi)
-    return launcher.supervise(PROG, ENGINE, launch, topo, command, stop_signal=signal.SIGINT, share_output=True)
+    return launcher.supervise(PROG, ENGINE, launch, topo, command, stop_signal=STOP_SIGNAL, share_output=True)
 
 
 if __name__ == "__main__":

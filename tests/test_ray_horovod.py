@@ -1,4 +1,4 @@
-"""horovod --ray: Horovod workers started by Ray on the session's two-raylet cluster, no ssh.
+"""trialkit.ray.horovod: Horovod workers started by Ray on the session's two-raylet cluster, no ssh.
 
 The builders are tested as data; the launches are real: horovod 0.28.1 with
 gloo on the CPU, one worker on each raylet (STRICT_SPREAD), real actors.
@@ -18,9 +18,9 @@ from trialkit.errors import UserError
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("horovod") is None or importlib.util.find_spec("ray") is None,
                                 reason="needs horovod (tools/build_horovod.sh) and ray")
 
-from trialkit.launch import horovod_ray  # noqa: E402  (after the skip: it names horovod's modules)
+from trialkit.ray import horovod as horovod_ray  # noqa: E402  (after the skip: it names horovod's modules)
 
-LAUNCH = [PY, "-m", "trialkit.launch.horovod", "--ray"]
+LAUNCH = [PY, "-m", "trialkit.ray.horovod"]
 
 # -- the builders, as data ------------------------------------------------------------------------
 
@@ -72,15 +72,23 @@ def test_ranks_follow_the_bundles_and_a_worker_gets_horovodruns_gloo_variables()
     assert "CUDA_VISIBLE_DEVICES" not in with_gpu and "HOROVOD_GLOO_IFACE" not in with_gpu
 
 
-def test_a_mistake_after_ray_is_one_line_before_any_cluster(tmp_path):
+def test_a_mistake_in_the_options_is_one_line_before_any_cluster(tmp_path):
     proc = Proc([*LAUNCH, "--nodes", "two", "--", "train.py"], launch_env(tmp_path, RAY_ADDRESS="127.0.0.1:1"))
     assert proc.finish(timeout=60) == 2
-    assert proc.err_lines == ["trialkit.launch.horovod: error: --ray: argument --nodes: invalid positive int value: "
+    assert proc.err_lines == ["trialkit.ray.horovod: error: argument --nodes: invalid positive int value: "
                               "'two' "
-                              "(options after --ray: [--nodes NODES] [--workers-per-node WORKERS_PER_NODE] "
+                              "(the options: [--nodes NODES] [--workers-per-node WORKERS_PER_NODE] "
                               "[--cpus-per-worker CPUS_PER_WORKER] [--gpus-per-worker GPUS_PER_WORKER] "
                               "[--address ADDRESS] [--placement-timeout PLACEMENT_TIMEOUT] "
                               "[--working-dir WORKING_DIR])"]
+
+
+def test_a_launcher_without_ray_says_so_in_one_line(tmp_path):
+    code = "import sys; sys.modules['ray'] = None; from trialkit.ray import horovod; sys.exit(horovod.main())"
+    proc = Proc([PY, "-c", code, "train.py"], launch_env(tmp_path))
+    assert proc.finish(timeout=60) == 2
+    assert proc.err_lines == ["trialkit.ray.horovod: error: ray is not installed here "
+                              "(install it (pip install trialkit[ray]) on the launcher's node and the workers')"]
 
 
 # -- on the cluster ---------------------------------------------------------------------------------
@@ -167,7 +175,7 @@ def test_a_failing_rank_stops_the_other_and_the_launch_fails(cluster, tmp_path):
                 launch_env(tmp_path, RAY_ADDRESS=cluster.address, TRIALKIT_GRACE_SECONDS="20"))
     assert proc.finish(timeout=120) == 5, proc.err[-3000:]
     assert "[rank=1] rank 1 interrupted\n" in proc.text
-    assert proc.err_lines[-1] == (f"trialkit.launch.horovod: rank 0 failed with exit code 5 running {script}; "
+    assert proc.err_lines[-1] == (f"trialkit.ray.horovod: rank 0 failed with exit code 5 running {script}; "
                                   f"stopped the other workers")
 
 
@@ -190,7 +198,7 @@ def test_a_wedged_worker_is_killed_after_the_grace(cluster, tmp_path):
     wrap_rank.suspend()
     (tmp_path / "wedged").touch()
     assert proc.finish(timeout=120) == 5, proc.err[-3000:]
-    assert proc.err_lines[-1].startswith("trialkit.launch.horovod: rank 0 failed with exit code 5")
+    assert proc.err_lines[-1].startswith("trialkit.ray.horovod: rank 0 failed with exit code 5")
     psutil.wait_procs([wrap_rank], timeout=10)
     assert not wrap_rank.is_running()
 
@@ -236,7 +244,7 @@ def test_sigterm_to_the_launcher_reaches_every_worker_once(cluster, tmp_path):
     assert proc.finish(timeout=120) == 143, proc.err[-3000:]
     for rank in (0, 1):
         assert proc.text.count(f"[rank={rank}] rank {rank} stopping on SIGTERM\n") == 1
-    assert proc.err_lines[-1] == "trialkit.launch.horovod: stopped by SIGTERM; rank 0 ended with exit code 143"
+    assert proc.err_lines[-1] == "trialkit.ray.horovod: stopped by SIGTERM; rank 0 ended with exit code 143"
 
 
 @pytest.mark.slow
@@ -256,7 +264,7 @@ def test_more_nodes_than_the_cluster_has_is_one_line(cluster, tmp_path):
     proc = Proc([*LAUNCH, "--nodes", "3", "--placement-timeout", "2", "--", "train.py"],
                 launch_env(tmp_path, RAY_ADDRESS=cluster.address))
     assert proc.finish(timeout=120) == 1
-    assert proc.err_lines[-1] == ("trialkit.launch.horovod: --ray --nodes: the cluster has no room for 3 x "
+    assert proc.err_lines[-1] == ("trialkit.ray.horovod: --nodes: the cluster has no room for 3 x "
                                   "{'CPU': 1.0} on distinct nodes after 2 s (use fewer nodes or smaller workers, or add nodes)")
 
 
@@ -293,7 +301,7 @@ def test_a_ray_trial_trains_across_nodes_with_its_code_shipped(cluster, tmp_path
     ray_platform = load("ray")
     platform = ray_platform.Platform(ray_platform.parse_section({"platform": "ray", "address": cluster.address},
                                                                 "trainingService"), tmp_path / "exp")
-    command = "python3 -m trialkit.launch.horovod --ray --nodes 2 --working-dir . -- train.py"
+    command = "python3 -m trialkit.ray.horovod --nodes 2 --working-dir . -- train.py"
     try:
         handle = platform.submit(TrialSpec("exp", "hvd", 0, command, env=contract, code_dir=str(code)))
         wait_until(lambda: platform.status(handle).status in FINAL_STATUSES, 300, "the trial to end", every=0.5)

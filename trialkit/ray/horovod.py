@@ -1,11 +1,14 @@
 """Horovod on a Ray cluster, no ssh:
 
-    python -m trialkit.launch.horovod --ray [RAY_OPTIONS...] -- (--trial TRIAL)|(SCRIPT...)
+    python -m trialkit.ray.horovod [[RAY_OPTIONS...] --] (--trial TRIAL)|(SCRIPT...)
+
+The launchers' command line (trialkit.launch.grammar); the overrides are the
+options below, for Ray's placement instead of an engine's.
 
 Ray starts the workers and Horovod's own gloo rendezvous connects them, as
 horovodrun does over ssh: place --nodes bundles of --workers-per-node workers
-on distinct nodes (a STRICT_SPREAD placement group), one RayWorker actor per
-worker (trialkit.launch.ray_worker), ask each where it runs, assign the ranks
+on distinct nodes (a STRICT_SPREAD placement group), one RankWorker actor per
+worker (trialkit.ray.rank_worker), ask each where it runs, assign the ranks
 with Horovod's host assignment, serve Horovod's rendezvous from this process
 on its node's address, and start every worker as `python -m wrap_rank ...`
 with the variables horovodrun gives a gloo worker. Then supervise: relay each
@@ -22,6 +25,7 @@ prefixes and deduplicates lines. docs/launchers.md says more.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -31,12 +35,15 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import env
+from trialkit import trial as trials
 from trialkit.errors import UserError, report_and_exit
-from trialkit.launch import grammar, launcher
+from trialkit.launch import grammar, horovod, launcher
 from trialkit.launch.wrap_rank import _writev_all  # the same whole-line writes as every rank's prefixer
 from trialkit.process import FORWARDED_SIGNALS, STOP_SIGNALS
+from trialkit.ray import connect
 
-FLAG = "--ray"
+PROG = "trialkit.ray.horovod"
+ENGINE = "ray"
 TICK = 0.2  # Ray futures have no fd to select on: how often the loop looks at signals and the grace
 RAY_ONLY = ("RAY_", )  # a Ray process's own variables (job id, raylet pid): each worker keeps its node's
 NODE_ONLY = ("CUDA_VISIBLE_DEVICES", env.LAUNCH_SOCKET, "PWD")
@@ -59,12 +66,16 @@ class Options:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
-        raise UserError(message, FLAG, "options after --ray: " + self.format_usage().split(" ", 2)[-1].strip())
+        raise UserError(message, fix="the options: " + self.format_usage().split(" ", 2)[-1].strip())
 
 
 def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
-    """The options between --ray and --; the address defaults to $RAY_ADDRESS, else auto."""
-    parser = _Parser(prog=FLAG, add_help=False, allow_abbrev=False)
+    """The overrides (before --); the address defaults to $RAY_ADDRESS, else auto."""
+    return Options(**vars(_parser(environ).parse_args(list(argv))))
+
+
+def _parser(environ: Mapping[str, str]) -> _Parser:
+    parser = _Parser(prog=PROG, add_help=False, allow_abbrev=False)
     parser.add_argument("--nodes", type=_positive(int), default=1)
     parser.add_argument("--workers-per-node", type=_positive(int), default=1)
     parser.add_argument("--cpus-per-worker", type=_positive(float, zero=True), default=1.0)
@@ -72,7 +83,7 @@ def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
     parser.add_argument("--address", default=environ.get("RAY_ADDRESS") or "auto")
     parser.add_argument("--placement-timeout", type=_positive(float), default=60.0)
     parser.add_argument("--working-dir", type=_directory)
-    return Options(**vars(parser.parse_args(list(argv))))
+    return parser
 
 
 def _positive(kind, zero: bool = False):
@@ -132,40 +143,52 @@ def worker_environ(base: Mapping[str, str], slot, rendezvous: Tuple[str, int], i
 
 # -- the story ------------------------------------------------------------------------------------
 
-def main(prog: str, launch: grammar.Launch, rank_vars: str, stop_signal: int) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if grammar.wants_help(argv):
+        print(grammar.usage(PROG, ENGINE))
+        print("RAY_OVERRIDES: " + _parser(os.environ).format_usage().split(" ", 2)[-1].strip())
+        raise SystemExit(0)
     try:
-        options = parse_options(launch.overrides[1:], os.environ)
-        connect(options)
+        launch = grammar.parse(argv, ENGINE)
+        if launch.trial:
+            trials.check_spec(launch.trial)
+        options = parse_options(launch.overrides, os.environ)
+        check_installed()
+        join(options)
     except UserError as err:
-        report_and_exit(prog, err)
+        report_and_exit(PROG, err)
     import ray
 
-    job = Job(prog, launch.describe(), env.read().grace_seconds, stop_signal)
+    job = Job(PROG, launch.describe(), env.read().grace_seconds, horovod.STOP_SIGNAL)
     try:
         try:
             job.place(options)
         except UserError as err:
-            print(f"{prog}: {err.line()}", file=sys.stderr, flush=True)
+            print(f"{PROG}: {err.line()}", file=sys.stderr, flush=True)
             return 1
-        job.start([sys.executable, *launcher.wrapped(rank_vars, launch)], options)
+        job.start([sys.executable, *launcher.wrapped(horovod.RANK_VARS, launch)], options)
         return job.supervise()
     finally:
         # Ray ends a job's actors and placement group with it: nothing outlives the launcher.
         ray.shutdown()
 
 
-def connect(options: Options) -> None:
-    """Join the cluster as a driver; Ray ships --working-dir to every worker as their working dir."""
-    import ray
+def check_installed() -> None:
+    for module, how in (("ray", "pip install trialkit[ray]"), ("horovod", "tools/build_horovod.sh")):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise UserError(f"{module} is not installed here",
+                            fix=f"install it ({how}) on the launcher's node and the workers'") from None
 
-    runtime_env = {"working_dir": options.working_dir} if options.working_dir else None
-    try:
-        # Our stdout is the workers' lines only: Ray's own forwarding of them is off.
-        ray.init(address=options.address, runtime_env=runtime_env, log_to_driver=False, logging_level="WARNING")
-    except ConnectionError as err:
-        raise UserError(f"cannot connect to the Ray cluster at {options.address}: {str(err).splitlines()[0]}",
-                        f"{FLAG} --address", "give the head's address (HOST:6379), or run on a node of the cluster") \
-            from None
+
+def join(options: Options) -> None:
+    """Join the cluster as a driver; Ray ships --working-dir to every worker as their working dir."""
+    # Our stdout is the workers' lines only: Ray's own forwarding of them is off.
+    connect.connect(connect.parse_address(options.address, "--address"), "--address",
+                    runtime_env=connect.runtime_env(options.working_dir), log_to_driver=False,
+                    logging_level="WARNING")
 
 
 @dataclass
@@ -201,15 +224,15 @@ class Job:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from trialkit.launch.ray_worker import RayWorker
+        from trialkit.ray.rank_worker import RankWorker
 
         group = placement_group(bundles(options), strategy="STRICT_SPREAD")
         ready, _ = ray.wait([group.ready()], timeout=options.placement_timeout)
         if not ready:
             raise UserError(f"the cluster has no room for {options.nodes} x {bundles(options)[0]} on distinct nodes "
-                            f"after {options.placement_timeout:g} s", f"{FLAG} --nodes",
+                            f"after {options.placement_timeout:g} s", "--nodes",
                             "use fewer nodes or smaller workers, or add nodes")
-        remote = ray.remote(RayWorker)
+        remote = ray.remote(RankWorker)
         for rank in range(options.world_size):
             strategy = PlacementGroupSchedulingStrategy(group, rank // options.workers_per_node)
             actor = remote.options(num_cpus=options.cpus_per_worker, num_gpus=options.gpus_per_worker,
@@ -333,3 +356,7 @@ def _write(fd: int, data: bytes) -> None:
         _writev_all(fd, [data])
     except OSError:
         pass  # our reader is gone (BrokenPipeError): the workers go on
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """One launcher worker on a Ray node: an actor that runs one wrap_rank there.
 
-The launcher (trialkit.launch.horovod_ray) places these actors and talks to
+The launcher (trialkit.ray.horovod) places these actors and talks to
 them only through their methods: where() (the node, for the rendezvous plan),
 start() (wrap_rank in its own session, its stdout and stderr into pipes),
 read() (the output that came, in whole lines, so that two ranks' lines never
@@ -37,7 +37,7 @@ def interface_of(address: str, interfaces: Mapping[str, Sequence]) -> Optional[s
     return None
 
 
-class RayWorker:
+class RankWorker:
     def __init__(self) -> None:
         self._child: Optional[Child] = None
         self._pending: Dict[int, bytearray] = {}  # stream -> bytes read, not yet handed out
