@@ -91,6 +91,14 @@ def test_a_launcher_without_ray_says_so_in_one_line(tmp_path):
                               "(install it (pip install trialkit[ray]) on the launcher's node and the workers')"]
 
 
+def test_an_address_that_does_not_answer_is_one_line_in_seconds(tmp_path):
+    proc = Proc([*LAUNCH, "--address", "127.0.0.1:1", "--", "train.py"], launch_env(tmp_path))
+    assert proc.finish(timeout=60) == 2
+    assert proc.err_lines == ["trialkit.ray.horovod: error: --address: cannot reach the Ray cluster at 127.0.0.1:1 "
+                              "(Connection refused) (check the address, and that the head node is up and its port "
+                              "is open to this machine)"]
+
+
 # -- on the cluster ---------------------------------------------------------------------------------
 
 TRAIN = """
