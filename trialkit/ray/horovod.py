@@ -66,7 +66,10 @@ class Options:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
-        raise UserError(message, fix="the options: " + self.format_usage().split(" ", 2)[-1].strip())
+        raise UserError(message, fix="the options: " + self.options())
+
+    def options(self) -> str:
+        return self.format_usage().split(" ", 2)[-1].strip()  # the usage line without "usage: PROG"
 
 
 def parse_options(argv: Sequence[str], environ: Mapping[str, str]) -> Options:
@@ -147,7 +150,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if grammar.wants_help(argv):
         print(grammar.usage(PROG, ENGINE))
-        print("RAY_OVERRIDES: " + _parser(os.environ).format_usage().split(" ", 2)[-1].strip())
+        print("RAY_OVERRIDES: " + _parser(os.environ).options())
         raise SystemExit(0)
     try:
         launch = grammar.parse(argv, ENGINE)
