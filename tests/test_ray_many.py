@@ -6,12 +6,22 @@ the first ten can only get past that together, so the experiment succeeds
 only if ten ran at once (no clock involved). Then every trial SUCCEEDED, ran
 once (one marker each, restart count 0, one final result stored), and nothing
 is left on the cluster. bench/bench_ray_many.py runs the 200 trials at 50.
+
+A submit creates the trial's named actor without looking its name up first;
+a name still held by an actor an earlier control plane left (its trial ended
+while nobody collected it) is freed, and the trial starts.
 """
 from __future__ import annotations
 
 import pytest
 
 from experiment_util import cli, experiment, experiment_id, export, stored
+from harness import Manager, wait_until
+from test_ray_platform import REPORTING, WHERE, final, spec
+from trialkit import records
+from trialkit.platforms import load
+from trialkit.platforms.ray import parse_section
+from trialkit.statuses import SUCCEEDED
 
 pytestmark = pytest.mark.slow
 
@@ -54,3 +64,27 @@ def test_twenty_ray_trials_ten_at_once_each_once_nothing_left(ray_cluster, tmp_p
         "each trial's command ran once"
     assert stored(home, exp, "SELECT COUNT(*) FROM records WHERE type='FINAL'")[0][0] == TRIALS
     ray_cluster.wait_clean()
+
+
+def test_a_trial_whose_name_an_earlier_actor_holds_starts_again(ray_cluster, tmp_path):
+    import ray
+
+    manager = Manager(tmp_path / "manager").start()
+    code = tmp_path / "code"
+    code.mkdir()
+    config = parse_section({"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 0.08}, WHERE)
+    earlier, later = (load("ray").Platform(config, tmp_path / "exp") for _ in range(2))
+    earlier.on_end = later.on_end = lambda handle: None
+    try:
+        again = spec("again", REPORTING, code, manager)
+        earlier.submit(again)
+        # Its result is never collected (that control plane is gone): its actor lives on, holding the name.
+        wait_until(lambda: [r for r in manager.store.records_for("again") if r["type"] == records.FINAL], 60,
+                   "the first run's final result", every=0.2)
+        assert later.submit(again) == "again"
+        assert final(later, "again").status == SUCCEEDED
+        assert len([r for r in manager.store.records_for("again") if r["type"] == records.FINAL]) == 2
+    finally:
+        manager.close()
+        ray.shutdown()
+    ray_cluster.wait_clean()  # the earlier actor went, the later one was released

@@ -178,13 +178,23 @@ class Platform(PlatformBase):
         return str(dest)
 
     def submit(self, spec: TrialSpec) -> str:
+        import ray
+
         runner_class = self._connect(spec.code_dir)
-        self._forget_stale(spec.trial_id)
-        actor = runner_class.options(name=actor_name(spec.trial_id), namespace=NAMESPACE, lifetime="detached",
-                                     **actor_options(self.config)).remote(f"trial {spec.trial_id}")
+        try:
+            actor = self._create(runner_class, spec.trial_id)
+        except ray.exceptions.ActorAlreadyExistsError:  # by an actor an earlier run of this trial left
+            self._forget_stale(spec.trial_id)
+            actor = self._create(runner_class, spec.trial_id)
         actor.start.remote([], self._environ(spec))
         self._follow(spec.trial_id, actor)
         return spec.trial_id
+
+    def _create(self, runner_class: Any, handle: str) -> Any:
+        # Ray registers a named actor with the GCS before it returns, refusing a name in use
+        # (ActorAlreadyExistsError): one round trip a submit, where looking the name up first took two.
+        return runner_class.options(name=actor_name(handle), namespace=NAMESPACE, lifetime="detached",
+                                    **actor_options(self.config)).remote(f"trial {handle}")
 
     def _follow(self, handle: str, actor: Any) -> _Trial:
         trial = self._trials[handle] = _Trial(actor, actor.started.remote(), actor.wait.remote())
