@@ -17,8 +17,10 @@ regression, 512 samples, global batch 32, 20 ms of work a step), 2 workers of
              at a step that rank 0 picks and broadcasts (as AdaptDL's replicas
              agree on theirs); after a restart it resumes at the checkpoint's
              batch. `--checkpoint-every 0`: neither system checkpoints.
-A sample: a fresh job; once it trains on 2 workers, --train-before seconds of
-training; then every process of node2 SIGKILLed at once. Measured from the
+A sample: a fresh job; once it trains on 2 workers (Ray Train may start on 1
+while the node2 just started is not in its view yet, and grows at its next
+resize check, 60 s), --train-before seconds of training; then every process
+of node2 SIGKILLed at once. Measured from the
 kill, as each system's own output shows it (Ray's log forwarding included):
   - training again: rank 0's "starting at epoch" of the restart on 1 worker
     (the checkpoint is loaded; the first step follows);
@@ -350,7 +352,8 @@ def report(results: Dict[str, List[Dict[str, float]]], opts: argparse.Namespace)
         return ", ".join(f"{s[key]:.1f}" for s in results[name])
 
     loads = [s["load"] for samples in results.values() for s in samples]
-    print(f"\nnode2 SIGKILLed after {opts.train_before:g} s on 2 workers, checkpoints every {opts.checkpoint_every:g} s;"
+    checkpoints = f"checkpoints every {opts.checkpoint_every:g} s" if opts.checkpoint_every > 0 else "no checkpoints"
+    print(f"\nnode2 SIGKILLed after {opts.train_before:g} s on 2 workers, {checkpoints};"
           f" medians of {opts.runs} (1-min load at the kills {min(loads):.1f}-{max(loads):.1f}, 2 cores)")
     met = True
     for key, what, goal, issue in (("again", "node loss -> training again", GOAL_AGAIN, 18),
