@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import env
 from trialkit.launch.link import Connection, Listener
@@ -241,15 +241,12 @@ class Supervisor:
 
     def _outcome(self) -> Tuple[int, str]:
         if self.failed:
-            w = self.failed
-            # Said only when we did it: an engine that tears its workers down itself must not pass for us.
-            stopped = "; stopped the other workers" if any(o.asked_to_stop for o in self.workers.values()) else ""
-            return w.exit_code or 1, f"rank {w.rank} failed with {w.describe()} running {self.script}{stopped}"
+            return failed_verdict(self.failed, self.workers.values(), self.script)
         if self.stopped_by:
             name = signal.Signals(self.stopped_by).name
-            first = next((w for w in self.ended if w.exit_code), None)
+            first = stopped_verdict(self.stopped_by, self.ended)
             if first:
-                return first.exit_code, f"stopped by {name}; rank {first.rank} ended with {first.describe()}"
+                return first
             if not self.workers or any(w.lost for w in self.workers.values()):
                 return 128 + self.stopped_by, f"stopped by {name} running {self.script}"
             return 0, ""
@@ -258,6 +255,21 @@ class Supervisor:
             return code, f"{self.engine_name} failed with {describe_exit(code)} before any worker did, " \
                          f"running {self.script}"
         return 0, ""
+
+
+def failed_verdict(failed: Any, workers: Iterable[Any], script: str) -> Tuple[int, str]:
+    """The exit code and line when rank `failed` failed first; the other workers were
+    stopped only if we said so: an engine that tears its workers down must not pass for us."""
+    stopped = "; stopped the other workers" if any(w.asked_to_stop for w in workers) else ""
+    return failed.exit_code or 1, f"rank {failed.rank} failed with {failed.describe()} running {script}{stopped}"
+
+
+def stopped_verdict(signum: int, ended: Iterable[Any]) -> Optional[Tuple[int, str]]:
+    """After a stop signal: the first worker that ended with a code of its own, if any."""
+    first = next((w for w in ended if w.exit_code), None)
+    if first is None:
+        return None
+    return first.exit_code, f"stopped by {signal.Signals(signum).name}; rank {first.rank} ended with {first.describe()}"
 
 
 def _kill(pid: int, signum: int) -> None:

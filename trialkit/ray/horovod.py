@@ -38,6 +38,7 @@ from trialkit import env
 from trialkit import trial as trials
 from trialkit.errors import UserError, report_and_exit
 from trialkit.launch import grammar, horovod, launcher
+from trialkit.launch.supervisor import failed_verdict, stopped_verdict
 from trialkit.launch.wrap_rank import _writev_all  # the same whole-line writes as every rank's prefixer
 from trialkit.process import FORWARDED_SIGNALS, STOP_SIGNALS
 from trialkit.ray import connect
@@ -332,14 +333,9 @@ class Job:
 
     def _outcome(self) -> Tuple[int, str]:
         if self.failed:
-            w = self.failed
-            stopped = "; stopped the other workers" if any(o.asked_to_stop for o in self.workers) else ""
-            return w.exit_code or 1, f"rank {w.rank} failed with {w.describe()} running {self.script}{stopped}"
+            return failed_verdict(self.failed, self.workers, self.script)
         if self.stopped_by:
-            first = next((w for w in self.workers if w.exit_code), None)
-            name = signal.Signals(self.stopped_by).name
-            if first:
-                return first.exit_code, f"stopped by {name}; rank {first.rank} ended with {first.describe()}"
+            return stopped_verdict(self.stopped_by, self.workers) or (0, "")
         return 0, ""
 
 
