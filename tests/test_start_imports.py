@@ -63,7 +63,8 @@ def test_trial_list_as_a_command_leaves_the_manager_side_out(tmp_path):
     # start-up is most of its answer time (bench/bench_ray_many.py).
     code = "import trialkit.cli\ntry:\n    trialkit.cli.main(['trial', 'list', 'nosuch'])\nexcept SystemExit:\n    pass"
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRIALKIT_HOME=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", PROBE, code, *MANAGER_SIDE], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", PROBE, code, *MANAGER_SIDE], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
     assert "no experiment 'nosuch'" in done.stderr, done.stderr
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == {}, f"trial list loads {loaded} (module: imported by)"
