@@ -174,8 +174,13 @@ def test_the_manager_outlives_a_store_disk_that_takes_no_writes(tmp_path, fault,
                        "the manager's line about its disk")
             page = [line.split()[-1] for line in (tmp_path / "run.out").read_text().splitlines()
                     if line.startswith("page: ")][0]
-            problem = page_get(page, "/api/ui/info")["disk"]
-            assert problem and ("full" in problem if fault == "ENOSPC" else "read-only" in problem), problem
+            # On the same disk a keeper that exits frees a block (its pidfile), and the manager's probe may
+            # pass before the next write fails again: the page says so while the condition holds.
+            seen = []
+            wait_until(lambda: seen.append(page_get(page, "/api/ui/info")["disk"]) or seen[-1] is not None,
+                       TIMEOUT, "the page's disk line")
+            problem = seen[-1]
+            assert "full" in problem if fault == "ENOSPC" else "read-only" in problem, problem
             assert run.poll() is None, "the manager died"
             statuses = dict(stored(db, "SELECT id, status FROM trials"))
             assert statuses[trial[1]] != "FAILED" and stored(db, "SELECT COUNT(*) FROM records")[0][0] < 40
@@ -197,7 +202,9 @@ def test_the_manager_outlives_a_store_disk_that_takes_no_writes(tmp_path, fault,
         statuses = dict(stored(db, "SELECT id, status FROM trials"))
         sent = {t: channel_records(trials_dir / t / ".trialkit" / "channel") for t in trial}
     assert "Traceback" not in log, log
-    assert log.count("cannot write the store") == 1 and log.count("takes writes again; going on") == 1, log
+    faults, mended = log.count("cannot write the store"), log.count("takes writes again; going on")
+    # One line each way; on the same disk the condition may come and go with the keepers' own files.
+    assert faults == mended and (faults == 1 if trials_on == "another disk" else faults >= 1), log
     assert statuses == {trial[0]: "SUCCEEDED", trial[1]: "SUCCEEDED"}
     for t in trial:
         kept = [(kind, json.loads(value)) for who, kind, value in rows if who == t]
