@@ -15,6 +15,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -164,6 +165,32 @@ def test_connections_over_the_bound_are_closed_and_the_rest_served(store):
         for sock in held:
             sock.close()
         server.stop()
+
+
+def test_ctrl_c_as_a_connection_starts_ends_the_serving_and_frees_its_slot_once(store, monkeypatch):
+    # `trialkit ui` serves in its main thread and ends on Ctrl-C; the signal may land inside
+    # Thread.start(), after the connection's thread runs. CI saw that Ctrl-C turned into
+    # "Semaphore released too many times", which serve_forever swallowed: the page never ended.
+    server = ManagerServer(store, max_connections=2)
+    httpd = server._httpd
+    real_start = threading.Thread.start
+
+    def start_then_interrupt(thread):
+        real_start(thread)
+        thread.join()  # the connection's thread ends first, as it did in CI
+        raise KeyboardInterrupt
+
+    host, port = server.url.rsplit("/", 1)[1].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        client.sendall(b"GET /api/v1/trials/t1/parameters HTTP/1.1\r\nHost: x\r\n"
+                       b"Authorization: Bearer token-1\r\nConnection: close\r\n\r\n")
+        monkeypatch.setattr(threading.Thread, "start", start_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            httpd.handle_request()
+        monkeypatch.undo()
+        assert client.recv(100).startswith(b"HTTP/1.1 200")  # the connection's thread served it
+    wait_until(lambda: httpd._slots._value == 2, 10, "the slot to be freed")
+    httpd.server_close()
 
 
 def test_a_client_dribbling_its_headers_is_cut_off(store):

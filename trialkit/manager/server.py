@@ -314,17 +314,22 @@ class _Server(ThreadingHTTPServer):
         if not self._slots.acquire(blocking=False):
             self.shutdown_request(request)
             return
+        slot = _Slot(self._slots)
+        worker = threading.Thread(target=self._serve_one, args=(request, client_address, slot), daemon=True)
         try:
-            super().process_request(request, client_address)
+            worker.start()
         except BaseException:
-            self._slots.release()  # no thread started to release it
+            # A thread that cannot start frees its slot here. Ctrl-C lands in start()'s wait, when
+            # the thread may already run and free it too: the slot is freed once, and the
+            # KeyboardInterrupt goes on up so serve_forever ends (`trialkit ui` stops on Ctrl-C).
+            slot.release()
             raise
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _serve_one(self, request: Any, client_address: Any, slot: "_Slot") -> None:
         try:
-            super().process_request_thread(request, client_address)
+            self.process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            slot.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that vanished or spoke no TLS is no news; a bug in a handler is answered 500 before this.
@@ -510,3 +515,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class _Slot:
+    """One connection's place under max_connections, freed at most once, by whichever path frees it first."""
+
+    def __init__(self, slots: threading.BoundedSemaphore):
+        self._slots = slots
+        self._lock = threading.Lock()
+        self._held = True
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._slots.release()
