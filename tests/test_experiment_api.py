@@ -154,6 +154,19 @@ def test_every_member_against_a_running_experiment(tmp_path):
         viewed.stop()
 
 
+def test_stop_ends_a_page_that_does_not_end_on_ctrl_c(monkeypatch):
+    import trialkit.experiment as experiment_module
+    monkeypatch.setattr(experiment_module, "ENDING_WAIT", 0.5)
+    exp = Experiment(None, id="viewed")
+    exp._viewer = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                               "print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert exp._viewer.stdout.readline() == "ready\n"
+    viewer = exp._viewer
+    exp.stop()
+    assert viewer.returncode == -9 and exp._viewer is None
+
+
 def test_run_waits_and_returns_true_and_the_context_manager_stops_a_running_experiment(tmp_path):
     (tmp_path / "gate").touch()
     exp = gated_experiment(tmp_path, max_trial_number=2)

@@ -311,7 +311,11 @@ class Experiment:
         atexit.unregister(self.stop)
         if self._viewer is not None:
             self._viewer.send_signal(signal.SIGINT)  # `trialkit ui` ends on Ctrl-C
-            self._viewer.wait()
+            try:
+                self._viewer.wait(ENDING_WAIT)
+            except subprocess.TimeoutExpired:  # it only serves a page: nothing is lost by killing it
+                self._viewer.kill()
+                self._viewer.wait()
             self._viewer.stdout.close()
             self._viewer = None
         elif self._manager_info() is not None:
