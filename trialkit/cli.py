@@ -339,6 +339,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         trial = _trial(store, opts.trial_id)
         row = next(r for r in trial_rows(store, trial["experiment"]) if r["trial_id"] == opts.trial_id)
         history = store.status_history(opts.trial_id)
+        elastic = store.records_for(opts.trial_id, type=records.ELASTIC)[-1:]
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
         f"status         {label(row['status'])}" + (f": {row['reason']}" if row["reason"] else ""),
@@ -351,6 +352,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         f"final          {records.dumps(row['final'])}",
         f"intermediate   {records.dumps(row['intermediate'])}",
         f"dir            {row['trial_dir']}",
+        *(_elastic_block(rec) for rec in elastic),
         "history:",
     ]
     if row["gpus"] is not None:
@@ -363,6 +365,19 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
               for h in history]
     print("\n".join(line.rstrip() for line in lines))
     return 0
+
+
+def _elastic_block(rec: Dict[str, Any]) -> str:
+    """An elastic job's last sizing decision (adaptdl-ray's ELASTIC record), as trial show prints it."""
+    value = rec["value"]
+    predicted = sorted((int(count), speedup) for count, speedup in value["predicted"].items())
+    return "\n".join([
+        "elastic:",
+        f"  workers      {value['workers']}",
+        "  predicted    " + ("  ".join(f"{count}: {speedup:.2f}x" for count, speedup in predicted)
+                             + " (speedup over one worker)" if predicted else "- (no hints yet)"),
+        f"  last         {when(rec['time'])}  {value['reason']}",
+    ])
 
 
 def cmd_trial_logs(opts: argparse.Namespace) -> int:
@@ -707,7 +722,9 @@ def build_parser() -> ArgumentParser:
                             "One line per trial: status, final metric, steps reported, duration, parameters.",
                             aliases=["ls"]))
     _trial_id(_command(sub, "show", cmd_trial_show, "show one trial",
-                       "The trial's status, exit code, parameters, metrics, dir and status history."))
+                       "The trial's status, exit code, parameters, metrics, dir and status history; for an elastic "
+                       "AdaptDL job (adaptdl-ray), its workers now, the speedup the goodput model predicts for each "
+                       "count and why it last rescaled."))
     logs = _trial_id(_command(sub, "logs", cmd_trial_logs, "print a trial's output",
                               "The trial's output as its keeper shipped it to the manager, on every platform "
                               "(stdout and stderr, in chunks of whole lines; each distributed worker's lines "

@@ -6,7 +6,9 @@ to (the trial's restart count: a restarted trial numbers its steps from 0
 again, and runs are kept apart); unlike NNI's wire form,
 `value` is the metric itself (a number or a dict with a "default" key), not
 the metric dumped to a string again. A status record is `{"type": "STATUS",
-"value": {"status", ...}}`. On the way to the manager the keeper adds `seq`,
+"value": {"status", ...}}`; an ELASTIC record (an elastic job's sizing
+decision) is shaped as a metric but shown, never fed to tuners, assessors or
+metric views. On the way to the manager the keeper adds `seq`,
 its own sequence number, which the manager dedupes on.
 
 Three framings reach the keeper:
@@ -54,9 +56,13 @@ PERIODICAL = "PERIODICAL"
 FINAL = "FINAL"
 STATUS = "STATUS"
 LOG = "LOG"  # a chunk of the trial's output: {"stream": "stdout"|"stderr", "text": whole lines}
+# An elastic job's sizing decision (adaptdl-ray): {"workers": N, "predicted": {"N": speedup over one
+# worker, ...}, "reason": "..."}. For people (trial show, the page): never a metric.
+ELASTIC = "ELASTIC"
 REJECTED = "REJECTED"  # the store's type for a record the manager refused (never sent as one)
 METRIC_TYPES = (PERIODICAL, FINAL)
-RECORD_TYPES = (PERIODICAL, FINAL, STATUS, LOG)
+TRIAL_TYPES = (PERIODICAL, FINAL, ELASTIC)  # what a trial writes itself (the keeper makes STATUS and LOG)
+RECORD_TYPES = (PERIODICAL, FINAL, STATUS, LOG, ELASTIC)
 LOG_STREAMS = ("stdout", "stderr")
 NNI_REQUEST_PARAMETER = "REQUEST_PARAMETER"  # NNI asks for parameters; the keeper wrote them before start
 STATUSES = (WAITING, RUNNING, SUCCEEDED, FAILED, USER_CANCELED, SYS_CANCELED, EARLY_STOPPED, PREEMPTED)
@@ -200,7 +206,7 @@ def normalize(obj: Any, source: str, run: Optional[int] = None) -> Optional[Dict
     kind = obj.get("type")
     if kind == NNI_REQUEST_PARAMETER:
         return None
-    if kind not in METRIC_TYPES:
+    if kind not in TRIAL_TYPES:
         raise BadRecord(f"unknown record type {kind!r:.40}")
     if "value" not in obj:
         raise BadRecord("no value")
@@ -267,6 +273,19 @@ def _field_problem(name: str, value: Any, kind: type) -> Optional[str]:
     return f"{name} {value!r:.40} has the wrong type ({'an integer' if kind is int else 'text'} or null)"
 
 
+def _elastic_problem(value: Any) -> Optional[str]:
+    """Why an ELASTIC value cannot be shown, or None: a worker count, speedups by count, a reason."""
+    if (type(value) is not dict or not in_int64(value.get("workers")) or value["workers"] < 0
+            or type(value.get("predicted")) is not dict or type(value.get("reason")) is not str):
+        return 'an ELASTIC value is {"workers": N, "predicted": {"N": speedup, ...}, "reason": "..."}'
+    for count, speedup in value["predicted"].items():
+        if not (count.isascii() and count.isdigit()) or type(speedup) not in (int, float) or speedup - speedup != 0:
+            return f"predicted {count!r:.20}: {speedup!r:.20} is not a worker count and a finite speedup"
+    if _bad_text(value["reason"]):
+        return "the reason is not valid Unicode text"
+    return None
+
+
 def record_problem(rec: Dict[str, Any]) -> Optional[str]:
     """Why a record (with or without its seq) cannot be stored, or None when it can. Exact type checks: hot path."""
     kind = rec.get("type")
@@ -287,6 +306,10 @@ def record_problem(rec: Dict[str, Any]) -> Optional[str]:
             return 'a LOG value is {"stream": "stdout" or "stderr", "text": "..."}'
         if _bad_text(value["text"]):
             return "the log text is not valid Unicode"
+    elif kind == ELASTIC:
+        problem = _elastic_problem(value)
+        if problem:
+            return problem
     elif not depth_ok(value):
         return f"value nests deeper than {MAX_DEPTH} levels"
     for key in ("sequence", "run"):

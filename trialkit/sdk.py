@@ -3,6 +3,8 @@
 It reads the environment contract once, then serves parameters, encodes each
 metric into one channel frame (one write, no lock, no network) and answers
 should_preempt() from the stop file the keeper creates on SIGTERM/SIGINT.
+`report_elastic` is not training code's: adaptdl-ray tells the trial's
+manager, through the same channel, how it sized its elastic job.
 
 Outside a keeper (a script run by hand) it works standalone: parameters come
 from TRIALKIT_PARAMETERS or are empty, and each metric is printed and appended
@@ -14,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Dict, Optional, Set, TextIO
+from typing import Any, Dict, Mapping, Optional, Set, TextIO
 
 from trialkit import env, records
 from trialkit.channel import ChannelWriter
@@ -41,6 +43,7 @@ class Session:
                  "trial_job_id": trial.trial_id, "run": trial.restart_count}
         if trial.report_all_ranks:
             ident["rank"] = trial.rank
+        self._ident = ident
         self._tail = records.dumps(ident)[1:]
 
     @classmethod
@@ -99,6 +102,26 @@ class Session:
             self._warn("encode", f"a metric cannot be written as JSON ({_show(err)}); it is lost")
             return None
 
+    # -- an elastic job's sizing -------------------------------------------------------
+    def report_elastic(self, workers: int, predicted: Mapping[int, float], reason: str) -> None:
+        """Append one ELASTIC record to the channel; outside a keeper nothing (adaptdl-ray prints its decisions).
+
+        Whatever rank the environment names: the controller, not a worker, speaks for the job here.
+        """
+        if self.standalone:
+            return
+        try:
+            value = {"workers": int(workers), "predicted": {str(int(n)): float(x) for n, x in predicted.items()},
+                     "reason": str(reason)}
+        except (AttributeError, TypeError, ValueError, OverflowError) as err:  # None, text, inf: the caller's slip
+            self._warn("elastic", f"a sizing decision is not a count, speedups and a reason ({_show(err)}); it is lost")
+            return
+        rec = {"type": records.ELASTIC, "time": time.time(), "value": value, **self._ident}
+        try:
+            self._channel.write(records.frame(records.dumps(rec)))
+        except OSError as err:
+            self._warn("write", f"cannot write to {self.trial.channel} ({err.strerror}); a sizing decision is lost")
+
     # -- stopping ---------------------------------------------------------------
     def should_preempt(self) -> bool:
         """True once a stop was asked: one stat(2) a call until then, nothing after."""
@@ -125,6 +148,16 @@ class Session:
             print(f"trialkit: {message}", file=self._err or sys.stderr, flush=True)
         except (OSError, ValueError):
             pass  # stderr closed: nothing left to tell
+
+
+def report_elastic(workers: int, predicted: Mapping[int, float], reason: str) -> None:
+    """An elastic job's sizing now: its workers, the predicted speedup over one worker by count, why.
+
+    Shown by `trialkit trial show` and the page; never raises, never a metric.
+    """
+    import trialkit  # its one session: the channel writer that the SDK face shares
+
+    (trialkit._session or trialkit._start()).report_elastic(workers, predicted, reason)
 
 
 def _show(value: Any, limit: int = 60) -> str:

@@ -348,6 +348,8 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
     out = _trial_row(row, now)
     final = db.execute("SELECT value FROM records WHERE trial=? AND type='FINAL' ORDER BY seq DESC LIMIT 1",
                        (trial_id,)).fetchone()
+    elastic = db.execute("SELECT value, time FROM records WHERE trial=? AND type='ELASTIC' ORDER BY seq DESC LIMIT 1",
+                         (trial_id,)).fetchone()
     trial_dir = row["trial_dir"]
     out.update({
         "reason": row["reason"],
@@ -364,6 +366,8 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         "logs": {name: path for name, path in log_paths(row).items() if path},
         "gpus": gpus.read_assignment(trial_dir),  # None: no GPU was scheduled for it
         "gpu_samples": gpus.read_samples(trial_dir),
+        # An elastic job's last sizing decision (adaptdl-ray): workers, predicted speedups, reason; and when.
+        "elastic": {**_json(elastic["value"]), "time": elastic["time"]} if elastic else None,
     })
     return out
 

@@ -12,7 +12,7 @@
     GET  /api/ui/experiments/<exp>/curves    ?trials=ID,ID (else the 10 best): intermediate results per step
     GET  /api/ui/experiments/<exp>/hyper     parameters and final metric of finished trials, column-wise
     GET  /api/ui/experiments/<exp>/queue     running, waiting (scheduling order), paused trials
-    GET  /api/ui/experiments/<exp>/trials/<trial>       one trial: parameters, history, dirs, logs
+    GET  /api/ui/experiments/<exp>/trials/<trial>       one trial: parameters, history, dirs, logs, elastic sizing
     GET  /api/ui/experiments/<exp>/trials/<trial>/log   ?name=stdout|stderr&offset=N: the log from N
     POST /api/ui/experiments/<exp>/trials/<trial>/<action>   kill | pause | activate | priority {"priority": N}
 
