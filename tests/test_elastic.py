@@ -44,6 +44,8 @@ def test_trial_show_and_the_page_give_the_newest_decision_and_metric_views_only_
     (row,) = export(exp)
     trial = row["trial_id"]
     assert (row["status"], row["intermediate"], row["final"]) == ("SUCCEEDED", [0.5], 0.9)
+    # The control loop's view (the tuner was told, the best noted) was the final result, not a decision.
+    assert f"| best 0.9 ({trial}: x=1)" in next(line for line in done.stdout.splitlines() if " DONE after " in line)
 
     shown = cli("trial", "show", trial)
     assert shown.returncode == 0, shown.stderr
