@@ -45,12 +45,14 @@ SCRIPT_VALUE = "<script>window.pwned = 1</script>"
 IMG_VALUE = '<img src=x onerror="window.pwned = 2">'
 LOG_MARKUP = "<b>not bold</b>"
 NOTE = "<i>note</i>"  # a parameter name with markup in it
+ELASTIC_REASON = "the goodput model chose 2 workers (now 1): <b>rescaling</b>"
 
 TRAIN = f"""
 import json, os, pathlib, signal, sys, time
-import trialkit
+import trialkit, trialkit.sdk
 
 p = trialkit.get_next_parameter()
+trialkit.sdk.report_elastic(2, {{1: 1.0, 2: 1.83}}, {ELASTIC_REASON!r})  # as adaptdl-ray reports a decision
 asked = []
 signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
 print({LOG_MARKUP!r}, "note:", p[{NOTE!r}], flush=True)
@@ -263,6 +265,16 @@ def test_values_from_trials_show_as_text(site, browser):
     assert browser.execute_script("return document.querySelectorAll('img').length") == 0
     assert browser.execute_script("return window.pwned === undefined")
     shot(browser, "escaped")
+
+
+def test_the_trial_page_shows_an_elastic_jobs_last_sizing_decision(site, browser):
+    wait_until(lambda: site.status(0) == SUCCEEDED, 90, "a quick trial to succeed")
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/trial/{site.ids[0]}", "trial")
+    assert browser.execute_script("return document.getElementById('elastic').parentElement.hidden") is False
+    facts = cell_texts(browser, "#elastic dt, #elastic dd")
+    assert facts[:6] == ["Workers now", "2", "Predicted speedup", "1: 1.00x  2: 1.83x", "Last decision", ELASTIC_REASON]
+    assert facts[6] == "At" and facts[7] not in ("", "—")
+    shot(browser, "elastic")
 
 
 def test_the_trial_page_follows_its_log_without_reload(site, browser):

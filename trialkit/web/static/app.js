@@ -551,6 +551,8 @@
       this.chart = el('div', {class: 'chart', id: 'trial-curve'});
       this.gpuChart = el('div', {class: 'chart', id: 'trial-gpus'});
       this.gpuPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'GPU use'), this.gpuChart);
+      this.elastic = el('dl', {class: 'facts', id: 'elastic'});
+      this.elasticPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'Elastic sizing'), this.elastic);
       this.history = el('tbody');
       this.log = el('pre', {id: 'log'});
       this.rankBox = el('input', {type: 'number', min: '0', placeholder: 'every rank', id: 'log-rank',
@@ -559,7 +561,7 @@
         el('button', {'data-log': name, onclick: () => this.switchLog(name)}, name)), el('label', {}, ' rank ', this.rankBox));
       main.replaceChildren(this.title, this.actions,
         el('div', {class: 'two'}, el('div', {class: 'panel'}, el('h2', {}, 'Trial'), this.facts),
-          el('div', {class: 'panel'}, el('h2', {}, 'Parameters'), this.params)),
+          el('div', {class: 'panel'}, el('h2', {}, 'Parameters'), this.params)), this.elasticPanel,
         el('div', {class: 'panel'}, el('h2', {}, 'Intermediate results'), this.chart), this.gpuPanel,
         el('div', {class: 'panel'}, el('h2', {}, 'Status history'), el('table', {id: 'history'},
           headRow('Time', 'Status', 'Exit code', 'Reason', 'Source'), this.history)),
@@ -586,6 +588,16 @@
         ...fact('Duration', fmtDuration(t.duration)), ...fact('Trial dir', t.trial_dir || '—'),
         ...fact('Checkpoint dir', t.checkpoint_dir || '—'));
       this.params.replaceChildren(paramsTable(t.parameters));
+      this.elasticPanel.hidden = !t.elastic;
+      if (t.elastic) {
+        // adaptdl-ray's last decision: the goodput model's speedup over one worker for each worker count
+        // (integer keys: JavaScript lists them in ascending order).
+        const predicted = Object.entries(t.elastic.predicted)
+          .map(([count, speedup]) => `${count}: ${speedup.toFixed(2)}x`).join('  ');
+        this.elastic.replaceChildren(...fact('Workers now', t.elastic.workers),
+          ...fact('Predicted speedup', predicted || 'no hints yet'), ...fact('Last decision', t.elastic.reason),
+          ...fact('At', fmtTime(t.elastic.time)));
+      }
       this.history.replaceChildren(...t.history.map((h) => el('tr', {},
         el('td', {}, fmtTime(h.time)), el('td', {}, statusBadge(h.status)), el('td', {}, fmtValue(h.exit_code)),
         el('td', {}, h.reason || ''), el('td', {}, h.source))));
