@@ -4,9 +4,10 @@ adaptdl-ray, running as the trial's command, calls `trialkit.sdk.report_elastic`
 at each decision; the record goes the metrics' way (channel, keeper, spool,
 manager, store). Here a real `trialkit run` on the local platform runs a trial
 that reports two decisions among its metrics: `trialkit trial show` prints the
-newest, the page's trial route serves it, and the metric views (export, the
-Python API's get_job_metrics, the page's curves) hold the metrics alone. A
-malformed decision is refused alone, by the keeper and by the manager.
+newest, the page's trial route serves it, and the metric views (the control
+loop's best, export, the Python API's get_job_metrics, the page's curves) hold
+the metrics alone. A malformed decision is refused alone, by the keeper and by
+the manager; outside a keeper the SDK writes and prints nothing.
 """
 from __future__ import annotations
 
