@@ -299,6 +299,22 @@ def tls_pair(cert: Optional[str], key: Optional[str]) -> Optional[Tuple[str, str
     return cert, key
 
 
+class _Slot:
+    """One connection's place under max_connections, freed at most once, by whichever path frees it first."""
+
+    def __init__(self, slots: threading.BoundedSemaphore):
+        self._slots = slots
+        self._lock = threading.Lock()
+        self._held = True
+
+    def release(self) -> None:
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._slots.release()
+
+
 class _Server(ThreadingHTTPServer):
     """A thread per connection, at most `max_connections` at once; a connection over that is closed at once."""
 
@@ -516,18 +532,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 if __name__ == "__main__":
     sys.exit(main())
 
-
-class _Slot:
-    """One connection's place under max_connections, freed at most once, by whichever path frees it first."""
-
-    def __init__(self, slots: threading.BoundedSemaphore):
-        self._slots = slots
-        self._lock = threading.Lock()
-        self._held = True
-
-    def release(self) -> None:
-        with self._lock:
-            if not self._held:
-                return
-            self._held = False
-        self._slots.release()
