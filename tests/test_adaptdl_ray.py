@@ -8,6 +8,7 @@ The training script is examples/adaptdl_ray/train.py; replica 0 prints
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -182,14 +183,14 @@ class Job:
     """adaptdl-ray running in the background; its output collected line by line."""
 
     def __init__(self, cluster, script: str, working_dir: Path, script_args: Sequence[str], *options: str,
-                 workers: Sequence[str] = WORKERS):
+                 workers: Sequence[str] = WORKERS, environ: Optional[dict] = None):
         self.lines: List[str] = []
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "trialkit.ray.adaptdl_ray", "-u", cluster.client_address, "-f", script, "--working-dir",
              str(working_dir), "-m", "2", "--cpus", "2", "--cluster-rescale-timeout", "2", *workers, *options,
              "--",
              *script_args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -428,3 +429,68 @@ def test_the_trainers_hints_reach_the_controller_and_size_the_job(start_job):
     assert all(e.replicas == 1 for e in job.epochs(restarts=0)), "one worker until the hints came"
     job.wait_for_match(re.compile(r"the goodput model chose 2 workers \(now 1\): rescaling"))
     assert job.wait_for_epoch(restarts=1).replicas == 2, job.output()
+
+
+HINTED = '''"""train.py, whose rank 0 first sends the hints in hints.json beside it (if any), and no others."""
+import json, os, runpy, sys
+import adaptdl.env, adaptdl.sched_hints
+import adaptdl.torch._metrics
+
+if os.path.exists("hints.json") and adaptdl.env.replica_rank() == 0:
+    with open("hints.json") as hints:
+        adaptdl.sched_hints.post_sched_hints(json.load(hints), adaptdl.env.job_id())
+adaptdl.torch._metrics.post_sched_hints = lambda *args: None  # this job's hints are those above
+sys.argv[0] = "train.py"
+runpy.run_path("train.py", run_name="__main__")
+'''
+
+
+def hinted_job_dir(path: Path, hints: Optional[str]) -> Path:
+    path.mkdir()
+    shutil.copy(EXAMPLE / "train.py", path / "train.py")
+    (path / "hinted.py").write_text(HINTED)
+    if hints:
+        shutil.copy(Path(__file__).parent / "fixtures" / "adaptdl_hints" / hints, path / "hints.json")
+    return path
+
+
+@pytest.mark.slow
+def test_two_trials_of_one_experiment_share_the_cluster_by_the_goodput_policy(start_job, tmp_path):
+    """Two slots (a worker of 2 CPUs on each node), two jobs of one experiment (its id in the
+    environment, as a trial's keeper sets it). A's hints say a second worker pays: alone, it
+    grows to two. B joins: each gets its minimum, one, so A gives one back, through a
+    checkpoint, and B starts on the slot A freed. B ends: A grows to two again. Every
+    epoch of A trains on each sample once through all three rescales."""
+    environ = dict(os.environ, TRIALKIT_EXPERIMENT_ID=f"shared-{tmp_path.name[-8:]}")
+    a_dir = hinted_job_dir(tmp_path / "a", "compute_bound_edited.json")
+    channel = tmp_path / "a-channel"  # as under a keeper: A's decisions become its trial's records
+    a = start_job("hinted.py", a_dir, ["--epochs", "100000", "--step-seconds", "0.01"], workers=(),
+                  environ=dict(environ, TRIALKIT_TRIAL_ID="trial-a", TRIALKIT_CHANNEL=str(channel),
+                               TRIALKIT_KEEPER_PID=str(os.getpid())))
+    a.wait_for_match(re.compile(r"the goodput model chose 2 workers \(now 1\): rescaling"))
+    assert a.wait_for_epoch(restarts=1).replicas == 2, a.output()
+
+    b = start_job("hinted.py", hinted_job_dir(tmp_path / "b", None), ["--epochs", "3", "--step-seconds", "0.01"],
+                  workers=(), environ=dict(environ, TRIALKIT_TRIAL_ID="trial-b"))
+    a.wait_for_line("the experiment's plan changed (trial-b joined): 1 workers (now 2): rescaling")
+    assert a.wait_for_epoch(restarts=2).replicas == 1, a.output()
+    assert b.wait() == 0, b.output()
+    assert {e.replicas for e in b.epochs()} == {1} and [e.epoch for e in b.epochs()] == [0, 1, 2], b.output()
+
+    a.wait_for_line("the experiment's plan changed (trial-b ended): 2 workers (now 1): rescaling")
+    assert a.wait_for_epoch(restarts=3).replicas == 2, a.output()
+    a.stop()
+    for restart in (0, 1, 2):
+        assert any(f"took rank 0's checkpoint of restart {restart}" in line for line in a.lines), a.output()
+    epochs = a.epochs()
+    # Nothing lost: every epoch, those cut by a rescale too, trained on each sample once.
+    assert [e.samples for e in epochs] == [SAMPLES] * len(epochs), a.output()
+    assert [e.epoch for e in epochs] == list(range(len(epochs))), a.output()
+
+    decisions = [record["value"] for record in map(json.loads, channel.read_text().split("\x1e")[1:])
+                 if record["type"] == "ELASTIC"]
+    assert [(d["workers"], d["reason"].split(":")[0]) for d in decisions] == [
+        (1, "started"), (2, "the goodput model chose 2 workers (now 1)"),
+        (1, "the experiment's plan changed (trial-b joined)"), (2, "the experiment's plan changed (trial-b ended)")]
+    assert decisions[0]["predicted"] == {} and decisions[-1]["predicted"]["1"] == 1.0
+    assert float(decisions[-1]["predicted"]["2"]) > 1.3

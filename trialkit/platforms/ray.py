@@ -47,13 +47,12 @@ from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, USER_CANCELED, WAITING
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
-from trialkit.ray import connect
+from trialkit.ray import cluster, connect
 from trialkit.ray.trial_actor import TrialRunner
 
 PLATFORM = "ray"
 TRIAL_COMMAND_REQUIRED = True
 KILL_WAIT = 5.0  # for the runner to SIGKILL the trial before its worker is killed too
-NAMESPACE = "trialkit"
 CONTEXT_NAME = "ray-context"  # in the experiment dir: the code as the trials get it
 ACTOR_CALL_TIMEOUT = 30.0  # for an actor found again to answer
 
@@ -193,7 +192,7 @@ class Platform(PlatformBase):
     def _create(self, runner_class: Any, handle: str) -> Any:
         # Ray registers a named actor with the GCS before it returns, refusing a name in use
         # (ActorAlreadyExistsError): one round trip a submit, where looking the name up first took two.
-        return runner_class.options(name=actor_name(handle), namespace=NAMESPACE, lifetime="detached",
+        return runner_class.options(name=actor_name(handle), namespace=cluster.NAMESPACE, lifetime="detached",
                                     **actor_options(self.config)).remote(f"trial {handle}")
 
     def _follow(self, handle: str, actor: Any) -> _Trial:
@@ -331,7 +330,7 @@ def _find(handle: str) -> Any:
     import ray
 
     try:
-        return ray.get_actor(actor_name(handle), namespace=NAMESPACE)
+        return ray.get_actor(actor_name(handle), namespace=cluster.NAMESPACE)
     except ValueError:
         return None
 

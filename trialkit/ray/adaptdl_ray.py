@@ -2,11 +2,13 @@
 
     adaptdl-ray -u ray://HEAD:10001 -f code.py -m MAX_WORKERS --cpus C --gpus G
                 [--working-dir DIR] [--checkpoint-timeout 120] [--cluster-rescale-timeout 60]
-                [--shared-dir DIR] [--checkpoint-every SECONDS] -- SCRIPT_ARGS
+                [--shared-dir DIR] [--checkpoint-every SECONDS] [--experiment ID] -- SCRIPT_ARGS
 
 Its life: read the arguments, find the script in the working dir, connect to
 the cluster (shipping the working dir to it), start the controller actor on
-the head node, wait for the job, and exit with the script's exit code.
+the head node, wait for the job, and exit with the script's exit code. Inside
+a trial, each sizing decision the controller makes also goes to the trial's
+record (sdk.report_elastic): `trialkit trial show` and the page show it.
 """
 from __future__ import annotations
 
@@ -26,12 +28,14 @@ from trialkit.ray.controller import Controller, Job, Outcome
 
 PROG = "adaptdl-ray"
 STOP_WAIT_MARGIN = 60.0  # after Ctrl-C: beyond the checkpoint timeout, for the controller to wind up
+DECISION_WAIT = 30.0  # how long one call waits for the controller's next decision
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     argv = list(argv)
     split = argv.index("--") if "--" in argv else len(argv)
     options, script_args = argv[:split], argv[split + 1:]
+    trial = env.read()
     parser = ArgumentParser(
         prog=PROG,
         usage=f"{PROG} -u ADDRESS -f SCRIPT -m MAX_WORKERS [options] [-- SCRIPT_ARGS...]",
@@ -64,13 +68,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="how long to wait for new nodes when growing before scheduling on what "
                         "exists (default %(default)g)")
     parser.add_argument("--checkpoint-every", type=float, metavar="SECONDS",
-                        default=env.read().checkpoint_every,
+                        default=trial.checkpoint_every,
                         help=f"seconds of training between checkpoints, so that a node that dies without "
                         f"warning costs at most that much; 0: checkpoint only when stopped (default "
                         f"${env.CHECKPOINT_EVERY}, else {env.DEFAULT_CHECKPOINT_EVERY:g})")
     parser.add_argument("--shared-dir", metavar="DIR",
                         help="a directory every node mounts (EFS, NFS): checkpoints and "
                         "ADAPTDL_SHARE_PATH live there instead of travelling through the controller")
+    parser.add_argument("--experiment", metavar="ID",
+                        default=None if trial.experiment_id == "standalone" else trial.experiment_id,
+                        help="share the cluster with the other adaptdl-ray jobs given the same ID, by AdaptDL's "
+                        "goodput policy (default: inside a trial, its experiment; outside one, the job plans alone)")
     opts = parser.parse_args(options)
     if opts.max_workers < 1:
         raise UserError(f"-m {opts.max_workers}: at least one worker is needed", "-m/--max-workers", "give 1 or more")
@@ -113,9 +121,31 @@ def start_controller(job: Job):
     import ray
 
     # On the head (Ray's documented resource for it): the one node that is not
-    # a spot instance and is not drained away. Two threads: run() and stop().
+    # a spot instance and is not drained away. Three threads: run(), stop(), next_decision().
     return ray.remote(Controller).options(num_cpus=0, resources={cluster.HEAD_RESOURCE: 0.001},
-                                          max_concurrency=2).remote(job)
+                                          max_concurrency=3).remote(job)
+
+
+def follow(controller, running, relay: bool) -> Outcome:
+    """The job's outcome once run() returns; meanwhile, with `relay`, each sizing decision of the
+    controller goes to the trial's record (sdk.report_elastic). One thread: Ray Client's
+    connection belongs to the thread that made it."""
+    import ray
+
+    from trialkit import sdk
+
+    seen, asked = 0, None
+    while True:
+        if relay and asked is None:
+            asked = controller.next_decision.remote(seen, DECISION_WAIT)
+        ready, _ = ray.wait([running] + [asked] * (asked is not None), num_returns=1)
+        if running in ready:
+            return ray.get(running)
+        seen, decision, ended = ray.get(asked)
+        asked = None
+        relay = not ended
+        if decision is not None:
+            sdk.report_elastic(decision["workers"], decision["predicted"], decision["reason"])
 
 
 def wait(controller, job: Job) -> Outcome:
@@ -124,7 +154,7 @@ def wait(controller, job: Job) -> Outcome:
     running = controller.run.remote()
     try:
         try:
-            return ray.get(running)
+            return follow(controller, running, relay=bool(job.label))
         except KeyboardInterrupt:
             print(f"{PROG}: stopping: the workers get {job.checkpoint_timeout:g} s to checkpoint", file=sys.stderr)
             controller.stop.remote()
@@ -145,6 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         logging_level=logging.WARNING)
     except UserError as err:
         report_and_exit(PROG, err)
+    trial_id = env.read().trial_id
     job = Job(
         job_id=f"{Path(script).stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
         command=(script, *opts.script_args),
@@ -157,6 +188,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         checkpoint_every=opts.checkpoint_every,
         min_workers=opts.min_workers,
         fixed_workers=opts.workers,
+        experiment_id=opts.experiment,
+        label=trial_id if trial_id != "standalone" else "",
     )
     outcome = wait(start_controller(job), job)
     if outcome.error:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Collection, Dict, List, Sequence
 
 HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives the head node alone
+NAMESPACE = "trialkit"  # Ray's namespace for trialkit's named actors: trials', experiments' allocators
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 what the cluster has, at the size AdaptDL's goodput model says pays.
 
     size the job (trialkit.ray.sizing: one worker until the trainer's hints arrive,
-    then the goodput model's choice, up to -m; or the user's fixed count)
+    then the goodput model's choice, up to -m; or the user's fixed count; in an
+    experiment, its share of the cluster from the experiment's allocator: trialkit.ray.share)
     -> plan N workers -> start a generation -> watch it and the cluster
     -> on an event: stop it gracefully, keep rank 0's checkpoint (the one it saves when
        stopped, else its newest periodic one, else the previous one)
@@ -10,10 +11,11 @@ what the cluster has, at the size AdaptDL's goodput model says pays.
 
 The controller serves AdaptDL's supervisor protocol (trialkit.ray.supervisor):
 the trainer's hints reach it over HTTP, and its rank 0's address is found
-there. It asks Ray's autoscaler for the workers it chose, not for -m.
+there. Ray's autoscaler is asked for the workers chosen, not for -m.
 
 Events: new hints make the model choose another size (past the hysteresis:
-a rescale must repay its restart), the cluster holds more of the chosen
+a rescale must repay its restart), the experiment's plan gives the job another
+share (another of its jobs started or ended, or sent hints), the cluster holds more of the chosen
 workers than run (after waiting up to the rescale timeout), a node with replicas is gone, a
 node is going (a spot notice, or Ray draining it), a replica failed or was
 killed. A replica that exits by itself with a code of its own while its peers
@@ -28,7 +30,7 @@ from typing import Collection, Dict, List, Optional, Set, Tuple
 
 from trialkit.adaptdl import CHECKPOINTED_EXIT
 from trialkit.process import describe_exit
-from trialkit.ray import cluster, sizing
+from trialkit.ray import cluster, share, sizing
 from trialkit.ray.generation import Generation, Member, job_key
 from trialkit.ray.replica import Checkpoint
 from trialkit.ray.supervisor import Supervisor
@@ -55,9 +57,12 @@ class Job:
     checkpoint_every: float = 0.0  # seconds of training between checkpoints; 0: on a stop only
     min_workers: int = 1
     fixed_workers: Optional[int] = None  # the user's count: the goodput model is not asked
+    experiment_id: Optional[str] = None  # set: the job shares the cluster with the experiment's other jobs
+    label: str = ""  # how the experiment's log names the job (its trial's id)
 
-    def bundle(self) -> Dict[str, float]:
-        return {name: amount for name, amount in (("CPU", self.cpus), ("GPU", self.gpus)) if amount}
+    def shape(self) -> share.JobShape:
+        return share.JobShape(self.job_id, self.label or self.job_id, self.cpus, self.gpus, self.min_workers,
+                              self.max_workers, self.fixed_workers)
 
 
 @dataclass(frozen=True)
@@ -89,10 +94,16 @@ class Controller:
         self.failures = 0
         self._stop = threading.Event()
         self.target = job.fixed_workers or job.min_workers  # the size chosen; one worker until hints come
-        self.speedup: Optional[sizing.Speedup] = None
+        self._new_hints: Optional[sizing.Hints] = None
         self._hints_changed = threading.Event()
         self.supervisor: Optional[Supervisor] = None
+        self.share: "share.Alone | share.Shared"
         self.last_decision = ""
+        self.predicted: Dict[int, float] = {}
+        # What adaptdl-ray shows in the trial (sdk.report_elastic): one decision per restart or new sizing.
+        self.decisions: List[Dict[str, object]] = []
+        self._decided = threading.Condition()
+        self._ended = False
 
     def __repr__(self) -> str:
         return "adaptdl-ray"  # the prefix of its lines on the user's terminal
@@ -103,58 +114,73 @@ class Controller:
 
     def run(self) -> Outcome:
         import ray
-        from ray.autoscaler.sdk import request_resources
 
         self.supervisor = Supervisor(ray.util.get_node_ip_address(), self._on_hints).start()
-        self._ask_autoscaler()
+        if self.job.experiment_id:
+            self.share = share.Shared(self.job.shape(), self.job.experiment_id)
+            self._sized(self.share.share, "joined the experiment's plan")
+        else:
+            self.share = share.Alone(self.job.shape(), self.target)
         try:
             return self._run()
         finally:
-            request_resources(bundles=[])
+            self.share.leave()
             self.supervisor.close()
+            with self._decided:
+                self._ended = True
+                self._decided.notify_all()
 
-    def _ask_autoscaler(self) -> None:
-        """Where an autoscaler runs, this brings the cluster up to the chosen size (no-op elsewhere)."""
-        from ray.autoscaler.sdk import request_resources
+    def next_decision(self, seen: int, timeout: float) -> Tuple[int, Optional[Dict[str, object]], bool]:
+        """(how many decisions, the newest if that is more than `seen`, whether the job ended),
+        once there is news or after `timeout` seconds."""
+        with self._decided:
+            self._decided.wait_for(lambda: len(self.decisions) > seen or self._ended, timeout)
+            count = len(self.decisions)
+            return count, self.decisions[-1] if count > seen else None, self._ended
 
-        request_resources(bundles=[self.job.bundle()] * self.target)
+    def _decide(self, workers: int, reason: str) -> None:
+        with self._decided:
+            self.decisions.append({"workers": workers, "predicted": dict(self.predicted), "reason": reason})
+            self._decided.notify_all()
 
     def _on_hints(self, key: str, hints: sizing.Hints) -> None:
         """The trainer's hints (from the supervisor's thread): the next look at the job re-sizes it."""
         if key != job_key(self.job.job_id):
             say(f"ignored hints for another job ({key})")
             return
-        self.speedup = sizing.Speedup(hints)
+        self._new_hints = hints
         self._hints_changed.set()
 
     def _resize(self, nodes: List[cluster.Node], running: int, why: str) -> int:
-        """The goodput model's size for the job now, said in the log when it is news."""
+        """The goodput model's size for the job now (alone, or in the experiment's plan)."""
+        hints, self._new_hints = self._new_hints, None
         usable = [n for n in nodes if n.node_id not in self._left_out()]
-        node_slots = [cluster.slots(n, self.job.cpus, self.job.gpus) for n in usable] or [0]
-        demand = sizing.Demand(self.job.job_id, self.speedup, min_workers=self.job.min_workers,
-                               max_workers=self.job.max_workers, current=running, pinned=self.job.fixed_workers)
-        decided = sizing.plan([demand], node_slots)
-        chosen = decided.workers[self.job.job_id] or self.target
-        predicted = decided.predicted.get(self.job.job_id)
-        line = (f"sizing ({why}): {decided.reasons[self.job.job_id]}"
-                + (("; predicted speedup by workers: " + ", ".join(f"{n}: {s:.2f}x" for n, s in predicted.items()))
-                   if predicted else ""))
+        return self._sized(self.share.update(hints, running, usable, why), why)
+
+    def _sized(self, decided: share.Share, why: str) -> int:
+        """Take a share as the job's target, said in the log when it is news."""
+        self.predicted = decided.predicted
+        line = (f"sizing ({why}): {decided.reason}"
+                + (("; predicted speedup by workers: " + ", ".join(f"{n}: {s:.2f}x" for n, s in self.predicted.items()))
+                   if self.predicted else ""))
         if line != self.last_decision:
             say(line)
             self.last_decision = line
-        if chosen != self.target:
-            self.target = chosen
-            self._ask_autoscaler()
-        return chosen
+        self.target = decided.workers
+        return decided.workers
 
     def _run(self) -> Outcome:
         nodes = self._wait_for_nodes(first=True)
+        last_why = "started"
         while nodes and not self._stop.is_set():
             generation = Generation(self.job, nodes, self.restarts, self.checkpoint, self.supervisor)
+            self.share.started(nodes)
             resume = f"from {self.checkpoint.describe()}" if self.checkpoint else "afresh: no checkpoint yet"
             say(f"restart {self.restarts}: {cluster.describe(nodes)}, starting {resume}")
+            self._decide(len(nodes), last_why)
             event = self._watch(generation)
             say(event.why)
+            last_why = event.why
             timed_out = generation.stop(self.job.checkpoint_timeout, event.suspect)
             if event.exit_code is not None:
                 generation.close(last=True, lost_nodes=event.suspect)
@@ -176,19 +202,41 @@ class Controller:
 
     def _wait_for_nodes(self, first: bool) -> List[cluster.Node]:
         """The next generation's nodes. At the first start, wait up to the rescale timeout
-        for the maximum; after a loss, start at once on what is left. [] if nothing fits."""
+        for the maximum; after a loss, start at once on what is left. [] if nothing fits.
+        Sharing the cluster, wait as long as the experiment's plan gives the job nothing,
+        or the slots it was given are still held by a job shrinking to make room."""
         deadline = time.monotonic() + self.job.rescale_timeout
         while True:
-            nodes = self._plan(cluster.alive_nodes(), cluster.draining_nodes())
-            if len(nodes) >= self.target or (nodes and not first):
+            nodes, coming = self._place(cluster.alive_nodes(), cluster.draining_nodes())
+            if self.target and (len(nodes) >= self.target or (nodes and not first and not coming)):
                 return nodes
+            if not self.target or coming:
+                deadline = time.monotonic() + self.job.rescale_timeout
             # Ray offers no public event for a node joining: look again shortly,
-            # but wake at once when the job is told to stop.
-            if time.monotonic() >= deadline or self._stop.wait(POLL_SECONDS):
+            # but wake at once when the job is told to stop or its share changes.
+            if time.monotonic() >= deadline or self._pause():
                 return nodes
 
-    def _plan(self, nodes: List[cluster.Node], draining: Collection[str] = ()) -> List[cluster.Node]:
-        return cluster.plan(nodes, self.job.cpus, self.job.gpus, self.target, self._left_out(draining))
+    def _pause(self) -> bool:
+        """Wait up to POLL_SECONDS, taking a new share when one comes; True when the job is to stop."""
+        import ray
+
+        change = self.share.next_change()
+        if change is None:
+            return self._stop.wait(POLL_SECONDS)
+        if ray.wait([change], timeout=POLL_SECONDS)[0]:
+            self._take_change()
+        return self._stop.is_set()
+
+    def _take_change(self) -> Optional[share.Share]:
+        changed = self.share.changed()
+        if changed is not None:
+            self._sized(changed, f"the experiment's plan changed: {changed.cause}")
+        return changed
+
+    def _place(self, nodes: List[cluster.Node], draining: Collection[str] = (),
+               reserve: bool = True) -> Tuple[List[cluster.Node], bool]:
+        return self.share.place(nodes, self.target, self._left_out(draining), reserve)
 
     def _left_out(self, draining: Collection[str] = ()) -> Set[str]:
         now = time.monotonic()
@@ -199,13 +247,20 @@ class Controller:
         import ray
 
         grow_since: Optional[float] = None
+        running = len(generation.members)
         while True:
-            refs = [m.done for m in generation.members] + list(generation.notices)
+            change = self.share.next_change()
+            refs = [m.done for m in generation.members] + list(generation.notices) + [change] * (change is not None)
             ready, _ = ray.wait(refs, num_returns=1, timeout=POLL_SECONDS)
             if self._stop.is_set():
                 return Event("stopped by the user: the replicas checkpoint and the job ends", exit_code=STOPPED_EXIT)
             for ref in ready:
-                if ref in generation.notices:
+                if change is not None and ref == change:
+                    changed = self._take_change()
+                    if changed is not None and changed.workers != running:
+                        return Event(f"the experiment's plan changed ({changed.cause}): {changed.workers} "
+                                     f"workers (now {running}): rescaling")
+                elif ref in generation.notices:
                     node = generation.notices.pop(ref)
                     try:
                         notice = ray.get(ref)
@@ -224,7 +279,6 @@ class Controller:
                              suspect=tuple({m.node.node_id for m in gone}))
             if self._hints_changed.is_set():
                 self._hints_changed.clear()
-                running = len(generation.members)
                 chosen = self._resize(nodes, running, "new hints")
                 if chosen != running:
                     return Event(f"the goodput model chose {chosen} workers (now {running}): rescaling")
@@ -234,8 +288,8 @@ class Controller:
                 # Like a spot notice, from Ray: the node goes once idle or at the deadline.
                 return Event(f"node {_name(leaving[0].node)} is being drained by Ray: "
                              "checkpointing, then going on without it", exclude=leaving[0].node.node_id)
-            fit = len(self._plan(nodes, draining))
-            if fit <= len(generation.members):
+            fit = len(self._place(nodes, draining, reserve=False)[0])
+            if fit <= running:
                 grow_since = None
                 continue
             grow_since = grow_since or time.monotonic()

@@ -208,7 +208,7 @@ def plan(jobs: Sequence[Demand], node_slots: Sequence[int], hysteresis: Hysteres
     for job in jobs:
         now, new = job.current, ideal[job.name]
         shape = (nodes_for(now, node_slots), nodes_for(new, node_slots))
-        if now and new and not hysteresis.worth(job.speedup, shape, now, new):
+        if now and new and new != now and not hysteresis.worth(job.speedup, shape, now, new):
             out.workers[job.name] = now
             out.reasons[job.name] = f"stays at {now}: {new} would not repay a restart"
             if new < now:
