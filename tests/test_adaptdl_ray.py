@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence
 import pytest
 
 from conftest import PYTHON, ROOT
+from experiment_util import cli as trialkit_cli, experiment, experiment_id, start_cli, stored, trial_status
 from ray_cluster import ImdsStub
 from trialkit.errors import UserError
 from trialkit.ray import adaptdl_ray as cli
@@ -489,8 +490,79 @@ def test_two_trials_of_one_experiment_share_the_cluster_by_the_goodput_policy(st
 
     decisions = [record["value"] for record in map(json.loads, channel.read_text().split("\x1e")[1:])
                  if record["type"] == "ELASTIC"]
-    assert [(d["workers"], d["reason"].split(":")[0]) for d in decisions] == [
+    rescales = [(d["workers"], d["reason"].split(":")[0]) for d in decisions]
+    assert [step for i, step in enumerate(rescales) if step not in rescales[:i]] == [
         (1, "started"), (2, "the goodput model chose 2 workers (now 1)"),
         (1, "the experiment's plan changed (trial-b joined)"), (2, "the experiment's plan changed (trial-b ended)")]
     assert decisions[0]["predicted"] == {} and decisions[-1]["predicted"]["1"] == 1.0
     assert float(decisions[-1]["predicted"]["2"]) > 1.3
+
+
+ELASTIC_TRIAL = """
+import os, sys, trialkit
+role = trialkit.get_next_parameter()["role"]
+epochs = {{"a": "100000", "b": "3"}}[role]
+os.execv(sys.executable, [sys.executable, "-m", "trialkit.ray.adaptdl_ray", "-u", {address!r}, "-f", "hinted.py",
+                          "--working-dir", role, "-m", "2", "--cpus", "2", "--cluster-rescale-timeout", "2",
+                          "--", "--epochs", epochs, "--step-seconds", "0.01"])
+"""
+
+
+def until(check, timeout: float, what: str):
+    """check()'s first truthy value, looked for every half second; fails the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.5)
+    return value
+
+
+def elastic_decisions(home: Path, experiment: str, trial: str) -> List[dict]:
+    return [json.loads(value) for (value,) in stored(
+        home, experiment, "SELECT value FROM records WHERE trial=? AND type='ELASTIC' ORDER BY seq", trial)]
+
+
+@pytest.mark.slow
+def test_an_experiments_adaptdl_trials_on_the_ray_platform_share_it_and_show_their_sizing(cluster, tmp_path,
+                                                                                       monkeypatch):
+    """Two adaptdl-ray trials of one experiment on the ray platform, two slots. Trial a's hints
+    say a second worker pays, but b holds the other slot: a stays at one while b runs, and
+    takes both once b ends. `trialkit trial show` prints a's sizing; stopping the experiment
+    stops a's job through its checkpoint (adaptdl-ray takes the keeper's SIGTERM as Ctrl-C)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    space = {"role": {"_type": "choice", "_value": ["a", "b"]}}
+    config = experiment(tmp_path, space, ELASTIC_TRIAL.format(address=cluster.address), maxTrialNumber=2,
+                        trialConcurrency=2, nniManagerIp="127.0.0.1", tuner={"name": "GridSearch"},
+                        trainingService={"platform": "ray", "address": cluster.address, "cpusPerTrial": 0})
+    hinted_job_dir(config.parent / "a", "compute_bound_edited.json")
+    hinted_job_dir(config.parent / "b", None)
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        roles = until(lambda: len(rows := stored(home, exp, "SELECT json_extract(parameters, '$.role'), id "
+                                                            "FROM trials")) == 2 and dict(rows),
+                      START_TIMEOUT, "two trials")
+        a, b = roles["a"], roles["b"]
+        grown = until(lambda: next((d for d in elastic_decisions(home, exp, a) if d["workers"] == 2), None),
+                      3 * START_TIMEOUT, "trial a on two workers")
+        assert grown["reason"].startswith(f"the experiment's plan changed ({b} ended): 2 workers"), grown
+        assert trial_status(home, b) == "SUCCEEDED"
+        decisions = elastic_decisions(home, exp, a)
+        assert [d["workers"] for d in decisions] == [1] * (len(decisions) - 1) + [2], decisions
+        # While b held the other slot, a stayed at one though its model predicted a gain from two.
+        assert any(d["workers"] == 1 and d["predicted"].get("2", 0) > 1.3 for d in decisions), decisions
+        shown = trialkit_cli("trial", "show", a)
+        assert shown.returncode == 0, shown.stderr
+        assert "elastic:\n  workers      2\n  predicted    1: 1.00x  2: 1.97x" in shown.stdout, shown.stdout
+        assert f"({b} ended)" in shown.stdout
+        assert trialkit_cli("experiment", "stop", exp).returncode == 0
+        assert proc.wait(START_TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+    logs = trialkit_cli("trial", "logs", a)
+    assert "adaptdl-ray: stopping: the workers get 120 s to checkpoint" in logs.stdout + logs.stderr, logs.stdout
+    assert trial_status(home, a) == "USER_CANCELED"

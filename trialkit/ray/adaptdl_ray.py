@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import time
 import uuid
@@ -121,9 +122,10 @@ def start_controller(job: Job):
     import ray
 
     # On the head (Ray's documented resource for it): the one node that is not
-    # a spot instance and is not drained away. Three threads: run(), stop(), next_decision().
+    # a spot instance and is not drained away. Threads for run(), stop(), next_decision()
+    # and the experiment's allocator's wait_ended().
     return ray.remote(Controller).options(num_cpus=0, resources={cluster.HEAD_RESOURCE: 0.001},
-                                          max_concurrency=3).remote(job)
+                                          max_concurrency=4).remote(job)
 
 
 def follow(controller, running, relay: bool) -> Outcome:
@@ -163,6 +165,10 @@ def wait(controller, job: Job) -> Outcome:
         return Outcome(1, f"the controller was lost: {str(err).strip().splitlines()[0]}")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     # Ray folds lines that look alike across workers ("[repeated 2x across
     # cluster]"): every epoch line of every restart must reach the user.
@@ -175,6 +181,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         logging_level=logging.WARNING)
     except UserError as err:
         report_and_exit(PROG, err)
+    # Set after Ray's own (which exits at once): a trial's keeper forwards SIGTERM when the
+    # trial is stopped or its pod deleted, and the job then checkpoints and ends, as on Ctrl-C.
+    signal.signal(signal.SIGTERM, _interrupt)
     trial_id = env.read().trial_id
     job = Job(
         job_id=f"{Path(script).stem}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",

@@ -100,6 +100,7 @@ class Controller:
         self.share: "share.Alone | share.Shared"
         self.last_decision = ""
         self.predicted: Dict[int, float] = {}
+        self.running: Tuple[int, str] = (0, "")  # workers of the generation now, and why it started
         # What adaptdl-ray shows in the trial (sdk.report_elastic): one decision per restart or new sizing.
         self.decisions: List[Dict[str, object]] = []
         self._decided = threading.Condition()
@@ -117,7 +118,8 @@ class Controller:
 
         self.supervisor = Supervisor(ray.util.get_node_ip_address(), self._on_hints).start()
         if self.job.experiment_id:
-            self.share = share.Shared(self.job.shape(), self.job.experiment_id)
+            self.share = share.Shared(self.job.shape(), self.job.experiment_id,
+                                      ray.get_runtime_context().current_actor)
             self._sized(self.share.share, "joined the experiment's plan")
         else:
             self.share = share.Alone(self.job.shape(), self.target)
@@ -138,9 +140,16 @@ class Controller:
             count = len(self.decisions)
             return count, self.decisions[-1] if count > seen else None, self._ended
 
-    def _decide(self, workers: int, reason: str) -> None:
+    def wait_ended(self) -> None:
+        """Returns when the job has ended (the allocator's way to hear of a controller's death)."""
         with self._decided:
-            self.decisions.append({"workers": workers, "predicted": dict(self.predicted), "reason": reason})
+            self._decided.wait_for(lambda: self._ended)
+
+    def _decide(self) -> None:
+        """The job as it runs now: its workers, the model's predictions, why it last rescaled."""
+        workers, why = self.running
+        with self._decided:
+            self.decisions.append({"workers": workers, "predicted": dict(self.predicted), "reason": why})
             self._decided.notify_all()
 
     def _on_hints(self, key: str, hints: sizing.Hints) -> None:
@@ -166,21 +175,24 @@ class Controller:
         if line != self.last_decision:
             say(line)
             self.last_decision = line
+            if self.running[0]:
+                self._decide()
         self.target = decided.workers
         return decided.workers
 
     def _run(self) -> Outcome:
         nodes = self._wait_for_nodes(first=True)
-        last_why = "started"
+        why = "started"
         while nodes and not self._stop.is_set():
             generation = Generation(self.job, nodes, self.restarts, self.checkpoint, self.supervisor)
             self.share.started(nodes)
             resume = f"from {self.checkpoint.describe()}" if self.checkpoint else "afresh: no checkpoint yet"
             say(f"restart {self.restarts}: {cluster.describe(nodes)}, starting {resume}")
-            self._decide(len(nodes), last_why)
+            self.running = (len(nodes), why)
+            self._decide()
             event = self._watch(generation)
             say(event.why)
-            last_why = event.why
+            why, self.running = event.why, (0, "")
             timed_out = generation.stop(self.job.checkpoint_timeout, event.suspect)
             if event.exit_code is not None:
                 generation.close(last=True, lost_nodes=event.suspect)

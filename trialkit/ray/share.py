@@ -86,13 +86,24 @@ class Allocator:
             self._changed = asyncio.Condition()
         return self._changed
 
-    async def join(self, shape: JobShape) -> Share:
+    async def join(self, shape: JobShape, controller: Any) -> Share:
+        """A job comes; `controller` is its controller's actor, whose death means the job left."""
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
         self.jobs[shape.job_id] = _Entry(shape)
+        asyncio.get_running_loop().create_task(self._leave_with(shape.job_id, controller))
         await self._replan(f"{shape.label} joined")
         return self.shares[shape.job_id]
+
+    async def _leave_with(self, job_id: str, controller: Any) -> None:
+        # A controller ends by leaving; one whose driver was killed dies without a word,
+        # and its share must not stay held for ever.
+        try:
+            await controller.wait_ended.remote()
+        except Exception:  # noqa: BLE001 - any way the call fails, the controller is gone
+            pass
+        await self.leave(job_id)
 
     async def update(self, job_id: str, hints: Optional[sizing.Hints], current: int, cause: str) -> Share:
         """The job's new hints (None: unchanged) and the workers it runs on; its share after a new plan."""
@@ -227,7 +238,7 @@ class Alone:
 class Shared:
     """The job's share comes from its experiment's allocator."""
 
-    def __init__(self, shape: JobShape, experiment_id: str):
+    def __init__(self, shape: JobShape, experiment_id: str, controller: Any):
         import ray
 
         self.shape = shape
@@ -236,7 +247,7 @@ class Shared:
                 name=allocator_name(experiment_id), namespace=cluster.NAMESPACE, lifetime="detached", get_if_exists=True,
                 num_cpus=0, resources={cluster.HEAD_RESOURCE: 0.001}).remote(experiment_id)
             try:
-                self.share: Share = ray.get(self._allocator.join.remote(shape), timeout=CALL_TIMEOUT)
+                self.share: Share = ray.get(self._allocator.join.remote(shape, controller), timeout=CALL_TIMEOUT)
                 break
             except ray.exceptions.RayActorError:  # it was leaving, idle: the next one is fresh
                 if attempt == JOIN_ATTEMPTS - 1:
