@@ -273,6 +273,7 @@ def start_job(cluster):
         jobs.append(Job(cluster, *args, **keys))
         return jobs[-1]
 
+    start.cluster = cluster
     yield start
     for job in jobs:
         job.stop()
@@ -446,6 +447,20 @@ runpy.run_path("train.py", run_name="__main__")
 '''
 
 
+def autoscaler_request(cluster) -> list:
+    """What Ray's autoscaler was last asked for (request_resources). A cluster of `ray start`
+    runs autoscaler v1, which keeps the request in the GCS's key-value store."""
+    import ray
+    from ray.autoscaler._private.constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    ray.init(address=cluster.address, logging_level="ERROR")
+    try:
+        return json.loads(_internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL) or b"[]")
+    finally:
+        ray.shutdown()
+
+
 def hinted_job_dir(path: Path, hints: Optional[str]) -> Path:
     path.mkdir()
     shutil.copy(EXAMPLE / "train.py", path / "train.py")
@@ -477,6 +492,8 @@ def test_two_trials_of_one_experiment_share_the_cluster_by_the_goodput_policy(st
     a.wait_for_line("the experiment's plan changed (trial-b joined): 1 workers (now 2): rescaling")
     assert a.wait_for_epoch(restarts=2).replicas == 1, a.output()
     assert b.wait_for_epoch(restarts=0).replicas == 1, b.output()
+    # Ray's autoscaler is asked for the two shares, one worker each, not for -m (2) of each.
+    assert autoscaler_request(start_job.cluster) == [{"CPU": 2}, {"CPU": 2}]
     b.proc.kill()
 
     a.wait_for_line("the experiment's plan changed (trial-b ended): 2 workers (now 1): rescaling")
