@@ -39,6 +39,8 @@ print(json.dumps({m: loaded_by.get(m, "?") for m in sys.argv[2:] if m in sys.mod
 
 @pytest.mark.parametrize("what, code", [
     ("the keeper", "import trialkit.keeper.main"),
+    # argparse's help formatter, made while arguments are added, imports shutil for the terminal's width.
+    ("the keeper's arguments", "import trialkit.keeper.main as m; m.parse_args(['--grace', '5', '--', 'true'])"),
     ("wrap_rank", "import trialkit.launch.wrap_rank"),
     ("a trial's SDK", "import trialkit; trialkit.get_next_parameter(); trialkit.report_intermediate_result(1)"),
 ])

@@ -7,6 +7,7 @@ stderr and exit status 2. Internal bugs are never dressed up as UserError.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn, Optional
 
@@ -34,8 +35,34 @@ def report_and_exit(prog: str, err: UserError) -> NoReturn:
     raise SystemExit(USAGE_EXIT)
 
 
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal's, else 80."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):  # no stdout, or not a terminal
+        return 80
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's, sized as it sizes itself but without importing shutil (and with it bz2, lzma,
+    zlib): every parser makes a formatter while adding arguments, on the keeper's way in."""
+
+    def __init__(self, prog: str, **options: object):
+        if options.get("width") is None:
+            options["width"] = _terminal_columns() - 2
+        super().__init__(prog, **options)  # type: ignore[arg-type]
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose mistakes are UserErrors: one line, exit 2, no usage dump."""
+
+    def __init__(self, *args: object, **options: object):
+        options.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **options)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
         raise UserError(message, fix=f"see {self.prog} --help")

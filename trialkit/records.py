@@ -105,6 +105,8 @@ _encode = json.JSONEncoder(allow_nan=True, separators=(",", ":"), default=_defau
 
 def dumps(obj: Any) -> str:
     """JSON with NaN and infinities kept (as NaN/Infinity, which Python's json reads back)."""
+    if type(obj) is float and obj - obj == 0.0:  # a finite float, most metrics: json's own text, 5x sooner
+        return float.__repr__(obj)
     return _encode(obj)
 
 
