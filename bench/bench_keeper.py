@@ -9,7 +9,10 @@ file at the moments that matter, so the figures are the wrapper's own cost:
   start:      the wrapper's exec -> the child's first instruction, against a
               bare `python -c pass` (the floor of any Python keeper); both
               with bytecode cached, as a pip install leaves it.
-Samples are taken round-robin across the wrappers, the order rotating from
+Beside them runs the Python floor (bench/python_floor.py: spawn, forward,
+reap, exit, nothing else): what any init written in Python pays, so that
+the report says how much of the keeper's cost is the interpreter's and how
+much its own. Samples are taken round-robin across the wrappers, the order rotating from
 one round to the next, so that load on a shared machine falls on all of them
 alike. Goals (issue 18): forwarding <= 1.2x tini, exit <= 2x tini, start <=
 1.5x `python -c pass`. Needs `tini`, `dumb-init` (Debian packages) and a C
@@ -85,11 +88,12 @@ def build_child(workdir: Path) -> str:
 
 
 def wrappers() -> Dict[str, List[str]]:
-    """Each wrapper's command prefix: all three signal the child's whole group."""
+    """Each wrapper's command prefix: all of them signal the child's whole group."""
     return {
         "keeper": [sys.executable, "-m", "trialkit.keeper", "--grace", "5", "--"],
         "tini": ["tini", "-s", "-g", "--"],
         "dumb-init": ["dumb-init", "--"],
+        "python floor": [sys.executable, str(ROOT / "bench" / "python_floor.py")],
     }
 
 
@@ -168,20 +172,24 @@ def collect(runs: int, child: str, workdir: Path) -> Dict[str, Dict[str, List[fl
 def report(found: Dict[str, Dict[str, List[float]]]) -> bool:
     """Print the medians and ratios; True when every goal is met."""
     med = {name: {m: statistics.median(v) for m, v in measures.items()} for name, measures in found.items()}
-    print(f"{'median (ms)':<12}{'forwarding':>12}{'exit':>12}{'start':>12}")
+    print(f"{'median (ms)':<14}{'forwarding':>12}{'exit':>12}{'start':>12}")
     for name in wrappers():
         row = med[name]
-        print(f"{name:<12}" + "".join(f"{row[m] * 1e3:12.3f}" for m in ("forwarding", "exit", "start")))
-    print(f"{'python -c pass':<24}{'':>12}{med['python']['python -c pass'] * 1e3:12.3f}")
+        print(f"{name:<14}" + "".join(f"{row[m] * 1e3:12.3f}" for m in ("forwarding", "exit", "start")))
+    print(f"{'python -c pass':<26}{'':>12}{med['python']['python -c pass'] * 1e3:12.3f}")
     ok = True
     print()
     for measure in ("forwarding", "exit", "start"):
         keeper, tini, dumb = med["keeper"][measure], med["tini"][measure], med["dumb-init"][measure]
-        line = f"{measure:<11} keeper/tini {keeper / tini:7.2f}x   keeper/dumb-init {keeper / dumb:7.2f}x"
+        floor = med["python floor"][measure]
+        line = (f"{measure:<11} keeper/tini {keeper / tini:7.2f}x   keeper/dumb-init {keeper / dumb:7.2f}x   "
+                f"python floor/tini {floor / tini:6.2f}x")
         if measure in GOALS:
             met = keeper / tini <= GOALS[measure]
             ok &= met
             line += f"   goal <= {GOALS[measure]:g}x tini: {'MET' if met else 'MISSED'}"
+            if floor / tini > GOALS[measure]:
+                line += " (below the Python floor)"
         print(line)
     start = med["keeper"]["start"] / med["python"]["python -c pass"]
     ok &= start <= START_GOAL
