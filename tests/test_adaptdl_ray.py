@@ -433,11 +433,17 @@ def test_the_trainers_hints_reach_the_controller_and_size_the_job(start_job):
     assert job.wait_for_epoch(restarts=1).replicas == 2, job.output()
 
 
-HINTED = '''"""train.py, whose rank 0 first sends the hints in hints.json beside it (if any), and no others."""
-import json, os, runpy, sys
+HINTED = '''"""train.py, whose rank 0 first sends the hints in hints.json beside it (if any), and no others;
+when a file hints.gate names a path, not before that path exists."""
+import json, os, runpy, sys, time
 import adaptdl.env, adaptdl.sched_hints
 import adaptdl.torch._metrics
 
+if os.path.exists("hints.gate"):
+    with open("hints.gate") as gate:
+        gate = gate.read()
+    while not os.path.exists(gate):
+        time.sleep(0.1)
 if os.path.exists("hints.json") and adaptdl.env.replica_rank() == 0:
     with open("hints.json") as hints:
         adaptdl.sched_hints.post_sched_hints(json.load(hints), adaptdl.env.job_id())
@@ -524,6 +530,12 @@ os.execv(sys.executable, [sys.executable, "-m", "trialkit.ray.adaptdl_ray", "-u"
                           "--working-dir", role, "-m", "2", "--cpus", "2", "--cluster-rescale-timeout", "2",
                           "--", "--epochs", epochs, "--step-seconds", "0.01"])
 """
+GATED = '''"""train.py once {gate} exists: till then its worker holds its slot."""
+import os, runpy, sys, time
+while not os.path.exists({gate!r}):
+    time.sleep(0.1)
+runpy.run_path("train.py", run_name="__main__")
+'''
 
 
 def until(check, timeout: float, what: str):
@@ -547,15 +559,18 @@ def test_an_experiments_adaptdl_trials_on_the_ray_platform_share_it_and_show_the
     """Two adaptdl-ray trials of one experiment on the ray platform, two slots. Trial a's hints
     say a second worker pays, but b holds the other slot: a stays at one while b runs, and
     takes both once b ends. `trialkit trial show` prints a's sizing; stopping the experiment
-    stops a's job through its checkpoint (adaptdl-ray takes the keeper's SIGTERM as Ctrl-C)."""
+    stops a's job through its checkpoint (adaptdl-ray takes the keeper's SIGTERM as Ctrl-C).
+    Gates keep the order whatever the machine's load: a sends its hints once b runs, and b
+    trains (three epochs) once a's sizing with those hints is stored."""
     home = tmp_path / "home"
     monkeypatch.setenv("TRIALKIT_HOME", str(home))
     space = {"role": {"_type": "choice", "_value": ["a", "b"]}}
     config = experiment(tmp_path, space, ELASTIC_TRIAL.format(address=cluster.address), maxTrialNumber=2,
                         trialConcurrency=2, nniManagerIp="127.0.0.1", tuner={"name": "GridSearch"},
                         trainingService={"platform": "ray", "address": cluster.address, "cpusPerTrial": 0})
-    hinted_job_dir(config.parent / "a", "compute_bound_edited.json")
-    hinted_job_dir(config.parent / "b", None)
+    (hinted_job_dir(config.parent / "a", "compute_bound_edited.json") / "hints.gate").write_text(
+        str(tmp_path / "b-runs"))
+    (hinted_job_dir(config.parent / "b", None) / "hinted.py").write_text(GATED.format(gate=str(tmp_path / "a-sized")))
     proc = start_cli("run", config)
     try:
         exp = experiment_id(proc.stdout.readline())
@@ -563,6 +578,11 @@ def test_an_experiments_adaptdl_trials_on_the_ray_platform_share_it_and_show_the
                                                             "FROM trials")) == 2 and dict(rows),
                       START_TIMEOUT, "two trials")
         a, b = roles["a"], roles["b"]
+        until(lambda: elastic_decisions(home, exp, b), START_TIMEOUT, "trial b on its worker")
+        (tmp_path / "b-runs").touch()
+        until(lambda: any(d["predicted"] for d in elastic_decisions(home, exp, a)), START_TIMEOUT,
+              "trial a's sizing from its hints")
+        (tmp_path / "a-sized").touch()
         grown = until(lambda: next((d for d in elastic_decisions(home, exp, a) if d["workers"] == 2), None),
                       3 * START_TIMEOUT, "trial a on two workers")
         assert grown["reason"].startswith(f"the experiment's plan changed ({b} ended): 2 workers"), grown
