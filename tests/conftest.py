@@ -82,3 +82,18 @@ def trial_env(tmp_path):
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+@pytest.fixture
+def t1_manager(tmp_path):
+    """A real manager on loopback over a store on disk that knows trial t1 (token `token-1`)."""
+    from trialkit.manager.server import ManagerServer
+    from trialkit.manager.store import Store
+
+    store = Store.in_dir(tmp_path / "exp")
+    store.create_experiment("exp")
+    store.add_trial("exp", "t1", sequence=0, parameters={}, token="token-1")
+    manager = ManagerServer(store).start()
+    yield manager
+    manager.stop()
+    store.close()

@@ -124,15 +124,8 @@ trialkit.sdk.report_elastic(3, {3: 2.5}, "last")
 
 
 @pytest.fixture
-def manager(tmp_path):
-    """A manager on loopback over a store with trial t1 (token-1)."""
-    store = Store.in_dir(tmp_path / "exp")
-    store.create_experiment("exp")
-    store.add_trial("exp", "t1", sequence=0, parameters={}, token="token-1")
-    server = ManagerServer(store).start()
-    yield server
-    server.stop()
-    store.close()
+def manager(t1_manager):
+    return t1_manager
 
 
 def test_a_malformed_decision_is_refused_alone_by_the_keeper(tmp_path, manager):

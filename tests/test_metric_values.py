@@ -38,14 +38,8 @@ def home(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def server(tmp_path):
-    store = Store.in_dir(tmp_path / "exp")
-    store.create_experiment("exp")
-    store.add_trial("exp", "t1", sequence=0, parameters={}, token="token-1")
-    manager = ManagerServer(store).start()
-    yield manager
-    manager.stop()
-    store.close()
+def server(t1_manager):
+    return t1_manager
 
 
 def post(server, body: bytes):
