@@ -27,7 +27,7 @@ dist.init_process_group("gloo")
 t = torch.tensor([dist.get_rank() + 1.0])
 dist.all_reduce(t)
 print(f"rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item():g} args {sys.argv[1:]}", flush=True)
-dist.destroy_process_group()
+dist.destroy_process_group()  # else gloo's threads may abort the interpreter's exit (pytorch/pytorch#179291)
 """
 
 # Joins the group, says it is ready, then waits; SIGTERM runs a handler that says so and exits 143.
@@ -36,6 +36,8 @@ import os, signal, sys, time
 import torch.distributed as dist
 def on_term(signum, frame):
     print(f"handler rank={os.environ['RANK']} signal={signal.Signals(signum).name}", flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()  # else gloo's threads may abort the exit (see ALLREDUCE)
     sys.exit(143)
 signal.signal(signal.SIGTERM, on_term)
 dist.init_process_group("gloo")

@@ -25,6 +25,9 @@ engine.backward(loss)
 engine.step()
 print(f"step {engine.global_steps} rank {engine.global_rank} of {engine.world_size} "
       f"local {os.environ['LOCAL_RANK']}", flush=True)
+# Without it, gloo's threads may outlive the interpreter's teardown and abort the process
+# ("terminate called without an active exception", SIGABRT: pytorch/pytorch#179291).
+torch.distributed.destroy_process_group()
 """
 
 
@@ -32,7 +35,7 @@ def test_two_workers_one_zero1_step(tmp_path):
     script = write(tmp_path, "train.py", ZERO1_STEP)
     proc = Proc([PY, "-m", "trialkit.launch.deepspeed", str(script)], launch_env(tmp_path, TRIALKIT_SLOTS_PER_NODE="2"))
     # The first run on a machine builds DeepSpeed's CPU communication op (minutes); later runs reuse it.
-    assert proc.finish(timeout=600) == 0, proc.err[-3000:]
+    assert proc.finish(timeout=600) == 0, proc.err.decode(errors="replace")[-3000:]
     for rank in (0, 1):
         assert f"[rank={rank}] step 1 rank {rank} of 2 local {rank}\n" in proc.text
 
@@ -58,6 +61,7 @@ def test_two_nodes_without_ssh_over_loopback(tmp_path):
     t = torch.tensor([dist.get_rank() + 1.0])
     dist.all_reduce(t)
     print(f"rank {dist.get_rank()} of {dist.get_world_size()} sum {t.item():g}", flush=True)
+    dist.destroy_process_group()
     """)
     port = str(free_port())
     nodes = [Proc([PY, "-m", "trialkit.launch.deepspeed", str(script)], launch_env(
