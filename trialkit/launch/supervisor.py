@@ -130,7 +130,7 @@ class Supervisor:
             self.loop.watch(self.engine)
             self.loop.run_until(lambda: self.swept)
             self.loop.run_until(lambda: not self._running(), deadline=time.monotonic() + LINK_EOF_WAIT)
-            return self._verdict()
+            return announce(self.prog, self._outcome())
         finally:
             for peer in self.workers:
                 peer.close()
@@ -233,12 +233,6 @@ class Supervisor:
         return [w for w in self.workers.values() if w.running]
 
     # -- the end ------------------------------------------------------------
-    def _verdict(self) -> int:
-        code, line = self._outcome()
-        if line:
-            print(f"{self.prog}: {line}", file=sys.stderr, flush=True)
-        return code
-
     def _outcome(self) -> Tuple[int, str]:
         if self.failed:
             return failed_verdict(self.failed, self.workers.values(), self.script)
@@ -255,6 +249,14 @@ class Supervisor:
             return code, f"{self.engine_name} failed with {describe_exit(code)} before any worker did, " \
                          f"running {self.script}"
         return 0, ""
+
+
+def announce(prog: str, outcome: Tuple[int, str]) -> int:
+    """A launcher's end: its verdict line (if any) on stderr, and its exit code."""
+    code, line = outcome
+    if line:
+        print(f"{prog}: {line}", file=sys.stderr, flush=True)
+    return code
 
 
 def failed_verdict(failed: Any, workers: Iterable[Any], script: str) -> Tuple[int, str]:

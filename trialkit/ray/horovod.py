@@ -38,7 +38,7 @@ from trialkit import env
 from trialkit import trial as trials
 from trialkit.errors import UserError, report_and_exit
 from trialkit.launch import grammar, horovod, launcher
-from trialkit.launch.supervisor import failed_verdict, stopped_verdict
+from trialkit.launch.supervisor import announce, failed_verdict, stopped_verdict
 from trialkit.launch.wrap_rank import _writev_all  # the same whole-line writes as every rank's prefixer
 from trialkit.process import FORWARDED_SIGNALS, STOP_SIGNALS
 from trialkit.ray import connect
@@ -283,7 +283,7 @@ class Job:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        return self._verdict()
+        return announce(self.prog, self._outcome())
 
     def _on_read(self, worker: Worker, ref):
         import ray
@@ -324,12 +324,6 @@ class Job:
 
     def _running(self) -> List[Worker]:
         return [w for w in self.workers if w.running]
-
-    def _verdict(self) -> int:
-        code, line = self._outcome()
-        if line:
-            print(f"{self.prog}: {line}", file=sys.stderr, flush=True)
-        return code
 
     def _outcome(self) -> Tuple[int, str]:
         if self.failed:
