@@ -10,7 +10,6 @@ restarted on the same trial dir starts from the spooled cursor.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
@@ -31,18 +30,6 @@ OnBad = Callable[[str, str], None]  # (where, reason)
 
 def nni_metrics_path(trial: TrialEnv) -> Path:
     return trial.trial_dir / ".nni" / "metrics"  # the child's NNI_SYS_DIR is the trial dir
-
-
-def write_nni_parameters(trial: TrialEnv) -> None:
-    """parameter.cfg in NNI's shape, before the trial starts: nni.get_next_parameter() waits for it."""
-    target = trial.trial_dir / "parameter.cfg"
-    if trial.parameters_file and Path(trial.parameters_file).absolute() == target:
-        return  # the trial was given NNI's own file
-    parameters = trial.parameters()
-    cfg = records.nni_parameter_cfg(records.parameter_id(trial.parameter_id, trial.sequence), parameters)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(cfg))
-    os.replace(tmp, target)  # never seen empty or half written
 
 
 class FileSource:

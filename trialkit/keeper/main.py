@@ -4,37 +4,38 @@
 
 Its life, in order: read the arguments and the environment contract, prepare
 the trial's home, become the reaper of orphans, listen for signals, start the
-command in its own session with its output captured, then serve events until
-the command has exited and nothing of its tree is left, and exit with its code
-(128+N when signal N ended it). SIGTERM and SIGINT stop the trial with a
+command in its own session with its output piped to us; then load the
+reporting side (spool, followed files, shipper: off the trial's way to its
+start), serve events until the command has exited and nothing of its tree is
+left, and exit with its code (128+N when signal N ended it). SIGTERM and SIGINT stop the trial with a
 bounded grace; the other forwarded signals pass through to the group as they are.
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, List, NoReturn, Optional, Sequence, Tuple
 
-from trialkit import __version__, env, layout, records
+TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
+if TYPE_CHECKING:
+    from typing import Any, List, NoReturn, Optional, Sequence, Tuple
+
+from trialkit import env, layout, records
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
-from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, missing_sdk_hint
-from trialkit.keeper.reporter import Reporter
-from trialkit.keeper.status import StatusFile
-from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
+from trialkit.keeper.status import StatusFile, warn
 from trialkit.process import (
     FORWARDED_SIGNALS,
-    STOP_SIGNALS,
     Child,
     EventLoop,
     LaunchError,
     set_child_subreaper,
     shell_line_argv,
-    signal_group,
     spawn,
     start_ticks,
 )
@@ -127,7 +128,23 @@ def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
         trial.stop_file.unlink()
     except FileNotFoundError:
         pass
+    try:
+        write_nni_parameters(trial)
+    except (OSError, ValueError) as err:
+        warn(f"cannot write parameter.cfg for NNI's SDK ({err})")
     return trial, home
+
+
+def write_nni_parameters(trial: env.TrialEnv) -> None:
+    """parameter.cfg in NNI's shape, before the trial starts: nni.get_next_parameter() waits for it."""
+    target = trial.trial_dir / "parameter.cfg"
+    if trial.parameters_file and Path(trial.parameters_file).absolute() == target:
+        return  # the trial was given NNI's own file
+    parameters = trial.parameters()
+    cfg = records.nni_parameter_cfg(records.parameter_id(trial.parameter_id, trial.sequence), parameters)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(cfg))
+    os.replace(tmp, target)  # never seen empty or half written
 
 
 def write_pidfile(home: Path, trial: env.TrialEnv) -> Tuple[Path, str]:
@@ -150,83 +167,22 @@ def remove_pidfile(pidfile: Tuple[Path, str]) -> None:
         pass  # gone already, or a disk that takes no writes: a stale pidfile names a process that has ended
 
 
-def start_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop,
-                reporter: Reporter) -> Tuple[Child, List[Capture]]:
-    """Spawn the command with its output piped into captures that the loop serves."""
+def start_command(command: Sequence[str], trial: env.TrialEnv) -> Tuple[Child, int, int]:
+    """Spawn the command with its stdout and stderr piped to us; returns the child and the pipes' read ends."""
     environ = trial.child_environ()
     environ[env.UNDER_KEEPER] = str(os.getpid())
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        child = spawn(opts.command, env=environ, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w)
+        child = spawn(command, env=environ, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w)
+    except LaunchError:
+        os.close(out_r)
+        os.close(err_r)
+        raise
     finally:
         os.close(out_w)
         os.close(err_w)
-    streams = log_streams(reporter, loop)
-    captures = [
-        Capture(out_r, str(trial.trial_dir / "stdout.log"), None if opts.quiet else sys.stdout.fileno(),
-                LineScanner(records.NNI_STDOUT_PREFIX, reporter.nni_stdout_line), streams.get("stdout")),
-        Capture(err_r, str(trial.trial_dir / "stderr.log"), None if opts.quiet else sys.stderr.fileno(),
-                tee=streams.get("stderr")),
-    ]
-    for capture in captures:
-        loop.add_reader(capture.pipe_fd, _reader(loop, capture))
-    return loop.watch(child), captures
-
-
-def log_streams(reporter: Reporter, loop: EventLoop) -> dict:
-    """stream -> the feed of its copy for the manager; none without a manager to ship to."""
-    if reporter.shipper is None:
-        return {}
-    from trialkit.keeper.logship import Budget, LogStream
-
-    budget = Budget()
-    reporter.log_streams = [LogStream(name, budget, reporter.log_chunk, loop.call_later)
-                            for name in ("stdout", "stderr")]
-    return {stream.name: stream.feed for stream in reporter.log_streams}
-
-
-def _reader(loop: EventLoop, capture: Capture):
-    def on_readable() -> None:
-        capture.on_readable()
-        if not capture.open:
-            loop.remove_reader(capture.pipe_fd)
-    return on_readable
-
-
-def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env.TrialEnv) -> bool:
-    """Serve events until the child and its tree are gone; True if a stop was asked."""
-    stop_asked: List[bool] = []
-
-    def on_signal(signum: int) -> None:
-        if signum in STOP_SIGNALS:
-            if not stop_asked:
-                stop_asked.append(True)
-                # Before the signal, so a handler that asks should_preempt() sees it.
-                os.close(os.open(trial.stop_file, os.O_WRONLY | os.O_CREAT, 0o644))
-            loop.stop(child, trial.grace_seconds, first=signum)
-        else:
-            signal_group(child.pgid, signum)
-
-    loop.serve(child, on_signal, lambda: any(c.open for c in captures))
-    echo_deadline = time.monotonic() + ECHO_DRAIN_SECONDS
-    for capture in captures:
-        loop.remove_reader(capture.pipe_fd)
-        capture.close(echo_deadline)
-    return bool(stop_asked)
-
-
-def final_status(child: Child, stop_asked: bool) -> str:
-    if child.exit_code == 0:
-        return SUCCEEDED
-    # Loaded only here: AdaptDL's wiring brings its checkpoint hook's module (json, ctypes,
-    # shutil), ~2 ms that a keeper's start and a successful trial's way out do without.
-    from trialkit import adaptdl
-
-    # 143 from exit(), not from dying of SIGTERM: the trial saved a checkpoint.
-    if child.killed_by is None and adaptdl.is_checkpointed_exit(child.exit_code, stop_asked):
-        return PREEMPTED
-    return USER_CANCELED if stop_asked else FAILED
+    return child, out_r, err_r
 
 
 def run(argv: Sequence[str]) -> int:
@@ -240,33 +196,20 @@ def run(argv: Sequence[str]) -> int:
     set_child_subreaper()
     loop = EventLoop(opts.forward)
     loop.install_signal_handlers()
-    reporter = Reporter(trial, home)
-    reporter.attach(loop)
-    code = run_trial(opts, trial, loop, reporter)
-    reporter.finish(time.monotonic() + opts.flush_seconds)
-    remove_pidfile(pidfile)
-    return code
-
-
-def run_trial(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, reporter: Reporter) -> int:
-    """Start the command, keep it to its end, record how it ended; returns its exit code."""
     started = time.time()
     try:
-        child, captures = start_trial(opts, trial, loop, reporter)
+        launched: Any = start_command(opts.command, trial)
     except LaunchError as err:
-        print(f"{PROG}: {err}", file=sys.stderr, flush=True)
-        reporter.status(FAILED, exit_code=err.code, reason=str(err), restart_count=trial.restart_count)
-        return err.code
-    reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
-                    command=list(opts.command), keeper_version=__version__)
-    stop_asked = supervise(loop, child, captures, trial)
-    if child.exit_code != 0:
-        hint = missing_sdk_hint(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
-        if hint is not None:
-            print(f"{PROG}: {hint}", file=sys.stderr, flush=True)
-    reporter.trial_ended()
-    reporter.status(final_status(child, stop_asked), exit_code=child.exit_code, ended=time.time())
-    return child.exit_code
+        launched = err
+    gc.enable()  # off since __main__, for the start
+    # Loaded once the command runs: the reporting side (decoders, spool, followed
+    # files, threads) is ~4 ms that the trial's start does not wait for. What the
+    # trial writes meanwhile waits in its pipes and files.
+    from trialkit.keeper.keep import keep
+
+    code = keep(opts, trial, home, loop, launched, started)
+    remove_pidfile(pidfile)
+    return code
 
 
 class _Unfailing:

@@ -14,29 +14,20 @@ in order and are spooled before anything newer, up to the end of the flush.
 """
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from trialkit import layout, records
 from trialkit.env import TrialEnv, is_reporting_replica
-from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path, write_nni_parameters
+from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path
 from trialkit.keeper.spool import Spool
-from trialkit.keeper.status import StatusFile
+from trialkit.keeper.status import StatusFile, say, warn
 from trialkit.keeper.tensorboard import Scalars
 from trialkit.process import EventLoop
 
 
 HELD_RETRY_SECONDS = 0.2
-
-
-def _log(message: str) -> None:
-    print(f"[trialkit-keeper] {message}", file=sys.stderr, flush=True)
-
-
-def _warn(message: str) -> None:
-    _log(f"warning: {message}")
 
 
 class Reporter:
@@ -50,23 +41,19 @@ class Reporter:
         self.collector: Optional[Collector] = None
         self.shipper = None  # a Shipper when there is a manager to send to
         self.log_streams: List[Any] = []  # keeper.logship.LogStream, when there is a manager
-        self.scalars = Scalars(trial.tensorboard_dir, _warn) if trial.tensorboard_dir else None
+        self.scalars = Scalars(trial.tensorboard_dir, warn) if trial.tensorboard_dir else None
 
     def attach(self, loop: EventLoop) -> None:
-        """Before the trial starts: NNI's parameter file, the followed files, the shipper."""
-        try:
-            write_nni_parameters(self.trial)
-        except (OSError, ValueError) as err:
-            _warn(f"cannot write parameter.cfg for NNI's SDK ({err})")
+        """As the trial starts: the followed files, the shipper."""
         nni_metrics = nni_metrics_path(self.trial)
         for path in (self.trial.channel, nni_metrics):
             path.parent.mkdir(parents=True, exist_ok=True)  # watched before the trial creates the files
         cursor = self.spool.cursor
         sources = [
-            FileSource("channel", self.trial.channel, records.SeqDecoder, cursor.get("channel"), self._bad, _warn),
-            FileSource("nni", nni_metrics, records.NniFrameDecoder, cursor.get("nni"), self._bad, _warn),
+            FileSource("channel", self.trial.channel, records.SeqDecoder, cursor.get("channel"), self._bad, warn),
+            FileSource("nni", nni_metrics, records.NniFrameDecoder, cursor.get("nni"), self._bad, warn),
         ]
-        self.collector = Collector(loop, sources, self._ingest, self._bad, _warn, self.trial.restart_count)
+        self.collector = Collector(loop, sources, self._ingest, self._bad, warn, self.trial.restart_count)
         self.collector.collect(drain=True)  # what a previous keeper on this dir had not spooled
         if self.trial.manager_url and is_reporting_replica():
             # Imported here: http.client (with ssl and email) costs a keeper
@@ -74,7 +61,7 @@ class Reporter:
             from trialkit.keeper.shipper import Shipper
 
             self.shipper = Shipper(self.spool, self.trial.manager_url, self.trial.trial_id, self.trial.token,
-                                   log=_log).start()
+                                   log=say).start()
 
     def status(self, status: str, **fields: Any) -> None:
         self.status_file.update(status, **fields)
@@ -114,13 +101,13 @@ class Reporter:
         if self.malformed:
             self.status_file.update(malformed_records=self.malformed)
         if self.held:
-            _log(f"{len(self.held)} records ({', '.join(r['type'] for r in self.held)}) could not be written "
+            say(f"{len(self.held)} records ({', '.join(r['type'] for r in self.held)}) could not be written "
                  "to the spool and are lost; the trial's exit code is the keeper's")
         # Without a manager the spool is the record of the trial: nothing to say.
         left = self.shipper.close(deadline) if self.shipper else 0
         self.spool.close()
         if left:
-            _log(f"{left} records were not delivered to {self.trial.manager_url}; they stay in "
+            say(f"{left} records were not delivered to {self.trial.manager_url}; they stay in "
                  f"{self.spool.dir} and go out with the next keeper on this trial dir")
 
     def _spool_refused(self, deadline: float) -> None:
@@ -157,11 +144,11 @@ class Reporter:
             self._spool(self.held, self.spool.cursor)  # the files' cursor has not moved
         except OSError as err:
             if len(self.held) == 1:
-                _warn(f"cannot write the spool ({err.strerror}); the keeper's own records wait in memory")
+                warn(f"cannot write the spool ({err.strerror}); the keeper's own records wait in memory")
             return False
         self.held = []
         return True
 
     def _bad(self, where: str, reason: str) -> None:
         self.malformed += 1
-        _warn(f"skipped a malformed record ({where}): {reason}")
+        warn(f"skipped a malformed record ({where}): {reason}")

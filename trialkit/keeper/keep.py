@@ -1,0 +1,127 @@
+"""The keeper's second half: keep a started command to its end and record how it ended.
+
+main.py starts the command as early as it can; this module loads after it
+(the reporting side costs a few milliseconds of imports that the trial's start
+does not wait for). It captures the command's output, says RUNNING, serves
+events until the command and its tree are gone, and records the final status
+(or FAILED when the command could not start), then delivers what is pending.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Tuple, Union
+
+from trialkit import __version__, env, records
+from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, missing_sdk_hint
+from trialkit.keeper.main import PROG
+from trialkit.keeper.reporter import Reporter
+from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, signal_group
+from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
+
+
+
+def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventLoop,
+         launched: Union[Tuple[Child, int, int], LaunchError], started: float) -> int:
+    """From the command's start (its child and output pipes, or why it could not start) to its
+    recorded end and the delivery of what is pending; returns the keeper's exit code."""
+    reporter = Reporter(trial, home)
+    reporter.attach(loop)
+    if isinstance(launched, LaunchError):
+        print(f"{PROG}: {launched}", file=sys.stderr, flush=True)
+        reporter.status(FAILED, exit_code=launched.code, reason=str(launched), restart_count=trial.restart_count)
+        code = launched.code
+    else:
+        child, out_r, err_r = launched
+        reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
+                        command=list(opts.command), keeper_version=__version__)
+        captures = capture_output(opts, trial, loop, reporter, out_r, err_r)
+        code = keep_to_end(opts, trial, loop, reporter, loop.watch(child), captures)
+    reporter.finish(time.monotonic() + opts.flush_seconds)
+    return code
+
+
+def capture_output(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, reporter: Reporter,
+                   out_r: int, err_r: int) -> List[Capture]:
+    """The command's output into its log files (and our own stdout and stderr), served by the loop."""
+    streams = log_streams(reporter, loop)
+    captures = [
+        Capture(out_r, str(trial.trial_dir / "stdout.log"), None if opts.quiet else sys.stdout.fileno(),
+                LineScanner(records.NNI_STDOUT_PREFIX, reporter.nni_stdout_line), streams.get("stdout")),
+        Capture(err_r, str(trial.trial_dir / "stderr.log"), None if opts.quiet else sys.stderr.fileno(),
+                tee=streams.get("stderr")),
+    ]
+    for capture in captures:
+        loop.add_reader(capture.pipe_fd, _reader(loop, capture))
+    return captures
+
+
+def log_streams(reporter: Reporter, loop: EventLoop) -> Dict[str, Any]:
+    """stream -> the feed of its copy for the manager; none without a manager to ship to."""
+    if reporter.shipper is None:
+        return {}
+    from trialkit.keeper.logship import Budget, LogStream
+
+    budget = Budget()
+    reporter.log_streams = [LogStream(name, budget, reporter.log_chunk, loop.call_later)
+                            for name in ("stdout", "stderr")]
+    return {stream.name: stream.feed for stream in reporter.log_streams}
+
+
+def _reader(loop: EventLoop, capture: Capture):
+    def on_readable() -> None:
+        capture.on_readable()
+        if not capture.open:
+            loop.remove_reader(capture.pipe_fd)
+    return on_readable
+
+
+def keep_to_end(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, reporter: Reporter,
+                child: Child, captures: List[Capture]) -> int:
+    """Keep the running command to its end and record how it ended; returns its exit code."""
+    stop_asked = supervise(loop, child, captures, trial)
+    if child.exit_code != 0:
+        hint = missing_sdk_hint(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
+        if hint is not None:
+            print(f"{PROG}: {hint}", file=sys.stderr, flush=True)
+    reporter.trial_ended()
+    reporter.status(final_status(child, stop_asked), exit_code=child.exit_code, ended=time.time())
+    return child.exit_code
+
+
+def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env.TrialEnv) -> bool:
+    """Serve events until the child and its tree are gone; True if a stop was asked."""
+    stop_asked: List[bool] = []
+
+    def on_signal(signum: int) -> None:
+        if signum in STOP_SIGNALS:
+            if not stop_asked:
+                stop_asked.append(True)
+                # Before the signal, so a handler that asks should_preempt() sees it.
+                os.close(os.open(trial.stop_file, os.O_WRONLY | os.O_CREAT, 0o644))
+            loop.stop(child, trial.grace_seconds, first=signum)
+        else:
+            signal_group(child.pgid, signum)
+
+    loop.serve(child, on_signal, lambda: any(c.open for c in captures))
+    echo_deadline = time.monotonic() + ECHO_DRAIN_SECONDS
+    for capture in captures:
+        loop.remove_reader(capture.pipe_fd)
+        capture.close(echo_deadline)
+    return bool(stop_asked)
+
+
+def final_status(child: Child, stop_asked: bool) -> str:
+    if child.exit_code == 0:
+        return SUCCEEDED
+    # Loaded only here: AdaptDL's wiring brings its checkpoint hook's module (json, ctypes,
+    # shutil), ~2 ms that a successful trial's way out does without.
+    from trialkit import adaptdl
+
+    # 143 from exit(), not from dying of SIGTERM: the trial saved a checkpoint.
+    if child.killed_by is None and adaptdl.is_checkpointed_exit(child.exit_code, stop_asked):
+        return PREEMPTED
+    return USER_CANCELED if stop_asked else FAILED
