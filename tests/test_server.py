@@ -161,3 +161,19 @@ def test_store_api_for_the_control_plane(tmp_path):
     again = Store.in_dir(tmp_path)  # a restarted manager finds everything
     assert again.acked_seq("a") == 2 and again.trial("b")["status"] == "RUNNING"
     again.close()
+
+
+def test_the_ack_moves_over_every_record_stored_ahead_of_a_gap(tmp_path):
+    # Records after a gap wait unacknowledged; the one that fills it acks them all at once,
+    # however many there are (the store looks at them a window at a time).
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e")
+    store.add_trial("e", "a", sequence=0, parameters={}, token=None)
+    ahead = 25_001
+    for first in range(2, ahead + 1, 2_000):
+        store.add_records("a", [metric(seq) for seq in range(first, min(first + 2_000, ahead + 1))])
+    store.add_records("a", [metric(ahead + 2)])  # behind a second gap: stays out of the ack
+    assert store.acked_seq("a") == 0
+    assert [r["seq"] for r in store.add_records("a", [metric(1), metric(3)])] == [1]  # 3 was stored: once
+    assert store.acked_seq("a") == ahead and store.count_records("a") == ahead + 1
+    store.close()

@@ -265,39 +265,15 @@ class Store:
 
         Returns the newly stored records and the newly refused ones as `{"seq", "reason"}`, in seq order.
         """
-        rows = sorted([(rec["seq"], rec, None) for rec in batch] + [(rec["seq"], rec, why) for rec, why in rejected],
+        now = time.time()
+        # Each row as stored, made before the lock is taken: the store is held for SQL only.
+        rows = sorted([(rec["seq"], rec, None, _record_row(trial_id, rec, now)) for rec in batch]
+                      + [(rec["seq"], rec, why, _refused_row(trial_id, rec, why, now)) for rec, why in rejected],
                       key=lambda row: row[0])
         if not rows:
             return [], []
-        now = time.time()
         with self._tx() as db:
-            stored = {seq for (seq,) in db.execute("SELECT seq FROM records WHERE trial=? AND seq BETWEEN ? AND ?",
-                                                   (trial_id, rows[0][0], rows[-1][0]))}
-            fresh, refused, values = [], [], []
-            for seq, rec, why in rows:
-                if seq in stored:
-                    continue
-                stored.add(seq)  # a seq twice in one batch is stored once too
-                if why is None:
-                    fresh.append(rec)
-                    values.append((trial_id, seq, rec["type"], rec.get("sequence"), rec.get("parameter_id"),
-                                   records.dumps(rec["value"]), rec.get("time"), now, rec.get("source"), None,
-                                   rec.get("run")))
-                else:
-                    refused.append({"seq": seq, "reason": why})
-                    values.append((trial_id, seq, records.REJECTED, None, None, _as_sent(rec), None, now, None, why,
-                                   None))
-            db.executemany(
-                "INSERT INTO records(trial, seq, type, sequence, parameter_id, value, time, received, source, reason, "
-                "run) VALUES (?,?,?,?,?,?,?,?,?,?,?)", values)
-            for rec in fresh:
-                if rec["type"] == records.STATUS:
-                    value = rec["value"]
-                    _set_status(db, trial_id, value["status"], value.get("exit_code"), value.get("reason") or "",
-                                value.get("restart_count"), rec.get("time") or now, "keeper")
-            if values:
-                _advance_ack(db, trial_id)
-        return fresh, refused
+            return _add_rows(db, trial_id, rows, now)
 
     def acked_seq(self, trial_id: str) -> int:
         """The highest seq such that every record 1..seq of the trial is stored."""
@@ -397,10 +373,72 @@ def _as_sent(rec: Any) -> str:
         return records.dumps(f"(not kept: {err})")
 
 
+def _add_rows(db: sqlite3.Connection, trial_id: str, rows: List[Tuple[Any, ...]],
+              now: float) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+    """add_batch's work inside a transaction: rows are (seq, record, why refused or None, the row as stored)."""
+    stored = _seqs(db, "SELECT group_concat(seq) FROM records WHERE trial=? AND seq BETWEEN ? AND ?",
+                   (trial_id, rows[0][0], rows[-1][0]))
+    fresh, refused, values = [], [], []
+    for seq, rec, why, row in rows:
+        if seq in stored:
+            continue
+        stored.add(seq)  # a seq twice in one batch is stored once too
+        if why is None:
+            fresh.append(rec)
+        else:
+            refused.append({"seq": seq, "reason": why})
+        values.append(row)
+    _insert_records(db, values)
+    for rec in fresh:
+        if rec["type"] == records.STATUS:
+            value = rec["value"]
+            _set_status(db, trial_id, value["status"], value.get("exit_code"), value.get("reason") or "",
+                        value.get("restart_count"), rec.get("time") or now, "keeper")
+    if values:
+        _advance_ack(db, trial_id)
+    return fresh, refused
+
+
+def _record_row(trial_id: str, rec: Dict[str, Any], now: float) -> Tuple[Any, ...]:
+    return (trial_id, rec["seq"], rec["type"], rec.get("sequence"), rec.get("parameter_id"), records.dumps(rec["value"]),
+            rec.get("time"), now, rec.get("source"), None, rec.get("run"))
+
+
+def _refused_row(trial_id: str, rec: Dict[str, Any], why: str, now: float) -> Tuple[Any, ...]:
+    return (trial_id, rec["seq"], records.REJECTED, None, None, _as_sent(rec), None, now, None, why, None)
+
+
+# A keeper's batch costs the store a few statements whatever its size, not a step per row:
+# the sqlite3 module lets go of the GIL around every step, and under a thousand keepers'
+# connections each step's return waits its turn for it while the store is held (about 110
+# steps a 50-record batch before, 6 now; bench/bench_manager.py, issue 19).
+_RECORD_COLUMNS = "trial, seq, type, sequence, parameter_id, value, time, received, source, reason, run"
+_ROWS_PER_INSERT = 500  # 11 values a row: well within the 32,766 a statement may bind
+_ACK_WINDOW = 10_000  # seqs looked at per step when the ack moves
+
+
+def _seqs(db: sqlite3.Connection, sql: str, args: Tuple[Any, ...]) -> set:
+    """The seqs a `SELECT group_concat(seq) ...` finds, read in one step."""
+    (found,) = db.execute(sql, args).fetchone()
+    return {int(seq) for seq in found.split(",")} if found else set()
+
+
+def _insert_records(db: sqlite3.Connection, values: List[Tuple[Any, ...]]) -> None:
+    for start in range(0, len(values), _ROWS_PER_INSERT):
+        chunk = values[start:start + _ROWS_PER_INSERT]
+        db.execute(f"INSERT INTO records({_RECORD_COLUMNS}) VALUES " + ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * len(chunk)),
+                   [value for row in chunk for value in row])
+
+
 def _advance_ack(db: sqlite3.Connection, trial_id: str) -> None:
+    """Move the trial's ack to the end of the run of stored seqs that follows it."""
     acked = db.execute("SELECT acked_seq FROM trials WHERE id=?", (trial_id,)).fetchone()[0]
-    for (seq,) in db.execute("SELECT seq FROM records WHERE trial=? AND seq>? ORDER BY seq", (trial_id, acked)):
-        if seq != acked + 1:
+    while True:  # a window at a time: behind a gap that stays, the records above it are not all read again
+        start = acked
+        above = _seqs(db, "SELECT group_concat(seq) FROM records WHERE trial=? AND seq>? AND seq<=?",
+                      (trial_id, start, start + _ACK_WINDOW))
+        while acked + 1 in above:
+            acked += 1
+        if acked < start + _ACK_WINDOW:
             break
-        acked = seq
     db.execute("UPDATE trials SET acked_seq=? WHERE id=?", (acked, trial_id))
