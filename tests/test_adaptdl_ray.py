@@ -284,8 +284,9 @@ def test_a_failing_script_ends_the_job_with_its_code_and_leaves_nothing(start_jo
     (tmp_path / "fail.py").write_text("import sys\nprint('failing on purpose', flush=True)\nsys.exit(3)\n")
     job = start_job("fail.py", tmp_path, [])
     assert job.wait() == 3, job.output()
-    assert any("rank 0 exited with code 3" in line or "rank 1 exited with code 3" in line for line in job.lines)
-    assert any("failing on purpose" in line for line in job.lines)
+    assert any("rank 0 exited with code 3" in line or "rank 1 exited with code 3" in line
+               for line in job.lines), job.output()
+    assert any("failing on purpose" in line for line in job.lines), job.output()
     # the `cluster` fixture then checks: no actor alive, no keeper or script running on any node
 
 
