@@ -219,7 +219,7 @@ class Loop:
 
     # -- what other threads hand the loop ----------------------------------------------------
     def stored(self, trial_id: str, fresh: List[Dict[str, Any]]) -> None:
-        """The manager's listener: records its HTTP threads stored."""
+        """The manager's listener: records it stored (called on its loop: only queued here)."""
         self.events.put(("records", trial_id, fresh))
 
     def ended(self, handle: str) -> None:

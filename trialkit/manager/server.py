@@ -22,19 +22,23 @@ kept (records.loads). When the disk takes no writes (full, read-only,
 failing: trialkit.manager.disk) a batch gets 503 and stays in the keeper's
 spool, to be sent again; `server.disk` says what is wrong.
 
-Bounds: at most `max_connections` connections are served at once (one more
-is closed at once; keepers retry), a request's line and headers must arrive
-within `header_seconds` of its first byte (slowloris), and an idle
-keep-alive connection is dropped after SOCKET_TIMEOUT. With `tls=(cert, key)`
-the server speaks HTTPS only; the TLS handshake runs in the connection's own
-thread, within `header_seconds`.
+Connections are served on one asyncio loop (trialkit/manager/transport.py,
+aiohttp's server): the keepers' routes run on it, every other route in a
+pool of threads. Bounds: at most `max_connections` connections are served at
+once (one more is closed at once; keepers retry), a request's line and
+headers must arrive within `header_seconds` of its first byte (slowloris),
+its body within `body_seconds` of its headers (408 then), and an idle
+keep-alive connection is dropped after SOCKET_TIMEOUT. With
+`tls=(cert, key)` the server speaks HTTPS only; the TLS handshake must end
+within `header_seconds`.
 
 The control plane registers a trial and its token in the store
 (`Store.add_trial(..., token=...)`): the server looks tokens up there, so a
 restarted manager knows every trial at once. It hears of new records through
-`add_listener(fn)`: fn(trial_id, records) runs in the request's thread after
+`add_listener(fn)`: fn(trial_id, records) runs on the server's loop after
 they are committed, once per record ever (duplicates never reach it); keep it
-quick (put them on a queue.Queue for a tuner or assessor thread). More routes:
+quick (put them on a queue.Queue for a tuner or assessor thread): every
+keeper waits while it runs. More routes:
 `server.router.add(method, "/api/v1/things/<name>", handler)`, where handler
 takes a Request and returns (status, JSON-able body) or raises HttpError.
 A route may check the request's headers before its body is read:
@@ -49,29 +53,30 @@ serves a store on its own (tests, benchmarks, a manager run by hand).
 """
 from __future__ import annotations
 
-import io
+import asyncio
 import json
 import re
-import socket
 import ssl
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from aiohttp import web
+
 from trialkit import records
 from trialkit.manager.disk import DiskWatch
 from trialkit.manager.store import Store
+from trialkit.manager.transport import Transport
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 
 MAX_BODY = 8 << 20  # a keeper's batch is at most 1 MiB; this leaves room and bounds memory
-SOCKET_TIMEOUT = 30.0  # a client that stops sending mid-body does not hold a thread forever
+SOCKET_TIMEOUT = 30.0  # an idle keep-alive connection is dropped after this
+BODY_SECONDS = 30.0  # from a request's headers to the end of its body (a keeper's batch is at most 1 MiB)
 HEADER_SECONDS = 10.0  # from a request's first byte to the end of its headers (slowloris)
-MAX_CONNECTIONS = 2048  # served at once, a thread each: above any keeper count tried (FINDINGS: 1,000)
+MAX_CONNECTIONS = 2048  # served at once: above any keeper count tried (bench/bench_manager.py: 1,000)
 RETRY_AFTER_SECONDS = 2  # what a 503 for a disk that takes no writes suggests
 
 Listener = Callable[[str, List[Dict[str, Any]]], None]
@@ -158,30 +163,36 @@ class Router:
 class ManagerServer:
     def __init__(self, store: Optional[Store], host: str = "127.0.0.1", port: int = 0, max_body: int = MAX_BODY, *,
                  tls: Optional[Tuple[str, str]] = None, max_connections: int = MAX_CONNECTIONS,
-                 header_seconds: float = HEADER_SECONDS):
+                 header_seconds: float = HEADER_SECONDS, body_seconds: float = BODY_SECONDS):
         self.store = store
         self.max_body = max_body
         self.header_seconds = header_seconds
+        self.body_seconds = body_seconds
         self.router = Router()
         self._listeners: List[Listener] = []
         if store is not None:
             self.router.add("POST", "/api/v1/trials/<trial_id>/records", self._post_records, self._trial_check)
             self.router.add("GET", "/api/v1/trials/<trial_id>/parameters", self._get_parameters, self._trial_check)
+        # The keepers' routes answer in well under a millisecond: they run on the server's loop.
+        self._on_loop = {self._post_records, self._get_parameters} if store is not None else set()
         self.disk = DiskWatch(store.path.parent if store is not None else Path("."))
-        self._httpd = _Server((host, port), _RequestHandler, max_connections)
-        if tls is not None:
-            self._httpd.socket = tls_context(*tls).wrap_socket(self._httpd.socket, server_side=True,
-                                                              do_handshake_on_connect=False)
+        self._transport = Transport(host, port, self._serve, tls=tls_context(*tls) if tls is not None else None,
+                                    max_connections=max_connections, header_seconds=header_seconds,
+                                    idle_seconds=SOCKET_TIMEOUT)
         self.scheme = "https" if tls is not None else "http"
-        self._httpd.manager = self  # type: ignore[attr-defined]
         self._thread: Optional[threading.Thread] = None
         self.stopping = threading.Event()  # ends Stream answers
 
     @property
     def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._transport.address[:2]
         host = f"[{host}]" if ":" in host else host
         return f"{self.scheme}://{host}:{port}"
+
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return self._transport.connections
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -259,22 +270,88 @@ class ManagerServer:
     # -- running -----------------------------------------------------------------------
     def start(self) -> "ManagerServer":
         """Serve from a background thread."""
-        # A short poll interval: stop() waits for it.
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="trialkit-manager",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._transport.run, name="trialkit-manager", daemon=True)
         self._thread.start()
+        self._transport.ready.wait()
         return self
 
     def serve_forever(self) -> None:
-        self._httpd.serve_forever()
+        """Serve in this thread until stop(), or until Ctrl-C, whose KeyboardInterrupt goes on up."""
+        self._transport.run()
 
     def stop(self) -> None:
         self.stopping.set()
+        self._transport.stop()
         if self._thread is not None:
-            self._httpd.shutdown()
             self._thread.join()
-        self._httpd.server_close()
+        self._transport.close()
         self.disk.close()
+
+    # -- one request, from the server's loop -------------------------------------------
+    async def _serve(self, incoming: web.BaseRequest) -> web.StreamResponse:
+        target = urlsplit(incoming.raw_path)
+        request = Request(incoming.method, target.path, {}, incoming.headers, b"", dict(parse_qsl(target.query)))
+        has_body = incoming.method in ("POST", "PUT")
+        try:
+            handler = self.admit(request)  # refused here, the body is never read
+        except HttpError as err:
+            return _json(err.status, {"error": err.reason}, close=has_body)
+        if has_body:
+            length = incoming.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                return _json(411, {"error": "a Content-Length header is needed"}, close=True)
+            if int(length) > self.max_body:
+                return _json(413, {"error": f"the body is over {self.max_body} bytes"}, close=True)
+            try:
+                request.body = (await asyncio.wait_for(incoming.content.readexactly(int(length)), self.body_seconds)
+                                if int(length) else b"")
+            except asyncio.IncompleteReadError:
+                return _json(400, {"error": f"the body ended before its {length} bytes"}, close=True)
+            except asyncio.TimeoutError:
+                return _json(408, {"error": f"the body took over {self.body_seconds:g} s"}, close=True)
+        if handler in self._on_loop:
+            status, answer = self.answer(handler, request)
+        else:
+            status, answer = await self._transport.blocking(self.answer, handler, request)
+        if isinstance(answer, Raw):
+            return web.Response(body=answer.body, status=status,
+                                headers={"Content-Type": answer.content_type, **answer.headers})
+        if isinstance(answer, Stream):
+            return await self._stream(incoming, status, answer)
+        return _json(status, answer)
+
+    async def _stream(self, incoming: web.BaseRequest, status: int, answer: Stream) -> web.StreamResponse:
+        response = web.StreamResponse(status=status, headers={"Content-Type": answer.content_type, **answer.headers})
+        response.force_close()
+        await response.prepare(incoming)
+        chunks = iter(answer.chunks)
+        try:
+            while not self.stopping.is_set():
+                chunk = await self._transport.blocking(next, chunks, None)
+                if chunk is None:
+                    break
+                if chunk:
+                    await response.write(chunk)
+        except (ConnectionError, RuntimeError):
+            pass  # the client left
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                try:
+                    await self._transport.blocking(close)  # a generator's cleanup runs now, not at collection
+                except ValueError:
+                    pass  # still running in the pool (the server stops): it ends at its next chunk
+        return response
+
+
+def _json(status: int, answer: Any, close: bool = False) -> web.Response:
+    headers = {"Content-Type": "application/json"}
+    if status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    response = web.Response(body=records.dumps(answer).encode(), status=status, headers=headers)
+    if close:
+        response.force_close()  # the body was not read: the connection cannot carry another request
+    return response
 
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:
@@ -297,215 +374,6 @@ def tls_pair(cert: Optional[str], key: Optional[str]) -> Optional[Tuple[str, str
         raise UserError("TLS needs both a certificate and its key", "--tls-cert/--tls-key",
                         "give both, or neither for plain HTTP")
     return cert, key
-
-
-class _Slot:
-    """One connection's place under max_connections, freed at most once, by whichever path frees it first."""
-
-    def __init__(self, slots: threading.BoundedSemaphore):
-        self._slots = slots
-        self._lock = threading.Lock()
-        self._held = True
-
-    def release(self) -> None:
-        with self._lock:
-            if not self._held:
-                return
-            self._held = False
-        self._slots.release()
-
-
-class _Server(ThreadingHTTPServer):
-    """A thread per connection, at most `max_connections` at once; a connection over that is closed at once."""
-
-    daemon_threads = True
-    request_queue_size = 1024  # the kernel's backlog: a burst of keepers connecting is not dropped (FINDINGS)
-
-    def __init__(self, address: Tuple[str, int], handler: type, max_connections: int):
-        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self._slots = threading.BoundedSemaphore(max_connections)
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        slot = _Slot(self._slots)
-        worker = threading.Thread(target=self._serve_one, args=(request, client_address, slot), daemon=True)
-        try:
-            worker.start()
-        except BaseException:
-            # A thread that cannot start frees its slot here. Ctrl-C lands in start()'s wait, when
-            # the thread may already run and free it too: the slot is freed once, and the
-            # KeyboardInterrupt goes on up so serve_forever ends (`trialkit ui` stops on Ctrl-C).
-            slot.release()
-            raise
-
-    def _serve_one(self, request: Any, client_address: Any, slot: "_Slot") -> None:
-        try:
-            self.process_request_thread(request, client_address)
-        finally:
-            slot.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that vanished or spoke no TLS is no news; a bug in a handler is answered 500 before this.
-        err = sys.exc_info()[1]
-        if not isinstance(err, (OSError, ssl.SSLError)):
-            super().handle_error(request, client_address)
-
-
-class _DeadlineReader(io.RawIOBase):
-    """The connection's bytes, with a deadline armed at a request's first byte until its headers are read.
-
-    A per-read timeout alone lets a client send one byte every few seconds and
-    hold its thread for good; the deadline bounds the whole request head.
-    """
-
-    def __init__(self, connection: socket.socket):
-        self.connection = connection
-        self.armed_for: Optional[float] = None  # seconds the head may take, counted from its first byte
-        self.deadline: Optional[float] = None
-
-    def readable(self) -> bool:
-        return True
-
-    def arm(self, seconds: float) -> None:
-        self.armed_for, self.deadline = seconds, None
-
-    def disarm(self) -> None:
-        self.armed_for = self.deadline = None
-
-    def readinto(self, buffer: Any) -> int:
-        timeout = SOCKET_TIMEOUT
-        if self.deadline is not None:
-            timeout = self.deadline - time.monotonic()
-            if timeout <= 0:
-                raise TimeoutError("the request's headers took too long")
-        self.connection.settimeout(min(timeout, SOCKET_TIMEOUT))
-        count = self.connection.recv_into(buffer)
-        if count and self.armed_for is not None and self.deadline is None:
-            self.deadline = time.monotonic() + self.armed_for
-        return count
-
-
-class _RequestHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: a keeper sends batch after batch on one connection
-    timeout = SOCKET_TIMEOUT
-
-    def setup(self) -> None:
-        super().setup()
-        # Every answer's headers and body leave in one write (_send_with), but a stream's chunks do
-        # not: with Nagle's algorithm on, each would wait for the client's delayed ACK (40 ms on Linux).
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._reader = _DeadlineReader(self.connection)
-        self.rfile = io.BufferedReader(self._reader)
-
-    def handle(self) -> None:
-        manager: ManagerServer = self.server.manager  # type: ignore[attr-defined]
-        if isinstance(self.connection, ssl.SSLSocket):
-            try:
-                self.connection.settimeout(manager.header_seconds)
-                self.connection.do_handshake()
-            except (OSError, ssl.SSLError):
-                return  # not TLS, or too slow: nothing to answer on
-        super().handle()
-
-    def handle_one_request(self) -> None:
-        self._reader.arm(self.server.manager.header_seconds)  # type: ignore[attr-defined]
-        super().handle_one_request()
-
-    def _serve(self, has_body: bool) -> None:
-        self._reader.disarm()  # the headers are in
-        manager: ManagerServer = self.server.manager  # type: ignore[attr-defined]
-        target = urlsplit(self.path)
-        request = Request(self.command, target.path, {}, self.headers, b"", dict(parse_qsl(target.query)))
-        try:
-            handler = manager.admit(request)  # refused here, the body is never read
-        except HttpError as err:
-            return self._reply(err.status, {"error": err.reason}, close=has_body)
-        if has_body:
-            length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                return self._reply(411, {"error": "a Content-Length header is needed"}, close=True)
-            if int(length) > manager.max_body:
-                return self._reply(413, {"error": f"the body is over {manager.max_body} bytes"}, close=True)
-            request.body = self.rfile.read(int(length))
-        status, answer = manager.answer(handler, request)
-        if isinstance(answer, Raw):
-            self._reply_raw(status, answer)
-        elif isinstance(answer, Stream):
-            self._reply_stream(status, answer, manager.stopping)
-        else:
-            self._reply(status, answer)
-
-    def _reply(self, status: int, answer: Any, close: bool = False) -> None:
-        data = records.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status == 503:
-            self.send_header("Retry-After", str(RETRY_AFTER_SECONDS))
-        if close:
-            # The body was not read: the connection cannot carry another request.
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self._send_with(data)
-
-    def _send_with(self, body: bytes) -> None:
-        """End the headers and send them with the body in one write.
-
-        On loopback a write costs the receiver's side of TCP too: a second write an answer cost
-        the manager about 7% more CPU per keeper's batch (3-10% over six runs, one keep-alive keeper).
-        """
-        head = b"".join(getattr(self, "_headers_buffer", ()))  # none for an HTTP/0.9 request
-        self._headers_buffer = []
-        self.wfile.write(head + b"\r\n" + body if head else body)
-
-    def _reply_raw(self, status: int, answer: Raw) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", answer.content_type)
-        self.send_header("Content-Length", str(len(answer.body)))
-        for name, value in answer.headers.items():
-            self.send_header(name, value)
-        self._send_with(answer.body)
-
-    def _reply_stream(self, status: int, answer: Stream, stopping: threading.Event) -> None:
-        # No length: the body ends when the connection closes.
-        self.send_response(status)
-        self.send_header("Content-Type", answer.content_type)
-        self.send_header("Connection", "close")
-        for name, value in answer.headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.close_connection = True
-        try:
-            for chunk in answer.chunks:
-                if stopping.is_set():
-                    break
-                if chunk:
-                    self.wfile.write(chunk)
-                    self.wfile.flush()
-        except OSError:
-            pass  # the client left
-        finally:
-            close = getattr(answer.chunks, "close", None)
-            if close is not None:
-                close()  # a generator's cleanup runs now, not at garbage collection
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        self._serve(has_body=False)
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._serve(has_body=True)
-
-    def do_PUT(self) -> None:  # noqa: N802
-        self._serve(has_body=True)
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._serve(has_body=False)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        pass  # one line per batch would drown the manager's own output
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
