@@ -214,7 +214,8 @@ def start_stages(cluster: RayCluster, root: Path, count: int) -> List[str]:
     TrialRunner class, run.sh, the keeper), and the driver's calls a submit makes."""
     import ray
 
-    from trialkit.platforms.ray import NAMESPACE, actor_options, parse_section
+    from trialkit.platforms.ray import actor_options, parse_section
+    from trialkit.ray.cluster import NAMESPACE
     from trialkit.ray.trial_actor import TrialRunner
 
     options = actor_options(parse_section({"platform": "ray", "cpusPerTrial": 0.08}, "bench"))
