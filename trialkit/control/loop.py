@@ -2,7 +2,7 @@
 
 One thread owns every piece of state (tuner, assessor, trials, platform
 calls); the rest reaches it through one queue:
-  - the manager's HTTP threads put the records they stored (`stored`:
+  - the manager's server (its loop) puts the records it stored (`stored`:
     FINAL -> tuner, PERIODICAL -> assessor -> a graceful stop through the platform);
   - the platform's threads put trial ends (`on_end`; local: the keeper exited);
   - signal handlers put SIGTERM/SIGINT; the admin routes and the page put
