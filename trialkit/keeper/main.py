@@ -7,8 +7,9 @@ the trial's home, become the reaper of orphans, listen for signals, start the
 command in its own session with its output piped to us; then load the
 reporting side (spool, followed files, shipper: off the trial's way to its
 start), serve events until the command has exited and nothing of its tree is
-left, and exit with its code (128+N when signal N ended it). SIGTERM and SIGINT stop the trial with a
-bounded grace; the other forwarded signals pass through to the group as they are.
+left, and exit with its code (128+N when signal N ended it). SIGTERM and
+SIGINT stop the trial with a bounded grace; the other forwarded signals pass
+through to the group as they are.
 """
 from __future__ import annotations
 

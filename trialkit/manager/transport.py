@@ -3,7 +3,8 @@
 One loop, not a thread per connection: under a thousand keepers the threads
 fought for the GIL, and the store's lock went to whichever won it, so that a
 batch waited up to a second for a lock held 0.2 ms (p99 acknowledgement
-100-670 ms; on one loop 12 ms, bench/bench_manager.py). Handlers that are
+42-674 ms, under 100 ms in 2 runs of 11; on one loop 13-62 ms,
+bench/bench_manager.py). Handlers that are
 quick (the keepers' routes) run on the loop; the rest, and the chunks of a
 stream, run in a pool of threads (`blocking`).
 
