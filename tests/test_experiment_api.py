@@ -167,6 +167,30 @@ def test_stop_ends_a_page_that_does_not_end_on_ctrl_c(monkeypatch):
     assert viewer.returncode == -9 and exp._viewer is None
 
 
+LISTENS_AND_ENDS = """
+import sys
+from trialkit.control import admin
+admin.write_info(sys.argv[1], admin.ManagerInfo.for_this_process("quick", "http://127.0.0.1:1", 1, 0.0))
+"""
+
+
+def test_a_manager_that_listened_and_already_ended_counts_as_started(tmp_path):
+    # A resumed experiment with nothing left to do writes manager.json and ends within milliseconds:
+    # CI caught `resume()` calling that a failed start when the exit was seen before the file.
+    from trialkit import process
+    from trialkit.control import background
+    quick = process.spawn([sys.executable, "-c", LISTENS_AND_ENDS, str(tmp_path)])
+    assert quick.popen.wait(timeout=TIMEOUT) == 0
+    info = background.wait_listening(quick, tmp_path, timeout=TIMEOUT)
+    assert info is not None and (info.pid, info.experiment_id) == (quick.pid, "quick")
+
+    silent = process.spawn([sys.executable, "-c", "pass"])
+    silent.popen.wait(timeout=TIMEOUT)
+    started = time.monotonic()
+    assert background.wait_listening(silent, tmp_path / "elsewhere", timeout=TIMEOUT) is None
+    assert time.monotonic() - started < TIMEOUT / 2  # an exit ends the wait, not the timeout
+
+
 def test_run_waits_and_returns_true_and_the_context_manager_stops_a_running_experiment(tmp_path):
     (tmp_path / "gate").touch()
     exp = gated_experiment(tmp_path, max_trial_number=2)

@@ -40,14 +40,18 @@ def log_path(experiment_dir: Path) -> Path:
 
 
 def wait_listening(child: process.Child, experiment_dir: Path, timeout: float) -> Optional[admin.ManagerInfo]:
-    """The child's manager.json once its manager listens; None if it exited first or is still starting."""
+    """The child's manager.json once its manager listens; None if it exited without listening or is still
+    starting. A manager that listened and has already ended (a resumed experiment with nothing left to do)
+    counts: its exit is checked before its file, so the file it wrote just before is still seen."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and child.popen.poll() is None:
+    while True:
+        exited = child.popen.poll() is not None
         info = admin.read_info(experiment_dir)
         if info is not None and info.pid == child.pid:
             return info
+        if exited or time.monotonic() >= deadline:
+            return None
         time.sleep(_POLL)
-    return None
 
 
 def status(experiment_dir: Path, experiment: Dict[str, Any]) -> str:
