@@ -113,6 +113,34 @@ def test_sigint_is_forwarded_and_stops_the_trial(trial_env):
     assert (trial_dir(trial_env) / ".trialkit" / "stop").exists()  # should_preempt() turned true
 
 
+@pytest.mark.parametrize("made_ahead", [True, False])
+def test_the_stop_file_is_there_when_the_handler_runs_whether_made_ahead_or_not(trial_env, made_ahead):
+    # The keeper makes the stop file's inode at its start and renames it into place when a stop is asked
+    # (one syscall on the way from SIGTERM to the handler); one that could not be made is created then.
+    home = trial_dir(trial_env) / ".trialkit"
+    k = keeper(py(f"""
+        import os, signal, time
+        def on_term(*_):
+            print("stop file", os.path.exists({str(home / "stop")!r}), flush=True)
+            os._exit(0)
+        signal.signal(signal.SIGTERM, on_term)
+        print("ready", flush=True)
+        while True: time.sleep(60)
+    """), trial_env)
+    k.expect(b"ready")
+    ready = home / ".stop.ready"
+    assert ready.read_bytes() == b""
+    if made_ahead:
+        ready.write_text("made ahead")  # tells the renamed file from a new one (ext4 reuses inode numbers)
+    else:
+        ready.unlink()
+    k.signal(signal.SIGTERM)
+    k.expect(b"stop file True")
+    assert k.wait(timeout=20) == 0
+    assert not ready.exists()
+    assert (home / "stop").read_text() == ("made ahead" if made_ahead else "")
+
+
 def test_sigterm_racing_the_childs_own_exit(trial_env):
     # The child exits on its own within a few milliseconds of its line; the
     # SIGTERM lands before, during or after that exit. Whatever the order, the

@@ -9,6 +9,7 @@ spool; scripts/run.sh and scripts/cleanup.sh spell the same paths in shell
     <trial dir>/.trialkit/keeper.pid    `PID START_TICKS GRACE` of the running keeper
     <trial dir>/.trialkit/channel       the SDK's framed records
     <trial dir>/.trialkit/stop          present: the trial was asked to stop
+    <trial dir>/.trialkit/.stop.ready   made at the keeper's start, renamed to `stop` when one is asked
 """
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ def status_path(trial_dir: Path) -> Path:
 
 def spool_dir(trial_dir: Path) -> Path:
     return home(trial_dir) / SPOOL
+
+
+def stop_ready(stop_file: Path) -> Path:
+    """Where the keeper makes the stop file ahead of time, beside it (rename(2) stays in one directory)."""
+    return stop_file.with_name(f".{stop_file.name}.ready")
 
 
 def pidfile_path(trial_dir: Path) -> Path:

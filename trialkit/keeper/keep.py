@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Tuple, Union
 
-from trialkit import __version__, env, records
+from trialkit import __version__, env, layout, records
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, missing_sdk_hint
 from trialkit.keeper.main import PROG
 from trialkit.keeper.reporter import Reporter
@@ -100,8 +100,7 @@ def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env
         if signum in STOP_SIGNALS:
             if not stop_asked:
                 stop_asked.append(True)
-                # Before the signal, so a handler that asks should_preempt() sees it.
-                os.close(os.open(trial.stop_file, os.O_WRONLY | os.O_CREAT, 0o644))
+                mark_stop(trial.stop_file)  # before the signal, so a handler that asks should_preempt() sees it
             loop.stop(child, trial.grace_seconds, first=signum)
         else:
             signal_group(child.pgid, signum)
@@ -112,6 +111,14 @@ def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env
         loop.remove_reader(capture.pipe_fd)
         capture.close(echo_deadline)
     return bool(stop_asked)
+
+
+def mark_stop(stop_file: Path) -> None:
+    """Make the stop file exist: the one made ahead at the start, renamed; created when there is none."""
+    try:
+        os.rename(layout.stop_ready(stop_file), stop_file)
+    except FileNotFoundError:  # the disk refused it at the start
+        os.close(os.open(stop_file, os.O_WRONLY | os.O_CREAT, 0o644))
 
 
 def final_status(child: Child, stop_asked: bool) -> str:
