@@ -181,3 +181,34 @@ def test_an_endless_line_goes_out_in_pieces_cut_between_characters(monkeypatch):
     assert pieces[1] == euro + b"ijklmnopq"  # no second prefix for the same line
     assert pieces[2] == b"rst\n"
     assert b"".join(bytes(b) for b in lines.finish()) == P + b"next"
+
+
+def test_a_short_or_refused_write_continues_where_it_stopped():
+    # A non-blocking pipe with a slow reader takes each writev only in part, or not at all for a while:
+    # every byte must still go out once, in order (the common case checks only that all went at once).
+    import os
+    import threading
+    import time
+
+    from trialkit.launch.wrap_rank import _writev_all
+
+    buffers = [bytes([65 + i % 26]) * size for i, size in enumerate([1, 70_000, 0, 130_001, 3, 200_000] * 4)]
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    received = bytearray()
+
+    def drain() -> None:
+        while True:
+            time.sleep(0.001)  # slower than the writer: the pipe fills
+            data = os.read(read_fd, 50_000)
+            if not data:
+                return
+            received.extend(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    _writev_all(write_fd, buffers)
+    os.close(write_fd)
+    reader.join(timeout=30)
+    os.close(read_fd)
+    assert bytes(received) == b"".join(buffers)

@@ -80,7 +80,10 @@ def resolve_rank(spec: str, environ) -> int:
 class Relay:
     """One pipe of the command -> prefixed lines on one of our fds, served by the loop.
 
-    A wakeup drains the pipe (up to a pipe-full). When it found less than a
+    A wakeup drains the pipe (up to a pipe-full): after a short read it reads
+    on until the pipe is empty, since a writer on another core refills it
+    meanwhile (`yes | head`, 512 MiB: 3,949 wakeups instead of 43,843 when
+    a short read ended the wakeup). When it found less than a
     page waiting (SMALL_WAKEUP: a command writing many small pieces, a line
     at a time), the pipe rests for COALESCE seconds before it is watched
     again, so that the pieces are read in large chunks, one wakeup per many
@@ -120,8 +123,6 @@ class Relay:
                 return
             got += len(data)
             self._write(self.lines.feed(data))
-            if len(data) < READ_SIZE:
-                break
         if got < SMALL_WAKEUP:  # small pieces: let them gather
             self.loop.remove_reader(self.pipe_fd)
             self.loop.call_later(COALESCE, self._resume)
@@ -167,20 +168,30 @@ def whole_line_pieces(data: bytes, limit: int) -> Iterator[memoryview]:
 
 
 def _writev_all(fd: int, buffers: List[Buffer]) -> None:
-    # One writev per batch of whole lines; a short write (signal, full
+    # One writev per batch of whole lines. It nearly always takes them all at
+    # once: checked by length, without a view per buffer (a third of the
+    # per-chunk cost at 8 KiB chunks). A short write (signal, full
     # non-blocking fd) continues where it stopped.
+    try:
+        n = os.writev(fd, buffers)
+    except BlockingIOError:
+        n = 0
+    if n == sum(map(len, buffers)):
+        return
     views = [memoryview(b) for b in buffers if len(b)]
-    while views:
+    while True:
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if not views:
+            return
+        if n:
+            views[0] = views[0][n:]
         try:
             n = os.writev(fd, views)
         except BlockingIOError:
             select.select([], [fd], [])
-            continue
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+            n = 0
 
 
 def connect(rank: int, environ) -> Optional[links.Connection]:
