@@ -19,19 +19,19 @@ status. A user's mistake is a UserError: one line on stderr, exit 2. A
 command imports what only it needs inside its function: the commands that
 read the store (`trial list` above all, which scripts and users run while an
 experiment runs) start without the HTTP client, TLS and the control loop that
-the commands talking to a manager need.
+the commands talking to a manager need, and the modules on their path import
+only what reading needs: records are NamedTuples, not dataclasses (which load
+inspect), and subprocess, socket, secrets, hashlib and csv wait for the
+functions that use them (`trial list`: 64 -> 45 ms beside 22 ms for
+`python -c pass`).
 """
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
 import errno
-import io
 import json
 import os
 import signal
-import socket
 import sqlite3
 import sys
 import time
@@ -61,6 +61,8 @@ RENDER_EXPERIMENT_ID = "render"  # `trialkit render` names trials as a real run 
 
 def cmd_run(opts: argparse.Namespace) -> int:
     from trialkit.control.config import load_config, manager_tls
+    import dataclasses
+
     from trialkit.control.run import run_experiment
     from trialkit.manager.server import tls_pair
     from trialkit.web import attach_page
@@ -481,6 +483,9 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
     if opts.format == "json":
         print(json.dumps(rows, indent=2))
     elif opts.format == "csv":
+        import csv
+        import io
+
         out = io.StringIO()
         writer = csv.DictWriter(out, JOB_COLUMNS, lineterminator="\n")
         writer.writeheader()
@@ -528,6 +533,8 @@ def _move(moves: List[Move]) -> None:
 
 
 def cmd_ui(opts: argparse.Namespace) -> int:
+    import socket
+
     from trialkit.web import serve_ui
 
     try:

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from trialkit import env
 from trialkit.errors import UserError
@@ -33,8 +31,7 @@ ASSIGNMENT_NAME = "gpus.json"  # in a trial's dir: the GPUs its latest start was
 SAMPLES_NAME = "gpu_samples.jsonl"  # in a trial's dir: its GPUs' use, one sample a line, while it runs
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     index: int
     uuid: str
     memory_total: Optional[int]  # MiB; None where nvidia-smi says [N/A]
@@ -62,6 +59,8 @@ def inventory(environ: Optional[Mapping[str, str]] = None) -> List[Gpu]:
 
 def _query(argv: Sequence[str]) -> Optional[str]:
     """nvidia-smi's answer; None when the machine has no nvidia-smi."""
+    import subprocess  # here, not at the top: the store's readers (`trialkit trial list`) start without it
+
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=QUERY_TIMEOUT,
                               stdin=subprocess.DEVNULL)

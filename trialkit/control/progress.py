@@ -11,8 +11,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, TextIO
 
 from trialkit import records
 from trialkit.control.queue import label
@@ -23,8 +22,7 @@ _CLEAR_LINE = "\r\x1b[K"
 TICK_SECONDS = 1.0  # how often a TTY's line is refreshed when nothing happens
 
 
-@dataclass
-class Snapshot:
+class Snapshot(NamedTuple):
     done: int
     running: int
     failed: int

@@ -21,8 +21,7 @@ as waiting at the back of the experiment's priority.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from trialkit.manager.store import Store
 from trialkit.errors import UserError
@@ -44,18 +43,23 @@ def sort_key(priority: int, position: Optional[int], sequence: int = 0) -> Tuple
     return (-priority, float("inf") if position is None else position, sequence)
 
 
-@dataclass(frozen=True)
-class Move:
-    """One change to the queue: a new priority, or a place ahead of / behind another trial."""
-
+class _MoveFields(NamedTuple):
     trial_id: str
     priority: Optional[int] = None
     ahead_of: Optional[str] = None
     behind_of: Optional[str] = None
 
-    def __post_init__(self) -> None:
-        if self.priority is not None and not in_int64(self.priority):
-            raise UserError(f"priority {self.priority} is out of range", self.trial_id, _PRIORITY_RANGE)
+
+class Move(_MoveFields):
+    """One change to the queue: a new priority, or a place ahead of / behind another trial."""
+
+    __slots__ = ()
+
+    def __new__(cls, trial_id: str, priority: Optional[int] = None, ahead_of: Optional[str] = None,
+                behind_of: Optional[str] = None) -> "Move":
+        if priority is not None and not in_int64(priority):
+            raise UserError(f"priority {priority} is out of range", trial_id, _PRIORITY_RANGE)
+        return super().__new__(cls, trial_id, priority, ahead_of, behind_of)
 
     @property
     def other(self) -> Optional[str]:
@@ -74,7 +78,7 @@ class Move:
         return cls(trial_id, **{_FIELDS[name]: value})
 
     def to_json(self) -> Dict[str, Any]:
-        return {key: value for key, value in vars(self).items() if value is not None}
+        return {key: value for key, value in self._asdict().items() if value is not None}
 
     @classmethod
     def from_json(cls, data: Any) -> "Move":

@@ -17,11 +17,8 @@ for a value that is not a finite number a float holds.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional
 
 from trialkit import gpus, records
 from trialkit.manager.store import Store
@@ -113,6 +110,9 @@ def to_csv(rows: List[Dict[str, Any]]) -> str:
     params = _columns(flat_parameters(row["parameters"]) for row in rows)
     final_keys = _columns(_extra_keys(row["final"]) for row in rows)
     latest_keys = _columns(_extra_keys(_latest(row)) for row in rows)
+    import csv  # here, not at the top: the store's readers (`trialkit trial list`) start without it
+    import io
+
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(list(_ROW_FIELDS) + [f"final.{key}" for key in final_keys] + ["intermediate", "latest"]
@@ -149,8 +149,7 @@ def _key_cells(metric: Any, keys: List[str]) -> List[Any]:
             and not isinstance(values[key], bool) else records.dumps(values[key]) for key in keys]
 
 
-@dataclass
-class ExperimentResult:
+class ExperimentResult(NamedTuple):
     """What `run_experiment` (and so `Experiment.run`) returns."""
 
     experiment_id: str

@@ -14,7 +14,6 @@ from its id alone.
 from __future__ import annotations
 
 import os
-import secrets
 import string
 from pathlib import Path
 from typing import List, Optional
@@ -37,6 +36,8 @@ def experiments_root(working_directory: Optional[str] = None) -> Path:
 
 
 def new_experiment_id() -> str:
+    import secrets  # here, not at the top: the store's readers (`trialkit trial list`) start without it
+
     # A letter first: ids appear in Kubernetes names, which must not start with a digit.
     return secrets.choice(string.ascii_lowercase) + "".join(secrets.choice(_ALPHABET) for _ in range(7))
 

@@ -40,9 +40,7 @@ safe to share between the manager's threads. Readers in other processes
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import secrets
 import sqlite3
 import threading
 import time
@@ -119,10 +117,14 @@ _TRIAL_JSON = ("parameters",)
 
 def new_token() -> str:
     """A per-trial secret for TRIALKIT_TOKEN."""
+    import secrets  # here, not at the top: the store's readers (`trialkit trial list`) start without it
+
     return secrets.token_urlsafe(32)
 
 
 def token_hash(token: str) -> str:
+    import hashlib  # here, not at the top: the store's readers (`trialkit trial list`) start without it
+
     return hashlib.sha256(token.encode()).hexdigest()
 
 
