@@ -6,6 +6,8 @@
 - throughput: wrap_rank on SIZE of 100-byte lines against GNU
   `sed 's/^/[rank=0] /'` (same producer, see `producer`; output to /dev/null); goal
   (issue 18): at least 1.5x sed's MiB/s, on a quiet machine and a loaded one.
+  Beside them, `cat` as the relay: it changes nothing, so its figure is how
+  fast a relay behind this producer can be on this machine.
 - failfast: one of 2 workers crashes -> the launcher has exited; ours against
   plain torchrun; goal: no slower, and under 1 s.
 - start: the command -> the script's first line on our stdout; ours against
@@ -117,15 +119,18 @@ def throughput(size: int, repeat: int, produce: str, what: str) -> None:
     if not shutil.which("sed"):
         print("throughput: no sed here; skipped")
         return
-    alone, sed, ours = medians(
+    alone, cat, sed, ours = medians(
         repeat,
         lambda: timed(["sh", "-c", f"{produce} > /dev/null"]),
+        lambda: timed(["sh", "-c", f"{produce} | cat > /dev/null"]),
         lambda: timed(["sh", "-c", f"{produce} | sed 's/^/[rank=0] /' > /dev/null"]),
         lambda: timed([PY, "-m", "trialkit.launch.wrap_rank", "0", "--", "sh", "-c", produce], env=environ()),
     )
     mib = size / (1 << 20)
+    # cat relays without changing a byte: how fast any relay in a pipe behind this producer can be here.
     print(f"throughput on {mib:.0f} MiB of 100-byte lines ({what}): producer alone {mib / alone:.0f} MiB/s, "
-          f"sed {mib / sed:.0f} MiB/s, wrap_rank {mib / ours:.0f} MiB/s -> wrap_rank is {sed / ours:.2f}x sed "
+          f"cat as a relay {mib / cat:.0f} MiB/s ({sed / cat:.2f}x sed), "
+          f"sed {mib / sed:.0f} MiB/s, wrap_rank {mib / ours:.0f} MiB/s -> wrap_rank is {sed / ours:.3f}x sed "
           f"(goal >= {THROUGHPUT_GOAL:g}x: {verdict(sed / ours >= THROUGHPUT_GOAL)})")
 
 
