@@ -207,8 +207,10 @@ def test_a_short_or_refused_write_continues_where_it_stopped():
 
     reader = threading.Thread(target=drain)
     reader.start()
-    _writev_all(write_fd, buffers)
-    os.close(write_fd)
+    try:
+        _writev_all(write_fd, buffers)
+    finally:
+        os.close(write_fd)  # the reader's EOF, even when the write fails: no thread left behind
     reader.join(timeout=30)
     os.close(read_fd)
     assert bytes(received) == b"".join(buffers)

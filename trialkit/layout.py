@@ -9,7 +9,7 @@ spool; scripts/run.sh and scripts/cleanup.sh spell the same paths in shell
     <trial dir>/.trialkit/keeper.pid    `PID START_TICKS GRACE` of the running keeper
     <trial dir>/.trialkit/channel       the SDK's framed records
     <trial dir>/.trialkit/stop          present: the trial was asked to stop
-    <trial dir>/.trialkit/.stop.ready   made at the keeper's start, renamed to `stop` when one is asked
+    <trial dir>/.trialkit/.stop.ready   made by the keeper once the command runs, renamed to `stop` when one is asked
 """
 from __future__ import annotations
 

@@ -130,12 +130,6 @@ def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
     except FileNotFoundError:
         pass
     try:
-        # Asking a stop is then one rename (~30 us), not a file's creation (80-220 us on a cold
-        # disk), on the way from SIGTERM to the trial's handler (bench/bench_keeper.py).
-        os.close(os.open(layout.stop_ready(trial.stop_file), os.O_WRONLY | os.O_CREAT, 0o644))
-    except OSError as err:
-        warn(f"cannot make the stop file ahead ({err}); a stop creates it then")
-    try:
         write_nni_parameters(trial)
     except (OSError, ValueError) as err:
         warn(f"cannot write parameter.cfg for NNI's SDK ({err})")
