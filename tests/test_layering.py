@@ -150,3 +150,25 @@ def test_the_scripts_use_the_layouts_own_names_and_margin():
     assert f"pidfile=$trial_dir/{layout.HOME}/{layout.PIDFILE}" in cleanup
     # cleanup.sh waits grace + the margin that pods' termination grace is sized by.
     assert f"print g + {layout.CLEANUP_MARGIN_SECONDS} " in cleanup
+
+
+def _cycles(graph: Dict[str, Set[str]]) -> Set[Tuple[str, str]]:
+    """Pairs of modules each of which imports the other, directly or through others of the graph."""
+    reach: Dict[str, Set[str]] = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        reach[start] = seen
+    return {(a, b) for a in graph for b in reach[a] if a < b and a in reach.get(b, ())}
+
+
+def test_the_keepers_modules_import_no_circle():
+    # keep.py loads after main.py (off the trial's start): main.py imports it, so it must not import main.py back.
+    keeper = {module_name(p): {t for _, t in imports(p) if t.startswith("trialkit.keeper.")}
+              for p in sources() if module_name(p).startswith("trialkit.keeper.")}
+    assert _cycles(keeper) == set()
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == {("a", "b"), ("a", "c"), ("b", "c")}  # the check itself

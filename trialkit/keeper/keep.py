@@ -17,9 +17,8 @@ from typing import Any, Dict, List, Tuple, Union
 
 from trialkit import __version__, env, layout, records
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, missing_sdk_hint
-from trialkit.keeper.main import PROG
 from trialkit.keeper.reporter import Reporter
-from trialkit.keeper.status import warn
+from trialkit.keeper.status import PROG, warn
 from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, signal_group
 from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 from trialkit import env, layout, records
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
-from trialkit.keeper.status import StatusFile, warn
+from trialkit.keeper.status import PROG, StatusFile, warn
 from trialkit.process import (
     FORWARDED_SIGNALS,
     Child,
@@ -40,8 +40,6 @@ from trialkit.process import (
     spawn,
     start_ticks,
 )
-
-PROG = "trialkit-keeper"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

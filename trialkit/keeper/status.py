@@ -19,10 +19,12 @@ TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tes
 if TYPE_CHECKING:
     from typing import Any, Callable, Dict, Optional
 
+PROG = "trialkit-keeper"  # the keeper's name in its own lines (main.py's usage, its errors, say())
+
 
 def say(message: str) -> None:
     """A line of the keeper's own on its stderr, told apart from the trial's."""
-    print(f"[trialkit-keeper] {message}", file=sys.stderr, flush=True)
+    print(f"[{PROG}] {message}", file=sys.stderr, flush=True)
 
 
 def warn(message: str) -> None:
