@@ -303,3 +303,54 @@ def test_a_batch_the_full_store_cannot_take_gets_503_then_200_once_it_can(tmp_pa
         finally:
             server.stop()
             store.close()
+
+
+# ---------------------------------------------------------------- the trial's own disk, filled mid-run
+
+FILLED_TRIAL = """
+import os, pathlib, time, trialkit
+signals = pathlib.Path(os.environ["T_SIGNALS"])
+def wait(name):
+    while not (signals / name).exists():
+        time.sleep(0.02)
+for i in range(10):
+    trialkit.report_intermediate_result(i)
+(signals / "reported").touch()
+wait("full")
+for i in range(10, 210):  # the disk takes none of these: the SDK holds them
+    trialkit.report_intermediate_result(i)
+(signals / "held").touch()
+wait("mended")
+for i in range(210, 220):  # the first write that passes takes the held ones first, in order
+    trialkit.report_intermediate_result(i)
+trialkit.report_final_result(220)
+"""
+
+
+def test_what_a_trial_reports_while_its_disk_is_full_is_held_and_stored_once_when_space_returns(tmp_path):
+    """Issue 30, item 3: a small tmpfs holds the trial dir; filled mid-run, then freed."""
+    manager = Manager(tmp_path / "exp").start()
+    manager.register("t1", "token-1")
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(FILLED_TRIAL)
+    try:
+        with tmpfs(tmp_path / "trialdisk") as disk:
+            keeper = start_keeper(disk / "trial", [PYTHON, str(script)], manager=manager,
+                                  options=["--flush-seconds", str(TIMEOUT)], T_SIGNALS=str(signals))
+            wait_until(lambda: manager.store.count_records("t1") == 11, TIMEOUT, "RUNNING and 10 results stored")
+            filler = fill(disk)
+            (signals / "full").touch()
+            wait_until(lambda: (signals / "held").exists(), TIMEOUT, "the trial to report while the disk is full")
+            filler.unlink()
+            (signals / "mended").touch()
+            _, err = keeper.communicate(timeout=TIMEOUT)
+            stored_records = manager.store.records_for("t1")
+    finally:
+        manager.close()
+    assert keeper.returncode == 0, err
+    assert "Traceback" not in err, err
+    metrics = [(r["type"], r["value"]) for r in stored_records if r["type"] != "STATUS"]
+    assert metrics == [("PERIODICAL", i) for i in range(220)] + [("FINAL", 220)]  # every one, once, in order
+    assert [r["value"]["status"] for r in stored_records if r["type"] == "STATUS"] == ["RUNNING", "SUCCEEDED"]

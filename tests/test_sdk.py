@@ -98,13 +98,18 @@ def test_should_preempt_turns_true_when_the_stop_file_appears(tmp_path):
     assert s.should_preempt() is True  # a stop once asked stays asked
 
 
-def test_a_channel_that_cannot_be_written_warns_once_and_never_raises(tmp_path):
+def test_a_channel_that_cannot_be_written_warns_once_never_raises_and_hands_its_records_to_the_keeper_at_exit(
+        tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    s, _, err = session(tmp_path, **{env.CHANNEL: str(blocker / "channel")})
+    s, out, err = session(tmp_path, **{env.CHANNEL: str(blocker / "channel")})
     for i in range(3):
         s.report("PERIODICAL", i)
-    assert err.getvalue().count("cannot write metrics") == 1
+    assert err.getvalue().count("cannot write metrics") == 1 and "wait in memory" in err.getvalue()
+    s._at_exit()  # as atexit runs it: what the channel never took goes out as NNI's stdout lines, which the keeper reads
+    lines = out.getvalue().splitlines()
+    assert [records.parse_nni_stdout(line.encode())["value"] for line in lines] == [0, 1, 2]
+    assert "lost" not in err.getvalue()
 
 
 def run_python(code, cwd, environ):
@@ -177,3 +182,48 @@ def test_only_the_chief_replica_of_a_multi_pod_trial_ships_records(environ, repo
     from trialkit.env import is_reporting_replica
 
     assert is_reporting_replica(environ) is reports
+
+
+class _ReprRaises:
+    def __repr__(self):
+        raise RuntimeError("repr refused")
+
+
+def _nested(depth):
+    value = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_odd_values_are_stored_faithfully_or_refused_with_a_line_never_raised(tmp_path):
+    """Issue 29, item 4: whatever training code reports, the SDK raises nothing into its loop."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    cycle = []
+    cycle.append(cycle)
+    kept = [
+        (torch.tensor([1.5, 2.5]), [1.5, 2.5]),  # an array: its nested list
+        (np.arange(4).reshape(2, 2), [[0, 1], [2, 3]]),
+        ({"default": torch.tensor(0.5), 3: np.float64(1.0), None: 2}, {"default": 0.5, "3": 1.0, "null": 2}),
+        ((1, 2), [1, 2]),
+        (_nested(63), _nested(63)),
+    ]
+    refused = [
+        ({(1, 2): 3.0}, "a key of type tuple"),
+        (_ReprRaises(), "converting it raised RuntimeError"),
+        ({"default": 1.0, "x": _ReprRaises()}, "converting it raised RuntimeError"),
+        (_nested(3000), "nests deeper than 64"),
+        (cycle, "nests deeper than 64"),
+        ("x" * (records.MAX_FRAME + 1), "over the 1048576 bytes"),
+        (10 ** 5000, "4300 digits"),
+    ]
+    s, _, err = session(tmp_path)
+    for value, _ in kept + refused:
+        s.report("PERIODICAL", value)
+        s.report("FINAL", value)
+    stored = [r["value"] for r in channel_records(tmp_path / ".trialkit" / "channel")]
+    assert stored == [want for _, want in kept for _ in range(2)]
+    lines = err.getvalue().splitlines()
+    for _, why in refused:
+        assert sum(why in line and line.endswith("it is lost") for line in lines) == 1, (why, lines)

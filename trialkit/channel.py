@@ -6,7 +6,8 @@ keeper restart (the new keeper reads on from where the spool says the old one
 stopped), and any number of processes (all ranks, forked data loaders) can
 share it without a lock: with O_APPEND each record is one write(2) that the
 kernel places at the end as a whole. A process killed inside that write
-leaves at most a torn last frame, which the keeper's decoder skips.
+leaves at most a torn last frame, which the keeper's decoder skips; so does a
+write that a full disk cut short (the SDK writes that frame again whole).
 """
 from __future__ import annotations
 
@@ -23,18 +24,14 @@ class ChannelWriter:
         self.path = path
         self._fd: Optional[int] = None
 
-    def write(self, frame: bytes) -> None:
-        """Append one frame with one write(2). Raises OSError (the caller decides what a failure means)."""
+    def write(self, data: bytes) -> int:
+        """Append `data` with one write(2); the bytes written, fewer only when the disk filled up
+        (the caller sends a frame cut short again whole: the keeper's decoder skips the torn piece).
+        Raises OSError (the caller decides what a failure means)."""
         fd = self._fd
         if fd is None:
             fd = self._open()
-        written = os.write(fd, frame)
-        if written < len(frame):
-            # Only a full disk or a signal gets here; finishing the frame keeps the
-            # file readable for a single writer, and the decoder copes otherwise.
-            view = memoryview(frame)[written:]
-            while view:
-                view = view[os.write(fd, view):]
+        return os.write(fd, data)
 
     def _open(self) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -104,6 +104,64 @@ def _default(value: Any) -> Any:
 
 
 _encode = json.JSONEncoder(allow_nan=True, separators=(",", ":"), default=_default).encode
+_JSON_LEAVES = (str, int, float, bool, type(None))
+
+
+def plain_metric(metric: Any) -> Any:
+    """A metric as plain JSON values, as the SDK writes it; BadRecord says why it cannot be.
+
+    Taken as they stand for: numpy and torch values (a scalar as its number, an
+    array as its nested list), tuples as lists, keys that are numbers as JSON
+    writes them (text), any other object as its repr. Refused: keys that are no
+    text or number, nesting deeper than MAX_DEPTH (a cycle too), an object whose
+    conversion or repr raises. Whatever a user's object raises is caught: the
+    SDK never raises into training.
+    """
+    try:
+        return _plain_tree(metric, MAX_DEPTH)
+    except BadRecord:
+        raise
+    except Exception as err:  # noqa: BLE001 - a user object's .item(), .tolist() or __repr__ raised
+        raise BadRecord(f"converting it raised {type(err).__name__}: {str(err)[:80]}") from None
+
+
+def _plain_tree(value: Any, depth: int) -> Any:
+    """`value` as plain JSON values (see metric_json), at most `depth` levels of lists and objects."""
+    kind = type(value)
+    if kind in _JSON_LEAVES:
+        return value
+    if isinstance(value, (dict, list, tuple)):
+        if depth == 0:
+            raise BadRecord(f"it nests deeper than {MAX_DEPTH} levels (or holds itself)")
+        if isinstance(value, dict):
+            return {_plain_key(key): _plain_tree(item, depth - 1) for key, item in value.items()}
+        return [_plain_tree(item, depth - 1) for item in value]
+    converted = _array_or_scalar(value)
+    if converted is not value:
+        return _plain_tree(converted, depth)
+    for leaf in (bool, int, float, str):  # subclasses (an IntEnum, numpy's float64) as the value they hold
+        if isinstance(value, leaf):
+            return leaf(value)
+    return repr(value)  # an unknown object: kept readable rather than lost
+
+
+def _plain_key(key: Any) -> str:
+    """A key as JSON writes it: text as it is, a number (numpy's too), true, false or null as its JSON text."""
+    if type(key) is str:
+        return key
+    key = _array_or_scalar(key)
+    if isinstance(key, _JSON_LEAVES) and not isinstance(key, str):
+        return _encode(key)
+    if isinstance(key, str):
+        return str(key)
+    raise BadRecord(f"a key of type {type(key).__name__} is not text or a number (JSON's keys are text)")
+
+
+def _array_or_scalar(value: Any) -> Any:
+    """numpy's and torch's values as Python's: a scalar by .item(), an array by .tolist(); others as they are."""
+    if getattr(value, "tolist", None) is not None and getattr(value, "shape", None) is not None:
+        return value.tolist()  # an array of any size (of one element too, as a list of one)
+    return plain(value)
 
 
 def dumps(obj: Any) -> str:

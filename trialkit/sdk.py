@@ -13,17 +13,19 @@ training loop: a metric that cannot be kept is reported on stderr instead.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
-    from typing import Any, Dict, Mapping, Optional, Set, TextIO
+    from typing import Any, Dict, List, Mapping, Optional, Set, TextIO
 
 from trialkit import env, records
 from trialkit.channel import ChannelWriter
 
+HELD_BYTES = 64 << 20  # records a disk that takes no writes holds back in memory, at most
 _KIND_NAMES = {records.PERIODICAL: "intermediate result", records.FINAL: "final result"}
 
 
@@ -41,6 +43,10 @@ class Session:
         self._parameters: Optional[Dict[str, Any]] = None
         self._next_sequence = 0
         self._warned: Set[str] = set()
+        self._held: List[bytes] = []  # frames the disk refused, in order (see _write)
+        self._held_bytes = 0
+        self._held_at_exit = False
+        self._dropped = 0  # frames refused past HELD_BYTES
         # The parts of a record that never change, encoded once.
         ident = {"parameter_id": records.parameter_id(trial.parameter_id, trial.sequence),
                  "trial_job_id": trial.trial_id, "run": trial.restart_count}
@@ -80,30 +86,106 @@ class Session:
         else:
             sequence = 0  # NNI numbers only intermediate results
         frame = records.metric_frame(kind, sequence, time.time(), value, self._tail)
-        if self.standalone:
-            print(f"trialkit: {_KIND_NAMES[kind]} {sequence}: {metric!r}", file=self._out or sys.stdout, flush=True)
-        try:
-            self._channel.write(frame)
-        except OSError as err:
-            lost = "it is only printed" if self.standalone else "it is lost"
-            self._warn("write", f"cannot write metrics to {self.trial.channel} ({err.strerror}); {lost}")
+        if len(frame) > records.MAX_FRAME:
+            self._warn("size", f"a metric of {len(frame)} bytes is over the {records.MAX_FRAME} bytes a record may "
+                       "hold (as NNI's); it is lost")
             return
+        if self.standalone:
+            print(f"trialkit: {_KIND_NAMES[kind]} {sequence}: {_show(metric, None)}", file=self._out or sys.stdout,
+                  flush=True)
+        self._write(frame, "metrics")
         if self.standalone:
             self._warn("where", f"no trialkit keeper here: metrics are printed and appended to "
                        f"{os.path.abspath(self.trial.channel)} (JSON text sequence, RFC 7464)")
 
     def _value_json(self, metric: Any) -> Optional[str]:
         """Any metric but a finite float: its JSON text (None when it cannot be written), said once if no number."""
-        metric = records.plain(metric)
+        try:
+            metric = records.plain_metric(metric)
+            text = records.dumps(metric)
+        except (records.BadRecord, ValueError) as err:  # ValueError: an int of over 4300 digits
+            # Said once per kind of refusal: a loop repeats its one mistake, but two different ones are two lines.
+            self._warn("encode " + str(err).split(":")[0][:60],
+                       f"a metric cannot be written as JSON ({str(err)[:100]}); it is lost")
+            return None
         if records.metric_number(metric) is None:
             self._warn("shape", f"a metric should be a number (finite, within a float's range) or a dict "
                        f"with a numeric 'default' (got {_show(metric)}); it is kept as it is, but tuners and "
                        f"assessors do not see a number in it")
+        return text
+
+    # -- the channel, and what a disk that takes no writes holds back ---------------------------------
+    def _write(self, frame: bytes, what: str) -> None:
+        """Append a frame; while the disk refuses (full, read-only) frames wait in memory, in order, bounded,
+        and go first at the next write that passes (or at exit). Outside a keeper a refused one is only printed."""
+        if self._held:
+            self._hold(frame)
+            self._write_held()
+            return
         try:
-            return records.dumps(metric)
-        except (ValueError, RecursionError) as err:  # an int of over 4300 digits, a cycle, a deep nest
-            self._warn("encode", f"a metric cannot be written as JSON ({_show(err)}); it is lost")
-            return None
+            if self._channel.write(frame) == len(frame):
+                return
+            problem = "the disk is full"  # a short write: the torn frame is skipped by the keeper, sent again whole
+        except OSError as err:
+            problem = err.strerror or str(err)
+        if self.standalone:
+            self._warn("write", f"cannot write {what} to {self.trial.channel} ({problem}); it is only printed")
+            return
+        self._warn("write", f"cannot write {what} to {self.trial.channel} ({problem}); they wait in memory "
+                   f"(up to {HELD_BYTES >> 20} MiB) and are written once the disk takes them")
+        if not self._held_at_exit:
+            self._held_at_exit = True
+            atexit.register(self._at_exit)
+        self._hold(frame)
+
+    def _hold(self, frame: bytes) -> None:
+        if self._held_bytes + len(frame) > HELD_BYTES:
+            self._dropped += 1
+            self._warn("held", f"over {HELD_BYTES >> 20} MiB of records wait for the disk; newer ones are lost "
+                       "until it takes writes again")
+            return
+        self._held.append(frame)
+        self._held_bytes += len(frame)
+
+    def _write_held(self) -> None:
+        """Write the held frames, as many as the disk takes, joined in writes of up to 1 MiB."""
+        held = self._held
+        while held:
+            count, size = 0, 0
+            while count < len(held) and (count == 0 or size + len(held[count]) <= 1 << 20):
+                size += len(held[count])
+                count += 1
+            try:
+                written = self._channel.write(b"".join(held[:count]))
+            except OSError:
+                return
+            done = 0
+            while done < count and written >= len(held[done]):  # a frame cut by a short write goes again
+                written -= len(held[done])
+                self._held_bytes -= len(held[done])
+                done += 1
+            del held[:done]
+            if done < count:
+                return
+
+    def _at_exit(self) -> None:
+        """The trial ends: what the disk still refuses goes to the keeper on stdout (NNI's record lines, which
+        it reads as records); outside a keeper, or past the bound, it is lost, and said with its count."""
+        self._write_held()
+        lost = self._dropped
+        if self._held and not self.standalone:
+            try:
+                out = self._out or sys.__stdout__  # fd 1, the keeper's pipe, even if the script replaced sys.stdout
+                for frame in self._held:
+                    out.write("NNISDK_MEb'" + frame[1:-1].decode() + "'\n")
+                out.flush()
+                self._held = []
+            except (OSError, ValueError, AttributeError):
+                pass
+        lost += len(self._held)
+        if lost:
+            self._warn("lost", f"{lost} records could not be written to {self.trial.channel} before the trial "
+                       "ended (the disk took no writes); they are lost")
 
     # -- an elastic job's sizing -------------------------------------------------------
     def report_elastic(self, workers: int, predicted: Mapping[int, float], reason: str) -> None:
@@ -120,10 +202,7 @@ class Session:
             self._warn("elastic", f"a sizing decision is not a count, speedups and a reason ({_show(err)}); it is lost")
             return
         rec = {"type": records.ELASTIC, "time": time.time(), "value": value, **self._ident}
-        try:
-            self._channel.write(records.frame(records.dumps(rec)))
-        except OSError as err:
-            self._warn("write", f"cannot write to {self.trial.channel} ({err.strerror}); a sizing decision is lost")
+        self._write(records.frame(records.dumps(rec)), "a sizing decision")
 
     # -- stopping ---------------------------------------------------------------
     def should_preempt(self) -> bool:
@@ -163,10 +242,13 @@ def report_elastic(workers: int, predicted: Mapping[int, float], reason: str) ->
     (trialkit._session or trialkit._start()).report_elastic(workers, predicted, reason)
 
 
-def _show(value: Any, limit: int = 60) -> str:
-    """A short repr for a warning (repr of an int of over 4300 digits raises, and long ones drown the line)."""
+def _show(value: Any, limit: Optional[int] = 60) -> str:
+    """A repr for a line, never raising (an int of over 4300 digits, a deep nest, a user's __repr__ may raise),
+    short unless limit is None (long ones drown the line)."""
     try:
         text = repr(value)
-    except ValueError:
-        return f"an integer of {value.bit_length()} bits"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    except Exception as err:  # noqa: BLE001 - whatever the object's repr raises
+        if type(value) is int:
+            return f"an integer of {value.bit_length()} bits"
+        return f"a {type(value).__name__} whose repr raises {type(err).__name__}"
+    return text if limit is None or len(text) <= limit else text[:limit - 3] + "..."
