@@ -94,13 +94,14 @@ def test_periodic_checkpoints_hook_the_trials_python_unless_turned_off(trial_env
                           "reducer_sleeps": type(adaptdl.reducer.time).__name__}))
     """)
     boot = str(ROOT / "trialkit" / "adaptdl" / "boot")
+    shims = str(ROOT / "trialkit" / "shims" / "boot")  # trialkit's fallback packages (nni), always there
     k = keeper(show, trial_env)
     assert k.wait() == 0, k.stderr
-    assert json.loads(k.stdout) == {"every": "600", "path": [boot, *trial_env["PYTHONPATH"].split(os.pathsep)],
+    assert json.loads(k.stdout) == {"every": "600", "path": [boot, shims, *trial_env["PYTHONPATH"].split(os.pathsep)],
                                     "flag": "Periodic.exit_flag", "reducer_sleeps": "_QuickRetry"}
     k = keeper(show, {**trial_env, "TRIALKIT_CHECKPOINT_EVERY": "0"})
     assert k.wait() == 0, k.stderr
-    assert json.loads(k.stdout) == {"every": "0", "path": trial_env["PYTHONPATH"].split(os.pathsep),
+    assert json.loads(k.stdout) == {"every": "0", "path": [shims, *trial_env["PYTHONPATH"].split(os.pathsep)],
                                     "flag": "get_exit_flag", "reducer_sleeps": "module"}
 
 

@@ -3,7 +3,7 @@ and the keeper's on-disk names are spelled in one module (and the same in the
 two shell scripts).
 
     contract (env, records, statuses, layout, errors, process, channel, schema, gpus)
-      <- trial side (the SDK face, sdk, keeper/, launch/, trial, adaptdl)
+      <- trial side (the SDK face, sdk, keeper/, launch/, trial, adaptdl, shims/)
       <- what runs inside a Ray cluster (ray/: it starts keepers)
     contract <- manager/ (the HTTP server keepers ship to, the store, paths)
     contract, manager, trial side, ray <- platforms/ <- control/ <- web/ <- faces (cli, experiment)
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "trialkit"
 
 CONTRACT = {"env", "records", "statuses", "layout", "errors", "process", "channel", "schema", "gpus"}
-TRIAL = {"", "sdk", "keeper", "launch", "trial", "adaptdl"}  # "" is the SDK face, trialkit/__init__.py
+TRIAL = {"", "sdk", "keeper", "launch", "trial", "adaptdl", "shims"}  # "" is the SDK face, trialkit/__init__.py
 FACES = {"cli", "experiment"}
 
 # Which layers each layer may import (itself included).

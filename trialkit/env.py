@@ -43,6 +43,15 @@ UNDER_KEEPER = "TRIALKIT_KEEPER_PID"  # set by the keeper for its child
 REPORT_ALL_RANKS = "TRIALKIT_REPORT_ALL_RANKS"
 STOP_FILE = "TRIALKIT_STOP_FILE"  # exists once a stop was asked (should_preempt)
 PYTHON = "TRIALKIT_PYTHON"  # the interpreter run.sh starts the keeper with
+# A Determined experiment config's settings that its Core API serves the trial (searcher metric,
+# lengths, `data`): base64url of JSON, set by the config's translation (trialkit/control/determined.py).
+DETERMINED = "TRIALKIT_DETERMINED"
+# In a Kubernetes pod, the sha256 of the archives run.sh fetches from the manager
+# (trialkit/manager/archives.py): the experiment's code, and trialkit's trial side
+# for an image without trialkit; and where run.sh says why a trial could not start.
+CODE_DIGEST = "TRIALKIT_CODE_DIGEST"
+TRIALSIDE_DIGEST = "TRIALKIT_TRIALSIDE_DIGEST"
+TERMINATION_LOG = "TRIALKIT_TERMINATION_LOG"
 # A Ray node's instance-metadata service (spot notices); set per node to point a
 # node at a stand-in, as tests do. Default: EC2's link-local address.
 IMDS_URL = "TRIALKIT_IMDS_URL"
@@ -86,8 +95,15 @@ CHECKPOINT_EVERY = "TRIALKIT_CHECKPOINT_EVERY"
 DEFAULT_CHECKPOINT_EVERY = 600.0
 # The hook that takes them (trialkit/adaptdl/boot): first on the training process's PYTHONPATH.
 ADAPTDL_BOOT_DIR = Path(__file__).resolve().parent / "adaptdl" / "boot"
+# The finder of trialkit's fallback packages (`nni` where NNI is not installed: trialkit/shims),
+# on every training process's PYTHONPATH, after AdaptDL's (whose sitecustomize chains to it).
+# Spelled here, not imported: trialkit.shims is the trial side, above this contract.
+SHIMS_BOOT_DIR = Path(__file__).resolve().parent / "shims" / "boot"
 
 DEFAULT_GRACE_SECONDS = 25.0  # under Kubernetes' default 30 s termination grace
+# The longest grace a keeper or an experiment takes: its timers wait in milliseconds of a C int (24.8 days).
+MAX_GRACE_SECONDS = 7 * 86400.0
+MAX_PARAMETERS_BYTES = 64 << 20  # a parameters file larger than this is not one
 RANK_VARIABLES = ("RANK", "HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "ADAPTDL_REPLICA_RANK")
 
 
@@ -113,6 +129,20 @@ def _number(environ: Mapping[str, str], name: str, default: float, kind=float):
         return default
 
 
+def _grace(environ: Mapping[str, str]) -> float:
+    """The grace every reader (keeper, launchers, wrap_rank) waits: one outside 0..MAX_GRACE_SECONDS is said and
+    bounded here, as a bad number is (a timer given 10**9 s would fail at the first stop, mid-trial)."""
+    seconds = _number(environ, GRACE_SECONDS, DEFAULT_GRACE_SECONDS, float)
+    if 0 <= seconds <= MAX_GRACE_SECONDS:
+        return seconds
+    bounded = MAX_GRACE_SECONDS if seconds > MAX_GRACE_SECONDS else DEFAULT_GRACE_SECONDS
+    import sys
+
+    print(f"trialkit: ignoring {GRACE_SECONDS}={environ[GRACE_SECONDS]!r:.40}: outside 0..{MAX_GRACE_SECONDS:g} "
+          f"seconds; using {bounded:g}", file=sys.stderr)
+    return bounded
+
+
 # Named tuples, neither dataclasses (which import inspect) nor typing's NamedTuple
 # (typing costs 1.6 ms): both would slow every keeper's start before the trial
 # runs. Immutable; a copy with changes is _replace().
@@ -133,15 +163,22 @@ class TrialEnv(namedtuple("TrialEnv", (
     __slots__ = ()
 
     def parameters(self) -> Dict[str, Any]:
-        """The trial's parameters: inline JSON, else a file, else empty."""
+        """The trial's parameters: inline JSON, else a file, else empty. Raises ValueError (not a JSON
+        object, a file that is no regular file or holds over MAX_PARAMETERS_BYTES) or OSError."""
         if self.parameters_json:
-            return json.loads(self.parameters_json)
-        if self.parameters_file and os.path.exists(self.parameters_file):
-            with open(self.parameters_file, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(self.parameters_json)
+            where = PARAMETERS
+        elif self.parameters_file and os.path.exists(self.parameters_file):
+            data = json.loads(_read_bounded(self.parameters_file, MAX_PARAMETERS_BYTES))
             # NNI's parameter.cfg wraps the parameters; a plain file is the parameters.
-            return data.get("parameters", data) if "parameter_id" in data else data
-        return {}
+            if type(data) is dict and "parameter_id" in data:
+                data = data.get("parameters", data)
+            where = self.parameters_file
+        else:
+            return {}
+        if type(data) is not dict:
+            raise ValueError(f"{where} holds a JSON {type(data).__name__}, not an object of names and values")
+        return data
 
     def child_environ(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
         """The environment of the training process: trialkit's names, NNI's and AdaptDL's."""
@@ -176,8 +213,11 @@ class TrialEnv(namedtuple("TrialEnv", (
         out.update(own)
         out.update(nni)
         out.update(self.adaptdl_environ())
-        if self.checkpoint_every > 0:
-            out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ADAPTDL_BOOT_DIR), out.get("PYTHONPATH")]))
+        boots = ([str(ADAPTDL_BOOT_DIR)] if self.checkpoint_every > 0 else []) + [str(SHIMS_BOOT_DIR)]
+        # Each once, in this order, however the environment came (a keeper's own, inherited).
+        # (an empty entry stays: it means the working directory)
+        theirs = [p for p in out["PYTHONPATH"].split(os.pathsep) if p not in boots] if out.get("PYTHONPATH") else []
+        out["PYTHONPATH"] = os.pathsep.join(boots + theirs)
         return out
 
     def adaptdl_environ(self) -> Dict[str, str]:
@@ -197,6 +237,77 @@ class TrialEnv(namedtuple("TrialEnv", (
             out[ADAPTDL["tensorboard_dir"]] = str(self.tensorboard_dir)
             out[ADAPTDL_OLD_TENSORBOARD] = str(self.tensorboard_dir)
         return out
+
+
+def _read_bounded(path: str, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` of them: a FIFO would block the reader, /dev/zero never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without waiting for a writer
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+        raise ValueError(f"{path} holds over {limit >> 20} MiB")
+    finally:
+        os.close(fd)
+
+
+def check(trial: TrialEnv) -> None:
+    """What the keeper refuses to start a trial with, as a UserError: a manager URL or a token it cannot send,
+    parameters it cannot read. The SDK reads the same environment without this check: it
+    never raises into training."""
+    from trialkit.errors import UserError
+
+    if trial.manager_url is not None:
+        problem = _url_problem(trial.manager_url)
+        if problem:
+            raise UserError(f"manager URL {trial.manager_url[:80]!r} {problem}", MANAGER_URL,
+                            "give http://HOST:PORT or https://HOST:PORT, as the manager prints it")
+    if trial.token is not None and not _TOKEN_CHARS.issuperset(trial.token):
+        raise UserError("the token holds characters a bearer token cannot (a line break, a space, a control "
+                        "character or non-ASCII text)", TOKEN, "give the token the manager made, as it is")
+    try:
+        trial.parameters()
+    except (OSError, ValueError) as err:
+        where = PARAMETERS if trial.parameters_json else PARAMETERS_FILE
+        raise UserError(f"cannot read the trial's parameters: {getattr(err, 'strerror', None) or err}"[:300], where,
+                        "give a JSON object of names and values, inline or in a regular file") from None
+
+
+def check_grace(seconds: float, where: str) -> float:
+    """A grace the keeper's and the control plane's timers can wait, or a UserError: the one bound of both."""
+    if not 0 <= seconds <= MAX_GRACE_SECONDS:  # NaN too
+        from trialkit.errors import UserError
+
+        raise UserError(f"grace {seconds:g} s is outside 0..{MAX_GRACE_SECONDS:g}", where,
+                        f"give seconds from 0 to {MAX_GRACE_SECONDS:g}, a week")
+    return seconds
+
+
+def _url_problem(url: str) -> Optional[str]:
+    from urllib.parse import urlsplit
+
+    if not url.isascii() or not url.isprintable() or " " in url:
+        return "holds spaces, control characters or non-ASCII text"
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises ValueError for a port that is no number or out of range
+    except ValueError as err:
+        return f"cannot be read ({err})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "is not an http or https URL with a host"
+    return None
+
+
+# RFC 6750's b64token, the characters a bearer token may hold.
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=")
 
 
 def adaptdl_job_key(experiment_id: str, trial_id: str) -> str:
@@ -232,7 +343,7 @@ def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:
         tensorboard_dir=Path(tensorboard) if tensorboard else None,
         code_dir=Path(code_dir) if code_dir else None,
         restart_count=restart_count,
-        grace_seconds=_number(e, GRACE_SECONDS, DEFAULT_GRACE_SECONDS, float),
+        grace_seconds=_grace(e),
         slots_per_node=slots or None,
         rank=_number(e, _first_present(e, RANK_VARIABLES) or "RANK", 0, int),
         report_all_ranks=e.get(REPORT_ALL_RANKS, "") not in ("", "0", "false", "False"),

@@ -1,0 +1,107 @@
+"""trialkit's fallback packages (trialkit/shims): served to a training process only
+where its Python finds no real package of that name, through the boot dir the
+keeper puts on its PYTHONPATH, beside AdaptDL's and the interpreter's own
+sitecustomize. Real interpreters, real imports; the nni venv is the real nni 3.0's.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+import pytest
+
+from trialkit import env
+from trialkit.shims import BOOT_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = "import nni, trialkit; print(nni.__file__); print(trialkit.__file__)"
+
+
+def child(checkpoint_every: float = 0.0, pythonpath: str = "") -> Dict[str, str]:
+    """The environment the keeper gives a training process."""
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        base["PYTHONPATH"] = pythonpath
+    trial = env.read({env.CHECKPOINT_EVERY: str(checkpoint_every)})
+    return trial.child_environ(base)
+
+
+def run(python: str, code: str, environ: Dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-c", code], env=environ, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_the_keepers_child_has_the_boot_dir_once_after_adaptdls_and_before_the_users():
+    assert env.SHIMS_BOOT_DIR == BOOT_DIR and (BOOT_DIR / "sitecustomize.py").is_file()
+    both = child(300, "/app").get("PYTHONPATH").split(os.pathsep)
+    assert both == [str(env.ADAPTDL_BOOT_DIR), str(BOOT_DIR), "/app"]
+    assert child(0, "/app")["PYTHONPATH"].split(os.pathsep) == [str(BOOT_DIR), "/app"]
+    # An environment that already holds them (a keeper's own, inherited) gets each once.
+    again = env.read({}).child_environ(child(300, "/app"))["PYTHONPATH"].split(os.pathsep)
+    assert again == both
+
+
+def test_where_nni_is_absent_the_trial_gets_trialkits_nni(tmp_path):
+    done = run(sys.executable, PROBE, child(), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == str(BOOT_DIR.parent / "nni" / "__init__.py")
+    assert "trialkit's nni serves the trial API" in done.stderr
+    # Without the boot dir the same interpreter has no nni: the fallback is what the test saw.
+    plain = run(sys.executable, "import nni", {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, tmp_path)
+    assert "No module named 'nni'" in plain.stderr
+
+
+def test_an_interpreter_without_trialkit_gets_trialkit_too(tmp_path):
+    """A local trial runs the user's own Python, where trialkit is often not installed."""
+    bare = tmp_path / "bare"
+    done = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    python = str(bare / "bin" / "python")
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    assert "No module named 'trialkit'" in run(python, "import trialkit", environ, tmp_path).stderr
+    served = run(python, PROBE + "; nni.report_final_result(0.5)", child(), tmp_path)
+    assert served.returncode == 0, served.stderr
+    assert served.stdout.splitlines()[1] == str(ROOT / "trialkit" / "__init__.py")
+    assert "final result 0: 0.5" in served.stdout  # trialkit's SDK, standalone outside a keeper
+
+
+def test_a_real_nni_is_never_shadowed(tmp_path, nni_python):
+    # To stderr: nni in local mode sends stdout to $NNI_OUTPUT_DIR/trial.log.
+    code = "import sys, nni; print('NNI-AT', nni.__file__, file=sys.stderr)"
+    done = run(nni_python, code, child(300), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"NNI-AT {Path(nni_python).parent.parent}/lib/" in done.stderr  # the venv's site-packages
+    assert "trialkit's nni" not in done.stderr
+
+
+def test_nni_in_the_scripts_own_dir_wins_too(tmp_path):
+    (tmp_path / "nni.py").write_text("WHO = 'mine'\n")
+    done = run(sys.executable, "import nni; print(nni.WHO)", child(), tmp_path)
+    assert done.stdout.strip() == "mine", done.stderr
+
+
+def test_the_boot_hooks_and_the_users_sitecustomize_each_run_once(tmp_path):
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "sitecustomize.py").write_text("print('USERS-SITECUSTOMIZE', flush=True)\n")
+    code = ("import sys; finders = [type(f).__name__ for f in sys.meta_path]; "
+            "print(finders.count('FallbackFinder'), finders.count('_AdaptDLFinder'), finders[-1]); import nni")
+    for every, adaptdl_finders in ((300, 1), (0, 0)):
+        done = run(sys.executable, code, child(every, str(users)), tmp_path)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines.count("USERS-SITECUSTOMIZE") == 1, done.stdout
+        assert lines[-1] == f"1 {adaptdl_finders} FallbackFinder", done.stdout
+
+
+@pytest.fixture(scope="module")
+def nni_python():
+    if shutil.which("bash") is None:
+        pytest.skip("no bash to run tools/nni_venv.sh")
+    done = subprocess.run(["bash", str(ROOT / "tools" / "nni_venv.sh")], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        pytest.fail(f"cannot prepare the nni 3.0 venv: {done.stderr[-2000:]}")
+    return done.stdout.strip().splitlines()[-1]

@@ -1,0 +1,57 @@
+"""Serves trialkit's fallback packages (trialkit/shims/NAME) to a training process
+whose interpreter does not have the real ones. See trialkit/shims/__init__.py.
+
+The finder goes to the END of sys.meta_path, after the interpreter's own
+finders: it is asked only for a top-level name that nothing else found, so an
+installed `nni` is never shadowed. It costs a process one directory listing at
+start-up. A `sitecustomize` later on sys.path (the interpreter's own) still
+runs afterwards; AdaptDL's boot dir, when on, comes before this one and chains
+to it. Standard library only: trialkit may not be importable here.
+"""
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHIMS = os.path.dirname(HERE)
+TRIALKIT_HOME = os.path.dirname(os.path.dirname(SHIMS))  # the directory that holds trialkit/
+
+
+class FallbackFinder:
+    """Last on sys.meta_path: finds `trialkit` and the fallback packages, where no one else did."""
+
+    def __init__(self, names):
+        self.names = frozenset(names)
+
+    def find_spec(self, name, path=None, target=None):
+        # Submodules (nni.utils) are found by the path finder through the package's __path__.
+        if name == "trialkit":
+            return importlib.machinery.PathFinder.find_spec(name, [TRIALKIT_HOME])
+        if name in self.names:
+            return importlib.machinery.PathFinder.find_spec(name, [SHIMS])
+        return None
+
+
+def fallback_names(shims=SHIMS):
+    """The packages in trialkit/shims: every directory with an __init__.py, but boot."""
+    return sorted(entry.name for entry in os.scandir(shims)
+                  if entry.is_dir() and entry.name != "boot"
+                  and os.path.isfile(os.path.join(entry.path, "__init__.py")))
+
+
+def _run_next_sitecustomize():
+    # The next one after this directory on sys.path: one before it (AdaptDL's boot dir) ran
+    # first and chained here; looking behind would run it again, and it would chain back.
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+    after = paths.index(HERE) + 1 if HERE in paths else 0
+    rest = [p for p, full in zip(sys.path[after:], paths[after:]) if full != HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is not None and spec.loader is not None:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+# By name: a second run of this file (a second boot dir of the same trialkit) has its own class.
+if not any(type(finder).__name__ == FallbackFinder.__name__ for finder in sys.meta_path):
+    sys.meta_path.append(FallbackFinder(fallback_names()))
+_run_next_sitecustomize()

@@ -1,0 +1,39 @@
+"""trialkit's `nni`: NNI's trial API for a training process whose Python has no nni.
+
+Served only where `import nni` finds no real nni (trialkit/shims): NNI's example
+trials and users' trial code run unchanged under trialkit. Each function is
+NNI 3.0's, over trialkit's SDK: parameters from the trial's environment, metrics
+into the channel the keeper follows. What else NNI is (tuners, NAS,
+compression, the experiment API) is not here: asking for it says so and how
+to get it.
+"""
+import sys
+
+from . import utils  # noqa: F401  (nni.utils.merge_parameter after a bare `import nni`, as NNI's own __init__ allows)
+from .trial import (  # noqa: F401  (NNI 3.0's nni.trial.__all__, re-exported as nni does)
+    get_current_parameter,
+    get_experiment_id,
+    get_next_parameter,
+    get_next_parameters,
+    get_sequence_id,
+    get_trial_id,
+    report_final_result,
+    report_intermediate_result,
+)
+
+__version__ = "3.0+trialkit"  # the NNI version whose trial API this is; +trialkit: not NNI itself
+
+print("trialkit: nni is not installed in this Python; trialkit's nni serves the trial API "
+      "(get_next_parameter, report_*_result, ...)", file=sys.stderr, flush=True)
+
+
+class NoMoreTrialError(Exception):
+    """NNI's: raised by a tuner when the search space is exhausted (imported by some trial code)."""
+
+    def __init__(self, message: str = "Search space fully explored"):
+        super().__init__(message)
+
+
+def __getattr__(name: str):
+    raise AttributeError(f"trialkit's nni has the trial API only, not nni.{name}: "
+                         f"install nni (pip install nni) in the trial's Python for the rest of it")
