@@ -8,6 +8,7 @@ that nothing the test started (tagged through the environment) is left.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import signal
 import subprocess
@@ -386,3 +387,56 @@ def test_keeper_twice_on_one_trial_dir_raises_restart_count(trial_env):
     k = keeper(show, {**trial_env, "TRIALKIT_RESTART_COUNT": "7"})
     assert numbers_after(k.expect(b"counts"), b"counts") == [7, 7]
     assert k.wait() == 0
+
+
+def _bad_inputs(tmp_path):
+    """(name, environment changes, keeper options, what the one line names) for issue 29, item 9."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    return [
+        ("trial dir is a file", {"TRIALKIT_TRIAL_DIR": str(a_file)}, [], "TRIALKIT_TRIAL_DIR"),
+        ("trial dir under a file", {"TRIALKIT_TRIAL_DIR": str(a_file / "trial")}, [], "TRIALKIT_TRIAL_DIR"),
+        ("trial dir under /proc", {"TRIALKIT_TRIAL_DIR": "/proc/trialkit-trial"}, [], "TRIALKIT_TRIAL_DIR"),
+        ("trial dir too long", {"TRIALKIT_TRIAL_DIR": str(tmp_path / ("d" * 5000))}, [], "TRIALKIT_TRIAL_DIR"),
+        ("malformed manager URL", {"TRIALKIT_MANAGER_URL": "http://127.0.0.1:99999"}, [], "TRIALKIT_MANAGER_URL"),
+        ("manager URL of no http", {"TRIALKIT_MANAGER_URL": "ftp://example"}, [], "TRIALKIT_MANAGER_URL"),
+        ("parameters file a FIFO", {"TRIALKIT_PARAMETERS_FILE": str(fifo)}, [], "TRIALKIT_PARAMETERS_FILE"),
+        ("parameters file /dev/zero", {"TRIALKIT_PARAMETERS_FILE": "/dev/zero"}, [], "TRIALKIT_PARAMETERS_FILE"),
+        ("parameters a JSON list", {"TRIALKIT_PARAMETERS": "[1, 2]"}, [], "TRIALKIT_PARAMETERS"),
+        ("stop file under a file", {"TRIALKIT_STOP_FILE": str(a_file / "stop")}, [], "TRIALKIT_STOP_FILE"),
+        ("token with CRLF", {"TRIALKIT_TOKEN": "abc\r\nX-Injected: 1"}, [], "TRIALKIT_TOKEN"),
+        ("grace past a week", {}, ["--grace", "1e9"], "--grace"),
+        ("grace infinite", {}, ["--grace", "inf"], "--grace"),
+    ]
+
+
+def test_bad_input_is_one_line_and_exit_2_before_the_trial_starts(trial_env, tmp_path):
+    marker = tmp_path / "ran"
+    for name, changes, options, names in _bad_inputs(tmp_path):
+        env = {**trial_env, **changes}
+        done = subprocess.run([*KEEPER, *options, "--", PYTHON, "-c", f"open({str(marker)!r}, 'w')"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        lines = done.stderr.splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and names in lines[0], (name, done.stderr)
+        assert "Traceback" not in done.stderr and not marker.exists(), name
+
+
+def test_a_stop_file_in_a_missing_dir_is_made_and_a_stop_still_works(trial_env, tmp_path):
+    """The stop file's dir is made at the start; SIGTERM then stops the trial as always (it crashed the keeper)."""
+    stop = tmp_path / "missing" / "deeper" / "stop"
+    env = {**trial_env, "TRIALKIT_STOP_FILE": str(stop)}
+    proc = keeper(py(f"""
+        import signal, time, trialkit
+        signal.signal(signal.SIGTERM, lambda *_: None)  # a trial that checkpoints at its next step
+        print("ready", flush=True)
+        while not trialkit.should_preempt():
+            time.sleep(0.02)
+        print("preempted", flush=True)
+    """), env, "--grace", "5")
+    proc.expect(b"ready")
+    proc.signal(signal.SIGTERM)
+    proc.expect(b"preempted")
+    assert proc.wait() == 0 and stop.exists()
+    assert b"Traceback" not in proc.stderr and b"warning" not in proc.stderr, proc.stderr

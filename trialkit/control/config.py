@@ -12,23 +12,19 @@ value and the fix.
 from __future__ import annotations
 
 import copy
-import json
 import os
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
-
-import yaml
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 from trialkit import platforms
 from trialkit import schema
 from trialkit.control.assessors import check_assessor
+from trialkit.control import determined
 from trialkit.control.searchspace import SearchSpace, parse_space
 from trialkit.control.tuners import check_tuner
-from trialkit.env import DEFAULT_GRACE_SECONDS
+from trialkit.env import DEFAULT_GRACE_SECONDS, check_grace
 from trialkit.errors import UserError
-from trialkit.records import INT64_MAX, INT64_MIN
 
 LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
 
@@ -141,119 +137,32 @@ class ExperimentConfig:
 # ---------------------------------------------------------------- loading
 
 
-def load_config(path: Union[str, Path]) -> ExperimentConfig:
-    """Read a YAML (or JSON) config file."""
+def load_config(path: Union[str, Path], context_dir: Optional[str] = None) -> ExperimentConfig:
+    """Read a YAML (or JSON) config file; `context_dir`: a Determined config's context directory."""
     path = Path(path)
-    data = read_data_file(path, str(path))
-    return parse_config(data, base_dir=path.parent, source=str(path))
+    data = schema.read_data_file(path, str(path))
+    return parse_config(data, base_dir=path.parent, source=str(path), context_dir=context_dir)
 
 
-def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "config") -> ExperimentConfig:
-    """A config from its dict (v1 or v2); relative paths resolve against `base_dir`."""
+def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "config",
+                 context_dir: Optional[str] = None) -> ExperimentConfig:
+    """A config from its dict (v1, v2, or Determined's); relative paths resolve against `base_dir`."""
     if not isinstance(data, Mapping):
         raise UserError(f"the config must be a mapping of keys to values, got {schema.show(data)}", source,
                         "start from an example config")
+    schema.check_shape(data, source)
     base = Path(base_dir).expanduser().absolute()
+    if determined.is_determined(data):
+        return _parse_v2(determined.to_v2(data, base, context_dir), base)
+    if context_dir is not None:
+        raise UserError("a context directory goes with a Determined config", "CONTEXT_DIR",
+                        "set trialCodeDirectory in an NNI config instead")
     # Every v1 config names its platform at the top (v1 required it); a stray v1
     # key in a v2 config is then a typo with a did-you-mean, not a format switch.
     if any(isinstance(k, str) and schema.fold(k) == "trainingserviceplatform" for k in data):
         return _parse_v1(data, base)
     with schema.every_problem():  # a refusal lists every problem it found
         return _parse_v2(data, base)
-
-
-MAX_DEPTH = 100  # levels of nesting a config may have (a search space nests a few)
-MAX_VALUES = 1_000_000  # values a config may hold once its YAML aliases are expanded (billion laughs)
-
-
-def read_data_file(path: Path, where: str) -> Any:
-    """JSON or YAML from a file; YAML as JSON reads it (1e-3 is a number).
-
-    Refused, naming the line: a key given twice in one mapping, nesting deeper
-    than MAX_DEPTH; and a document whose aliases expand past MAX_VALUES values.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
-        reason = getattr(err, "strerror", None) or str(err)
-        raise UserError(f"cannot read {str(path)!r}: {reason}", where, "check the path") from None
-    try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except (ValueError, RecursionError):
-        pass  # YAML reads JSON too, and says where a repeated key or too deep a nesting is
-    try:
-        data = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or "not valid YAML"
-        raise UserError(f"cannot parse {str(path)!r}{place}: {problem}", where, "fix the YAML syntax there") from None
-    if _expanded_size(data, {}) > MAX_VALUES:
-        raise UserError(f"{str(path)!r} expands to more than {MAX_VALUES:,} values (YAML aliases of aliases)", where,
-                        "write the values out, or use fewer nested aliases")
-    return data
-
-
-def _unique_keys(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise ValueError("a key is given twice")
-    return out
-
-
-def _expanded_size(value: Any, seen: Dict[int, int]) -> int:
-    """How many values `value` holds with every alias expanded; shared objects are counted once each (memo)."""
-    if not isinstance(value, (dict, list)):
-        return 1
-    if id(value) not in seen:
-        seen[id(value)] = 1  # a cycle (a recursive alias) counts once, not forever
-        items = value.values() if isinstance(value, dict) else value
-        seen[id(value)] = min(1 + sum(_expanded_size(item, seen) for item in items), MAX_VALUES + 1)
-    return seen[id(value)]
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 as JSON users expect: 1e-3 is a float, 2024-01-01 stays a string; no key twice; nesting bounded."""
-
-    _depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
-                                                  self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Dict[Any, Any]:
-        if isinstance(node, yaml.MappingNode):
-            first: Dict[Any, Any] = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue  # `<<: *base` merges keys that the mapping's own may override
-                key = self.construct_object(key_node, deep=deep)
-                try:
-                    if key in first:
-                        raise yaml.constructor.ConstructorError(
-                            None, None, f"the key {key!r} is given twice (first at line {first[key].line + 1})",
-                            key_node.start_mark)
-                    first[key] = key_node.start_mark
-                except TypeError:
-                    pass  # an unhashable key: SafeLoader says so itself
-        return super().construct_mapping(node, deep=deep)
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
 
 
 # ---------------------------------------------------------------- v2
@@ -272,8 +181,10 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
     tuner = _tuner(c, space)
     template = _optional(c, "trialTemplate", lambda v, w: _file(v, base, w))
     manager_ip = _optional(c, "nniManagerIp", schema.as_str)
+    code_dir = _directory(_optional(c, "trialCodeDirectory", schema.as_str, "."), base, "trialCodeDirectory")
     section, platform_config, module = _training_service(
-        c.get("trainingService"), base, {"managerAddress": manager_ip, "trialTemplate": template})
+        c.get("trainingService"), base,
+        {"managerAddress": manager_ip, "trialTemplate": template, "trialCodeDirectory": code_dir})
     gpus = _optional(c, "trialGpuNumber", lambda v, w: schema.as_int(v, w, minimum=0))
     platform_config = _with_trial_gpus(module, platform_config, gpus)
     command = _optional(c, "trialCommand", schema.as_str)
@@ -283,8 +194,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
     return ExperimentConfig(
         search_space=space,
         trial_command=command,
-        trial_code_directory=_directory(_optional(c, "trialCodeDirectory", schema.as_str, "."), base,
-                                        "trialCodeDirectory"),
+        trial_code_directory=code_dir,
         trial_concurrency=_optional(c, "trialConcurrency", _positive_int, 1),
         tuner=tuner,
         training_service=platform_config,
@@ -297,13 +207,14 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
         max_trial_duration=_optional(c, "maxTrialDuration", schema.as_duration),
         nni_manager_ip=manager_ip,
         experiment_working_directory=_optional(c, "experimentWorkingDirectory", lambda v, w: _working_directory(v, base, w)),
-        trial_grace_seconds=_optional(c, "trialGraceSeconds", lambda v, w: schema.as_number(v, w, minimum=0),
+        trial_grace_seconds=_optional(c, "trialGraceSeconds",
+                                      lambda v, w: check_grace(schema.as_number(v, w, minimum=0), w),
                                       DEFAULT_GRACE_SECONDS),
         trial_checkpoint_every=_optional(c, "trialCheckpointEvery", lambda v, w: schema.as_number(v, w, minimum=0)),
         max_trial_restarts=_optional(c, "maxTrialRestarts", lambda v, w: schema.as_int(v, w, 0, 1000), 0),
         manager_tls=_optional(c, "managerTls", lambda v, w: manager_tls(v, base, w)),
         trial_template=template,
-        priority=_optional(c, "priority", lambda v, w: schema.as_int(v, w, INT64_MIN, INT64_MAX), 0),
+        priority=_optional(c, "priority", schema.as_int, 0),
     )
 
 
@@ -341,11 +252,29 @@ def _only_false(c: Mapping[str, Any], key: str, where: str, why: str) -> None:
         raise UserError(f"{key}: true is not supported", where, why)
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's bounds on a file name and a path, in bytes
+PATH_ROOM = 256  # bytes kept for what trialkit makes below a configured path (experiments/ID/trials/ID/...)
+
+
 def _absolute(path: str, base: Path, where: str) -> str:
+    """The path made absolute; refused when no file could have it (a NUL, a lone surrogate, too long)."""
     if "\x00" in path:
-        raise UserError(f"the path {path!r} holds a NUL character", where, "remove it")
+        raise UserError(f"the path {schema.show(path)} holds a NUL character", where, "remove it")
     # os.path.expanduser leaves an unknown ~user alone (pathlib's raises).
-    return os.path.normpath(os.path.join(base, os.path.expanduser(path)))
+    full = os.path.normpath(os.path.join(base, os.path.expanduser(path)))
+    try:
+        encoded = os.fsencode(full)
+    except UnicodeEncodeError:
+        raise UserError(f"the path {schema.show(path)} holds a character no file name can (a lone surrogate)", where,
+                        "remove it") from None
+    longest = max(encoded.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        raise UserError(f"the path has a part of {len(longest)} bytes ({schema.show(os.fsdecode(longest))})", where,
+                        f"no file name is longer than {NAME_MAX} bytes: use a shorter name")
+    if len(encoded) > PATH_MAX - PATH_ROOM:
+        raise UserError(f"the path is {len(encoded)} bytes long ({full[:40]}...)", where,
+                        f"use a path of at most {PATH_MAX - PATH_ROOM} bytes")
+    return full
 
 
 def _directory(value: Any, base: Path, where: str) -> str:
@@ -403,7 +332,7 @@ def _search_space(c: Mapping[str, Any], base: Path) -> SearchSpace:
     if inline is not None and path is not None:
         raise UserError("both searchSpace and searchSpaceFile are given", "searchSpaceFile", "keep one of them")
     if path is not None:
-        return parse_space(read_data_file(Path(_file(path, base, "searchSpaceFile")), "searchSpaceFile"),
+        return parse_space(schema.read_data_file(Path(_file(path, base, "searchSpaceFile")), "searchSpaceFile"),
                            "searchSpaceFile")
     if inline is None:
         raise UserError("the search space is missing", "searchSpace",
@@ -458,8 +387,9 @@ def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) ->
     """(section with its platform canonical, the platform's config object, the platform module).
 
     Cluster platforms (those that render objects) also take the top-level
-    nniManagerIp and trialTemplate when their section does not set them, and
-    a relative trialTemplate in the section is read from the config's folder.
+    nniManagerIp, trialTemplate and trialCodeDirectory when their section does
+    not set them, and a relative trialTemplate in the section, or a code dir in
+    it or its roles (the platform's resolve_paths), is read from the config's folder.
     """
     where = "trainingService"
     if section is None:
@@ -483,6 +413,9 @@ def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) ->
         template_key = folded.get(schema.fold("trialTemplate"))
         if template_key and isinstance(section[template_key], str):
             section[template_key] = _file(section[template_key], base, f"{where}.{template_key}")
+        resolve = getattr(module, "resolve_paths", None)  # code dirs the platform ships, in the section's roles
+        if resolve is not None:
+            resolve(section, lambda value, at: _directory(value, base, at))
     return section, module.parse_section(copy.deepcopy(section), where), module
 
 

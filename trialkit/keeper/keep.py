@@ -129,7 +129,10 @@ def mark_stop(stop_file: Path) -> None:
     try:
         os.rename(layout.stop_ready(stop_file), stop_file)
     except FileNotFoundError:  # the disk refused it at the start
-        os.close(os.open(stop_file, os.O_WRONLY | os.O_CREAT, 0o644))
+        try:
+            os.close(os.open(stop_file, os.O_WRONLY | os.O_CREAT, 0o644))
+        except OSError as err:  # the disk refuses it still: the signal alone tells the trial
+            warn(f"cannot make the stop file {stop_file} ({err.strerror}); should_preempt() stays false")
 
 
 def final_status(child: Child, stop_asked: bool) -> str:

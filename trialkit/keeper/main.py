@@ -76,8 +76,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if not command:
         raise UserError("no command given", "arguments",
                         f"usage: {PROG} [options] -- COMMAND [ARGS...], or set {env.COMMAND} to a command line")
-    if opts.grace is not None and opts.grace < 0:
-        raise UserError(f"--grace {opts.grace:g} is negative", "--grace", "give seconds >= 0")
+    if opts.grace is not None:
+        env.check_grace(opts.grace, "--grace")
     opts.forward = _signals(opts.forward)
     opts.command = command
     return opts
@@ -110,14 +110,19 @@ def read_trial(opts: argparse.Namespace) -> env.TrialEnv:
     if opts.grace is not None:
         environ[env.GRACE_SECONDS] = str(opts.grace)
     trial = env.read(environ)
+    env.check(trial)
     return trial._replace(trial_dir=trial.trial_dir.absolute())
 
 
 def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
     """Create the trial's dirs and the keeper's home; raise the restart count if we ran here before."""
     home = layout.home(trial.trial_dir)
-    for path in (home, trial.output_dir, trial.checkpoint_dir, trial.share_dir):
-        path.mkdir(parents=True, exist_ok=True)
+    for path in (home, trial.output_dir, trial.checkpoint_dir, trial.share_dir, trial.stop_file.parent):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # a file in the way, a dir under /proc, a name too long, no permission
+            raise UserError(f"cannot make the dir {str(path)[:200]!r}: {err.strerror}", _dir_option(path, trial),
+                            "give a directory the keeper can create and write") from None
     previous = StatusFile.previous(home / layout.STATUS)
     if previous and "restart_count" in previous:
         # AdaptDL names checkpoints after the count and refuses to reuse one:
@@ -132,6 +137,14 @@ def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
     except (OSError, ValueError) as err:
         warn(f"cannot write parameter.cfg for NNI's SDK ({err})")
     return trial, home
+
+
+def _dir_option(path: Path, trial: env.TrialEnv) -> str:
+    """Where a dir the keeper makes comes from, for an error line (the first name that gives it)."""
+    names = ((layout.home(trial.trial_dir), f"--trial-dir or {env.TRIAL_DIR}"), (trial.output_dir, env.OUTPUT_DIR),
+             (trial.checkpoint_dir, env.CHECKPOINT_DIR), (trial.share_dir, env.SHARE_DIR),
+             (trial.stop_file.parent, env.STOP_FILE))
+    return next(name for where, name in names if where == path)
 
 
 def write_nni_parameters(trial: env.TrialEnv) -> None:
@@ -152,8 +165,12 @@ def write_pidfile(home: Path, trial: env.TrialEnv) -> Tuple[Path, str]:
     path = home / layout.PIDFILE
     line = f"{os.getpid()} {start_ticks(os.getpid())} {trial.grace_seconds:g}\n"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(line)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(line)
+        os.replace(tmp, path)
+    except OSError as err:
+        raise UserError(f"cannot write {path}: {err.strerror}", f"--trial-dir or {env.TRIAL_DIR}",
+                        "give a trial dir on a disk that takes writes") from None
     return path, line
 
 
@@ -188,10 +205,10 @@ def run(argv: Sequence[str]) -> int:
     """The keeper's whole life; returns its exit code."""
     try:
         opts = parse_args(argv)
+        trial, home = prepare_home(read_trial(opts))
+        pidfile = write_pidfile(home, trial)
     except UserError as err:
         report_and_exit(PROG, err)
-    trial, home = prepare_home(read_trial(opts))
-    pidfile = write_pidfile(home, trial)
     set_child_subreaper()
     loop = EventLoop(opts.forward)
     loop.install_signal_handlers()
