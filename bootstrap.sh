@@ -37,6 +37,14 @@ install_browser() {
   $sudo apt-get update -q && $sudo apt-get install -y -q chromium chromium-driver
 }
 
+# podman, runc and debootstrap for the container tests (-m containers): images/build.sh
+# makes the trial image with them, offline (images/podman.sh holds their settings).
+install_podman() {
+  command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null && return 0
+  local sudo=; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -q && $sudo apt-get install -y -q podman runc debootstrap
+}
+
 case "${1:-}" in
   demo)
     install_venv
@@ -46,6 +54,7 @@ case "${1:-}" in
   test)
     install_venv
     install_browser
+    install_podman
     # DeepSpeed compiles its CPU communication op on first use (minutes): keep
     # the build with trialkit's cache, keyed by the versions that shape it.
     export TORCH_EXTENSIONS_DIR="$cache/torch_extensions/deepspeed-0.19.8-torch-2.13.0"

@@ -41,6 +41,8 @@ def test_copied_files_exist_in_the_build_context(path):
     for words in copies:
         sources = [w for w in words if not w.startswith("--")][:-1]
         for source in sources:
+            if any(char in source for char in "*?["):
+                continue  # a pattern takes what the context has: the offline build's wheels/, or nothing
             assert (ROOT / source).exists(), f"{path.name}: COPY {source}: no such file"
 
 
@@ -65,13 +67,14 @@ def test_runs_as_a_non_root_user(path):
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_versions_are_pinned(path):
     steps = list(instructions(path))
+    defaults = dict(args.split("=", 1) for word, args in steps if word == "ARG" and "=" in args)
     for word, args in steps:
         if word == "FROM":
-            image = args.split()[0]
+            image = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], args.split()[0])
             tag = image.rpartition(":")[2]
             assert ":" in image and tag != "latest" and re.search(r"\d+\.\d+", tag), f"unpinned base image {image}"
         if word == "RUN" and "pip install" in args:
-            for command in args.split("&&"):
+            for command in re.split(r"&&|;", args):
                 if "pip install" not in command:
                     continue
                 words = shlex.split(command.split("pip install", 1)[1])

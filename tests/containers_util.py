@@ -1,0 +1,131 @@
+"""Real containers for the tests marked `containers`: the trial image, podman, and what a run leaves.
+
+- `image` (session fixture): the CPU trial image, built once by images/build.sh
+  (cached under ~/.cache/trialkit, keyed by its inputs); `torch_image` the same
+  with torch. The tests are skipped, with the reason, where podman, runc or
+  debootstrap is missing (`./bootstrap.sh test` installs them).
+- `podman(*args)`: images/podman.sh, the project's own podman settings.
+- `Containers` (fixture `containers`): starts containers labelled with the
+  test's tag, removes them afterwards, and fails the test when any container,
+  conmon or container process, overlay or shm mount, or cgroup of them is left.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PODMAN = str(ROOT / "images" / "podman.sh")
+LABEL = "trialkit.test"
+MISSING = [tool for tool in ("podman", "runc", "debootstrap") if shutil.which(tool) is None]
+needs_podman = pytest.mark.skipif(bool(MISSING), reason=f"{', '.join(MISSING)} not installed: "
+                                                        "`./bootstrap.sh test` installs them (Debian packages)")
+
+
+def podman(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    done = subprocess.run([PODMAN, *args], capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} exited {done.returncode}: {done.stderr.strip()}")
+    return done
+
+
+def build(torch: bool = False) -> str:
+    """The trial image's name, built by images/build.sh (seconds when its inputs are unchanged)."""
+    done = subprocess.run([str(ROOT / "images" / "build.sh"), *(["--torch"] if torch else [])],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    if MISSING:
+        pytest.skip(f"{', '.join(MISSING)} not installed: `./bootstrap.sh test` installs them")
+    return build()
+
+
+@pytest.fixture(scope="session")
+def torch_image() -> str:
+    if MISSING:
+        pytest.skip(f"{', '.join(MISSING)} not installed: `./bootstrap.sh test` installs them")
+    return build(torch=True)
+
+
+class Containers:
+    """The containers one test runs, all labelled with its tag."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+        self.ids: List[str] = []
+        self.rootfs: List[str] = []  # each container's overlay mount point
+
+    def start(self, image: str, *options: str, command: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
+              name: str = "") -> str:
+        """`podman run -d` and the container's id; the container is kept after it ends, to be inspected."""
+        name = name or f"tk-test-{uuid.uuid4().hex[:10]}"
+        env_args = [arg for key, value in (env or {}).items() for arg in ("-e", f"{key}={value}")]
+        done = podman("run", "-d", "--name", name, "--label", f"{LABEL}={self.tag}", *env_args, *options,
+                      image, *command)
+        container = done.stdout.strip().splitlines()[-1]
+        self.ids.append(container)
+        self.rootfs.append(self.inspect(container)["GraphDriver"]["Data"]["MergedDir"])
+        return container
+
+    def wait(self, container: str, timeout: float = 60) -> int:
+        """The container's exit code once it has ended."""
+        return int(podman("wait", container, timeout=timeout).stdout.strip().splitlines()[-1])
+
+    def run(self, image: str, *options: str, **kwargs) -> int:
+        return self.wait(self.start(image, *options, **kwargs))
+
+    def logs(self, container: str) -> str:
+        done = podman("logs", container)
+        return done.stdout + done.stderr
+
+    def inspect(self, container: str) -> dict:
+        return json.loads(podman("inspect", container).stdout)[0]
+
+    def remove_all(self) -> None:
+        podman("rm", "-f", "-t", "0", "--filter", f"label={LABEL}={self.tag}", check=False)
+        for container in self.ids:
+            podman("rm", "-f", "-t", "0", container, check=False)
+
+    def leftovers(self) -> List[str]:
+        """What the test's containers left on the host: containers, processes, mounts, cgroups."""
+        found = []
+        listed = podman("ps", "-a", "-q", "--filter", f"label={LABEL}={self.tag}").stdout.split()
+        found += [f"container {c}" for c in listed]
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            line = " ".join(proc.info["cmdline"] or [])
+            if any(c in line for c in self.ids):
+                found.append(f"process {proc.pid} {line[:100]}")
+        with open("/proc/self/mountinfo") as mounts:
+            for line in mounts:
+                point = line.split()[4]
+                if any(c in point for c in self.ids) or point in self.rootfs:
+                    found.append(f"mount {point}")
+        for container in self.ids:
+            found += [f"cgroup {path}" for path in Path("/sys/fs/cgroup").glob(f"**/libpod-{container}*")]
+        return found
+
+
+@pytest.fixture
+def containers(no_process_left) -> Containers:
+    """Containers started for this test; after it, none of them, nor anything of theirs, may be left."""
+    box = Containers(no_process_left)
+    yield box
+    box.remove_all()
+    deadline = time.monotonic() + 10
+    left = box.leftovers()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = box.leftovers()
+    assert not left, f"left on the host: {left}"
