@@ -290,3 +290,45 @@ def test_a_stopped_dir_watch_has_no_kernel_watches_and_stays_quiet(tmp_path, mon
         with pytest.raises(OSError):
             os.fstat(fd)
     loop.close()
+
+
+# Run 0 reports 50 results and SIGKILLs its own keeper at once (before its 20 ms batch delay is up, so the
+# channel holds records the keeper never spooled); a restarted run reports 5 more and its final result.
+KILLS_ITS_KEEPER = """
+import os, signal, trialkit
+run = int(os.environ["TRIALKIT_RESTART_COUNT"])
+for i in range(50 if run == 0 else 5):
+    trialkit.report_intermediate_result(run * 1000 + i)
+if run == 0:
+    os.kill(int(os.environ["TRIALKIT_KEEPER_PID"]), signal.SIGKILL)
+    signal.pause()  # ended by the keeper's death (its parent-death signal)
+trialkit.report_final_result(run)
+"""
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_a_keeper_killed_right_after_its_trial_wrote_loses_and_doubles_nothing(tmp_path, monkeypatch, restarts):
+    """Issue 29, item 1: the control plane collects a dead keeper's spool AND its channel's unspooled tail
+    (keeper/leftover.py), numbered as a restarted keeper numbers them, so each record is stored once."""
+    from experiment_util import experiment, experiment_id, start_cli, stored
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, KILLS_ITS_KEEPER, maxTrialNumber=1,
+                        trialConcurrency=1, tuner={"name": "GridSearch"}, maxTrialRestarts=restarts)
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err, err  # (it exits 1 when its one trial failed)
+    rows = stored(home, exp, "SELECT type, value, run FROM records WHERE type IN ('PERIODICAL', 'FINAL') ORDER BY seq")
+    expected = [("PERIODICAL", str(i), 0) for i in range(50)]
+    if restarts:
+        expected += [("PERIODICAL", str(1000 + i), 1) for i in range(5)] + [("FINAL", "1", 1)]
+    assert rows == expected  # every record once, in order
+    seqs = [seq for (seq,) in stored(home, exp, "SELECT seq FROM records ORDER BY seq")]
+    assert seqs == list(range(1, len(seqs) + 1))

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type, Union
 
 from trialkit import records
-from trialkit.env import TrialEnv
 from trialkit.keeper.watch import DirWatch
 from trialkit.process import EventLoop
 
@@ -28,8 +27,8 @@ Sink = Callable[[List[Dict[str, Any]], Dict[str, Any]], None]
 OnBad = Callable[[str, str], None]  # (where, reason)
 
 
-def nni_metrics_path(trial: TrialEnv) -> Path:
-    return trial.trial_dir / ".nni" / "metrics"  # the child's NNI_SYS_DIR is the trial dir
+def nni_metrics_path(trial_dir: Path) -> Path:
+    return trial_dir / ".nni" / "metrics"  # the child's NNI_SYS_DIR is the trial dir
 
 
 class FileSource:

@@ -45,7 +45,7 @@ class Reporter:
 
     def attach(self, loop: EventLoop) -> None:
         """As the trial starts: the followed files, the shipper."""
-        nni_metrics = nni_metrics_path(self.trial)
+        nni_metrics = nni_metrics_path(self.trial.trial_dir)
         for path in (self.trial.channel, nni_metrics):
             path.parent.mkdir(parents=True, exist_ok=True)  # watched before the trial creates the files
         cursor = self.spool.cursor

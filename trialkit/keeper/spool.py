@@ -219,21 +219,15 @@ class Spool:
         return self.dir / f"{first:012d}{_SUFFIX}"
 
 
-def unacknowledged(directory: Path) -> List[Dict[str, Any]]:
-    """What an ended keeper spooled and never had acknowledged (no manager listened), for
-    the caller to store. Read only: the store keeps each (trial, seq) once, so reading the
-    same again later duplicates nothing, and a store that fails to take them loses nothing."""
-    if not Path(directory).is_dir():
-        return []
-    spool = Spool(Path(directory))
+def read_unacknowledged(spool: Spool) -> List[Dict[str, Any]]:
+    """What an ended keeper spooled and never had acknowledged (no manager listened), for the caller to
+    store (keeper/leftover.py). Read only: the store keeps each (trial, seq) once, so reading the same again
+    later duplicates nothing, and a store that fails to take them loses nothing."""
     out: List[Dict[str, Any]] = []
     after = spool.acked
-    try:
-        while True:
-            batch = spool.read(after, DRAIN_BATCH, 1 << 20)
-            if not batch:
-                return out
-            out.extend(json.loads(line) for _, line in batch)
-            after = batch[-1][0]
-    finally:
-        spool.close()
+    while True:
+        batch = spool.read(after, DRAIN_BATCH, 1 << 20)
+        if not batch:
+            return out
+        out.extend(json.loads(line) for _, line in batch)
+        after = batch[-1][0]

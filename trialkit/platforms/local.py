@@ -21,7 +21,7 @@ from trialkit import env, gpus, layout, process
 from trialkit.manager import paths
 from trialkit import schema
 from trialkit.errors import UserError
-from trialkit.keeper import spool
+from trialkit.keeper import leftover
 from trialkit.keeper.status import StatusFile
 from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
@@ -376,8 +376,9 @@ class Platform(PlatformBase):
         return True
 
     def undelivered_records(self, handle: str) -> List[Dict[str, Any]]:
-        """What an ended keeper spooled but could not deliver (no manager listened)."""
-        return spool.unacknowledged(layout.spool_dir(paths.trial_dir(self.experiment_dir, handle)))
+        """What an ended keeper spooled but could not deliver (no manager listened), and what the trial
+        wrote that it had not spooled (a keeper killed): keeper/leftover.py."""
+        return leftover.undelivered(paths.trial_dir(self.experiment_dir, handle))
 
     def _watch(self, keeper: _Keeper) -> None:
         with self._lock:

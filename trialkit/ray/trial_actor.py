@@ -1,24 +1,24 @@
-"""The Ray actor that runs one keeper on its node: run.sh -> keeper -> command.
+"""What runs one keeper on a Ray node: run.sh -> keeper -> command.
 
 The keeper does the process control (own session, signal forwarding, grace,
 reaping, status); the runner starts it, waits for it, asks it to stop with a
 SIGTERM (the keeper's graceful path: the trial may checkpoint) and kills what
-is left when that takes longer than the grace. The runner is an async actor:
-stop() is served while wait() is pending, and the keeper is forked from the
-actor's one long-lived event-loop thread, which matters because a parent-death
-signal fires when the forking *thread* ends. That signal is SIGTERM: when Ray
-kills the worker (node stopped, actor killed, driver gone), the keeper still
-stops the trial gracefully, bounded by its grace.
+is left when that takes longer than the grace. The runner lives in an async
+actor: stop() is served while wait() is pending, and the keeper is forked from
+the actor's one long-lived event-loop thread, which matters because a
+parent-death signal fires when the forking *thread* ends. That signal is
+SIGTERM: when Ray kills the worker (node stopped, actor killed), the keeper
+still stops the trial gracefully, bounded by its grace.
 
-The ray platform makes it a detached, named actor: it outlives the control
-plane that started it, so a control plane killed and resumed finds the trial
-still running (or its result, if it ended meanwhile) and restarts nothing.
-When nobody collects an ended trial's result within LINGER_SECONDS, the actor
-leaves by itself, so a control plane that never comes back does not hold the
-trial's CPUs and GPUs for ever.
+The ray platform's node agent (trialkit/ray/agent.py) holds one runner a
+trial, all on its event loop; adaptdl-ray's replicas are actors of their own
+(trialkit/ray/replica.py). When nobody collects an ended trial's result within
+LINGER_SECONDS, the runner leaves (`leave`: a replica's worker exits, the
+agent forgets the trial and gives its resources back), so a control plane
+that never comes back does not hold the trial's CPUs and GPUs for ever.
 
-The class is plain Python; callers wrap it with ray.remote, so importing this
-module does not import ray.
+The class is plain Python; callers wrap it with ray.remote or hold it in an
+actor of theirs, so importing this module does not import ray.
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from trialkit import env, layout
-from trialkit.keeper import spool
+from trialkit.keeper import leftover
 from trialkit.keeper.status import StatusFile
 from trialkit.statuses import FAILED, FINAL_STATUSES, USER_CANCELED
 from trialkit.process import Child, LaunchError, describe_exit, exit_code, signal_group, spawn
@@ -70,9 +70,15 @@ def _waitpid(child: Child) -> int:
     return child.exit_code
 
 
+def exit_worker() -> None:
+    # Ends this worker, which gives the actor's resources back (a detached actor is never released otherwise).
+    os._exit(0)
+
+
 class TrialRunner:
-    def __init__(self, label: str):
+    def __init__(self, label: str, leave: Callable[[], None] = exit_worker):
         self.label = label
+        self._leave = leave  # when nobody collected the ended trial's result in time
         self._child: Optional[Child] = None
         self._status_path: Optional[Path] = None
         self._result: Optional[asyncio.Future] = None
@@ -125,10 +131,8 @@ class TrialRunner:
         asyncio.get_running_loop().call_later(LINGER_SECONDS, self._leave_unless_collected)
 
     def _leave_unless_collected(self) -> None:
-        if not self._collected:
-            # No control plane took the result: end this worker, which gives the
-            # actor's resources back (a detached actor is never released otherwise).
-            os._exit(0)
+        if not self._collected:  # no control plane took the result
+            self._leave()
 
     async def wait(self) -> RunResult:
         """The keeper's exit code and final status, once it has exited."""
@@ -145,11 +149,12 @@ class TrialRunner:
 
     async def collect(self) -> list:
         """The control plane has the result: the actor may go. What the keeper spooled and
-        could not deliver (its manager was away when it ended)."""
+        could not deliver (its manager was away when it ended), and what the trial wrote that it had not
+        spooled (a keeper killed)."""
         self._collected = True
         if self._status_path is None:
             return []
-        return spool.unacknowledged(self._status_path.parent / layout.SPOOL)
+        return leftover.undelivered(self._status_path.parent.parent)  # <trial dir>/.trialkit/status.json
 
     async def stop(self, grace: float) -> bool:
         """SIGTERM to the keeper; kill the trial and keeper if they outlast the grace.
