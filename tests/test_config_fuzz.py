@@ -1,5 +1,10 @@
 """Config fuzz: random mutations of valid configs either load (and round-trip) or
-fail with one UserError whose single line names a key; never another exception."""
+fail with one UserError whose single line names a key; never another exception.
+
+The mutations reach the classes of input an outside run found tracebacks in
+(issue 29): whole numbers past a float's range or of thousands of digits
+where a duration, a bound or a q is expected, paths longer than a file name
+or a path can be, a value that holds itself, nesting past the bound."""
 from __future__ import annotations
 
 import copy
@@ -54,7 +59,7 @@ WORDS = [
     "TPE", "Random", "GridSearch", "Evolution", "Anneal", "Medianstop", "Pruner", "median", "local",
     "maximize", "minimize", "choice", "uniform", "randint", "loguniform", "normal", "qlognormal",
     "1h", "30m", "2.5d", "-1", "0", "search_space.json", "nested_search_space.json", ".", "..", "~", "~nobody",
-    "\x00", "", " ", "a\nb",
+    "\x00", "", " ", "a\nb", "\ud800", "a" * 5000, "/tmp/" + "a/" * 3000, "1" + "0" * 400 + "s",
 ]
 KEYS = [
     "trialCommand", "trial_command", "maxTrialNumber", "maxTrialNum", "searchSpace", "searchSpaceFile",
@@ -62,8 +67,10 @@ KEYS = [
     "tpe_args", "population_size", "pruner", "_type", "_value", "_name", "platform", "useActiveGpu",
     "gpuIndices", "trainingService", "trial", "command", "codeDir", "builtinTunerName", "localConfig",
 ]
+# Past int64, past a float, past what repr() writes (made by a map: hypothesis repr()s a sampled list).
+HUGE = st.sampled_from([63, 400, 5000]).map(lambda digits: 10 ** digits) | st.just(-(2 ** 63) - 1)
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 40), st.integers(), st.floats(), st.text(max_size=10),
+    st.none(), st.booleans(), st.integers(-3, 40), st.integers(), HUGE, st.floats(), st.text(max_size=10),
     st.sampled_from(WORDS),
 )
 VALUES = st.recursive(
@@ -102,6 +109,12 @@ def typo(key: Any, data: st.DataObject) -> Any:
     ]))
 
 
+def nested(levels: int, leaf: Any) -> Any:
+    for _ in range(levels):
+        leaf = [leaf]
+    return leaf
+
+
 def mutate(config: Any, data: st.DataObject) -> Any:
     targets: List[Path_] = list(places(config))
     if not targets:
@@ -120,12 +133,26 @@ def mutate(config: Any, data: st.DataObject) -> Any:
     return config
 
 
+def entangle(config: Any, data: st.DataObject) -> Any:
+    """The last mutation, if any (places() cannot walk what it makes): a value that holds itself (what a
+    YAML alias inside the value it names makes), or one nested deep."""
+    op = data.draw(st.sampled_from([None, None, "itself", "deep"]))
+    targets: List[Path_] = list(places(config))
+    if op is None or not targets:
+        return config
+    path = data.draw(st.sampled_from(targets))
+    holder = parent(config, path)
+    holder[path[-1]] = holder if op == "itself" else nested(data.draw(st.integers(90, 3000)), data.draw(SCALARS))
+    return config
+
+
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_every_mutated_config_loads_or_says_which_key_is_wrong(data):
     config = copy.deepcopy(data.draw(st.sampled_from(BASES)))
     for _ in range(data.draw(st.integers(1, 3))):
         config = mutate(config, data)
+    config = entangle(config, data)
     try:
         loaded = parse_config(config, NNI)
     except UserError as err:

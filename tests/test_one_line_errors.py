@@ -44,8 +44,43 @@ def billion_laughs() -> str:
     return "\n".join(lines) + "\n" + rest
 
 
+def space_text(space: str) -> str:
+    """The base config with its search space written as YAML text (for anchors and aliases)."""
+    rest = yaml.safe_dump({k: v for k, v in BASE.items() if k != "searchSpace"}, sort_keys=False)
+    return space + "\n" + rest
+
+
+def alias_chain(links: int) -> str:
+    """Each option an alias of the one before, wrapped once more: shallow as written, deep once read."""
+    lines = ["searchSpace:", "  x:", "    _type: choice", "    _value:", "      - &a0 [1]"]
+    lines += [f"      - &a{i} [*a{i - 1}]" for i in range(1, links)]
+    return space_text("\n".join(lines))
+
+
+BIG = "1" + "0" * 400  # past a float's range
 # (name, the config's text, what the one line names)
 RUN_CASES = [
+    ("a search space that holds itself", space_text("searchSpace: &s\n  x: {_type: choice, _value: [1, *s]}"),
+     "the alias *s is inside the value &s names"),
+    ("a nested option that holds itself",
+     space_text("searchSpace:\n  x: &n {_type: choice, _value: [{_name: a, y: *n}]}"), "the alias *n is inside"),
+    ("aliases chained 1500 deep", alias_chain(1500), "nested deeper than 100"),
+    ("a whole number of 5000 digits", config_text() + "maxTrialDuration: " + "9" * 5000 + "\n",
+     "a whole number of 5,000 digits"),
+    ("a JSON config with a number of 5000 digits",
+     '{"maxTrialNumber": ' + "9" * 5000 + ', "trialCommand": "python3 -c pass"}', "a whole number of 5,000 digits"),
+    ("a duration of 400 digits", config_text() + f"maxTrialDuration: {BIG}\n", "maxTrialDuration: a whole number"),
+    ("a duration of 400 digits with a unit", config_text() + f"maxExperimentDuration: {BIG}h\n",
+     "maxExperimentDuration: duration"),
+    ("a bound of 400 digits", space_text(f"searchSpace: {{x: {{_type: uniform, _value: [0, {BIG}]}}}}"),
+     "searchSpace.x._value[1]"),
+    ("a q of 400 digits", space_text(f"searchSpace: {{x: {{_type: quniform, _value: [0, 1, {BIG}]}}}}"),
+     "searchSpace.x._value[2]"),
+    ("a concurrency of 400 digits", config_text(trialConcurrency=int(BIG)), "trialConcurrency: a whole number"),
+    ("a working dir of 5000 characters", config_text(experimentWorkingDirectory="/tmp/" + "w" * 5000),
+     "experimentWorkingDirectory: the path has a part of 5000 bytes"),
+    ("a working dir 6000 bytes long", config_text(experimentWorkingDirectory="/tmp/" + "/".join(["w" * 200] * 30)),
+     "experimentWorkingDirectory: the path is"),
     ("working dir under /dev/null", config_text(experimentWorkingDirectory="/dev/null/x"), "experimentWorkingDirectory"),
     ("working dir under /sys", config_text(experimentWorkingDirectory="/sys/x"), "experimentWorkingDirectory"),
     ("working dir under /proc", config_text(experimentWorkingDirectory="/proc/x"), "experimentWorkingDirectory"),

@@ -1,6 +1,6 @@
 """The `trialkit` command.
 
-    trialkit run CONFIG [--port P] [--detach]
+    trialkit run CONFIG [CONTEXT_DIR] [--port P] [--detach]
     trialkit render CONFIG [--trial N] [-o DIR]
     trialkit experiment list | show ID | stop ID | resume ID [--port P] [--detach] | pause ID | activate ID
                         | export ID [--format json|csv] [-o FILE] [--all-runs] | plot ID -o FILE.png
@@ -44,7 +44,7 @@ from trialkit.manager import paths
 from trialkit.control.progress import duration, gpu_list, gpu_use, number, table, trials_table, when
 from trialkit.control.queue import Move, jobs, label
 from trialkit.control.results import best_row, metric_value, to_csv, to_json, trial_rows
-from trialkit.manager.store import Store
+from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import FINAL_STATUSES
 
@@ -67,7 +67,8 @@ def cmd_run(opts: argparse.Namespace) -> int:
     from trialkit.manager.server import tls_pair
     from trialkit.web import attach_page
 
-    config = load_config(opts.config)
+    context_dir = None if opts.context_dir is None else os.path.abspath(opts.context_dir)
+    config = load_config(opts.config, context_dir)
     tls = tls_pair(opts.tls_cert, opts.tls_key)
     if tls is not None:
         config = dataclasses.replace(config, manager_tls=manager_tls(
@@ -75,7 +76,8 @@ def cmd_run(opts: argparse.Namespace) -> int:
     if opts.detach:
         experiment_id = paths.new_experiment_id()
         experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
-        argv = ["run", os.path.abspath(opts.config), "--experiment-id", experiment_id] + _port_args(opts.port)
+        argv = ["run", os.path.abspath(opts.config), *filter(None, [context_dir]), "--experiment-id", experiment_id]
+        argv += _port_args(opts.port)
         if config.manager_tls:
             argv += ["--tls-cert", config.manager_tls["certFile"], "--tls-key", config.manager_tls["keyFile"]]
         return _detach(argv, experiment_id, experiment_dir, "started")
@@ -126,6 +128,9 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
                 if experiment is None:
                     continue
                 trials = store.trials(experiment_dir.name)
+        except StoreUnwritable as err:  # its disk refuses even a reader: the store itself may well be intact
+            rows.append((experiment_dir.name, "", f"UNREADABLE (its disk: {err.reason})", "-", "-"))
+            continue
         except (sqlite3.DatabaseError, DamagedStore) as err:
             # One damaged store (garbage bytes, a cut-off copy) is one line: the others still list.
             rows.append((experiment_dir.name, "", f"DAMAGED ({paths.DB_NAME}: {getattr(err, 'reason', err)})",
@@ -203,7 +208,7 @@ def cmd_experiment_pause(opts: argparse.Namespace) -> int:
 
 def cmd_experiment_update(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
-    from trialkit.control.config import read_data_file
+    from trialkit.schema import read_data_file
 
     changes = {key: value for key, value in (("trialConcurrency", opts.trial_concurrency),
                                              ("maxTrialNumber", opts.max_trial_number),
@@ -220,7 +225,7 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
 
 def cmd_experiment_import(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
-    from trialkit.control.config import read_data_file
+    from trialkit.schema import read_data_file
 
     data = read_data_file(Path(opts.file), "--file")
     results = [result for result in map(_imported, data if isinstance(data, list) else [None]) if result is not None]
@@ -561,6 +566,8 @@ class DamagedStore(UserError):
 
 
 def _store(experiment_dir: Path) -> "closing[Store]":
+    """The store for reading: read only when its disk takes no writes (StoreUnwritable, a UserError, when it
+    cannot be read at all); DamagedStore only when the file itself is no intact store."""
     try:
         return closing(Store.in_dir(experiment_dir))
     except sqlite3.DatabaseError as err:
@@ -653,7 +660,11 @@ def build_parser() -> ArgumentParser:
     run = _command(commands, "run", cmd_run, "run an experiment from its config until it ends",
                    "Start the manager, run the experiment's trials and show their progress; a summary table at the "
                    "end. The first line of output ends with the experiment id.")
-    run.add_argument("config", metavar="CONFIG", help="the experiment's config file (NNI's v2 or v1 YAML)")
+    run.add_argument("config", metavar="CONFIG", help="the experiment's config file (NNI's v2 or v1 YAML, or "
+                     "a Determined experiment config)")
+    run.add_argument("context_dir", metavar="CONTEXT_DIR", nargs="?",
+                     help="a Determined config's context directory, as `det experiment create CONFIG CONTEXT_DIR` "
+                     "takes it (default: the config's directory)")
     _port_option(run)
     _detach_option(run)
     run.add_argument("--experiment-id", help=argparse.SUPPRESS)  # the detached run's id, chosen by its parent

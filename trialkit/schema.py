@@ -7,13 +7,19 @@ check raises UserError naming the key path, the bad value and the fix.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import re
+import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+import yaml
+
 from trialkit.errors import UserError
+from trialkit.records import INT64_MAX, INT64_MIN
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhd]?)\s*$", re.IGNORECASE)
 _PLAIN_KEY = re.compile(r"[\w-]+")
@@ -38,8 +44,14 @@ def path(where: Optional[str], key: Any) -> str:
 
 
 def show(value: Any, limit: int = 60) -> str:
-    """repr() short enough for a one-line error."""
-    text = repr(value)
+    """repr() short enough for a one-line error; a long whole number by its length, and a value repr()
+    cannot write (a number past 4,300 digits inside, nesting past the interpreter's stack) by its type."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 4 * limit:
+        return f"a whole number of about {int(value.bit_length() * 0.30103)} digits"
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__} too large to show"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -93,17 +105,21 @@ def as_str(value: Any, where: str) -> str:
     return value
 
 
-def as_int(value: Any, where: str, minimum: Optional[int] = None, maximum: Optional[int] = None) -> int:
+def as_int(value: Any, where: str, minimum: int = INT64_MIN, maximum: int = INT64_MAX) -> int:
+    """A whole number within [minimum, maximum]; every count a config holds fits in 64 bits, as the store keeps it."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise UserError(f"expected a whole number, got {show(value)}", where, "write a whole number like 4")
-    if minimum is not None and value < minimum:
-        raise UserError(f"{value} is too small", where, f"use {minimum} or more")
-    if maximum is not None and value > maximum:
+    if value < minimum:
+        raise UserError(f"{show(value)} is too small", where, f"use {minimum} or more")
+    if value > maximum:
         raise UserError(f"{show(value)} is too large", where, f"use {maximum} or less")
     return value
 
 
 def as_number(value: Any, where: str, minimum: Optional[float] = None, positive: bool = False) -> float:
+    """A finite float; a whole number past a float's range (10**400) is refused, not an OverflowError."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        raise UserError(f"{show(value)} is too large", where, f"use a number of at most {sys.float_info.max:.3g}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise UserError(f"expected a finite number, got {show(value)}", where, "write a number like 0.5")
     if positive and value <= 0:
@@ -126,11 +142,13 @@ def as_duration(value: Any, where: str) -> float:
     """Seconds from a number (seconds) or a string with a unit: 90, "90s", "1.5h", "2d"."""
     if isinstance(value, str):
         match = _DURATION.match(value)
-        if match:
-            value = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
-        else:
+        if not match:
             raise UserError(f"cannot read duration {show(value)}", where,
                             "write seconds or a number with a unit s, m, h or d, like 30m or 1.5h")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]  # inf past a float's range
+        if not math.isfinite(seconds):
+            raise UserError(f"duration {show(value)} is too long", where, "write a number of seconds a float holds")
+        value = seconds
     return as_number(value, where, positive=True)
 
 
@@ -221,3 +239,144 @@ def _add(problems: List[UserError], err: UserError) -> None:
     for one in err.problems if isinstance(err, ConfigProblems) else [err]:
         if not any(known.where == one.where for known in problems):
             problems.append(one)
+
+
+# -- the files configs are read from ---------------------------------------------------------
+
+MAX_DEPTH = 100  # levels of nesting a config may have (a search space nests a few)
+MAX_VALUES = 1_000_000  # values a config may hold once its YAML aliases are expanded (billion laughs)
+
+
+def read_data_file(path: Path, where: str) -> Any:
+    """JSON or YAML from a file, for every config reader (configs, search spaces, job templates, imports);
+    YAML as JSON reads it (1e-3 is a number).
+
+    Refused, naming the line: a key given twice in one mapping, nesting deeper
+    than MAX_DEPTH, an alias inside the value it names (a value that holds
+    itself), a whole number longer than Python reads; and what check_shape
+    refuses (aliases of aliases).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path, or text that is not UTF-8
+        reason = getattr(err, "strerror", None) or str(err)
+        raise UserError(f"cannot read {str(path)!r}: {reason}", where, "check the path") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except (ValueError, RecursionError):
+        # YAML reads JSON too, and says where a repeated key, too deep a nesting or too long a number is.
+        try:
+            data = yaml.load(text, Loader=_Loader)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(err, "problem", None) or "not valid YAML"
+            raise UserError(f"cannot parse {str(path)!r}{place}: {problem}", where, "fix the file there") from None
+    check_shape(data, where)
+    return data
+
+
+def _unique_keys(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a key is given twice")
+    return out
+
+
+def check_shape(data: Any, where: str) -> None:
+    """Refuse data no config holds, wherever it came from (a file, a program): a list or mapping inside
+    itself, nesting deeper than MAX_DEPTH (aliases of aliases included), more than MAX_VALUES values
+    once every shared value is counted where it appears (billion laughs)."""
+    if _measure(data, {}, 0, where)[0] > MAX_VALUES:
+        raise UserError(f"it expands to more than {MAX_VALUES:,} values (YAML aliases of aliases)", where,
+                        "write the values out, or use fewer nested aliases")
+
+
+_OPEN = (-1, -1)  # a list or mapping being measured: met again inside itself, it holds itself
+
+
+def _measure(value: Any, seen: Dict[int, Tuple[int, int]], depth: int, where: str) -> Tuple[int, int]:
+    """(values held with every shared value counted where it appears, levels of nesting below); memoized by id,
+    so shared values cost once."""
+    if not isinstance(value, (dict, list)):
+        return 1, 0
+    known = seen.get(id(value))
+    if known is _OPEN:
+        raise UserError("a list or mapping is inside itself (a YAML alias inside the value it names)", where,
+                        "write the values out")
+    if known is None:
+        if depth >= MAX_DEPTH:
+            raise _too_deep(where)
+        seen[id(value)] = _OPEN
+        size, height = 1, 0
+        for item in (value.values() if isinstance(value, dict) else value):
+            item_size, item_height = _measure(item, seen, depth + 1, where)
+            size, height = min(size + item_size, MAX_VALUES + 1), max(height, item_height + 1)
+        known = seen[id(value)] = (size, height)
+    if depth + known[1] > MAX_DEPTH:
+        raise _too_deep(where)
+    return known
+
+
+def _too_deep(where: str) -> UserError:
+    return UserError(f"nested deeper than {MAX_DEPTH} levels", where, "nest less; aliases of aliases nest too")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 as JSON users expect: 1e-3 is a float, 2024-01-01 stays a string; no key twice; nesting bounded;
+    no value that holds itself; a number Python cannot read is a YAML error with its line."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._open: List[Optional[str]] = []  # the anchors of the nodes being composed, outermost first
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if len(self._open) >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+        if isinstance(event, yaml.AliasEvent) and event.anchor in self._open:
+            raise yaml.composer.ComposerError(
+                None, None, f"the alias *{event.anchor} is inside the value &{event.anchor} names (it would hold "
+                            "itself without end)", event.start_mark)
+        self._open.append(getattr(event, "anchor", None))
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._open.pop()
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first: Dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` merges keys that the mapping's own may override
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    if key in first:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"the key {key!r} is given twice (first at line {first[key].line + 1})",
+                            key_node.start_mark)
+                    first[key] = key_node.start_mark
+                except TypeError:
+                    pass  # an unhashable key: SafeLoader says so itself
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: Any) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # past sys.get_int_max_str_digits() decimal digits
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a whole number of {len(node.value):,} digits is longer than a number can be",
+                node.start_mark) from None
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)

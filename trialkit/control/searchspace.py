@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from trialkit import schema
 from trialkit.errors import UserError
+from trialkit.records import INT64_MAX, INT64_MIN, in_int64
 
 # Names of each type's `_value` entries, in order.
 NUMERIC_ARGS: Dict[str, Tuple[str, ...]] = {
@@ -266,10 +267,13 @@ def _param_grid(param: Param) -> Iterator[Any]:
 # ---------------------------------------------------------------- parsing
 
 
-def parse_space(raw: Any, where: str = "searchSpace") -> SearchSpace:
-    """Validate NNI's JSON search space; UserError names the parameter and the fix."""
+def parse_space(raw: Any, where: str = "searchSpace", allow_empty: bool = False) -> SearchSpace:
+    """Validate NNI's JSON search space; UserError names the parameter and the fix.
+
+    `allow_empty`: an empty space is one point, `{}` (a config's inline
+    `searchSpace: {}`, what a Determined config without hyperparameters becomes)."""
     raw = schema.mapping(raw, where)
-    if not raw:
+    if not raw and not allow_empty:
         raise UserError("the search space is empty", where, "add at least one parameter")
     return _parse_params(raw, where)
 
@@ -328,6 +332,9 @@ def _check_json(value: Any, where: str) -> None:
     """Options travel as JSON (store, UI, trial environment): strict JSON values only."""
     if isinstance(value, float) and not math.isfinite(value):
         raise UserError(f"{value} is not a JSON value", where, "use a finite number or a string")
+    if isinstance(value, int) and not isinstance(value, bool) and not in_int64(value):
+        raise UserError(f"{schema.show(value)} is out of range", where,
+                        f"use a whole number from {INT64_MIN} to {INT64_MAX}, or a string")
     if isinstance(value, list):
         for i, item in enumerate(value):
             _check_json(item, f"{where}[{i}]")
