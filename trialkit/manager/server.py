@@ -67,8 +67,9 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from aiohttp import web
 
 from trialkit import records
+from trialkit.manager.commits import GroupCommit
 from trialkit.manager.disk import DiskWatch
-from trialkit.manager.store import Store
+from trialkit.manager.store import Store, Stored
 from trialkit.manager.transport import Transport
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 
@@ -176,6 +177,7 @@ class ManagerServer:
         # The keepers' routes answer in well under a millisecond: they run on the server's loop.
         self._on_loop = {self._post_records, self._get_parameters} if store is not None else set()
         self.disk = DiskWatch(store.path.parent if store is not None else Path("."))
+        self._commits = GroupCommit(store) if store is not None else None
         self._transport = Transport(host, port, self._serve, tls=tls_context(*tls) if tls is not None else None,
                                     max_connections=max_connections, header_seconds=header_seconds,
                                     idle_seconds=SOCKET_TIMEOUT)
@@ -212,18 +214,31 @@ class ManagerServer:
 
     # -- routes ----------------------------------------------------------------------
     def _post_records(self, request: Request) -> Tuple[int, Any]:
+        """The records route served alone (handle()); on the loop, _grouped_records serves it."""
         trial_id = request.params["trial_id"]
+        outcome = self.store.add_batches([(trial_id, *_split(request))])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return self._stored(trial_id, outcome)
+
+    async def _grouped_records(self, request: Request) -> Tuple[int, Any]:
+        """The records route on the loop: the batch is stored with the others of this turn (commits.py)."""
         try:
-            batch, rejected = records.split_batch(records.loads(request.body))
-        except records.BadRecord as err:
-            raise HttpError(400, str(err)) from None
-        fresh, refused = self.store.add_batch(trial_id, batch, rejected)
+            if self._commits.behind():
+                raise HttpError(503, f"the manager runs {self._commits.lag:.1f} s behind: keep the records "
+                                     "and send them again later")
+            trial_id = request.params["trial_id"]
+            return self._stored(trial_id, await self._commits.add(trial_id, *_split(request)))
+        except Exception as err:  # noqa: BLE001 - mapped to an answer as answer() does
+            return self._failed(request, err)
+
+    def _stored(self, trial_id: str, outcome: Stored) -> Tuple[int, Any]:
         self.disk.passed()
-        if fresh:
-            self._notify(trial_id, fresh)
-        answer = {"acked": self.store.acked_seq(trial_id), "inserted": len(fresh)}
-        if refused:
-            answer["rejected"] = refused
+        if outcome.fresh:
+            self._notify(trial_id, outcome.fresh)
+        answer = {"acked": outcome.acked, "inserted": len(outcome.fresh)}
+        if outcome.refused:
+            answer["rejected"] = outcome.refused
         return 200, answer
 
     def _get_parameters(self, request: Request) -> Tuple[int, Any]:
@@ -248,14 +263,19 @@ class ManagerServer:
         """Run an admitted request's handler; errors become answers (a bug 500, a disk that refuses 503)."""
         try:
             return handler(request)
-        except HttpError as err:
+        except Exception as err:  # noqa: BLE001 - every failure becomes an answer
+            return self._failed(request, err)
+
+    def _failed(self, request: Request, err: Exception) -> Tuple[int, Any]:
+        """The answer for a request that raised: its HttpError; 503 when the disk refuses; else 500 (a bug: the
+        keeper retries, instead of a dropped connection)."""
+        if isinstance(err, HttpError):
             return err.status, {"error": err.reason}
-        except Exception as err:  # noqa: BLE001 - a bug answers 500 (the keeper retries) instead of a dropped connection
-            if self.disk.failed(err, "the store"):
-                return 503, {"error": f"{self.disk.problem or 'the disk takes no writes'}: "
-                                      "keep the records and send them again later"}
-            print(f"trialkit-manager: {request.method} {request.path} failed: {err!r}", file=sys.stderr, flush=True)
-            return 500, {"error": "internal error"}
+        if self.disk.failed(err, "the store"):
+            return 503, {"error": f"{self.disk.problem or 'the disk takes no writes'}: "
+                                  "keep the records and send them again later"}
+        print(f"trialkit-manager: {request.method} {request.path} failed: {err!r}", file=sys.stderr, flush=True)
+        return 500, {"error": "internal error"}
 
     def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes,
                query: Optional[Mapping[str, str]] = None) -> Tuple[int, Any]:
@@ -309,7 +329,9 @@ class ManagerServer:
                 return _json(400, {"error": f"the body ended before its {length} bytes"}, close=True)
             except asyncio.TimeoutError:
                 return _json(408, {"error": f"the body took over {self.body_seconds:g} s"}, close=True)
-        if handler in self._on_loop:
+        if handler == self._post_records:
+            status, answer = await self._grouped_records(request)
+        elif handler in self._on_loop:
             status, answer = self.answer(handler, request)
         else:
             status, answer = await self._transport.blocking(self.answer, handler, request)
@@ -342,6 +364,14 @@ class ManagerServer:
                 except ValueError:
                     pass  # still running in the pool (the server stops): it ends at its next chunk
         return response
+
+
+def _split(request: Request) -> Tuple[List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]:
+    """A keeper's batch as (records to store, [(record, why refused)]); HttpError 400 when it is unusable."""
+    try:
+        return records.split_batch(records.loads(request.body))
+    except records.BadRecord as err:
+        raise HttpError(400, str(err)) from None
 
 
 def _json(status: int, answer: Any, close: bool = False) -> web.Response:

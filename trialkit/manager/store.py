@@ -45,7 +45,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from trialkit import records
 from trialkit.statuses import FINAL_STATUSES, RUNNING, WAITING
@@ -267,15 +267,41 @@ class Store:
 
         Returns the newly stored records and the newly refused ones as `{"seq", "reason"}`, in seq order.
         """
+        outcome = self.add_batches([(trial_id, batch, rejected)])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome.fresh, outcome.refused
+
+    def add_batches(self, batches: Sequence[Tuple[str, Iterable[Dict[str, Any]], Iterable[Tuple[Dict[str, Any], str]]]]
+                    ) -> List[Union["Stored", Exception]]:
+        """Several batches (trial, records, refused records) in one transaction: a group commit.
+
+        One commit for all of them is most of what a batch costs the store
+        (bench/bench_manager.py). Each batch is its own savepoint: one that
+        fails is undone alone, and its outcome is the exception; the others'
+        are Stored. The method returns once the commit that holds them is
+        done, so an ack built from an outcome never runs ahead of the disk; a
+        commit that fails raises, and no batch of the group is stored.
+        """
         now = time.time()
         # Each row as stored, made before the lock is taken: the store is held for SQL only.
-        rows = sorted([(rec["seq"], rec, None, _record_row(trial_id, rec, now)) for rec in batch]
-                      + [(rec["seq"], rec, why, _refused_row(trial_id, rec, why, now)) for rec, why in rejected],
-                      key=lambda row: row[0])
-        if not rows:
-            return [], []
+        prepared = [(trial_id, sorted([(rec["seq"], rec, None, _record_row(trial_id, rec, now)) for rec in batch]
+                                      + [(rec["seq"], rec, why, _refused_row(trial_id, rec, why, now))
+                                         for rec, why in rejected], key=lambda row: row[0]))
+                    for trial_id, batch, rejected in batches]
+        outcomes: List[Union[Stored, Exception]] = []
         with self._tx() as db:
-            return _add_rows(db, trial_id, rows, now)
+            for trial_id, rows in prepared:
+                db.execute("SAVEPOINT batch")
+                try:
+                    outcomes.append(_add_rows(db, trial_id, rows, now))
+                except Exception as err:  # noqa: BLE001 - this batch's answer; the rest of the group goes on
+                    if not db.in_transaction:
+                        raise  # SQLite undid the whole transaction (a full disk, an I/O error): the group fails
+                    db.execute("ROLLBACK TO batch")
+                    outcomes.append(err)
+                db.execute("RELEASE batch")
+        return outcomes
 
     def acked_seq(self, trial_id: str) -> int:
         """The highest seq such that every record 1..seq of the trial is stored."""
@@ -324,7 +350,15 @@ class _Transaction:
 
     def __exit__(self, kind, value, tb) -> None:
         try:
-            self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+            if kind is None:
+                try:
+                    self.db.execute("COMMIT")
+                except sqlite3.Error:
+                    if self.db.in_transaction:  # a COMMIT refused (a deferred constraint, a busy file) leaves it open
+                        self.db.execute("ROLLBACK")
+                    raise
+            elif self.db.in_transaction:  # some errors (a full disk) end the transaction themselves
+                self.db.execute("ROLLBACK")
         finally:
             self.lock.release()
 
@@ -375,30 +409,58 @@ def _as_sent(rec: Any) -> str:
         return records.dumps(f"(not kept: {err})")
 
 
-def _add_rows(db: sqlite3.Connection, trial_id: str, rows: List[Tuple[Any, ...]],
-              now: float) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+class Stored(NamedTuple):
+    """One batch's outcome: the records newly stored, those newly refused ({"seq", "reason"}), the trial's ack."""
+
+    fresh: List[Dict[str, Any]]
+    refused: List[Dict[str, Any]]
+    acked: int
+
+
+def _add_rows(db: sqlite3.Connection, trial_id: str, rows: List[Tuple[Any, ...]], now: float) -> Stored:
     """add_batch's work inside a transaction: rows are (seq, record, why refused or None, the row as stored)."""
+    acked = _acked(db, trial_id)
+    if not rows:
+        return Stored([], [], acked)
+    if rows[0][0] == acked + 1 and rows[-1][0] - rows[0][0] + 1 == len(rows):
+        # The usual batch: the next seqs after the ack, each once (sorted, so no gap means no repeat).
+        # None of them is stored unless a batch with a gap came before: then the insert finds one
+        # (the primary key) and the general way below sorts them out.
+        db.execute("SAVEPOINT next")
+        try:
+            _insert_records(db, [row for _, _, _, row in rows])
+        except sqlite3.IntegrityError:
+            db.execute("ROLLBACK TO next")
+        else:
+            db.execute("RELEASE next")
+            return _stored(db, trial_id, rows, rows[-1][0], now)  # stored to the last: the ack moves on from it
+        db.execute("RELEASE next")
     stored = _seqs(db, "SELECT group_concat(seq) FROM records WHERE trial=? AND seq BETWEEN ? AND ?",
                    (trial_id, rows[0][0], rows[-1][0]))
-    fresh, refused, values = [], [], []
-    for seq, rec, why, row in rows:
-        if seq in stored:
-            continue
-        stored.add(seq)  # a seq twice in one batch is stored once too
-        if why is None:
-            fresh.append(rec)
-        else:
+    new = []
+    for item in rows:
+        if item[0] not in stored:
+            stored.add(item[0])  # a seq twice in one batch is stored once too
+            new.append(item)
+    _insert_records(db, [row for _, _, _, row in new])
+    return _stored(db, trial_id, new, acked, now)
+
+
+def _stored(db: sqlite3.Connection, trial_id: str, new: List[Tuple[Any, ...]], acked: int, now: float) -> Stored:
+    """What follows the insert of `new` rows: keepers' statuses applied, the ack moved on from `acked`."""
+    fresh, refused = [], []
+    for seq, rec, why, _ in new:
+        if why is not None:
             refused.append({"seq": seq, "reason": why})
-        values.append(row)
-    _insert_records(db, values)
-    for rec in fresh:
+            continue
+        fresh.append(rec)
         if rec["type"] == records.STATUS:
             value = rec["value"]
             _set_status(db, trial_id, value["status"], value.get("exit_code"), value.get("reason") or "",
                         value.get("restart_count"), rec.get("time") or now, "keeper")
-    if values:
-        _advance_ack(db, trial_id)
-    return fresh, refused
+    if new:
+        acked = _advance_ack(db, trial_id, acked)
+    return Stored(fresh, refused, acked)
 
 
 def _record_row(trial_id: str, rec: Dict[str, Any], now: float) -> Tuple[Any, ...]:
@@ -432,9 +494,13 @@ def _insert_records(db: sqlite3.Connection, values: List[Tuple[Any, ...]]) -> No
         db.execute(f"INSERT INTO records({_RECORD_COLUMNS}) VALUES {rows}", [value for row in chunk for value in row])
 
 
-def _advance_ack(db: sqlite3.Connection, trial_id: str) -> None:
-    """Move the trial's ack to the end of the run of stored seqs that follows it."""
-    acked = db.execute("SELECT acked_seq FROM trials WHERE id=?", (trial_id,)).fetchone()[0]
+def _acked(db: sqlite3.Connection, trial_id: str) -> int:
+    row = db.execute("SELECT acked_seq FROM trials WHERE id=?", (trial_id,)).fetchone()
+    return row[0] if row else 0
+
+
+def _advance_ack(db: sqlite3.Connection, trial_id: str, acked: int) -> int:
+    """Move the trial's ack (now `acked`) to the end of the run of stored seqs that follows it; return it."""
     while True:  # a window at a time: behind a gap that stays, the records above it are not all read again
         start = acked
         above = _seqs(db, "SELECT group_concat(seq) FROM records WHERE trial=? AND seq>? AND seq<=?",
@@ -444,3 +510,4 @@ def _advance_ack(db: sqlite3.Connection, trial_id: str) -> None:
         if acked < start + _ACK_WINDOW:
             break
     db.execute("UPDATE trials SET acked_seq=? WHERE id=?", (acked, trial_id))
+    return acked
