@@ -9,13 +9,15 @@ trial from the store before assessing running ones.
 """
 from __future__ import annotations
 
+import bisect
 import inspect
 import itertools
 import math
 import statistics
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Type
+from typing import Any, ClassVar, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Type
 
 from trialkit import schema
+from trialkit.control.results import metric_value
 from trialkit.control.tuners import Checker, check_args, check_mode, quiet_optuna
 from trialkit.errors import UserError
 
@@ -30,6 +32,11 @@ class Assessor:
     def check_args(cls, class_args: Any, where: str) -> Dict[str, Any]:
         """classArgs checked and normalized, or UserError."""
         return check_args(class_args, cls.ARGS, where)
+
+    def step_value(self, value: Any) -> Any:
+        """What this assessor judges of one PERIODICAL record's value (None: nothing); the loop keeps it
+        in the trial's steps. Most judge the metric's number; ASHA also the validation's time."""
+        return metric_value(value)
 
     def should_stop(self, trial_id: str, step_results: Sequence[float]) -> bool:
         raise NotImplementedError
@@ -75,6 +82,149 @@ class MedianstopAssessor(Assessor):
             self._completed_averages[trial_id] = [
                 total / n for n, total in enumerate(itertools.accumulate(results), start=1)
             ]
+
+
+class AshaAssessor(Assessor):
+    """Determined's adaptive_asha, as its searcher stops trials (asha_stopping.go, 0.38).
+
+    Brackets of rungs: a bracket of n rungs has rung k at max_time / divisor**(n-1-k)
+    units of the time metric (at least 1), its last at max_time. A trial joins the
+    bracket furthest below its share of max_trials (most rungs first). Each
+    validation (a record of group "validation" holding the searcher metric and the
+    time metric; without time_metric, its steps_completed) that reaches a rung puts
+    its metric into that rung; a trial not in the rung's best max(len / divisor, 1)
+    so far is stopped. At the top rung Determined tells the trial it is done; here
+    it ends by itself, with its final result. A trial that fails (not stopped here)
+    counts as the worst at its rung, as Determined counts an early exit.
+    """
+
+    ARGS = {
+        "optimize_mode": check_mode,
+        "metric": schema.as_str,
+        "time_metric": lambda v, w: None if v is None else schema.as_str(v, w),
+        "max_time": lambda v, w: schema.as_int(v, w, minimum=1),
+        "max_trials": lambda v, w: schema.as_int(v, w, minimum=1),
+        "divisor": lambda v, w: _above_one(v, w),
+        "max_rungs": lambda v, w: schema.as_int(v, w, minimum=1),
+        "mode": lambda v, w: schema.as_choice(v, ("aggressive", "standard", "conservative"), w),
+        "bracket_rungs": lambda v, w: _rung_counts(v, w),
+        "max_concurrent_trials": lambda v, w: schema.as_int(v, w, minimum=0),
+    }
+
+    def __init__(self, class_args: Mapping[str, Any]):
+        super().__init__(class_args)
+        self.metric = class_args["metric"]
+        self.time_metric = class_args.get("time_metric")
+        self.divisor = float(class_args.get("divisor", 4))
+        self.brackets = asha_brackets(class_args)
+        # Each bracket's rungs: (units needed, the metrics seen there, ascending; smaller is better).
+        self._rungs = [[(units, []) for units in bracket.units] for bracket in self.brackets]
+        self._assigned = [0] * len(self.brackets)
+        self._bracket: Dict[str, int] = {}
+        self._rung: Dict[str, int] = {}
+        self._seen: Dict[str, int] = {}
+        self._stopped: Set[str] = set()
+
+    @classmethod
+    def check_args(cls, class_args: Any, where: str) -> Dict[str, Any]:
+        args = check_args(class_args, cls.ARGS, where)
+        for key in ("metric", "max_time", "max_trials"):
+            if key not in args:
+                raise UserError(f"{key} is missing", schema.path(where, key), f"add {key}")
+        return args
+
+    def step_value(self, value: Any) -> Any:
+        if not isinstance(value, dict) or value.get("group") != "validation" or not isinstance(value.get("metrics"), dict):
+            return None
+        metrics = value["metrics"]
+        time = metrics.get(self.time_metric) if self.time_metric else value.get("steps_completed")
+        metric, time = metric_value(metrics.get(self.metric)), metric_value(time)
+        return None if metric is None or time is None else (time, metric)
+
+    def should_stop(self, trial_id: str, step_results: Sequence[Any]) -> bool:
+        if trial_id in self._stopped:
+            return True
+        new = step_results[self._seen.get(trial_id, 0):]
+        self._seen[trial_id] = len(step_results)
+        for time, metric in new:
+            if self._record(trial_id, time, metric):
+                self._stopped.add(trial_id)
+                return True
+        return False
+
+    def trial_end(self, trial_id: str, succeeded: bool, step_results: Optional[Sequence[Any]] = None) -> None:
+        if step_results is not None:
+            self.should_stop(trial_id, step_results)
+        if not succeeded and trial_id not in self._stopped and trial_id in self._bracket:
+            rung = self._rung[trial_id]
+            rungs = self._rungs[self._bracket[trial_id]]
+            if rung < len(rungs):
+                bisect.insort(rungs[rung][1], math.inf)
+
+    def _record(self, trial_id: str, time: float, metric: float) -> bool:
+        """Put one validation into the rungs it reaches; True when the trial should stop."""
+        if trial_id not in self._bracket:
+            shares = [self._assigned[i] / b.max_trials for i, b in enumerate(self.brackets)]
+            self._bracket[trial_id] = shares.index(min(shares))
+            self._assigned[self._bracket[trial_id]] += 1
+            self._rung[trial_id] = 0
+        rungs = self._rungs[self._bracket[trial_id]]
+        value = metric if self.optimize_mode == "minimize" else -metric
+        while self._rung[trial_id] < len(rungs):
+            units, metrics = rungs[self._rung[trial_id]]
+            if time < units:
+                return False
+            index = bisect.bisect_left(metrics, value)
+            metrics.insert(index, value)
+            self._rung[trial_id] += 1
+            if self._rung[trial_id] == len(rungs):
+                return False  # the top rung: the trial is done and ends by itself
+            if index >= max(int(len(metrics) / self.divisor), 1):
+                return True
+        return False
+
+
+def _above_one(value: Any, where: str) -> float:
+    number = schema.as_number(value, where)
+    if number <= 1:
+        raise UserError(f"divisor {value!r} does not halve anything", where, "use a number above 1 (4 is usual)")
+    return number
+
+
+def _rung_counts(value: Any, where: str) -> List[int]:
+    if not isinstance(value, list) or not value:
+        raise UserError(f"expected a list of rung counts, got {schema.show(value)}", where, "write it like [3, 2]")
+    return [schema.as_int(item, f"{where}[{i}]", minimum=1) for i, item in enumerate(value)]
+
+
+class Bracket(NamedTuple):
+    units: Tuple[int, ...]  # the time metric's value each rung needs, lowest first
+    max_trials: int
+    max_concurrent_trials: int
+
+
+def asha_brackets(args: Mapping[str, Any]) -> List[Bracket]:
+    """Determined's adaptive_asha brackets (adaptive_asha.go): rungs, trials and concurrency of each,
+    the bracket with the most rungs first."""
+    divisor, max_time, max_trials = float(args.get("divisor", 4)), args["max_time"], args["max_trials"]
+    rungs = args.get("bracket_rungs")
+    if not rungs:
+        top = min(args.get("max_rungs", 5), int(math.log(max_time) / math.log(divisor)) + 1,
+                  int(math.log(max_trials) / math.log(divisor)) + 1)
+        first = {"aggressive": top, "standard": (top - 1) // 2 + 1, "conservative": 1}[args.get("mode", "standard")]
+        rungs = list(range(first, top + 1))
+    rungs = sorted(rungs, reverse=True)
+    weights = [divisor ** (n - 1) / n for n in rungs]
+    trials = [max(int(w / sum(weights) * max_trials), 1) for w in weights]
+    trials[0] += max(max_trials - sum(trials), 0)
+    concurrent = args.get("max_concurrent_trials", 0)
+    if concurrent:
+        concurrent = max(concurrent, len(rungs))
+        each = [concurrent // len(rungs) + (1 if i < concurrent % len(rungs) else 0) for i in range(len(rungs))]
+    else:
+        each = [max(trials[-1], int(divisor))] * len(rungs)
+    return [Bracket(tuple(max(int(max_time / divisor ** (n - 1 - k)), 1) for k in range(n)), t, c)
+            for n, t, c in zip(rungs, trials, each)]
 
 
 # optuna pruners by the name classArgs `pruner` gives them.
@@ -162,7 +312,7 @@ def _make_pruner(args: Mapping[str, Any], where: str) -> Any:
                         f"see optuna's {cls.__name__} documentation") from None
 
 
-ASSESSORS: Dict[str, Type[Assessor]] = {"Medianstop": MedianstopAssessor, "Pruner": PrunerAssessor}
+ASSESSORS: Dict[str, Type[Assessor]] = {"Medianstop": MedianstopAssessor, "Pruner": PrunerAssessor, "ASHA": AshaAssessor}
 NNI_ONLY = ("Curvefitting",)
 
 

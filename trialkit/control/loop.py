@@ -95,7 +95,7 @@ class Trial:
     stop: Optional[Tuple[str, str]] = None  # (status, reason) once a stop was sent
     reason: str = ""  # why it ended as it did
     exit_code: Optional[int] = None
-    intermediate: List[Optional[float]] = field(default_factory=list)
+    intermediate: List[Any] = field(default_factory=list)  # what the assessor judges of each (step_value)
     final: Any = None
     has_final: bool = False
     retries: int = 0  # restarts after failures not its own (maxTrialRestarts)
@@ -135,6 +135,8 @@ class Loop:
         self.tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
                                  seed=experiment_seed(experiment_id))
         self.assessor = build_assessor(config.assessor.name, config.assessor.class_args) if config.assessor else None
+        # What a trial's steps hold: what its assessor judges of each intermediate result.
+        self.step_value = self.assessor.step_value if self.assessor else metric_value
         self.trials: Dict[str, Trial] = {}
         self.active: Dict[str, Trial] = {}  # submitted and not ended: each holds a slot
         self.queue = JobQueue(store)
@@ -283,7 +285,7 @@ class Loop:
                     self.tuner.tell(trial.parameter_id, value)
                     self.note_best(trial, value)
             elif rec["type"] == records.PERIODICAL:
-                trial.intermediate.append(metric_value(rec["value"]))
+                trial.intermediate.append(self.step_value(rec["value"]))
                 self._assess(trial)
             elif rec["type"] == records.STATUS and trial.id not in self.active:
                 # A keeper's late word (delivered after its exit was seen) must not undo ours.

@@ -31,7 +31,7 @@ def restore(loop: Loop) -> List[Trial]:
         loop.queue.track(trial.id, row["priority"], row["position"] if queued else None)
         metrics = loop.store.records_for(trial.id)
         finals = [rec["value"] for rec in metrics if rec["type"] == records.FINAL]
-        trial.intermediate = [metric_value(rec["value"]) for rec in metrics if rec["type"] == records.PERIODICAL]
+        trial.intermediate = [loop.step_value(rec["value"]) for rec in metrics if rec["type"] == records.PERIODICAL]
         trial.final, trial.has_final = (finals[0], True) if finals else (None, False)
         loop.trials[trial.id] = trial
         loop.next_sequence = max(loop.next_sequence, trial.sequence + 1)

@@ -1,0 +1,228 @@
+"""Determined experiment configs as trialkit reads them: each field applied, or refused by name (exit 2).
+
+The configs of tests/fixtures/determined are Determined's own (its Core API
+tutorial), unchanged; the rest are written here in Determined's format.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from experiment_util import cli
+from trialkit import env
+from trialkit.control.assessors import Bracket, asha_brackets, build_assessor
+from trialkit.control.config import load_config, parse_config
+from trialkit.errors import UserError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "determined"
+
+
+def parse(tmp_path: Path, **config):
+    config.setdefault("entrypoint", "python3 train.py")
+    config.setdefault("searcher", {"name": "single", "metric": "loss"})
+    return parse_config(config, tmp_path)
+
+
+def settings(command: str) -> dict:
+    """What the Core API is served: the env.DETERMINED word at the front of the trial command."""
+    words = shlex.split(command)
+    assert words[0] == "env" and words[1].startswith(env.DETERMINED + "=")
+    return json.loads(base64.urlsafe_b64decode(words[1].split("=", 1)[1]))
+
+
+def test_the_tutorials_asha_config_becomes_random_search_with_determineds_asha(tmp_path):
+    config = load_config(FIXTURES / "3_hpsearch.yaml", str(tmp_path))
+    assert config.experiment_name == "core-api-stage-3"
+    assert config.tuner.name == "Random" and config.optimize_mode == "minimize"  # smaller_is_better's default
+    assert config.max_trial_number == 10
+    assert config.search_space.to_dict() == {"increment_by": {"_type": "randint", "_value": [1, 9]}}
+    assert config.assessor.name == "ASHA"
+    assert config.assessor.class_args == {"optimize_mode": "minimize", "metric": "x", "time_metric": "batches",
+                                          "max_time": 100, "max_trials": 10}
+    # Determined's default concurrency for this search: 4 trials in each of its two brackets.
+    assert config.trial_concurrency == 8
+    assert config.max_trial_restarts == 0
+    assert config.trial_code_directory == str(tmp_path)  # the context directory, as det experiment create's
+    assert config.platform == "local"
+    assert config.trial_command.endswith(" python3 3_hpsearch.py")
+    assert settings(config.trial_command)["searcher"]["time_metric"] == "batches"
+
+
+def test_the_tutorials_distributed_config_gives_each_trial_its_slots(tmp_path):
+    config = load_config(FIXTURES / "4_distributed.yaml")
+    assert config.training_service.slots == 8
+    assert config.trial_concurrency == 1 and config.max_trial_number == 1  # single: one trial
+    assert config.trial_code_directory == str(FIXTURES)  # no context dir given: the config's own
+    assert settings(config.trial_command)["searcher"]["max_length"] == 100
+    assert config.trial_command.endswith(" ./4_distributed.py launcher")
+
+
+def test_max_restarts_defaults_to_determineds_five(tmp_path):
+    assert parse(tmp_path).max_trial_restarts == 5
+    assert load_config(FIXTURES / "1_metrics.yaml").max_trial_restarts == 5
+    assert parse(tmp_path, max_restarts=0).max_trial_restarts == 0
+
+
+def test_hyperparameter_types_become_the_same_search_space(tmp_path):
+    config = parse(tmp_path, hyperparameters={
+        "global_batch_size": 32,
+        "name": {"type": "const", "val": "mnist"},
+        "layers": {"type": "int", "minval": 1, "maxval": 4},
+        "dropout": {"type": "double", "minval": 0.2, "maxval": 0.5},
+        "lr": {"type": "log", "base": 10, "minval": -4, "maxval": -1},
+        "act": {"type": "categorical", "vals": ["relu", "tanh"]},
+        "optimizer": {"momentum": {"type": "double", "minval": 0.8, "maxval": 0.9}, "kind": "sgd"},
+    })
+    assert config.search_space.to_dict() == {
+        "global_batch_size": {"_type": "choice", "_value": [32]},
+        "name": {"_type": "choice", "_value": ["mnist"]},
+        "layers": {"_type": "randint", "_value": [1, 5]},
+        "dropout": {"_type": "uniform", "_value": [0.2, 0.5]},
+        "lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]},
+        "act": {"_type": "choice", "_value": ["relu", "tanh"]},
+        "optimizer": {"_type": "choice", "_value": [{"_name": "optimizer",
+                                                     "momentum": {"_type": "uniform", "_value": [0.8, 0.9]},
+                                                     "kind": {"_type": "choice", "_value": ["sgd"]}}]},
+    }
+
+
+def test_a_grid_takes_determineds_count_points(tmp_path):
+    config = parse(tmp_path, searcher={"name": "grid", "metric": "loss", "smaller_is_better": False},
+                   hyperparameters={"a": {"type": "int", "minval": 1, "maxval": 10, "count": 4},
+                                    "b": {"type": "double", "minval": 0, "maxval": 1, "count": 3},
+                                    "c": {"type": "log", "minval": -3, "maxval": -1, "count": 3},
+                                    "d": {"type": "int", "minval": 0, "maxval": 2}})
+    assert config.tuner.name == "GridSearch" and config.optimize_mode == "maximize"
+    space = config.search_space.to_dict()
+    assert space["a"]["_value"] == [1, 4, 7, 10] and space["b"]["_value"] == [0, 0.5, 1]
+    assert space["c"]["_value"] == pytest.approx([0.001, 0.01, 0.1])
+    assert space["d"] == {"_type": "randint", "_value": [0, 3]}  # no count: every integer
+    assert len(list(config.search_space.grid())) == 4 * 3 * 3 * 3
+    assert config.trial_concurrency == 16  # Determined's default
+    with pytest.raises(UserError, match="count"):
+        parse(tmp_path, searcher={"name": "grid", "metric": "l"},
+              hyperparameters={"b": {"type": "double", "minval": 0, "maxval": 1}})
+
+
+def test_resources_priority_restarts_and_concurrency_are_applied(tmp_path):
+    config = parse(tmp_path, searcher={"name": "random", "metric": "acc", "max_trials": 20,
+                                       "max_concurrent_trials": 6},
+                   resources={"slots_per_trial": 2, "max_slots": 8, "priority": 10}, max_restarts=3)
+    assert config.max_trial_number == 20
+    assert config.trial_concurrency == 4  # max_slots 8 / 2 slots, below max_concurrent_trials 6
+    assert config.training_service.slots == 2
+    assert config.priority == -10  # Determined schedules lower numbers first, trialkit higher ones
+    assert config.max_trial_restarts == 3
+
+
+def test_a_trial_class_entrypoint_runs_the_class_with_horovod_when_distributed(tmp_path):
+    one = parse(tmp_path, entrypoint="model_def:MyTrial").trial_command
+    assert one.endswith(" python3 -m trialkit.launch.run_trial model_def:MyTrial")
+    two = parse(tmp_path, entrypoint="model_def:MyTrial", resources={"slots_per_trial": 2}).trial_command
+    assert two.endswith(" python3 -m trialkit.launch.horovod --trial model_def:MyTrial")
+    listed = parse(tmp_path, entrypoint=["python3", "-m", "determined.launch.torch_distributed", "train.py"])
+    assert listed.trial_command.endswith(" python3 -m determined.launch.torch_distributed train.py")
+
+
+def test_environment_variables_data_and_shared_fs_storage_are_applied(tmp_path):
+    config = parse(tmp_path, environment={"environment_variables": ["A=1", "B=two words"]},
+                   data={"url": "s3://x"}, checkpoint_storage={"type": "shared_fs", "host_path": str(tmp_path),
+                                                               "storage_path": "ckpts"},
+                   bind_mounts=[{"host_path": str(tmp_path), "container_path": str(tmp_path)}])
+    words = shlex.split(config.trial_command)
+    assert words[2:6] == ["A=1", "B=two words", "python3", "train.py"]
+    assert settings(config.trial_command)["data"] == {"url": "s3://x"}
+    assert config.experiment_working_directory == str(tmp_path / "ckpts")
+
+
+@pytest.mark.parametrize("extra, where", [
+    ({"min_validation_period": {"batches": 10}}, "min_validation_period"),
+    ({"resources": {"resource_pool": "a100"}}, "resources.resource_pool"),
+    ({"resources": {"shm_size": 4096}}, "resources.shm_size"),
+    ({"searcher": {"name": "pbt", "metric": "l"}}, "searcher.name"),
+    ({"searcher": {"name": "single", "metric": "l", "source_trial_id": 3}}, "searcher.source_trial_id"),
+    ({"checkpoint_storage": {"type": "s3", "bucket": "b"}}, "checkpoint_storage.type"),
+    ({"checkpoint_storage": {"type": "shared_fs", "host_path": "/tmp", "save_trial_best": 2}},
+     "checkpoint_storage.save_trial_best"),
+    ({"environment": {"image": "det:latest"}}, "environment.image"),
+    ({"environment": {"pod_spec": {}}}, "environment.pod_spec"),
+    ({"bind_mounts": [{"host_path": "/tmp", "container_path": "/data"}]}, "bind_mounts[0].container_path"),
+    ({"hyperparameters": {"x": {"type": "int", "minval": 1, "maxval": 2, "step": 1}}}, "hyperparameters.x.step"),
+])
+def test_what_trialkit_does_not_do_is_refused_by_name(tmp_path, extra, where):
+    with pytest.raises(UserError) as caught:
+        parse(tmp_path, **extra)
+    assert caught.value.where == where
+
+
+def test_an_unsupported_field_is_one_line_and_exit_2(tmp_path):
+    config = yaml.safe_load((FIXTURES / "2_checkpoints.yaml").read_text())
+    config["min_checkpoint_period"] = {"batches": 100}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = cli("run", path, FIXTURES)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "min_checkpoint_period" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_context_dir_is_only_for_a_determined_config(tmp_path):
+    with pytest.raises(UserError, match="Determined"):
+        parse_config({"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true",
+                      "tuner": {"name": "Random"}}, tmp_path, context_dir=str(tmp_path))
+
+
+def test_asha_brackets_are_determineds():
+    # adaptive_asha.go for max_time 100, max_trials 10, divisor 4, max_rungs 5, standard mode:
+    # rungs = min(5, log4(100)+1, log4(10)+1) = 2; brackets of 2 and 1 rungs; trials 7 and 3.
+    assert asha_brackets({"max_time": 100, "max_trials": 10}) == [Bracket((25, 100), 7, 4), Bracket((100,), 3, 4)]
+    assert asha_brackets({"max_time": 1000, "max_trials": 100, "mode": "aggressive"}) == [
+        Bracket((15, 62, 250, 1000), 100, 100)]  # log4(100 trials) + 1 = 4 rungs
+    assert [b.units for b in asha_brackets({"max_time": 64, "max_trials": 64, "divisor": 2, "max_rungs": 3,
+                                            "mode": "conservative", "max_concurrent_trials": 5})] == [
+        (16, 32, 64), (32, 64), (64,)]
+
+
+def validation(batches: int, x: float) -> dict:
+    return {"group": "validation", "steps_completed": batches, "metrics": {"x": x, "batches": batches}}
+
+
+def test_asha_stops_a_trial_outside_the_best_quarter_of_its_rung():
+    asha = build_assessor("ASHA", {"optimize_mode": "minimize", "metric": "x", "time_metric": "batches",
+                                   "max_time": 100, "max_trials": 8, "mode": "aggressive"})
+    assert [b.units for b in asha.brackets] == [(25, 100)]
+
+    def report(trial, *points):
+        return asha.should_stop(trial, [asha.step_value(validation(b, x)) for b, x in points])
+
+    assert asha.step_value({"group": "training", "metrics": {"x": 1, "batches": 30}}) is None
+    assert not report("a", (10, 5.0))  # below the first rung: not judged
+    assert not report("a", (10, 5.0), (30, 5.0))  # alone in the rung: the best so far
+    assert report("b", (30, 9.0))  # second of two: only max(2 / 4, 1) = 1 goes on
+    assert not report("c", (30, 1.0))  # the new best
+    assert report("d", (30, 2.0))  # second of four: 4 / 4 = 1 goes on
+    assert asha.should_stop("d", [])  # once stopped, stopped
+    # At the top rung Determined tells a trial it is done; here it ends by itself with its final result.
+    assert not report("c", (30, 1.0), (100, 50.0))
+
+
+def test_asha_counts_a_failed_trial_as_the_worst_at_its_rung():
+    asha = build_assessor("ASHA", {"optimize_mode": "maximize", "metric": "x", "time_metric": "batches",
+                                   "max_time": 100, "max_trials": 8, "divisor": 2, "mode": "aggressive"})
+    assert [b.units for b in asha.brackets] == [(12, 25, 50, 100)]
+
+    def report(trial, batches, x):
+        return asha.should_stop(trial, [asha.step_value(validation(batches, x))])
+
+    assert not report("a", 20, 10.0)
+    assert report("b", 20, 5.0)  # [10, 5]: the best half is a
+    asha.trial_end("b", succeeded=False)  # stopped here, not failed: counted once
+    assert not report("c", 5, 1.0)  # below the first rung
+    asha.trial_end("c", succeeded=False)  # failed: the worst at rung 0 -> [10, 5, -inf]
+    # [10, 7, 5, -inf]: the best 4 / 2 = 2 go on; without c's failure counted, 3 / 2 = 1 would stop d.
+    assert not report("d", 20, 7.0)

@@ -1,0 +1,167 @@
+"""Determined's own Core API tutorial, unchanged, under `trialkit run CONFIG CONTEXT_DIR` on the local platform.
+
+The scripts and configs in tests/fixtures/determined are Determined's
+(examples/tutorials/core_api); this Python has no `determined`, so each
+trial imports trialkit's (trialkit/shims/determined). Each is a real
+experiment: a manager, keepers, trial processes, the store on disk.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from experiment_util import by_sequence, cli, experiment_id, export, reported, start_cli, trial_status
+from harness import ROOT, wait_until
+
+FIXTURES = Path(__file__).parent / "fixtures" / "determined"
+WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
+BOOT = ROOT / "trialkit" / "shims" / "boot"
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_determined_is_not_installed_here():
+    assert importlib.util.find_spec("determined") is None  # what the trials import is trialkit's
+
+
+def run(config: str, context: Path = FIXTURES) -> str:
+    done = cli("run", FIXTURES / config, context, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return experiment_id(done.stdout.splitlines()[0])
+
+
+def metrics(row: dict, group: str) -> list:
+    return [(r["steps_completed"], r["metrics"]) for r in row["intermediate"] if r["group"] == group]
+
+
+def test_metrics_are_stored_and_the_validation_is_the_final_result():
+    exp = run("1_metrics.yaml")
+    row = export(exp)[0]
+    assert row["status"] == "SUCCEEDED" and row["parameters"] == {}
+    assert metrics(row, "training") == [(n, {"x": n}) for n in range(10, 101, 10)]
+    assert metrics(row, "validation") == [(100, {"x": 100})]
+    assert row["final"] == 100  # the searcher metric (x) of the last validation
+    log = (Path(row["trial_dir"]) / "stderr.log").read_text()
+    assert "INFO: [" in log and "root: x is now 100" in log  # det.LOG_FORMAT
+
+
+def test_a_pause_reaches_should_preempt_and_the_trial_resumes_from_its_stored_checkpoint(home):
+    proc = start_cli("run", FIXTURES / "2_checkpoints.yaml", FIXTURES)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 2, WAIT, "two checkpoints (20 batches)")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
+        first = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
+        stopped_at = metrics(first, "training")[-1][0]
+        checkpoints = Path(first["trial_dir"]) / "checkpoint"
+        latest = (checkpoints / "latest").read_text()
+        # The checkpoint stored at the last report before should_preempt() said yes.
+        assert (checkpoints / latest / "state").read_text() == f"{stopped_at},{stopped_at},0"
+        assert json.loads((checkpoints / latest / "metadata.json").read_text()) == {"steps_completed": stopped_at}
+        assert stopped_at < 100
+
+        assert cli("trial", "activate", trial).returncode == 0
+        out, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, out + err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    runs = {row["run"]: row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
+    assert sorted(runs) == [0, 1] and runs[1]["status"] == "SUCCEEDED" and runs[1]["restart_count"] == 1
+    # Run 1 began where the checkpoint left off: no batch trained twice, x carried on.
+    assert [n for n, _ in metrics(runs[0], "training")] == list(range(10, stopped_at + 1, 10))
+    assert metrics(runs[1], "training") == [(n, {"x": n}) for n in range(stopped_at + 10, 101, 10)]
+    assert runs[1]["final"] == 100
+
+
+def test_adaptive_asha_stops_the_worse_trials_at_a_rung():
+    exp = run("3_hpsearch.yaml")
+    rows = by_sequence(export(exp))
+    assert len(rows) == 10
+    stopped = [r for r in rows.values() if r["status"] == "EARLY_STOPPED"]
+    done = [r for r in rows.values() if r["status"] == "SUCCEEDED"]
+    assert stopped and done and len(stopped) + len(done) == 10
+    for row in stopped:  # stopped by the first rung (25 batches) of the two-rung bracket, long before 100
+        assert metrics(row, "validation")[-1][0] < 100 and row["final"] is None
+    for row in done:
+        assert metrics(row, "validation")[-1] == (100, {"x": 100 * row["parameters"]["increment_by"],
+                                                        "batches": 100})
+    # Smaller x is better: a stopped trial never beat every trial that went on at its rung.
+    best_done = min(r["parameters"]["increment_by"] for r in done)
+    assert all(r["parameters"]["increment_by"] >= best_done for r in stopped)
+
+
+def test_a_distributed_script_starts_its_workers_from_the_cluster_info():
+    exp = run("4_distributed.yaml")
+    row = export(exp)[0]
+    increment = row["parameters"]["increment_by"]
+    assert row["status"] == "SUCCEEDED"
+    assert row["final"] == 8 * increment * 100  # every rank's increment, allgathered at each of 100 steps
+    assert metrics(row, "training")[-1] == (100, {"x": 8 * increment * 100})  # rank 0's reports only
+    out = (Path(row["trial_dir"]) / "stdout.log").read_text()
+    assert {f"[rank={r}] worker starting" for r in range(8)} <= set(out.splitlines())
+    assert "[rank=0] x is now" in out and "[rank=1] x is now" not in out
+
+
+def shim_python(tmp_path: Path, code: str, **environ: str) -> subprocess.CompletedProcess:
+    """`code` in a Python that finds `determined` through the keeper's boot dir, as a trial does."""
+    e = {**os.environ, "PYTHONPATH": str(BOOT), "TRIALKIT_TRIAL_DIR": str(tmp_path), **environ}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=e,
+                          cwd=tmp_path)
+
+
+def test_checkpoints_by_storage_id(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "w.bin").write_bytes(b"weights")
+    done = shim_python(tmp_path, f"""
+import pathlib, determined as det
+with det.core.init() as core:
+    ckpt = core.checkpoint
+    a = ckpt.upload({str(src)!r}, {{"epoch": 1}})
+    with ckpt.store_path({{"epoch": 2}}) as (path, b):
+        (path / "w.bin").write_bytes(b"newer")
+    assert ckpt.get_metadata(a) == {{"epoch": 1}}
+    ckpt.download(a, {str(tmp_path / "out")!r})
+    with ckpt.restore_path(b) as path:
+        print((path / "w.bin").read_bytes().decode())
+    ckpt.delete(a)
+    try:
+        ckpt.get_metadata(a)
+    except FileNotFoundError as err:
+        print("gone:", err)
+""")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "newer" and done.stdout.splitlines()[1].startswith("gone: no checkpoint")
+    assert (tmp_path / "out" / "sub" / "w.bin").read_bytes() == b"weights"
+    assert (tmp_path / "checkpoint" / "latest").read_text() != ""
+
+
+def test_the_launch_modules_are_trialkits_launchers(tmp_path):
+    done = shim_python(tmp_path, "import runpy, sys; sys.argv = ['x', '3', '--', sys.executable, '-c', "
+                       "'print(\"hi\")']; runpy.run_module('determined.launch.wrap_rank', run_name='__main__')")
+    assert done.returncode == 0 and done.stdout == "[rank=3] hi\n", done.stderr
+    for name in ("torch_distributed", "deepspeed", "horovod"):
+        done = subprocess.run([sys.executable, "-m", f"determined.launch.{name}", "--help"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(BOOT)})
+        assert done.returncode == 0 and f"trialkit.launch.{name}" in done.stdout, (name, done.stdout, done.stderr)
+    script = tmp_path / "train.py"
+    script.write_text("import sys; print('args', sys.argv[1:])")
+    done = subprocess.run([sys.executable, "-m", "determined.launch.autohorovod", str(script), "--lr", "1"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(BOOT), "TRIALKIT_SLOTS_PER_NODE": "1"})
+    assert done.returncode == 0 and done.stdout == "args ['--lr', '1']\n", done.stderr
