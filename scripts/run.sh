@@ -1,7 +1,10 @@
 #!/bin/sh
 # trialkit's container entrypoint.
 #   run.sh [COMMAND [ARGS...]]    (no arguments: the keeper runs the command line in $TRIALKIT_COMMAND)
-# Prepares the trial's dirs, sources startup-hook.sh from the code dir when
+# Prepares the trial's dirs, checks that the image has a usable Python 3,
+# fetches from the manager what the pod lacks (trialkit's trial side when the
+# image cannot import it, the experiment's code when the platform shipped it:
+# scripts/fetch.py, by digest), sources startup-hook.sh from the code dir when
 # there is one (a failing hook fails the trial, its output in the logs), then
 # execs the keeper, so that in a container the keeper is PID 1 and receives the
 # pod's SIGTERM itself.
@@ -11,6 +14,59 @@ trial_dir=${TRIALKIT_TRIAL_DIR:-${NNI_SYS_DIR:-$PWD}}
 export TRIALKIT_TRIAL_DIR="$trial_dir"
 mkdir -p "$trial_dir/.trialkit"
 python=${TRIALKIT_PYTHON:-python3}
+scripts_dir=$(dirname "$0")
+# Kubernetes shows this file's text as the container's termination message:
+# how a trial that fails before its keeper runs tells the platform why.
+termination_log=${TRIALKIT_TERMINATION_LOG:-/dev/termination-log}
+
+# give_up EXIT_CODE REASON DETAIL: the trial fails before it starts, REASON in its status.
+give_up() {
+  echo "run.sh: $2: $3" >&2
+  echo "run.sh: $2: $3" >>"$trial_dir/stderr.log" 2>/dev/null || true
+  if [ -w "$termination_log" ] || [ -n "${TRIALKIT_TERMINATION_LOG:-}" ]; then
+    echo "$2: $3" >"$termination_log" 2>/dev/null || true
+  fi
+  printf '{"status": "FAILED", "exit_code": %d, "reason": "%s", "history": []}\n' \
+    "$1" "$2" >"$trial_dir/.trialkit/status.json"
+  exit "$1"
+}
+
+no_python() {
+  give_up 127 "no usable Python in the image" \
+    "$python $1; install python3 (3.9 or later) in the image, or set TRIALKIT_PYTHON to one"
+}
+command -v "$python" >/dev/null 2>&1 || no_python "is not found"
+
+# fetch DIGEST DEST WHAT: one archive from the manager into DEST (kept: a restarted container reuses it).
+fetch() {
+  if ! detail=$("$python" "$scripts_dir/fetch.py" "$1" "$2" 2>&1); then
+    give_up 1 "$3 could not be fetched from the manager" "$detail"
+  fi
+}
+
+if [ -n "${TRIALKIT_TRIALSIDE_DIGEST:-}" ]; then
+  # In a pod: one start of the image's Python says whether it is usable (3.9+, exit 3 if not) and whether it
+  # imports trialkit's keeper (exit 1 if not: the trial side is fetched and put on PYTHONPATH).
+  found=0
+  "$python" -c 'import sys
+if sys.version_info < (3, 9): sys.exit(3)
+import trialkit.keeper' >/dev/null 2>&1 || found=$?
+  case $found in
+    0) ;;
+    1)
+      trial_side="$trial_dir/.trialkit/trialside/$TRIALKIT_TRIALSIDE_DIGEST"
+      fetch "$TRIALKIT_TRIALSIDE_DIGEST" "$trial_side" "trialkit's trial side (the image has no trialkit)"
+      export PYTHONPATH="$trial_side${PYTHONPATH:+:$PYTHONPATH}"  # the keeper's, and the training code's
+      ;;
+    3) no_python "is older than 3.9" ;;
+    *) no_python "does not run (exit code $found)" ;;
+  esac
+fi
+
+if [ -n "${TRIALKIT_CODE_DIGEST:-}" ]; then
+  fetch "$TRIALKIT_CODE_DIGEST" "$trial_dir/code" "the experiment's code"
+  export TRIALKIT_CODE_DIR="$trial_dir/code"
+fi
 
 code_dir=${TRIALKIT_CODE_DIR:-${NNI_CODE_DIR:-}}
 if [ -n "$code_dir" ]; then

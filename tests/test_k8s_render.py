@@ -107,7 +107,7 @@ def check_contract(objects, config, spec: TrialSpec) -> None:
         scripts = next(v for v in template["spec"]["volumes"] if v["name"] == "trialkit-scripts")
         assert scripts["configMap"]["defaultMode"] == 0o755 == 493
     configmap = next(o for o in objects if o["kind"] == "ConfigMap")
-    assert configmap["data"] == {name: (ROOT / "scripts" / name).read_text() for name in ("run.sh", "cleanup.sh")}
+    assert configmap["data"] == {name: (ROOT / "scripts" / name).read_text() for name in ("run.sh", "cleanup.sh", "fetch.py")}
     assert k8s.render_trial(config, spec) == objects, "rendering is deterministic"
 
 

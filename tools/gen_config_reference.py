@@ -72,6 +72,9 @@ DESCRIPTIONS: Dict[str, str] = {
     "top.maxTrialRestarts": "trialkit (Determined's `max_restarts`): how many times a trial that failed for a cause "
     "not its own (its keeper killed, its Ray worker or node lost, its pod evicted or OOM-killed) starts again, from its "
     "checkpoint, with the restart count one higher (default 0). A trial's own non-zero exit is never retried.",
+    "top.stopWhenFirstTrialsFail": "trialkit: the experiment stops (status ERROR, `trialkit run` exits 1) when its "
+    "first N trials all failed the same way (one reason, one exit code: a module missing where the trials run, a typo "
+    "in the command), and says why; default 3. `0` runs every trial whatever fails, as NNI does.",
     "top.trialGraceSeconds": "trialkit: how long a stopped trial has between SIGTERM and SIGKILL "
     "(`TRIALKIT_GRACE_SECONDS` in the trial).",
     "top.trialCheckpointEvery": "trialkit: seconds of training between the AdaptDL checkpoints trialkit takes, "
@@ -114,6 +117,11 @@ DESCRIPTIONS: Dict[str, str] = {
     "k8s.terminationGracePeriodSeconds": "The pod's grace; must exceed keeperGraceSeconds "
     "(default: keeperGraceSeconds + {{ const trialkit.layout.CLEANUP_MARGIN_SECONDS }}).",
     "k8s.dockerImage": "The image every pod runs (a role may give its own).",
+    "k8s.workingDir": "The code is in the image, here (an absolute path; `.`: the image's own working directory): "
+    "nothing is shipped. Without it, the trial code directory is packed (its `.trialignore`, the size limit) and "
+    "each pod fetches it from the manager (AdaptDL: NNI v1's `trial.codeDir` is this key).",
+    "k8s.trialCodeDirectory": "The top-level `trialCodeDirectory`, passed down: shipped to every pod unless "
+    "`workingDir` is set.",
     "k8s.serviceAccountName": "The pods' service account.",
     "k8s.imagePullSecrets": "Secrets to pull the image: `- name: SECRET`.",
     "k8s.priorityClasses": "Trial priorities mapped to the cluster's PriorityClass names (`{10: high, 0: low}`): "
@@ -154,6 +162,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "kubeflow.<role>.gpuNumber": "GPUs per pod.",
     "kubeflow.<role>.memorySize": "Memory per pod: `4g`, `8192mb`, `1Gi` (a bare number is MiB).",
     "kubeflow.<role>.privateRegistryAuthPath": "Refused: create an image pull Secret and list it in imagePullSecrets.",
+    "kubeflow.<role>.codeDirectory": "This role's code directory (NNI's `code_directory`; relative to the config "
+    "file), shipped to its pods instead of trialCodeDirectory.",
     # frameworkcontroller
     "frameworkcontroller.taskRoles": "The task roles, each a group of identical pods.",
     "frameworkcontroller.reportingRole": "The task role whose task 0 ships the trial's records (default: the role named "
@@ -166,6 +176,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "frameworkcontroller.taskRoles[].gpuNumber": "GPUs per pod.",
     "frameworkcontroller.taskRoles[].memorySize": "Memory per pod: `4g`, `8192mb`, `1Gi` (a bare number is MiB).",
     "frameworkcontroller.taskRoles[].privateRegistryAuthPath": "Refused: use imagePullSecrets.",
+    "frameworkcontroller.taskRoles[].codeDirectory": "This role's code directory (relative to the config file), "
+    "shipped to its pods instead of trialCodeDirectory.",
     "frameworkcontroller.taskRoles[].frameworkAttemptCompletionPolicy": "When the role ends the trial.",
     "frameworkcontroller.taskRoles[].frameworkAttemptCompletionPolicy.minFailedTaskCount":
         "This many failed tasks fail the trial (-1: never).",
@@ -179,8 +191,6 @@ DESCRIPTIONS: Dict[str, str] = {
     "adaptdl.adaptive": "AdaptDL's `preemptible`: its scheduler may stop and rescale the job.",
     "adaptdl.minReplicas": "The fewest replicas.",
     "adaptdl.maxReplicas": "The most replicas.",
-    "adaptdl.workingDir": "The container's working directory, a path in the image (NNI v1's `trial.codeDir`); "
-                          "`.` or none: the image's own.",
 }
 
 # Kinds for keys read with Section.raw(), which does not say.

@@ -21,6 +21,7 @@ SPOOL = "spool"
 PIDFILE = "keeper.pid"
 CHANNEL = "channel"
 STOP = "stop"
+TRIALSIDE = "trialside"  # a pod's cache of trialkit's trial side, fetched by run.sh when the image lacks trialkit
 # How long the keeper tries to deliver records at exit by default; a platform
 # that waits for a stopping keeper adds it to the trial's grace.
 FLUSH_SECONDS = 5.0

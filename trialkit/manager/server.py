@@ -11,6 +11,8 @@ Routes (JSON in and out, errors as `{"error": reason}`):
            counted in N, so the keeper logs it and moves on.
     GET  /api/v1/trials/<trial_id>/parameters
         -> 200 {"parameter_id": ..., "parameters": {...}}
+    GET  /api/v1/trials/<trial_id>/archives/<sha256>
+        -> 200 a tar.gz the control plane packed for the trial's pods (trialkit/manager/archives.py)
 Every trial route needs `Authorization: Bearer <the trial's token>`: 401 when
 there is none or it is no trial's (the control plane revokes a trial's token when it
 ends), 403 when it is another trial's. The token is checked on the headers,
@@ -67,6 +69,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from aiohttp import web
 
 from trialkit import records
+from trialkit.manager import archives
 from trialkit.manager.commits import GroupCommit
 from trialkit.manager.disk import DiskWatch
 from trialkit.manager.store import Store, Stored
@@ -174,6 +177,7 @@ class ManagerServer:
         if store is not None:
             self.router.add("POST", "/api/v1/trials/<trial_id>/records", self._post_records, self._trial_check)
             self.router.add("GET", "/api/v1/trials/<trial_id>/parameters", self._get_parameters, self._trial_check)
+            archives.add_route(self.router, store, self._trial_check)  # code and trial side for pods
         # The keepers' routes answer in well under a millisecond: they run on the server's loop.
         self._on_loop = {self._post_records, self._get_parameters} if store is not None else set()
         self.disk = DiskWatch(store.path.parent if store is not None else Path("."))
@@ -267,10 +271,12 @@ class ManagerServer:
             return self._failed(request, err)
 
     def _failed(self, request: Request, err: Exception) -> Tuple[int, Any]:
-        """The answer for a request that raised: its HttpError; 503 when the disk refuses; else 500 (a bug: the
-        keeper retries, instead of a dropped connection)."""
+        """The answer for a request that raised: its HttpError; 400 with its line for a UserError; 503 when the disk
+        refuses; else 500 (a bug: the keeper retries, instead of a dropped connection)."""
         if isinstance(err, HttpError):
             return err.status, {"error": err.reason}
+        if isinstance(err, UserError):  # what the request asked is refused as a config would be (out of range, ...)
+            return 400, {"error": err.line()}
         if self.disk.failed(err, "the store"):
             return 503, {"error": f"{self.disk.problem or 'the disk takes no writes'}: "
                                   "keep the records and send them again later"}

@@ -2,12 +2,12 @@
 
 Config (NNI's `adl`): `image`, `command`, `cpuNumber`, `gpuNumber`,
 `memorySize`, `adaptive` (AdaptDL's preemptible: the scheduler may stop and
-rescale it), `workingDir` (the container's working directory, a path in the
-image: NNI v1's `trial.codeDir` here), `minReplicas`, `maxReplicas`, `checkpoint: {storageClass,
+rescale it), `minReplicas`, `maxReplicas`, `checkpoint: {storageClass,
 storageSize}`, `nfs`, `imagePullSecrets`, plus the options every Kubernetes
-platform has (k8s_config.parse_common). Each trial gets claims for
-/adaptdl/checkpoint and /adaptdl/share; the experiment one for
-/adaptdl/tensorboard.
+platform has (k8s_config.parse_common: the experiment's code dir is shipped,
+unless `workingDir` says the code is in the image, as NNI v1's `trial.codeDir`
+does here). Each trial gets claims for /adaptdl/checkpoint and
+/adaptdl/share; the experiment one for /adaptdl/tensorboard.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from trialkit.platforms.kubernetes.config import (
     parse_common,
     parse_resources,
     parse_storage,
+    resolve_paths,  # noqa: F401 - the config layer's hook: code dirs made absolute
     v1_common,
     v1_trial,
 )
@@ -60,7 +61,6 @@ class AdaptDLConfig:
     command: Optional[str]  # None: the trial's command
     resources: Resources
     preemptible: bool
-    working_dir: Optional[str]  # in the container; None: the image's own
     min_replicas: Optional[int]
     max_replicas: Optional[int]
     storage: Storage  # AdaptDL's checkpoint, share and TensorBoard claims
@@ -79,7 +79,6 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
         command=sec.text("command"),
         resources=parse_resources(sec),
         preemptible=sec.boolean("adaptive", "preemptible"),
-        working_dir=_working_dir(sec.text("workingDir"), sec.at("workingDir")),
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         storage=parse_storage(sec) or Storage(None, DEFAULT_STORAGE_MIB),
@@ -94,17 +93,6 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
 # A v1 config's errors name its keys: every option of the section came from `trial:`.
 V1_WHERE = [(f"trainingService.{new}", f"trial.{old}") for old, new in _V1_KEYS.items()] + [
     ("trainingService.managerAddress", "nniManagerIp"), ("trainingService", "trial")]
-
-
-def _working_dir(path: Optional[str], where: str) -> Optional[str]:
-    """An absolute path in the image; "." (NNI's examples) is the image's own working directory."""
-    if path is None or path.strip() in (".", "./"):
-        return None
-    if not path.startswith("/"):
-        schema.report(UserError(f"{path!r} is relative, but it names a directory inside the container", where,
-                                "give an absolute path in the image (like /workspace), or . for the image's own"))
-        return None
-    return path
 
 
 def from_v1(v1_config: dict) -> dict:
@@ -150,9 +138,6 @@ def render(config: AdaptDLConfig, spec: TrialSpec) -> List[dict]:
         if value is not None:
             job_spec[key] = value
     job_spec["template"] = k8s.fill_pod(job_spec.get("template"), plan, CONTAINER)
-    if config.working_dir is not None:
-        container = next(c for c in job_spec["template"]["spec"]["containers"] if c["name"] == CONTAINER)
-        container["workingDir"] = config.working_dir
     storage = config.storage
     claims = [
         k8s.claim_object(checkpoint_claim, common.namespace, names.labels, storage.storage_class, storage.size_mib),

@@ -13,9 +13,7 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
-
-import yaml
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from trialkit import env as envnames
 from trialkit import layout
@@ -30,14 +28,17 @@ DEFAULT_STORAGE_MIB = 1024
 DEFAULT_KEEP_SUCCEEDED_SECONDS = 600.0
 DEFAULT_KEEP_FAILED_SECONDS = 86400.0
 
-# NNI keys that mean nothing here, accepted so that NNI configs load as written:
-# the trial's code is in its image, so nothing is copied to a code directory.
-IGNORED_NNI_KEYS = frozenset({"codeDir", "codeDirectory"})
+# Keys naming a code directory on this machine, in the section (the experiment's
+# trialCodeDirectory, which the config layer passes down) or in a role (NNI's
+# codeDirectory, v1's codeDir): the config layer makes them absolute (resolve_paths),
+# and each is packed and shipped to the trial's pods through the manager.
+CODE_DIR_KEYS = ("trialCodeDirectory", "codeDirectory", "codeDir")
 
 MIB = 1024 * 1024
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+MAX_MIB = ((1 << 63) - 1) // MIB  # Kubernetes counts a quantity's bytes in 64 bits
 _SIZE_UNITS = {"": MIB, "b": 1}  # no unit: MiB, as NNI's memoryMB
 for _power, _letter in enumerate("kmgtp", start=1):
     for _suffix in ("", "b", "i", "ib"):
@@ -62,7 +63,7 @@ class Section:
             raise UserError(f"expected a mapping, got {type(data).__name__}", where)
         self.where = where
         self._data: Dict[str, Any] = {}
-        self._asked: Set[str] = set(IGNORED_NNI_KEYS)
+        self._asked: Set[str] = set()
         for key, value in data.items():
             name = camel(str(key))
             if name in self._data:
@@ -97,9 +98,9 @@ class Section:
         if isinstance(value, bool) or not isinstance(value, int):
             return self._wrong("an integer", value, key, default)
         if minimum is not None and value < minimum:
-            schema.report(UserError(f"must be at least {minimum}, got {value}", self.at(key)))
+            schema.report(UserError(f"must be at least {minimum}, got {schema.show(value)}", self.at(key)))
             return default
-        return value
+        return self._checked(schema.as_int, value, key, default)
 
     def number(self, name: str, *aliases: str) -> Optional[float]:
         key, value = self.raw(name, *aliases)
@@ -107,7 +108,15 @@ class Section:
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             return self._wrong("a positive number", value, key, None)
-        return float(value)
+        return self._checked(schema.as_number, value, key, None)
+
+    def _checked(self, check: Any, value: Any, key: str, default: Any) -> Any:
+        """check(value, where): what schema's check gives (a number within its range), else reported."""
+        try:
+            return check(value, self.at(key))
+        except UserError as err:
+            schema.report(err)
+            return default
 
     def boolean(self, name: str, *aliases: str, default: bool = False) -> bool:
         key, value = self.raw(name, *aliases)
@@ -131,7 +140,7 @@ class Section:
 
     def finish(self) -> None:
         for key in sorted(set(self._data) - self._asked):
-            schema.report(schema.unknown("key", key, sorted(self._asked - IGNORED_NNI_KEYS), self.at(key)))
+            schema.report(schema.unknown("key", key, sorted(self._asked), self.at(key)))
 
     def _wrong(self, expected: str, value: Any, key: str, default: Any) -> Any:
         schema.report(schema.wrong_value(expected, value, self.at(key)))
@@ -143,7 +152,7 @@ def parse_size_mib(value: Any, where: str) -> int:
     if isinstance(value, bool):
         raise UserError(f"expected a size such as 4g or 1024mb, got {value!r}", where)
     if isinstance(value, (int, float)):
-        mib = math.ceil(value)
+        mib = math.ceil(value) if isinstance(value, int) or math.isfinite(value) else MAX_MIB + 1
     else:
         match = _SIZE.match(str(value))
         unit = match.group(2).lower() if match else None
@@ -151,9 +160,12 @@ def parse_size_mib(value: Any, where: str) -> int:
             raise UserError(
                 f"expected a size such as 4g or 1024mb, got {value!r}", where, "units: b, k, m, g, t (powers of 1024)"
             )
-        mib = math.ceil(float(match.group(1)) * _SIZE_UNITS[unit] / MIB)
+        mib = float(match.group(1)) * _SIZE_UNITS[unit] / MIB  # inf past a float's range
+        mib = math.ceil(mib) if math.isfinite(mib) else MAX_MIB + 1
     if mib < 1:
         raise UserError(f"must be at least 1 MiB, got {value!r}", where)
+    if mib > MAX_MIB:
+        raise UserError(f"{schema.show(value)} is too large", where, f"give at most {MAX_MIB} MiB (a 64-bit count of bytes)")
     return mib
 
 
@@ -182,6 +194,7 @@ class Role:
     command: Optional[str]  # None: the trial's command
     image: Optional[str]  # None: the section's image, else the trial's
     resources: Resources
+    code_dir: Optional[str] = None  # shipped to this role's pods; None: the section's
 
 
 def parse_role(sec: Section, name: str, count_keys: Sequence[str]) -> Role:
@@ -191,13 +204,42 @@ def parse_role(sec: Section, name: str, count_keys: Sequence[str]) -> Role:
             sec.at("privateRegistryAuthPath"),
             "create an image pull Secret (kubectl create secret docker-registry) and list it in imagePullSecrets",
         )
+    code_key, code_dir = sec.raw("codeDirectory", "codeDir")
+    if code_dir is not None:
+        code_dir = checked_code_dir(code_dir, sec.at(code_key))
     return Role(
         name=name,
         count=sec.integer(*count_keys, default=1, minimum=1),
         command=sec.text("command"),
         image=sec.text("dockerImage", "image"),
         resources=parse_resources(sec),
+        code_dir=code_dir,
     )
+
+
+def checked_code_dir(path: Any, where: str) -> str:
+    """A code directory to ship: its size and ignore rules checked now (a one-line error), packed at render."""
+    from trialkit.platforms import context
+
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise UserError(f"expected the absolute path of a directory, got {path!r}", where)
+    context.collect(path)  # raises UserError: not a directory, or over the size limit
+    return path
+
+
+def resolve_paths(section: dict, directory: Callable[[Any, str], str]) -> None:
+    """Make the code directories a section names (CODE_DIR_KEYS, in it or its roles) absolute, in place,
+    with the config layer's `directory(value, where)` (relative to the config's folder)."""
+    def walk(node: Any, where: str) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in list(items):
+            here = f"{where}[{key}]" if isinstance(node, list) else f"{where}.{key}"
+            if isinstance(node, dict) and camel(str(key)) in CODE_DIR_KEYS and isinstance(value, str):
+                node[key] = directory(value, here)
+            else:
+                walk(value, here)
+
+    walk(section, "trainingService")
 
 
 # Without reportingRole, the first of these roles present reports, else the first role.
@@ -298,6 +340,8 @@ class KubeCommon:
     nfs: Optional[NfsMount]
     priority_classes: Tuple[Tuple[int, str], ...] = ()  # (trial priority, PriorityClass name), ascending
     retention: Retention = Retention()
+    code_dir: Optional[str] = None  # shipped to every pod (a role may name its own); None: the code is in the image
+    working_dir: Optional[str] = None  # with the code in the image, where (None: the image's own working directory)
 
 
 def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
@@ -313,6 +357,7 @@ def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
     address_key, address = sec.raw("managerAddress", "nniManagerIp")
     template_path = sec.text("trialTemplate")
     keeper, termination = parse_grace(sec)
+    code_dir, working_dir = parse_code(sec)
     return KubeCommon(
         namespace=namespace,
         manager_address=manager_address(address, sec.at(address_key)),
@@ -325,7 +370,31 @@ def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
         nfs=parse_nfs(sec),
         priority_classes=parse_priority_classes(sec),
         retention=parse_retention(sec),
+        code_dir=code_dir,
+        working_dir=working_dir,
     )
+
+
+def parse_code(sec: Section) -> Tuple[Optional[str], Optional[str]]:
+    """(code dir to ship, working dir in the image): `workingDir` says the code is in the image
+    (an absolute path there, or . for the image's own) and nothing is shipped; without it the
+    experiment's trialCodeDirectory, passed down by the config layer, is packed and shipped."""
+    working_key, working = sec.raw("workingDir")
+    code_key, code_dir = sec.raw("trialCodeDirectory")
+    if working is not None:
+        return None, _working_dir(sec.text("workingDir"), sec.at(working_key))
+    return (None if code_dir is None else checked_code_dir(code_dir, sec.at(code_key))), None
+
+
+def _working_dir(path: Optional[str], where: str) -> Optional[str]:
+    """An absolute path in the image; "." (NNI's examples) is the image's own working directory."""
+    if path is None or path.strip() in (".", "./"):
+        return None
+    if not path.startswith("/"):
+        schema.report(UserError(f"{path!r} is relative, but it names a directory inside the container", where,
+                                "give an absolute path in the image (like /workspace), or . for the image's own"))
+        return None
+    return path
 
 
 def parse_priority_classes(sec: Section) -> Tuple[Tuple[int, str], ...]:
@@ -478,14 +547,7 @@ def default_manager_address(where: str) -> str:
 
 def load_user_template(path: str, where: str, kinds: Sequence[str]) -> dict:
     """A user's job template (Katib-style trialTemplate): one YAML object of one of `kinds`."""
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except OSError as err:
-        raise UserError(f"cannot read {path}: {err.strerror}", where)
-    try:
-        template = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise UserError(f"{path} is not valid YAML: {err}", where)
+    template = schema.read_data_file(Path(path).expanduser(), where)
     if not isinstance(template, dict) or template.get("kind") not in kinds:
         found = template.get("kind") if isinstance(template, dict) else type(template).__name__
         raise UserError(f"{path} holds {found!r}, not a job template", where, "its kind must be one of: " + ", ".join(kinds))

@@ -27,6 +27,7 @@ from trialkit.platforms.kubernetes.config import (
     parse_common,
     parse_role,
     parse_storage,
+    resolve_paths,  # noqa: F401 - the config layer's hook: code dirs made absolute
     reporting_role,
     v1_common,
     v1_role,
@@ -145,7 +146,7 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
             image=role.image, command=role.command, res=role.resources, where=f"trainingService.taskRoles.{role.name}",
             # Every task runs a keeper with the trial's token: only task 0 of the reporting role ships.
             extra_env={envnames.CHIEF_ROLE: config.reporting_role, **checkpoint_env},
-            extra_mounts=mounts,
+            extra_mounts=mounts, code_dir=role.code_dir,
         )
         pod = k8s.fill_pod(task.get("pod"), plan, CONTAINER)
         # FrameworkController retries tasks itself; the kubelet must not.

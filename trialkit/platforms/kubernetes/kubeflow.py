@@ -25,6 +25,7 @@ from trialkit.platforms.kubernetes.config import (
     parse_common,
     parse_role,
     parse_storage,
+    resolve_paths,  # noqa: F401 - the config layer's hook: code dirs made absolute
     reporting_role,
     v1_common,
     v1_role,
@@ -142,7 +143,7 @@ def render(config: KubeflowConfig, spec: TrialSpec) -> List[dict]:
             # Every pod runs a keeper with the trial's token: only task 0 of the reporting role ships.
             extra_env={envnames.CHIEF_ROLE: config.reporting_role, envnames.ROLE: role.name, **checkpoint_env},
             field_env={envnames.TASK_INDEX: f"metadata.labels['{REPLICA_INDEX_LABEL}']"},
-            extra_mounts=mounts,
+            extra_mounts=mounts, code_dir=role.code_dir,
         )
         replica["template"] = k8s.fill_pod(replica.get("template"), plan, operator.container)
         replica_specs[replica_type] = replica

@@ -24,6 +24,7 @@ import yaml
 
 from trialkit import env as envnames
 from trialkit.platforms.kubernetes import render as k8s
+from trialkit.platforms.kubernetes import shipping
 from trialkit.statuses import FAILED, FINAL_STATUSES, SUCCEEDED, SYS_CANCELED
 from trialkit.errors import UserError
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
@@ -81,13 +82,27 @@ def trial_exit_code(pods: Sequence[dict]) -> Optional[int]:
     return failed[0] if failed else (0 if codes else None)
 
 
+def termination_message(pods: Sequence[dict]) -> Optional[str]:
+    """What a trial container that failed said as it ended (run.sh: why the trial could not start,
+    such as an image without a usable Python); None if none did."""
+    for pod in pods:
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            if terminated.get("exitCode") and (terminated.get("message") or "").strip():
+                return f"{pod['metadata']['name']}: {terminated['message'].strip()}"
+    return None
+
+
 def trial_status(job_status: PlatformStatus, pods: Sequence[dict]) -> PlatformStatus:
-    """The job's status, with what only its pods tell: image failures, exit codes."""
+    """The job's status, with what only its pods tell: image failures, exit codes, run.sh's reasons."""
     if job_status.status not in FINAL_STATUSES:
         failure = image_failure(pods)
         return PlatformStatus(FAILED, failure) if failure else job_status
     if job_status.exit_code is None:
         job_status = dataclasses.replace(job_status, exit_code=trial_exit_code(pods))
+    said = termination_message(pods) if job_status.status == FAILED else None
+    if said:
+        job_status = dataclasses.replace(job_status, reason=f"{said}; {job_status.reason}" if job_status.reason else said)
     cause = infrastructure_failure(pods) if job_status.status == FAILED else None
     if cause:
         reason = f"{cause}; {job_status.reason}" if job_status.reason else cause
@@ -126,6 +141,7 @@ class KubePlatform(PlatformBase):
 
         objects = self.renderer(self.config, spec)
         self._record(spec, objects)
+        shipping.keep(objects, self.experiment_dir, spec.experiment_id)  # what the pods fetch, served by the manager
         *needs, job = k8s.with_secrets(objects, spec)
         # A ConfigMap or Secret left by an earlier attempt holds stale scripts or
         # an old token: replace it. A claim keeps its data (a checkpoint to resume).

@@ -22,6 +22,7 @@ from trialkit import env as envnames
 from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.platforms.base import TrialSpec
+from trialkit.platforms.kubernetes import shipping
 from trialkit.platforms.kubernetes.config import KubeCommon, NfsMount, Resources, Storage, priority_class
 
 LABEL_EXPERIMENT = "trialkit.io/experiment"
@@ -30,7 +31,7 @@ MAX_NAME = 63  # a DNS label: names that become label values and hostnames
 # Where run.sh and cleanup.sh are, in the images (images/) and, from the
 # trial's ConfigMap, in every pod.
 SCRIPTS_DIR = "/opt/trialkit/scripts"
-SCRIPT_FILES = ("run.sh", "cleanup.sh")
+SCRIPT_FILES = ("run.sh", "cleanup.sh", "fetch.py")
 SCRIPT_MODE = 0o755
 RUN_COMMAND = ["/bin/sh", f"{SCRIPTS_DIR}/run.sh"]
 CLEANUP_COMMAND = ["/bin/sh", f"{SCRIPTS_DIR}/cleanup.sh"]
@@ -256,6 +257,7 @@ class PodPlan:
     service_account: Optional[str]
     image_pull_secrets: Tuple[str, ...]
     priority_class: Optional[str]  # from the trial's priority, where priorityClasses maps it
+    working_dir: Optional[str] = None  # the code's place in the image, when it is not shipped
 
 
 def pod_plan(
@@ -271,8 +273,10 @@ def pod_plan(
     extra_env: Optional[Mapping[str, str]] = None,
     field_env: Optional[Mapping[str, str]] = None,
     extra_mounts: Sequence[Mount] = (),
+    code_dir: Optional[str] = None,
 ) -> PodPlan:
-    """The plan for a role: its own image and command, else the section's, else the trial's."""
+    """The plan for a role: its own image, command and code dir, else the section's, else the trial's.
+    The code dir is shipped (run.sh fetches it); without one the code is in the image, at workingDir."""
     # Reported, not raised: render_trial names every role's problems at once.
     image = image or common.image or spec.image
     if not image:
@@ -288,16 +292,19 @@ def pod_plan(
         schema.report(UserError(
             f"trialkit mounts its own volume at {taken}", "trainingService.nfs.containerMountPath", "choose another path"
         ))
+    code_dir = code_dir or common.code_dir
+    fetched = shipping.pod_env(code_dir)
     return PodPlan(
         labels=names.labels,
         image=image,
-        env=pod_env(common, spec, names, platform, command, extra_env, field_env),
+        env=pod_env(common, spec, names, platform, command, {**fetched, **(extra_env or {})}, field_env),
         resources=resources(res),
         mounts=mounts,
         termination_grace_seconds=common.termination_grace_seconds,
         service_account=common.service_account,
         image_pull_secrets=common.image_pull_secrets,
         priority_class=priority_class(common.priority_classes, spec.priority),
+        working_dir=None if code_dir else common.working_dir,
     )
 
 
@@ -329,6 +336,8 @@ def fill_pod(template: Optional[dict], plan: PodPlan, container_name: str) -> di
         container = {"name": container_name}
         containers.insert(0, container)
     container["image"] = plan.image
+    if plan.working_dir:
+        container["workingDir"] = plan.working_dir
     container["command"] = list(RUN_COMMAND)
     container.pop("args", None)  # run.sh would take them for the trial's command
     container["env"] = _replace_named(container.get("env", []), plan.env)
