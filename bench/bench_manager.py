@@ -1,6 +1,7 @@
 """The real manager under a cluster's keepers: 1,000 simulated keepers shipping over loopback.
 
     python bench/bench_manager.py [--keepers 1000] [--rate 50] [--seconds 30] [--processes 4]
+                                  [--burners 1] [--baseline REV --rounds 2]
 
 Starts `python -m trialkit.manager.server` on loopback (its own process, its
 store on disk), registers one trial and token per keeper, and runs the
@@ -20,11 +21,17 @@ figure the machine's load moves least), the load processes' own CPU (what
 the generator costs this machine), failed requests by kind (refused, reset,
 timed out, non-200), and whether the store holds every record exactly once.
 
-There is no peer to race here (no other manager serves trialkit's keepers):
-the figures are set against the goal of issue 19, 1,000 keepers at 50
-records/s each, p99 acknowledgement < 100 ms and 0 lost, printed MET or
-MISSED, with the machine's load average beside them: on a shared machine the
-generator and every other process compete with the manager for the cores.
+The figures are set against the goal of issues 19 and 30, 1,000 keepers at
+50 records/s each, p99 acknowledgement < 100 ms, all records/s accepted
+(95% or more) and 0 lost, printed MET or MISSED, with the machine's load
+average beside them: on a shared machine the generator and every other
+process compete with the manager for the cores. `--burners N` is the loaded
+mode: N processes that only burn CPU run beside the manager for the whole
+run. `--baseline REV` races the manager of git revision REV (its trialkit/,
+checked out to a temp dir; the keepers are this tree's) against this tree's,
+`--rounds` rounds, the order reversed every other round: each run prints its
+figures, then the manager CPU per record of each (median of its runs) and
+their ratio against issue 30's goal (5x less).
 Spools live on /dev/shm when there is one, so that the generator's fsyncs do
 not count against the manager's disk; the store is on the temp dir's disk.
 """
@@ -59,6 +66,7 @@ from trialkit.keeper.spool import Spool  # noqa: E402
 from trialkit.manager.store import Store, new_token  # noqa: E402
 
 GOAL_KEEPERS, GOAL_RATE, GOAL_P99_MS = 1000, 50, 100.0
+GOAL_CPU_RATIO = 5.0  # issue 30: the manager's CPU per record, 5x less than before
 
 
 class TimedSpool(Spool):
@@ -187,6 +195,20 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
+def burn() -> None:
+    """A process that only burns CPU (the loaded mode), until it is terminated."""
+    while True:
+        pass
+
+
+def checkout(revision: str) -> Path:
+    """trialkit/ of a git revision in a temp dir (the baseline's manager runs from there)."""
+    root = Path(tempfile.mkdtemp(prefix="bench-manager-baseline-"))
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "trialkit"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
+    return root
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keepers", type=int, default=GOAL_KEEPERS)
@@ -195,8 +217,42 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="seconds of load")
     parser.add_argument("--drain", type=float, default=30.0, help="seconds to deliver what is left after the load")
     parser.add_argument("--processes", type=int, default=4, help="load processes the keepers are spread over")
+    parser.add_argument("--burners", type=int, default=0, help="CPU-burning processes beside the manager (loaded)")
+    parser.add_argument("--baseline", metavar="REV", help="race the manager of this git revision, alternating")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the race with --baseline")
     opts = parser.parse_args()
+    burners = [multiprocessing.get_context("fork").Process(target=burn, daemon=True) for _ in range(opts.burners)]
+    for burner in burners:
+        burner.start()
+    baseline = checkout(opts.baseline) if opts.baseline else None
+    try:
+        if baseline is None:
+            run(opts, ROOT)
+            return 0
+        per_record: Dict[str, List[float]] = {"baseline": [], "this tree": []}
+        for r in range(opts.rounds):
+            order = [("baseline", baseline), ("this tree", ROOT)]
+            for name, root in order if r % 2 == 0 else reversed(order):
+                print(f"-- round {r + 1}: {name} ({opts.baseline if root is baseline else 'working tree'})",
+                      flush=True)
+                per_record[name].append(run(opts, root))
+        before, after = (statistics.median(per_record[name]) for name in ("baseline", "this tree"))
+        ratio = before / after
+        print(f"manager CPU per record, median of {opts.rounds} runs each: {opts.baseline} {before:.2f} us, "
+              f"this tree {after:.2f} us; {ratio:.2f}x less (runs: "
+              f"{', '.join(f'{b:.2f}/{a:.2f}' for b, a in zip(per_record['baseline'], per_record['this tree']))}); "
+              f"goal >= {GOAL_CPU_RATIO:g}x: {'MET' if ratio >= GOAL_CPU_RATIO else 'MISSED'}")
+        return 0
+    finally:
+        for burner in burners:
+            burner.terminate()
+            burner.join()
+        if baseline is not None:
+            shutil.rmtree(baseline, ignore_errors=True)
 
+
+def run(opts: argparse.Namespace, manager_root: Path) -> float:
+    """One run against the manager of `manager_root`; prints its figures and returns its CPU per record (us)."""
     work = Path(tempfile.mkdtemp(prefix="bench-manager-"))
     spool_root = Path(tempfile.mkdtemp(prefix="bench-manager-spools-", dir="/dev/shm" if os.path.isdir("/dev/shm")
                                        else None))
@@ -209,11 +265,11 @@ def main() -> int:
             store.add_trial("exp", trial_id, sequence=sequence, parameters={}, token=token)
         store.close()
 
-        environ = dict(os.environ, PYTHONPATH=str(ROOT))
+        environ = dict(os.environ, PYTHONPATH=str(manager_root))
         port = free_port()
         manager = subprocess.Popen([sys.executable, "-m", "trialkit.manager.server", "--experiment-dir", str(work),
-                                    "--port", str(port)], env=environ, stdout=subprocess.PIPE, text=True,
-                                   start_new_session=True)
+                                    "--port", str(port)], env=environ, cwd=manager_root, stdout=subprocess.PIPE,
+                                   text=True, start_new_session=True)
         line = manager.stdout.readline()
         if not line.startswith("listening on"):
             raise SystemExit(f"the manager did not start: {line!r}")
@@ -266,8 +322,10 @@ def main() -> int:
         worst = max(value for value, _ in latencies) * 1e3 if latencies else float("nan")
         lost = offered - stored
 
+        acked_records = accepted * load_seconds
+        per_record = manager_cpu / max(1.0, acked_records) * 1e6
         print(f"machine: {os.cpu_count()} cores, load average {load_before[0]:.1f} before, {load_after[0]:.1f} "
-              f"after; cores busy {machine_busy:.0f}% during the load")
+              f"after; cores busy {machine_busy:.0f}% during the load; {opts.burners} CPU burners beside")
         print(f"keepers: {opts.keepers} in {opts.processes} load processes, {opts.rate} records/s each in batches "
               f"of {max(1, round(opts.rate * opts.tick))} every {opts.tick:g} s, {opts.seconds:g} s of load")
         print(f"load processes: {worker_cpu / load_seconds:.2f} cores "
@@ -277,17 +335,17 @@ def main() -> int:
         print(f"ack latency: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {worst:.1f} ms")
         print(f"manager: threads max {max(sampler.threads, default=0)}, RSS {rss_idle / 2**20:.0f} MiB idle, "
               f"max {max(sampler.rss, default=0) / 2**20:.0f} MiB, CPU {manager_cpu / load_seconds:.2f} cores "
-              f"({manager_cpu / max(1.0, accepted * load_seconds / max(1, round(opts.rate * opts.tick))) * 1e3:.2f} "
-              "ms a batch)")
+              f"({manager_cpu / max(1.0, acked_records / max(1, round(opts.rate * opts.tick))) * 1e3:.2f} "
+              f"ms a batch, {per_record:.2f} us a record)")
         print("failed requests: " + (", ".join(f"{kind} {n}" for kind, n in sorted(failures.items())) or "none"))
         print(f"stored: {stored:,} of {offered:,} records appended, {lost:,} lost; "
               f"trials not acked to their last record: {len(short)}; left unacked after the drain: "
               f"{sum(part['left'] for part in parts)}")
         met = (opts.keepers >= GOAL_KEEPERS and opts.rate >= GOAL_RATE and p99 < GOAL_P99_MS and lost == 0
                and not short and accepted >= 0.95 * opts.keepers * opts.rate)
-        print(f"goal: {GOAL_KEEPERS} keepers at {GOAL_RATE} records/s each, p99 ack < {GOAL_P99_MS:.0f} ms, 0 lost: "
-              f"{'MET' if met else 'MISSED'}")
-        return 0
+        print(f"goal: {GOAL_KEEPERS} keepers at {GOAL_RATE} records/s each, p99 ack < {GOAL_P99_MS:.0f} ms, "
+              f"95% accepted, 0 lost: {'MET' if met else 'MISSED'}", flush=True)
+        return per_record
     finally:
         if manager is not None and manager.poll() is None:
             os.killpg(manager.pid, signal.SIGTERM)
