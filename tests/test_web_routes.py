@@ -206,3 +206,32 @@ def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_numbers_too_large_to_hold_answer_400_with_the_reason_never_500(running):
+    """The page's and the admin's priority, update and import routes, for numbers the store or a float cannot hold:
+    the refusal the CLI would give, as a 400 (issue 29.7: a UserError surfaced as 500)."""
+    home, page, trial = running
+    url = urlsplit(page)
+    base, token = f"{url.scheme}://{url.netloc}", url.query.removeprefix("token=")
+    exp = trial.rpartition("-")[0]
+    admin = {"Authorization": f"Bearer {read_info(home / 'experiments' / exp).token}",
+             "Content-Type": "application/json"}
+    big = "1" + "0" * 400
+    asked = [
+        (f"/api/ui/experiments/{exp}/trials/{trial}/priority", {"Authorization": f"Bearer {token}"},
+         '{"priority": %s}' % big, "out of range"),
+        (f"{ADMIN_PREFIX}/trials/{trial}/priority", admin, '{"priority": %d}' % 2 ** 63, "out of range"),
+        (f"{ADMIN_PREFIX}/queue/moves", admin, '{"moves": [{"trial_id": "%s", "priority": %s}]}' % (trial, big),
+         "out of range"),
+        (f"{ADMIN_PREFIX}/experiment/import", admin, '{"results": [{"parameters": {"x": 1}, "value": %s}]}' % big,
+         "results[0].value: a whole number of about 400 digits is too large"),
+        (f"{ADMIN_PREFIX}/experiment/import", admin, '{"results": [{"parameters": {"x": 1}, "value": NaN}]}',
+         "results[0].value: expected a finite number"),
+        (f"{ADMIN_PREFIX}/experiment/update", admin, '{"maxExperimentDuration": %s}' % big,
+         "maxExperimentDuration: a whole number of about 400 digits is too large"),
+    ]
+    for path, headers, body, reason in asked:
+        answer = requests.post(base + path, headers=headers, data=body, timeout=30)
+        assert (answer.status_code, reason in answer.json()["error"]) == (400, True), (path, answer.text)
+    assert trial_status(home, trial) == "RUNNING"

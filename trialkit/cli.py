@@ -239,7 +239,8 @@ def cmd_experiment_import(opts: argparse.Namespace) -> int:
 
 def _imported(entry: Any) -> Optional[Dict[str, Any]]:
     """One result to import: nnictl's {"parameter", "value" (maybe JSON text)} or a trialkit export row
-    {"parameters", "final"}; None for one without a number."""
+    {"parameters", "final"}; None for one without a number (NaN and the infinities are none: the manager
+    refuses them)."""
     if not isinstance(entry, dict):
         return None
     parameters = entry.get("parameter", entry.get("parameters"))
@@ -250,7 +251,9 @@ def _imported(entry: Any) -> Optional[Dict[str, Any]]:
         except ValueError:
             return None
     number = metric_value(value)
-    return None if not isinstance(parameters, dict) or number is None else {"parameters": parameters, "value": number}
+    if not isinstance(parameters, dict) or number is None or number != number or number in (float("inf"), -float("inf")):
+        return None
+    return {"parameters": parameters, "value": number}
 
 
 def cmd_experiment_activate(opts: argparse.Namespace) -> int:
@@ -569,7 +572,7 @@ def _store(experiment_dir: Path) -> "closing[Store]":
     """The store for reading: read only when its disk takes no writes (StoreUnwritable, a UserError, when it
     cannot be read at all); DamagedStore only when the file itself is no intact store."""
     try:
-        return closing(Store.in_dir(experiment_dir))
+        return closing(Store.reader(experiment_dir / paths.DB_NAME))
     except sqlite3.DatabaseError as err:
         raise DamagedStore(experiment_dir, err) from None
 

@@ -19,7 +19,9 @@ One table, three ways in, all alike:
   - the CLI, which calls those routes (trialkit.control.admin.act);
   - the page, whose buttons are the trial actions (trialkit.web.routes).
 A request the loop refuses answers 404 (no such trial) or 409 (not in a state
-for it) with one line saying why; a malformed body answers 400. Add an action
+for it) with one line saying why; a malformed body, or a value the CLI would
+refuse (a UserError: a priority past int64, a config value out of range),
+answers 400 with its line (the server's one boundary for it). Add an action
 by writing its function and listing it in ACTIONS.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol
 
+from trialkit import schema
 from trialkit.control.queue import Move, label
 from trialkit.manager.server import HttpError
 from trialkit.statuses import PREEMPTED, USER_CANCELED
@@ -110,7 +113,8 @@ def import_results(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
             isinstance(r, dict) and isinstance(r.get("parameters"), dict) and isinstance(r.get("value"), (int, float))
             and not isinstance(r.get("value"), bool) for r in results):
         raise HttpError(400, 'expected {"results": [{"parameters": {...}, "value": number}, ...]}')
-    loop.tuner.import_results([(r["parameters"], r["value"]) for r in results])
+    values = [schema.as_number(r["value"], f"results[{i}].value") for i, r in enumerate(results)]  # 10**400, NaN
+    loop.tuner.import_results([(r["parameters"], value) for r, value in zip(results, values)])
     return {"imported": len(results)}
 
 
