@@ -12,7 +12,9 @@ The bounds are kept here: at most `max_connections` connections (one more is
 closed at once; keepers retry), a request's line and headers within
 `header_seconds` of its first byte (slowloris; aiohttp bounds their size,
 not their time), the TLS handshake within the same, and an idle keep-alive
-connection dropped after `idle_seconds`.
+connection dropped after `idle_seconds`. A request aiohttp refuses before
+any handler (a bad line, a head past its bounds) is counted by `BadRequests`
+and said in one line at most once a minute, not as a traceback per request.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ import asyncio
 import re
 import socket
 import ssl
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Optional, Tuple
 
@@ -35,6 +39,7 @@ _CONTENT_LENGTH = re.compile(rb"^content-length:[ \t]*(\d+)[ \t]*\r$", re.I | re
 # be reset, and the client could lose the answer.
 LINGER_SECONDS = 2.0
 _HEAD_LIMIT = 1 << 20  # past this, aiohttp has refused the head already (its line and header bounds)
+REPORT_SECONDS = 60.0  # bad requests are said at most once in this long (BadRequests)
 
 
 class Transport:
@@ -55,6 +60,7 @@ class Transport:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._web: Optional[web.Server] = None
         self.ready = threading.Event()
+        self.bad_requests = BadRequests()
 
     @property
     def connections(self) -> int:
@@ -83,7 +89,7 @@ class Transport:
 
     async def _listen(self) -> asyncio.AbstractServer:
         self._web = web.Server(self._serve, access_log=None, keepalive_timeout=self._idle_seconds,
-                               lingering_time=LINGER_SECONDS)
+                               lingering_time=LINGER_SECONDS, logger=self.bad_requests)
         return await asyncio.get_running_loop().create_server(
             self._connection, sock=self.socket, ssl=self._tls,
             ssl_handshake_timeout=self.header_seconds if self._tls is not None else None)
@@ -106,6 +112,31 @@ class Transport:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.socket.close()
+
+
+class BadRequests:
+    """aiohttp's server logger. Each request it refuses unparsed (a bad request line, a head past its bounds,
+    bytes that are not HTTP) or whose serving failed is counted, and said in one line at most once every
+    REPORT_SECONDS, never as a traceback: any local process could otherwise flood the experiment's terminal."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._said_at: Optional[float] = None
+
+    def debug(self, *args: Any, **options: Any) -> None:
+        pass  # aiohttp's notes on clients that left early
+
+    def exception(self, message: str, *args: Any, exc_info: Any = None, **options: Any) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if self._said_at is not None and now - self._said_at < REPORT_SECONDS:
+            return
+        self._said_at = now
+        last = " ".join(str(exc_info if isinstance(exc_info, BaseException) else message % args).split())
+        print(f"trialkit-manager: {self.count} bad request(s) refused so far, said at most once a minute "
+              f"(the last: {last[:160]})", file=sys.stderr, flush=True)
+
+    error = warning = exception
 
 
 class _Refused(asyncio.Protocol):
