@@ -1,12 +1,10 @@
 """Group commit in the manager (trialkit/manager/commits.py): batches that arrive together share a
-transaction, an ack never runs ahead of the commit that holds its records, one failing batch fails
-alone, and a manager that runs behind answers 503 instead of letting answers wait."""
+transaction, an ack never runs ahead of the commit that holds its records, and one failing batch fails
+alone."""
 from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
-import time
 
 import pytest
 import requests
@@ -94,37 +92,3 @@ def test_a_failing_batch_fails_alone_and_the_others_of_its_group_are_stored(tmp_
     assert [store.count_records(f"t{n}") for n in range(3)] == [50, 0, 50] and store.acked_seq("t1") == 0
     store.close()
 
-
-def test_a_manager_that_runs_behind_answers_503_and_stores_nothing_it_refused(manager):
-    assert post(manager, "t1", [1]).status_code == 200  # its lag timer runs from the first batch
-    loop = manager._transport._loop
-    answers = []
-    stalled = threading.Event()
-
-    def keeper():
-        seq = 2
-        while not stalled.is_set() or len(answers) < 3:
-            answer = post(manager, "t1", [seq])
-            answers.append((seq, answer.status_code, answer.json(), answer.headers.get("Retry-After")))
-            seq = answer.json()["acked"] + 1 if answer.status_code == 200 else seq
-            if len(answers) > 200:
-                break
-
-    def stall(turns: int) -> None:  # each turn of the loop takes 0.3 s, as in a manager short of CPU
-        time.sleep(0.3)
-        if turns:
-            loop.call_soon(stall, turns - 1)
-        else:
-            stalled.set()
-
-    thread = threading.Thread(target=keeper)
-    thread.start()
-    loop.call_soon_threadsafe(stall, 12)
-    thread.join()
-    refused = [a for a in answers if a[1] == 503]
-    assert refused and all("behind" in body["error"] and retry for _, _, body, retry in refused), answers
-    while post(manager, "t1", [answers[-1][0]]).status_code != 200:  # caught up: batches are taken again
-        time.sleep(0.1)
-    stored = [r["seq"] for r in manager.store.records_for("t1")]
-    assert stored == list(range(1, len(stored) + 1)) and manager.store.acked_seq("t1") == len(stored)
-    assert all(seq <= len(stored) for seq, status, _, _ in answers if status == 200)

@@ -228,9 +228,6 @@ class ManagerServer:
     async def _grouped_records(self, request: Request) -> Tuple[int, Any]:
         """The records route on the loop: the batch is stored with the others of this turn (commits.py)."""
         try:
-            if self._commits.behind():
-                raise HttpError(503, f"the manager runs {self._commits.lag:.1f} s behind: keep the records "
-                                     "and send them again later")
             trial_id = request.params["trial_id"]
             return self._stored(trial_id, await self._commits.add(trial_id, *_split(request)))
         except Exception as err:  # noqa: BLE001 - mapped to an answer as answer() does
@@ -331,7 +328,7 @@ class ManagerServer:
             try:
                 request.body = (await asyncio.wait_for(incoming.content.readexactly(int(length)), self.body_seconds)
                                 if int(length) else b"")
-            except asyncio.IncompleteReadError:
+            except (asyncio.IncompleteReadError, ConnectionError):  # the client left mid-body (a keeper stopped)
                 return _json(400, {"error": f"the body ended before its {length} bytes"}, close=True)
             except asyncio.TimeoutError:
                 return _json(408, {"error": f"the body took over {self.body_seconds:g} s"}, close=True)
