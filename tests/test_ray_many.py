@@ -7,12 +7,20 @@ only if ten ran at once (no clock involved). Then every trial SUCCEEDED, ran
 once (one marker each, restart count 0, one final result stored), and nothing
 is left on the cluster. bench/bench_ray_many.py runs the 200 trials at 50.
 
-A submit creates the trial's named actor without looking its name up first;
-a name still held by an actor an earlier control plane left (its trial ended
-while nobody collected it) is freed, and the trial starts.
+The trials start as processes of one agent a node (trialkit/ray/agent.py),
+not as a Ray worker each: while the twenty run, the Ray worker processes the
+nodes start are counted, and they are far fewer than the trials.
+
+A submit creates the trial's named placement group without looking its name
+up first; a name still held by a group an earlier control plane left (its
+trial ended while nobody collected it) is freed, and the trial starts.
 """
 from __future__ import annotations
 
+import threading
+from typing import Set
+
+import psutil
 import pytest
 
 from experiment_util import cli, experiment, experiment_id, export, stored
@@ -40,6 +48,42 @@ trialkit.report_final_result(p["x"])
 """
 
 
+class WorkerCount:
+    """The Ray worker processes (Ray titles them `ray::...`) the cluster's nodes start while it runs."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.before = self.workers()
+        self.seen: Set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def workers(self) -> Set[int]:
+        found = set()
+        for node in self.cluster.nodes.values():
+            try:
+                processes = psutil.Process(node.process.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                continue
+            for proc in processes:
+                try:
+                    if proc.cmdline()[:1] and proc.cmdline()[0].startswith("ray::"):
+                        found.add(proc.pid)
+                except psutil.Error:
+                    continue
+        return found
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.2):
+            self.seen |= self.workers()
+
+    def new(self) -> Set[int]:
+        self._stop.set()
+        self._thread.join()
+        return self.seen - self.before
+
+
 def test_twenty_ray_trials_ten_at_once_each_once_nothing_left(ray_cluster, tmp_path, monkeypatch):
     if "node2" not in ray_cluster.nodes:
         ray_cluster.start_node("node2")
@@ -53,8 +97,12 @@ def test_twenty_ray_trials_ten_at_once_each_once_nothing_left(ray_cluster, tmp_p
     config = experiment(tmp_path, space, BARRIER, maxTrialNumber=TRIALS, trialConcurrency=CONCURRENCY,
                         nniManagerIp="127.0.0.1", tuner={"name": "GridSearch"},
                         trainingService={"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 0.08})
+    workers = WorkerCount(ray_cluster)
     done = cli("run", config, timeout=280)
+    started = workers.new()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # An agent a node, and what Ray itself starts (the driver's pool): not a worker a trial.
+    assert len(started) < TRIALS // 2, f"{len(started)} Ray workers started for {TRIALS} trials"
     exp = experiment_id(done.stdout.splitlines()[0])
     rows = export(exp)
     assert sorted(row["parameters"]["x"] for row in rows) == list(range(TRIALS)), "each trial once, none lost"
@@ -66,7 +114,7 @@ def test_twenty_ray_trials_ten_at_once_each_once_nothing_left(ray_cluster, tmp_p
     ray_cluster.wait_clean()
 
 
-def test_a_trial_whose_name_an_earlier_actor_holds_starts_again(ray_cluster, tmp_path):
+def test_a_trial_whose_name_an_earlier_group_holds_starts_again(ray_cluster, tmp_path):
     import ray
 
     manager = Manager(tmp_path / "manager").start()
@@ -78,7 +126,7 @@ def test_a_trial_whose_name_an_earlier_actor_holds_starts_again(ray_cluster, tmp
     try:
         again = spec("again", REPORTING, code, manager)
         earlier.submit(again)
-        # Its result is never collected (that control plane is gone): its actor lives on, holding the name.
+        # Its result is never collected (that control plane is gone): its agent keeps it, its group the name.
         wait_until(lambda: [r for r in manager.store.records_for("again") if r["type"] == records.FINAL], 60,
                    "the first run's final result", every=0.2)
         assert later.submit(again) == "again"
@@ -87,4 +135,4 @@ def test_a_trial_whose_name_an_earlier_actor_holds_starts_again(ray_cluster, tmp
     finally:
         manager.close()
         ray.shutdown()
-    ray_cluster.wait_clean()  # the earlier actor went, the later one was released
+    ray_cluster.wait_clean()  # the earlier run was discarded, the later one collected: the agents went
