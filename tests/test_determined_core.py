@@ -7,10 +7,10 @@ experiment: a manager, keepers, trial processes, the store on disk.
 """
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from experiment_util import by_sequence, cli, experiment_id, export, reported, start_cli, trial_status
-from harness import ROOT, wait_until
+from harness import ROOT, channel_records, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures" / "determined"
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -65,6 +65,10 @@ def test_a_pause_reaches_should_preempt_and_the_trial_resumes_from_its_stored_ch
         assert cli("trial", "pause", trial).returncode == 0
         wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
         first = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
+        assert first["exit_code"] == 143  # left through the Core API's context: "checkpointed, resume me"
+        # ... by itself, after should_preempt(): the keeper saw an exit, not a death by its SIGTERM.
+        kept = json.loads((Path(first["trial_dir"]) / ".trialkit" / "status.json").read_text())
+        assert kept["status"] == "PREEMPTED", kept
         stopped_at = metrics(first, "training")[-1][0]
         checkpoints = Path(first["trial_dir"]) / "checkpoint"
         latest = (checkpoints / "latest").read_text()
@@ -165,3 +169,37 @@ def test_the_launch_modules_are_trialkits_launchers(tmp_path):
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(BOOT), "TRIALKIT_SLOTS_PER_NODE": "1"})
     assert done.returncode == 0 and done.stdout == "args ['--lr', '1']\n", done.stderr
+
+
+RANKS = """
+import json, sys, determined as det
+rank = int(sys.argv[1])
+dist = det.core.DistributedContext(rank=rank, size=2, local_rank=rank, local_size=2, cross_rank=0, cross_size=1)
+with det.core.init(distributed=dist) as core:
+    print(json.dumps({"allgather": dist.allgather(rank * 10), "gather": dist.gather(rank),
+                      "broadcast": dist.broadcast("from %d" % rank), "local": dist.allgather_local(rank)}))
+    core.train.report_validation_metrics(steps_completed=1, metrics={"loss": rank + 0.5})
+    print(json.dumps({"preempt": core.preempt.should_preempt()}), flush=True)
+"""
+
+
+def test_ranks_share_collectives_and_only_rank_0_reports_and_asks(tmp_path):
+    """Two ranks of one trial: rank 1 has no stop file of its own, yet learns of the stop from rank 0."""
+    stop = tmp_path / ".trialkit" / "stop"
+    stop.parent.mkdir()
+    stop.touch()
+    common = {**os.environ, "PYTHONPATH": str(BOOT), "TRIALKIT_TRIAL_DIR": str(tmp_path),
+              "TRIALKIT_KEEPER_PID": "1", "TRIALKIT_EXPERIMENT_ID": "e", "TRIALKIT_TRIAL_ID": "e-0",
+              "TRIALKIT_DETERMINED": base64.urlsafe_b64encode(b'{"searcher": {"metric": "loss"}}').decode()}
+    procs = [subprocess.Popen([sys.executable, "-c", RANKS, str(rank)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**common, "TRIALKIT_STOP_FILE": str(stop if rank == 0 else tmp_path / "none")})
+             for rank in (0, 1)]
+    outs = [proc.communicate(timeout=60) for proc in procs]
+    assert [proc.returncode for proc in procs] == [143, 143], outs  # preempted: "checkpointed, resume me"
+    answers = [[json.loads(line) for line in out.splitlines()] for out, _ in outs]
+    assert answers[0][0] == {"allgather": [0, 10], "gather": [0, 1], "broadcast": "from 0", "local": [0, 1]}
+    assert answers[1][0] == {"allgather": [0, 10], "gather": None, "broadcast": "from 0", "local": [0, 1]}
+    assert answers[0][1] == answers[1][1] == {"preempt": True}
+    written = channel_records(tmp_path / ".trialkit" / "channel")
+    assert [rec["value"]["metrics"] for rec in written] == [{"loss": 0.5}]  # rank 0's; no FINAL after a preempt

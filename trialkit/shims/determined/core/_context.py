@@ -70,18 +70,15 @@ class EarlyExitReason(enum.Enum):
 class _Reports:
     """What the trial told: the records' writer, the searcher metric and the final result to report."""
 
-    def __init__(self, session: Session, dist: DistributedContext, searcher: Dict[str, Any]):
+    def __init__(self, session: Session, searcher: Dict[str, Any]):
         self.session = session
         # Training reports need not hold the searcher metric: the SDK's warning about a record without a
         # "default" number would be noise for every Determined script.
         session._warned.add("shape")
-        self.chief = dist.rank == 0
         self.metric = searcher.get("metric")
         self.final: Optional[Any] = None
 
     def report(self, group: str, steps_completed: int, metrics: Dict[str, Any]) -> None:
-        if not self.chief:
-            return
         value: Dict[str, Any] = {"group": group, "steps_completed": steps_completed, "metrics": metrics}
         searched = metrics.get(self.metric) if self.metric is not None else None
         if records.metric_number(searched) is not None:
@@ -290,11 +287,12 @@ class Context:
     """What `det.core.init()` returns: a context manager; its close() ends the trial's part of the API."""
 
     def __init__(self, distributed: DistributedContext, preempt_mode: PreemptMode):
+        # The session speaks for rank 0 only (unless TRIALKIT_REPORT_ALL_RANKS): Determined's chief reports.
         trial = env.read()._replace(rank=distributed.rank)
         settings = _info.settings()
         searcher = settings.get("searcher") or {}
         self._session = Session(trial)
-        self._reports = _Reports(self._session, distributed, searcher)
+        self._reports = _Reports(self._session, searcher)
         self.info = _info.ClusterInfo(trial, env.topology(), settings) if trial.under_keeper else None
         self.distributed = distributed
         self.train = TrainContext(self._reports, trial)
@@ -311,7 +309,7 @@ class Context:
             sys.exit(CHECKPOINTED)
 
     def close(self) -> None:
-        if not self.preempt.preempted and self._reports.final is not None and self._reports.chief:
+        if not self.preempt.preempted and self._reports.final is not None:
             self._session.report(records.FINAL, self._reports.final)
             self._reports.final = None
         self.distributed.close()
