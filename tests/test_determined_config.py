@@ -226,3 +226,22 @@ def test_asha_counts_a_failed_trial_as_the_worst_at_its_rung():
     asha.trial_end("c", succeeded=False)  # failed: the worst at rung 0 -> [10, 5, -inf]
     # [10, 7, 5, -inf]: the best 4 / 2 = 2 go on; without c's failure counted, 3 / 2 = 1 would stop d.
     assert not report("d", 20, 7.0)
+
+
+def test_on_kubernetes_the_image_and_variables_go_into_the_trials_pod(tmp_path):
+    (tmp_path / "train.py").touch()
+    config = {"name": "on-kubeflow", "entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "l"},
+              "environment": {"image": "example/det:1", "environment_variables": ["NCCL_DEBUG=INFO"]},
+              "trainingService": {"platform": "kubeflow", "managerAddress": "10.0.0.5", "master": {"replicas": 1}}}
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = cli("render", path)
+    assert done.returncode == 0, done.stderr
+    pod = next(d for d in yaml.safe_load_all(done.stdout) if d["kind"] == "PyTorchJob")
+    container = pod["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "example/det:1"
+    command = next(e["value"] for e in container["env"] if e["name"] == "TRIALKIT_COMMAND")
+    assert shlex.split(command)[2:] == ["NCCL_DEBUG=INFO", "python3", "train.py"]
+    with pytest.raises(UserError) as caught:
+        parse(tmp_path, resources={"slots_per_trial": 2}, trainingService=config["trainingService"])
+    assert caught.value.where == "resources.slots_per_trial"

@@ -144,13 +144,16 @@ with det.core.init() as core:
     with ckpt.restore_path(b) as path:
         print((path / "w.bin").read_bytes().decode())
     ckpt.delete(a)
+    torch_style = det.core.DistributedContext.from_torch_distributed()
+    print("ranks", torch_style.rank, torch_style.size, torch_style.local_size, torch_style.cross_size)
     try:
         ckpt.get_metadata(a)
     except FileNotFoundError as err:
         print("gone:", err)
-""")
+""", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0", GROUP_WORLD_SIZE="1")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == "newer" and done.stdout.splitlines()[1].startswith("gone: no checkpoint")
+    lines = done.stdout.splitlines()
+    assert lines[0] == "newer" and lines[1] == "ranks 0 1 1 1" and lines[2].startswith("gone: no checkpoint")
     assert (tmp_path / "out" / "sub" / "w.bin").read_bytes() == b"weights"
     assert (tmp_path / "checkpoint" / "latest").read_text() != ""
 
@@ -179,7 +182,9 @@ with det.core.init(distributed=dist) as core:
     print(json.dumps({"allgather": dist.allgather(rank * 10), "gather": dist.gather(rank),
                       "broadcast": dist.broadcast("from %d" % rank), "local": dist.allgather_local(rank)}))
     core.train.report_validation_metrics(steps_completed=1, metrics={"loss": rank + 0.5})
-    print(json.dumps({"preempt": core.preempt.should_preempt()}), flush=True)
+    with core.checkpoint.store_path({"sharded": True}, shard=True) as (path, storage_id):
+        (path / ("rank%d" % rank)).write_text("part")
+    print(json.dumps({"preempt": core.preempt.should_preempt(), "storage_id": storage_id}), flush=True)
 """
 
 
@@ -200,6 +205,9 @@ def test_ranks_share_collectives_and_only_rank_0_reports_and_asks(tmp_path):
     answers = [[json.loads(line) for line in out.splitlines()] for out, _ in outs]
     assert answers[0][0] == {"allgather": [0, 10], "gather": [0, 1], "broadcast": "from 0", "local": [0, 1]}
     assert answers[1][0] == {"allgather": [0, 10], "gather": None, "broadcast": "from 0", "local": [0, 1]}
-    assert answers[0][1] == answers[1][1] == {"preempt": True}
+    assert answers[0][1] == answers[1][1] and answers[0][1]["preempt"] is True
+    shards = tmp_path / "checkpoint" / answers[0][1]["storage_id"]  # one storage id, every rank's part in it
+    assert sorted(p.name for p in shards.iterdir()) == ["metadata.json", "rank0", "rank1"]
+    assert (tmp_path / "checkpoint" / "latest").read_text() == shards.name
     written = channel_records(tmp_path / ".trialkit" / "channel")
     assert [rec["value"]["metrics"] for rec in written] == [{"loss": 0.5}]  # rank 0's; no FINAL after a preempt
