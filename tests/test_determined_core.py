@@ -211,3 +211,40 @@ def test_ranks_share_collectives_and_only_rank_0_reports_and_asks(tmp_path):
     assert (tmp_path / "checkpoint" / "latest").read_text() == shards.name
     written = channel_records(tmp_path / ".trialkit" / "channel")
     assert [rec["value"]["metrics"] for rec in written] == [{"loss": 0.5}]  # rank 0's; no FINAL after a preempt
+
+
+NODES = """
+import json, sys, determined as det
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+dist = det.core.DistributedContext(rank=rank, size=4, local_rank=rank % 2, local_size=2, cross_rank=rank // 2,
+                                   cross_size=2, chief_ip="127.0.0.1", pub_port=port)
+print(json.dumps({"all": dist.allgather(rank), "local": dist.allgather_local(rank),
+                  "local_chief": dist.broadcast_local("node %d" % dist.cross_rank),
+                  "gathered": dist.gather_local(rank)}))
+dist.close()
+"""
+
+
+def test_two_nodes_talk_over_tcp_to_the_chief_and_each_node_has_its_own_local_star(tmp_path):
+    """Two "nodes" of two workers each, on this machine: the job's star is TCP on the chief's address and
+    port, each node's star its own."""
+    from harness import free_port
+
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", NODES, str(rank), str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(BOOT), "TRIALKIT_TRIAL_DIR": str(tmp_path)})
+             for rank in range(4)]
+    outs = [proc.communicate(timeout=60) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 4, outs
+    got = [json.loads(out) for out, _ in outs]
+    assert [g["all"] for g in got] == [[0, 1, 2, 3]] * 4
+    assert [g["local"] for g in got] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [g["local_chief"] for g in got] == ["node 0", "node 0", "node 1", "node 1"]
+    assert [g["gathered"] for g in got] == [[0, 1], None, [2, 3], None]
+
+
+def test_what_the_fallback_lacks_says_so(tmp_path):
+    done = shim_python(tmp_path, "import determined as det\ntry:\n    det.pytorch.PyTorchTrial\n"
+                       "except AttributeError as err:\n    print(err)")
+    assert done.returncode == 0 and "Core API only" in done.stdout and "install determined" in done.stdout

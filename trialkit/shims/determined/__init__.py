@@ -39,3 +39,10 @@ def _take_stop_signal_as_preemption() -> None:
 
 
 _take_stop_signal_as_preemption()
+
+
+def __getattr__(name: str):
+    # Trial classes (det.pytorch.PyTorchTrial, det.keras, ...) run Determined's own training loop: not here.
+    raise AttributeError(f"trialkit's determined has the Core API only (det.core, det.get_cluster_info, "
+                         f"det.launch), not det.{name}: install determined in the trial's Python for the rest "
+                         f"of it (docs/migration/determined.md)")
