@@ -1,0 +1,481 @@
+"""A kubelet (and the operators) for the stand-in API server: what the control plane creates runs as podman containers.
+
+    from pod_runner import PodRunner
+    with FakeApiServer() as api, PodRunner(api, containers, image, tmp_path, mounts={"/code": code}) as runner:
+        ... submit trials through the platform (or `trialkit run`) against api ...
+        runner.wait_for(lambda pods: ..., timeout, "what")   # pods: {name: Pod}, the runner's view
+        runner.delete_pod(name)      # `kubectl delete pod`: the preStop hook, SIGTERM, the grace, SIGKILL
+        runner.kill(name)            # SIGKILL the pod's container (as the OOM killer would)
+        runner.logs(name)            # the container's output (its latest attempt's)
+        runner.describe()            # every pod's phase, exit code and last lines: for a failure's message
+
+Every 0.1 s the runner looks at the API server's objects and plays:
+- the operators: for each PyTorchJob/TFJob (training-operator), Framework
+  (FrameworkController) and AdaptDLJob it makes the pods their operator makes
+  (names, labels, the variables it sets: MASTER_ADDR/PORT (this machine's
+  address, not the master's Service name), RANK, WORLD_SIZE;
+  FC_*; ADAPTDL_*), and writes the job's status as that operator does
+  (conditions; state and completion status; phase). An AdaptDLJob pod that
+  exits 143 (checkpointed) is restarted in a new group with
+  ADAPTDL_NUM_RESTARTS one higher, as AdaptDL's controller does on a rescale.
+  A deleted job's pods are deleted (the garbage collector).
+- the kubelet: each pod's first container runs under podman on the host's
+  network (every address is 127.0.0.1), with the pod's image mapped to
+  `image`, its command, args, workingDir and env (values, the downward API's
+  fieldRefs, Secret and ConfigMap keys), its volumes as host directories
+  under `workdir` (emptyDir per pod, a claim per claim name, so a claim
+  outlives its job; ConfigMap and Secret files), and `mounts` (container
+  path -> host path, read-only) added to every pod, for code that a test
+  keeps on the host. restartPolicy OnFailure/Always restart the container.
+  The pod's phase and container statuses (running, terminated with exit
+  code and reason) go back into the API server's pod list, as a kubelet
+  reports them. A pod the platform deletes (delete_collection with a grace)
+  runs its preStop hook, then podman stop with what is left of the grace.
+
+Only what trialkit's templates use is played: one container per pod (the
+first), no init containers, no scheduling, no Services (host network).
+Containers are started through containers_util.Containers, so the test's
+`containers` fixture sees that nothing is left.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from containers_util import Containers, podman
+
+POLL_SECONDS = 0.1
+LOOPBACK = "127.0.0.1"
+# Peers reach each other at this machine's address (host network): trialkit refuses a loopback
+# chief for more than one node, as it would be a mistake on a real cluster.
+JOB_KINDS = ("PyTorchJob", "TFJob", "Framework", "AdaptDLJob")
+
+
+def host_address() -> str:
+    """A non-loopback IPv4 address of this machine: the pods' managerAddress (the platform refuses loopback)."""
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return address.address
+    raise AssertionError("this machine has no non-loopback IPv4 address for the pods to reach the manager at")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Replica:
+    """One pod an operator makes: its name, template, and what the operator adds."""
+
+    name: str
+    template: dict
+    labels: Dict[str, str] = field(default_factory=dict)
+    env: Dict[str, str] = field(default_factory=dict)
+    role: str = ""
+
+
+@dataclass
+class Pod:
+    """The runner's view of one pod; `obj` is the pod as the API server lists it."""
+
+    name: str
+    job: str  # the job's path in the API server
+    role: str
+    obj: dict
+    container: str = ""
+    exit_code: Optional[int] = None  # the last attempt's
+    restarts: int = 0
+    deleted: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def phase(self) -> str:
+        return self.obj["status"]["phase"]
+
+
+# --- the operators: a job's pods, and its status from them ----------------------------
+
+
+def _kubeflow_replicas(job: dict, group: int) -> List[Replica]:
+    specs = job["spec"].get("pytorchReplicaSpecs") or job["spec"].get("tfReplicaSpecs") or {}
+    world = sum(spec.get("replicas", 1) for spec in specs.values())
+    port = str(free_port())
+    replicas, rank = [], 0
+    for replica_type in sorted(specs, key=lambda t: (t not in ("Master", "Chief"), t)):
+        spec = specs[replica_type]
+        for index in range(spec.get("replicas", 1)):
+            kind = replica_type.lower()
+            # The operator gives each pod its replica type's restartPolicy (ExitCode: its own, so Never).
+            template = {**spec["template"], "spec": {**spec["template"]["spec"], "restartPolicy": {
+                "ExitCode": "Never"}.get(spec.get("restartPolicy", "Never"), spec.get("restartPolicy", "Never"))}}
+            replicas.append(Replica(
+                f"{job['metadata']['name']}-{kind}-{index}", template,
+                {"training.kubeflow.org/replica-index": str(index), "training.kubeflow.org/replica-type": kind,
+                 "training.kubeflow.org/job-name": job["metadata"]["name"]},
+                {"MASTER_ADDR": host_address(), "MASTER_PORT": port, "WORLD_SIZE": str(world), "RANK": str(rank),
+                 "PYTHONUNBUFFERED": "1"},
+                role=replica_type))
+            rank += 1
+    return replicas
+
+
+def _kubeflow_status(job: dict, pods: List[Pod]) -> dict:
+    failed = [p for p in pods if p.phase == "Failed"]
+    master = [p for p in pods if p.role in ("Master", "Chief")] or pods
+    kind = job["kind"]
+    if failed:
+        condition = ("Failed", f"{kind}Failed", f"{kind} {job['metadata']['name']} is failed because "
+                                                 f"{sum(p.role == failed[0].role for p in failed)} {failed[0].role} replica(s) failed.")
+    elif master and all(p.phase == "Succeeded" for p in master):
+        condition = ("Succeeded", f"{kind}Succeeded", f"{kind} {job['metadata']['name']} is successfully completed.")
+    elif pods and all(p.phase == "Running" for p in pods):
+        condition = ("Running", f"{kind}Running", f"{kind} {job['metadata']['name']} is running.")
+    else:
+        condition = ("Created", f"{kind}Created", f"{kind} {job['metadata']['name']} is created.")
+    kind_, reason, message = condition
+    return {"conditions": [{"type": kind_, "status": "True", "reason": reason, "message": message}]}
+
+
+def _framework_replicas(job: dict, group: int) -> List[Replica]:
+    name = job["metadata"]["name"]
+    replicas = []
+    for role in job["spec"]["taskRoles"]:
+        for index in range(role["taskNumber"]):
+            replicas.append(Replica(
+                f"{name}-{role['name']}-{index}", role["task"]["pod"], {},
+                {"FC_FRAMEWORK_NAMESPACE": job["metadata"].get("namespace", "default"), "FC_FRAMEWORK_NAME": name,
+                 "FC_TASKROLE_NAME": role["name"], "FC_TASK_INDEX": str(index), "FC_FRAMEWORK_ATTEMPT_ID": "0",
+                 "FC_TASK_ATTEMPT_ID": "0", "FC_POD_NAME": f"{name}-{role['name']}-{index}"},
+                role=role["name"]))
+    return replicas
+
+
+def _framework_status(job: dict, pods: List[Pod]) -> dict:
+    failed = [p for p in pods if p.phase == "Failed"]
+    if failed:
+        code = failed[0].exit_code
+        return {"state": "Completed", "attemptStatus": {"completionStatus": {
+            "code": code, "phrase": "ContainerFailed", "type": {"name": "Failed"},
+            "diagnostics": f"pod {failed[0].name} exited {code}"}}}
+    if pods and all(p.phase == "Succeeded" for p in pods):
+        return {"state": "Completed", "attemptStatus": {"completionStatus": {
+            "code": 0, "phrase": "Succeeded", "type": {"name": "Succeeded"}}}}
+    running = pods and all(p.phase == "Running" for p in pods)
+    return {"state": "AttemptRunning" if running else "AttemptCreationRequested"}
+
+
+def _adaptdl_replicas(job: dict, group: int) -> List[Replica]:
+    name = job["metadata"]["name"]
+    count = max(job["spec"].get("minReplicas") or 1, 1)
+    port = str(free_port())
+    template = {**job["spec"]["template"], "spec": {**job["spec"]["template"]["spec"], "restartPolicy": "Never"}}
+    return [Replica(
+        f"{name}-{group}-{rank}", template,
+        {"adaptdl/job": name, "adaptdl/group": str(group), "adaptdl/replica": str(rank)},
+        {"ADAPTDL_JOB_ID": f"{job['metadata'].get('namespace', 'default')}/{name}", "ADAPTDL_NUM_RESTARTS": str(group),
+         "ADAPTDL_NUM_REPLICAS": str(count), "ADAPTDL_REPLICA_RANK": str(rank), "ADAPTDL_NUM_NODES": "1",
+         "ADAPTDL_MASTER_ADDR": host_address(), "ADAPTDL_MASTER_PORT": port},
+        role="main") for rank in range(count)]
+
+
+def _adaptdl_status(job: dict, pods: List[Pod]) -> dict:
+    failed = [p for p in pods if p.phase == "Failed" and p.exit_code != 143]
+    if failed:
+        return {"phase": "Failed", "reason": "ReplicaFailed", "message": f"pod {failed[0].name} exited {failed[0].exit_code}"}
+    if pods and all(p.phase == "Succeeded" for p in pods):
+        return {"phase": "Succeeded"}
+    if any(p.exit_code == 143 for p in pods):
+        return {"phase": "Stopping"}
+    return {"phase": "Running" if pods and all(p.phase == "Running" for p in pods) else "Starting"}
+
+
+OPERATORS: Dict[str, tuple] = {
+    "PyTorchJob": (_kubeflow_replicas, _kubeflow_status),
+    "TFJob": (_kubeflow_replicas, _kubeflow_status),
+    "Framework": (_framework_replicas, _framework_status),
+    "AdaptDLJob": (_adaptdl_replicas, _adaptdl_status),
+}
+FINAL = {"Succeeded", "Failed", "Completed"}
+
+
+def _finished(status: dict) -> bool:
+    conditions = [c["type"] for c in status.get("conditions", [])]
+    return bool(FINAL.intersection(conditions)) or status.get("phase") in FINAL or status.get("state") == "Completed"
+
+
+# --- the runner -------------------------------------------------------------------------
+
+
+class PodRunner:
+    def __init__(self, api, containers: Containers, image: str, workdir: Path,
+                 mounts: Optional[Dict[str, Path]] = None, images: Optional[Dict[str, str]] = None):
+        self.api = api
+        self.containers = containers
+        self.image = image
+        self.images = images or {}  # a pod's image -> the local one; any other image: `image`
+        self.workdir = Path(workdir)
+        self.mounts = mounts or {}
+        self.pods: Dict[str, Pod] = {}
+        self.jobs: Dict[str, int] = {}  # job path -> its current group (AdaptDL restarts)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
+        self._threads: List[threading.Thread] = []
+
+    def __enter__(self) -> "PodRunner":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        for pod in list(self.pods.values()):
+            pod.deleted = True
+            if pod.container:
+                podman("rm", "-f", "-t", "0", pod.container, check=False)
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+    # --- what a test does -------------------------------------------------------------
+
+    def wait_for(self, predicate: Callable[[Dict[str, Pod]], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate(dict(self.pods)):
+            if time.monotonic() > deadline:
+                states = {name: (pod.phase, pod.exit_code) for name, pod in self.pods.items()}
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}; pods: {states}")
+            time.sleep(0.05)
+
+    def delete_pod(self, name: str, grace: Optional[int] = None) -> None:
+        """As `kubectl delete pod NAME`: gone from the API server, then stopped gracefully."""
+        pod = self.pods[name]
+        with self.api._lock:
+            self.api.pods = [p for p in self.api.pods if p is not pod.obj]
+        self._delete(pod, grace)
+
+    def kill(self, name: str) -> None:
+        podman("kill", "-s", "KILL", self.pods[name].container)
+
+    def logs(self, name: str) -> str:
+        return self.containers.logs(self.pods[name].container)
+
+    def describe(self, lines: int = 20) -> str:
+        """Each pod's phase, exit code and last lines of output: for a failing test's message."""
+        out = []
+        for name, pod in sorted(self.pods.items()):
+            tail = "\n    ".join(self.logs(name).splitlines()[-lines:]) if pod.container else ""
+            out.append(f"pod {name}: {pod.phase}, exit {pod.exit_code}, restarts {pod.restarts}\n    {tail}")
+        return "\n".join(out)
+
+    # --- the loop ---------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_SECONDS):
+            with self.api._lock:
+                jobs = {path: obj for path, obj in self.api.objects.items() if obj.get("kind") in JOB_KINDS}
+            for path, job in jobs.items():
+                if path not in self.jobs:
+                    self.jobs[path] = 0
+                    self._create_pods(path, job)
+            with self.api._lock:
+                listed = {id(p) for p in self.api.pods}
+                grace = self._last_pod_deletion_grace()
+            for pod in list(self.pods.values()):
+                if pod.deleted:
+                    continue
+                if pod.job not in jobs:
+                    self._delete(pod, None)  # the garbage collector: the job went
+                elif id(pod.obj) not in listed:
+                    self._delete(pod, grace)  # the platform deleted it
+            for path, job in jobs.items():
+                self._operate(path, job)
+
+    def _last_pod_deletion_grace(self) -> Optional[int]:
+        for request in reversed(self.api.requests):
+            if request.method == "DELETE" and request.path.endswith("/pods"):
+                value = request.query.get("gracePeriodSeconds")
+                return None if value is None else int(value)
+        return None
+
+    def _create_pods(self, path: str, job: dict) -> None:
+        make, _ = OPERATORS[job["kind"]]
+        for replica in make(job, self.jobs[path]):
+            template = replica.template
+            labels = {**template.get("metadata", {}).get("labels", {}), **job["metadata"].get("labels", {}),
+                      **replica.labels}
+            obj = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": replica.name, "namespace": job["metadata"].get("namespace", "default"),
+                                "labels": labels},
+                   "spec": json.loads(json.dumps(template["spec"])), "status": {"phase": "Pending"}}
+            pod = Pod(replica.name, path, replica.role, obj)
+            self.pods[replica.name] = pod
+            with self.api._lock:
+                self.api.pods.append(obj)
+            self._spawn(self._run_pod, pod, replica.env)
+
+    def _operate(self, path: str, job: dict) -> None:
+        """The operator's turn: the job's status from its pods; AdaptDL's restart after a checkpoint."""
+        _, status_of = OPERATORS[job["kind"]]
+        group = self.jobs[path]
+        pods = [p for p in self.pods.values() if p.job == path and p.obj["metadata"]["labels"].get(
+            "adaptdl/group", str(group)) == str(group)]
+        status = status_of(job, pods)
+        if job["kind"] == "AdaptDLJob" and status["phase"] == "Stopping" and all(p.done.is_set() for p in pods):
+            self.jobs[path] = group + 1
+            with self.api._lock:
+                self.api.pods = [p for p in self.api.pods if all(p is not pod.obj for pod in pods)]
+            for pod in pods:
+                pod.deleted = True
+            self._create_pods(path, job)
+            status = {"phase": "Starting"}
+        if _finished(status) and job["kind"] in ("PyTorchJob", "TFJob"):
+            for pod in pods:  # cleanPodPolicy Running: the job is done, workers still running go
+                if not pod.done.is_set() and not pod.deleted:
+                    self._delete(pod, None)
+        with self.api._lock:
+            if self.api.objects.get(path) is job:
+                job["status"] = status
+
+    # --- the kubelet ------------------------------------------------------------------
+
+    def _spawn(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _run_pod(self, pod: Pod, operator_env: Dict[str, str]) -> None:
+        spec = pod.obj["spec"]
+        container = spec["containers"][0]
+        options = ["--network", "host", "--hostname", pod.name, *self._volumes(pod, container)]
+        if container.get("command"):
+            options += ["--entrypoint", json.dumps(container["command"])]
+        if container.get("workingDir"):
+            options += ["-w", container["workingDir"]]
+        user = (container.get("securityContext") or {}).get("runAsUser")
+        if user is not None:
+            options += ["--user", f"{user}:0"]
+        env = {**self._env(pod, container), **operator_env}
+        policy = spec.get("restartPolicy", "Always")
+        image = self.images.get(container.get("image", ""), self.image)
+        while not pod.deleted:
+            pod.container = self.containers.start(image, *options, command=container.get("args", []), env=env,
+                                                  name=f"{pod.name}-{pod.restarts}-{id(self) % 10000}")
+            self._set_status(pod, "Running", {"running": {}})
+            pod.exit_code = self.containers.wait(pod.container, timeout=3600)
+            again = policy == "Always" or (policy == "OnFailure" and pod.exit_code != 0)
+            if pod.deleted or not again:
+                break
+            pod.restarts += 1
+        if pod.exit_code is None:  # deleted before it started: nothing ran
+            pod.done.set()
+            return
+        reason = "Completed" if pod.exit_code == 0 else "Error"
+        self._set_status(pod, "Succeeded" if pod.exit_code == 0 else "Failed",
+                         {"terminated": {"exitCode": pod.exit_code, "reason": reason}})
+        pod.done.set()
+
+    @staticmethod
+    def _set_status(pod: Pod, phase: str, state: dict) -> None:
+        """A new status in one assignment: the API server may be writing the old one out."""
+        name = pod.obj["spec"]["containers"][0]["name"]
+        pod.obj["status"] = {"phase": phase, "containerStatuses": [
+            {"name": name, "state": state, "restartCount": pod.restarts, "ready": "running" in state}]}
+
+    def _delete(self, pod: Pod, grace: Optional[int]) -> None:
+        """The kubelet's deletion: the preStop hook within the grace, then SIGTERM, then SIGKILL at its end."""
+        pod.deleted = True
+        if grace is None:
+            grace = pod.obj["spec"].get("terminationGracePeriodSeconds", 30)
+        self._spawn(self._stop_pod, pod, grace)
+
+    def _stop_pod(self, pod: Pod, grace: int) -> None:
+        deadline = time.monotonic() + grace
+        while not pod.container and not pod.done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)  # still starting
+        if not pod.container or pod.done.is_set():
+            return
+        hook = (((pod.obj["spec"]["containers"][0].get("lifecycle") or {}).get("preStop") or {}).get("exec") or {})
+        if hook.get("command") and grace > 0:
+            try:
+                podman("exec", pod.container, *hook["command"], check=False, timeout=grace)
+            except Exception:  # the hook outran the grace: the kubelet goes on to stop the container
+                pass
+        left = max(0, int(deadline - time.monotonic()))
+        podman("stop", "-t", str(left), pod.container, check=False, timeout=grace + 30)
+
+    def _volumes(self, pod: Pod, container: dict) -> List[str]:
+        ns = pod.obj["metadata"]["namespace"]
+        sources = {}
+        for volume in pod.obj["spec"].get("volumes", []):
+            name = volume["name"]
+            if "persistentVolumeClaim" in volume:
+                path = self.workdir / "claims" / volume["persistentVolumeClaim"]["claimName"]
+            else:
+                path = self.workdir / "pods" / f"{pod.name}-{pod.job.rsplit('/', 1)[-1]}" / name
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)  # as a kubelet makes an emptyDir: any uid writes there
+            for kind in ("configMap", "secret"):
+                if kind in volume:
+                    ref = volume[kind].get("name") or volume[kind].get("secretName")
+                    mode = volume[kind].get("defaultMode", 0o644)
+                    for key, value in self._data(ns, kind, ref).items():
+                        (path / key).write_text(value)
+                        (path / key).chmod(mode)
+            sources[name] = path
+        options = []
+        for mount in container.get("volumeMounts", []):
+            host = sources[mount["name"]] / mount.get("subPath", "")
+            host.mkdir(parents=True, exist_ok=True)
+            options += ["-v", f"{host}:{mount['mountPath']}{':ro' if mount.get('readOnly') else ''}"]
+        for target, host in self.mounts.items():
+            options += ["-v", f"{host}:{target}:ro"]
+        return options
+
+    def _data(self, namespace: str, kind: str, name: str) -> Dict[str, str]:
+        plural = "configmaps" if kind == "configMap" else "secrets"
+        with self.api._lock:
+            obj = self.api.objects.get(f"/api/v1/namespaces/{namespace}/{plural}/{name}") or {}
+        data = dict(obj.get("stringData") or {})
+        encoded = obj.get("data") or {}
+        for key, value in encoded.items():
+            data[key] = base64.b64decode(value).decode() if kind == "secret" else value
+        return data
+
+    def _env(self, pod: Pod, container: dict) -> Dict[str, str]:
+        ns = pod.obj["metadata"]["namespace"]
+        out = {}
+        for item in container.get("env", []):
+            if "value" in item:
+                out[item["name"]] = str(item["value"])
+                continue
+            source = item.get("valueFrom", {})
+            if "fieldRef" in source:
+                out[item["name"]] = self._field(pod, source["fieldRef"]["fieldPath"])
+            elif "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                out[item["name"]] = self._data(ns, "secret", ref["name"])[ref["key"]]
+            elif "configMapKeyRef" in source:
+                ref = source["configMapKeyRef"]
+                out[item["name"]] = self._data(ns, "configMap", ref["name"])[ref["key"]]
+        return out
+
+    @staticmethod
+    def _field(pod: Pod, path: str) -> str:
+        meta = pod.obj["metadata"]
+        for prefix, mapping in (("metadata.labels['", meta["labels"]), ("metadata.annotations['",
+                                                                          meta.get("annotations", {}))):
+            if path.startswith(prefix):
+                return mapping.get(path[len(prefix):-2], "")
+        simple = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
+                  "status.podIP": LOOPBACK, "status.hostIP": LOOPBACK, "spec.nodeName": "localhost"}
+        return simple[path]
