@@ -245,3 +245,14 @@ def test_on_kubernetes_the_image_and_variables_go_into_the_trials_pod(tmp_path):
     with pytest.raises(UserError) as caught:
         parse(tmp_path, resources={"slots_per_trial": 2}, trainingService=config["trainingService"])
     assert caught.value.where == "resources.slots_per_trial"
+
+
+def test_asha_judges_plain_intermediate_results_by_their_position():
+    """An NNI-style trial (report_intermediate_result(number)) under `assessor: {name: ASHA}`: time is the count."""
+    asha = build_assessor("ASHA", {"optimize_mode": "maximize", "max_time": 4,
+                                   "max_trials": 4, "divisor": 2, "mode": "aggressive"})
+    assert [b.units for b in asha.brackets] == [(1, 2, 4)]
+    assert [asha.step_value(v) for v in (0.5, {"default": 0.25}, "text")] == [(None, 0.5), (None, 0.25), None]
+    assert not asha.should_stop("a", [(None, 0.9), (None, 0.9)])
+    assert not asha.should_stop("b", [(None, 0.95)])  # rung 1 (position 1): the better of two
+    assert asha.should_stop("b", [(None, 0.95), (None, 0.1)])  # rung 2 (position 2): [0.9, 0.1]: stopped

@@ -90,12 +90,15 @@ class AshaAssessor(Assessor):
     Brackets of rungs: a bracket of n rungs has rung k at max_time / divisor**(n-1-k)
     units of the time metric (at least 1), its last at max_time. A trial joins the
     bracket furthest below its share of max_trials (most rungs first). Each
-    validation (a record of group "validation" holding the searcher metric and the
-    time metric; without time_metric, its steps_completed) that reaches a rung puts
-    its metric into that rung; a trial not in the rung's best max(len / divisor, 1)
-    so far is stopped. At the top rung Determined tells the trial it is done; here
-    it ends by itself, with its final result. A trial that fails (not stopped here)
-    counts as the worst at its rung, as Determined counts an early exit.
+    validation that reaches a rung puts its metric into that rung; a trial not in
+    the rung's best max(len / divisor, 1) so far is stopped. A validation is what
+    Determined's Core API reports (trialkit/shims/determined: group "validation",
+    `metric` and `time_metric` among its metrics; without time_metric, its
+    steps_completed), or an intermediate result that is a number (or a dict's
+    "default"), whose time is its position: 1 for the first. At the top rung
+    Determined tells the trial it is done; here it ends by itself, with its final
+    result. A trial that fails (not stopped here) counts as the worst at its rung,
+    as Determined counts an early exit.
     """
 
     ARGS = {
@@ -113,7 +116,7 @@ class AshaAssessor(Assessor):
 
     def __init__(self, class_args: Mapping[str, Any]):
         super().__init__(class_args)
-        self.metric = class_args["metric"]
+        self.metric = class_args.get("metric")  # Determined's searcher metric; not needed for plain numbers
         self.time_metric = class_args.get("time_metric")
         self.divisor = float(class_args.get("divisor", 4))
         self.brackets = asha_brackets(class_args)
@@ -128,13 +131,16 @@ class AshaAssessor(Assessor):
     @classmethod
     def check_args(cls, class_args: Any, where: str) -> Dict[str, Any]:
         args = check_args(class_args, cls.ARGS, where)
-        for key in ("metric", "max_time", "max_trials"):
+        for key in ("max_time", "max_trials"):
             if key not in args:
                 raise UserError(f"{key} is missing", schema.path(where, key), f"add {key}")
         return args
 
     def step_value(self, value: Any) -> Any:
-        if not isinstance(value, dict) or value.get("group") != "validation" or not isinstance(value.get("metrics"), dict):
+        if not isinstance(value, dict) or "group" not in value:
+            number = metric_value(value)
+            return None if number is None else (None, number)  # its time: its position
+        if value["group"] != "validation" or not isinstance(value.get("metrics"), dict):
             return None
         metrics = value["metrics"]
         time = metrics.get(self.time_metric) if self.time_metric else value.get("steps_completed")
@@ -144,10 +150,10 @@ class AshaAssessor(Assessor):
     def should_stop(self, trial_id: str, step_results: Sequence[Any]) -> bool:
         if trial_id in self._stopped:
             return True
-        new = step_results[self._seen.get(trial_id, 0):]
+        seen = self._seen.get(trial_id, 0)
         self._seen[trial_id] = len(step_results)
-        for time, metric in new:
-            if self._record(trial_id, time, metric):
+        for position, (time, metric) in enumerate(step_results[seen:], start=seen + 1):
+            if self._record(trial_id, position if time is None else time, metric):
                 self._stopped.add(trial_id)
                 return True
         return False
