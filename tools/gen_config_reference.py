@@ -130,8 +130,15 @@ DESCRIPTIONS: Dict[str, str] = {
     "k8s.nfs.server": "The NFS server.",
     "k8s.nfs.path": "The exported path.",
     "k8s.nfs.containerMountPath": "Where it is mounted in the pod.",
-    "k8s.storage": "NNI v2's form of the NFS volume: `{storageType: nfs, server, path, containerMountPath}`.",
-    "k8s.storage.storageType": "Only `nfs`.",
+    "k8s.storage": "NNI v2's form of the volume: `{storageType: nfs, server, path, containerMountPath}` or "
+    "`{storageType: azureStorage, azureAccount, azureShare, keyVaultName, keyVaultKey, containerMountPath}`.",
+    "k8s.storage.storageType": "`nfs`, or `azureStorage`: an Azure File share mounted in every pod, its account key "
+    "read from Azure Key Vault with the Azure CLI (`az login` first) when the experiment starts and kept only in a "
+    "Secret of the experiment.",
+    "k8s.storage.azureAccount": "The Azure storage account (NNI v1: `azureStorage.accountName`).",
+    "k8s.storage.azureShare": "The file share in it (NNI v1: `azureStorage.azureShare`).",
+    "k8s.storage.keyVaultName": "The Key Vault holding the account's key (NNI v1: `keyVault.vaultName`).",
+    "k8s.storage.keyVaultKey": "The name of the secret in that vault holding the key (NNI v1: `keyVault.name`).",
     "k8s.storage.server": "The NFS server.",
     "k8s.storage.path": "The exported path.",
     "k8s.storage.containerMountPath": "Where it is mounted in the pod.",
@@ -166,6 +173,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "file), shipped to its pods instead of trialCodeDirectory.",
     # frameworkcontroller
     "frameworkcontroller.taskRoles": "The task roles, each a group of identical pods.",
+    "frameworkcontroller.configPath": "NNI's custom FrameworkController config: a Framework YAML file (relative to "
+    "the config's folder) that is each trial's job, as in NNI: its task roles (name, taskNumber, the first "
+    "container's command and image, the task's gpuNum, cpuNum, memoryMB) are the taskRoles when the section has "
+    "none, and that first container runs the trial's keeper.",
     "frameworkcontroller.reportingRole": "The task role whose task 0 ships the trial's records (default: the role named "
     "`chief`, `master` or `worker`, in that order, else the first). Every task runs a keeper; only this one reports.",
     "frameworkcontroller.taskRoles[].name": "The role's name: 1 to 63 lowercase letters and digits.",
@@ -191,6 +202,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "adaptdl.adaptive": "AdaptDL's `preemptible`: its scheduler may stop and rescale the job.",
     "adaptdl.minReplicas": "The fewest replicas.",
     "adaptdl.maxReplicas": "The most replicas.",
+    "adaptdl.tensorboardImage": "The image `trialkit experiment tensorboard` runs TensorBoard in (it needs a "
+    "`tensorboard` command).",
 }
 
 # Kinds for keys read with Section.raw(), which does not say.
@@ -297,6 +310,9 @@ K8S_EXAMPLES: Dict[str, List[Dict[str, Any]]] = {
         {"operator": "tf-operator", "managerAddress": "10.0.0.1", "dockerImage": "img",
          "ps": {"replicas": 1}, "worker": {"replicas": 1}, "master": {"replicas": 1},
          "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x", "containerMountPath": "/nfs"}},
+        {"managerAddress": "10.0.0.1", "dockerImage": "img", "master": {"replicas": 1},
+         "storage": {"storageType": "azureStorage", "azureAccount": "acct", "azureShare": "share",
+                     "keyVaultName": "vault", "keyVaultKey": "key", "containerMountPath": "/nfs"}},
     ],
     "frameworkcontroller": [
         {"managerAddress": "10.0.0.1", "dockerImage": "img",
@@ -307,6 +323,9 @@ K8S_EXAMPLES: Dict[str, List[Dict[str, Any]]] = {
          "keepFinishedJobs": {"succeeded": "10m", "failed": "1d"}},
         {"managerAddress": "10.0.0.1", "dockerImage": "img", "taskRoles": [{"name": "worker"}],
          "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x"}},
+        {"managerAddress": "10.0.0.1", "dockerImage": "img", "taskRoles": [{"name": "worker"}],
+         "storage": {"storageType": "azureStorage", "azureAccount": "acct", "azureShare": "share",
+                     "keyVaultName": "vault", "keyVaultKey": "key", "containerMountPath": "/nfs"}},
     ],
     "adaptdl": [
         {"managerAddress": "10.0.0.1", "image": "img", "checkpoint": {"storageClass": "dfs", "storageSize": "1Gi"},
@@ -314,6 +333,9 @@ K8S_EXAMPLES: Dict[str, List[Dict[str, Any]]] = {
          "keepFinishedJobs": {"succeeded": "10m", "failed": "1d"}},
         {"managerAddress": "10.0.0.1", "image": "img",
          "storage": {"storageType": "nfs", "server": "10.0.0.2", "path": "/x"}},
+        {"managerAddress": "10.0.0.1", "image": "img",
+         "storage": {"storageType": "azureStorage", "azureAccount": "acct", "azureShare": "share",
+                     "keyVaultName": "vault", "keyVaultKey": "key", "containerMountPath": "/nfs"}},
     ],
 }
 K8S_PLATFORMS = tuple(K8S_EXAMPLES)
@@ -615,15 +637,16 @@ NNI_V2_NOTES: Dict[str, str] = {
     "trainingService": "platforms `local`, `kubeflow`, `frameworkcontroller`, `adaptdl` (also `adl`) and `ray`; "
     "NNI's remote, openpai, aml, dlc and hybrid (a list) are not available",
     "tuner": "built-in tuners by name (see the config reference); custom tuner classes are not supported",
-    "assessor": "`Medianstop`, or `Pruner` (optuna's pruners)",
+    "assessor": "`Medianstop`, `Curvefitting` (NNI's classArgs), `ASHA`, or `Pruner` (optuna's pruners)",
     "useAnnotation": "must be false",
     "advisor": "taken as the tuner; NNI's advisors (BOHB, Hyperband) are not available",
-    "nniManagerIp": "for cluster platforms, the address pods reach the manager at (`managerAddress`); refused on "
-    "local",
+    "nniManagerIp": "for cluster platforms, the address pods reach the manager at (`managerAddress`); on local "
+    "accepted and not used, as in NNI (a note says so at the start)",
     "trialGpuNumber": "local: a trial waits for that many free GPUs and gets exactly them, as in NNI's local mode; "
     "ray: its actor's `num_gpus`; refused on the Kubernetes platforms (set `gpuNumber` per role)",
-    "debug": "must be false",
-    "logLevel": "only `info`",
+    "debug": "accepted; `true` is noted at the start and changes nothing (each trial's output is in its dir)",
+    "logLevel": "NNI's levels (`fatal` to `trace`); another than `info` is noted at the start: trialkit's manager "
+    "has one level",
     "experimentWorkingDirectory": "holds the experiment's dir; the default is `$TRIALKIT_HOME/experiments`",
 }
 

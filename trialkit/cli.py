@@ -54,6 +54,7 @@ FOLLOW_PAUSE = 0.2  # `trial logs -f`: a file has no "new data" event; a short p
 STOP_WAIT_MARGIN = 30.0  # `experiment stop`: past the trials' grace and flush, how long to wait for the manager
 REDACTED = "<redacted>"
 RENDER_EXPERIMENT_ID = "render"  # `trialkit render` names trials as a real run would, under this id
+RENDER_LIMIT = 1000  # `render --trial N` asks the tuner N+1 times (TPE: ~20 ms each here)
 
 
 # -- run and render ---------------------------------------------------------------------
@@ -67,6 +68,8 @@ def cmd_run(opts: argparse.Namespace) -> int:
     from trialkit.manager.server import tls_pair
     from trialkit.web import attach_page
 
+    if opts.experiment_id is not None:  # a detached run's, chosen by its parent: a name, never a path
+        paths.check_experiment_id(opts.experiment_id, "--experiment-id")
     context_dir = None if opts.context_dir is None else os.path.abspath(opts.context_dir)
     config = load_config(opts.config, context_dir)
     tls = tls_pair(opts.tls_cert, opts.tls_key)
@@ -97,6 +100,9 @@ def cmd_render(opts: argparse.Namespace) -> int:
     if not hasattr(platforms.load(config.platform), "render"):
         raise UserError(f"platform {config.platform} runs processes, not Kubernetes objects: there is nothing to render",
                         "trainingService.platform", "render a config for kubeflow, frameworkcontroller or adaptdl")
+    if opts.trial >= min(config.max_trial_number or RENDER_LIMIT, RENDER_LIMIT):
+        raise UserError(f"trial {opts.trial} is past what render proposes (the tuner is asked once a trial up to it)",
+                        "--trial", f"pick a number below {min(config.max_trial_number or RENDER_LIMIT, RENDER_LIMIT)}")
     tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space, seed=0)
     asked = None
     for _ in range(opts.trial + 1):
@@ -299,6 +305,33 @@ def cmd_experiment_delete(opts: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
+    from trialkit import platforms
+    from trialkit.control.config import parse_config
+    from trialkit.manager.store import Store
+    from trialkit.platforms.kubernetes.client import ClusterError
+
+    experiment_dir = paths.experiment_dir(opts.experiment_id)
+    store = Store.in_dir(experiment_dir)
+    try:
+        stored = store.experiment(opts.experiment_id)
+    finally:
+        store.close()
+    if stored is None:
+        raise UserError(f"the store in {experiment_dir} holds no experiment {opts.experiment_id}", "EXPERIMENT_ID")
+    config = parse_config(stored["config"], experiment_dir, source=f"experiment {opts.experiment_id}'s stored config")
+    platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
+    start = getattr(platform, "start_tensorboard", None)
+    if start is None:
+        raise UserError(f"experiment {opts.experiment_id} runs on {config.platform}: TensorBoard is served for adaptdl "
+                        "experiments", "EXPERIMENT_ID", "run tensorboard --logdir over its trials' TensorBoard dirs")
+    try:
+        print(start(opts.experiment_id))
+    except ClusterError as err:
+        raise UserError(str(err), "KUBECONFIG", "check the cluster in your kubeconfig, and that it is up") from None
+    return 0
+
+
 def cmd_experiment_export(opts: argparse.Namespace) -> int:
     with _store(paths.experiment_dir(opts.experiment_id)) as store:
         _experiment(store, opts.experiment_id)
@@ -325,6 +358,8 @@ def cmd_experiment_plot(opts: argparse.Namespace) -> int:
         output = output / f"{opts.experiment_id}.png"  # -o DIR: the plot goes inside it, as `render -o DIR` does
     if not output.parent.is_dir():
         raise UserError(f"no directory {str(output.parent)!r} to write into", "-o", "create it first")
+    if output.suffix.lower() not in ("", ".png"):
+        raise UserError(f"the plot is a PNG, not {output.suffix!r}", "-o", f"name it {output.stem}.png")
     try:
         plot_experiment(rows, f"experiment {opts.experiment_id}", output)
     except OSError as err:
@@ -723,6 +758,10 @@ def build_parser() -> ArgumentParser:
                                      "ConfigMaps, Secrets, checkpoint and TensorBoard claims), then its dir and "
                                      "store. Asks first; a running experiment is refused."))
     delete.add_argument("--yes", action="store_true", help="delete without asking")
+    _experiment_id(_command(sub, "tensorboard", cmd_experiment_tensorboard, "serve an AdaptDL experiment's TensorBoard",
+                            "Start TensorBoard (a Deployment and a Service) over the experiment's TensorBoard claim, "
+                            "where each trial writes its dir, as NNI's adl mode does, and print how to reach it. "
+                            "Asked again, it keeps what runs; it goes when the experiment ends."))
     export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
                                      "Every trial with its parameters, status, exit code, intermediate and final "
                                      "metrics, as JSON (a list of trials) or CSV (a line per trial)."))
@@ -831,6 +870,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return opts.func(opts)
     except UserError as err:
         report_and_exit(PROG, err)
+    except sqlite3.DatabaseError as err:  # found while reading an open store (a row that is not what it should be)
+        report_and_exit(PROG, UserError(f"the experiment's store cannot be read: {err}", fix="see `trialkit experiment list`"))
     except KeyboardInterrupt:  # `trial logs -f`, a wait: the user is done watching
         return 130
     except BrokenPipeError:

@@ -65,6 +65,7 @@ class AdaptDLConfig:
     max_replicas: Optional[int]
     storage: Storage  # AdaptDL's checkpoint, share and TensorBoard claims
     common: KubeCommon
+    tensorboard_image: str = "tensorflow/tensorflow:2.16.1"  # what `trialkit experiment tensorboard` runs
     platform: ClassVar[str] = PLATFORM
 
 
@@ -83,6 +84,7 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
         max_replicas=max_replicas,
         storage=parse_storage(sec) or Storage(None, DEFAULT_STORAGE_MIB),
         common=parse_common(sec, [KIND]),
+        tensorboard_image=sec.text("tensorboardImage", default=AdaptDLConfig.tensorboard_image),
     )
     sec.finish()
     if not config.common.image:
@@ -108,7 +110,7 @@ def render(config: AdaptDLConfig, spec: TrialSpec) -> List[dict]:
     names = k8s.trial_names(spec, NAME_BUDGET)
     checkpoint_claim = k8s.checkpoint_claim_name(names)
     share_claim = f"{names.job}-share"
-    tensorboard_claim = k8s.object_name(["tk", spec.experiment_id, "tensorboard"])
+    tensorboard_claim = tensorboard_name(spec.experiment_id)
     # One TensorBoard volume for the experiment, a directory in it per trial:
     # TensorBoard then shows the trials side by side.
     tensorboard_dir = f"{TENSORBOARD_DIR}/{names.job}"
@@ -150,6 +152,48 @@ def render(config: AdaptDLConfig, spec: TrialSpec) -> List[dict]:
     return k8s.trial_objects(common, spec, names, job, claims)
 
 
+# --- TensorBoard over the experiment's claim (NNI's adl mode serves one) -----------
+
+TENSORBOARD_PORT = 6006
+LABEL_TENSORBOARD = "trialkit.io/tensorboard"
+
+
+def tensorboard_name(experiment_id: str) -> str:
+    """The experiment's TensorBoard claim, and its Deployment and Service."""
+    return k8s.object_name(["tk", experiment_id, "tensorboard"])
+
+
+def render_tensorboard(config: AdaptDLConfig, experiment_id: str) -> List[dict]:
+    """The experiment's TensorBoard claim (every trial writes its dir there), and a Deployment and a
+    Service that serve it read-only on port 6006."""
+    common, storage = config.common, config.storage
+    name = tensorboard_name(experiment_id)
+    labels = {k8s.LABEL_EXPERIMENT: k8s.label_value(experiment_id), LABEL_TENSORBOARD: "true"}
+    claim = k8s.claim_object(name, common.namespace, {k8s.LABEL_EXPERIMENT: labels[k8s.LABEL_EXPERIMENT]},
+                             storage.storage_class, storage.size_mib)
+    container = {
+        "name": "tensorboard",
+        "image": config.tensorboard_image,
+        "command": ["tensorboard", "--logdir", TENSORBOARD_DIR, "--bind_all", "--port", str(TENSORBOARD_PORT)],
+        "ports": [{"name": "http", "containerPort": TENSORBOARD_PORT}],
+        "volumeMounts": [{"name": "tensorboard", "mountPath": TENSORBOARD_DIR, "readOnly": True}],
+    }
+    pod_spec = {"containers": [container],
+                "volumes": [{"name": "tensorboard", "persistentVolumeClaim": {"claimName": name, "readOnly": True}}]}
+    if common.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret} for secret in common.image_pull_secrets]
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": k8s.metadata(name, common.namespace, labels),
+        "spec": {"replicas": 1, "selector": {"matchLabels": dict(labels)},
+                 "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec}},
+    }
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": k8s.metadata(name, common.namespace, labels),
+        "spec": {"selector": dict(labels), "ports": [{"name": "http", "port": TENSORBOARD_PORT, "targetPort": "http"}]},
+    }
+    return [claim, deployment, service]
+
+
 PHASES = {
     "Pending": WAITING,
     "Starting": WAITING,
@@ -171,3 +215,15 @@ def job_status(job: dict) -> PlatformStatus:
 class Platform(KubePlatform):
     renderer = staticmethod(render)
     mapper = staticmethod(job_status)
+
+    def experiment_objects(self, experiment_id: str) -> List[dict]:
+        return render_tensorboard(self.config, experiment_id)
+
+    def start_tensorboard(self, experiment_id: str) -> str:
+        """Serve the experiment's TensorBoard claim (made once: asked again, what runs is kept); how to reach it.
+        It goes when the experiment ends, with the claim."""
+        for obj in render_tensorboard(self.config, experiment_id):
+            self.client.create(obj, on_conflict="keep")
+        name, namespace = tensorboard_name(experiment_id), self.config.common.namespace
+        return (f"TensorBoard of experiment {experiment_id}: kubectl port-forward -n {namespace} service/{name} "
+                f"{TENSORBOARD_PORT}:{TENSORBOARD_PORT}, then open http://localhost:{TENSORBOARD_PORT}")

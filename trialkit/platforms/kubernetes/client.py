@@ -28,7 +28,9 @@ CUSTOM_KINDS = {
     "AdaptDLJob": ("adaptdl.petuum.com", "v1", "adaptdljobs"),
 }
 # Built-in kinds: kind -> the CoreV1Api method suffix.
-CORE_KINDS = {"ConfigMap": "config_map", "Secret": "secret", "PersistentVolumeClaim": "persistent_volume_claim"}
+CORE_KINDS = {"ConfigMap": "config_map", "Secret": "secret", "PersistentVolumeClaim": "persistent_volume_claim",
+              "Service": "service"}
+APPS_KINDS = {"Deployment": "deployment"}  # AppsV1Api: an AdaptDL experiment's TensorBoard
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 TIMEOUT = (10, 60)  # seconds to connect, to read an answer
 DEFAULT_KUBECONFIG = "~/.kube/config"
@@ -112,6 +114,7 @@ class KubeClient:
 
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
+        self._apps = client.AppsV1Api(api_client)
 
     @classmethod
     def from_environment(cls, attempts: int = 5, backoff: float = 0.5) -> "KubeClient":
@@ -139,7 +142,8 @@ class KubeClient:
             where = (group, version, ref.namespace, plural) + (() if verb == "create" else (ref.name,))
         else:
             core_verb = "read" if verb == "get" else verb
-            method = getattr(self._core, f"{core_verb}_namespaced_{CORE_KINDS[ref.kind]}")
+            api, kinds = (self._apps, APPS_KINDS) if ref.kind in APPS_KINDS else (self._core, CORE_KINDS)
+            method = getattr(api, f"{core_verb}_namespaced_{kinds[ref.kind]}")
             where = (ref.namespace,) if verb == "create" else (ref.name, ref.namespace)
         return self._call(verb, str(ref), method, *where, *payload, **kwargs)
 

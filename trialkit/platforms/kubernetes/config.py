@@ -340,6 +340,7 @@ class KubeCommon:
     nfs: Optional[NfsMount]
     priority_classes: Tuple[Tuple[int, str], ...] = ()  # (trial priority, PriorityClass name), ascending
     retention: Retention = Retention()
+    azure: Optional[AzureStorage] = None  # an Azure File share mounted in every pod
     code_dir: Optional[str] = None  # shipped to every pod (a role may name its own); None: the code is in the image
     working_dir: Optional[str] = None  # with the code in the image, where (None: the image's own working directory)
 
@@ -356,18 +357,22 @@ def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
         )
     address_key, address = sec.raw("managerAddress", "nniManagerIp")
     template_path = sec.text("trialTemplate")
+    config_path = sec.text("configPath") if FRAMEWORK in kinds else None  # NNI's custom FrameworkController config
     keeper, termination = parse_grace(sec)
     code_dir, working_dir = parse_code(sec)
+    nfs, azure = parse_volume(sec)
     return KubeCommon(
         namespace=namespace,
         manager_address=manager_address(address, sec.at(address_key)),
         termination_grace_seconds=termination,
         keeper_grace_seconds=keeper,
         image=sec.text("dockerImage", "image"),
-        template=None if template_path is None else load_user_template(template_path, sec.at("trialTemplate"), kinds),
+        template=(load_user_template(template_path, sec.at("trialTemplate"), kinds) if template_path is not None
+                  else None if config_path is None else custom_framework(config_path, sec.at("configPath"))),
         service_account=sec.text("serviceAccountName"),
         image_pull_secrets=parse_pull_secrets(sec),
-        nfs=parse_nfs(sec),
+        nfs=nfs,
+        azure=azure,
         priority_classes=parse_priority_classes(sec),
         retention=parse_retention(sec),
         code_dir=code_dir,
@@ -471,23 +476,60 @@ def parse_grace(sec: Section) -> Tuple[int, int]:
     return keeper, termination
 
 
-def parse_nfs(sec: Section) -> Optional[NfsMount]:
-    """`nfs: {server, path, containerMountPath}`, or NNI v2's `storage: {storageType: nfs, ...}`."""
+@dataclass(frozen=True)
+class AzureStorage:
+    """An Azure File share mounted in every pod (NNI's `azureStorage`); the storage account's key
+    is read from Azure Key Vault when the experiment starts and kept in a Secret, never rendered."""
+
+    account: str
+    share: str
+    vault: str  # the Key Vault holding the account's key
+    key_name: str  # the name of the secret in that vault
+    mount_path: str
+
+
+STORAGE_TYPES = ("nfs", "azureStorage")
+
+
+def parse_volume(sec: Section) -> Tuple[Optional[NfsMount], Optional[AzureStorage]]:
+    """`nfs: {server, path, containerMountPath}`, or NNI v2's `storage: {storageType: nfs|azureStorage, ...}`."""
     nfs = sec.section("nfs")
     storage = sec.section("storage")
     if nfs and storage:
         raise UserError("nfs and storage both describe the NFS volume", sec.where, "keep only nfs")
     nfs = nfs or storage
     if nfs is None:
-        return None
+        return None, None
     if nfs is storage:
         kind = storage.text("storageType", default="nfs")
-        if kind != "nfs":
+        if kind not in STORAGE_TYPES:
             raise UserError(
                 f"storage type {kind!r} is not supported",
                 storage.at("storageType"),
-                "use nfs, or mount your volume through a trialTemplate",
+                "use nfs or azureStorage, or mount your volume through a trialTemplate",
             )
+        if kind == "azureStorage":
+            return None, parse_azure(storage)
+    return parse_nfs(nfs), None
+
+
+def parse_azure(sec: Section) -> Optional[AzureStorage]:
+    """`storage: {storageType: azureStorage, azureAccount, azureShare, keyVaultName, keyVaultKey, containerMountPath}`."""
+    values = {key: sec.text(key) for key in ("azureAccount", "azureShare", "keyVaultName", "keyVaultKey")}
+    mount_path = sec.text("containerMountPath", default=DEFAULT_NFS_MOUNT)
+    for key, value in values.items():
+        if value is None:
+            schema.report(UserError(f"Azure File storage needs {key}", sec.at(key)))
+    if not mount_path.startswith("/"):
+        schema.report(UserError(f"{mount_path!r} is not an absolute path", sec.at("containerMountPath")))
+    sec.finish()
+    if None in values.values():
+        return None
+    return AzureStorage(values["azureAccount"], values["azureShare"], values["keyVaultName"], values["keyVaultKey"],
+                        mount_path)
+
+
+def parse_nfs(nfs: Section) -> Optional[NfsMount]:
     server, path = nfs.text("server"), nfs.text("path")
     mount_path = nfs.text("containerMountPath", default=DEFAULT_NFS_MOUNT)
     # Reported, not raised: the section's other problems are found too.
@@ -595,9 +637,24 @@ def v1_where(section_key: str, roles: Sequence[Tuple[str, str]] = ()) -> List[Tu
     return list(roles) + [
         ("trainingService.managerAddress", "nniManagerIp"),
         ("trainingService.storage.storageType", f"{section_key}.storage"),
+        *((f"trainingService.storage.{new}", f"{section_key}.{group}.{old}") for group, old, new in V1_AZURE_KEYS),
         ("trainingService.storage", f"{section_key}.nfs"),
         ("trainingService", section_key),
     ]
+
+
+# NNI v1's `azureStorage: {accountName, azureShare}` and `keyVault: {vaultName, name}`, as v2 names them.
+V1_AZURE_KEYS = (("azureStorage", "accountName", "azureAccount"), ("azureStorage", "azureShare", "azureShare"),
+                 ("keyVault", "vaultName", "keyVaultName"), ("keyVault", "name", "keyVaultKey"))
+
+
+def v1_azure(storage_section: dict) -> dict:
+    out = {"storageType": "azureStorage"}
+    for group, old, new in V1_AZURE_KEYS:
+        part = storage_section.get(group)
+        if isinstance(part, dict) and part.get(old) is not None:
+            out[new] = part[old]
+    return out
 
 
 def v1_common(v1: dict, platform: str, storage_section: Optional[dict] = None) -> dict:
@@ -607,10 +664,63 @@ def v1_common(v1: dict, platform: str, storage_section: Optional[dict] = None) -
         out["managerAddress"] = v1["nniManagerIp"]
     storage_section = storage_section or {}
     kind = storage_section.get("storage", "nfs" if "nfs" in storage_section else None)
-    if kind is not None:
+    if kind == "azureStorage":
+        out["storage"] = v1_azure(storage_section)
+    elif kind is not None:
         nfs = storage_section.get("nfs")
         out["storage"] = dict(nfs, storageType=kind) if isinstance(nfs, dict) else {"storageType": kind}
     for key, value in storage_section.items():
         if key not in ("storage", "nfs", "azureStorage", "keyVault"):
             out[key] = value
     return out
+
+
+# -- NNI's custom FrameworkController config (trainingService.configPath) ----------------------------
+FRAMEWORK = "Framework"
+_TRIAL_CONTAINER = "trial"  # frameworkcontroller.CONTAINER: the container render fills with the keeper
+
+
+def custom_framework(path: str, where: str) -> dict:
+    """The Framework a configPath names, as the job template: each task's first container is the
+    trial's, whose command the keeper runs (NNI replaces that container's command with its own script)."""
+    framework = load_user_template(path, where, [FRAMEWORK])
+    for role in _framework_roles(framework, where):
+        containers = role["task"]["pod"]["spec"]["containers"]
+        containers[0]["name"] = _TRIAL_CONTAINER
+    return framework
+
+
+def framework_task_roles(path: str, where: str) -> List[Dict[str, Any]]:
+    """The taskRoles of a configPath's Framework, as NNI 3.0 reads them (parseCustomTaskRoles): the
+    first container's command (a list quoted into one line, where NNI joins it with spaces) and
+    image; the task's gpuNum (0), cpuNum (1), memoryMB (8192); the role's completion policy, which
+    the Framework NNI submits keeps (one failed task fails the trial when none)."""
+    import shlex
+
+    roles = []
+    for role in _framework_roles(load_user_template(path, where, [FRAMEWORK]), where):
+        task, container = role["task"], role["task"]["pod"]["spec"]["containers"][0]
+        command = container.get("command")
+        roles.append({
+            "name": role.get("name"),
+            "taskNumber": role.get("taskNumber") or 1,
+            "command": shlex.join(map(str, command)) if isinstance(command, list) else command,
+            "dockerImage": container.get("image"),
+            "gpuNumber": task.get("gpuNum") or 0,
+            "cpuNumber": task.get("cpuNum") or 1,
+            "memoryMB": task.get("memoryMB") or 8192,
+            "frameworkAttemptCompletionPolicy": role.get("frameworkAttemptCompletionPolicy")
+            or task.get("frameworkAttemptCompletionPolicy") or {"minFailedTaskCount": 1, "minSucceededTaskCount": -1},
+        })
+    return roles
+
+
+def _framework_roles(framework: dict, where: str) -> List[dict]:
+    roles = (framework.get("spec") or {}).get("taskRoles")
+    shaped = isinstance(roles, list) and roles and all(
+        isinstance(r, dict) and isinstance(((r.get("task") or {}).get("pod") or {}).get("spec"), dict)
+        and (r["task"]["pod"]["spec"].get("containers") or [None])[0] for r in roles)
+    if not shaped:
+        raise UserError("the Framework has no spec.taskRoles[].task.pod.spec.containers", where,
+                        "give each task role a pod with its container (FrameworkController's Framework format)")
+    return roles

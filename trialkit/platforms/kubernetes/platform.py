@@ -121,6 +121,7 @@ class KubePlatform(PlatformBase):
         self.experiment_dir = Path(experiment_dir)
         self._client = client
         self._expiring: dict = {}  # handle -> the timer that deletes its finished job
+        self._azure_key: Optional[str] = None  # the Azure File share's account key, read once from Key Vault
 
     @property
     def checkpoint_survives_stop(self) -> bool:
@@ -142,7 +143,7 @@ class KubePlatform(PlatformBase):
         objects = self.renderer(self.config, spec)
         self._record(spec, objects)
         shipping.keep(objects, self.experiment_dir, spec.experiment_id)  # what the pods fetch, served by the manager
-        *needs, job = k8s.with_secrets(objects, spec)
+        *needs, job = k8s.with_secrets(objects, spec, self._storage_secret())
         # A ConfigMap or Secret left by an earlier attempt holds stale scripts or
         # an old token: replace it. A claim keeps its data (a checkpoint to resume).
         created = []
@@ -160,6 +161,17 @@ class KubePlatform(PlatformBase):
             if k8s.LABEL_TRIAL in obj["metadata"]["labels"] and obj["kind"] != "PersistentVolumeClaim":
                 self.client.set_owner(ObjectRef.of(obj), submitted)
         return str(ObjectRef.of(job))
+
+    def _storage_secret(self) -> Optional[dict]:
+        """What the experiment's Azure File Secret holds; None without one."""
+        azure = self.config.common.azure
+        if azure is None:
+            return None
+        if self._azure_key is None:
+            from trialkit.platforms.kubernetes.azure import account_key
+
+            self._azure_key = account_key(azure)
+        return k8s.azure_values(azure, self._azure_key)
 
     def _remove_trial_objects(self, objects: Sequence[dict]) -> None:
         """Undo a submission that failed half-way; the error that stopped it is the one raised."""
@@ -212,17 +224,25 @@ class KubePlatform(PlatformBase):
     def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
         """Done or stopped: the checkpoint claims (and the TensorBoard one) go; finished jobs go with their
         retention, or with `trialkit experiment delete`."""
+        from trialkit.platforms.kubernetes.client import ObjectRef
+
         claims = [ref for ref in self._objects(experiment_id, trial_ids) if ref.kind == "PersistentVolumeClaim"]
-        removed = self._delete_all(claims)
+        # What serves a claim goes with it (an AdaptDL experiment's TensorBoard).
+        served = [ObjectRef.of(obj) for obj in self.experiment_objects(experiment_id)]
+        removed = self._delete_all(list(dict.fromkeys(served + claims)))
         if removed:
             log.info("removed %d claims of experiment %s", len(removed), experiment_id)
 
+    def experiment_objects(self, experiment_id: str) -> List[dict]:
+        """Objects of the experiment rather than of a trial, made on request; deleted when it ends."""
+        return []
+
     def _objects(self, experiment_id: str, trial_ids: Sequence[str]) -> list:
-        """The refs of every object of the experiment's trials, each once: the renderer names them all
+        """The refs of every object of the experiment and its trials, each once: the renderer names them all
         (a placeholder command and token render the same names)."""
         from trialkit.platforms.kubernetes.client import ObjectRef
 
-        refs: dict = {}
+        refs: dict = {ObjectRef.of(obj): None for obj in self.experiment_objects(experiment_id)}
         for trial_id in trial_ids:
             placeholder = TrialSpec(experiment_id, trial_id, 0, "true", env={envnames.TOKEN: ""})
             for obj in self.renderer(self.config, placeholder):
@@ -245,6 +265,7 @@ class KubePlatform(PlatformBase):
             raise UserError(f"the Kubernetes API server does not answer: {err}", "KUBECONFIG",
                             "check the cluster in your kubeconfig, and that it is up") from None
         self._client = client
+        self._storage_secret()  # an Azure key that cannot be read is one line now, before any trial
 
     def stop(self, handle: str, grace: Optional[float] = None) -> None:
         """Delete the job: its pods run cleanup.sh (the keeper checkpoints) within their

@@ -23,7 +23,8 @@ from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.platforms.base import TrialSpec
 from trialkit.platforms.kubernetes import shipping
-from trialkit.platforms.kubernetes.config import KubeCommon, NfsMount, Resources, Storage, priority_class
+from trialkit.platforms.kubernetes.config import (AzureStorage, KubeCommon, NfsMount, Resources, Storage,
+                                                  priority_class)
 
 LABEL_EXPERIMENT = "trialkit.io/experiment"
 LABEL_TRIAL = "trialkit.io/trial"
@@ -170,8 +171,31 @@ def nfs_mount(nfs: NfsMount) -> Mount:
     return Mount({"name": "trialkit-nfs", "nfs": {"server": nfs.server, "path": nfs.path}}, nfs.mount_path)
 
 
+# The keys Kubernetes' azureFile volume reads from its Secret.
+AZURE_ACCOUNT_NAME = "azurestorageaccountname"
+AZURE_ACCOUNT_KEY = "azurestorageaccountkey"
+
+
+def azure_secret_name(names: TrialNames) -> str:
+    """The experiment's Secret for its Azure File share: one for all its trials."""
+    return object_name(["tk", names.experiment_label, "azure-storage"])
+
+
+def azure_mount(azure: AzureStorage, names: TrialNames) -> Mount:
+    volume = {"name": "trialkit-azure", "azureFile": {"secretName": azure_secret_name(names), "shareName": azure.share,
+                                                      "readOnly": False}}
+    return Mount(volume, azure.mount_path)
+
+
+def azure_secret(azure: AzureStorage, names: TrialNames, namespace: str) -> dict:
+    """The share's Secret without the account key: submission reads the key from Key Vault and fills it."""
+    secret = packaged_template("secret.yaml")
+    secret["metadata"] = metadata(azure_secret_name(names), namespace, names.experiment_labels)
+    return secret
+
+
 def base_mounts(common: KubeCommon, names: TrialNames) -> List[Mount]:
-    """Every trial pod's volumes: the scripts, the keeper's home, the user's NFS."""
+    """Every trial pod's volumes: the scripts, the keeper's home, the user's NFS or Azure File share."""
     mounts = [
         Mount(
             {"name": "trialkit-scripts", "configMap": {"name": names.job, "defaultMode": SCRIPT_MODE}},
@@ -182,6 +206,8 @@ def base_mounts(common: KubeCommon, names: TrialNames) -> List[Mount]:
     ]
     if common.nfs:
         mounts.append(nfs_mount(common.nfs))
+    if common.azure:
+        mounts.append(azure_mount(common.azure, names))
     return mounts
 
 
@@ -405,13 +431,26 @@ def trial_objects(
 ) -> List[dict]:
     """Everything to submit, in order: what the job's pods need first, the job last."""
     objects = [secret_object(names, common.namespace)] if secret_env_names(spec) else []
+    if common.azure:
+        objects.append(azure_secret(common.azure, names, common.namespace))
     return objects + [scripts_configmap(names, common.namespace), *extra, job]
 
 
-def with_secrets(objects: Sequence[dict], spec: TrialSpec) -> List[dict]:
-    """`objects` with the trial's Secret holding its values: done at submission only."""
+def with_secrets(objects: Sequence[dict], spec: TrialSpec, storage: Optional[Mapping[str, str]] = None) -> List[dict]:
+    """`objects` with their Secrets holding their values, done at submission only: the trial's its token,
+    the experiment's Azure File Secret `storage` (azure_values)."""
     values = {name: spec.env[name] for name in secret_env_names(spec)}
-    return [{**obj, "stringData": values} if obj["kind"] == "Secret" else obj for obj in objects]
+    out = []
+    for obj in objects:
+        if obj["kind"] == "Secret":
+            obj = {**obj, "stringData": dict(values if LABEL_TRIAL in obj["metadata"]["labels"] else storage or {})}
+        out.append(obj)
+    return out
+
+
+def azure_values(azure: AzureStorage, key: str) -> Dict[str, str]:
+    """What the Azure File share's Secret holds: the storage account and its key."""
+    return {AZURE_ACCOUNT_NAME: azure.account, AZURE_ACCOUNT_KEY: key}
 
 
 def render_trial(platform_config, spec: TrialSpec) -> List[dict]:
