@@ -16,6 +16,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -354,3 +355,46 @@ def test_what_a_trial_reports_while_its_disk_is_full_is_held_and_stored_once_whe
     metrics = [(r["type"], r["value"]) for r in stored_records if r["type"] != "STATUS"]
     assert metrics == [("PERIODICAL", i) for i in range(220)] + [("FINAL", 220)]  # every one, once, in order
     assert [r["value"]["status"] for r in stored_records if r["type"] == "STATUS"] == ["RUNNING", "SUCCEEDED"]
+
+
+@pytest.mark.parametrize("fault", ["ENOSPC", "EROFS"])
+def test_an_intact_store_on_a_disk_that_takes_no_writes_is_read_and_never_called_damaged(tmp_path, fault):
+    """Issue 29, items 2 and 3: readers read it (read only when they must); start and resume say one line."""
+    home = tmp_path / "home"
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "config.yml").write_text(yaml.safe_dump({
+        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true", "trialConcurrency": 1,
+        "maxTrialNumber": 1, "tuner": {"name": "Random", "classArgs": {"optimize_mode": "maximize"}},
+        "trainingService": {"platform": "local"}}))
+    environ = child_environ(TRIALKIT_HOME=str(home))
+    cli = lambda *args: subprocess.run([PYTHON, "-m", "trialkit.cli", *args], env=environ,  # noqa: E731
+                                       capture_output=True, text=True, timeout=TIMEOUT)
+    with tmpfs(home) as disk:
+        store = Store.in_dir(disk / "experiments" / "e1")
+        store.create_experiment("e1", config=yaml.safe_load((code / "config.yml").read_text()), status="DONE")
+        store.add_trial("e1", "e1-00000", sequence=0, parameters={"x": 1}, token=None)
+        db = disk / "experiments" / "e1" / "trialkit.db"
+        kept = ("-wal", "-shm") if fault == "EROFS" else ()
+        for suffix in kept:  # as a manager killed leaves them: SQLite then opens the store without a write
+            shutil.copy(f"{db}{suffix}", f"{db}{suffix}.kept")
+        store.close()
+        for suffix in kept:
+            os.replace(f"{db}{suffix}.kept", f"{db}{suffix}")
+        if fault == "ENOSPC":
+            fill(disk)
+        else:
+            remount(disk, "ro")
+        reads = {args: cli(*args) for args in (("experiment", "list"), ("experiment", "show", "e1"),
+                                                ("trial", "list", "e1"), ("experiment", "export", "e1"))}
+        resumed = cli("experiment", "resume", "e1")
+        started = cli("run", str(code / "config.yml"))
+        listed_after = cli("experiment", "list")
+    for args, done in reads.items():
+        assert done.returncode == 0 and "e1" in done.stdout, (args, done.stdout, done.stderr)
+        assert "DAMAGED" not in done.stdout + done.stderr and "remove" not in done.stderr, (args, done.stderr)
+    for done in (resumed, started):
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr and ("cannot open the store" in done.stderr
+                                                   or "cannot make the experiment's dir" in done.stderr), done.stderr
+    assert "DAMAGED" not in listed_after.stdout, listed_after.stdout  # a refused start leaves no empty store

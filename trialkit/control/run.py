@@ -13,6 +13,7 @@ import the page.
 from __future__ import annotations
 
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import List, Optional, TextIO, Tuple
 
@@ -26,7 +27,7 @@ from trialkit.control.results import ExperimentResult, best_row, metric_value, t
 from trialkit.control.resume import restore, resume_trials
 from trialkit.errors import UserError
 from trialkit.manager import paths
-from trialkit.manager.store import Store
+from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.platforms.base import Platform
 from trialkit.statuses import WAITING
 
@@ -39,12 +40,33 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
     _check_context(config, planned_dir)
     platform = _platform(config, planned_dir)
     experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
-    store = Store.in_dir(experiment_dir)
     try:
-        store.create_experiment(experiment_id, config=config.to_dict())
+        store = Store.in_dir(experiment_dir)
+    except StoreUnwritable:
+        _forget_empty(experiment_dir)  # else `experiment list` would find an empty file where a store should be
+        raise
+    try:
+        try:
+            store.create_experiment(experiment_id, config=config.to_dict())
+        except sqlite3.OperationalError as err:
+            raise store.refusing(err) from None
         return _run(Loop(config, experiment_id, experiment_dir, store, out), platform, port, "started", page, [])
     finally:
         store.close()
+
+
+def _forget_empty(experiment_dir: Path) -> None:
+    """Remove the empty store files a start that the disk refused left behind, and the dir if nothing else is in it."""
+    for path in experiment_dir.glob(paths.DB_NAME + "*"):
+        try:
+            if path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass
+    try:
+        experiment_dir.rmdir()
+    except OSError:
+        pass  # not empty (run --detach made it with its files) or the disk refuses even that
 
 
 def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optional[TextIO] = None,
@@ -57,7 +79,10 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
         loop.paused = stored["status"] == PAUSED  # it stays paused until activated
         if not loop.paused:
-            store.set_experiment_status(experiment_id, RUNNING)
+            try:
+                store.set_experiment_status(experiment_id, RUNNING)
+            except sqlite3.OperationalError as err:  # the first write: a disk that takes none is one line
+                raise store.refusing(err) from None
         running = restore(loop)
         return _run(loop, platform, port or (info.port if info else None), "resumed", page, running)
     finally:

@@ -41,13 +41,16 @@ safe to share between the manager's threads. Readers in other processes
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from trialkit import records
+from trialkit.errors import UserError
 from trialkit.statuses import FINAL_STATUSES, RUNNING, WAITING
 
 DB_NAME = "trialkit.db"
@@ -128,18 +131,86 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+class StoreUnwritable(UserError):
+    """The store's disk takes no writes (full, read-only, no permission): the store itself may be intact."""
+
+    def __init__(self, path: Path, reason: str):
+        self.reason = reason
+        super().__init__(f"cannot open the store {path} for writing: {reason}", "the experiment's disk",
+                         "free space on that disk or make it writable, then run the command again")
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """A connection that writes nothing: mode=ro; where even WAL's shared-memory file cannot be made (a read-only
+    or full disk, on which no writer can commit either), as an immutable file."""
+    uri = "file:" + urllib.parse.quote(str(path.absolute())) + "?mode=ro"
+    try:
+        return _connect_read_only(uri)
+    except sqlite3.OperationalError:
+        return _connect_read_only(uri + "&immutable=1")
+
+
+def _connect_read_only(uri: str) -> sqlite3.Connection:
+    db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+    try:
+        db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # opening is lazy: read once here
+    except sqlite3.DatabaseError:
+        db.close()
+        raise
+    db.row_factory = sqlite3.Row
+    return db
+
+
 class Store:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, read_only: bool = False):
+        """Open (and make, unless read_only) the store. A disk that takes no writes (full, read-only) is
+        StoreUnwritable, not a traceback; a file that is no intact store stays sqlite3.DatabaseError."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints, never corrupt
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
-        self._add_missing_columns()
+        if read_only:
+            self._db = _open_read_only(self.path)
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints, never corrupt
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_SCHEMA)
+            self._add_missing_columns()
+        except (OSError, sqlite3.DatabaseError) as err:
+            from trialkit.manager.disk import fault_reason
+
+            reason = fault_reason(err)
+            if reason is None:
+                raise
+            raise StoreUnwritable(self.path, reason) from None
+        # A store already made opens without a write: on a read-only disk the first write would fail later,
+        # mid-command (SQLite takes even its write lock there).
+        if os.statvfs(self.path.parent).f_flag & os.ST_RDONLY:
+            self._db.close()
+            raise StoreUnwritable(self.path, "the disk is read-only")
+
+    def refusing(self, err: BaseException) -> BaseException:
+        """A write's error as the caller should raise it: StoreUnwritable when the disk refused it."""
+        from trialkit.manager.disk import fault_reason
+
+        reason = fault_reason(err)
+        return err if reason is None else StoreUnwritable(self.path, reason)
+
+    @classmethod
+    def reader(cls, path: Path) -> "Store":
+        """The store as the CLI's readers open it: for writing as usual (an older store gets its new columns), read
+        only when its disk takes no writes. Raises StoreUnwritable when it cannot be read either, and
+        sqlite3.DatabaseError when the file is no intact store."""
+        try:
+            return cls(path)
+        except StoreUnwritable as err:
+            try:
+                return cls(path, read_only=True)
+            except sqlite3.OperationalError:
+                raise err from None
 
     @classmethod
     def in_dir(cls, experiment_dir: Path) -> "Store":
