@@ -440,3 +440,31 @@ def test_a_stop_file_in_a_missing_dir_is_made_and_a_stop_still_works(trial_env, 
     proc.expect(b"preempted")
     assert proc.wait() == 0 and stop.exists()
     assert b"Traceback" not in proc.stderr and b"warning" not in proc.stderr, proc.stderr
+
+
+def test_a_grace_past_a_week_in_the_environment_is_bounded_with_a_line_and_a_stop_still_works(trial_env):
+    """Issue 29, item 6: 3,000,000 s (34 days) overflowed the loop's timer at the first stop (OverflowError)."""
+    k = keeper(py("""
+        import time
+        print("ready", flush=True)
+        time.sleep(60)
+    """), {**trial_env, "TRIALKIT_GRACE_SECONDS": "3000000"})
+    k.expect(b"ready")
+    k.signal(signal.SIGTERM)
+    assert k.wait(timeout=30) == 143
+    assert b"Traceback" not in k.stderr
+    assert k.stderr.count(b"ignoring TRIALKIT_GRACE_SECONDS='3000000': outside 0..604800 seconds; using 604800") == 1
+
+
+def test_an_experiments_grace_past_a_week_is_refused_with_one_line(tmp_path):
+    """The control plane's kill timer (grace + flush) raised OverflowError in its thread past ~24.8 days."""
+    from trialkit.control.config import parse_config
+    from trialkit.errors import UserError
+
+    config = {"trialCommand": "true", "trialConcurrency": 1, "searchSpace": {"x": {"_type": "choice", "_value": [1]}},
+              "tuner": {"name": "Random"}, "trainingService": {"platform": "local"}}
+    assert parse_config({**config, "trialGraceSeconds": 604800}, tmp_path).trial_grace_seconds == 604800
+    for grace in (604801, 3_000_000, 10 ** 300):
+        with pytest.raises(UserError) as refused:
+            parse_config({**config, "trialGraceSeconds": grace}, tmp_path)
+        assert "trialGraceSeconds" in refused.value.line() and "604800" in refused.value.line()
