@@ -122,7 +122,7 @@ def test_pruner_successive_halving_promotes_the_top_one_in_reduction_factor(redu
     "name, args, where, words",
     [
         ("Medianstpo", {}, "assessor.name", "did you mean 'Medianstop'"),
-        ("Curvefitting", {}, "assessor.name", "not available in trialkit"),
+        ("Curvefitting", {"gap": 0}, "assessor.classArgs.gap", "too small"),
         ("Medianstop", {"start_step": -1}, "assessor.classArgs.start_step", "too small"),
         ("Medianstop", {"optimize_mode": "up"}, "assessor.classArgs.optimize_mode", "unknown value"),
         ("Medianstop", {"start_step": 1, "startStep": 2}, "assessor.classArgs.startStep", "given twice"),

@@ -72,8 +72,10 @@ def test_python3_on_the_users_path_runs_the_trial_and_its_nni_results_are_stored
 
 
 def test_a_trial_that_cannot_import_the_sdk_names_the_interpreter_that_ran_it(tmp_path, nni_python, home):
-    # nni's venv has no trialkit: `import trialkit` fails there.
+    # nni's venv has no trialkit, and `-I` keeps the keeper's PYTHONPATH (trialkit/shims, which would
+    # serve trialkit there: tests/test_shims.py) out: `import trialkit` fails.
     config = nni_project(tmp_path, "import trialkit\n")
+    config.write_text(config.read_text().replace("python3 main.py", "python3 -I main.py"))
     done = cli("run", config, env=user_shell(os.path.dirname(nni_python)))
     assert done.returncode == 1, done.stdout + done.stderr
     rows = export(experiment_id(done.stdout.splitlines()[0]))

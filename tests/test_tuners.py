@@ -86,7 +86,8 @@ def test_tpe_runs_concurrent_asks():
 
 
 # Small enough that the model (TPE) and the tournaments (Evolution) drive most of a 16-trial run.
-MODEL_EARLY = {"TPE": {"tpe_args": {"n_startup_jobs": 4}}, "Evolution": {"population_size": 4}, "Random": None}
+MODEL_EARLY = {"TPE": {"tpe_args": {"n_startup_jobs": 4}}, "Evolution": {"population_size": 4}, "Random": None,
+               "Anneal": None}
 
 
 def proposals(name: str, seed: int) -> list:
@@ -216,7 +217,7 @@ def test_evolution_improves_on_its_first_population():
     "name, args, where, words",
     [
         ("TPF", None, "tuner.name", "did you mean 'TPE'"),
-        ("Anneal", None, "tuner.name", "not available in trialkit"),
+        ("SMAC", None, "tuner.name", "not available in trialkit"),
         (3, None, "tuner.name", "unknown tuner"),
         ("TPE", {"optimize_mode": "maximise"}, "tuner.classArgs.optimize_mode", "did you mean 'maximize'"),
         ("TPE", {"optimise_mode": "maximize"}, "tuner.classArgs.optimise_mode", "did you mean 'optimize_mode'"),

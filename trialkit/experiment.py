@@ -40,7 +40,8 @@ import psutil
 
 from trialkit import records, schema
 from trialkit.control import admin, background
-from trialkit.control.config import V2_KEYS, ExperimentConfig, parse_config
+from trialkit.control.config import V2_KEYS, parse_config
+from trialkit.control.config import ExperimentConfig as ParsedConfig  # NNI's ExperimentConfig is the draft's (below)
 from trialkit.control.results import trial_rows
 from trialkit.errors import UserError
 from trialkit.manager import paths
@@ -131,12 +132,82 @@ class ExperimentDraft:
                 out[key] = _plain(value)
         return out
 
-    def validate(self, base_dir: Optional[str] = None) -> ExperimentConfig:
+    def validate(self, base_dir: Optional[str] = None) -> ParsedConfig:
         return parse_config(self.to_dict(), base_dir or os.getcwd(), source="Experiment.config")
 
 
 def _snake(key: str) -> str:
     return "".join("_" + ch.lower() if ch.isupper() else ch for ch in key)
+
+
+# -- NNI 3.0's config classes (nni.experiment), for the platforms trialkit has ---------------
+# Each is a bag of its keyword arguments (snake_case or camelCase, as NNI takes them) with
+# the key that names its kind set; the checks are the config parser's, when the experiment
+# starts or validate() runs, exactly as for a YAML file.
+
+
+class ExperimentConfig(ExperimentDraft):
+    """NNI's: `ExperimentConfig('local')`, or `ExperimentConfig(training_service=LocalConfig(), ...)`."""
+
+    def __init__(self, training_service_platform: Optional[str] = None, **kwargs: Any):
+        service = kwargs.pop("training_service", None)
+        platform = training_service_platform or (service.platform if isinstance(service, ConfigBag) else None)
+        super().__init__(platform or "local")
+        if service is not None:
+            self.training_service = service
+        for key, value in kwargs.items():
+            setattr(self, _snake(key), value)
+
+
+class _Kind(ConfigBag):
+    FIXED: Dict[str, Any] = {}
+
+    def __init__(self, **items: Any):
+        super().__init__(**{**self.FIXED, **items})
+
+
+class AlgorithmConfig(_Kind):
+    """A tuner or assessor: name=..., class_args={...}."""
+
+
+class CustomAlgorithmConfig(_Kind):
+    """A tuner or assessor of the user's: class_name=..., code_directory=..., class_args={...}."""
+
+
+class LocalConfig(_Kind):
+    FIXED = {"platform": "local"}
+
+
+class KubeflowConfig(_Kind):
+    FIXED = {"platform": "kubeflow"}
+
+
+class KubeflowRoleConfig(_Kind):
+    """One role of a Kubeflow trial (worker, ps, master): replicas, command, docker_image, ..."""
+
+
+class FrameworkControllerConfig(_Kind):
+    FIXED = {"platform": "frameworkcontroller"}
+
+
+class FrameworkControllerRoleConfig(_Kind):
+    """One of task_roles: name, task_number, command, docker_image, framework_attempt_completion_policy, ..."""
+
+
+class FrameworkAttemptCompletionPolicy(_Kind):
+    """min_failed_task_count, min_succeed_task_count."""
+
+
+class K8sStorageConfig(_Kind):
+    """A trial's Kubernetes storage: storage_type and its keys."""
+
+
+class K8sNfsConfig(K8sStorageConfig):
+    FIXED = {"storage_type": "nfs"}
+
+
+class K8sAzureStorageConfig(K8sStorageConfig):
+    FIXED = {"storage_type": "azureStorage"}
 
 
 # -- what the getters return: NNI's nni.experiment.data shapes, NNI's field names ---------
@@ -207,14 +278,14 @@ class Experiment:
 
     url_prefix: Optional[str] = None  # NNI's URL prefix: trialkit's manager always serves at its root
 
-    def __init__(self, config_or_platform: Union[ExperimentDraft, ExperimentConfig, str, List[str], None] = "local",
+    def __init__(self, config_or_platform: Union[ExperimentDraft, ParsedConfig, str, List[str], None] = "local",
                  id: Optional[str] = None):  # noqa: A002 - NNI's name
         if isinstance(config_or_platform, list):
             raise _not_here("__init__", "got a list of training services (NNI's hybrid mode), which trialkit "
                             "does not run", "pick one platform")
         if isinstance(config_or_platform, str):
             self.config: Optional[ExperimentDraft] = ExperimentDraft(config_or_platform)
-        elif isinstance(config_or_platform, ExperimentConfig):
+        elif isinstance(config_or_platform, ParsedConfig):
             self.config = ExperimentDraft.from_dict(config_or_platform.to_dict())
         else:
             self.config = config_or_platform

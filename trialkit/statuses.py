@@ -11,3 +11,6 @@ SYS_CANCELED = "SYS_CANCELED"
 EARLY_STOPPED = "EARLY_STOPPED"
 PREEMPTED = "PREEMPTED"
 FINAL_STATUSES = frozenset({SUCCEEDED, FAILED, USER_CANCELED, SYS_CANCELED, EARLY_STOPPED, PREEMPTED})
+# Statuses whose reason a one-line view (a table row, the progress line) shows beside them:
+# what a waiting trial waits for, why a failed one failed.
+EXPLAINED = frozenset({WAITING, FAILED})

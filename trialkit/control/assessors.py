@@ -318,8 +318,103 @@ def _make_pruner(args: Mapping[str, Any], where: str) -> Any:
                         f"see optuna's {cls.__name__} documentation") from None
 
 
-ASSESSORS: Dict[str, Type[Assessor]] = {"Medianstop": MedianstopAssessor, "Pruner": PrunerAssessor, "ASHA": AshaAssessor}
-NNI_ONLY = ("Curvefitting",)
+class CurvefittingAssessor(Assessor):
+    """NNI's Curvefitting, with NNI's classArgs: from `start_step` results on (every `gap`-th),
+    predict the trial's result at step `epoch_num` from its curve so far, and stop it when the
+    prediction is worse than `threshold` times the best final result of the trials that
+    succeeded (divided by it when minimizing; NNI's is for maximizing only). No judgement before
+    one trial has succeeded, nor while the curve models disagree.
+
+    The prediction follows NNI's CurveModel: fit each curve family to the results (least
+    squares), keep those that fit better than the mean does (squared error under avg² · n),
+    then those whose predictions lie within n/10 standard deviations of their median; fewer
+    than 4 left: no prediction yet. NNI weighs the survivors by MCMC over 12 nonlinear
+    families; here they are linear in their parameters (so each fit is one lstsq) and averaged.
+    """
+
+    ARGS = {
+        "epoch_num": lambda v, w: schema.as_int(v, w, 0, 9999),
+        "start_step": lambda v, w: schema.as_int(v, w, 0, 9999),
+        "threshold": lambda v, w: _at_most(schema.as_number(v, w, minimum=0), 9999, w),
+        "gap": lambda v, w: schema.as_int(v, w, 1, 9999),
+    }
+    LEAST_FITTED = 4  # NNI's LEAST_FITTED_FUNCTION
+    # Each family as its basis functions of the step x (1-based; numpy as np): y = basis(x) . theta.
+    FAMILIES = (
+        lambda x, np: [x ** 0, x],  # linear
+        lambda x, np: [x ** 0, np.log(x)],  # logx_linear
+        lambda x, np: [x ** 0, 1 / np.log(x + 1)],  # ilog2
+        lambda x, np: [x ** 0, 1 / x],  # a hyperbola's approach to its asymptote
+        lambda x, np: [x ** 0, 1 / np.sqrt(x)],
+        lambda x, np: [x ** 0, np.log(x), np.log(x) ** 2],  # log_power-like
+        lambda x, np: [x ** 0, x, x ** 2],  # quadratic
+    )
+
+    def __init__(self, class_args: Mapping[str, Any]):
+        super().__init__(class_args)
+        self.epoch_num = class_args.get("epoch_num", 20)  # NNI's defaults
+        self.start_step = class_args.get("start_step", 6)
+        self.threshold = class_args.get("threshold", 0.95)
+        self.gap = class_args.get("gap", 1)
+        self.best: Optional[float] = None
+        self._last: Dict[str, List[float]] = {}
+        self._judged: Dict[str, int] = {}
+
+    def should_stop(self, trial_id: str, step_results: Sequence[float]) -> bool:
+        results = [r for r in step_results if r is not None]
+        self._last[trial_id] = results
+        step = len(results)
+        if self.best is None or step < self.start_step or step - self._judged.get(trial_id, -self.gap) < self.gap:
+            return False
+        self._judged[trial_id] = step
+        predicted = predict_curve(results, self.epoch_num, self.FAMILIES, self.LEAST_FITTED)
+        if predicted is None:
+            return False
+        if self.optimize_mode == "maximize":
+            return predicted <= self.best * self.threshold
+        return predicted >= self.best / self.threshold if self.threshold else False
+
+    def trial_end(self, trial_id: str, succeeded: bool, step_results: Optional[Sequence[float]] = None) -> None:
+        results = [r for r in (step_results or self._last.get(trial_id) or []) if r is not None]
+        self._last.pop(trial_id, None)
+        if succeeded and results:
+            last = results[-1]
+            better = self.best is None or (last > self.best if self.optimize_mode == "maximize" else last < self.best)
+            self.best = last if better else self.best
+
+
+def _at_most(value: float, limit: float, where: str) -> float:
+    if value > limit:
+        raise UserError(f"{value:g} is above {limit:g}", where, f"use a number from 0 to {limit:g} (NNI's range)")
+    return value
+
+
+def predict_curve(results: Sequence[float], target: int, families: Sequence[Any], least: int) -> Optional[float]:
+    """The result at step `target` that the curve families agree on (NNI's filters), or None."""
+    import numpy
+
+    y = numpy.asarray(results, dtype=float)
+    x = numpy.arange(1, len(y) + 1, dtype=float)
+    fits = []
+    for basis in families:
+        design = numpy.column_stack(basis(x, numpy))
+        if design.shape[1] > len(y):
+            continue
+        theta = numpy.linalg.lstsq(design, y, rcond=None)[0]
+        error = float(numpy.sum((design @ theta - y) ** 2))
+        fits.append((error, float(numpy.column_stack(basis(numpy.array([float(target)]), numpy))[0] @ theta)))
+    standard = (float(numpy.mean(y)) ** 2) * len(y)
+    kept = [prediction for error, prediction in fits if error < standard and math.isfinite(prediction)]
+    if not kept:
+        return None
+    median, spread = float(numpy.median(kept)), float(numpy.std(kept)) * len(y) / 10
+    agreeing = [p for p in kept if median - spread <= p <= median + spread]
+    return sum(agreeing) / len(agreeing) if len(agreeing) >= least else None
+
+
+ASSESSORS: Dict[str, Type[Assessor]] = {"Medianstop": MedianstopAssessor, "Pruner": PrunerAssessor, "ASHA": AshaAssessor,
+                                        "Curvefitting": CurvefittingAssessor}
+NNI_ONLY: Tuple[str, ...] = ()
 
 
 def check_assessor(name: Any, class_args: Any, where: str = "assessor") -> Tuple[str, Dict[str, Any]]:

@@ -15,7 +15,7 @@ import copy
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from trialkit import platforms
 from trialkit import schema
@@ -30,7 +30,7 @@ LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
 
 TRIALKIT_KEYS = (
     "trialGraceSeconds", "trialCheckpointEvery", "experimentWorkingDirectory", "trialTemplate", "priority",
-    "maxTrialRestarts", "managerTls",
+    "maxTrialRestarts", "managerTls", "stopWhenFirstTrialsFail",
 )
 V2_KEYS = (
     "experimentName", "experimentType", "searchSpace", "searchSpaceFile", "trialCommand", "trialCodeDirectory",
@@ -106,9 +106,15 @@ class ExperimentConfig:
     trial_grace_seconds: float = DEFAULT_GRACE_SECONDS
     trial_checkpoint_every: Optional[float] = None  # None: the keeper's default (TRIALKIT_CHECKPOINT_EVERY)
     max_trial_restarts: int = 0  # restarts of a trial that failed for a cause not its own (a node lost, ...)
+    # The experiment stops when its first N trials all failed the same way (a missing module, a typo
+    # in the command: the rest would too); 0 runs every trial, as NNI does.
+    stop_when_first_trials_fail: int = 3
     trial_template: Optional[str] = None  # absolute
     priority: int = 0
     manager_tls: Optional[Dict[str, str]] = None  # {"certFile", "keyFile"}, absolute: the manager serves HTTPS
+    # One line each on options NNI accepts and trialkit reads but does not act on (NNI's manager's
+    # log level, reuseMode): said when the experiment starts, never refused. Not config: not in to_dict.
+    notes: Tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def platform(self) -> str:
@@ -123,7 +129,7 @@ class ExperimentConfig:
         out: Dict[str, Any] = {}
         for item in fields(self):
             value = getattr(self, item.name)
-            if value is None or item.name == "training_service":
+            if value is None or item.name in ("training_service", "notes"):
                 continue
             if item.name == "training_service_section":
                 out["trainingService"] = copy.deepcopy(value)
@@ -179,18 +185,18 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
 
     space = _search_space(c, base)
     tuner = _tuner(c, space)
+    service, ignored = _nni_section(c)
     template = _optional(c, "trialTemplate", lambda v, w: _file(v, base, w))
     manager_ip = _optional(c, "nniManagerIp", schema.as_str)
     code_dir = _directory(_optional(c, "trialCodeDirectory", schema.as_str, "."), base, "trialCodeDirectory")
     section, platform_config, module = _training_service(
-        c.get("trainingService"), base,
-        {"managerAddress": manager_ip, "trialTemplate": template, "trialCodeDirectory": code_dir})
+        service, base, {"managerAddress": manager_ip, "trialTemplate": template, "trialCodeDirectory": code_dir})
     gpus = _optional(c, "trialGpuNumber", lambda v, w: schema.as_int(v, w, minimum=0))
     platform_config = _with_trial_gpus(module, platform_config, gpus)
     command = _optional(c, "trialCommand", schema.as_str)
     if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
         raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
-    _check_manager_keys(c, module, section["platform"], manager_ip, template)
+    notes = _check_manager_keys(c, module, section["platform"], manager_ip, template) + ignored
     return ExperimentConfig(
         search_space=space,
         trial_command=command,
@@ -212,9 +218,12 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
                                       DEFAULT_GRACE_SECONDS),
         trial_checkpoint_every=_optional(c, "trialCheckpointEvery", lambda v, w: schema.as_number(v, w, minimum=0)),
         max_trial_restarts=_optional(c, "maxTrialRestarts", lambda v, w: schema.as_int(v, w, 0, 1000), 0),
+        stop_when_first_trials_fail=_optional(c, "stopWhenFirstTrialsFail",
+                                              lambda v, w: schema.as_int(v, w, 0, 1_000_000), 3),
         manager_tls=_optional(c, "managerTls", lambda v, w: manager_tls(v, base, w)),
         trial_template=template,
         priority=_optional(c, "priority", schema.as_int, 0),
+        notes=tuple(notes),
     )
 
 
@@ -222,20 +231,69 @@ _UNSUPPORTED_FOLDS = {schema.fold(k): why for k, why in UNSUPPORTED.items()}
 
 
 def _check_manager_keys(c: Mapping[str, Any], module: Any, platform: str, manager_ip: Optional[str],
-                        template: Optional[str]) -> None:
-    """Refuse the keys about the manager and the trials' jobs that this platform would not apply."""
+                        template: Optional[str]) -> List[str]:
+    """Refuse trialkit's keys that this platform would not apply; NNI's that NNI too would not act on
+    here, or that concern NNI's manager alone, are accepted with a note (returned) as NNI accepts them."""
+    notes = []
     # The manager logs its one way (progress, warnings); the trials' own output is in their dirs.
     if c.get("logLevel") is not None and schema.as_choice(c["logLevel"], LOG_LEVELS, "logLevel") != "info":
-        raise UserError(f"logLevel {c['logLevel']!r} is not supported: the manager logs at info", "logLevel",
-                        "remove it; each trial's output is in its dir (`trialkit trial logs ID`)")
-    _only_false(c, "debug", "debug", "the manager has no debug mode; each trial's output is in its dir "
-                                     "(`trialkit trial logs ID`)")
+        notes.append(f"logLevel {c['logLevel']}: trialkit's manager has one level (its progress and warnings); "
+                     f"each trial's output is in its dir (`trialkit trial logs ID`)")
+    if c.get("debug") is not None and schema.as_bool(c["debug"], "debug"):
+        notes.append("debug: true: trialkit's manager has no debug mode; each trial's output is in its dir "
+                     "(`trialkit trial logs ID`)")
     if template is not None and not hasattr(module, "render"):
         raise UserError(f"trialTemplate is not used on the {platform} platform", "trialTemplate",
                         "remove it: only kubeflow, frameworkcontroller and adaptdl fill a job template")
     if manager_ip is not None and platform == "local":
-        raise UserError("nniManagerIp is not used on the local platform", "nniManagerIp",
-                        "remove it: local trials reach the manager on 127.0.0.1")
+        notes.append("nniManagerIp is not used on the local platform (as in NNI): local trials reach the manager "
+                     "on 127.0.0.1")
+    return notes
+
+
+# NNI's training-service keys that NNI's own Python API writes into every config it saves (true by
+# default on these platforms), which trialkit reads and does not act on:
+# key -> (its platforms, the value that needs no note, the note).
+_SECTION_IGNORED = {
+    "reuseMode": (("kubeflow", "frameworkcontroller"), False,
+                  "reuseMode: true: trialkit runs each trial as its own job, as NNI does with reuseMode: false"),
+}
+# Top-level keys NNI's TrainingServiceConfig also has, which its saved configs repeat in the section.
+_SECTION_REPEATS = ("trialCommand", "trialCodeDirectory", "trialGpuNumber", "nniManagerIp", "debug")
+
+
+def _nni_section(c: Dict[str, Any]) -> Tuple[Any, List[str]]:
+    """The training-service section as NNI reads it, for its platform to parse: NNI's ignored keys
+    out (a note for each that matters), the top-level keys it repeats lifted to the top (where the
+    top lacks them; the same value twice is one), and its K8sNfsConfig's `storage: nfs` beside
+    storageType dropped."""
+    section = c.get("trainingService")
+    if not isinstance(section, Mapping):
+        return section, []  # none, or a mistake that _training_service names
+    section, notes = dict(section), []
+    platform = next((v for k, v in section.items() if isinstance(k, str) and schema.fold(k) == "platform"), None)
+    for key in [k for k in section if isinstance(k, str)]:
+        folded = schema.fold(key)
+        for name, (kinds, quiet, note) in _SECTION_IGNORED.items():
+            if folded == schema.fold(name) and platform in kinds:
+                if schema.as_bool(section.pop(key), f"trainingService.{key}") != quiet:
+                    notes.append(note)
+        top = next((name for name in _SECTION_REPEATS if schema.fold(name) == folded), None)
+        if top is None or (top == "trialCodeDirectory" and c.get(top) is None):
+            continue  # a cluster platform reads its own trialCodeDirectory
+        if c.get(top) is None:
+            c[top] = section.pop(key)
+        elif c[top] == section[key]:
+            del section[key]
+        else:
+            raise UserError(f"{top} differs here from the top level's", f"trainingService.{key}",
+                            f"keep one {top}: trialkit runs one training service")
+    storage = section.get("storage")
+    if isinstance(storage, Mapping) and storage.get("storage") is not None:
+        kind = next((v for k, v in storage.items() if isinstance(k, str) and schema.fold(k) == "storagetype"), None)
+        if kind == storage["storage"]:
+            section["storage"] = {k: v for k, v in storage.items() if k != "storage"}
+    return section, notes
 
 
 def _optional(c: Mapping[str, Any], key: str, check: Callable[[Any, str], Any], default: Any = None) -> Any:
@@ -337,7 +395,7 @@ def _search_space(c: Mapping[str, Any], base: Path) -> SearchSpace:
     if inline is None:
         raise UserError("the search space is missing", "searchSpace",
                         "add searchSpaceFile: search_space.json, or searchSpace: {...}")
-    return parse_space(inline, "searchSpace")
+    return parse_space(inline, "searchSpace", allow_empty=True)  # `{}`: trials without parameters
 
 
 def _algorithm(section: Any, where: str) -> Tuple[Any, Any]:
@@ -408,11 +466,20 @@ def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) ->
     if hasattr(module, "render"):
         folded = {schema.fold(k): k for k in section if isinstance(k, str)}
         for key, value in inherited.items():
-            if value is not None and schema.fold(key) not in folded:
+            # NNI's own configs repeat the top-level nniManagerIp in the section under that name.
+            names = (key, "nniManagerIp") if key == "managerAddress" else (key,)
+            if value is not None and not any(schema.fold(name) in folded for name in names):
                 section[key] = value
         template_key = folded.get(schema.fold("trialTemplate"))
         if template_key and isinstance(section[template_key], str):
             section[template_key] = _file(section[template_key], base, f"{where}.{template_key}")
+        config_key = folded.get(schema.fold("configPath"))  # NNI's custom FrameworkController config
+        if config_key and name == "frameworkcontroller" and isinstance(section[config_key], str):
+            from trialkit.platforms.kubernetes.config import framework_task_roles
+
+            section[config_key] = _file(section[config_key], base, f"{where}.{config_key}")
+            if schema.fold("taskRoles") not in folded:  # as NNI: the roles are the Framework's
+                section["taskRoles"] = framework_task_roles(section[config_key], f"{where}.{config_key}")
         resolve = getattr(module, "resolve_paths", None)  # code dirs the platform ships, in the section's roles
         if resolve is not None:
             resolve(section, lambda value, at: _directory(value, base, at))

@@ -372,6 +372,21 @@ class Loop:
         self.tuner.tell_failed(trial.parameter_id)  # ignored when its final result was told
         if self.assessor is not None:
             self.assessor.trial_end(trial.id, status == SUCCEEDED)
+        if status == FAILED:
+            self._check_first_failures()
+
+    def _check_first_failures(self) -> None:
+        """Stop when the first trials (stopWhenFirstTrialsFail) all failed the same way: the rest would too."""
+        count = self.config.stop_when_first_trials_fail
+        first = sorted(self.trials.values(), key=lambda t: t.sequence)[:count]
+        if not count or self.stopping is not None or len(first) < count:
+            return
+        if any(t.status != FAILED for t in first) or len({(t.reason, t.exit_code) for t in first}) != 1:
+            return
+        why = first[0].reason or f"exit {first[0].exit_code}"
+        self.error = (f"the first {count} trials all failed the same way: {why} (see `trialkit trial show "
+                      f"{first[0].id}`; stopWhenFirstTrialsFail: 0 in the config runs every trial, as NNI does)")
+        self.stop_experiment((SYS_CANCELED, f"experiment stopped: its first {count} trials all failed"))
 
     def _backstop(self) -> None:
         for trial in list(self.active.values()):

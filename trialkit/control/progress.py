@@ -16,7 +16,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, TextIO
 from trialkit import records
 from trialkit.control.queue import label
 from trialkit.control.results import flat_parameters, metric_value
-from trialkit.statuses import WAITING
+from trialkit.statuses import EXPLAINED
 
 _CLEAR_LINE = "\r\x1b[K"
 TICK_SECONDS = 1.0  # how often a TTY's line is refreshed when nothing happens
@@ -163,10 +163,12 @@ def trials_table(rows: List[Dict[str, Any]]) -> str:
     )
 
 
-def status_text(row: Dict[str, Any]) -> str:
-    """A trial's status as tables show it; a waiting trial says what it waits for."""
-    waits = row["status"] == WAITING and row.get("reason")
-    return f"{label(row['status'])}: {row['reason']}" if waits else label(row["status"])
+def status_text(row: Dict[str, Any], limit: int = 72) -> str:
+    """A trial's status as tables show it; a waiting trial says what it waits for, a failed one why."""
+    if not (row["status"] in EXPLAINED and row.get("reason")):
+        return label(row["status"])
+    text = f"{label(row['status'])}: {row['reason']}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def gpu_use(sample: Dict[str, Any]) -> str:

@@ -136,6 +136,8 @@ def _run(loop: Loop, platform: Platform, port: Optional[int], title: str, page: 
     loop.progress.say(f"manager: {manager.url}   dir: {loop.experiment_dir}")
     if manager.page is not None:
         loop.progress.say(f"page: {manager.page.url}")
+    for note in loop.config.notes:
+        loop.progress.say(f"note: {note}")
     status = ERROR
     try:
         with loop.signals_handled():

@@ -7,7 +7,7 @@ The experiment loop speaks to every tuner the same way:
     parameter_id, params = tuner.ask()   # None once the tuner has nothing left
     tuner.tell(parameter_id, 0.93)   # or tuner.tell_failed(parameter_id)
 
-Names and classArgs are NNI's (Random, GridSearch, TPE, Evolution; matched
+Names and classArgs are NNI's (Random, GridSearch, TPE, Evolution, Anneal; matched
 case-insensitively). TPE is optuna's TPESampler through its ask-and-tell API.
 """
 from __future__ import annotations
@@ -249,6 +249,65 @@ class TPETuner(Tuner):
             self._study.tell(trial, state=quiet_optuna().trial.TrialState.FAIL)
 
 
+class AnnealTuner(Tuner):
+    """NNI's Anneal (hyperopt's anneal.suggest): samples from the search space until a result is
+    in, then near one of the best so far, in a neighbourhood that shrinks as results come in.
+
+    The trial annealed around is drawn down the ranking, the best most often (a geometric draw
+    of mean AVG_BEST_IDX, hyperopt's 2.0); each numeric parameter moves in its unit coordinate
+    by a normal step of deviation WIDTH / (1 + results * SHRINK_COEF) (hyperopt's shrink_coef
+    0.1), clipped to the range; a choice is drawn anew with that same probability, else kept
+    (a kept nested choice anneals its own parameters). NNI's classArgs: optimize_mode
+    (default minimize, as NNI's); trialkit's seed.
+    """
+
+    ARGS = {"optimize_mode": check_mode, "seed": _seed}
+    DEFAULT_MODE = "minimize"
+    AVG_BEST_IDX = 2.0
+    SHRINK_COEF = 0.1
+    WIDTH = 0.5  # the first neighbourhood: half the range either way
+
+    def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
+        super().__init__(space, optimize_mode, seed, class_args)
+        self._rng = random.Random(seed)
+        self._results: List[Tuple[float, Dict[str, Any]]] = []
+
+    def _propose(self, parameter_id: int) -> Dict[str, Any]:
+        if not self._results:
+            return self.space.sample(self._rng)
+        ranked = sorted(self._results, key=lambda result: result[0], reverse=self.optimize_mode == "maximize")
+        # Geometric over ranks with mean AVG_BEST_IDX: P(k) = p (1 - p)^k, p = 1 / (1 + mean).
+        p = 1.0 / (1.0 + self.AVG_BEST_IDX)
+        rank = min(int(math.log(1.0 - self._rng.random()) / math.log(1.0 - p)), len(ranked) - 1)
+        width = self.WIDTH / (1.0 + len(self._results) * self.SHRINK_COEF)
+        return _anneal(self.space, ranked[rank][1], width, self._rng)
+
+    def _adopt(self, parameter_id: int, params: Dict[str, Any]) -> None:
+        self._rng.random()  # a resumed run continues a sequence, not the first one again
+
+    def _completed(self, parameter_id: int, value: float) -> None:
+        params = self._params[parameter_id]
+        if self.space.contains(params):  # history from an older space has no place to anneal around
+            self._results.append((value, params))
+
+
+def _anneal(space: SearchSpace, point: Mapping[str, Any], width: float, rng: random.Random) -> Dict[str, Any]:
+    """Parameters near `point` (which `space.contains`), each within `width` of it as AnnealTuner says."""
+    out: Dict[str, Any] = {}
+    for key, param in space.params.items():
+        if isinstance(param, Choice):
+            index = param.index_of(point[key])
+            if rng.random() < width:
+                out[key] = param.value_at(rng.randrange(len(param.options)), lambda sub: sub.sample(rng))
+            else:
+                near = {k: v for k, v in point[key].items() if k != "_name"} if isinstance(point[key], Mapping) else {}
+                out[key] = param.value_at(index, lambda sub: _anneal(sub, near, width, rng))
+        else:
+            u = param.to_unit(point[key]) + rng.gauss(0.0, width)
+            out[key] = param.from_unit(min(max(u, 0.0), 1.0))
+    return out
+
+
 # NNI's tpe_args that optuna's sampler has. NNI's gamma, prior_weight and
 # linear_forgetting are not among them: optuna deprecated the first two (4.9)
 # and fixes the last, so they are refused rather than half-honoured.
@@ -308,9 +367,10 @@ TUNERS: Dict[str, Type[Tuner]] = {
     "GridSearch": GridSearchTuner,
     "TPE": TPETuner,
     "Evolution": EvolutionTuner,
+    "Anneal": AnnealTuner,
 }
 # NNI tuners trialkit does not carry; named so the error says so instead of guessing.
-NNI_ONLY = ("Anneal", "SMAC", "BatchTuner", "Hyperband", "MetisTuner", "GPTuner", "PBTTuner", "DNGOTuner", "BOHB")
+NNI_ONLY = ("SMAC", "BatchTuner", "Hyperband", "MetisTuner", "GPTuner", "PBTTuner", "DNGOTuner", "BOHB")
 
 
 def check_tuner(name: Any, class_args: Any, space: SearchSpace, where: str = "tuner") -> Tuple[str, Dict[str, Any]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple, Union
 
 from trialkit import __version__, env, layout, records
-from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, missing_sdk_hint
+from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, explain_failure
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import PROG, warn
 from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, signal_group
@@ -84,12 +84,13 @@ def keep_to_end(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, 
                 child: Child, captures: List[Capture]) -> int:
     """Keep the running command to its end and record how it ended; returns its exit code."""
     stop_asked = supervise(loop, child, captures, trial)
-    if child.exit_code != 0:
-        hint = missing_sdk_hint(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
+    status, reason = final_status(child, stop_asked), ""
+    if status == FAILED:
+        reason, hint = explain_failure(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
         if hint is not None:
             print(f"{PROG}: {hint}", file=sys.stderr, flush=True)
     reporter.trial_ended()
-    reporter.status(final_status(child, stop_asked), exit_code=child.exit_code, ended=time.time())
+    reporter.status(status, exit_code=child.exit_code, ended=time.time(), reason=reason)
     return child.exit_code
 
 

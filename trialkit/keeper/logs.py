@@ -17,7 +17,7 @@ from collections import deque
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
-    from typing import Callable, List, Optional
+    from typing import Callable, List, Optional, Tuple
 
 READ_SIZE = 1 << 16
 READS_PER_TURN = 16  # then back to the loop: a flood of output must not delay a signal
@@ -216,32 +216,46 @@ class Capture:
             pass
 
 
-# A trial that cannot import the SDK usually ran on another Python than the
-# user meant: say which one, once, where the user reads the trial's log.
-_MISSING_SDK = (b"No module named 'trialkit", b"No module named 'nni")
+# A failed trial's reason is its stderr's last line: a traceback's last line is the error.
+# A trial that cannot import a module usually ran on another Python than the user meant:
+# the reason says which one, and for the SDK (trialkit, nni) a hint goes to trial.log too.
+_SDK_MODULES = ("trialkit", "nni")
 _HINT_TAIL_BYTES = 1 << 16
+_OURS = ("trialkit:", "[trialkit-keeper]")  # trialkit's own lines (a fallback nni's note): never the error
+REASON_CHARS = 300  # a reason is one line of a table, a progress line, the page
 
 
-def missing_sdk_hint(command: List[str], stderr_path: str, path: Optional[str]) -> Optional[str]:
-    """A one-line hint naming the interpreter when the trial's stderr ends in a failed `import trialkit`/`nni`."""
+def explain_failure(command: List[str], stderr_path: str, path: Optional[str]) -> Tuple[str, Optional[str]]:
+    """(why a failed trial failed, in one line; the hint for its log, or None)."""
+    import re  # only on this rare path: the keeper starts in milliseconds
+
     try:
         with open(stderr_path, "rb") as f:
             f.seek(max(0, os.path.getsize(stderr_path) - _HINT_TAIL_BYTES))
-            tail = f.read()
+            lines = f.read().decode("utf-8", "replace").splitlines()
     except OSError:
-        return None
-    missing = next((name for name in _MISSING_SDK if name in tail), None)
+        return "", None
+    last = next((line.strip() for line in reversed(lines) if line.strip() and not line.startswith(_OURS)), "")
+    missing = re.search(r"No module named '([\w.]+)'", last)
     if missing is None:
-        return None
-    import shlex  # only on this rare path: the keeper starts in milliseconds
+        return last[:REASON_CHARS], None
+    module = missing.group(1).split(".")[0]
+    found = _interpreter(command, path)
+    hint = None
+    if module in _SDK_MODULES:
+        hint = (f"hint: the trial's command ran on {found}, which cannot import {module}: install it there "
+                f"({found} -m pip install {module}), or start the experiment with the environment that has it "
+                f"first on PATH")
+    return f"{last} (the trial's command ran on {found})"[:REASON_CHARS], hint
+
+
+def _interpreter(command: List[str], path: Optional[str]) -> str:
+    import shlex
     import shutil
 
-    module = missing.decode().rpartition("'")[2]
     try:
         words = shlex.split(command[2]) if command[:2] == ["/bin/sh", "-c"] else command
     except ValueError:
         words = command
     interpreter = next((w for w in words if os.path.basename(w).startswith("python")), words[0])
-    found = shutil.which(interpreter, path=path) or f"{interpreter} (not found on PATH)"
-    return (f"hint: the trial's command ran on {found}, which cannot import {module}: install it there "
-            f"({found} -m pip install {module}), or start the experiment with the environment that has it first on PATH")
+    return shutil.which(interpreter, path=path) or f"{interpreter} (not found on PATH)"

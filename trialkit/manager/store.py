@@ -251,7 +251,7 @@ class Store:
         if row is None:
             return None
         out = dict(row)
-        out["config"] = json.loads(out["config"])
+        out["config"] = _json_column(out["config"], f"experiment {experiment_id}'s config")
         return out
 
     def set_experiment_status(self, experiment_id: str, status: str) -> None:
@@ -437,13 +437,35 @@ class _Transaction:
 def _trial(row: sqlite3.Row) -> Dict[str, Any]:
     out = dict(row)
     for key in _TRIAL_JSON:
-        out[key] = json.loads(out[key])
+        out[key] = _json_column(out[key], f"trial {out['id']}'s {key}")
     del out["token_hash"]  # a secret's hash stays in the store
     return out
 
 
+def _json_column(text: Any, what: str) -> Any:
+    """A JSON column's value; one that is not JSON (written by hand or another program) is a damaged store."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        raise sqlite3.DatabaseError(f"{what} is not JSON") from None
+
+
 def _history(db: sqlite3.Connection, trial_id: str, status: str, exit_code: Optional[int], reason: Optional[str],
              when: float, source: str) -> None:
+    if status in FINAL_STATUSES:
+        last = db.execute("SELECT id, status FROM statuses WHERE trial=? ORDER BY id DESC LIMIT 1",
+                          (trial_id,)).fetchone()
+        if last is not None and last["status"] in FINAL_STATUSES:
+            # One end, once: the keeper reports it, then the control plane records its verdict on
+            # the same end (a pause the keeper saw as a stop, exit 143, is PREEMPTED): the verdict
+            # takes the keeper's row; the keeper's word after the control plane's changes nothing.
+            if source == "control" and status != last["status"]:
+                db.execute("UPDATE statuses SET status=?, exit_code=COALESCE(?, exit_code), "
+                           "reason=COALESCE(NULLIF(?, ''), reason), source=? WHERE id=?",
+                           (status, exit_code, reason, source, last["id"]))
+            elif source == "control":  # the same end: the keeper's row stays, with the reason if it had none
+                db.execute("UPDATE statuses SET reason=COALESCE(NULLIF(reason, ''), ?) WHERE id=?", (reason, last["id"]))
+            return
     db.execute("INSERT INTO statuses(trial, status, exit_code, reason, time, source) VALUES (?,?,?,?,?,?)",
                (trial_id, status, exit_code, reason, when, source))
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from trialkit import gpus
 from trialkit.manager.server import HttpError
 from trialkit.records import INT64_MAX, BadRecord, loads, metric_number
-from trialkit.statuses import PREEMPTED, RUNNING, WAITING
+from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
 
 MAXIMIZE = "maximize"
 # Experiment statuses (NNI's names) whose clock still runs; any other ended at its last update.
@@ -265,7 +265,7 @@ def _trial_row(row: sqlite3.Row, now: float) -> Dict[str, Any]:
         "id": row["id"],
         "sequence": row["sequence"],
         "status": row["status"],
-        "reason": row["reason"] if row["status"] == WAITING else None,  # why it waits (its GPUs, a queue)
+        "reason": row["reason"] if row["status"] in EXPLAINED else None,  # why it waits (its GPUs, a queue), why it failed
         "metric": row["metric"],
         "parameters": _json(row["parameters"]),
         "restarts": row["restart_count"],

@@ -1,0 +1,71 @@
+"""A trial that fails says why where the user looks, and an experiment whose first
+trials all fail the same way stops and says so (stopWhenFirstTrialsFail; 0 runs
+on, as NNI does). Real `trialkit run`, real keepers, the store on disk.
+"""
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from experiment_util import cli, experiment, experiment_id, export
+from trialkit.web import queries
+
+MISSING = "ModuleNotFoundError: No module named 'no_such_module_here'"
+X = {"x": {"_type": "choice", "_value": [1, 2, 3, 4, 5, 6]}}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_the_first_trials_failing_alike_stop_the_experiment_and_every_face_says_why(tmp_path, home):
+    config = experiment(tmp_path, X, "import no_such_module_here\n", maxTrialNumber=20, trialConcurrency=1)
+    done = cli("run", config)
+    assert done.returncode == 1, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    ended = [line for line in done.stdout.splitlines() if line.startswith("trial ") and "FAILED" in line]
+    assert len(ended) == 3 and all(MISSING in line for line in ended), done.stdout  # the terminal's progress
+    assert "the trial's command ran on " in ended[0]  # which Python could not import it
+    assert f"error: the first 3 trials all failed the same way: {MISSING}" in done.stdout
+    assert "stopWhenFirstTrialsFail: 0" in done.stdout
+    rows = export(exp)
+    assert [row["status"] for row in rows] == ["FAILED"] * 3  # 3 of 20 ran
+    listed = cli("trial", "list", exp).stdout
+    assert listed.count(f"FAILED: {MISSING}") == 3, listed
+    trial = rows[0]["trial_id"]
+    shown = cli("trial", "show", trial).stdout.splitlines()
+    assert f"status         FAILED: {MISSING}" in "\n".join(shown)
+    history = shown[shown.index("history:") + 1:]
+    assert [line.split()[2] for line in history] == ["WAITING", "RUNNING", "FAILED"], history  # each end once
+    assert MISSING in history[-1]
+    with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db:  # what the page's table gets
+        db.row_factory = sqlite3.Row
+        queries.register(db)
+        page = queries.trials_page(db, exp, queries.TrialQuery())
+    assert all(row["reason"].startswith(MISSING) for row in page["rows"]), page["rows"]
+
+
+def test_with_0_every_trial_runs_as_in_nni(tmp_path):
+    config = experiment(tmp_path, X, "import no_such_module_here\n", maxTrialNumber=4, trialConcurrency=2,
+                        stopWhenFirstTrialsFail=0)
+    done = cli("run", config)
+    exp = experiment_id(done.stdout.splitlines()[0])
+    assert done.returncode == 1 and f"experiment {exp} DONE" in done.stdout, done.stdout  # no trial succeeded: 1
+    assert "error:" not in done.stdout
+    assert [row["status"] for row in export(exp)] == ["FAILED"] * 4
+
+
+def test_failures_that_differ_do_not_stop_it(tmp_path):
+    script = "import trialkit\nraise SystemExit('bad x=%s' % trialkit.get_next_parameter()['x'])\n"
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}}, script, maxTrialNumber=4,
+                        trialConcurrency=2, tuner={"name": "GridSearch"})
+    done = cli("run", config)
+    exp = experiment_id(done.stdout.splitlines()[0])
+    rows = export(exp)
+    assert f"experiment {exp} DONE" in done.stdout, done.stdout
+    assert [(row["status"], row["reason"]) for row in rows] == [("FAILED", f"bad x={x}") for x in (1, 2, 3, 4)]
