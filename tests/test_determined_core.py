@@ -248,3 +248,14 @@ def test_what_the_fallback_lacks_says_so(tmp_path):
     done = shim_python(tmp_path, "import determined as det\ntry:\n    det.pytorch.PyTorchTrial\n"
                        "except AttributeError as err:\n    print(err)")
     assert done.returncode == 0 and "Core API only" in done.stdout and "install determined" in done.stdout
+
+
+def test_training_that_raises_reports_no_final_result(tmp_path):
+    done = shim_python(tmp_path, "import determined as det\nwith det.core.init() as core:\n"
+                       "    core.train.report_validation_metrics(steps_completed=1, metrics={'loss': 0.5})\n"
+                       "    raise RuntimeError('diverged')",
+                       TRIALKIT_KEEPER_PID="1", TRIALKIT_DETERMINED=base64.urlsafe_b64encode(
+                           b'{"searcher": {"metric": "loss"}}').decode())
+    assert done.returncode == 1 and "diverged" in done.stderr
+    written = channel_records(tmp_path / ".trialkit" / "channel")
+    assert [rec["type"] for rec in written] == ["PERIODICAL"]  # the validation, and no FINAL after the error

@@ -304,12 +304,16 @@ class Context:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.close()
+        self._close(ended_well=exc_type is None)
         if exc_type is None and self.preempt.preempted:
             sys.exit(CHECKPOINTED)
 
     def close(self) -> None:
-        if not self.preempt.preempted and self._reports.final is not None:
+        self._close(ended_well=True)
+
+    def _close(self, ended_well: bool) -> None:
+        """The final result goes out only when training ended by itself: not after a preemption, nor an error."""
+        if ended_well and not self.preempt.preempted and self._reports.final is not None:
             self._session.report(records.FINAL, self._reports.final)
             self._reports.final = None
         self.distributed.close()
