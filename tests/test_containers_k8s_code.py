@@ -1,0 +1,109 @@
+"""The seeds' own Kubernetes configs, run to the end in a plain Debian + python3 image with no trialkit in it.
+
+`trialkit run` against the stand-in API server, pods run by tests/pod_runner.py
+as podman containers of images/build.sh's Debian base (minbase + python3, no
+trialkit, no pip packages). Nothing is mounted into the pods: the code dir
+reaches them through the manager, packed and checked by digest, and so does
+trialkit's trial side, which the training code then imports.
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from containers_util import containers, image, needs_podman, podman  # noqa: F401 (fixtures)
+from pod_runner import PodRunner, host_address
+from test_containers_k8s import cluster, logs, metric_values, run_to_the_end  # noqa: F401 (fixtures)
+from experiment_util import cli, trial_status
+
+pytestmark = [pytest.mark.containers, needs_podman]
+
+TRAIN = """
+import os, trialkit
+x = trialkit.get_next_parameter()["x"]
+print(f"trialkit from {trialkit.__file__} in {os.getcwd()}", flush=True)
+trialkit.report_intermediate_result(x)
+trialkit.report_final_result(x * 2)
+"""
+SIDE = "/var/lib/trialkit/trial/.trialkit/trialside/"
+
+
+@pytest.fixture(scope="session")
+def plain_image(image) -> str:
+    """images/build.sh's base: Debian bookworm minbase with python3, in which `import trialkit` fails."""
+    name = podman("images", "--filter", "reference=localhost/trialkit-debian",
+                  "--format", "{{.Repository}}:{{.Tag}}").stdout.split()[0]
+    probe = podman("run", "--rm", "--network", "none", name, "python3", "-c", "import trialkit", check=False)
+    assert probe.returncode != 0 and "No module named 'trialkit'" in probe.stderr
+    return name
+
+
+def project(tmp_path: Path, script_name: str, config: dict) -> Path:
+    """The user's folder: the training script beside the config (NNI's examples keep them together)."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / script_name).write_text(textwrap.dedent(TRAIN))
+    (folder / "search_space.json").write_text('{"x": {"_type": "choice", "_value": [3]}}')
+    path = folder / "config.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def check_trial(exp: str, home: Path, runner: PodRunner) -> None:
+    trial = f"{exp}-00000"
+    assert trial_status(home, trial) == "SUCCEEDED", runner.describe()
+    assert metric_values(home, trial) == [6]
+    shipped = cli("trial", "logs", trial).stdout
+    assert f"trialkit from {SIDE}" in shipped and "in /var/lib/trialkit/trial/code" in shipped, runner.describe()
+    assert all(pod.exit_code == 0 for pod in runner.pods.values()), runner.describe()
+
+
+def test_kubeflow_seed_config_runs_its_code_dir_in_a_plain_image(cluster, containers, plain_image, tmp_path):  # noqa: F811
+    # shared/seeds/004: the Kubeflow page's experiment, its Python config as YAML (nfs left out: no server here).
+    role = {"command": "python3 model.py", "cpuNumber": 1, "memorySize": "4g", "codeDirectory": ".",
+            "dockerImage": "msranni/nni:latest"}
+    config = project(tmp_path, "model.py", {
+        "searchSpaceFile": "search_space.json", "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+        "maxTrialNumber": 1, "trialConcurrency": 1,
+        "trainingService": {"platform": "kubeflow", "operator": "pytorch-operator", "apiVersion": "v1alpha2",
+                            "managerAddress": host_address(),
+                            "master": {"replicas": 1, "gpuNumber": 0, **role}, "worker": {"replicas": 2, **role}}})
+    with PodRunner(cluster, containers, plain_image, tmp_path / "kubelet") as runner:
+        exp = run_to_the_end(config, runner)
+        check_trial(exp, tmp_path / "home", runner)
+        assert sorted(name.rsplit("-", 2)[-2] for name in runner.pods) == ["master", "worker", "worker"]
+
+
+def test_frameworkcontroller_seed_config_runs_its_code_dir_in_a_plain_image(cluster, containers, plain_image,  # noqa: F811
+                                                                           tmp_path):
+    # shared/seeds/001: the FrameworkController page's v1 config (gpuNum 0 here, nfs left out).
+    config = project(tmp_path, "mnist.py", {
+        "authorName": "default", "experimentName": "example_mnist", "trialConcurrency": 1, "maxTrialNum": 1,
+        "maxExecDuration": "10h", "trainingServicePlatform": "frameworkcontroller", "nniManagerIp": host_address(),
+        "searchSpacePath": "search_space.json", "useAnnotation": False,
+        "tuner": {"builtinTunerName": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+        "trial": {"codeDir": ".", "taskRoles": [{
+            "name": "worker", "taskNum": 1, "command": "python3 mnist.py", "gpuNum": 0, "cpuNum": 1,
+            "memoryMB": 8192, "image": "msranni/nni:latest",
+            "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceededTaskCount": 1}}]}})
+    with PodRunner(cluster, containers, plain_image, tmp_path / "kubelet") as runner:
+        exp = run_to_the_end(config, runner)
+        check_trial(exp, tmp_path / "home", runner)
+
+
+def test_adaptdl_seed_config_with_its_checkpoint_claim_in_a_plain_image(cluster, containers, plain_image,  # noqa: F811
+                                                                       tmp_path):
+    # shared/seeds/000: the AdaptDL page's config as v2 (its code dir shipped: no workingDir; nfs left out).
+    config = project(tmp_path, "main_nni.py", {
+        "searchSpaceFile": "search_space.json", "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "minimize"}},
+        "maxTrialNumber": 1, "trialConcurrency": 1, "trialCommand": "python3 main_nni.py",
+        "trainingService": {"platform": "adl", "managerAddress": host_address(), "gpuNumber": 0, "adaptive": True,
+                            "image": "registry.petuum.com/dev/nni:adaptdl",
+                            "imagePullSecrets": [{"name": "imagepullsecret"}],
+                            "checkpoint": {"storageClass": "dfs", "storageSize": "1Gi"}}})
+    with PodRunner(cluster, containers, plain_image, tmp_path / "kubelet") as runner:
+        exp = run_to_the_end(config, runner)
+        check_trial(exp, tmp_path / "home", runner)
