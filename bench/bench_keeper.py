@@ -40,6 +40,7 @@ CHILD_C = r"""
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,7 +63,7 @@ static void on_term(int signum) {
     _exit(0);
 }
 
-/* child signal|exit FILE: records its start; then either waits for SIGTERM
+/* child signal FILE | child exit FILE MICROSECONDS: records its start; then either waits for SIGTERM
    (recording when the handler runs) or records its last instruction and exits. */
 int main(int argc, char **argv) {
     out = argv[2];
@@ -72,8 +73,9 @@ int main(int argc, char **argv) {
         write(2, "ready\n", 6);
         for (;;) pause();
     }
-    /* A trial runs a while: its exit must find the wrapper idle, not still starting. */
-    usleep(50000);
+    /* A trial runs a while: its exit must find the wrapper idle, not still starting
+       (argv[3]: microseconds). */
+    usleep(atoi(argv[3]));
     record();
     _exit(0);
 }
@@ -134,11 +136,17 @@ def sample_signal(prefix: Sequence[str], child: str, workdir: Path) -> Dict[str,
     return {"start": child_start - started, "forwarding": handled - sent}
 
 
+# How long the child runs before its exit is timed. 50 ms was too short on a busy machine: at load 9-21
+# the keeper was often still starting (its RUNNING status written after the child's exit, 5 of 6 runs
+# at load 21), and its exit time held part of its start.
+EXIT_AFTER_US = 500_000
+
+
 def sample_exit(prefix: Sequence[str], child: str, workdir: Path) -> Dict[str, float]:
     """One run: the child's last instruction -> the wrapper's exit."""
     record = workdir / "times"
     record.unlink(missing_ok=True)
-    proc = subprocess.Popen([*prefix, child, "exit", str(record)], env=_env(workdir / "trial"),
+    proc = subprocess.Popen([*prefix, child, "exit", str(record), str(EXIT_AFTER_US)], env=_env(workdir / "trial"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proc.wait()  # no timeout: Popen.wait(timeout) polls with sleeps, which would be measured
     ended = time.monotonic()
