@@ -121,6 +121,36 @@ def test_a_distributed_script_starts_its_workers_from_the_cluster_info():
     assert "[rank=0] x is now" in out and "[rank=1] x is now" not in out
 
 
+TORCH_TRAIN = """
+import determined as det
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+distributed = det.core.DistributedContext.from_torch_distributed()
+with det.core.init(distributed=distributed) as core:
+    ranks = core.distributed.allgather(distributed.rank)
+    for step in range(1, 4):
+        core.train.report_validation_metrics(steps_completed=step, metrics={"loss": 1.0 / step, "ranks": ranks})
+dist.destroy_process_group()
+"""
+
+
+def test_a_core_api_script_under_determineds_torch_distributed_launcher(tmp_path):
+    """`python3 -m determined.launch.torch_distributed` is trialkit's launcher: two torch workers, rank 0 reports."""
+    pytest.importorskip("torch", reason="torch is one of trialkit's extras")
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "train.py").write_text(TORCH_TRAIN)
+    (context / "exp.yaml").write_text(
+        "name: torch-core\nentrypoint: python3 -m determined.launch.torch_distributed python3 train.py\n"
+        "resources: {slots_per_trial: 2}\nsearcher: {name: single, metric: loss}\nmax_restarts: 0\n")
+    done = cli("run", context / "exp.yaml", context, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = export(experiment_id(done.stdout.splitlines()[0]))[0]
+    assert metrics(row, "validation") == [(n, {"loss": 1.0 / n, "ranks": [0, 1]}) for n in (1, 2, 3)]
+    assert row["final"] == pytest.approx(1 / 3)
+
+
 def shim_python(tmp_path: Path, code: str, **environ: str) -> subprocess.CompletedProcess:
     """`code` in a Python that finds `determined` through the keeper's boot dir, as a trial does."""
     e = {**os.environ, "PYTHONPATH": str(BOOT), "TRIALKIT_TRIAL_DIR": str(tmp_path), **environ}
