@@ -176,6 +176,12 @@ with det.core.init() as core:
     ckpt.delete(a)
     torch_style = det.core.DistributedContext.from_torch_distributed()
     print("ranks", torch_style.rank, torch_style.size, torch_style.local_size, torch_style.cross_size)
+    deepspeed_style = det.core.DistributedContext.from_deepspeed()  # trialkit's launcher sets torch's names
+    class hvd:  # horovod's module functions, for one worker
+        rank = local_rank = cross_rank = staticmethod(lambda: 0)
+        size = local_size = cross_size = staticmethod(lambda: 1)
+    horovod_style = det.core.DistributedContext.from_horovod(hvd)
+    print("same", [(c.rank, c.size, c.local_size, c.cross_size) for c in (deepspeed_style, horovod_style)])
     try:
         ckpt.get_metadata(a)
     except FileNotFoundError as err:
@@ -183,7 +189,8 @@ with det.core.init() as core:
 """, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK="0", GROUP_WORLD_SIZE="1")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0] == "newer" and lines[1] == "ranks 0 1 1 1" and lines[2].startswith("gone: no checkpoint")
+    assert lines[:3] == ["newer", "ranks 0 1 1 1", "same [(0, 1, 1, 1), (0, 1, 1, 1)]"]
+    assert lines[3].startswith("gone: no checkpoint")
     assert (tmp_path / "out" / "sub" / "w.bin").read_bytes() == b"weights"
     assert (tmp_path / "checkpoint" / "latest").read_text() != ""
 
