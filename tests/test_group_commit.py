@@ -1,14 +1,22 @@
 """Group commit in the manager (trialkit/manager/commits.py): batches that arrive together share a
-transaction, an ack never runs ahead of the commit that holds its records, and one failing batch fails
-alone."""
+transaction, an ack never runs ahead of the commit that holds its records, one failing batch fails
+alone, and a batch sent again after its answer was lost is stored once."""
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
+import socket
 import sqlite3
+import threading
+import time
 
 import pytest
 import requests
 
+from trialkit import records
+from trialkit.keeper.shipper import Shipper
+from trialkit.keeper.spool import Spool
 from trialkit.manager.commits import GroupCommit
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
@@ -92,3 +100,65 @@ def test_a_failing_batch_fails_alone_and_the_others_of_its_group_are_stored(tmp_
     assert [store.count_records(f"t{n}") for n in range(3)] == [50, 0, 50] and store.acked_seq("t1") == 0
     store.close()
 
+
+
+class AnswerLosingProxy:
+    """Between a keeper and the manager: forwards each request, and loses the manager's first answer
+    (the batch is stored, the keeper never hears so): the keeper must send it again."""
+
+    def __init__(self, target: str):
+        self.target = target.split("//")[1]
+        self.requests: list = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            with client, client.makefile("rb") as incoming:
+                while True:
+                    head = []
+                    while (line := incoming.readline()) not in (b"\r\n", b""):
+                        head.append(line)
+                    if not head:
+                        break
+                    headers = dict(line.decode().rstrip("\r\n").split(": ", 1) for line in head[1:])
+                    body = incoming.read(int(headers.get("Content-Length", 0)))
+                    self.requests.append(json.loads(body))
+                    upstream = http.client.HTTPConnection(self.target, timeout=30)
+                    upstream.request(head[0].split()[0].decode(), head[0].split()[1].decode(), body=body,
+                                     headers={k: v for k, v in headers.items() if k.lower() != "host"})
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                    upstream.close()
+                    if len(self.requests) == 1:
+                        break  # stored by the manager; the answer is lost with the connection
+                    client.sendall(b"HTTP/1.1 %d OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                   % (answer.status, len(data), data))
+
+    def close(self) -> None:
+        self.listener.close()
+        self.thread.join(10)
+
+
+def test_a_batch_sent_again_after_a_lost_answer_is_stored_once(manager, tmp_path):
+    proxy = AnswerLosingProxy(manager.url)
+    spool = Spool(tmp_path / "spool")
+    recs = [records.normalize({"type": "PERIODICAL", "sequence": n, "value": n / 2, "time": 1.0}, "channel")
+            for n in range(3)]
+    spool.append(recs, {"offset": 3})
+    shipper = Shipper(spool, proxy.url, "t1", "token-1", log=lambda message: None).start()
+    try:
+        assert shipper.close(time.monotonic() + 30) == 0  # everything acknowledged in the end
+    finally:
+        spool.close()
+        proxy.close()
+    first, again = ([rec["seq"] for rec in request["records"]] for request in proxy.requests[:2])
+    assert first == again == [1, 2, 3]  # the same batch reached the manager twice
+    assert [rec["sequence"] for rec in manager.store.records_for("t1")] == [0, 1, 2]  # and was stored once
+    assert manager.store.acked_seq("t1") == 3
