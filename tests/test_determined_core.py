@@ -109,14 +109,35 @@ def test_adaptive_asha_stops_the_worse_trials_at_a_rung():
     assert all(r["parameters"]["increment_by"] >= best_done for r in stopped)
 
 
-def test_a_distributed_script_starts_its_workers_from_the_cluster_info():
-    exp = run("4_distributed.yaml")
-    row = export(exp)[0]
-    increment = row["parameters"]["increment_by"]
-    assert row["status"] == "SUCCEEDED"
-    assert row["final"] == 8 * increment * 100  # every rank's increment, allgathered at each of 100 steps
-    assert metrics(row, "training")[-1] == (100, {"x": 8 * increment * 100})  # rank 0's reports only
-    out = (Path(row["trial_dir"]) / "stdout.log").read_text()
+def test_a_distributed_script_starts_its_workers_from_the_cluster_info_and_all_stop_for_a_pause(home):
+    """Eight workers of Determined's own launcher; a pause reaches every rank at the same step (rank 0 asks, all
+    hear), the launcher exits 143 with them, and the resumed run goes on from rank 0's checkpoint."""
+    proc = start_cli("run", FIXTURES / "4_distributed.yaml", FIXTURES)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 2, WAIT, "20 batches of 8 workers")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "every worker to stop at a checkpoint")
+        first = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
+        kept = json.loads((Path(first["trial_dir"]) / ".trialkit" / "status.json").read_text())
+        assert kept["status"] == "PREEMPTED" and first["exit_code"] == 143, kept
+        stopped_at = metrics(first, "training")[-1][0]
+        assert cli("trial", "activate", trial).returncode == 0
+        out, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, out + err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    runs = {row["run"]: row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
+    increment = runs[1]["parameters"]["increment_by"]
+    assert runs[1]["status"] == "SUCCEEDED"
+    # Every rank's increment, allgathered at each of 100 steps, across the pause: rank 0's reports only.
+    assert metrics(runs[1], "training") == [(n, {"x": 8 * increment * n}) for n in range(stopped_at + 10, 101, 10)]
+    assert metrics(runs[1], "validation") == [(100, {"x": 8 * increment * 100})]
+    assert runs[1]["final"] == 8 * increment * 100  # op.report_completed(x)
+    out = (Path(runs[1]["trial_dir"]) / "stdout.log").read_text()
     assert {f"[rank={r}] worker starting" for r in range(8)} <= set(out.splitlines())
     assert "[rank=0] x is now" in out and "[rank=1] x is now" not in out
 
