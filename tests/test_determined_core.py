@@ -317,3 +317,17 @@ def test_training_that_raises_reports_no_final_result(tmp_path):
     assert done.returncode == 1 and "diverged" in done.stderr
     written = channel_records(tmp_path / ".trialkit" / "channel")
     assert [rec["type"] for rec in written] == ["PERIODICAL"]  # the validation, and no FINAL after the error
+
+
+def test_a_trial_class_entrypoint_runs_the_class(tmp_path):
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "model_def.py").write_text(
+        "import trialkit\n\nclass MyTrial(trialkit.Trial):\n    def run(self):\n"
+        "        return self.parameters['lr'] * 2\n")
+    (context / "exp.yaml").write_text("entrypoint: model_def:MyTrial\nhyperparameters: {lr: 0.25}\n"
+                                      "searcher: {name: single, metric: loss}\n")
+    done = cli("run", context / "exp.yaml", context, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = export(experiment_id(done.stdout.splitlines()[0]))[0]
+    assert row["status"] == "SUCCEEDED" and row["final"] == 0.5
