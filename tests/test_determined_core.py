@@ -56,27 +56,26 @@ def test_metrics_are_stored_and_the_validation_is_the_final_result():
     assert "INFO: [" in log and "root: x is now 100" in log  # det.LOG_FORMAT
 
 
-def test_a_pause_reaches_should_preempt_and_the_trial_resumes_from_its_stored_checkpoint(home):
-    proc = start_cli("run", FIXTURES / "2_checkpoints.yaml", FIXTURES)
+def pause_and_resume(home: Path, config: str) -> tuple:
+    """Run `config`, pause its trial after 20 batches, check it left by itself through should_preempt()
+    (exit 143, the keeper's own verdict PREEMPTED: no death by SIGTERM), activate it, run to the end.
+    Returns (the latest checkpoint's dir as it was paused, the last step run 0 reported, each run's row)."""
+    proc = start_cli("run", FIXTURES / config, FIXTURES)
     try:
         exp = experiment_id(proc.stdout.readline())
         trial = f"{exp}-00000"
         wait_until(lambda: reported(home, trial) >= 2, WAIT, "two checkpoints (20 batches)")
         assert cli("trial", "pause", trial).returncode == 0
         wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
-        first = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
-        assert first["exit_code"] == 143  # left through the Core API's context: "checkpointed, resume me"
-        # ... by itself, after should_preempt(): the keeper saw an exit, not a death by its SIGTERM.
-        kept = json.loads((Path(first["trial_dir"]) / ".trialkit" / "status.json").read_text())
-        assert kept["status"] == "PREEMPTED", kept
-        stopped_at = metrics(first, "training")[-1][0]
-        checkpoints = Path(first["trial_dir"]) / "checkpoint"
-        latest = (checkpoints / "latest").read_text()
-        # The checkpoint stored at the last report before should_preempt() said yes.
-        assert (checkpoints / latest / "state").read_text() == f"{stopped_at},{stopped_at},0"
-        assert json.loads((checkpoints / latest / "metadata.json").read_text()) == {"steps_completed": stopped_at}
+        paused = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
+        kept = json.loads((Path(paused["trial_dir"]) / ".trialkit" / "status.json").read_text())
+        assert paused["exit_code"] == 143 and kept["status"] == "PREEMPTED", kept
+        stopped_at = metrics(paused, "training")[-1][0]
         assert stopped_at < 100
-
+        checkpoints = Path(paused["trial_dir"]) / "checkpoint"
+        latest = checkpoints / (checkpoints / "latest").read_text()
+        # The checkpoint stored at the last report before should_preempt() said yes.
+        assert json.loads((latest / "metadata.json").read_text()) == {"steps_completed": stopped_at}
         assert cli("trial", "activate", trial).returncode == 0
         out, err = proc.communicate(timeout=WAIT)
         assert proc.returncode == 0, out + err
@@ -86,6 +85,12 @@ def test_a_pause_reaches_should_preempt_and_the_trial_resumes_from_its_stored_ch
             proc.wait()
     runs = {row["run"]: row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
     assert sorted(runs) == [0, 1] and runs[1]["status"] == "SUCCEEDED" and runs[1]["restart_count"] == 1
+    return latest, stopped_at, runs
+
+
+def test_a_pause_reaches_should_preempt_and_the_trial_resumes_from_its_stored_checkpoint(home):
+    latest, stopped_at, runs = pause_and_resume(home, "2_checkpoints.yaml")
+    assert (latest / "state").read_text() == f"{stopped_at},{stopped_at},0"  # x, steps, trial id
     # Run 1 began where the checkpoint left off: no batch trained twice, x carried on.
     assert [n for n, _ in metrics(runs[0], "training")] == list(range(10, stopped_at + 1, 10))
     assert metrics(runs[1], "training") == [(n, {"x": n}) for n in range(stopped_at + 10, 101, 10)]
@@ -112,27 +117,8 @@ def test_adaptive_asha_stops_the_worse_trials_at_a_rung():
 def test_a_distributed_script_starts_its_workers_from_the_cluster_info_and_all_stop_for_a_pause(home):
     """Eight workers of Determined's own launcher; a pause reaches every rank at the same step (rank 0 asks, all
     hear), the launcher exits 143 with them, and the resumed run goes on from rank 0's checkpoint."""
-    proc = start_cli("run", FIXTURES / "4_distributed.yaml", FIXTURES)
-    try:
-        exp = experiment_id(proc.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 2, WAIT, "20 batches of 8 workers")
-        assert cli("trial", "pause", trial).returncode == 0
-        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "every worker to stop at a checkpoint")
-        first = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
-        kept = json.loads((Path(first["trial_dir"]) / ".trialkit" / "status.json").read_text())
-        assert kept["status"] == "PREEMPTED" and first["exit_code"] == 143, kept
-        stopped_at = metrics(first, "training")[-1][0]
-        assert cli("trial", "activate", trial).returncode == 0
-        out, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode == 0, out + err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    runs = {row["run"]: row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
+    _, stopped_at, runs = pause_and_resume(home, "4_distributed.yaml")
     increment = runs[1]["parameters"]["increment_by"]
-    assert runs[1]["status"] == "SUCCEEDED"
     # Every rank's increment, allgathered at each of 100 steps, across the pause: rank 0's reports only.
     assert metrics(runs[1], "training") == [(n, {"x": 8 * increment * n}) for n in range(stopped_at + 10, 101, 10)]
     assert metrics(runs[1], "validation") == [(100, {"x": 8 * increment * 100})]
