@@ -296,13 +296,17 @@ def test_what_the_fallback_lacks_says_so(tmp_path):
 
 def test_training_that_raises_reports_no_final_result(tmp_path):
     done = shim_python(tmp_path, "import determined as det\nwith det.core.init() as core:\n"
+                       "    core.train.report_training_metrics(steps_completed=1, metrics={'loss': 0.6}, "
+                       "batch_metrics=[{'loss': 0.7}, {'loss': 0.5}])\n"
                        "    core.train.report_validation_metrics(steps_completed=1, metrics={'loss': 0.5})\n"
                        "    raise RuntimeError('diverged')",
                        TRIALKIT_KEEPER_PID="1", TRIALKIT_DETERMINED=base64.urlsafe_b64encode(
                            b'{"searcher": {"metric": "loss"}}').decode())
     assert done.returncode == 1 and "diverged" in done.stderr
     written = channel_records(tmp_path / ".trialkit" / "channel")
-    assert [rec["type"] for rec in written] == ["PERIODICAL"]  # the validation, and no FINAL after the error
+    assert [rec["type"] for rec in written] == ["PERIODICAL"] * 2  # no FINAL after the error
+    assert written[0]["value"] == {"group": "training", "steps_completed": 1, "metrics": {"loss": 0.6},
+                                   "batch_metrics": [{"loss": 0.7}, {"loss": 0.5}], "default": 0.6}
 
 
 def test_a_trial_class_entrypoint_runs_the_class(tmp_path):

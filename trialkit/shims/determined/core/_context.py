@@ -78,8 +78,10 @@ class _Reports:
         self.metric = searcher.get("metric")
         self.final: Optional[Any] = None
 
-    def report(self, group: str, steps_completed: int, metrics: Dict[str, Any]) -> None:
-        value: Dict[str, Any] = {"group": group, "steps_completed": steps_completed, "metrics": metrics}
+    def report(self, group: str, steps_completed: int, metrics: Dict[str, Any], **extra: Any) -> None:
+        """One record; `extra` (batch_metrics, epochs) is kept in it where given, as Determined keeps it."""
+        value: Dict[str, Any] = {"group": group, "steps_completed": steps_completed, "metrics": metrics,
+                                 **{key: v for key, v in extra.items() if v is not None}}
         searched = metrics.get(self.metric) if self.metric is not None else None
         if records.metric_number(searched) is not None:
             value["default"] = searched
@@ -96,7 +98,7 @@ class TrainContext:
     def report_training_metrics(self, steps_completed: int, metrics: Dict[str, Any],
                                 batch_metrics: Optional[Any] = None, epochs: Optional[int] = None) -> None:
         logger.info(f"report_training_metrics(steps_completed={steps_completed}, metrics={metrics})")
-        self._reports.report("training", steps_completed, metrics)
+        self._reports.report("training", steps_completed, metrics, batch_metrics=batch_metrics, epochs=epochs)
 
     def report_validation_metrics(self, steps_completed: int, metrics: Dict[str, Any]) -> None:
         for name, value in metrics.items():
