@@ -51,7 +51,7 @@ def to_v2(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) -> Di
     """trialkit's v2 config dict of a Determined config; relative paths are read from `base`."""
     for key in data:
         if key not in TOP_KEYS:
-            raise UserError(f"Determined's {key!r} is not supported by trialkit", str(key), f"remove it ({GUIDE})")
+            raise UserError(f"Determined's {key!r} is not supported by trialkit", str(key), f"remove it; {GUIDE}")
     if data.get("entrypoint") is None:
         raise UserError("entrypoint is missing", "entrypoint", "add entrypoint: python3 train.py")
     section = dict(schema.mapping(data.get("trainingService") or {"platform": "local"}, "trainingService"))
@@ -181,11 +181,11 @@ def _searcher(section: Any) -> Dict[str, Any]:
     name = schema.as_str(sec.get("name"), "searcher.name")
     if name not in SEARCHERS:
         raise UserError(f"Determined's {name!r} searcher is not supported by trialkit", "searcher.name",
-                        f"use {', '.join(SEARCHERS)} ({GUIDE})")
+                        f"use {', '.join(SEARCHERS)}; {GUIDE}")
     for key in sec:
         if key not in SEARCHER_KEYS[name]:
             raise UserError(f"{key!r} is not supported for the {name} searcher", f"searcher.{key}",
-                            f"remove it ({GUIDE})")
+                            f"remove it; {GUIDE}")
     if sec.get("metric") is None:
         raise UserError("metric is missing", "searcher.metric", "add metric: the validation metric to search on")
     sec["metric"] = schema.as_str(sec["metric"], "searcher.metric")
@@ -260,10 +260,10 @@ def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> D
     for key in sec:
         if key == "resource_pool":
             raise UserError("trialkit has no resource pools", "resources.resource_pool",
-                            "remove it: the platform (trainingService) is where trials run")
+                            "remove it: trials run where trainingService says (this machine by default)")
         if key not in RESOURCE_KEYS:
             raise UserError(f"Determined's resources.{key} is not supported by trialkit", f"resources.{key}",
-                            f"remove it ({GUIDE})")
+                            f"remove it; {GUIDE}")
     out = {"slots_per_trial": schema.as_int(_default(sec, "slots_per_trial", 1), "resources.slots_per_trial",
                                             minimum=1)}
     if sec.get("max_slots") is not None:
@@ -288,7 +288,7 @@ def _environment(section: Any, platform: str, training_service: Dict[str, Any]) 
         if key not in ENVIRONMENT_KEYS:
             why = "; a pod spec goes in trialTemplate" if key == "pod_spec" else ""
             raise UserError(f"Determined's environment.{key} is not supported by trialkit{why}",
-                            f"environment.{key}", f"remove it ({GUIDE})")
+                            f"environment.{key}", f"remove it; {GUIDE}")
     if sec.get("image") is not None:
         image = schema.as_str(sec["image"], "environment.image")  # a {cpu, cuda} mapping is refused here
         if not hasattr(platforms.load(platform), "render"):
@@ -316,7 +316,7 @@ def _bind_mounts(mounts: Any, local: bool) -> None:
         sec = schema.mapping(mount, where)
         for key in sec:
             if key not in ("host_path", "container_path", "read_only"):
-                raise UserError(f"{key!r} is not supported in a bind mount", f"{where}.{key}", f"remove it ({GUIDE})")
+                raise UserError(f"{key!r} is not supported in a bind mount", f"{where}.{key}", f"remove it; {GUIDE}")
         if not local:
             raise UserError("bind_mounts are applied on the local platform only", where,
                             "mount volumes through trainingService (nfs) or trialTemplate")
@@ -343,7 +343,7 @@ def _checkpoint_storage(section: Any, local: bool) -> Optional[str]:
     for key in sec:
         if key not in ("type", "host_path", "storage_path"):
             raise UserError(f"checkpoint_storage.{key} is not supported by trialkit", f"checkpoint_storage.{key}",
-                            f"remove it: trialkit keeps every checkpoint ({GUIDE})")
+                            f"remove it: trialkit keeps every checkpoint; {GUIDE}")
     if not local:
         raise UserError("shared_fs checkpoint storage is applied on the local platform only", "checkpoint_storage",
                         "on a cluster, mount shared storage with trainingService's nfs")
