@@ -260,7 +260,7 @@ def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> D
     for key in sec:
         if key == "resource_pool":
             raise UserError("trialkit has no resource pools", "resources.resource_pool",
-                            "remove it: trials run where trainingService says (this machine by default)")
+                            "remove it: trials run where trainingService says, this machine by default")
         if key not in RESOURCE_KEYS:
             raise UserError(f"Determined's resources.{key} is not supported by trialkit", f"resources.{key}",
                             f"remove it; {GUIDE}")
