@@ -6,7 +6,8 @@
         runner.wait_for(lambda pods: ..., timeout, "what")   # pods: {name: Pod}, the runner's view
         runner.delete_pod(name)      # `kubectl delete pod`: the preStop hook, SIGTERM, the grace, SIGKILL
         runner.kill(name)            # SIGKILL the pod's container (as the OOM killer would)
-        runner.logs(name)            # the container's output (its latest attempt's)
+        runner.logs(name_or_pod)     # the container's output (its latest attempt's)
+        runner.history               # every pod made, in order (a job made again reuses the names)
         runner.describe()            # every pod's phase, exit code and last lines: for a failure's message
 
 Every 0.1 s the runner looks at the API server's objects and plays:
@@ -44,6 +45,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -91,11 +93,13 @@ class Pod:
 
     name: str
     job: str  # the job's path in the API server
+    uid: str  # the job's uid: a job made again under the same name is another job
     role: str
     obj: dict
     container: str = ""
     exit_code: Optional[int] = None  # the last attempt's
     restarts: int = 0
+    error: str = ""  # why the runner could not run it (podman's complaint)
     deleted: bool = False
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -226,8 +230,9 @@ class PodRunner:
         self.images = images or {}  # a pod's image -> the local one; any other image: `image`
         self.workdir = Path(workdir)
         self.mounts = mounts or {}
-        self.pods: Dict[str, Pod] = {}
-        self.jobs: Dict[str, int] = {}  # job path -> its current group (AdaptDL restarts)
+        self.pods: Dict[str, Pod] = {}  # by name: the latest pod of that name
+        self.history: List[Pod] = []  # every pod, in the order made (a job made again reuses its pods' names)
+        self.jobs: Dict[str, int] = {}  # job uid -> its current group (AdaptDL restarts)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
         self._threads: List[threading.Thread] = []
@@ -239,7 +244,7 @@ class PodRunner:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        for pod in list(self.pods.values()):
+        for pod in self.history:
             pod.deleted = True
             if pod.container:
                 podman("rm", "-f", "-t", "0", pod.container, check=False)
@@ -266,15 +271,18 @@ class PodRunner:
     def kill(self, name: str) -> None:
         podman("kill", "-s", "KILL", self.pods[name].container)
 
-    def logs(self, name: str) -> str:
-        return self.containers.logs(self.pods[name].container)
+    def logs(self, pod) -> str:
+        """The output of a pod (by name: the latest of that name) as podman keeps it."""
+        pod = self.pods[pod] if isinstance(pod, str) else pod
+        return self.containers.logs(pod.container)
 
     def describe(self, lines: int = 20) -> str:
         """Each pod's phase, exit code and last lines of output: for a failing test's message."""
         out = []
-        for name, pod in sorted(self.pods.items()):
-            tail = "\n    ".join(self.logs(name).splitlines()[-lines:]) if pod.container else ""
-            out.append(f"pod {name}: {pod.phase}, exit {pod.exit_code}, restarts {pod.restarts}\n    {tail}")
+        for pod in self.history:
+            tail = "\n    ".join(self.logs(pod).splitlines()[-lines:]) if pod.container else ""
+            error = f", runner error: {pod.error}" if pod.error else ""
+            out.append(f"pod {pod.name}: {pod.phase}, exit {pod.exit_code}, restarts {pod.restarts}{error}\n    {tail}")
         return "\n".join(out)
 
     # --- the loop ---------------------------------------------------------------------
@@ -284,16 +292,16 @@ class PodRunner:
             with self.api._lock:
                 jobs = {path: obj for path, obj in self.api.objects.items() if obj.get("kind") in JOB_KINDS}
             for path, job in jobs.items():
-                if path not in self.jobs:
-                    self.jobs[path] = 0
+                if job["metadata"]["uid"] not in self.jobs:
+                    self.jobs[job["metadata"]["uid"]] = 0
                     self._create_pods(path, job)
             with self.api._lock:
                 listed = {id(p) for p in self.api.pods}
                 grace = self._last_pod_deletion_grace()
-            for pod in list(self.pods.values()):
+            for pod in list(self.history):
                 if pod.deleted:
                     continue
-                if pod.job not in jobs:
+                if pod.job not in jobs or jobs[pod.job]["metadata"]["uid"] != pod.uid:
                     self._delete(pod, None)  # the garbage collector: the job went
                 elif id(pod.obj) not in listed:
                     self._delete(pod, grace)  # the platform deleted it
@@ -309,7 +317,7 @@ class PodRunner:
 
     def _create_pods(self, path: str, job: dict) -> None:
         make, _ = OPERATORS[job["kind"]]
-        for replica in make(job, self.jobs[path]):
+        for replica in make(job, self.jobs[job["metadata"]["uid"]]):
             template = replica.template
             labels = {**template.get("metadata", {}).get("labels", {}), **job["metadata"].get("labels", {}),
                       **replica.labels}
@@ -317,8 +325,9 @@ class PodRunner:
                    "metadata": {"name": replica.name, "namespace": job["metadata"].get("namespace", "default"),
                                 "labels": labels},
                    "spec": json.loads(json.dumps(template["spec"])), "status": {"phase": "Pending"}}
-            pod = Pod(replica.name, path, replica.role, obj)
+            pod = Pod(replica.name, path, job["metadata"]["uid"], replica.role, obj)
             self.pods[replica.name] = pod
+            self.history.append(pod)
             with self.api._lock:
                 self.api.pods.append(obj)
             self._spawn(self._run_pod, pod, replica.env)
@@ -326,12 +335,13 @@ class PodRunner:
     def _operate(self, path: str, job: dict) -> None:
         """The operator's turn: the job's status from its pods; AdaptDL's restart after a checkpoint."""
         _, status_of = OPERATORS[job["kind"]]
-        group = self.jobs[path]
-        pods = [p for p in self.pods.values() if p.job == path and p.obj["metadata"]["labels"].get(
+        uid = job["metadata"]["uid"]
+        group = self.jobs[uid]
+        pods = [p for p in self.history if p.uid == uid and p.obj["metadata"]["labels"].get(
             "adaptdl/group", str(group)) == str(group)]
         status = status_of(job, pods)
         if job["kind"] == "AdaptDLJob" and status["phase"] == "Stopping" and all(p.done.is_set() for p in pods):
-            self.jobs[path] = group + 1
+            self.jobs[uid] = group + 1
             with self.api._lock:
                 self.api.pods = [p for p in self.api.pods if all(p is not pod.obj for pod in pods)]
             for pod in pods:
@@ -354,6 +364,13 @@ class PodRunner:
         thread.start()
 
     def _run_pod(self, pod: Pod, operator_env: Dict[str, str]) -> None:
+        try:
+            self._run_containers(pod, operator_env)
+        except Exception as err:  # a test equipment fault: shown by describe(), the pod stays Pending
+            pod.error = str(err)
+            pod.done.set()
+
+    def _run_containers(self, pod: Pod, operator_env: Dict[str, str]) -> None:
         spec = pod.obj["spec"]
         container = spec["containers"][0]
         options = ["--network", "host", "--hostname", pod.name, *self._volumes(pod, container)]
@@ -369,7 +386,7 @@ class PodRunner:
         image = self.images.get(container.get("image", ""), self.image)
         while not pod.deleted:
             pod.container = self.containers.start(image, *options, command=container.get("args", []), env=env,
-                                                  name=f"{pod.name}-{pod.restarts}-{id(self) % 10000}")
+                                                  name=f"{pod.name}-{uuid.uuid4().hex[:8]}")
             self._set_status(pod, "Running", {"running": {}})
             pod.exit_code = self.containers.wait(pod.container, timeout=3600)
             again = policy == "Always" or (policy == "OnFailure" and pod.exit_code != 0)

@@ -9,6 +9,8 @@ left running (the `containers` fixture).
 """
 from __future__ import annotations
 
+import json
+import sqlite3
 import subprocess
 import textwrap
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 import yaml
 
 from containers_util import containers, image, needs_podman, torch_image  # noqa: F401 (fixtures)
-from experiment_util import cli, experiment_id, start_cli, stored, trial_status
+from experiment_util import cli, experiment_id, reported, start_cli, stored, trial_status
 from harness import wait_until
 from k8s_fake_api import FakeApiServer
 from pod_runner import PodRunner, host_address
@@ -84,8 +86,29 @@ def run_to_the_end(config: Path, runner: PodRunner) -> str:
     return experiment_id(out.splitlines()[0])
 
 
-def finals(home: Path, trial: str) -> list:
-    return stored(home, trial.rpartition("-")[0], "SELECT value FROM records WHERE trial=? AND type=?", trial, "FINAL")
+def start_run(config: Path) -> tuple:
+    """`trialkit run` in the background: (process, the experiment's id)."""
+    proc = start_cli("run", config)
+    first = proc.stdout.readline()
+    if not first:
+        proc.wait()
+        raise AssertionError(proc.stderr.read())
+    return proc, experiment_id(first)
+
+
+def finish_run(proc: subprocess.Popen, runner: PodRunner) -> None:
+    """Wait for a background `trialkit run` to end well; what went wrong, with the pods' side, if not."""
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as late:
+        raise AssertionError(f"not done after {TIMEOUT} s: {late.output}\n{runner.describe()}") from None
+    assert proc.returncode == 0, out + err + runner.describe()
+
+
+def metric_values(home: Path, trial: str) -> list:
+    """The trial's final results as stored: one, if each was stored once."""
+    rows = stored(home, trial.rpartition("-")[0], "SELECT value FROM records WHERE trial=? AND type=?", trial, "FINAL")
+    return [json.loads(value) for (value,) in rows]
 
 
 def logs(trial: str, rank: int) -> str:
@@ -103,9 +126,120 @@ def test_pytorchjob_master_and_worker_over_gloo(cluster, containers, torch_image
         trial = f"{exp}-00000"
         home = tmp_path / "home"
         assert trial_status(home, trial) == "SUCCEEDED"
-        assert [value for (value,) in finals(home, trial)] == ["3.0"] or len(finals(home, trial)) == 1
-        assert sorted(runner.pods) == sorted(p for p in runner.pods if p.endswith(("-master-0", "-worker-0")))
+        assert metric_values(home, trial) == [3.0]
+        assert sorted(name.rsplit("-", 2)[-2] for name in runner.pods) == ["master", "worker"]
         assert all(pod.exit_code == 0 for pod in runner.pods.values())
         assert "rank 0 of 2: sum 3.0" in logs(trial, 0)
         worker = next(name for name in runner.pods if name.endswith("-worker-0"))
         assert "rank 1 of 2: sum 3.0" in runner.logs(worker)
+
+
+# Two task roles: each says who it is; the worker (the reporting role) reports x.
+TWO_ROLES = """
+import os, trialkit
+role = os.environ["FC_TASKROLE_NAME"]
+print(f"task {role}-{os.environ['FC_TASK_INDEX']} runs", flush=True)
+x = trialkit.get_next_parameter()["x"]
+if role == "worker":
+    trialkit.report_final_result(x)
+"""
+
+
+def test_frameworkcontroller_with_two_task_roles(cluster, containers, image, tmp_path):
+    section = {"platform": "frameworkcontroller",
+               "taskRoles": [{"name": "ps", "taskNumber": 1}, {"name": "worker", "taskNumber": 1}]}
+    config, code = experiment_config(tmp_path, TWO_ROLES, section)
+    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
+        exp = run_to_the_end(config, runner)
+        trial, home = f"{exp}-00000", tmp_path / "home"
+        assert trial_status(home, trial) == "SUCCEEDED"
+        assert metric_values(home, trial) == [3]
+        assert sorted(name.rsplit("-", 2)[-2] for name in runner.pods) == ["ps", "worker"]
+        shipped = cli("trial", "logs", trial)
+        assert shipped.returncode == 0 and "task worker-0 runs" in shipped.stdout, shipped.stdout + shipped.stderr
+        ps = next(name for name in runner.pods if "-ps-" in name)
+        assert "task ps-0 runs" in runner.logs(ps)  # not shipped: only the reporting task's keeper ships today
+
+
+# Counts steps from its checkpoint; on SIGTERM saves the step and exits 143 (AdaptDL's convention).
+RESUMABLE = """
+import os, pathlib, signal, sys, time, trialkit
+saved = pathlib.Path(trialkit.checkpoint_dir()) / "step"
+step = int(saved.read_text()) if saved.exists() else 0
+print(f"restart {os.environ.get('ADAPTDL_NUM_RESTARTS', os.environ.get('TRIALKIT_RESTART_COUNT'))} from step {step}",
+      flush=True)
+def checkpoint(signum, frame):
+    saved.write_text(str(step))
+    print(f"checkpoint at step {step}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, checkpoint)
+x = trialkit.get_next_parameter()["x"]
+while step < 30:
+    step += 1
+    if step % 5 == 0:
+        trialkit.report_intermediate_result(step)
+    time.sleep(0.1)
+trialkit.report_final_result(x)
+"""
+
+
+def progress(home: Path, trial: str) -> int:
+    """The trial's intermediate results stored so far (0 before its store exists)."""
+    try:
+        return reported(home, trial)
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_adaptdljob_rescaled_resumes_from_its_checkpoint(cluster, containers, image, tmp_path):
+    section = {"platform": "adaptdl", "adaptive": True,
+               "checkpoint": {"storageClass": "local", "storageSize": "1Gi"}}
+    config, code = experiment_config(tmp_path, RESUMABLE, section)
+    home = tmp_path / "home"
+    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
+        proc, exp = start_run(config)
+        trial = f"{exp}-00000"
+        try:
+            wait_until(lambda: progress(home, trial) >= 1, TIMEOUT, "the trial's first steps")
+            first = next(iter(runner.pods))
+            runner.delete_pod(first)  # AdaptDL's rescale: the pod goes, the job restarts from the checkpoint
+            runner.wait_for(lambda pods: len(pods) == 2 and pods[first].done.is_set(), TIMEOUT, "a new group")
+            finish_run(proc, runner)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert runner.pods[first].exit_code == 143 and "checkpoint at step" in runner.logs(first)
+        again = next(name for name in runner.pods if name != first)
+        resumed = runner.logs(again).split("restart 1 from step ", 1)[1].split()[0]
+        assert 5 <= int(resumed) < 30, runner.logs(again)
+        assert trial_status(home, trial) == "SUCCEEDED" and metric_values(home, trial) == [3]
+        assert "checkpoint at step" in cli("trial", "logs", trial).stdout
+
+
+def test_pause_then_activate_keeps_progress(cluster, containers, image, tmp_path):
+    section = {"platform": "kubeflow", "master": {"replicas": 1},
+               "checkpoint": {"storageClass": "local", "storageSize": "1Gi"}}
+    config, code = experiment_config(tmp_path, RESUMABLE, section)
+    home = tmp_path / "home"
+    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
+        proc, exp = start_run(config)
+        trial = f"{exp}-00000"
+        try:
+            wait_until(lambda: progress(home, trial) >= 1, TIMEOUT, "the trial's first steps")
+            paused = cli("trial", "pause", trial)
+            assert paused.returncode == 0, paused.stderr
+            runner.wait_for(lambda pods: runner.history[0].done.is_set(), TIMEOUT, "the paused pod to end")
+            # The control plane learns of the end at its next look at the job: until then the trial is running.
+            wait_until(lambda: cli("trial", "activate", trial).returncode == 0, TIMEOUT, "the trial to activate",
+                       every=0.5)
+            finish_run(proc, runner)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        first, again = runner.history
+        assert first.exit_code == 143 and first.name == again.name, runner.describe()
+        resumed = runner.logs(again).split(" from step ", 1)[1].split()[0]
+        assert 5 <= int(resumed) < 30, runner.logs(again)
+        assert trial_status(home, trial) == "SUCCEEDED" and metric_values(home, trial) == [3]
