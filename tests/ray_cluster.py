@@ -140,8 +140,9 @@ class RayCluster:
             "--include-dashboard", "true", "--dashboard-port", str(self.dashboard_port),
         ])
 
-    def start_node(self, name: str = "node2", cpus: int = NODE2_CPUS) -> RayNode:
-        return self._start(name, cpus, ["--address", self.address])
+    def start_node(self, name: str = "node2", cpus: int = NODE2_CPUS, gpus: int = 0) -> RayNode:
+        """A node joining the head; `gpus`: GPUs Ray counts and hands out by index, none of them real."""
+        return self._start(name, cpus, ["--address", self.address] + (["--num-gpus", str(gpus)] if gpus else []))
 
     def _start(self, name: str, cpus: int, args: List[str]) -> RayNode:
         assert name not in self.nodes, f"{name} is running"

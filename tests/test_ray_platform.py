@@ -5,6 +5,7 @@ to a real manager server; stop() reaches the trial through its keeper.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -197,3 +198,52 @@ def test_an_experiment_of_a_few_trials_on_the_ray_platform(ray_cluster, tmp_path
         assert row["final"] == row["parameters"]["x"]
         assert row["intermediate"] == [row["parameters"]["x"]] * 2
     ray_cluster.wait_clean()
+
+
+GPU_TRIAL = "import os, time; print('gpus', os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True); time.sleep(3)"
+
+
+@pytest.mark.slow
+def test_trials_get_the_gpus_ray_gives_their_bundle(connected, tmp_path):
+    """A node whose two GPUs Ray counts (none real, which Ray does not check): two trials of one GPU each,
+    placed there at once, each with its own CUDA_VISIBLE_DEVICES: the index Ray gave its bundle."""
+    connected.start_node("gpus", cpus=1, gpus=2)
+    manager = Manager(tmp_path / "manager").start()
+    code = tmp_path / "code"
+    code.mkdir()
+    section = {"platform": "ray", "address": connected.address, "cpusPerTrial": 0.1, "gpusPerTrial": 1}
+    platform = load("ray").Platform(parse_section(section, WHERE), tmp_path / "exp")
+    try:
+        specs = [spec(name, GPU_TRIAL, code, manager) for name in ("gpu0", "gpu1")]  # the code, before it ships
+        handles = [platform.submit(item) for item in specs]
+        ends = [final(platform, handle) for handle in handles]
+        assert [end.status for end in ends] == [SUCCEEDED, SUCCEEDED], ends
+        lines = [_read(tmp_path / "exp" / "trials" / handle / "stdout.log").split() for handle in handles]
+        assert sorted(line[1] for line in lines) == ["0", "1"], lines
+    finally:
+        manager.close()
+        connected.stop_node("gpus")
+
+
+def test_a_runner_sees_each_keeper_exit_while_many_others_run():
+    """An agent's keepers are waited for on its event loop, not each in a thread of asyncio's pool
+    (min(32, CPUs + 4) threads: on 2 CPUs the seventh keeper's exit went unseen while six ran on)."""
+    import asyncio
+    import signal
+
+    from trialkit.process import signal_group, spawn
+    from trialkit.ray.trial_actor import _exit_code
+
+    async def race():
+        running = [spawn(["sleep", "60"]) for _ in range(os.cpu_count() + 8)]
+        quick = spawn(["sh", "-c", "exit 3"])
+        try:
+            waits = [asyncio.ensure_future(_exit_code(child)) for child in running + [quick]]
+            done, _ = await asyncio.wait(waits, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+            return [task.result() for task in done]
+        finally:
+            for child in running:
+                signal_group(child.pgid, signal.SIGKILL)
+            await asyncio.gather(*waits)
+
+    assert asyncio.run(race()) == [3]

@@ -197,6 +197,11 @@ class Platform(PlatformBase):
                                 runtime_env=connect.runtime_env(self._shipped, self.config.runtime_env))
             self._agent_class = ray.remote(NodeAgent)
             threading.Thread(target=self._start_placed, name="ray-trial-starter", daemon=True).start()
+            # Each agent's worker starts now, beside Ray placing the first trials, not after; one that
+            # gets no trial leaves IDLE_SECONDS after it started.
+            for node in cluster.alive_nodes():
+                if node.cpus >= self.config.cpus_per_trial and node.gpus >= self.config.gpus_per_trial:
+                    self._agent(node.node_id)
         return self._agent_class
 
     def _context(self, code_dir: Optional[str]) -> Optional[str]:
@@ -289,7 +294,10 @@ class Platform(PlatformBase):
             self._retry(trial, f"its node's agent is gone: {_first_line(err)}")
             return
         except ray.exceptions.RayError as err:
-            self._start_failed(trial, f"its node's agent could not start it: {_first_line(err)}")
+            # A RayTaskError's own first line names only the call; its cause says what went wrong.
+            cause = getattr(err, "cause", None) or err
+            self._start_failed(trial, f"its node's agent could not start it: {type(cause).__name__}: "
+                                      f"{_first_line(cause)}")
             return
         with self._lock:
             trial.starting = False
@@ -323,6 +331,7 @@ class Platform(PlatformBase):
                 name=agent_name(self._key, node), namespace=cluster.NAMESPACE, lifetime="detached",
                 get_if_exists=True, num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote(f"trialkit agent {node[:8]}")
+            agent.hello.remote()
         return agent
 
     def _follow(self, trial: _Trial) -> None:

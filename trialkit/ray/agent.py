@@ -92,9 +92,13 @@ class NodeAgent:
 
         # A task with no CPU in the bundle: Ray gives it the bundle's GPUs. max_calls=0 lets a worker serve
         # it again (Ray's default for GPU tasks is a fresh worker each time: the very cost the agent avoids).
-        probe = ray.remote(gpu_ids).options(num_cpus=0, num_gpus=gpus, max_calls=0,
-                                            scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0))
+        probe = ray.remote(num_cpus=0, num_gpus=gpus, max_calls=0)(gpu_ids).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0))
         return await probe.remote()
+
+    async def hello(self) -> None:
+        """Answered once the agent runs; from then on its idle clock runs."""
+        self._touch()
 
     async def started(self, handle: str) -> int:
         return await self._runner(handle).started()

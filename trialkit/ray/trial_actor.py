@@ -70,6 +70,22 @@ def _waitpid(child: Child) -> int:
     return child.exit_code
 
 
+async def _exit_code(child: Child) -> int:
+    """The child's exit code, once it has exited. A pidfd on the event loop says when, holding no thread:
+    asyncio.to_thread's pool has min(32, CPUs + 4) threads, and an agent's 25 keepers waiting in it would
+    leave the later ones' exits unseen until earlier keepers ended."""
+    loop = asyncio.get_running_loop()
+    fd = os.pidfd_open(child.pid)
+    exited = loop.create_future()
+    loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+    try:
+        await exited
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return _waitpid(child)  # at once: it has exited
+
+
 def exit_worker() -> None:
     # Ends this worker, which gives the actor's resources back (a detached actor is never released otherwise).
     os._exit(0)
@@ -123,7 +139,7 @@ class TrialRunner:
         return self._child.pid
 
     async def _reap(self, child: Child, result: asyncio.Future) -> None:
-        code = await asyncio.to_thread(_waitpid, child)
+        code = await _exit_code(child)
         final = StatusFile.previous(self._status_path) or {}
         if final.get("status") not in FINAL_STATUSES:  # the keeper was killed before it could say
             final = {"reason": f"the keeper ended ({describe_exit(code)}) before the trial did"}
