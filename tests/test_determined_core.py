@@ -321,3 +321,18 @@ def test_a_trial_class_entrypoint_runs_the_class(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     row = export(experiment_id(done.stdout.splitlines()[0]))[0]
     assert row["status"] == "SUCCEEDED" and row["final"] == 0.5
+
+
+def test_the_cluster_info_gives_nested_hyperparameters_data_and_ids(tmp_path):
+    settings = {"searcher": {"name": "single", "metric": "loss"}, "data": {"bucket": "b"}}
+    done = shim_python(tmp_path, "import json, determined as det\ninfo = det.get_cluster_info()\n"
+                       "print(json.dumps([info.trial.hparams, info.user_data, info.trial.trial_id, "
+                       "info.latest_checkpoint, info.slot_ids, info.container_addrs, info.container_rank]))",
+                       TRIALKIT_KEEPER_PID="1", TRIALKIT_SEQUENCE="7", TRIALKIT_SLOTS_PER_NODE="2",
+                       TRIALKIT_PARAMETERS=json.dumps({"optimizer": {"_name": "optimizer", "lr": 0.1}, "layers": 2}),
+                       TRIALKIT_DETERMINED=base64.urlsafe_b64encode(json.dumps(settings).encode()).decode())
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [{"optimizer": {"lr": 0.1}, "layers": 2}, {"bucket": "b"}, 7, None, [0, 1],
+                                       ["127.0.0.1"], 0]
+    off_cluster = shim_python(tmp_path, "import determined as det; print(det.get_cluster_info())")
+    assert off_cluster.stdout == "None\n"  # as Determined's, run by hand
