@@ -256,3 +256,18 @@ def test_asha_judges_plain_intermediate_results_by_their_position():
     assert not asha.should_stop("a", [(None, 0.9), (None, 0.9)])
     assert not asha.should_stop("b", [(None, 0.95)])  # rung 1 (position 1): the better of two
     assert asha.should_stop("b", [(None, 0.95), (None, 0.1)])  # rung 2 (position 2): [0.9, 0.1]: stopped
+
+
+def test_an_older_asha_config_rungs_on_max_length_in_steps_completed(tmp_path):
+    config = parse(tmp_path, searcher={"name": "adaptive_asha", "metric": "acc", "smaller_is_better": False,
+                                       "max_length": {"batches": 1000}, "max_trials": 16, "mode": "aggressive",
+                                       "max_concurrent_trials": 2})
+    assert config.assessor.class_args == {"optimize_mode": "maximize", "metric": "acc", "time_metric": None,
+                                          "max_time": 1000, "max_trials": 16, "mode": "aggressive",
+                                          "max_concurrent_trials": 2}
+    assert config.trial_concurrency == 2
+    asha = build_assessor("ASHA", config.assessor.class_args)
+    at = {"group": "validation", "steps_completed": 500, "metrics": {"acc": 0.9}}
+    assert asha.step_value(at) == (500, 0.9)
+    with pytest.raises(UserError, match="go together"):
+        parse(tmp_path, searcher={"name": "adaptive_asha", "metric": "a", "max_trials": 4, "max_time": 10})
