@@ -30,8 +30,9 @@ os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + os.environ.get("PATH
 # started before it then cannot join. The tests' clusters are on loopback: no tokens.
 os.environ["RAY_AUTH_MODE"] = "disabled"
 
-# The session's one Ray cluster (`ray_cluster`), shared by every Ray test module.
-pytest_plugins = ["ray_cluster"]
+# The session's one Ray cluster (`ray_cluster`), shared by every Ray test module; the trial images
+# (`image`, `torch_image`, built once a session) and the `containers` fixture of the container tests.
+pytest_plugins = ["ray_cluster", "containers_util"]
 
 
 def tagged_processes(tag: str):

@@ -1,5 +1,8 @@
 """Real containers for the tests marked `containers`: the trial image, podman, and what a run leaves.
 
+Registered as a plugin by conftest.py (one session-wide build): use the
+fixtures by name, do not import them (an import makes a second fixture).
+
 - `image` (session fixture): the CPU trial image, built once by images/build.sh
   (cached under ~/.cache/trialkit, keyed by its inputs); `torch_image` the same
   with torch. The tests are skipped, with the reason, where podman, runc or

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from containers_util import containers, image, needs_podman, podman  # noqa: F401 (fixtures)
+from containers_util import needs_podman, podman
 from harness import wait_until
 from trialkit.statuses import PREEMPTED, SUCCEEDED, USER_CANCELED
 

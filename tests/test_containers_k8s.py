@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from containers_util import containers, image, needs_podman, torch_image  # noqa: F401 (fixtures)
+from containers_util import needs_podman
 from experiment_util import cli, experiment_id, reported, start_cli, stored, trial_status
 from harness import wait_until
 from k8s_fake_api import FakeApiServer
