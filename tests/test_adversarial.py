@@ -4,16 +4,23 @@ never a traceback; the server goes on serving.
 """
 from __future__ import annotations
 
+import http.server
+import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
-import time
+import threading
+from contextlib import closing
 
 import pytest
 
-from harness import wait_until
+from harness import child_environ
+from trialkit.control.admin import ManagerInfo, write_info
 from trialkit.manager.store import Store
+from trialkit.process import start_ticks
+from web_util import fill
 
 PYTHON = sys.executable
 
@@ -71,3 +78,179 @@ def test_a_flood_of_malformed_requests_is_one_counted_line_not_tracebacks(manage
     said = [line for line in err.splitlines() if "bad request" in line]
     assert len(said) == 1 and "1 bad request(s) refused so far" in said[0], err[:3000]
     assert err.count("\n") == 1, err[:3000]
+
+
+# ---------------------------------------------------------------- the command line
+
+LONG_ID = "x" * 5000
+KUBEFLOW = ("searchSpace: {lr: {_type: loguniform, _value: [0.001, 0.1]}}\n"
+            "tuner: {name: Random}\n"
+            "trainingService:\n"
+            "  platform: kubeflow\n"
+            "  managerAddress: 10.0.0.5\n"
+            "  master: {replicas: 1, command: python3 train.py, image: example/train:1}\n")
+LOCAL = ("searchSpace: {x: {_type: choice, _value: [1]}}\ntrialCommand: python3 -c pass\nmaxTrialNumber: 1\n"
+         "tuner: {name: Random}\n")
+
+
+def run_cli(home, *args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "trialkit.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=cwd, env=child_environ(TRIALKIT_HOME=str(home)))
+
+
+def assert_one_line(done: subprocess.CompletedProcess, says: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert says in done.stderr, done.stderr
+
+
+def a_store_whose_config_is_not_json(home) -> str:
+    store = Store.in_dir(home / "experiments" / "abc12345")
+    store.create_experiment("abc12345", config={"experimentName": "n"})
+    store.close()
+    with closing(sqlite3.connect(home / "experiments" / "abc12345" / "trialkit.db")) as db:
+        db.execute("UPDATE experiments SET config='{not json'")
+        db.commit()
+    return "abc12345"
+
+
+# (name, the arguments (a callable of tmp_path for the ones that need files), what the one line says)
+CLI_CASES = [
+    ("a 5000-character experiment id", ["experiment", "show", LONG_ID], "is not an experiment id"),
+    ("a 5000-character id to trial list", ["trial", "list", LONG_ID], "is not an experiment id"),
+    ("a 5000-character trial id", ["trial", "show", LONG_ID + "-00001"], "is not a trial id"),
+    ("a 5000-character id to ui", ["ui", LONG_ID], "is not an experiment id"),
+    ("an experiment id that is a path", ["experiment", "export", "../../etc"], "is not an experiment id"),
+    ("a store whose config is not JSON",
+     lambda tmp: ["experiment", "show", a_store_whose_config_is_not_json(tmp / "home")], "config is not JSON"),
+    ("render a trial far past any run", lambda tmp: ["render", write(tmp / "k.yml", KUBEFLOW), "--trial", "1000000000"],
+     "--trial: trial 1000000000 is past what render proposes"),
+    ("render a trial past maxTrialNumber",
+     lambda tmp: ["render", write(tmp / "k.yml", KUBEFLOW + "maxTrialNumber: 3\n"), "--trial", "3"], "pick a number below 3"),
+]
+
+
+def write(path, text: str):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("name, args, says", CLI_CASES, ids=[case[0] for case in CLI_CASES])
+def test_cli_misuse_is_one_line(tmp_path, name, args, says):
+    args = args(tmp_path) if callable(args) else args
+    assert_one_line(run_cli(tmp_path / "home", *args, cwd=tmp_path), says)
+
+
+def test_the_hidden_experiment_id_of_run_cannot_name_a_path(tmp_path):
+    config = write(tmp_path / "c.yml", LOCAL)
+    home = tmp_path / "deep" / "home"
+    done = run_cli(home, "run", config, "--experiment-id", "../../escaped")
+    assert_one_line(done, "--experiment-id: '../../escaped' is not an experiment id")
+    assert not (tmp_path / "deep" / "escaped").exists() and not (tmp_path / "escaped").exists()
+
+
+def test_plot_writes_the_name_given_and_only_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    home = tmp_path / "home"
+    fill(Store.in_dir(home / "experiments" / "abc12345"), "abc12345", trials=3, steps=2)
+    done = run_cli(home, "experiment", "plot", "abc12345", "-o", tmp_path / "plot")
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "plot"), done.stderr
+    assert (tmp_path / "plot").read_bytes().startswith(b"\x89PNG") and not (tmp_path / "plot.png").exists()
+    assert_one_line(run_cli(home, "experiment", "plot", "abc12345", "-o", tmp_path / "out.jpg"),
+                    "-o: the plot is a PNG, not '.jpg' (name it out.png)")
+    assert not (tmp_path / "out.jpg").exists()
+
+
+class _NotJson(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<html>a proxy's page</html>")
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_an_answer_that_is_not_the_managers_is_one_line(tmp_path):
+    """manager.json names a live process (this one) whose port answers HTML: the admin client says so."""
+    home = tmp_path / "home"
+    Store.in_dir(home / "experiments" / "abc12345").create_experiment("abc12345", config={})
+    server = http.server.HTTPServer(("127.0.0.1", 0), _NotJson)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        info = ManagerInfo("abc12345", os.getpid(), start_ticks(os.getpid()), f"http://127.0.0.1:{port}", port, "tok")
+        write_info(home / "experiments" / "abc12345", info)
+        done = run_cli(home, "experiment", "pause", "abc12345")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+    assert_one_line(done, "is not the manager's (not JSON: b\"<html>a proxy")
+
+
+# ---------------------------------------------------------------- launchers
+
+TRIALS = ("import trialkit\n\n\nclass Fine(trialkit.Trial):\n    def run(self):\n        pass\n\n\n"
+          "class Plain:\n    def run(self):\n        pass\n\n\ndef function():\n    pass\n\n\nVALUE = 3\n")
+LAUNCH_CASES = [
+    ("a class that is no Trial", ["--trial", "trials.py:Plain"], "trials.py:Plain is a class that subclasses nothing"),
+    ("a function", ["--trial", "trials.py:function"], "trials.py:function is a function, not a trialkit.Trial"),
+    ("a value", ["--trial", "trials:VALUE"], "trials:VALUE is a value, not a trialkit.Trial"),
+]
+OVERRIDES = [
+    (["--no-such-option", "1"], "refused the overrides --no-such-option 1: "),
+    (["--nproc_per_node", "abc"], "refused the overrides --nproc_per_node abc: "),
+]
+
+
+@pytest.mark.parametrize("name, args, says", LAUNCH_CASES, ids=[case[0] for case in LAUNCH_CASES])
+def test_a_trial_class_that_is_no_trial_is_refused_before_the_engine(tmp_path, name, args, says):
+    (tmp_path / "trials.py").write_text(TRIALS)
+    done = subprocess.run([PYTHON, "-m", "trialkit.launch.torch_distributed", *args], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path, env=child_environ())
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("overrides, says", OVERRIDES, ids=["unknown option", "bad value"])
+def test_bad_overrides_are_one_line_and_exit_2_without_the_engines_traceback(tmp_path, overrides, says):
+    """torchrun refuses them (argparse's usage, or a traceback of its own): that goes to its log, kept and named."""
+    pytest.importorskip("torch")
+    (tmp_path / "script.py").write_text("print('ran')\n")
+    done = subprocess.run([PYTHON, "-m", "trialkit.launch.torch_distributed", *overrides, "--", "script.py"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=child_environ())
+    assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert says in done.stderr and "ran" not in done.stdout, done.stderr
+    log = done.stderr.rsplit("(its output: ", 1)[1].rstrip(")\n")
+    try:
+        assert "usage:" in open(log).read() or "Traceback" in open(log).read()
+    finally:
+        os.unlink(log)
+
+
+def test_a_failed_worker_is_one_line_without_the_engines_traceback(tmp_path):
+    pytest.importorskip("torch")
+    (tmp_path / "fail.py").write_text("import os, sys\nprint('rank', os.environ['RANK'])\n"
+                                      "sys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    done = subprocess.run([PYTHON, "-m", "trialkit.launch.torch_distributed", "fail.py"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=child_environ(TRIALKIT_SLOTS_PER_NODE="2"))
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == "trialkit.launch.torch_distributed: rank 1 failed with exit code 3 running fail.py\n"
+    assert sorted(done.stdout.splitlines()) == ["[rank=0] rank 0", "[rank=1] rank 1"]
+
+
+# ---------------------------------------------------------------- configs every trial of which failed to start
+
+@pytest.mark.parametrize("holds", ["nothing", "a dangling symlink"])
+def test_a_code_dir_with_no_file_to_copy_still_runs_its_trials(tmp_path, holds):
+    """The local platform copies the code dir into each trial's: an empty copy is still a dir to start in."""
+    code = tmp_path / "code"
+    code.mkdir()
+    if holds == "a dangling symlink":
+        (code / "data").symlink_to(tmp_path / "gone")
+    config = write(tmp_path / "c.yml", LOCAL + f"trialCodeDirectory: {code}\n")
+    done = run_cli(tmp_path / "home", "run", config)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "SUCCEEDED" in done.stdout.splitlines()[-1], done.stdout[-2000:]

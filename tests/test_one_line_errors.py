@@ -6,6 +6,7 @@ one line on stderr naming what was wrong, no "Traceback".
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,6 +78,13 @@ RUN_CASES = [
     ("a q of 400 digits", space_text(f"searchSpace: {{x: {{_type: quniform, _value: [0, 1, {BIG}]}}}}"),
      "searchSpace.x._value[2]"),
     ("a concurrency of 400 digits", config_text(trialConcurrency=int(BIG)), "trialConcurrency: a whole number"),
+    ("parameters too large for a trial's environment",
+     config_text(searchSpace={"x": {"_type": "choice", "_value": ["a" * 150_000]}}),
+     "searchSpace: a trial's parameters could take 150,"),
+    ("a NUL in the trial command", config_text(trialCommand="python3 -c pass\x00"),
+     "trialCommand: 'python3 -c pass\\x00' holds a NUL character"),
+    ("a lone surrogate in the trial command", json.dumps({**BASE, "trialCommand": "python3 \ud800"}),
+     "trialCommand: 'python3 \\ud800' holds '\\ud800', half of a UTF-16 pair"),
     ("a working dir of 5000 characters", config_text(experimentWorkingDirectory="/tmp/" + "w" * 5000),
      "experimentWorkingDirectory: the path has a part of 5000 bytes"),
     ("a working dir 6000 bytes long", config_text(experimentWorkingDirectory="/tmp/" + "/".join(["w" * 200] * 30)),

@@ -57,7 +57,7 @@ def test_mistakes_are_one_line_and_exit_2(tmp_path, spec, says):
 
 
 def test_an_error_inside_the_users_module_keeps_its_traceback(tmp_path):
-    write(tmp_path, "broken.py", "import no_such_dependency_here\n\n\nclass Anything:\n    pass\n")
+    write(tmp_path, "broken.py", "import trialkit\nimport no_such_dependency_here\n\n\nclass Anything(trialkit.Trial):\n    pass\n")
     done = run_trial(tmp_path, "broken:Anything")
     assert done.returncode == 1
     assert "Traceback" in done.stderr and "No module named 'no_such_dependency_here'" in done.stderr

@@ -100,8 +100,17 @@ def as_bool(value: Any, where: str) -> bool:
 
 
 def as_str(value: Any, where: str) -> str:
+    """A non-empty string that a process's environment, a command line and a file name can carry: no NUL, no
+    lone surrogate (UTF-8 cannot encode one: every trial would fail to start)."""
     if not isinstance(value, str) or not value.strip():
         raise wrong_value("a non-empty string", value, where, "write a string")
+    if "\x00" in value:
+        raise UserError(f"{show(value)} holds a NUL character", where, "remove it")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise UserError(f"{show(value)} holds {value[err.start]!r}, half of a UTF-16 pair, which UTF-8 cannot write",
+                        where, "remove it, or write the whole character") from None
     return value
 
 

@@ -100,8 +100,12 @@ def check_spec(spec: str) -> None:
         raise UserError(f"{where!r} is not a module name", "--trial", FORMAT_HINT)
     else:
         source = _module_source(where)
-    if source is not None and not _may_define(source, name):
+    problem = _not_a_trial(source, name) if source is not None else None
+    if problem == "missing":
         raise UserError(f"{where} has no class {name}", "--trial", "check the class name")
+    if problem is not None:
+        raise UserError(f"{where}:{name} is {problem}, not a trialkit.Trial", "--trial",
+                        "subclass trialkit.Trial and define run()")
 
 
 def _module_source(name: str) -> Optional[str]:
@@ -118,31 +122,48 @@ def _module_source(name: str) -> Optional[str]:
     return spec.origin if spec.origin and spec.origin.endswith(".py") else None
 
 
-def _may_define(path: str, name: str) -> bool:
-    """Whether the file's top level defines, assigns or imports `name` (True when it cannot tell)."""
+_LITERALS = (ast.Constant, ast.List, ast.Dict, ast.Tuple, ast.Set, ast.JoinedStr, ast.ListComp, ast.DictComp)
+
+
+def _not_a_trial(path: str, name: str) -> Optional[str]:
+    """What the file's top level makes `name` when that cannot be a Trial class: "missing", "a function", "a class
+    that subclasses nothing", "a value"; None when it may be one (or the source cannot tell)."""
     try:
         with open(path, "rb") as f:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError, RecursionError):
-        return True  # importing it will say what is wrong
-    found, dynamic = set(), False
+        return None  # importing it will say what is wrong
+    kinds, dynamic = set(), False
     statements = list(tree.body)
     while statements:
         node = statements.pop()
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            found.add(node.name)
             dynamic |= node.name == "__getattr__"
+            if node.name == name:
+                kinds.add(_class_kind(node) if isinstance(node, ast.ClassDef) else "a function")
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            found.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
+                kinds.add("a value" if isinstance(node.value, _LITERALS) and len(targets) == 1 else None)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
                 dynamic |= alias.name == "*"
-                found.add(alias.asname or alias.name.split(".")[0])
+                if (alias.asname or alias.name.split(".")[0]) == name:
+                    kinds.add(None)
         elif isinstance(node, (ast.If, ast.Try, ast.With)):  # definitions under a guard
             statements.extend(getattr(node, "body", []) + getattr(node, "orelse", [])
                               + getattr(node, "finalbody", []) + [s for h in getattr(node, "handlers", []) for s in h.body])
-    return dynamic or name in found
+    if dynamic or None in kinds:
+        return None
+    if not kinds:
+        return "missing"
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _class_kind(node: ast.ClassDef) -> Optional[str]:
+    """None for a class that may subclass Trial (it has a base other than object)."""
+    bases = [b for b in node.bases if not (isinstance(b, ast.Name) and b.id == "object")]
+    return None if bases or node.keywords else "a class that subclasses nothing"
 
 
 def _cwd_on_path() -> None:

@@ -16,6 +16,7 @@ token>`. The CLI and the Python API act through them:
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import json
 import os
 import secrets
@@ -98,12 +99,37 @@ def read_info(experiment_dir: Path) -> Optional[ManagerInfo]:
 
 
 def running_manager(experiment_id: str) -> ManagerInfo:
-    """The running manager of an experiment; UserError when none runs."""
+    """The running manager of an experiment; UserError when none runs, saying whether it ended."""
     info = read_info(paths.experiment_dir(experiment_id))
     if info is None or not info.running():
-        raise UserError(f"experiment {experiment_id} is not running", "EXPERIMENT_ID",
-                        f"resume it with `trialkit experiment resume {experiment_id}`")
+        ended = ended_status(experiment_id)
+        if ended is None:  # interrupted: its manager is gone before its end
+            raise UserError(f"experiment {experiment_id} is not running", "EXPERIMENT_ID",
+                            f"resume it with `trialkit experiment resume {experiment_id}`")
+        results = f"its results: `trialkit experiment show {experiment_id}`"
+        raise UserError(f"experiment {experiment_id} has ended ({ended}): nothing of it runs now", "EXPERIMENT_ID",
+                        results if ended == "DONE" else f"{results}; go on with `trialkit experiment resume {experiment_id}`")
     return info
+
+
+def ended_status(experiment_id: str) -> Optional[str]:
+    """DONE, STOPPED or ERROR: how the stored experiment ended; None while it is not over (it runs, it
+    was interrupted, it is paused) or when there is no store to say."""
+    import sqlite3
+
+    from trialkit.control.loop import DONE, ERROR, STOPPED
+    from trialkit.manager.store import Store
+
+    try:
+        store = Store.reader(paths.experiment_dir(experiment_id) / paths.DB_NAME)
+    except (UserError, sqlite3.DatabaseError):
+        return None
+    try:
+        stored = store.experiment(experiment_id)
+    finally:
+        store.close()
+    status = stored and stored["status"]
+    return status if status in (DONE, STOPPED, ERROR) else None
 
 
 def call(experiment_id: str, method: str, path: str, body: Any = None) -> Any:
@@ -115,16 +141,21 @@ def call(experiment_id: str, method: str, path: str, body: Any = None) -> Any:
     request = urllib.request.Request(f"{scheme}://127.0.0.1:{info.port}{path}", data=data,
                                      method=method, headers={"Authorization": f"Bearer {info.token}",
                                                              "Content-Type": "application/json"})
+    answer = b""
     try:
         with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT, context=_loopback_tls(scheme)) as response:
-            return json.loads(response.read() or b"null")
+            answer = response.read()
+        return json.loads(answer or b"null")
+    except ValueError:  # not the manager's JSON: another program on its port, or a proxy's page
+        raise UserError(f"the answer on port {info.port} is not the manager's (not JSON: {answer[:60]!r})",
+                        experiment_id, "see its manager.log; is another program listening there?") from None
     except urllib.error.HTTPError as err:
         try:
             reason = json.loads(err.read()).get("error", err.reason)
         except (ValueError, AttributeError):
             reason = err.reason
         raise UserError(f"the manager refused: {reason}", experiment_id) from None
-    except OSError as err:
+    except (OSError, http.client.HTTPException) as err:  # HTTPException: what answers is not HTTP
         raise UserError(f"cannot reach the manager of {experiment_id} on port {info.port}: {err}", experiment_id,
                         "see its manager.log") from None
 

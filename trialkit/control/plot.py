@@ -3,16 +3,29 @@
 The first panel draws each trial's intermediate results against their step;
 then one panel per parameter draws the final metric against that parameter's
 value (a choice's options are spread along the axis in their order).
+A panel with nothing to draw says why on it; an experiment with no metric at
+all (every trial failed before reporting) is no plot: `nothing_to_plot` says so.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from trialkit.control.results import flat_parameters, metric_value
 
 COLUMNS = 3
+
+
+def nothing_to_plot(rows: List[Dict[str, Any]]) -> Optional[str]:
+    """Why there is no plot of these trials (none reported a metric), or None when there is one."""
+    if any(row["intermediate"] or row["final"] is not None for row in rows):
+        return None
+    if not rows:
+        return "it has no trials yet"
+    failed = sum(row["status"] == "FAILED" for row in rows)
+    return (f"none of its {len(rows)} trials reported a metric" + (f" ({failed} failed)" if failed else "")
+            + ": see why with `trialkit trial list`")
 
 
 def plot_experiment(rows: List[Dict[str, Any]], title: str, path: Path) -> None:
@@ -36,7 +49,7 @@ def plot_experiment(rows: List[Dict[str, Any]], title: str, path: Path) -> None:
         ax.set_visible(False)
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    figure.savefig(path, dpi=100, format="png")  # at `path` as named: matplotlib adds .png to a name without
     plt.close(figure)
 
 
@@ -46,6 +59,8 @@ def _curves(ax: Any, rows: List[Dict[str, Any]]) -> None:
         points = [(step, value) for step, value in enumerate(values, start=1) if value is not None]
         if points:
             ax.plot(*zip(*points), marker=".", linewidth=1, label=row["trial_id"].rsplit("-", 1)[-1])
+    if not any(row["intermediate"] for row in rows):
+        _empty(ax, "no intermediate results:\nthe trials reported final results only")
     ax.set_title("intermediate results")
     ax.set_xlabel("step")
     ax.set_ylabel("metric")
@@ -67,6 +82,12 @@ def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=30, fontsize="small")
     ax.scatter(xs, ys, s=18)
+    if not xs:
+        _empty(ax, "no final result yet")
     ax.set_title(f"final vs {name}")
     ax.set_xlabel(name)
     ax.set_ylabel("final metric")
+
+
+def _empty(ax: Any, why: str) -> None:
+    ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", color="gray")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -275,7 +276,30 @@ def parse_space(raw: Any, where: str = "searchSpace", allow_empty: bool = False)
     raw = schema.mapping(raw, where)
     if not raw and not allow_empty:
         raise UserError("the search space is empty", where, "add at least one parameter")
-    return _parse_params(raw, where)
+    space = _parse_params(raw, where)
+    size = _largest_point(space)
+    if size > MAX_POINT_BYTES:
+        raise UserError(f"a trial's parameters could take {size:,} bytes of JSON, over the {MAX_POINT_BYTES:,} "
+                        "a trial's environment carries them in (Linux takes at most 128 KiB a variable)", where,
+                        "make the options small: name a file or an index, and read the large data in the trial")
+    return space
+
+
+MAX_POINT_BYTES = 100_000  # TRIALKIT_PARAMETERS, one environment variable: MAX_ARG_STRLEN is 131,072 bytes
+_NUMBER_BYTES = 24  # the longest a float's JSON takes (-1.2345678901234567e-308)
+
+
+def _largest_point(space: "SearchSpace") -> int:
+    """An upper bound of the bytes a point of `space` takes as JSON (records.dumps: ensure_ascii, spaced)."""
+    total = 2
+    for key, param in space.params.items():
+        if isinstance(param, Numeric):
+            value = _NUMBER_BYTES
+        else:
+            value = max(_largest_point(o.space) + len(json.dumps(o.name)) + 12 if isinstance(o, Nested)
+                        else len(json.dumps(o)) for o in param.options)
+        total += len(json.dumps(key)) + 4 + value
+    return total
 
 
 def _parse_params(raw: Mapping, where: str) -> SearchSpace:

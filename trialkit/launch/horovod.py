@@ -4,9 +4,9 @@ Runs horovodrun (horovod.runner.launch) with every slot of every node in -H,
 gloo (MPI when mpirun is present), the overrides after trialkit's options so
 that they win, and every worker under wrap_rank. Horovod stops more cleanly on
 SIGINT than on SIGTERM, so a failure stops the other workers with SIGINT.
-horovodrun decodes and prefixes the workers' output itself (and chokes on
-bytes that are not UTF-8), so wrap_rank writes to the launcher's own stdout and
-stderr instead. On several nodes, horovodrun on node 0 starts every worker
+horovodrun would decode and prefix the workers' output itself (and choke on
+bytes that are not UTF-8): as under every launcher, wrap_rank writes to the
+launcher's own stdout and stderr instead. On several nodes, horovodrun on node 0 starts every worker
 over ssh: the launcher runs there only. On a Ray cluster, trialkit.ray.horovod
 starts the workers without ssh.
 """
@@ -60,7 +60,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         report_and_exit(PROG, err)
     mpi = shutil.which("mpirun") is not None
     command = build_command(topo, launch.overrides, launcher.wrapped(RANK_VARS, launch), mpi)
-    return launcher.supervise(PROG, ENGINE, launch, topo, command, stop_signal=STOP_SIGNAL, share_output=True)
+    return launcher.supervise(PROG, ENGINE, launch, topo, command, stop_signal=STOP_SIGNAL)
 
 
 if __name__ == "__main__":

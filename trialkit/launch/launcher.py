@@ -45,11 +45,11 @@ def wrapped(rank_vars: str, launch: grammar.Launch, python: str = sys.executable
 
 
 def supervise(prog: str, engine: str, launch: grammar.Launch, topo: env.Topology, command: Sequence[str],
-              stop_signal: int = signal.SIGTERM, share_output: bool = False) -> int:
+              stop_signal: int = signal.SIGTERM) -> int:
     """Run the engine under the fail-fast supervisor; the workers see the topology in trialkit's names."""
     environ = {**os.environ, **topo.environ()}
     supervisor = Supervisor(prog, engine, launch.describe(), env.read().grace_seconds,
-                            stop_signal=stop_signal, share_output=share_output)
+                            stop_signal=stop_signal, overrides=launch.overrides)
     return supervisor.run(command, environ)
 
 

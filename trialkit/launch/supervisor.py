@@ -22,17 +22,27 @@ the engine next polls, and reaches every worker itself:
 Then it exits with the first failure's code and one line naming the rank, the
 exit code or signal and the user's script; 0 when every worker exited 0.
 Everything runs in process.EventLoop: no polling, no threads.
+
+The workers write to the launcher's own stdout and stderr (wrap_rank gets
+them over the link); the engine's own output goes to a log file instead, so
+that its banner and the traceback it prints when a worker fails never reach
+the user's terminal before the one line that matters. The log is kept, and
+named with its last line, only when the engine fails before any worker
+starts: then an engine that was given overrides refused them (exit 2).
 """
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import env
+from trialkit.errors import USAGE_EXIT
 from trialkit.launch.link import Connection, Listener
 from trialkit.process import (
     STOP_SIGNALS,
@@ -94,13 +104,14 @@ class Supervisor:
     """Runs one engine command and watches its workers until nothing of them is left."""
 
     def __init__(self, prog: str, engine: str, script: str, grace: float,
-                 stop_signal: int = signal.SIGTERM, share_output: bool = False):
+                 stop_signal: int = signal.SIGTERM, overrides: Sequence[str] = ()):
         self.prog = prog
         self.engine_name = engine
         self.script = script
         self.grace = grace
         self.stop_signal = stop_signal
-        self.share_output = share_output
+        self.overrides = tuple(overrides)  # the user's options for the engine
+        self.engine_log: Optional[str] = None  # the engine's own output
         self.loop = EventLoop()
         self.engine: Optional[Child] = None
         self.workers: Dict[Connection, Worker] = {}
@@ -117,21 +128,29 @@ class Supervisor:
         """Start the engine, serve events until its tree is gone, say how it went."""
         set_child_subreaper()  # workers orphaned by a dying engine come to us, to be swept
         self.loop.install_signal_handlers()
-        listener = Listener(share_fds=(sys.stdout.fileno(), sys.stderr.fileno()) if self.share_output else ())
+        listener = Listener(share_fds=(sys.stdout.fileno(), sys.stderr.fileno()))
+        log_fd, self.engine_log = tempfile.mkstemp(prefix=f"trialkit-{self.engine_name}-", suffix=".log")
+        keep_log = False
         try:
             self.loop.add_reader(listener.sock, lambda: self._on_connect(listener))
             self.loop.on_signal = self._on_signal
             self.loop.on_exit = self._on_exit
             try:
-                self.engine = spawn(argv, env={**environ, env.LAUNCH_SOCKET: listener.path})
+                self.engine = spawn(argv, env={**environ, env.LAUNCH_SOCKET: listener.path}, stdout=log_fd,
+                                    stderr=log_fd)
             except LaunchError as err:
                 print(f"{self.prog}: {err}", file=sys.stderr, flush=True)
                 return err.code
             self.loop.watch(self.engine)
             self.loop.run_until(lambda: self.swept)
             self.loop.run_until(lambda: not self._running(), deadline=time.monotonic() + LINK_EOF_WAIT)
-            return announce(self.prog, self._outcome())
+            outcome = self._outcome()
+            keep_log = outcome[1].endswith(f"(its output: {self.engine_log})")
+            return announce(self.prog, outcome)
         finally:
+            os.close(log_fd)
+            if not keep_log:
+                os.unlink(self.engine_log)
             for peer in self.workers:
                 peer.close()
             listener.close()
@@ -245,10 +264,15 @@ class Supervisor:
                 return 128 + self.stopped_by, f"stopped by {name} running {self.script}"
             return 0, ""
         code = self.engine.exit_code if self.engine else 0
-        if code:
+        if not code:
+            return 0, ""
+        if self.workers:
             return code, f"{self.engine_name} failed with {describe_exit(code)} before any worker did, " \
                          f"running {self.script}"
-        return 0, ""
+        said = f"{_last_line(self.engine_log)} (its output: {self.engine_log})"
+        if self.overrides:  # it stopped before starting anything: what trialkit set works, so the user's did not
+            return USAGE_EXIT, f"{self.engine_name} refused the overrides {shlex.join(self.overrides)}: {said}"
+        return code, f"{self.engine_name} failed with {describe_exit(code)} before starting a worker: {said}"
 
 
 def announce(prog: str, outcome: Tuple[int, str]) -> int:
@@ -272,6 +296,18 @@ def stopped_verdict(signum: int, ended: Iterable[Any]) -> Optional[Tuple[int, st
     if first is None:
         return None
     return first.exit_code, f"stopped by {signal.Signals(signum).name}; rank {first.rank} ended with {first.describe()}"
+
+
+def _last_line(path: Optional[str], limit: int = 300) -> str:
+    """The last line of a log that says something (a traceback's exception, argparse's error)."""
+    try:
+        with open(path or "", "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
+            lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    except OSError:
+        return "no output"
+    last = lines[-1] if lines else "no output"
+    return last if len(last) <= limit else last[:limit - 3] + "..."
 
 
 def _kill(pid: int, signum: int) -> None:

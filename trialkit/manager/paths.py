@@ -14,6 +14,7 @@ from its id alone.
 from __future__ import annotations
 
 import os
+import re
 import string
 from pathlib import Path
 from typing import List, Optional
@@ -42,19 +43,33 @@ def new_experiment_id() -> str:
     return secrets.choice(string.ascii_lowercase) + "".join(secrets.choice(_ALPHABET) for _ in range(7))
 
 
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # new_experiment_id()'s, and room for ids given by hand
+
+
+def check_experiment_id(experiment_id: str, where: str = "EXPERIMENT_ID") -> str:
+    """An id that names one dir under the experiments' root: no path of its own (`../x`), no NUL, not too long."""
+    if not _ID.fullmatch(experiment_id):
+        shown = repr(experiment_id) if len(experiment_id) <= 40 else repr(experiment_id[:37]) + "..."
+        raise UserError(f"{shown} is not an experiment id", where,
+                        "ids are up to 64 letters, digits, '.', '_' or '-'; see `trialkit experiment list`")
+    return experiment_id
+
+
 def trial_id(experiment_id: str, sequence: int) -> str:
     return f"{experiment_id}-{sequence:05d}"
 
 
 def experiment_of(trial: str) -> str:
     experiment, _, sequence = trial.rpartition("-")
-    if not experiment or not sequence.isdigit():
-        raise UserError(f"{trial!r} is not a trial id", "TRIAL_ID", "trial ids look like abcd1234-00003 (see `trialkit trial list EXP`)")
+    if not experiment or not (sequence.isascii() and sequence.isdigit()) or not _ID.fullmatch(experiment):
+        shown = repr(trial) if len(trial) <= 40 else repr(trial[:37]) + "..."
+        raise UserError(f"{shown} is not a trial id", "TRIAL_ID", "trial ids look like abcd1234-00003 (see `trialkit trial list EXP`)")
     return experiment
 
 
 def create_experiment_dir(experiment_id: str, working_directory: Optional[str] = None) -> Path:
     """An experiment's dir, made if new; under `working_directory` when given, linked from the default root."""
+    check_experiment_id(experiment_id, "--experiment-id")
     default = experiments_root() / experiment_id
     path = experiments_root(working_directory) / experiment_id
     try:
@@ -71,7 +86,7 @@ def create_experiment_dir(experiment_id: str, working_directory: Optional[str] =
 
 def experiment_dir(experiment_id: str) -> Path:
     """The dir of an existing experiment; UserError if there is none."""
-    path = experiments_root() / experiment_id
+    path = experiments_root() / check_experiment_id(experiment_id)
     if (path / DB_NAME).exists():
         return path
     raise UserError(f"no experiment {experiment_id!r} under {home() / 'experiments'}", "EXPERIMENT_ID",

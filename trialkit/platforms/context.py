@@ -72,6 +72,7 @@ def collect(code_dir: PathLike) -> List[str]:
 def copy_into(code_dir: PathLike, dest: PathLike) -> Path:
     """Copy the context into dest (created if missing) with modes and mtimes; returns dest."""
     root, out_root = _root(code_dir), Path(dest)
+    out_root.mkdir(parents=True, exist_ok=True)  # an empty context (no file, or dangling links only) too
     for rel in collect(root):
         src, out = root / rel, out_root / rel
         out.parent.mkdir(parents=True, exist_ok=True)
