@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from trialkit import records
 
 SEGMENT_RECORDS = 10_000
-DRAIN_BATCH = 1000  # records read at a time by unacknowledged()
+DRAIN_BATCH = 1000  # records read at a time by read_unacknowledged()
 _RECORD = records.RS + b'{"seq":'  # the seq first: read back without decoding the record
 _CURSOR = records.RS + b'{"cursor":'
 _SUFFIX = ".log"
