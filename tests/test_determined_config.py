@@ -160,6 +160,14 @@ def test_what_trialkit_does_not_do_is_refused_by_name(tmp_path, extra, where):
     assert caught.value.where == where
 
 
+def test_a_description_is_read_as_a_note_and_must_be_text(tmp_path):
+    noted = parse(tmp_path, description="baseline run", name="a")
+    assert (noted.experiment_name, noted.trial_command) == ("a", parse(tmp_path, name="a").trial_command)
+    with pytest.raises(UserError) as caught:
+        parse(tmp_path, description={"not": "text"})
+    assert caught.value.where == "description"
+
+
 def test_an_unsupported_field_is_one_line_and_exit_2(tmp_path):
     config = yaml.safe_load((FIXTURES / "2_checkpoints.yaml").read_text())
     config["min_checkpoint_period"] = {"batches": 100}

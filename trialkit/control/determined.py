@@ -26,7 +26,7 @@ from trialkit.control.assessors import asha_brackets, check_assessor
 from trialkit.errors import UserError
 
 GUIDE = "see docs/migration/determined.md"
-TOP_KEYS = ("name", "entrypoint", "hyperparameters", "searcher", "resources", "max_restarts", "environment",
+TOP_KEYS = ("name", "description", "entrypoint", "hyperparameters", "searcher", "resources", "max_restarts", "environment",
             "bind_mounts", "checkpoint_storage", "data", "trainingService")
 SEARCHERS = ("single", "random", "grid", "adaptive_asha")
 SEARCHER_KEYS = {
@@ -68,6 +68,8 @@ def to_v2(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) -> Di
     }
     if data.get("name") is not None:
         v2["experimentName"] = schema.as_str(data["name"], "name")
+    if data.get("description") is not None:
+        schema.as_str(data["description"], "description")  # a note for people, read and dropped as NNI's is
     if resources.get("priority") is not None:
         v2["priority"] = -resources["priority"]  # Determined runs lower numbers first; trialkit higher ones
     _apply_searcher(v2, searcher, resources)
