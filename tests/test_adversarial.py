@@ -254,3 +254,23 @@ def test_a_code_dir_with_no_file_to_copy_still_runs_its_trials(tmp_path, holds):
     done = run_cli(tmp_path / "home", "run", config)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "SUCCEEDED" in done.stdout.splitlines()[-1], done.stdout[-2000:]
+
+
+def test_a_ray_address_nobody_answers_is_one_line_before_any_trial(tmp_path):
+    pytest.importorskip("ray")
+    with socket.socket() as sock:  # a port of this machine that nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = write(tmp_path / "c.yml", LOCAL.replace("maxTrialNumber: 1", "maxTrialNumber: 3")
+                   + f"trainingService: {{platform: ray, address: '127.0.0.1:{port}'}}\n")
+    done = run_cli(tmp_path / "home", "run", config)
+    assert_one_line(done, f"trainingService.address: cannot reach the Ray cluster at 127.0.0.1:{port}")
+    assert "trial" not in done.stdout, done.stdout  # found before the first trial, not once per trial
+
+
+def test_a_token_with_a_byte_past_ascii_is_401_not_500(manager):
+    """aiohttp reads header bytes past ASCII as surrogates, which no hash takes: the request was a 500."""
+    port, proc = manager
+    answer = send(port, b"GET /api/v1/trials/t/parameters HTTP/1.1\r\nHost: x\r\n"
+                        b"Authorization: Bearer \xe9t\xff\r\nConnection: close\r\n\r\n")
+    assert answer.split(b" ", 2)[1] == b"401", answer[:200]

@@ -109,8 +109,11 @@ class Request:
             raise HttpError(400, f"the body is not JSON: {err}") from None
 
     def bearer(self) -> Optional[str]:
+        """The bearer token; None without one, or for one no token is (tokens are ASCII: a byte past it
+        reaches here as a surrogate, which no hash or comparison takes)."""
         scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
-        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        token = token.strip()
+        return token if scheme.lower() == "bearer" and token and token.isascii() else None
 
 
 Handler = Callable[[Request], Tuple[int, Any]]
