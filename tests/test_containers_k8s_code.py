@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from containers_util import containers, image, needs_podman, podman  # noqa: F401 (fixtures)
+from containers_util import needs_podman, podman  # its fixtures (containers, image) come from conftest
 from pod_runner import PodRunner, host_address
 from test_containers_k8s import cluster, logs, metric_values, run_to_the_end  # noqa: F401 (fixtures)
 from experiment_util import cli, trial_status
