@@ -308,15 +308,11 @@ def cmd_experiment_delete(opts: argparse.Namespace) -> int:
 def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
     from trialkit import platforms
     from trialkit.control.config import parse_config
-    from trialkit.manager.store import Store
     from trialkit.platforms.kubernetes.client import ClusterError
 
     experiment_dir = paths.experiment_dir(opts.experiment_id)
-    store = Store.in_dir(experiment_dir)
-    try:
+    with _store(experiment_dir) as store:
         stored = store.experiment(opts.experiment_id)
-    finally:
-        store.close()
     if stored is None:
         raise UserError(f"the store in {experiment_dir} holds no experiment {opts.experiment_id}", "EXPERIMENT_ID")
     config = parse_config(stored["config"], experiment_dir, source=f"experiment {opts.experiment_id}'s stored config")

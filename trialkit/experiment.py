@@ -447,7 +447,7 @@ class Experiment:
         """Every experiment under TRIALKIT_HOME, as NNI's experiment manifest lists them."""
         out = []
         for experiment_dir in paths.all_experiment_dirs():
-            with closing(Store.in_dir(experiment_dir)) as store:
+            with closing(Store.reader(experiment_dir / paths.DB_NAME)) as store:  # read only on a full disk
                 stored = store.experiment(experiment_dir.name)
             if stored is None:
                 continue
@@ -573,7 +573,7 @@ class Experiment:
         admin.act(self.id, "experiment", "update", body={key: value})
 
     def _store(self) -> "closing[Store]":
-        return closing(Store.in_dir(paths.experiment_dir(self.id)))
+        return closing(Store.reader(paths.experiment_dir(self.id) / paths.DB_NAME))  # read only on a full disk
 
     def _stored(self) -> Dict[str, Any]:
         with self._store() as store:
