@@ -243,3 +243,30 @@ def test_pause_then_activate_keeps_progress(cluster, containers, image, tmp_path
         resumed = runner.logs(again).split(" from step ", 1)[1].split()[0]
         assert 5 <= int(resumed) < 30, runner.logs(again)
         assert trial_status(home, trial) == "SUCCEEDED" and metric_values(home, trial) == [3]
+
+
+HOLD = """
+import time, trialkit
+trialkit.report_intermediate_result(1)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_keeper_still_ends_the_trial_in_the_store(cluster, containers, image, tmp_path):
+    # The keeper records nothing when SIGKILLed (the runtime's stop timeout ran out, the OOM killer):
+    # the platform learns the end from the pod (exit 137) and the job, and the store gets it with the reason.
+    config, code = experiment_config(tmp_path, HOLD, {"platform": "kubeflow", "master": {"replicas": 1}})
+    home = tmp_path / "home"
+    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
+        proc, exp = start_run(config)
+        trial = f"{exp}-00000"
+        try:
+            wait_until(lambda: progress(home, trial) >= 1, TIMEOUT, "the trial to run")
+            runner.kill(next(iter(runner.pods)))
+            proc.communicate(timeout=TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        [(status, code_, reason)] = stored(home, exp, "SELECT status, exit_code, reason FROM trials WHERE id=?", trial)
+        assert (status, code_) == ("FAILED", 137) and "Master replica(s) failed" in reason, (status, code_, reason)
