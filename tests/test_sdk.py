@@ -86,6 +86,8 @@ def test_parameters_inline_or_from_a_file_or_empty(tmp_path):
     assert s.parameters() == {}
     s, _, err = session(tmp_path, **{env.PARAMETERS: "{broken"})
     assert s.parameters() == {} and "cannot read the trial's parameters" in err.getvalue()
+    s, _, err = session(tmp_path, **{env.PARAMETERS: "[1, 2]"})  # JSON, but no names and values: never raised
+    assert s.parameters() == {} and "holds a JSON list" in err.getvalue()
 
 
 def test_should_preempt_turns_true_when_the_stop_file_appears(tmp_path):

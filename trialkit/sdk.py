@@ -198,7 +198,7 @@ class Session:
         try:
             value = {"workers": int(workers), "predicted": {str(int(n)): float(x) for n, x in predicted.items()},
                      "reason": str(reason)}
-        except (AttributeError, TypeError, ValueError, OverflowError) as err:  # None, text, inf: the caller's slip
+        except Exception as err:  # noqa: BLE001 - None, text, inf, an object that raises: never into the caller
             self._warn("elastic", f"a sizing decision is not a count, speedups and a reason ({_show(err)}); it is lost")
             return
         rec = {"type": records.ELASTIC, "time": time.time(), "value": value, **self._ident}
