@@ -253,7 +253,7 @@ def test_detached_run_trial_kill_and_experiment_stop(tmp_path, home):
     assert (home / "experiments" / exp / "manager.log").read_text().startswith(f"started experiment {exp}")
     assert os.stat(home / "experiments" / exp / "manager.json").st_mode & 0o777 == 0o600
     gone = cli("experiment", "stop", exp)
-    assert gone.returncode == 2 and "is not running" in gone.stderr
+    assert gone.returncode == 2 and "has ended (STOPPED): nothing of it runs now" in gone.stderr
 
 
 def test_an_nni_example_config_and_search_space_unchanged(tmp_path):

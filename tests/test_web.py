@@ -363,3 +363,39 @@ def test_the_page_says_when_the_managers_disk_takes_no_writes(tmp_path, browser)
     finally:
         server.stop()
         store.close()
+
+
+def test_a_failed_trials_log_opens_on_stderr_and_the_bare_address_asks_for_the_token(tmp_path, browser):
+    """Issue 31: a failed trial's traceback is on stderr, so its log box shows that first; the bare
+    http://host:port/ (as NNI users open it) asks for the printed URL rather than stand empty and offline."""
+    store = Store.in_dir(tmp_path / "exp")
+    store.create_experiment("failexp", config={"searchSpace": {"x": {"_type": "choice", "_value": [1]}},
+                                               "tuner": {"name": "Random", "classArgs": {"optimize_mode": "maximize"}},
+                                               "trialCommand": "python3 t.py", "trainingService": {"platform": "local"}})
+    trial_dir = tmp_path / "trial"
+    trial_dir.mkdir()
+    (trial_dir / "stdout.log").write_text("loading the data\n")
+    (trial_dir / "stderr.log").write_text("Traceback (most recent call last):\nValueError: bad x\n")
+    store.add_trial("failexp", "failexp-00000", sequence=0, parameters={"x": 1}, token=None, trial_dir=str(trial_dir),
+                    stdout_path=str(trial_dir / "stdout.log"), stderr_path=str(trial_dir / "stderr.log"))
+    store.set_status("failexp-00000", "RUNNING")
+    store.set_status("failexp-00000", "FAILED", exit_code=1, reason="ValueError: bad x")
+    server = ManagerServer(store).start()
+    install(server, store, admin_token="fail-token", read_only=True)
+    try:
+        browser.get(f"{server.url}/")  # a new origin: this tab holds no token for it
+        wait_for(browser, "return document.body.dataset.ready === 'token'", "the token prompt")
+        assert "needs its token" in browser.execute_script("return document.getElementById('needs-token').textContent")
+        browser.find_element("id", "token-input").send_keys(page_url(server, "fail-token"))
+        browser.find_element("css selector", "#needs-token button").click()
+        wait_for(browser, "return document.body.dataset.ready === 'experiments'", "the experiments, with the token")
+        browser.get(f"{server.url}/#/exp/failexp/trial/failexp-00000")
+        browser.refresh()
+        log = wait_for(browser, "const t = document.getElementById('log').textContent; "
+                                "return t.includes('ValueError') && t", "the failed trial's stderr")
+        assert "loading the data" not in log
+        on = browser.execute_script("return document.querySelector('[data-log].on').dataset.log")
+        assert on == "stderr"
+    finally:
+        server.stop()
+        store.close()

@@ -173,7 +173,10 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         f"trials      {len(rows)}" + (f" of {config['maxTrialNumber']}" if config.get("maxTrialNumber") else ""),
     ]
     if info is not None and info.running():
+        from trialkit.web import page_url
+
         lines.append(f"manager     {info.url} (pid {info.pid})")
+        lines.append(f"page        {page_url(info.url, info.token, opts.experiment_id)}")  # the bare address asks for it
     best = best_row(rows, mode)
     if best is not None:
         lines.append(f"best        {best['trial_id']} final={number(metric_value(best['final']))} "
@@ -276,7 +279,12 @@ def cmd_experiment_resume(opts: argparse.Namespace) -> int:
     from trialkit.web import attach_page
 
     if opts.detach:
+        from trialkit.control.run import done_already
+
         experiment_dir = paths.experiment_dir(opts.experiment_id)
+        if admin.ended_status(opts.experiment_id) == "DONE":  # nothing to start in the background
+            print(done_already(opts.experiment_id))
+            return 0
         info = admin.read_info(experiment_dir)
         if info is not None and info.running():
             raise UserError(f"experiment {opts.experiment_id} is running (manager pid {info.pid})", "EXPERIMENT_ID")
@@ -342,13 +350,17 @@ def cmd_experiment_export(opts: argparse.Namespace) -> int:
 
 def cmd_experiment_plot(opts: argparse.Namespace) -> int:
     try:
-        from trialkit.control.plot import plot_experiment
+        from trialkit.control.plot import nothing_to_plot, plot_experiment
         import matplotlib  # noqa: F401 - said here, where the fix can be named
     except ImportError:
         raise UserError("plotting needs matplotlib", "plot", "pip install 'trialkit[control]'") from None
     with _store(paths.experiment_dir(opts.experiment_id)) as store:
         _experiment(store, opts.experiment_id)
         rows = trial_rows(store, opts.experiment_id)
+    why = nothing_to_plot(rows)
+    if why is not None:
+        raise UserError(f"nothing to plot for experiment {opts.experiment_id}: {why}", "EXPERIMENT_ID",
+                        f"`trialkit trial list {opts.experiment_id}` shows each trial's status and reason")
     output = Path(opts.output)
     if output.is_dir():
         output = output / f"{opts.experiment_id}.png"  # -o DIR: the plot goes inside it, as `render -o DIR` does
@@ -427,23 +439,41 @@ def cmd_trial_logs(opts: argparse.Namespace) -> int:
     with _store(experiment_dir) as store:
         _trial(store, opts.trial_id)
         shipped = store.records_for(opts.trial_id, type=records.LOG)
+    if opts.rank is not None and not opts.follow:
+        from trialkit.manager import replica_logs
+
+        replica = replica_logs.read(experiment_dir, opts.trial_id, opts.rank)  # another pod of a multi-pod trial
+        if replica is not None:
+            sys.stdout.write(replica)
+            return 0
     if shipped or opts.rank is not None:
         return _print_shipped_logs(experiment_dir, opts, shipped)
     return _print_log_file(experiment_dir, opts)
 
 
 def _print_shipped_logs(experiment_dir: Path, opts: argparse.Namespace, shipped: List[Dict[str, Any]]) -> int:
+    import re
+
     keep = f"[rank={opts.rank}] " if opts.rank is not None else None
-    last = 0
+    last, printed, ranks = 0, 0, set()
     while True:
         for rec in shipped:
             last = rec["seq"]
             text = rec["value"]["text"]
+            ranks.update(int(rank) for rank in re.findall(r"^\[rank=(\d+)\] ", text, re.M))
             if keep is not None:
                 text = "".join(line for line in text.splitlines(keepends=True) if line.startswith(keep))
+            printed += len(text)
             sys.stdout.write(text)
         sys.stdout.flush()
         if not opts.follow or _trial_over(experiment_dir, opts.trial_id):
+            if opts.rank is not None and opts.rank not in ranks and _trial_over(experiment_dir, opts.trial_id):
+                shown = (f"ranks {min(ranks)} to {max(ranks)} ({len(ranks)} workers)" if ranks
+                         else "no ranks: it was not a distributed trial")
+                raise UserError(f"trial {opts.trial_id} has no rank {opts.rank}: its output has {shown}", "--rank",
+                                "leave --rank out for every line" + (f", or pick one of {sorted(ranks)}" if ranks else ""))
+            if not printed:
+                _say_silent(opts.trial_id)
             return 0
         time.sleep(FOLLOW_PAUSE)
         with _store(experiment_dir) as store:
@@ -458,15 +488,24 @@ def _print_log_file(experiment_dir: Path, opts: argparse.Namespace) -> int:
         raise UserError(f"no log of trial {opts.trial_id} on this machine ({log})", "TRIAL_ID",
                         "a trial on a cluster logs there (kubectl logs); a local trial not started yet has none")
     with open(log, "rb") as f:
+        printed = 0
         while True:
             chunk = f.read(1 << 16)
             if chunk:
+                printed += len(chunk)
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.buffer.flush()
                 continue
             if not opts.follow or _trial_over(experiment_dir, opts.trial_id):
+                if not printed:
+                    _say_silent(opts.trial_id)
                 return 0
             time.sleep(FOLLOW_PAUSE)
+
+
+def _say_silent(trial_id: str) -> None:
+    # On stderr: stdout stays the trial's output, empty, for whoever pipes it.
+    print(f"trial {trial_id} printed nothing (its stdout and stderr are empty)", file=sys.stderr)
 
 
 def cmd_trial_kill(opts: argparse.Namespace) -> int:
@@ -787,7 +826,8 @@ def build_parser() -> ArgumentParser:
                               "start with [rank=N]); for a trial whose keeper shipped nothing, its log file on "
                               "this machine."))
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the trial ends")
-    logs.add_argument("--rank", type=int, metavar="N", help="only the lines of rank N ([rank=N] ...)")
+    logs.add_argument("--rank", type=int, metavar="N", help="only the lines of rank N ([rank=N] ...), or what pod N of a "
+                      "multi-pod Kubernetes trial shipped (its rank: Master 0 then Workers; task roles in order)")
     _trial_id(_command(sub, "kill", cmd_trial_kill, "stop a running trial",
                        "Stop the trial gracefully (SIGTERM path, USER_CANCELED); the tuner's next trial takes "
                        "its place. A waiting or paused trial ends without starting again."))
@@ -804,7 +844,7 @@ def build_parser() -> ArgumentParser:
     sub = job.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     listing = _command(sub, "list", cmd_job_list, "list the jobs in scheduling order",
                        "Position, id, experiment, name, priority, submitted, slots (acquired/needed) and status "
-                       "(SCHEDULED, QUEUED, PAUSED) of the trials of every running experiment.", aliases=["ls"])
+                       "(RUNNING, SCHEDULED: being started, QUEUED, PAUSED) of the trials of every running experiment.", aliases=["ls"])
     listing.add_argument("--experiment", metavar="EXPERIMENT_ID", help="only this experiment's jobs")
     shape = listing.add_mutually_exclusive_group()
     shape.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")

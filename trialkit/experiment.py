@@ -328,6 +328,11 @@ class Experiment:
             raise _not_here("resume", f"finds no experiment {self.id} under {paths.experiments_root()}",
                             "check the id (`trialkit experiment list`), or set TRIALKIT_HOME to where it ran")
         self.load_checkpoint()
+        if admin.ended_status(self.id) == "DONE":  # nothing left to run: as NNI's, it ends DONE, and nothing changes
+            from trialkit.control.run import done_already
+
+            print(done_already(self.id), flush=True)
+            return True
         experiment_dir = paths.experiment_dir(self.id)
         return self._run(lambda: self._launch(["experiment", "resume", self.id], port, RunMode.Background,
                                               experiment_dir), wait_completion)
@@ -532,8 +537,10 @@ class Experiment:
         self._child, self.port, self.url = child, info.port, info.url
         if run_mode is not RunMode.Detach:
             atexit.register(self.stop)
-        print(f"started experiment {self.id}   manager: {info.url}   log: {background.log_path(experiment_dir)}",
-              flush=True)
+        from trialkit.web import page_url
+
+        print(f"started experiment {self.id}   manager: {info.url}   log: {background.log_path(experiment_dir)}\n"
+              f"page: {page_url(info.url, info.token, self.id)}", flush=True)
 
     def _run(self, start: Any, wait_completion: bool) -> Optional[bool]:
         try:

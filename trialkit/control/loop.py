@@ -568,4 +568,7 @@ class Loop:
             best_trial=best.id if best else None,
             best_parameters=best.parameters if best else None,
             disk=self.manager.server.disk.problem,
+            max_trials=self.config.max_trial_number,
+            time_left=(None if self.config.max_experiment_duration is None or self._over()
+                       else max(0.0, self.config.max_experiment_duration - self.elapsed())),
         )

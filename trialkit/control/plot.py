@@ -19,10 +19,8 @@ COLUMNS = 3
 
 def nothing_to_plot(rows: List[Dict[str, Any]]) -> Optional[str]:
     """Why there is no plot of these trials (none reported a metric), or None when there is one."""
-    if any(row["intermediate"] or row["final"] is not None for row in rows):
-        return None
-    if not rows:
-        return "it has no trials yet"
+    if not rows or any(row["intermediate"] or row["final"] is not None for row in rows):
+        return None  # no trial yet: the panels say so
     failed = sum(row["status"] == "FAILED" for row in rows)
     return (f"none of its {len(rows)} trials reported a metric" + (f" ({failed} failed)" if failed else "")
             + ": see why with `trialkit trial list`")
@@ -59,7 +57,9 @@ def _curves(ax: Any, rows: List[Dict[str, Any]]) -> None:
         points = [(step, value) for step, value in enumerate(values, start=1) if value is not None]
         if points:
             ax.plot(*zip(*points), marker=".", linewidth=1, label=row["trial_id"].rsplit("-", 1)[-1])
-    if not any(row["intermediate"] for row in rows):
+    if not rows:
+        _empty(ax, "no trial yet")
+    elif not any(row["intermediate"] for row in rows):
         _empty(ax, "no intermediate results:\nthe trials reported final results only")
     ax.set_title("intermediate results")
     ax.set_xlabel("step")

@@ -33,17 +33,30 @@ class Snapshot(NamedTuple):
     best_trial: Optional[str] = None
     best_parameters: Optional[Dict[str, Any]] = None
     disk: Optional[str] = None  # what is wrong with the experiment's disk, while it takes no writes
+    max_trials: Optional[int] = None  # maxTrialNumber
+    time_left: Optional[float] = None  # of maxExperimentDuration, while the experiment runs
 
-    def line(self) -> str:
-        text = (f"[{duration(self.elapsed)}] {self.done} done, {self.running} running, {self.failed} failed, "
-                f"{self.early_stopped} early-stopped")
-        if self.disk:
-            text = f"DISK: {self.disk} | {text}"
-        if self.canceled:
-            text += f", {self.canceled} canceled"
-        if self.best_value is not None:
-            text += f" | best {number(self.best_value)} ({self.best_trial}: {parameters_text(self.best_parameters or {})})"
-        return text
+    def line(self, width: Optional[int] = None) -> str:
+        """The line. Within `width` columns (a terminal's), counts of 0 are left out and the best trial's
+        parameters shorten; when even that is too long the best comes first, so a cut takes the counts."""
+        ended = self.done + self.failed + self.early_stopped + self.canceled
+        left = "" if self.time_left is None else f", {duration(self.time_left)} left"
+        of = "" if self.max_trials is None else f" of {self.max_trials}"
+        head = f"DISK: {self.disk} | " if self.disk else ""
+        head += f"[{duration(self.elapsed)}{left}]"
+        counts = [(self.done, "done"), (self.running, "running"), (self.failed, "failed"),
+                  (self.early_stopped, "early-stopped")] + ([(self.canceled, "canceled")] if self.canceled else [])
+        shown = counts if width is None else [c for c in counts if c[0] or c[1] == "done"]
+        tally = f"{ended}{of} ended: " + ", ".join(f"{n} {what}" for n, what in shown)
+        if self.best_value is None:
+            return f"{head} {tally}"
+        best = f"best {number(self.best_value)} ({self.best_trial}"
+        if width is None:
+            return f"{head} {tally} | {best}: {parameters_text(self.best_parameters or {})})"
+        room = width - len(head) - len(tally) - len(best) - 7  # " ", " | ", ": ", ")" and the cursor
+        if room >= 12:
+            return f"{head} {tally} | {best}: {parameters_text(self.best_parameters or {}, limit=room)})"
+        return f"{head} {best}) | {tally}"
 
 
 class Progress:
@@ -76,15 +89,19 @@ class Progress:
 
     def update(self, snapshot: Snapshot) -> None:
         if self.tty:
-            self._draw(snapshot.line())
+            self._draw(snapshot.line(self.width()))
             self._flush()
+
+    @staticmethod
+    def width() -> int:
+        return shutil.get_terminal_size().columns
 
     def close(self) -> None:
         self._clear()
         self._flush()
 
     def _draw(self, text: str) -> None:
-        width = shutil.get_terminal_size().columns
+        width = self.width()
         self._live = text if len(text) < width else text[: max(0, width - 2)] + "…"
         self._write(_CLEAR_LINE + self._live)
 
@@ -116,7 +133,7 @@ class Progress:
 def duration(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
-    seconds = int(seconds)
+    seconds = int(round(seconds))  # as the page rounds it: one trial, one duration on every face
     hours, rest = divmod(seconds, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60:02d}:{rest % 60:02d}"
 

@@ -185,7 +185,9 @@ def jobs(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
     groups[QUEUED].sort(key=lambda t: sort_key(t["priority"], t["position"], t["sequence"]))
     return [{"position": position, "id": trial["id"], "experiment": experiment_id,
              "name": config.get("experimentName") or "", "priority": trial["priority"], "submitted": trial["created"],
-             "slots_acquired": needed if state == SCHEDULED else 0, "slots_needed": needed, "status": state}
+             "slots_acquired": needed if state == SCHEDULED else 0, "slots_needed": needed,
+             # SCHEDULED is a trial being started; one that runs reads RUNNING, as in trial list and the page.
+             "status": RUNNING if trial["status"] == RUNNING else state}
             for position, (state, trial) in enumerate((state, t) for state, rows in groups.items() for t in rows)]
 
 

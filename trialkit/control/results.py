@@ -119,13 +119,29 @@ def to_csv(rows: List[Dict[str, Any]]) -> str:
                     + [f"latest.{key}" for key in latest_keys] + [f"param.{key}" for key in params])
     for row in rows:
         flat = flat_parameters(row["parameters"])
-        cells = [metric_cell(row["final"]) if key == "final" else row[key] for key in _ROW_FIELDS]
+        cells = [_csv_cell(key, row[key]) for key in _ROW_FIELDS]
         cells += _key_cells(row["final"], final_keys)
         cells.append(records.dumps([metric_cell(value) for value in row["intermediate"]]))
         cells.append(metric_cell(_latest(row)))
         cells += _key_cells(_latest(row), latest_keys)
         writer.writerow(["" if cell is None else cell for cell in cells] + [flat.get(key, "") for key in params])
     return buffer.getvalue()
+
+
+def _csv_cell(key: str, value: Any) -> Any:
+    """A field as the CSV holds it: times as ISO 8601 with their UTC offset (a spreadsheet reads them; the
+    JSON export keeps the epoch seconds), the duration in seconds to the millisecond, the final's number."""
+    if key == "final":
+        return metric_cell(value)
+    if value is None:
+        return None
+    if key in ("started", "ended"):
+        from datetime import datetime
+
+        return datetime.fromtimestamp(value).astimezone().isoformat(timespec="milliseconds")
+    if key == "duration":
+        return round(value, 3)
+    return value
 
 
 def _latest(row: Dict[str, Any]) -> Any:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 from typing import List, Optional, TextIO, Tuple
 
@@ -71,9 +72,13 @@ def _forget_empty(experiment_dir: Path) -> None:
 
 def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optional[TextIO] = None,
                       page: Optional[PageHook] = None) -> ExperimentResult:
-    """Go on with an interrupted experiment: same id, same store, same manager port unless told otherwise."""
+    """Go on with an interrupted experiment: same id, same store, same manager port unless told otherwise.
+    A DONE one has nothing left to run: it is said, and nothing starts or changes."""
     experiment_dir, info, store, stored, config = _stopped_experiment(experiment_id)
     try:
+        if stored["status"] == DONE:
+            print(done_already(experiment_id), file=out or sys.stdout, flush=True)
+            return ExperimentResult(experiment_id, DONE, config.optimize_mode, trial_rows(store, experiment_id))
         _check_context(config, experiment_dir)
         platform = _platform(config, experiment_dir)
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
@@ -87,6 +92,11 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
         return _run(loop, platform, port or (info.port if info else None), "resumed", page, running)
     finally:
         store.close()
+
+
+def done_already(experiment_id: str) -> str:
+    return (f"experiment {experiment_id} is DONE: it has nothing left to run, and a resume changes nothing "
+            f"(its results: `trialkit experiment show {experiment_id}`; its page: `trialkit ui {experiment_id}`)")
 
 
 def delete_experiment(experiment_id: str) -> List[str]:

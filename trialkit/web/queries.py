@@ -124,11 +124,13 @@ def experiment(db: sqlite3.Connection, experiment_id: str, now: Optional[float] 
     config = _experiment_row(db, experiment_id)["config"]
     max_duration = _number(config.get("maxExperimentDuration"))
     max_trials = _number(config.get("maxTrialNumber"))
+    live = out["status"] in LIVE_EXPERIMENT  # an ended experiment has no time nor trials left: it runs no more
     out.update({
+        "live": live,
         "max_duration": max_duration,
-        "remaining_duration": None if max_duration is None else max(0.0, max_duration - out["elapsed"]),
+        "remaining_duration": None if max_duration is None or not live else max(0.0, max_duration - out["elapsed"]),
         "max_trials": max_trials,
-        "remaining_trials": None if max_trials is None else max(0, int(max_trials) - out["trials"]),
+        "remaining_trials": None if max_trials is None or not live else max(0, int(max_trials) - out["trials"]),
         "parameters": parameter_names(db, experiment_id, config),
         "search_space": config.get("searchSpace"),
         "config": config,

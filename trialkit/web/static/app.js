@@ -255,9 +255,11 @@
         el('div', {class: 'cards'},
           card('Status', el('div', {class: 'big'}, o.status)),
           card('Trials', el('div', {class: 'big'}, o.trials, o.max_trials ? ` / ${o.max_trials}` : ''),
-            el('div', {class: 'muted'}, o.remaining_trials === null ? 'no trial limit' : `${o.remaining_trials} left`)),
+            el('div', {class: 'muted', id: 'trials-left'}, !o.live ? `ended (${o.status})`
+              : o.remaining_trials === null ? 'no trial limit' : `${o.remaining_trials} left`)),
           card('Duration', el('div', {class: 'big'}, fmtDuration(o.elapsed)),
-            el('div', {class: 'muted'}, o.max_duration === null ? 'no time limit'
+            el('div', {class: 'muted', id: 'time-left'}, o.max_duration === null ? 'no time limit'
+              : !o.live ? `limit ${fmtDuration(o.max_duration)}, ended (${o.status})`
               : `of ${fmtDuration(o.max_duration)}, ${fmtDuration(o.remaining_duration)} left`)),
           card('Best metric', el('div', {class: 'big'}, best ? fmtNumber(best.metric) : '—'),
             el('div', {class: 'muted'}, o.optimize_mode,
@@ -440,8 +442,14 @@
       name: plotText(s.id + (s.id === data.best ? ' (best)' : '')),
       line: {width: s.id === top ? 4 : 1.5}, opacity: s.id === top || !top ? 1 : 0.55,
     }));
+    // Trials that report only a final result have no curve: the axes say so rather than stand empty.
+    const none = data.series.every((s) => !s.steps.length);
+    const note = !data.series.length ? 'no trial has reported yet'
+      : 'no intermediate results: these trials reported a final result only';
     await plot(node, traces, {xaxis: {title: {text: 'step'}}, yaxis: {title: {text: 'intermediate result'}},
-      legend: {orientation: 'h', y: -0.2}});
+      legend: {orientation: 'h', y: -0.2},
+      annotations: none ? [{text: note, showarrow: false, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5}] : []});
+    node.dataset.empty = none ? note : '';
   }
 
   // A trial's GPUs over time (trialkit.gpus samples): utilization and memory used, one pair of lines per GPU.
@@ -539,7 +547,7 @@
   class TrialView {
     constructor(exp, trial) {
       this.exp = exp; this.trial = trial; this.key = `trial:${exp}:${trial}`;
-      this.logName = 'stdout'; this.offset = null; this.timer = null; this.rank = '';
+      this.logName = 'stdout'; this.logChosen = false; this.offset = null; this.timer = null; this.rank = '';
     }
     mount(main) {
       crumbs(el('a', {href: '#/'}, 'experiments'), el('a', {href: '#/exp/' + enc(this.exp)}, this.exp),
@@ -574,6 +582,8 @@
       const curvesPath = `${expPath(this.exp)}/curves?trials=${enc(this.trial)}`;
       const [t, curves] = await Promise.all([api(path), api(curvesPath), infoReady]);
       this.data = t;
+      // A failed trial's why (its traceback) is on stderr: show that first, unless a tab was chosen.
+      if (!this.logChosen && t.status === 'FAILED') this.logName = 'stderr';
       this.title.replaceChildren(this.trial, ' ', statusBadge(t.status));
       this.actions.replaceChildren(actionButtons(this.exp, t) || '');
       const fact = (k, v) => [el('dt', {}, k), el('dd', {}, v)];
@@ -608,6 +618,7 @@
     }
 
     switchLog(name) {
+      this.logChosen = true;
       this.logName = name;
       this.offset = null;
       this.log.textContent = '';
@@ -714,7 +725,28 @@
     }
   }
 
+  // The bare address (http://host:port/, as NNI users open it) has no token: ask for the printed URL
+  // (or its token) rather than show an empty, offline page.
+  function askToken() {
+    const input = el('input', {id: 'token-input', size: '60', placeholder: 'http://…/?token=…  or the token'});
+    const take = () => {
+      const text = input.value.trim();
+      let given = text;
+      try { given = new URL(text).searchParams.get('token') || text; } catch (err) { /* the token itself */ }
+      if (!given) return;
+      sessionStorage.setItem(TOKEN_KEY, given);
+      location.reload();
+    };
+    $('main').replaceChildren(el('div', {class: 'panel', id: 'needs-token'},
+      el('h2', {}, 'This page needs its token'),
+      el('p', {}, 'Open the page at the URL trialkit printed where the experiment started (the line ',
+        el('code', {}, 'page: http://…/?token=…'), '; `trialkit experiment show ID` prints it again), or paste it here:'),
+      el('form', {onsubmit: (e) => { e.preventDefault(); take(); }}, input, ' ', el('button', {type: 'submit'}, 'open'))));
+    markReady('token');
+  }
+
   async function start() {
+    if (!token) { askToken(); return; }
     window.addEventListener('hashchange', () => show(false));
     await show(false);
     follow();
