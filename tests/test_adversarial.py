@@ -123,11 +123,22 @@ CLI_CASES = [
     ("an experiment id that is a path", ["experiment", "export", "../../etc"], "is not an experiment id"),
     ("a store whose config is not JSON",
      lambda tmp: ["experiment", "show", a_store_whose_config_is_not_json(tmp / "home")], "config is not JSON"),
+    ("a config that is /dev/zero", ["run", "/dev/zero"], "'/dev/zero' is not a regular file"),
+    ("a config that is a FIFO", lambda tmp: ["run", fifo(tmp / "config.yml")], "config.yml' is not a regular file"),
+    ("a search space file that is a FIFO",
+     lambda tmp: ["run", write(tmp / "c.yml", LOCAL.replace("searchSpace: {x: {_type: choice, _value: [1]}}",
+                                                             f"searchSpaceFile: {fifo(tmp / 'space.json')}"))],
+     "searchSpaceFile: "),
     ("render a trial far past any run", lambda tmp: ["render", write(tmp / "k.yml", KUBEFLOW), "--trial", "1000000000"],
      "--trial: trial 1000000000 is past what render proposes"),
     ("render a trial past maxTrialNumber",
      lambda tmp: ["render", write(tmp / "k.yml", KUBEFLOW + "maxTrialNumber: 3\n"), "--trial", "3"], "pick a number below 3"),
 ]
+
+
+def fifo(path):
+    os.mkfifo(path)  # no writer: reading it would wait for ever
+    return path
 
 
 def write(path, text: str):

@@ -9,7 +9,9 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import re
+import stat
 import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -254,6 +256,7 @@ def _add(problems: List[UserError], err: UserError) -> None:
 
 MAX_DEPTH = 100  # levels of nesting a config may have (a search space nests a few)
 MAX_VALUES = 1_000_000  # values a config may hold once its YAML aliases are expanded (billion laughs)
+MAX_FILE_BYTES = 64 << 20  # a config, a search space or an import file larger than this is not one
 
 
 def read_data_file(path: Path, where: str) -> Any:
@@ -266,10 +269,16 @@ def read_data_file(path: Path, where: str) -> Any:
     refuses (aliases of aliases).
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang the read, /dev/zero never end it
+            raise UserError(f"{show(str(path), 160)} is not a regular file", where, "give the path of a config file")
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise UserError(f"{show(str(path), 160)} is over {MAX_FILE_BYTES >> 20} MiB", where, "give a config file")
+        text = data.decode("utf-8")
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path, or text that is not UTF-8
         reason = getattr(err, "strerror", None) or str(err)
-        raise UserError(f"cannot read {str(path)!r}: {reason}", where, "check the path") from None
+        raise UserError(f"cannot read {show(str(path), 160)}: {reason}", where, "check the path") from None
     try:
         data = json.loads(text, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError):

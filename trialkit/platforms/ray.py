@@ -204,6 +204,17 @@ class Platform(PlatformBase):
                     self._agent(node.node_id)
         return self._agent_class
 
+    def check_ready(self) -> None:
+        """Before the manager starts: a cluster that cannot be reached is one line now, not every trial failed
+        later. Connected once and let go: the first trial connects with the code to ship."""
+        import ray
+
+        if not ray.is_initialized():
+            where = "trainingService.address"
+            connect.connect(connect.parse_address(self.config.address, where), where, log_to_driver=False,
+                            namespace=cluster.NAMESPACE)
+            ray.shutdown()
+
     def _context(self, code_dir: Optional[str]) -> Optional[str]:
         """The experiment's trial context, made once: what Ray ships as the trials' working dir."""
         from trialkit.platforms import context  # pathspec comes with the control plane's extras
