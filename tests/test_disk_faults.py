@@ -372,7 +372,7 @@ def test_an_intact_store_on_a_disk_that_takes_no_writes_is_read_and_never_called
                                        capture_output=True, text=True, timeout=TIMEOUT)
     with tmpfs(home) as disk:
         store = Store.in_dir(disk / "experiments" / "e1")
-        store.create_experiment("e1", config=yaml.safe_load((code / "config.yml").read_text()), status="DONE")
+        store.create_experiment("e1", config=yaml.safe_load((code / "config.yml").read_text()), status="STOPPED")
         store.add_trial("e1", "e1-00000", sequence=0, parameters={"x": 1}, token=None)
         db = disk / "experiments" / "e1" / "trialkit.db"
         kept = ("-wal", "-shm") if fault == "EROFS" else ()
@@ -395,6 +395,6 @@ def test_an_intact_store_on_a_disk_that_takes_no_writes_is_read_and_never_called
         assert "DAMAGED" not in done.stdout + done.stderr and "remove" not in done.stderr, (args, done.stderr)
     for done in (resumed, started):
         assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-        assert "Traceback" not in done.stderr and ("cannot open the store" in done.stderr
-                                                   or "cannot make the experiment's dir" in done.stderr), done.stderr
+        assert "Traceback" not in done.stderr and "damaged" not in done.stderr, done.stderr
+    assert "cannot open the store" in resumed.stderr and "for writing" in resumed.stderr, resumed.stderr
     assert "DAMAGED" not in listed_after.stdout, listed_after.stdout  # a refused start leaves no empty store
