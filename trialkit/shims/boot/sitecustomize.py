@@ -9,7 +9,6 @@ runs afterwards; AdaptDL's boot dir, when on, comes before this one and chains
 to it. Standard library only: trialkit may not be importable here.
 """
 import importlib.machinery
-import importlib.util
 import os
 import sys
 
@@ -48,7 +47,11 @@ def _run_next_sitecustomize():
     rest = [p for p, full in zip(sys.path[after:], paths[after:]) if full != HERE]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is not None and spec.loader is not None:
-        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        # importlib.util.module_from_spec's work, without importing importlib.util (and contextlib) into
+        # every training process at its start.
+        module = type(sys)(spec.name)
+        module.__spec__, module.__loader__, module.__file__ = spec, spec.loader, spec.origin
+        spec.loader.exec_module(module)
 
 
 # By name: a second run of this file (a second boot dir of the same trialkit) has its own class.
