@@ -579,8 +579,30 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
 
 
 def cmd_job_update(opts: argparse.Namespace) -> int:
+    if _names_experiment(opts.trial_id):
+        return _update_experiment_job(opts)
     move = Move(opts.trial_id, priority=opts.priority, ahead_of=opts.ahead_of, behind_of=opts.behind_of)
     _move([move])
+    print(f"updated {opts.trial_id}")
+    return 0
+
+
+def _names_experiment(job_id: str) -> bool:
+    try:
+        paths.experiment_dir(job_id)
+    except UserError:
+        return False
+    return True
+
+
+def _update_experiment_job(opts: argparse.Namespace) -> int:
+    """An experiment's job in the home's resource pool (platforms/pools.py): only its priority, for now."""
+    from trialkit.platforms import pools
+
+    if opts.priority is None:
+        raise UserError("an experiment's job takes a new --priority only", opts.trial_id,
+                        "move its trials within it with --ahead-of/--behind-of and their trial ids")
+    pools.set_priority(opts.trial_id, opts.priority)
     print(f"updated {opts.trial_id}")
     return 0
 
@@ -854,7 +876,9 @@ def build_parser() -> ArgumentParser:
                                 "ahead of or behind another waiting trial of its experiment (it takes that one's "
                                 "priority). A running trial cannot be moved."))
     how = update.add_mutually_exclusive_group(required=True)
-    how.add_argument("--priority", type=int, metavar="N", help="the new priority (higher starts first)")
+    how.add_argument("--priority", type=int, metavar="N",
+                     help="the new priority: a trial's, higher starts first within its experiment; an experiment's "
+                          "(its id as TRIAL_ID), smaller gets the resource pool's next free slots first (default 42)")
     how.add_argument("--ahead-of", metavar="TRIAL_ID", help="start just before this waiting trial")
     how.add_argument("--behind-of", metavar="TRIAL_ID", help="start just after this waiting trial")
     batch = _command(sub, "update-batch", cmd_job_update_batch, "change several jobs at once",

@@ -506,12 +506,20 @@ def _topology_int(e: Mapping[str, str], name: str) -> Optional[int]:
         raise UserError(f"{name}={raw!r} is not a whole number", name, "set it to an integer") from None
 
 
+MAX_SLOTS_PER_NODE = 1024  # workers a launcher starts on one node
+MAX_NODES = 100_000
+
+
 def _check_topology(topo: Topology, e: Mapping[str, str]) -> None:
     from trialkit.errors import UserError
 
     if topo.num_nodes < 1 or topo.slots_per_node < 1:
         raise UserError(f"{topo.num_nodes} nodes x {topo.slots_per_node} slots is no worker at all",
                         f"topology from {topo.source}", f"set {NUM_NODES} and {SLOTS_PER_NODE} to 1 or more")
+    if topo.slots_per_node > MAX_SLOTS_PER_NODE or topo.num_nodes > MAX_NODES:  # else the engine tries to start them
+        raise UserError(f"{topo.num_nodes} nodes x {topo.slots_per_node} slots is more than any machine runs",
+                        f"topology from {topo.source}",
+                        f"give at most {MAX_SLOTS_PER_NODE} workers a node and {MAX_NODES} nodes")
     if not 0 <= topo.node_rank < topo.num_nodes:
         raise UserError(f"node rank {topo.node_rank} is outside 0..{topo.num_nodes - 1}",
                         f"topology from {topo.source}", f"set {NODE_RANK} below {NUM_NODES}")
@@ -535,6 +543,20 @@ def _check_topology(topo: Topology, e: Mapping[str, str]) -> None:
 CHIEF_ROLE = "TRIALKIT_CHIEF_ROLE"
 ROLE = "TRIALKIT_ROLE"
 TASK_INDEX = "TRIALKIT_TASK_INDEX"
+# The rank of the role's task 0 among all the trial's pods (the pods of the roles before it),
+# set by the Kubernetes renderers: a replica's rank is this plus its index in its role.
+RANK_OFFSET = "TRIALKIT_RANK_OFFSET"
+
+
+def replica_rank(environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """This pod's rank among the trial's pods (Kubeflow's Master 0 then Workers 1..; FrameworkController's
+    task roles in order; AdaptDL's replica rank); None outside a multi-pod trial."""
+    e = os.environ if environ is None else environ
+    index = e.get(TASK_INDEX) or e.get("FC_TASK_INDEX")
+    if e.get(RANK_OFFSET, "").isdigit() and (index or "").isdigit():
+        return int(e[RANK_OFFSET]) + int(index)
+    rank = e.get(ADAPTDL["replica_rank"], "")
+    return int(rank) if rank.isdigit() else None
 
 
 def is_reporting_replica(environ: Optional[Mapping[str, str]] = None) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from trialkit import layout, records
-from trialkit.env import TrialEnv, is_reporting_replica
+from trialkit.env import TrialEnv, is_reporting_replica, replica_rank
 from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path
 from trialkit.keeper.spool import Spool
 from trialkit.keeper.status import StatusFile, say, warn
@@ -55,13 +55,18 @@ class Reporter:
         ]
         self.collector = Collector(loop, sources, self._ingest, self._bad, warn, self.trial.restart_count)
         self.collector.collect(drain=True)  # what a previous keeper on this dir had not spooled
-        if self.trial.manager_url and is_reporting_replica():
+        # The reporting replica ships everything; another pod of the trial ships to its rank's route,
+        # where the manager keeps its output (trialkit/manager/replica_logs.py).
+        route = "records" if is_reporting_replica() else None
+        if route is None and replica_rank() is not None:
+            route = f"replicas/{replica_rank()}/records"
+        if self.trial.manager_url and route:
             # Imported here: http.client (with ssl and email) costs a keeper
             # without a manager ~20 ms of start-up for nothing.
             from trialkit.keeper.shipper import Shipper
 
             self.shipper = Shipper(self.spool, self.trial.manager_url, self.trial.trial_id, self.trial.token,
-                                   log=say).start()
+                                   log=say, route=route).start()
 
     def status(self, status: str, **fields: Any) -> None:
         self.status_file.update(status, **fields)

@@ -45,9 +45,11 @@ def backoff(attempt: int) -> float:
 
 
 class Shipper:
-    def __init__(self, spool: Spool, manager_url: str, trial_id: str, token: Optional[str], log=None):
+    def __init__(self, spool: Spool, manager_url: str, trial_id: str, token: Optional[str], log=None,
+                 route: str = "records"):
+        """`route`: under the trial's path; another replica of a multi-pod trial ships to replicas/<rank>/records."""
         self.spool = spool
-        self.url = f"{manager_url.rstrip('/')}/api/v1/trials/{quote(trial_id, safe='')}/records"
+        self.url = f"{manager_url.rstrip('/')}/api/v1/trials/{quote(trial_id, safe='')}/{route}"
         parts = urlsplit(self.url)
         self._connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
         self._netloc, self._path = parts.netloc, parts.path

@@ -13,6 +13,8 @@ Routes (JSON in and out, errors as `{"error": reason}`):
         -> 200 {"parameter_id": ..., "parameters": {...}}
     GET  /api/v1/trials/<trial_id>/archives/<sha256>
         -> 200 a tar.gz the control plane packed for the trial's pods (trialkit/manager/archives.py)
+    POST /api/v1/trials/<trial_id>/replicas/<rank>/records
+        -> 200 {"acked": N, ...}: another replica's output, kept by rank (trialkit/manager/replica_logs.py)
 Every trial route needs `Authorization: Bearer <the trial's token>`: 401 when
 there is none or it is no trial's (the control plane revokes a trial's token when it
 ends), 403 when it is another trial's. The token is checked on the headers,
@@ -69,7 +71,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from aiohttp import web
 
 from trialkit import records
-from trialkit.manager import archives
+from trialkit.manager import archives, replica_logs
 from trialkit.manager.commits import GroupCommit
 from trialkit.manager.disk import DiskWatch
 from trialkit.manager.store import Store, Stored
@@ -181,6 +183,7 @@ class ManagerServer:
             self.router.add("POST", "/api/v1/trials/<trial_id>/records", self._post_records, self._trial_check)
             self.router.add("GET", "/api/v1/trials/<trial_id>/parameters", self._get_parameters, self._trial_check)
             archives.add_route(self.router, store, self._trial_check)  # code and trial side for pods
+            replica_logs.add_route(self.router, store, self._trial_check)  # other replicas' output, by rank
         # The keepers' routes answer in well under a millisecond: they run on the server's loop.
         self._on_loop = {self._post_records, self._get_parameters} if store is not None else set()
         self.disk = DiskWatch(store.path.parent if store is not None else Path("."))

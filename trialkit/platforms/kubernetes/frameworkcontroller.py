@@ -129,6 +129,7 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
     entries = {entry.get("name"): entry for entry in job_spec.get("taskRoles") or []}
     task_roles = []
     claims, mounts, checkpoint_env = k8s.checkpoint_storage(config.common, names, config.storage)
+    offset = 0  # the rank of the role's first task: the task roles' pods in order
     for item in config.task_roles:
         role = item.role
         entry = k8s.role_entry(entries, role.name)
@@ -145,7 +146,7 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
             config.common, spec, names, PLATFORM,
             image=role.image, command=role.command, res=role.resources, where=f"trainingService.taskRoles.{role.name}",
             # Every task runs a keeper with the trial's token: only task 0 of the reporting role ships.
-            extra_env={envnames.CHIEF_ROLE: config.reporting_role, **checkpoint_env},
+            extra_env={envnames.CHIEF_ROLE: config.reporting_role, envnames.RANK_OFFSET: str(offset), **checkpoint_env},
             extra_mounts=mounts, code_dir=role.code_dir,
         )
         pod = k8s.fill_pod(task.get("pod"), plan, CONTAINER)
@@ -153,6 +154,7 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
         pod["spec"]["restartPolicy"] = "Never"
         task["pod"] = pod
         task_roles.append(entry)
+        offset += role.count
     job_spec["taskRoles"] = task_roles
     return k8s.trial_objects(config.common, spec, names, job, claims)
 

@@ -132,6 +132,7 @@ def render(config: KubeflowConfig, spec: TrialSpec) -> List[dict]:
     entries = job_spec.get(operator.replicas_field) or {}
     replica_specs: Dict[str, dict] = {}
     claims, mounts, checkpoint_env = k8s.checkpoint_storage(config.common, names, config.storage)
+    offset = 0  # the rank of the role's first pod: Master 0, then the Workers (a PyTorchJob's RANK)
     for role in config.roles:
         replica_type = operator.replica_types[role.name]
         replica = k8s.role_entry(entries, replica_type)
@@ -141,12 +142,14 @@ def render(config: KubeflowConfig, spec: TrialSpec) -> List[dict]:
             config.common, spec, names, PLATFORM,
             image=role.image, command=role.command, res=role.resources, where=f"trainingService.{role.name}",
             # Every pod runs a keeper with the trial's token: only task 0 of the reporting role ships.
-            extra_env={envnames.CHIEF_ROLE: config.reporting_role, envnames.ROLE: role.name, **checkpoint_env},
+            extra_env={envnames.CHIEF_ROLE: config.reporting_role, envnames.ROLE: role.name,
+                       envnames.RANK_OFFSET: str(offset), **checkpoint_env},
             field_env={envnames.TASK_INDEX: f"metadata.labels['{REPLICA_INDEX_LABEL}']"},
             extra_mounts=mounts, code_dir=role.code_dir,
         )
         replica["template"] = k8s.fill_pod(replica.get("template"), plan, operator.container)
         replica_specs[replica_type] = replica
+        offset += role.count
     job_spec[operator.replicas_field] = replica_specs
     return k8s.trial_objects(config.common, spec, names, job, claims)
 
