@@ -125,6 +125,8 @@ LAUNCH_CASES = [
     ("chief address not of this node", ["script.py"], {"TRIALKIT_CHIEF_ADDR": "no.such.host.invalid"},
      "TRIALKIT_CHIEF_ADDR"),
     ("PET_NNODES not a number", ["script.py"], {"PET_NNODES": "1:x"}, "PET_NNODES"),
+    ("more workers than a machine runs", ["script.py"], {"TRIALKIT_SLOTS_PER_NODE": "99999999999999999999"},
+     "slots is more than any machine runs"),
 ]
 
 
