@@ -236,6 +236,7 @@ class PodRunner:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
         self._threads: List[threading.Thread] = []
+        self.error = ""  # why the runner's loop stopped, if it did
 
     def __enter__(self) -> "PodRunner":
         self._thread.start()
@@ -278,7 +279,7 @@ class PodRunner:
 
     def describe(self, lines: int = 20) -> str:
         """Each pod's phase, exit code and last lines of output: for a failing test's message."""
-        out = []
+        out = [f"the runner stopped: {self.error}"] if self.error else []
         for pod in self.history:
             tail = "\n    ".join(self.logs(pod).splitlines()[-lines:]) if pod.container else ""
             error = f", runner error: {pod.error}" if pod.error else ""
@@ -289,24 +290,32 @@ class PodRunner:
 
     def _loop(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
-            with self.api._lock:
-                jobs = {path: obj for path, obj in self.api.objects.items() if obj.get("kind") in JOB_KINDS}
-            for path, job in jobs.items():
-                if job["metadata"]["uid"] not in self.jobs:
-                    self.jobs[job["metadata"]["uid"]] = 0
-                    self._create_pods(path, job)
-            with self.api._lock:
-                listed = {id(p) for p in self.api.pods}
-                grace = self._last_pod_deletion_grace()
-            for pod in list(self.history):
-                if pod.deleted:
-                    continue
-                if pod.job not in jobs or jobs[pod.job]["metadata"]["uid"] != pod.uid:
-                    self._delete(pod, None)  # the garbage collector: the job went
-                elif id(pod.obj) not in listed:
-                    self._delete(pod, grace)  # the platform deleted it
-            for path, job in jobs.items():
-                self._operate(path, job)
+            try:
+                self._turn()
+            except Exception as err:  # a fault of the runner: describe() shows it, and it stops playing
+                self.error = f"{type(err).__name__}: {err}"
+                return
+
+    def _turn(self) -> None:
+        """One look at the API server: new jobs get pods, deleted pods stop, jobs get their status."""
+        with self.api._lock:
+            jobs = {path: obj for path, obj in self.api.objects.items() if obj.get("kind") in JOB_KINDS}
+        for path, job in jobs.items():
+            if job["metadata"]["uid"] not in self.jobs:
+                self.jobs[job["metadata"]["uid"]] = 0
+                self._create_pods(path, job)
+        with self.api._lock:
+            listed = {id(p) for p in self.api.pods}
+            grace = self._last_pod_deletion_grace()
+        for pod in list(self.history):
+            if pod.deleted:
+                continue
+            if pod.job not in jobs or jobs[pod.job]["metadata"]["uid"] != pod.uid:
+                self._delete(pod, None)  # the garbage collector: the job went
+            elif id(pod.obj) not in listed:
+                self._delete(pod, grace)  # the platform deleted it
+        for path, job in jobs.items():
+            self._operate(path, job)
 
     def _last_pod_deletion_grace(self) -> Optional[int]:
         for request in reversed(self.api.requests):
@@ -323,7 +332,7 @@ class PodRunner:
                       **replica.labels}
             obj = {"apiVersion": "v1", "kind": "Pod",
                    "metadata": {"name": replica.name, "namespace": job["metadata"].get("namespace", "default"),
-                                "labels": labels},
+                                "labels": labels, "uid": uuid.uuid4().hex},
                    "spec": json.loads(json.dumps(template["spec"])), "status": {"phase": "Pending"}}
             pod = Pod(replica.name, path, job["metadata"]["uid"], replica.role, obj)
             self.pods[replica.name] = pod
@@ -438,7 +447,8 @@ class PodRunner:
             if "persistentVolumeClaim" in volume:
                 path = self.workdir / "claims" / volume["persistentVolumeClaim"]["claimName"]
             else:
-                path = self.workdir / "pods" / f"{pod.name}-{pod.job.rsplit('/', 1)[-1]}" / name
+                # Each pod its own: a pod made again under the same name starts empty, as on a cluster.
+                path = self.workdir / "pods" / f"{pod.name}-{pod.obj['metadata']['uid']}" / name
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o777)  # as a kubelet makes an emptyDir: any uid writes there
             for kind in ("configMap", "secret"):
