@@ -75,7 +75,7 @@ def test_kubeflow_seed_config_runs_its_code_dir_in_a_plain_image(cluster, contai
         exp = run_to_the_end(config, runner)
         check_trial(exp, tmp_path / "home", runner)
         assert sorted(name.rsplit("-", 2)[-2] for name in runner.pods) == ["master", "worker", "worker"]
-        for rank in (1, 2):  # the workers' output, shipped by rank beside the master's
+        for rank in (0, 1, 2):  # the master's output (in the store) and the workers' (shipped by rank)
             assert f"trialkit from {SIDE}" in logs(f"{exp}-00000", rank), runner.describe()
 
 

@@ -63,6 +63,9 @@ def test_the_other_replicas_output_is_kept_by_rank_and_read_after_the_pods(trial
     shown = subprocess.run([sys.executable, "-m", "trialkit.cli", "trial", "logs", trial_id, "--rank", "0"],
                            capture_output=True, text=True, env=env, timeout=60)
     assert (shown.returncode, shown.stdout) == (0, "ps says hi\n"), shown.stderr
+    reporting = subprocess.run([sys.executable, "-m", "trialkit.cli", "trial", "logs", trial_id, "--rank", "1"],
+                               capture_output=True, text=True, env=env, timeout=60)
+    assert (reporting.returncode, reporting.stdout) == (0, "worker says hi\n"), reporting.stderr
 
 
 def post(manager, trial_id: str, token: str, batch: list) -> tuple:

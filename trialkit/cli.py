@@ -446,6 +446,8 @@ def cmd_trial_logs(opts: argparse.Namespace) -> int:
         if replica is not None:
             sys.stdout.write(replica)
             return 0
+        if replica_logs.reporting_rank(experiment_dir, opts.trial_id) == opts.rank:
+            opts.rank = None  # the reporting pod: its output is what the trial shipped to the store
     if shipped or opts.rank is not None:
         return _print_shipped_logs(experiment_dir, opts, shipped)
     return _print_log_file(experiment_dir, opts)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from trialkit import records
 
@@ -42,6 +42,20 @@ def read(experiment_dir: Path, trial_id: str, rank: int) -> Optional[str]:
         return log_path(experiment_dir, trial_id, rank).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return None
+
+
+def ranks(experiment_dir: Path, trial_id: str) -> List[int]:
+    """The ranks that shipped here: every pod of the trial but the reporting one (each ships a status at least)."""
+    folder = Path(experiment_dir) / "trials" / trial_id / REPLICAS_DIR
+    found = [path.stem[len("rank-"):] for path in folder.glob("rank-*.log")] if folder.is_dir() else []
+    return sorted(int(rank) for rank in found if rank.isdigit())
+
+
+def reporting_rank(experiment_dir: Path, trial_id: str) -> Optional[int]:
+    """The reporting pod's rank: the one of 0..len(ranks) that did not ship here; None for a one-pod trial."""
+    shipped = ranks(experiment_dir, trial_id)
+    missing = sorted(set(range(len(shipped) + 1)) - set(shipped))
+    return missing[0] if shipped and missing else None
 
 
 def add_route(router: "Router", store: "Store", trial_check: "Check") -> None:
