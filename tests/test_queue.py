@@ -71,7 +71,7 @@ def test_the_job_list_puts_running_first_and_paused_last(tmp_path):
     queue.remove(c)
     store.set_status(c, PREEMPTED)
     assert [(job["id"], job["status"], job["slots_acquired"], job["slots_needed"], job["position"])
-            for job in jobs(store, "q")] == [(a, "SCHEDULED", 1, 1, 0), (b, "QUEUED", 0, 1, 1), (c, "PAUSED", 0, 1, 2)]
+            for job in jobs(store, "q")] == [(a, "RUNNING", 1, 1, 0), (b, "QUEUED", 0, 1, 1), (c, "PAUSED", 0, 1, 2)]
     store.close()
 
 
@@ -163,7 +163,7 @@ def test_one_slot_starts_waiting_trials_in_the_order_their_priorities_say(tmp_pa
         ok("trial", "activate", trial)
     listed = json.loads(ok("job", "list", "--json"))
     assert [(job["id"], job["status"]) for job in listed] == \
-        [(t3, "SCHEDULED"), (t0, "QUEUED"), (t1, "QUEUED"), (t2, "QUEUED")]
+        [(t3, "RUNNING"), (t0, "QUEUED"), (t1, "QUEUED"), (t2, "QUEUED")]
 
     ok("job", "update", t2, "--priority", "5")
     ok("job", "update-batch", f"{t1}.ahead-of={t0}")
