@@ -398,3 +398,58 @@ def test_an_intact_store_on_a_disk_that_takes_no_writes_is_read_and_never_called
         assert "Traceback" not in done.stderr and "damaged" not in done.stderr, done.stderr
     assert "cannot open the store" in resumed.stderr and "for writing" in resumed.stderr, resumed.stderr
     assert "DAMAGED" not in listed_after.stdout, listed_after.stdout  # a refused start leaves no empty store
+
+
+ENDS_WHILE_FULL = """
+import os, pathlib, trialkit
+signals = pathlib.Path(os.environ["T_SIGNALS"])
+for i in range(10):
+    trialkit.report_intermediate_result(i)
+(signals / "reported").touch()
+while not (signals / "full").exists():
+    pass
+for i in range(10, 110):  # the disk takes none of these, and the trial ends before it takes writes again
+    trialkit.report_intermediate_result(i)
+trialkit.report_final_result(110)
+"""
+
+
+def test_a_trial_that_ends_while_its_disk_is_full_hands_what_it_held_to_the_keeper(tmp_path):
+    """Issue 30, item 3: at exit the SDK gives the keeper what the disk refused as NNISDK_MEb stdout lines; the
+    keeper holds them in memory and spools them once the disk takes writes, within its flush."""
+    manager = Manager(tmp_path / "exp").start()
+    manager.register("t1", "token-1")
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(ENDS_WHILE_FULL)
+    try:
+        with tmpfs(tmp_path / "trialdisk") as disk:
+            keeper = start_keeper(disk / "trial", [PYTHON, str(script)], manager=manager,
+                                  options=["--flush-seconds", str(TIMEOUT)], T_SIGNALS=str(signals))
+            wait_until(lambda: manager.store.count_records("t1") == 11, TIMEOUT, "RUNNING and 10 results stored")
+            lines: List[str] = []
+            reader = threading.Thread(target=lambda: lines.extend(keeper.stderr), daemon=True)
+            reader.start()
+            filler = fill(disk)
+            (signals / "full").touch()
+            wait_until(lambda: any("records wait in memory" in line for line in lines), TIMEOUT,
+                       "the keeper to hold the trial's stdout records")
+            filler.unlink()
+            keeper.wait(timeout=TIMEOUT)
+            reader.join(TIMEOUT)
+            keeper.stdout.close()
+            stored_records = manager.store.records_for("t1")
+    finally:
+        manager.close()
+    err = "".join(lines)
+    assert keeper.returncode == 0 and "Traceback" not in err, err
+    metrics = [(r["type"], r["value"]) for r in stored_records if r["type"] != "STATUS"]
+    # Every one, once; in order within each way it came (the channel's last page may still take a few, which
+    # the keeper reads after the stdout lines it holds: the two ways are not ordered between them).
+    assert sorted(metrics) == [("FINAL", 110)] + [("PERIODICAL", i) for i in range(110)]
+    for source in ("channel", "stdout"):
+        values = [r["value"] for r in stored_records if r["source"] == source and r["type"] == "PERIODICAL"]
+        assert values == sorted(values)
+    assert any(r["source"] == "stdout" for r in stored_records if r["type"] != "STATUS")  # what the disk refused
+    assert [r["value"]["status"] for r in stored_records if r["type"] == "STATUS"] == ["RUNNING", "SUCCEEDED"]
