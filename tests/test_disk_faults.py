@@ -401,13 +401,13 @@ def test_an_intact_store_on_a_disk_that_takes_no_writes_is_read_and_never_called
 
 
 ENDS_WHILE_FULL = """
-import os, pathlib, trialkit
+import os, pathlib, time, trialkit
 signals = pathlib.Path(os.environ["T_SIGNALS"])
 for i in range(10):
     trialkit.report_intermediate_result(i)
 (signals / "reported").touch()
 while not (signals / "full").exists():
-    pass
+    time.sleep(0.02)
 for i in range(10, 110):  # the disk takes none of these, and the trial ends before it takes writes again
     trialkit.report_intermediate_result(i)
 trialkit.report_final_result(110)
