@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator, List, Tuple
 
 import yaml
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -167,3 +168,26 @@ def test_every_mutated_config_loads_or_says_which_key_is_wrong(data):
 def test_the_unmutated_bases_load():
     for base in BASES:
         assert parse_config(copy.deepcopy(base), NNI).trial_command == "python3 mnist.py"
+
+
+# Each at every place of every base, not by chance: the classes an outside run found tracebacks in (issue 29).
+EVERYWHERE = {
+    "a number past repr": lambda holder: 10 ** 5000,
+    "a number past a float": lambda holder: -(10 ** 400),
+    "a path past a file name": lambda holder: "a" * 5000,
+    "a lone surrogate": lambda holder: "python3 \ud800",
+    "itself": lambda holder: holder,
+}
+
+
+@pytest.mark.parametrize("kind", list(EVERYWHERE))
+def test_each_hostile_value_at_each_place_is_one_line_or_loads(kind):
+    for base in BASES:
+        for path in list(places(base)):
+            config = copy.deepcopy(base)
+            holder = parent(config, path)
+            holder[path[-1]] = EVERYWHERE[kind](holder)
+            try:
+                parse_config(config, NNI)
+            except UserError as err:
+                assert err.where and "\n" not in err.line(), (path, err.line())

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from trialkit import schema
 from trialkit.errors import UserError
 
 MODULES = {
@@ -35,9 +36,9 @@ ALIASES = {"adl": "adaptdl"}
 
 
 def canonical_name(name: str, where: str = "trainingService.platform") -> str:
-    key = ALIASES.get(str(name).lower(), str(name).lower())
+    key = ALIASES.get(name.lower(), name.lower()) if isinstance(name, str) else None
     if key not in MODULES:
-        raise UserError(f"unknown platform {name!r}", where, "use one of: " + ", ".join(sorted(MODULES)))
+        raise UserError(f"unknown platform {schema.show(name)}", where, "use one of: " + ", ".join(sorted(MODULES)))
     return key
 
 
