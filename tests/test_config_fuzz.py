@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from trialkit.control.config import parse_config
 from trialkit.errors import UserError
+from trialkit.schema import ConfigProblems
 
 NNI = Path(__file__).parent / "fixtures" / "nni" / "mnist-pytorch"
 
@@ -180,14 +181,18 @@ EVERYWHERE = {
 }
 
 
+EXAMPLES = Path(__file__).parent.parent / "examples" / "kubernetes"  # the cluster platforms' sections, v1 and v2
+CLUSTER_BASES = [yaml.safe_load(path.read_text()) for path in sorted(EXAMPLES.glob("*.yml"))]
+
+
 @pytest.mark.parametrize("kind", list(EVERYWHERE))
 def test_each_hostile_value_at_each_place_is_one_line_or_loads(kind):
-    for base in BASES:
+    for base, folder in [(base, NNI) for base in BASES] + [(base, EXAMPLES) for base in CLUSTER_BASES]:
         for path in list(places(base)):
             config = copy.deepcopy(base)
             holder = parent(config, path)
             holder[path[-1]] = EVERYWHERE[kind](holder)
             try:
-                parse_config(config, NNI)
-            except UserError as err:
-                assert err.where and "\n" not in err.line(), (path, err.line())
+                parse_config(config, folder)
+            except UserError as err:  # one line naming where: the key, or each key of several problems
+                assert "\n" not in err.line() and (err.where or isinstance(err, ConfigProblems)), (path, err.line())

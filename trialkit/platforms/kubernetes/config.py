@@ -85,7 +85,8 @@ class Section:
         key, value = self.raw(name, *aliases)
         if value is None:
             return default
-        if isinstance(value, (dict, list, bool)) or str(value).strip() == "":
+        if isinstance(value, (dict, list, bool)) or (isinstance(value, int) and value.bit_length() > 64) \
+                or str(value).strip() == "":  # str() of a number past 4,300 digits raises
             return self._wrong("a non-empty string", value, key, default)
         return str(value)
 
@@ -546,7 +547,7 @@ def manager_address(value: Any, where: str) -> str:
     """The address pods reach the manager at: never loopback; default: this machine's first other one."""
     if value is None:
         return default_manager_address(where)
-    text = str(value).strip()
+    text = schema.as_str(value, where).strip()
     why = unreachable(text)
     if why:
         raise UserError(
@@ -608,7 +609,8 @@ def v1_role(role: Any) -> Any:
     out = {}
     for key, value in role.items():
         if key == "memoryMB":
-            out["memorySize"] = f"{value}mb" if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 2 ** 63
+            out["memorySize"] = f"{value}mb" if number else value  # parse_size_mib names what is not a size
         else:
             out[_V1_ROLE_KEYS.get(key, key)] = value
     return out
@@ -663,6 +665,9 @@ def v1_common(v1: dict, platform: str, storage_section: Optional[dict] = None) -
     if v1.get("nniManagerIp") is not None:
         out["managerAddress"] = v1["nniManagerIp"]
     storage_section = storage_section or {}
+    if not isinstance(storage_section, dict):
+        raise UserError(f"expected a mapping of keys to values, got {schema.show(storage_section)}", f"{platform}Config",
+                        "write it as `key: value` lines")
     kind = storage_section.get("storage", "nfs" if "nfs" in storage_section else None)
     if kind == "azureStorage":
         out["storage"] = v1_azure(storage_section)
