@@ -5,6 +5,7 @@ sitecustomize. Real interpreters, real imports; the nni venv is the real nni 3.0
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -105,3 +106,32 @@ def nni_python():
     if done.returncode != 0:
         pytest.fail(f"cannot prepare the nni 3.0 venv: {done.stderr[-2000:]}")
     return done.stdout.strip().splitlines()[-1]
+
+
+MERGE_CASES = """
+import argparse, json
+from nni.utils import merge_parameter, extract_scalar_reward
+out = []
+def attempt(f):
+    try:
+        out.append(repr(f()))
+    except Exception as err:
+        out.append(type(err).__name__ + ': ' + str(err))
+attempt(lambda: merge_parameter({'lr': 0.1, 'layers': 2, 'act': 'relu'}, {'lr': 1, 'act': 'tanh'}))
+attempt(lambda: vars(merge_parameter(argparse.Namespace(lr=0.1, epochs=3), {'epochs': 5})))
+attempt(lambda: merge_parameter({'lr': 0.1}, {'momentum': 0.9}))
+attempt(lambda: merge_parameter({'layers': 2}, {'layers': 2.5}))
+attempt(lambda: merge_parameter({'lr': None}, {'lr': 'x'}))
+attempt(lambda: merge_parameter({'lr': 0.1}, None))
+attempt(lambda: extract_scalar_reward({'default': 0.5, 'loss': 1}))
+attempt(lambda: extract_scalar_reward('x'))
+print(json.dumps(out))
+"""
+
+
+def test_trialkits_nni_utils_behave_as_nnis(tmp_path, nni_python):
+    real = run(nni_python, MERGE_CASES, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, tmp_path)
+    ours = run(sys.executable, MERGE_CASES, child(), tmp_path)
+    assert real.returncode == 0 and ours.returncode == 0, real.stderr + ours.stderr
+    assert "trialkit's nni serves the trial API" in ours.stderr  # the fallback answered
+    assert json.loads(ours.stdout) == json.loads(real.stdout.splitlines()[-1])
