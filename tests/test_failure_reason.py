@@ -69,3 +69,10 @@ def test_failures_that_differ_do_not_stop_it(tmp_path):
     rows = export(exp)
     assert f"experiment {exp} DONE" in done.stdout, done.stdout
     assert [(row["status"], row["reason"]) for row in rows] == [("FAILED", f"bad x={x}") for x in (1, 2, 3, 4)]
+
+
+def test_a_trial_that_dies_silently_says_how(tmp_path):
+    config = experiment(tmp_path, X, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", maxTrialNumber=1)
+    done = cli("run", config)
+    (row,) = export(experiment_id(done.stdout.splitlines()[0]))
+    assert (row["status"], row["reason"]) == ("FAILED", "signal SIGKILL (exit 137), nothing on stderr")

@@ -19,7 +19,7 @@ from trialkit import __version__, env, layout, records
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, explain_failure
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import PROG, warn
-from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, signal_group
+from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, signal_group
 from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
 
 
@@ -87,6 +87,7 @@ def keep_to_end(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, 
     status, reason = final_status(child, stop_asked), ""
     if status == FAILED:
         reason, hint = explain_failure(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
+        reason = reason or f"{describe_exit(child.exit_code)}, nothing on stderr"  # a silent death says how
         if hint is not None:
             print(f"{PROG}: {hint}", file=sys.stderr, flush=True)
     reporter.trial_ended()
