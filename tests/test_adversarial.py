@@ -285,3 +285,15 @@ def test_a_token_with_a_byte_past_ascii_is_401_not_500(manager):
     answer = send(port, b"GET /api/v1/trials/t/parameters HTTP/1.1\r\nHost: x\r\n"
                         b"Authorization: Bearer \xe9t\xff\r\nConnection: close\r\n\r\n")
     assert answer.split(b" ", 2)[1] == b"401", answer[:200]
+
+
+def test_a_launcher_under_a_long_tmpdir_still_links_its_workers(tmp_path):
+    """The workers' socket lives under TMPDIR; past a socket path's 107 bytes it was an OSError traceback."""
+    pytest.importorskip("torch")
+    tmpdir = tmp_path / ("d" * 150)
+    tmpdir.mkdir()
+    (tmp_path / "script.py").write_text("import os\nprint('ran', os.environ['RANK'])\n")
+    done = subprocess.run([PYTHON, "-m", "trialkit.launch.torch_distributed", "script.py"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=child_environ(TMPDIR=str(tmpdir)))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stdout == "[rank=0] ran 0\n"

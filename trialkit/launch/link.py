@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     Message = Tuple[str, Tuple[int, ...]]
 
 GREETING = b"ok\n"
+SOCKET_DIR_MAX = 107 - len("/workers.sock")  # sun_path: 108 bytes with its NUL
 CONNECT_TIMEOUT = 10.0  # the launcher answers from an idle event loop; this only bounds a wedged one
 
 
@@ -80,6 +81,9 @@ class Listener:
         import tempfile  # here, not at the top: every worker's wrap_rank imports this module, and starts faster
 
         self._dir = tempfile.mkdtemp(prefix="trialkit-launch-")  # mode 0700: only our user connects
+        if len(os.fsencode(self._dir)) > SOCKET_DIR_MAX:  # under a long TMPDIR: a socket's path holds 107 bytes
+            os.rmdir(self._dir)
+            self._dir = tempfile.mkdtemp(prefix="trialkit-launch-", dir="/tmp")
         self.path = os.path.join(self._dir, "workers.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(self.path)
