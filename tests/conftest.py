@@ -75,6 +75,13 @@ def no_process_left(request):
         pytest.fail("processes left running after the test: " + "; ".join(described))
 
 
+@pytest.fixture(autouse=True)
+def own_home(tmp_path, monkeypatch):
+    """Each test its own TRIALKIT_HOME (a module's `home` fixture may name another): the resource pool's
+    leases (platforms/pools.py) are per home, and tests run beside each other must not share slots."""
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "trialkit-home"))
+
+
 @pytest.fixture
 def trial_env(tmp_path):
     """An environment for a keeper run in a fresh trial dir."""

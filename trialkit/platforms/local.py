@@ -24,6 +24,7 @@ from trialkit.errors import UserError
 from trialkit.keeper import leftover
 from trialkit.keeper.status import StatusFile
 from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
+from trialkit.platforms import pools
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
 # ---------------------------------------------------------------- config
@@ -53,6 +54,12 @@ class LocalConfig:
     @property
     def slots(self) -> int:
         return trial_slots(self.slots_per_trial, self.trial_gpu_number)
+
+    @property
+    def pool_slots(self) -> float:
+        """What a trial takes of the home's resource pool (platforms/pools.py): its slots, shared, for a GPU
+        trial, by the trials a GPU takes (maxTrialNumberPerGpu: 2 runs two 1-GPU trials on one slot)."""
+        return self.slots / self.max_trial_number_per_gpu if self.trial_gpu_number else self.slots
 
 
 def trial_slots(slots_per_trial: Optional[int], trial_gpu_number: Optional[int]) -> int:
@@ -144,6 +151,9 @@ def from_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
 LOG_NAME = "trial.log"  # the keeper's own output, the trial's echoed in it: what a container log holds
 CODE_NAME = "code"  # the trial's copy of the code dir, in its trial dir
 GPU_POLL_SECONDS = 5.0  # while GPU trials run or wait: how often nvidia-smi is asked (starts, samples)
+# While trials wait for the pool's slots: how often the lease table is asked (another experiment's trial
+# that ends, or a holder that died, frees slots without telling us; our own trials' ends wake us at once).
+SLOT_WAIT_SECONDS = 0.2
 
 
 def run_sh() -> str:
@@ -212,7 +222,7 @@ class _Keeper:
 
 @dataclass
 class _Held:
-    """A submitted trial that waits for its GPUs."""
+    """A submitted trial that waits for its slots of the pool, or its GPUs."""
 
     spec: TrialSpec
     code: Optional[Path]
@@ -222,10 +232,12 @@ class _Held:
 class Platform(PlatformBase):
     """Local trials. `on_end(handle)` is called (from a waiter thread) when a keeper exits.
 
-    With trialGpuNumber set, a trial whose GPUs are not free is held here
-    (WAITING, `on_waiting(handle, reason)` says why) and started, in the order
-    submitted, as soon as they are: when a keeper ends, or at the next look
-    at nvidia-smi (other processes leave GPUs without telling us).
+    Each trial leases its slots from the home's resource pool (platforms/pools.py), which every
+    local experiment of this TRIALKIT_HOME shares, and with trialGpuNumber set its GPUs too. A
+    trial whose slots or GPUs are not free is held here (WAITING, `on_waiting(handle, reason)` says
+    why) and started, in the order submitted, as soon as they are: when a keeper ends, at the next
+    look at the lease table (another experiment's trial ended) or at nvidia-smi (other processes
+    leave GPUs without telling us).
     """
 
     def __init__(self, config: LocalConfig, experiment_dir: Path):
@@ -236,33 +248,53 @@ class Platform(PlatformBase):
         self._held: Dict[str, _Held] = {}  # in submission order
         self._unstarted: Dict[str, PlatformStatus] = {}  # stopped, or failed to start, while held
         self._watcher: Optional[threading.Thread] = None  # asks nvidia-smi while GPU trials run or wait
+        self._slot_waiter: Optional[threading.Thread] = None  # asks the lease table while trials wait
+        self._slots = pools.open_pool()
         self._pool: Optional[gpus.Pool] = None
         if config.trial_gpu_number:
             self._pool = gpus.Pool(config.trial_gpu_number, config.max_trial_number_per_gpu, config.gpu_indices,
                                    config.use_active_gpu)
             self._pool.check(gpus.inventory())  # before any trial: a config that can never run is refused
+        self._slots.check(config.pool_slots)
+        self._slots.join(self.experiment_dir.name)
+        if self._pool is not None:
             self._adopt_running()
 
     def submit(self, spec: TrialSpec) -> str:
         trial_dir = paths.trial_dir(self.experiment_dir, spec.trial_id)
         trial_dir.mkdir(parents=True, exist_ok=True)
         code = copy_code(spec.code_dir, trial_dir) if spec.code_dir is not None else None
-        if self._pool is None:
-            self._launch(spec, code, ())
-            return spec.trial_id
         with self._lock:
             self._unstarted.pop(spec.trial_id, None)
-            found = gpus.inventory()
-            # Trials start in the order submitted: none passes one that waits.
-            indices = None if self._held else self._pool.take(spec.trial_id, found, self._ours)
-            if indices is not None:
-                self._launch(spec, code, indices, found)
+            # Trials start in the order submitted: none passes one that waits (and it waits for the same).
+            taken, found, reason = (None, [], next(iter(self._held.values())).reason) if self._held \
+                else self._take(spec.trial_id)
+            if taken is not None:
+                self._launch(spec, code, taken, found)
                 return spec.trial_id
-            held = self._held[spec.trial_id] = _Held(spec, code, self._pool.waiting_reason(found, self._ours))
-            gpus.forget_assignment(trial_dir)
-            self._watch_gpus()
+            held = self._held[spec.trial_id] = _Held(spec, code, reason)
+            if self._pool is not None:
+                gpus.forget_assignment(trial_dir)
+                self._watch_gpus()
+            self._watch_slots()
             self.on_waiting(spec.trial_id, held.reason)
         return spec.trial_id
+
+    def _take(self, trial_id: str, found: Optional[List[gpus.Gpu]] = None
+              ) -> Tuple[Optional[Tuple[int, ...]], List[gpus.Gpu], str]:
+        """(its GPU indices, nvidia-smi's answer, "") when the trial's GPUs (if it takes any) are free and its
+        slots are leased to it now; (None, ..., why) when it waits (nvidia-smi asked unless `found`)."""
+        indices: Tuple[int, ...] = ()
+        if self._pool is not None:
+            found = gpus.inventory() if found is None else found
+            indices = self._pool.take(trial_id, found, self._ours)
+            if indices is None:
+                return None, found, self._pool.waiting_reason(found, self._ours)
+        if not self._slots.take(trial_id, self.experiment_dir.name, self.config.pool_slots):
+            if self._pool is not None:
+                self._pool.release(trial_id)
+            return None, found or [], self._slots.waiting_reason(self.config.pool_slots)
+        return indices, found or [], ""
 
     def _launch(self, spec: TrialSpec, code: Optional[Path], indices: Sequence[int],
                 found: Sequence[gpus.Gpu] = ()) -> None:
@@ -278,9 +310,12 @@ class Platform(PlatformBase):
                                       env=trial_environ(self.config, spec, trial_dir, code, indices),
                                       cwd=str(trial_dir), stdin=subprocess.DEVNULL, stdout=log,
                                       stderr=subprocess.STDOUT, name=spec.trial_id, die_with_parent=False)
+            # The keeper holds the lease from now on: it outlives a control plane that crashes.
+            self._slots.hand_over(spec.trial_id, child.pid)
         except BaseException:
-            if self._pool is not None:
-                with self._lock:
+            with self._lock:
+                self._slots.release(spec.trial_id)
+                if self._pool is not None:
                     self._pool.release(spec.trial_id)
             raise
         # Not reaped before our waiter thread does it: the pid is still this child's.
@@ -295,6 +330,7 @@ class Platform(PlatformBase):
         keeper = _find_keeper(handle, paths.trial_dir(self.experiment_dir, handle))
         if keeper is None:
             return False
+        self._slots.hold(handle, self.experiment_dir.name, self.config.pool_slots, keeper.pid)
         self._watch(keeper)
         return True
 
@@ -304,6 +340,7 @@ class Platform(PlatformBase):
             keeper = _find_keeper(path.parent.name, path.parent)
             if keeper is not None:
                 with self._lock:
+                    self._slots.hold(keeper.trial_id, self.experiment_dir.name, self.config.pool_slots, keeper.pid)
                     self._pool.hold(keeper.trial_id, gpus.read_assignment(str(path.parent)) or ())
                     self._watch_gpus()
                 self._watch(keeper)
@@ -371,6 +408,8 @@ class Platform(PlatformBase):
         with self._lock:
             if self._held.pop(handle, None) is None:
                 return False
+            if not self._held:
+                self._slots.stop_waiting(self.experiment_dir.name)
             self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for GPUs")
         self.on_end(handle)
         return True
@@ -396,6 +435,7 @@ class Platform(PlatformBase):
             os.close(keeper.pidfd)
             if keeper.kill_timer is not None:
                 keeper.kill_timer.cancel()
+            self._slots.release(keeper.trial_id)
             if self._pool is not None:
                 # The keeper's children die with it (parent-death signal): its GPUs are free,
                 # however it ended (kill -9 included).
@@ -403,23 +443,21 @@ class Platform(PlatformBase):
         self._start_held()
         self.on_end(keeper.trial_id)
 
-    # -- GPUs -------------------------------------------------------------------------------
+    # -- slots and GPUs ----------------------------------------------------------------------
     def _start_held(self, found: Optional[List[gpus.Gpu]] = None) -> None:
-        """Start the held trials whose GPUs are free now (`found`: nvidia-smi's answer, else asked here),
-        first submitted first. The others wait, and say why when that changes."""
+        """Start the held trials whose slots (and GPUs) are free now (`found`: nvidia-smi's answer, else
+        asked here when needed), first submitted first. The others wait, and say why when that changes."""
         failed: List[str] = []
         with self._lock:
             if not self._held:
                 return
-            reason = None
-            try:
-                found = gpus.inventory() if found is None else found
-            except UserError as err:  # asked again at the next look; the trials wait and say why
-                reason = f"waiting for GPUs: {err.line()}"
+            reason = ""
             for trial_id, held in list(self._held.items()):
-                indices = None if reason else self._pool.take(trial_id, found, self._ours)
+                try:
+                    indices, found, reason = self._take(trial_id, found)
+                except UserError as err:  # asked again at the next look; the trials wait and say why
+                    indices, reason = None, f"waiting for GPUs: {err.line()}"
                 if indices is None:
-                    reason = reason or self._pool.waiting_reason(found, self._ours)
                     break
                 del self._held[trial_id]
                 try:
@@ -431,8 +469,28 @@ class Platform(PlatformBase):
                 if held.reason != reason:
                     held.reason = reason
                     self.on_waiting(trial_id, reason)
+            if not self._held:
+                self._slots.stop_waiting(self.experiment_dir.name)
         for trial_id in failed:
             self.on_end(trial_id)
+
+    def _watch_slots(self) -> None:
+        """Start the slot waiter unless it runs (called under the lock)."""
+        if self._slot_waiter is None:
+            self._slot_waiter = threading.Thread(target=self._wait_for_slots, name="slot-wait", daemon=True)
+            self._slot_waiter.start()
+
+    def _wait_for_slots(self) -> None:
+        """While trials wait, look at the lease table now and then: another experiment's trial that ends
+        (or a holder that died) frees slots without a word to us."""
+        while True:
+            time.sleep(SLOT_WAIT_SECONDS)
+            with self._lock:
+                if not self._held:
+                    self._slot_waiter = None
+                    return
+            if self._slots.free() + pools.ROUNDING >= self.config.pool_slots:  # else nothing to ask nvidia-smi
+                self._start_held()
 
     def _watch_gpus(self) -> None:
         """Start the watcher unless it runs (called under the lock)."""

@@ -1,0 +1,206 @@
+"""The home's resource pool: local experiments share its slots through the lease table (platforms/pools.py).
+
+Real experiments (`trialkit run`, real keepers and trials) on a pool of pools.yml; the trials write their
+own start and end times, and the checks are made from those.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+
+from experiment_util import TIMEOUT, cli, experiment, experiment_id, export, start_cli
+from harness import wait_until
+
+# Notes its start, holds its slot for `hold` seconds, notes its end, reports.
+TIMED = """
+import time, trialkit
+p = trialkit.get_next_parameter()
+with open({log!r}, "a") as f:
+    f.write(f"start {{time.time()}} {name}\\n")
+time.sleep({hold})
+with open({log!r}, "a") as f:
+    f.write(f"end {{time.time()}} {name}\\n")
+trialkit.report_final_result(p["x"])
+"""
+SPACE = {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    return home
+
+
+def pool_of(home: Path, slots: int) -> None:
+    (home / "pools.yml").write_text(f"pools:\n  default: {{slots: {slots}}}\n")
+
+
+def timed(tmp_path: Path, name: str, log: Path, hold: float, trials: int, **keys) -> Path:
+    keys.setdefault("trialConcurrency", 2)
+    return experiment(tmp_path, SPACE, TIMED.format(log=str(log), name=name, hold=hold), name=name,
+                      maxTrialNumber=trials, **keys)
+
+
+def spans(log: Path) -> List[Tuple[float, float, str]]:
+    """(start, end, experiment name) of each trial, from the trials' own notes, paired in order per name."""
+    starts: dict = {}
+    out = []
+    for line in log.read_text().splitlines():
+        kind, when, name = line.split()
+        if kind == "start":
+            starts.setdefault(name, []).append(float(when))
+        else:
+            out.append((starts[name].pop(0), float(when), name))
+    return out
+
+
+def most_at_once(found: List[Tuple[float, float, str]]) -> int:
+    events = sorted([(start, 1) for start, _, _ in found] + [(end, -1) for _, end, _ in found])
+    running = peak = 0
+    for _, step in events:  # an end sorts before a start at the same instant
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def finish(proc: subprocess.Popen) -> str:
+    _, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    return err
+
+
+def test_two_experiments_on_a_pool_of_two_slots_never_run_more_than_two_trials(tmp_path, home):
+    pool_of(home, 2)
+    log = tmp_path / "spans"
+    first = start_cli("run", timed(tmp_path, "a", log, hold=2.0, trials=2))
+    second = start_cli("run", timed(tmp_path, "b", log, hold=2.0, trials=2))
+    ids = [experiment_id(proc.stdout.readline()) for proc in (first, second)]
+    for proc in (first, second):
+        finish(proc)
+    found = spans(log)
+    assert len(found) == 4
+    assert most_at_once(found) == 2, found  # each experiment alone would run its 2 beside the other's 2
+    for exp in ids:
+        assert [row["status"] for row in export(exp)] == ["SUCCEEDED", "SUCCEEDED"]
+    assert not (home / "pools.db").exists() or _leases(home) == []  # every lease given back
+
+
+def _leases(home: Path) -> list:
+    import sqlite3
+    from contextlib import closing
+
+    with closing(sqlite3.connect(str(home / "pools.db"))) as db:
+        return db.execute("SELECT holder, pid FROM leases").fetchall()
+
+
+HOLDER = """
+import sys, time
+from trialkit.platforms import pools
+pool = pools.open_pool()
+assert pool.take("crashed-00000", "crashed", 2)
+print("taken", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lease_whose_holder_was_sigkilled_is_given_again(home):
+    from trialkit.platforms import pools
+
+    pool_of(home, 2)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "taken"
+        pool = pools.open_pool()
+        assert not pool.take("next-00000", "next", 1)  # the holder runs: its 2 slots are the pool's 2
+        assert pool.waiting_reason(1) == "waiting for 1 slot of pool default: 0 of 2 free"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert pool.take("next-00000", "next", 2)
+    assert _leases(home) == [("next-00000", os.getpid())]
+    pool.close()
+
+
+def test_a_sigkilled_control_plane_keeps_its_running_trial_s_slot_until_that_trial_ends(tmp_path, home):
+    pool_of(home, 1)
+    log = tmp_path / "spans"
+    first = start_cli("run", timed(tmp_path, "a", log, hold=3.0, trials=1, trialConcurrency=1))
+    experiment_id(first.stdout.readline())
+    wait_until(lambda: log.exists() and "start" in log.read_text(), TIMEOUT, "a's trial to start")
+    first.send_signal(signal.SIGKILL)  # its trial's keeper runs on, and holds the slot
+    first.communicate()
+    second = start_cli("run", timed(tmp_path, "b", log, hold=0.0, trials=1, trialConcurrency=1))
+    finish(second)
+    (a_start, a_end, _), (b_start, _, _) = sorted(spans(log))
+    assert b_start >= a_end  # b waited for a's trial, then got the slot a's dead control plane had
+    wait_until(lambda: _leases(home) == [], TIMEOUT, "a's keeper to end")
+
+
+def test_a_pool_too_small_for_a_trial_is_one_line(tmp_path, home):
+    pool_of(home, 1)
+    done = cli("run", timed(tmp_path, "a", tmp_path / "spans", hold=0.0, trials=1,
+                            trainingService={"platform": "local", "slotsPerTrial": 2}))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "each trial asks for 2 slots but pool 'default' has 1" in done.stderr
+
+
+def test_a_pools_file_with_a_mistake_is_one_line(tmp_path, home):
+    (home / "pools.yml").write_text("pools:\n  default: {slot: 2}\n")
+    done = cli("run", timed(tmp_path, "a", tmp_path / "spans", hold=0.0, trials=1))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "slot" in done.stderr and "pools.yml" in done.stderr
+
+
+# Notes its start, waits for the gate file, notes its end, reports.
+GATED = """
+import os, time, trialkit
+p = trialkit.get_next_parameter()
+with open({log!r}, "a") as f:
+    f.write(f"start {{time.time()}} {name}\\n")
+while not os.path.exists({gate!r}):
+    time.sleep(0.02)
+with open({log!r}, "a") as f:
+    f.write(f"end {{time.time()}} {name}\\n")
+trialkit.report_final_result(p["x"])
+"""
+
+
+def gated(tmp_path: Path, name: str, log: Path, gate: Path, trials: int) -> Path:
+    return experiment(tmp_path, SPACE, GATED.format(log=str(log), name=name, gate=str(gate)), name=name,
+                      trialConcurrency=2, maxTrialNumber=trials)
+
+
+def test_a_later_experiment_given_priority_1_gets_the_next_free_slots(tmp_path, home):
+    pool_of(home, 2)
+    log, gate = tmp_path / "spans", tmp_path / "gate"
+    first = start_cli("run", gated(tmp_path, "a", log, gate, trials=4))
+    experiment_id(first.stdout.readline())
+    wait_until(lambda: log.exists() and log.read_text().count("start") == 2, TIMEOUT, "a's 2 trials to hold the pool")
+    second = start_cli("run", gated(tmp_path, "b", log, gate, trials=2))
+    later = experiment_id(second.stdout.readline())
+    wait_until(lambda: [row["status"] for row in export(later)] == ["WAITING", "WAITING"], TIMEOUT, "b to wait")
+    done = cli("job", "update", later, "--priority", "1")  # a's is the default, 42: smaller starts first
+    assert done.returncode == 0, done.stderr
+    gate.touch()
+    for proc in (first, second):
+        finish(proc)
+    starts = [name for _, name in sorted((start, name) for start, _, name in spans(log))]
+    assert starts == ["a", "a", "b", "b", "a", "a"]  # a submitted first, but b's trials took the slots a's freed
+
+
+def test_a_priority_for_an_experiment_with_no_job_in_the_pool_is_refused(home):
+    from trialkit.errors import UserError
+    from trialkit.platforms import pools
+
+    pools.open_pool().close()  # the table exists, without that experiment's job
+    with pytest.raises(UserError, match="experiment nosuchexp has no job in this home's resource pool"):
+        pools.set_priority("nosuchexp", 1)
