@@ -235,3 +235,46 @@ def test_numbers_too_large_to_hold_answer_400_with_the_reason_never_500(running)
         answer = requests.post(base + path, headers=headers, data=body, timeout=30)
         assert (answer.status_code, reason in answer.json()["error"]) == (400, True), (path, answer.text)
     assert trial_status(home, trial) == "RUNNING"
+
+
+def test_trialkit_ui_over_stores_it_cannot_read_answers_409_never_500(tmp_path):
+    """A file that is no store, and a store whose config is not JSON, beside a good one: the list names them
+    UNREADABLE with the reason, their routes answer 409 with it, the good one reads as ever."""
+    import sqlite3
+    from contextlib import closing
+
+    home = tmp_path / "home"
+    fill(Store.in_dir(home / "experiments" / "good1"), "good1", trials=2, steps=2)
+    store = Store.in_dir(home / "experiments" / "odd1")
+    fill(store, "odd1", trials=1, steps=1)
+    store.close()
+    with closing(sqlite3.connect(home / "experiments" / "odd1" / "trialkit.db")) as db:
+        db.execute("UPDATE experiments SET config='{not json'")
+        db.commit()
+    (home / "experiments" / "bad1").mkdir()
+    (home / "experiments" / "bad1" / "trialkit.db").write_bytes(b"\x01" * 8192)
+    code = "import sys; from trialkit.web import serve_ui; sys.exit(serve_ui(None, 0))"
+    env = dict(os.environ, TRIALKIT_HOME=str(home), PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        base, token = proc.stdout.readline().split()[-1].split("/?token=")
+        headers = {"Authorization": f"Bearer {token}"}
+        listed = {e["id"]: e for e in requests.get(f"{base}/api/ui/experiments", headers=headers, timeout=10).json()}
+        assert listed["good1"]["trials"] == 2
+        assert listed["bad1"]["status"] == listed["odd1"]["status"] == "UNREADABLE"
+        assert "file is not a database" in listed["bad1"]["reason"] and "not JSON" in listed["odd1"]["reason"]
+        for exp in ("bad1", "odd1"):
+            for route in ("", "/trials", "/curves", "/hyper"):
+                answer = requests.get(f"{base}/api/ui/experiments/{exp}{route}", headers=headers, timeout=10)
+                assert answer.status_code == 409 and exp in answer.json()["error"], (exp, route, answer.text)
+        log = requests.get(f"{base}/api/ui/experiments/bad1/trials/bad1-00000/log", headers=headers, timeout=10)
+        assert log.status_code == 409, log.text
+        assert requests.get(f"{base}/api/ui/experiments/good1/trials", headers=headers, timeout=10).json()["total"] == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        err = proc.stderr.read()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert "failed" not in err and "Traceback" not in err, err

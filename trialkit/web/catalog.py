@@ -40,7 +40,10 @@ class Database:
 
     def version(self) -> int:
         with self._lock:
-            return self._db.execute("PRAGMA data_version").fetchone()[0]
+            try:
+                return self._db.execute("PRAGMA data_version").fetchone()[0]
+            except sqlite3.DatabaseError:  # no store (its routes say why): nothing that changes
+                return -1
 
     def experiment_ids(self) -> List[str]:
         with self.reading() as db:
@@ -68,7 +71,11 @@ class Catalog:
                 if path not in self._dbs and path.exists():
                     self._dbs[path] = Database(path)
             for db in self._dbs.values():
-                for experiment_id in db.experiment_ids():
+                try:
+                    ids = db.experiment_ids()
+                except sqlite3.DatabaseError:  # listed by its dir's name, as `experiment list` does; its routes say why
+                    ids = [db.path.parent.name]
+                for experiment_id in ids:
                     self._owner.setdefault(experiment_id, db)
 
     def experiment_ids(self) -> List[str]:

@@ -63,7 +63,10 @@ def _experiment_row(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any
     if row is None:
         raise HttpError(404, f"no experiment {experiment_id!r}")
     out = dict(row)
-    out["config"] = json.loads(out["config"] or "{}")
+    try:
+        out["config"] = json.loads(out["config"] or "{}")
+    except ValueError:  # written by hand or by another program: the store is damaged, the request is fine
+        raise HttpError(409, f"experiment {experiment_id}'s store is damaged: its config is not JSON") from None
     return out
 
 

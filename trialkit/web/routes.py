@@ -28,8 +28,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import sqlite3
 import time
-from typing import Any, Callable, Optional, Tuple, Union
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Tuple, Union
 
 from trialkit.control import actions
 from trialkit.control.actions import Performer
@@ -111,13 +113,27 @@ class _Routes:
     def _experiments(self, request: Request) -> Any:
         out = []
         for experiment_id in self.catalog.experiment_ids():
-            with self.catalog.database(experiment_id).reading() as db:
-                out.append(queries.summary(db, experiment_id))
+            try:
+                with self._reading(experiment_id) as db:
+                    out.append(queries.summary(db, experiment_id))
+            except HttpError as err:  # a store that cannot be read is a line of the list, as `experiment list` says
+                out.append({"id": experiment_id, "name": None, "status": "UNREADABLE", "reason": err.reason,
+                            "created": 0, "updated": 0, "elapsed": 0, "trials": 0, "counts": {},
+                            "optimize_mode": "maximize", "best": None})
         return sorted(out, key=lambda e: e["created"], reverse=True)
+
+    @contextmanager
+    def _reading(self, experiment_id: str) -> Iterator[Any]:
+        """The experiment's store to read; 409 with the reason when it is no store or its disk refuses it."""
+        try:
+            with self.catalog.database(experiment_id).reading() as db:
+                yield db
+        except sqlite3.DatabaseError as err:
+            raise HttpError(409, f"experiment {experiment_id}'s store cannot be read: {err}") from None
 
     def _read(self, request: Request, query: Callable[..., Any], *args: Any) -> Any:
         experiment_id = request.params["exp"]
-        with self.catalog.database(experiment_id).reading() as db:
+        with self._reading(experiment_id) as db:
             return query(db, experiment_id, *args)
 
     def _experiment(self, request: Request) -> Any:
