@@ -67,7 +67,6 @@ from trialkit.ray.agent import NodeAgent
 PLATFORM = "ray"
 TRIAL_COMMAND_REQUIRED = True
 KILL_WAIT = 5.0  # for the agent to SIGKILL the trial and its keeper
-MIN_CPU = 0.0001  # Ray's smallest amount of a resource
 CONTEXT_NAME = "ray-context"  # in the experiment dir: the code as the trials get it
 ACTOR_CALL_TIMEOUT = 30.0  # for an agent to answer
 START_TRIES, START_RETRY_WAIT = 50, 0.2  # when its agent had left (Ray frees the name in ms) or its node went
@@ -145,8 +144,9 @@ def bundle(config: RayConfig) -> Dict[str, float]:
     """The trial's bundle: its CPUs and GPUs, held for it on one node while it runs."""
     options = actor_options(config)
     asked = {name: amount for name, amount in (("CPU", options["num_cpus"]), ("GPU", options["num_gpus"])) if amount}
-    # Ray refuses an empty bundle; a trial that asks for nothing still takes a node's slot of the least CPU.
-    return asked or {"CPU": MIN_CPU}
+    # Ray refuses an empty bundle. A trial that asks for nothing holds one byte of a node's memory resource:
+    # any CPU at all would keep a task that asks for all of a node's CPUs off that node.
+    return asked or {"memory": 1}
 
 
 @dataclass
