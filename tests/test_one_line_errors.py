@@ -81,6 +81,8 @@ RUN_CASES = [
     ("parameters too large for a trial's environment",
      config_text(searchSpace={"x": {"_type": "choice", "_value": ["a" * 150_000]}}),
      "searchSpace: a trial's parameters could take 150,"),
+    ("a trial command too long for a trial's environment", config_text(trialCommand="python3 -c pass #" + "x" * 140_000),
+     "trialCommand: the command is 140,017 bytes"),
     ("a NUL in the trial command", config_text(trialCommand="python3 -c pass\x00"),
      "trialCommand: 'python3 -c pass\\x00' holds a NUL character"),
     ("a lone surrogate in the trial command", json.dumps({**BASE, "trialCommand": "python3 \ud800"}),

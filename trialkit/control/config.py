@@ -193,7 +193,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
         service, base, {"managerAddress": manager_ip, "trialTemplate": template, "trialCodeDirectory": code_dir})
     gpus = _optional(c, "trialGpuNumber", lambda v, w: schema.as_int(v, w, minimum=0))
     platform_config = _with_trial_gpus(module, platform_config, gpus)
-    command = _optional(c, "trialCommand", schema.as_str)
+    command = _optional(c, "trialCommand", _trial_command)
     if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
         raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
     notes = _check_manager_keys(c, module, section["platform"], manager_ip, template) + ignored
@@ -299,6 +299,17 @@ def _nni_section(c: Dict[str, Any]) -> Tuple[Any, List[str]]:
 def _optional(c: Mapping[str, Any], key: str, check: Callable[[Any, str], Any], default: Any = None) -> Any:
     """`check(value, key)` of a key that may be absent or null (then `default`)."""
     return default if c.get(key) is None else check(c[key], key)
+
+
+MAX_COMMAND_BYTES = 100_000  # it travels as one environment variable (TRIALKIT_COMMAND): Linux takes 128 KiB
+
+
+def _trial_command(value: Any, where: str) -> str:
+    command = schema.as_str(value, where)
+    if len(command.encode()) > MAX_COMMAND_BYTES:
+        raise UserError(f"the command is {len(command.encode()):,} bytes, over the {MAX_COMMAND_BYTES:,} a trial's "
+                        "environment carries it in", where, "put the long part in a script in trialCodeDirectory")
+    return command
 
 
 def _positive_int(value: Any, where: str) -> int:
