@@ -5,6 +5,7 @@ own start and end times, and the checks are made from those.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -183,18 +184,29 @@ def test_a_later_experiment_given_priority_1_gets_the_next_free_slots(tmp_path, 
     pool_of(home, 2)
     log, gate = tmp_path / "spans", tmp_path / "gate"
     first = start_cli("run", gated(tmp_path, "a", log, gate, trials=4))
-    experiment_id(first.stdout.readline())
+    earlier = experiment_id(first.stdout.readline())
     wait_until(lambda: log.exists() and log.read_text().count("start") == 2, TIMEOUT, "a's 2 trials to hold the pool")
     second = start_cli("run", gated(tmp_path, "b", log, gate, trials=2))
-    later = experiment_id(second.stdout.readline())
-    wait_until(lambda: [row["status"] for row in export(later)] == ["WAITING", "WAITING"], TIMEOUT, "b to wait")
-    done = cli("job", "update", later, "--priority", "1")  # a's is the default, 42: smaller starts first
-    assert done.returncode == 0, done.stderr
-    gate.touch()
-    for proc in (first, second):
-        finish(proc)
+    try:
+        later = experiment_id(second.stdout.readline())
+        wait_until(lambda: [row["status"] for row in export(later)] == ["WAITING", "WAITING"], TIMEOUT, "b to wait")
+        done = cli("job", "update", later, "--priority", "1")  # a's is the default, 42: smaller starts first
+        assert done.returncode == 0, done.stderr
+        assert [(job["id"], job["priority"], job["slots_acquired"], job["slots_needed"], job["status"])
+                for job in pool_jobs()] == [(later, 1, 0, 2, "QUEUED"), (earlier, 42, 2, 2, "SCHEDULED")]
+    finally:
+        gate.touch()  # every trial ends, whatever failed
+        for proc in (first, second):
+            finish(proc)
+    assert pool_jobs() == []  # both control planes ended, and every lease with them
     starts = [name for _, name in sorted((start, name) for start, _, name in spans(log))]
     assert starts == ["a", "a", "b", "b", "a", "a"]  # a submitted first, but b's trials took the slots a's freed
+
+
+def pool_jobs() -> list:
+    done = cli("job", "list", "--pool", "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def test_a_priority_for_an_experiment_with_no_job_in_the_pool_is_refused(home):

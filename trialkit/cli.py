@@ -9,8 +9,9 @@
                         | import ID -f FILE
     trialkit trial list|ls EXPERIMENT_ID | show TRIAL_ID | logs TRIAL_ID [-f] | kill TRIAL_ID
                    | pause TRIAL_ID | activate TRIAL_ID
-    trialkit job list [--experiment ID] [--json|--csv]
+    trialkit job list [--experiment ID | --pool] [--json|--csv]
                  | update TRIAL_ID (--priority N | --ahead-of TRIAL_ID | --behind-of TRIAL_ID)
+                 | update EXPERIMENT_ID --priority N
                  | update-batch TRIAL_ID.priority=N|TRIAL_ID.ahead-of=ID|TRIAL_ID.behind-of=ID ...
     trialkit ui [EXPERIMENT_ID] [--port P] [--host H]
 
@@ -551,15 +552,18 @@ JOB_COLUMNS = ("position", "id", "experiment", "name", "priority", "submitted", 
 def cmd_job_list(opts: argparse.Namespace) -> int:
     from trialkit.control import background
 
-    if opts.experiment:
-        experiment_dirs = [paths.experiment_dir(opts.experiment)]
-    else:
-        experiment_dirs = [d for d in paths.all_experiment_dirs() if background.manager_runs(d)]
     rows: List[Dict[str, Any]] = []
-    for experiment_dir in experiment_dirs:
-        with _store(experiment_dir) as store:
-            _experiment(store, experiment_dir.name)
-            rows += jobs(store, experiment_dir.name)
+    if opts.pool:
+        from trialkit.platforms import pools
+
+        rows = pools.jobs()
+    else:
+        experiment_dirs = ([paths.experiment_dir(opts.experiment)] if opts.experiment
+                           else [d for d in paths.all_experiment_dirs() if background.manager_runs(d)])
+        for experiment_dir in experiment_dirs:
+            with _store(experiment_dir) as store:
+                _experiment(store, experiment_dir.name)
+                rows += jobs(store, experiment_dir.name)
     if opts.format == "json":
         print(json.dumps(rows, indent=2))
     elif opts.format == "csv":
@@ -869,7 +873,11 @@ def build_parser() -> ArgumentParser:
     listing = _command(sub, "list", cmd_job_list, "list the jobs in scheduling order",
                        "Position, id, experiment, name, priority, submitted, slots (acquired/needed) and status "
                        "(RUNNING, SCHEDULED: being started, QUEUED, PAUSED) of the trials of every running experiment.", aliases=["ls"])
-    listing.add_argument("--experiment", metavar="EXPERIMENT_ID", help="only this experiment's jobs")
+    which = listing.add_mutually_exclusive_group()
+    which.add_argument("--experiment", metavar="EXPERIMENT_ID", help="only this experiment's jobs")
+    which.add_argument("--pool", action="store_true",
+                       help="the jobs of this TRIALKIT_HOME's resource pool: its local experiments, in the order "
+                            "its free slots go to them (priority, smaller first, then submitted)")
     shape = listing.add_mutually_exclusive_group()
     shape.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")
     shape.add_argument("--csv", dest="format", action="store_const", const="csv", help="print CSV")

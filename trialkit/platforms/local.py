@@ -277,6 +277,7 @@ class Platform(PlatformBase):
                 gpus.forget_assignment(trial_dir)
                 self._watch_gpus()
             self._watch_slots()
+            self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
             self.on_waiting(spec.trial_id, held.reason)
         return spec.trial_id
 
@@ -408,8 +409,7 @@ class Platform(PlatformBase):
         with self._lock:
             if self._held.pop(handle, None) is None:
                 return False
-            if not self._held:
-                self._slots.stop_waiting(self.experiment_dir.name)
+            self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
             self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for GPUs")
         self.on_end(handle)
         return True
@@ -469,8 +469,7 @@ class Platform(PlatformBase):
                 if held.reason != reason:
                     held.reason = reason
                     self.on_waiting(trial_id, reason)
-            if not self._held:
-                self._slots.stop_waiting(self.experiment_dir.name)
+            self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
         for trial_id in failed:
             self.on_end(trial_id)
 

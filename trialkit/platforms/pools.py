@@ -25,10 +25,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Mapping
+from typing import Any, Dict, List, Mapping
 
 from trialkit import process, schema
 from trialkit.errors import UserError
@@ -54,10 +55,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     experiment TEXT PRIMARY KEY,
     pool TEXT NOT NULL,
     priority INTEGER NOT NULL DEFAULT 42,  -- Determined's priority scheduler: smaller first
-    submitted REAL NOT NULL DEFAULT (julianday('now')),
+    submitted REAL NOT NULL,               -- unix time
     pid INTEGER NOT NULL,                  -- its control plane: a job whose control plane is gone waits for none
     ticks INTEGER NOT NULL,
-    waiting INTEGER NOT NULL DEFAULT 0     -- slots its next trial waits for; 0: none waits
+    waiting REAL NOT NULL DEFAULT 0,       -- slots its next trial was refused; 0: none waits for slots
+    queued REAL NOT NULL DEFAULT 0         -- slots all its waiting trials need (what `job list --pool` shows)
 )
 """
 DEFAULT_PRIORITY = 42
@@ -141,9 +143,10 @@ class Pool:
         a job that joined before (a resumed experiment) keeps its priority and its place."""
         me = Holder.of(os.getpid())
         with self._lock:
-            self._db.execute("INSERT INTO jobs (experiment, pool, pid, ticks) VALUES (?, ?, ?, ?) "
+            self._db.execute("INSERT INTO jobs (experiment, pool, submitted, pid, ticks) VALUES (?, ?, ?, ?, ?) "
                              "ON CONFLICT (experiment) DO UPDATE SET pool = excluded.pool, pid = excluded.pid, "
-                             "ticks = excluded.ticks, waiting = 0", (experiment, self.name, me.pid, me.ticks))
+                             "ticks = excluded.ticks, waiting = 0, queued = 0",
+                             (experiment, self.name, time.time(), me.pid, me.ticks))
 
     def take(self, holder: str, experiment: str, slots: float) -> bool:
         """Lease `slots` to `holder` (held by this process until `hand_over`) if the pool has them free now and
@@ -172,10 +175,12 @@ class Pool:
             self._db.execute("INSERT OR REPLACE INTO leases (holder, pool, experiment, slots, pid, ticks) "
                              "VALUES (?, ?, ?, ?, ?, ?)", (holder, self.name, experiment, slots, owner.pid, owner.ticks))
 
-    def stop_waiting(self, experiment: str) -> None:
-        """None of the experiment's trials waits any more (they started, or were stopped while they waited)."""
+    def set_queued(self, experiment: str, slots: float) -> None:
+        """The slots the experiment's waiting trials need now; 0: none waits any more (they started, or were
+        stopped while they waited), so no job behind it waits for it."""
         with self._lock:
-            self._db.execute("UPDATE jobs SET waiting = 0 WHERE experiment = ?", (experiment,))
+            self._db.execute("UPDATE jobs SET queued = ?, waiting = CASE WHEN ? > 0 THEN waiting ELSE 0 END "
+                             "WHERE experiment = ?", (slots, slots, experiment))
 
     def hand_over(self, holder: str, pid: int) -> None:
         """The process `pid` holds the lease from now on (the trial's keeper: it outlives a crashed control plane)."""
@@ -219,6 +224,42 @@ class Pool:
         rows = self._db.execute("SELECT holder, pid, ticks FROM leases WHERE pool = ?", (self.name,)).fetchall()
         dead = [(holder,) for holder, pid, ticks in rows if not Holder(pid, ticks).alive()]
         self._db.executemany("DELETE FROM leases WHERE holder = ?", dead)
+
+
+QUEUED = "QUEUED"  # Determined's job states: waiting for slots
+SCHEDULED = "SCHEDULED"  # holding slots, none waiting
+
+
+def jobs(name: str = DEFAULT) -> List[Dict[str, Any]]:
+    """The pool's jobs (experiments) in the priority scheduler's order: those whose control plane runs or whose
+    trials hold slots, with their slots acquired and needed (acquired + what their waiting trials need)."""
+    db_path = paths.home() / DB_NAME
+    if not db_path.exists():
+        return []
+    with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
+        leases = db.execute("SELECT experiment, slots, pid, ticks FROM leases WHERE pool = ?", (name,)).fetchall()
+        rows = db.execute("SELECT experiment, priority, submitted, pid, ticks, queued FROM jobs WHERE pool = ? "
+                          "ORDER BY priority, submitted", (name,)).fetchall()
+    acquired: Dict[str, float] = {}
+    for experiment, slots, pid, ticks in leases:
+        if Holder(pid, ticks).alive():
+            acquired[experiment] = acquired.get(experiment, 0) + slots
+    out = []
+    for experiment, priority, submitted, pid, ticks, queued in rows:
+        live = Holder(pid, ticks).alive()
+        held = acquired.get(experiment, 0)
+        if not live and not held:
+            continue
+        queued = queued if live else 0
+        out.append({"position": len(out), "id": experiment, "experiment": experiment, "name": name,
+                    "priority": priority, "submitted": submitted, "slots_acquired": _number(held),
+                    "slots_needed": _number(held + queued), "status": QUEUED if queued > 0 else SCHEDULED})
+    return out
+
+
+def _number(slots: float) -> float:
+    """Whole slots as ints (a GPU trial's share stays a fraction)."""
+    return int(slots) if float(slots).is_integer() else round(slots, 6)
 
 
 def set_priority(experiment: str, priority: int) -> None:
