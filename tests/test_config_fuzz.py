@@ -174,6 +174,7 @@ def test_the_unmutated_bases_load():
 # Each at every place of every base, not by chance: the classes an outside run found tracebacks in (issue 29).
 EVERYWHERE = {
     "a number past repr": lambda holder: 10 ** 5000,
+    "a negative one in a list": lambda holder: [-(10 ** 5000)],
     "a number past a float": lambda holder: -(10 ** 400),
     "a path past a file name": lambda holder: "a" * 5000,
     "a lone surrogate": lambda holder: "python3 \ud800",

@@ -155,16 +155,17 @@ def parse_size_mib(value: Any, where: str) -> int:
     if isinstance(value, (int, float)):
         mib = math.ceil(value) if isinstance(value, int) or math.isfinite(value) else MAX_MIB + 1
     else:
-        match = _SIZE.match(str(value))
+        match = _SIZE.match(value) if isinstance(value, str) else None
         unit = match.group(2).lower() if match else None
         if unit not in _SIZE_UNITS:
             raise UserError(
-                f"expected a size such as 4g or 1024mb, got {value!r}", where, "units: b, k, m, g, t (powers of 1024)"
+                f"expected a size such as 4g or 1024mb, got {schema.show(value)}", where,
+                "units: b, k, m, g, t (powers of 1024)"
             )
         mib = float(match.group(1)) * _SIZE_UNITS[unit] / MIB  # inf past a float's range
         mib = math.ceil(mib) if math.isfinite(mib) else MAX_MIB + 1
     if mib < 1:
-        raise UserError(f"must be at least 1 MiB, got {value!r}", where)
+        raise UserError(f"must be at least 1 MiB, got {schema.show(value)}", where)
     if mib > MAX_MIB:
         raise UserError(f"{schema.show(value)} is too large", where, f"give at most {MAX_MIB} MiB (a 64-bit count of bytes)")
     return mib
