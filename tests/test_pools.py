@@ -180,7 +180,8 @@ def gated(tmp_path: Path, name: str, log: Path, gate: Path, trials: int) -> Path
                       trialConcurrency=2, maxTrialNumber=trials)
 
 
-def test_a_later_experiment_given_priority_1_gets_the_next_free_slots(tmp_path, home):
+@pytest.mark.parametrize("how", ["--priority 1", "--ahead-of"])
+def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home, how):
     pool_of(home, 2)
     log, gate = tmp_path / "spans", tmp_path / "gate"
     first = start_cli("run", gated(tmp_path, "a", log, gate, trials=4))
@@ -190,10 +191,13 @@ def test_a_later_experiment_given_priority_1_gets_the_next_free_slots(tmp_path, 
     try:
         later = experiment_id(second.stdout.readline())
         wait_until(lambda: [row["status"] for row in export(later)] == ["WAITING", "WAITING"], TIMEOUT, "b to wait")
-        done = cli("job", "update", later, "--priority", "1")  # a's is the default, 42: smaller starts first
+        # a's priority is the default, 42: smaller starts first; or b takes a's priority and the place before it
+        update = how.split() if how != "--ahead-of" else [how, earlier]
+        done = cli("job", "update", later, *update)
         assert done.returncode == 0, done.stderr
+        priority = 1 if how == "--priority 1" else 42
         assert [(job["id"], job["priority"], job["slots_acquired"], job["slots_needed"], job["status"])
-                for job in pool_jobs()] == [(later, 1, 0, 2, "QUEUED"), (earlier, 42, 2, 2, "SCHEDULED")]
+                for job in pool_jobs()] == [(later, priority, 0, 2, "QUEUED"), (earlier, 42, 2, 2, "SCHEDULED")]
     finally:
         gate.touch()  # every trial ends, whatever failed
         for proc in (first, second):
@@ -213,6 +217,26 @@ def test_a_priority_for_an_experiment_with_no_job_in_the_pool_is_refused(home):
     from trialkit.errors import UserError
     from trialkit.platforms import pools
 
-    pools.open_pool().close()  # the table exists, without that experiment's job
+    pool = pools.open_pool()  # the table exists, without that experiment's job
     with pytest.raises(UserError, match="experiment nosuchexp has no job in this home's resource pool"):
         pools.set_priority("nosuchexp", 1)
+    pool.join("mine")
+    with pytest.raises(UserError, match="experiment nosuchexp has no job in this home's resource pool"):
+        pools.move("mine", "nosuchexp", ahead=True)
+    pool.close()
+
+
+def test_behind_of_places_a_job_between_the_other_and_the_next_of_its_priority(home):
+    from trialkit.platforms import pools
+
+    pool = pools.open_pool()
+    for name in ("j1", "j2", "j3"):
+        pool.join(name)
+    pools.move("j3", "j1", ahead=False)
+    assert [job["id"] for job in pools.jobs()] == ["j1", "j3", "j2"]
+    pools.move("j1", "j2", ahead=False)
+    assert [job["id"] for job in pools.jobs()] == ["j3", "j2", "j1"]
+    pools.set_priority("j1", 7)
+    pools.move("j2", "j1", ahead=True)
+    assert [(job["id"], job["priority"]) for job in pools.jobs()] == [("j2", 7), ("j1", 7), ("j3", 42)]
+    pool.close()

@@ -11,7 +11,7 @@
                    | pause TRIAL_ID | activate TRIAL_ID
     trialkit job list [--experiment ID | --pool] [--json|--csv]
                  | update TRIAL_ID (--priority N | --ahead-of TRIAL_ID | --behind-of TRIAL_ID)
-                 | update EXPERIMENT_ID --priority N
+                 | update EXPERIMENT_ID (--priority N | --ahead-of EXPERIMENT_ID | --behind-of EXPERIMENT_ID)
                  | update-batch TRIAL_ID.priority=N|TRIAL_ID.ahead-of=ID|TRIAL_ID.behind-of=ID ...
     trialkit ui [EXPERIMENT_ID] [--port P] [--host H]
 
@@ -602,13 +602,14 @@ def _names_experiment(job_id: str) -> bool:
 
 
 def _update_experiment_job(opts: argparse.Namespace) -> int:
-    """An experiment's job in the home's resource pool (platforms/pools.py): only its priority, for now."""
+    """An experiment's job in the home's resource pool (platforms/pools.py): a priority, or a place next to another
+    experiment's job."""
     from trialkit.platforms import pools
 
-    if opts.priority is None:
-        raise UserError("an experiment's job takes a new --priority only", opts.trial_id,
-                        "move its trials within it with --ahead-of/--behind-of and their trial ids")
-    pools.set_priority(opts.trial_id, opts.priority)
+    if opts.priority is not None:
+        pools.set_priority(opts.trial_id, opts.priority)
+    else:
+        pools.move(opts.trial_id, opts.ahead_of or opts.behind_of, ahead=opts.ahead_of is not None)
     print(f"updated {opts.trial_id}")
     return 0
 
@@ -889,8 +890,10 @@ def build_parser() -> ArgumentParser:
     how.add_argument("--priority", type=int, metavar="N",
                      help="the new priority: a trial's, higher starts first within its experiment; an experiment's "
                           "(its id as TRIAL_ID), smaller gets the resource pool's next free slots first (default 42)")
-    how.add_argument("--ahead-of", metavar="TRIAL_ID", help="start just before this waiting trial")
-    how.add_argument("--behind-of", metavar="TRIAL_ID", help="start just after this waiting trial")
+    how.add_argument("--ahead-of", metavar="TRIAL_ID",
+                     help="start just before this waiting trial (an experiment: just before that experiment's job)")
+    how.add_argument("--behind-of", metavar="TRIAL_ID",
+                     help="start just after this waiting trial (an experiment: just after that experiment's job)")
     batch = _command(sub, "update-batch", cmd_job_update_batch, "change several jobs at once",
                      "Each update is TRIAL_ID.priority=N, TRIAL_ID.ahead-of=TRIAL_ID or TRIAL_ID.behind-of=TRIAL_ID; "
                      "an experiment's updates are applied in order, all or none.")

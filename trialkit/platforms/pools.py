@@ -265,12 +265,48 @@ def _number(slots: float) -> float:
 def set_priority(experiment: str, priority: int) -> None:
     """A new priority for an experiment's job in its pool (smaller starts first): its next trials wait or pass
     by it."""
+    with _jobs_db(experiment) as db, db:
+        db.execute("UPDATE jobs SET priority = ? WHERE experiment = ?", (priority, experiment))
+
+
+def move(experiment: str, other: str, ahead: bool) -> None:
+    """Place an experiment's job just ahead of (or behind) another job of its pool, as Determined's
+    `--ahead-of`/`--behind-of` do: it takes the other's priority and a submission time next to the other's."""
+    with _jobs_db(experiment) as db, db:
+        db.execute("BEGIN IMMEDIATE")
+        pool, priority, submitted = _job(db, other, "--ahead-of" if ahead else "--behind-of")
+        if _job(db, experiment, experiment)[0] != pool:
+            raise UserError(f"experiment {other} is in pool {pool}, not {experiment}'s", other,
+                            "move a job among the jobs of its own pool")
+        # Between the other and its neighbour on that side (of the same priority), so no third job is passed.
+        neighbour = db.execute(
+            "SELECT MAX(submitted) FROM jobs WHERE pool = ? AND priority = ? AND submitted < ? AND experiment != ?"
+            if ahead else
+            "SELECT MIN(submitted) FROM jobs WHERE pool = ? AND priority = ? AND submitted > ? AND experiment != ?",
+            (pool, priority, submitted, experiment)).fetchone()[0]
+        if neighbour is None:
+            neighbour = submitted - 1.0 if ahead else submitted + 1.0
+        db.execute("UPDATE jobs SET priority = ?, submitted = ? WHERE experiment = ?",
+                   (priority, (submitted + neighbour) / 2, experiment))
+
+
+def _jobs_db(experiment: str) -> "closing[sqlite3.Connection]":
     db_path = paths.home() / DB_NAME
     if not db_path.exists():
         raise _no_job(experiment)
-    with closing(sqlite3.connect(str(db_path), timeout=BUSY_SECONDS)) as db, db:
-        if db.execute("UPDATE jobs SET priority = ? WHERE experiment = ?", (priority, experiment)).rowcount == 0:
-            raise _no_job(experiment)
+    db = sqlite3.connect(str(db_path), timeout=BUSY_SECONDS)
+    if db.execute("SELECT 1 FROM jobs WHERE experiment = ?", (experiment,)).fetchone() is None:
+        db.close()
+        raise _no_job(experiment)
+    return closing(db)
+
+
+def _job(db: sqlite3.Connection, experiment: str, where: str) -> Any:
+    row = db.execute("SELECT pool, priority, submitted FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
+    if row is None:
+        raise UserError(f"experiment {experiment} has no job in this home's resource pool", where,
+                        "see `trialkit job list --pool`")
+    return row
 
 
 def _no_job(experiment: str) -> UserError:
