@@ -140,9 +140,12 @@ def test_environment_variables_data_and_shared_fs_storage_are_applied(tmp_path):
     assert config.experiment_working_directory == str(tmp_path / "ckpts")
 
 
+def test_a_resource_pool_is_the_local_platform_s_pool(tmp_path):
+    assert parse(tmp_path, resources={"resource_pool": "a100"}).training_service.resource_pool == "a100"
+
+
 @pytest.mark.parametrize("extra, where", [
     ({"min_validation_period": {"batches": 10}}, "min_validation_period"),
-    ({"resources": {"resource_pool": "a100"}}, "resources.resource_pool"),
     ({"resources": {"shm_size": 4096}}, "resources.shm_size"),
     ({"searcher": {"name": "pbt", "metric": "l"}}, "searcher.name"),
     ({"searcher": {"name": "single", "metric": "l", "source_trial_id": 3}}, "searcher.source_trial_id"),

@@ -240,3 +240,15 @@ def test_behind_of_places_a_job_between_the_other_and_the_next_of_its_priority(h
     pools.move("j2", "j1", ahead=True)
     assert [(job["id"], job["priority"]) for job in pools.jobs()] == [("j2", 7), ("j1", 7), ("j3", 42)]
     pool.close()
+
+
+def test_an_experiment_takes_its_slots_from_the_pool_its_config_names(tmp_path, home):
+    (home / "pools.yml").write_text("pools:\n  default: {slots: 2}\n  small: {slots: 1}\n")
+    log = tmp_path / "spans"
+    finish(start_cli("run", timed(tmp_path, "a", log, hold=1.0, trials=2,
+                                  trainingService={"platform": "local", "resourcePool": "small"})))
+    assert len(spans(log)) == 2 and most_at_once(spans(log)) == 1  # the default pool would run both at once
+    done = cli("run", timed(tmp_path, "b", log, hold=0.0, trials=1,
+                            trainingService={"platform": "local", "resourcePool": "nosuch"}))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "there is no resource pool 'nosuch'" in done.stderr

@@ -98,6 +98,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "every GPU, or those a `CUDA_VISIBLE_DEVICES` set for `trialkit run` names). Needs trialGpuNumber.",
     "local.slotsPerTrial": "trialkit: the slots each trial gets (`TRIALKIT_SLOTS_PER_NODE`: workers a launcher "
     "starts); default: the trial's GPUs (trialGpuNumber), else 1.",
+    "local.resourcePool": "trialkit: the pool of `$TRIALKIT_HOME/pools.yml` the trials take their slots from, "
+    "shared with every local experiment of that home (default: `default`).",
     # ray
     "ray.platform": "`ray`.",
     "ray.address": "The cluster: `ray://HEAD:10001`, `HEAD:6379`, or `auto` (a cluster on this machine).",

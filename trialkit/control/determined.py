@@ -254,15 +254,12 @@ def _asha_args(searcher: Dict[str, Any], mode: str) -> Dict[str, Any]:
 # ---------------------------------------------------------------- resources, environment, storage
 
 
-RESOURCE_KEYS = ("slots_per_trial", "max_slots", "priority")
+RESOURCE_KEYS = ("slots_per_trial", "max_slots", "priority", "resource_pool")
 
 
 def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> Dict[str, Any]:
     sec = schema.mapping(section, "resources")
     for key in sec:
-        if key == "resource_pool":
-            raise UserError("trialkit has no resource pools", "resources.resource_pool",
-                            "remove it: trials run where trainingService says, this machine by default")
         if key not in RESOURCE_KEYS:
             raise UserError(f"Determined's resources.{key} is not supported by trialkit", f"resources.{key}",
                             f"remove it; {GUIDE}")
@@ -272,6 +269,11 @@ def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> D
         out["max_slots"] = schema.as_int(sec["max_slots"], "resources.max_slots", minimum=1)
     if sec.get("priority") is not None:
         out["priority"] = schema.as_int(sec["priority"], "resources.priority", 1, 99)
+    if sec.get("resource_pool") is not None:
+        if not local:
+            raise UserError("resources.resource_pool names a pool of the local platform only",
+                            "resources.resource_pool", "remove it: trials run where trainingService says")
+        training_service["resourcePool"] = schema.as_str(sec["resource_pool"], "resources.resource_pool")
     if sec.get("slots_per_trial") is not None:
         if not local:
             raise UserError("resources.slots_per_trial is applied on the local platform only",

@@ -49,6 +49,7 @@ class LocalConfig:
     gpu_indices: Optional[Tuple[int, ...]] = None  # None: every GPU the machine has
     slots_per_trial: Optional[int] = None  # None: one per GPU the trial gets, at least one
     trial_gpu_number: Optional[int] = None
+    resource_pool: str = "default"  # the home's pool its trials take slots from (platforms/pools.py)
     platform: str = PLATFORM
 
     @property
@@ -106,6 +107,7 @@ _OPTIONS = {
     "maxTrialNumberPerGpu": ("max_trial_number_per_gpu", _at_least_one),
     "gpuIndices": ("gpu_indices", _gpu_indices),
     "slotsPerTrial": ("slots_per_trial", _at_least_one),
+    "resourcePool": ("resource_pool", schema.as_str),
 }
 
 
@@ -249,7 +251,7 @@ class Platform(PlatformBase):
         self._unstarted: Dict[str, PlatformStatus] = {}  # stopped, or failed to start, while held
         self._watcher: Optional[threading.Thread] = None  # asks nvidia-smi while GPU trials run or wait
         self._slot_waiter: Optional[threading.Thread] = None  # asks the lease table while trials wait
-        self._slots = pools.open_pool()
+        self._slots = pools.open_pool(config.resource_pool)
         self._pool: Optional[gpus.Pool] = None
         if config.trial_gpu_number:
             self._pool = gpus.Pool(config.trial_gpu_number, config.max_trial_number_per_gpu, config.gpu_indices,
