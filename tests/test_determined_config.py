@@ -140,8 +140,10 @@ def test_environment_variables_data_and_shared_fs_storage_are_applied(tmp_path):
     assert config.experiment_working_directory == str(tmp_path / "ckpts")
 
 
-def test_a_resource_pool_is_the_local_platform_s_pool(tmp_path):
+def test_a_resource_pool_and_priority_are_the_local_platform_s_pool_and_the_job_s_place_in_it(tmp_path):
     assert parse(tmp_path, resources={"resource_pool": "a100"}).training_service.resource_pool == "a100"
+    prioritized = parse(tmp_path, resources={"priority": 10})
+    assert (prioritized.training_service.pool_priority, prioritized.priority) == (10, -10)
 
 
 @pytest.mark.parametrize("extra, where", [

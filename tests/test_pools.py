@@ -12,11 +12,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, Dict, List
 
 import pytest
 
 from experiment_util import TIMEOUT, cli, experiment, experiment_id, export, start_cli
+from gpu_util import most_at_once
 from harness import wait_until
 
 # Notes its start, holds its slot for `hold` seconds, notes its end, reports.
@@ -51,26 +52,17 @@ def timed(tmp_path: Path, name: str, log: Path, hold: float, trials: int, **keys
                       maxTrialNumber=trials, **keys)
 
 
-def spans(log: Path) -> List[Tuple[float, float, str]]:
-    """(start, end, experiment name) of each trial, from the trials' own notes, paired in order per name."""
-    starts: dict = {}
+def spans(log: Path) -> List[Dict[str, Any]]:
+    """{start, end, name (its experiment's)} of each trial, from the trials' own notes, paired in order per name."""
+    starts: Dict[str, List[float]] = {}
     out = []
     for line in log.read_text().splitlines():
         kind, when, name = line.split()
         if kind == "start":
             starts.setdefault(name, []).append(float(when))
         else:
-            out.append((starts[name].pop(0), float(when), name))
+            out.append({"start": starts[name].pop(0), "end": float(when), "name": name})
     return out
-
-
-def most_at_once(found: List[Tuple[float, float, str]]) -> int:
-    events = sorted([(start, 1) for start, _, _ in found] + [(end, -1) for _, end, _ in found])
-    running = peak = 0
-    for _, step in events:  # an end sorts before a start at the same instant
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -141,8 +133,8 @@ def test_a_sigkilled_control_plane_keeps_its_running_trial_s_slot_until_that_tri
     first.communicate()
     second = start_cli("run", timed(tmp_path, "b", log, hold=0.0, trials=1, trialConcurrency=1))
     finish(second)
-    (a_start, a_end, _), (b_start, _, _) = sorted(spans(log))
-    assert b_start >= a_end  # b waited for a's trial, then got the slot a's dead control plane had
+    a, b = sorted(spans(log), key=lambda span: span["start"])
+    assert b["start"] >= a["end"]  # b waited for a's trial, then got the slot a's dead control plane had
     wait_until(lambda: _leases(home) == [], TIMEOUT, "a's keeper to end")
 
 
@@ -175,27 +167,28 @@ trialkit.report_final_result(p["x"])
 """
 
 
-def gated(tmp_path: Path, name: str, log: Path, gate: Path, trials: int) -> Path:
+def gated(tmp_path: Path, name: str, log: Path, gate: Path, trials: int, **service) -> Path:
     return experiment(tmp_path, SPACE, GATED.format(log=str(log), name=name, gate=str(gate)), name=name,
-                      trialConcurrency=2, maxTrialNumber=trials)
+                      trialConcurrency=2, maxTrialNumber=trials, trainingService={"platform": "local", **service})
 
 
-@pytest.mark.parametrize("how", ["--priority 1", "--ahead-of"])
+@pytest.mark.parametrize("how", ["--priority 1", "--ahead-of", "poolPriority: 1"])
 def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home, how):
     pool_of(home, 2)
     log, gate = tmp_path / "spans", tmp_path / "gate"
     first = start_cli("run", gated(tmp_path, "a", log, gate, trials=4))
     earlier = experiment_id(first.stdout.readline())
     wait_until(lambda: log.exists() and log.read_text().count("start") == 2, TIMEOUT, "a's 2 trials to hold the pool")
-    second = start_cli("run", gated(tmp_path, "b", log, gate, trials=2))
+    second = start_cli("run", gated(tmp_path, "b", log, gate, trials=2,
+                                    **({"poolPriority": 1} if how == "poolPriority: 1" else {})))
     try:
         later = experiment_id(second.stdout.readline())
         wait_until(lambda: [row["status"] for row in export(later)] == ["WAITING", "WAITING"], TIMEOUT, "b to wait")
         # a's priority is the default, 42: smaller starts first; or b takes a's priority and the place before it
-        update = how.split() if how != "--ahead-of" else [how, earlier]
-        done = cli("job", "update", later, *update)
-        assert done.returncode == 0, done.stderr
-        priority = 1 if how == "--priority 1" else 42
+        if how != "poolPriority: 1":  # its config's
+            done = cli("job", "update", later, *(how.split() if how != "--ahead-of" else [how, earlier]))
+            assert done.returncode == 0, done.stderr
+        priority = 42 if how == "--ahead-of" else 1
         assert [(job["id"], job["priority"], job["slots_acquired"], job["slots_needed"], job["status"])
                 for job in pool_jobs()] == [(later, priority, 0, 2, "QUEUED"), (earlier, 42, 2, 2, "SCHEDULED")]
     finally:
@@ -203,7 +196,7 @@ def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home,
         for proc in (first, second):
             finish(proc)
     assert pool_jobs() == []  # both control planes ended, and every lease with them
-    starts = [name for _, name in sorted((start, name) for start, _, name in spans(log))]
+    starts = [span["name"] for span in sorted(spans(log), key=lambda span: span["start"])]
     assert starts == ["a", "a", "b", "b", "a", "a"]  # a submitted first, but b's trials took the slots a's freed
 
 

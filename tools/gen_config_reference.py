@@ -100,6 +100,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "starts); default: the trial's GPUs (trialGpuNumber), else 1.",
     "local.resourcePool": "trialkit: the pool of `$TRIALKIT_HOME/pools.yml` the trials take their slots from, "
     "shared with every local experiment of that home (default: `default`).",
+    "local.poolPriority": "trialkit: the experiment's priority in its resource pool, Determined's order: the pool's "
+    "free slots go to smaller numbers first (default 42; `job update` with the experiment's id changes it).",
     # ray
     "ray.platform": "`ray`.",
     "ray.address": "The cluster: `ray://HEAD:10001`, `HEAD:6379`, or `auto` (a cluster on this machine).",

@@ -269,6 +269,8 @@ def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> D
         out["max_slots"] = schema.as_int(sec["max_slots"], "resources.max_slots", minimum=1)
     if sec.get("priority") is not None:
         out["priority"] = schema.as_int(sec["priority"], "resources.priority", 1, 99)
+        if local:  # the experiment's job in its resource pool, ordered as Determined orders jobs
+            training_service["poolPriority"] = out["priority"]
     if sec.get("resource_pool") is not None:
         if not local:
             raise UserError("resources.resource_pool names a pool of the local platform only",

@@ -50,6 +50,7 @@ class LocalConfig:
     slots_per_trial: Optional[int] = None  # None: one per GPU the trial gets, at least one
     trial_gpu_number: Optional[int] = None
     resource_pool: str = "default"  # the home's pool its trials take slots from (platforms/pools.py)
+    pool_priority: Optional[int] = None  # the experiment's job's there (smaller first); None: the pool's default
     platform: str = PLATFORM
 
     @property
@@ -108,6 +109,7 @@ _OPTIONS = {
     "gpuIndices": ("gpu_indices", _gpu_indices),
     "slotsPerTrial": ("slots_per_trial", _at_least_one),
     "resourcePool": ("resource_pool", schema.as_str),
+    "poolPriority": ("pool_priority", schema.as_int),
 }
 
 
@@ -258,7 +260,7 @@ class Platform(PlatformBase):
                                    config.use_active_gpu)
             self._pool.check(gpus.inventory())  # before any trial: a config that can never run is refused
         self._slots.check(config.pool_slots)
-        self._slots.join(self.experiment_dir.name)
+        self._slots.join(self.experiment_dir.name, config.pool_priority)
         if self._pool is not None:
             self._adopt_running()
 

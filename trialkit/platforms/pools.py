@@ -29,7 +29,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 from trialkit import process, schema
 from trialkit.errors import UserError
@@ -138,15 +138,17 @@ class Pool:
                             "slotsPerTrial", f"ask for {self.slots} or fewer, or give the pool more slots in "
                             f"{self.db_path.parent / CONFIG_NAME}")
 
-    def join(self, experiment: str) -> None:
-        """This process (the experiment's control plane) submits the experiment's trials to the pool from now on;
-        a job that joined before (a resumed experiment) keeps its priority and its place."""
+    def join(self, experiment: str, priority: Optional[int] = None) -> None:
+        """This process (the experiment's control plane) submits the experiment's trials to the pool from now on,
+        at `priority` (default 42); a job that joined before (a resumed experiment) keeps its priority and place."""
         me = Holder.of(os.getpid())
         with self._lock:
-            self._db.execute("INSERT INTO jobs (experiment, pool, submitted, pid, ticks) VALUES (?, ?, ?, ?, ?) "
+            self._db.execute("INSERT INTO jobs (experiment, pool, priority, submitted, pid, ticks) "
+                             "VALUES (?, ?, ?, ?, ?, ?) "
                              "ON CONFLICT (experiment) DO UPDATE SET pool = excluded.pool, pid = excluded.pid, "
                              "ticks = excluded.ticks, waiting = 0, queued = 0",
-                             (experiment, self.name, time.time(), me.pid, me.ticks))
+                             (experiment, self.name, DEFAULT_PRIORITY if priority is None else priority, time.time(),
+                              me.pid, me.ticks))
 
     def take(self, holder: str, experiment: str, slots: float) -> bool:
         """Lease `slots` to `holder` (held by this process until `hand_over`) if the pool has them free now and
