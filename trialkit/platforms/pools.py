@@ -19,6 +19,13 @@ pid with its start time: the control plane until the trial's keeper starts,
 then the keeper, which outlives a control plane that crashed), then counts
 what the others hold. So there is no daemon, and a pool never gives more
 than it has across every experiment and process that uses this home.
+
+Each experiment is a job of its pool (the jobs table: `join`), ordered by
+Determined's priority scheduler: smaller priority first (default 42), then
+the earlier submitted. A trial's grant is refused while a live job ahead of
+its experiment waits for slots (`waiting`, set by that job's refusal), so
+free slots go to the first job in that order that asks. `jobs()` is
+`trialkit job list --pool`; `set_priority` and `move` are `job update`'s.
 """
 from __future__ import annotations
 
