@@ -172,7 +172,7 @@ def gated(tmp_path: Path, name: str, log: Path, gate: Path, trials: int, **servi
                       trialConcurrency=2, maxTrialNumber=trials, trainingService={"platform": "local", **service})
 
 
-@pytest.mark.parametrize("how", ["--priority 1", "--ahead-of", "poolPriority: 1"])
+@pytest.mark.parametrize("how", ["--priority 1", "--ahead-of", "poolPriority: 1", "update-batch"])
 def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home, how):
     pool_of(home, 2)
     log, gate = tmp_path / "spans", tmp_path / "gate"
@@ -185,12 +185,17 @@ def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home,
         later = experiment_id(second.stdout.readline())
         wait_until(lambda: [row["status"] for row in export(later)] == ["WAITING", "WAITING"], TIMEOUT, "b to wait")
         # a's priority is the default, 42: smaller starts first; or b takes a's priority and the place before it
-        if how != "poolPriority: 1":  # its config's
+        if how == "update-batch":  # Determined's syntax, applied in order
+            done = cli("job", "update-batch", f"{earlier}.priority=50", f"{later}.ahead-of={earlier}")
+            assert done.returncode == 0, done.stderr
+        elif how != "poolPriority: 1":  # its config's
             done = cli("job", "update", later, *(how.split() if how != "--ahead-of" else [how, earlier]))
             assert done.returncode == 0, done.stderr
-        priority = 42 if how == "--ahead-of" else 1
+        a_priority = 50 if how == "update-batch" else 42
+        b_priority = a_priority if how in ("--ahead-of", "update-batch") else 1
         assert [(job["id"], job["priority"], job["slots_acquired"], job["slots_needed"], job["status"])
-                for job in pool_jobs()] == [(later, priority, 0, 2, "QUEUED"), (earlier, 42, 2, 2, "SCHEDULED")]
+                for job in pool_jobs()] == [(later, b_priority, 0, 2, "QUEUED"),
+                                            (earlier, a_priority, 2, 2, "SCHEDULED")]
     finally:
         gate.touch()  # every trial ends, whatever failed
         for proc in (first, second):
@@ -212,10 +217,11 @@ def test_a_priority_for_an_experiment_with_no_job_in_the_pool_is_refused(home):
 
     pool = pools.open_pool()  # the table exists, without that experiment's job
     with pytest.raises(UserError, match="experiment nosuchexp has no job in this home's resource pool"):
-        pools.set_priority("nosuchexp", 1)
+        pools.update([("nosuchexp", "priority", 1)])
     pool.join("mine")
     with pytest.raises(UserError, match="experiment nosuchexp has no job in this home's resource pool"):
-        pools.move("mine", "nosuchexp", ahead=True)
+        pools.update([("mine", "priority", 5), ("mine", "ahead_of", "nosuchexp")])
+    assert [job["priority"] for job in pools.jobs()] == [42]  # all or none: the first change is undone too
     pool.close()
 
 
@@ -225,12 +231,11 @@ def test_behind_of_places_a_job_between_the_other_and_the_next_of_its_priority(h
     pool = pools.open_pool()
     for name in ("j1", "j2", "j3"):
         pool.join(name)
-    pools.move("j3", "j1", ahead=False)
+    pools.update([("j3", "behind_of", "j1")])
     assert [job["id"] for job in pools.jobs()] == ["j1", "j3", "j2"]
-    pools.move("j1", "j2", ahead=False)
+    pools.update([("j1", "behind_of", "j2")])
     assert [job["id"] for job in pools.jobs()] == ["j3", "j2", "j1"]
-    pools.set_priority("j1", 7)
-    pools.move("j2", "j1", ahead=True)
+    pools.update([("j1", "priority", 7), ("j2", "ahead_of", "j1")])
     assert [(job["id"], job["priority"]) for job in pools.jobs()] == [("j2", 7), ("j1", 7), ("j3", 42)]
     pool.close()
 

@@ -38,7 +38,7 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from trialkit import gpus, records
 from trialkit.manager import paths
@@ -606,17 +606,29 @@ def _update_experiment_job(opts: argparse.Namespace) -> int:
     experiment's job."""
     from trialkit.platforms import pools
 
-    if opts.priority is not None:
-        pools.set_priority(opts.trial_id, opts.priority)
-    else:
-        pools.move(opts.trial_id, opts.ahead_of or opts.behind_of, ahead=opts.ahead_of is not None)
+    pools.update(_job_changes([Move(opts.trial_id, opts.priority, opts.ahead_of, opts.behind_of)]))
     print(f"updated {opts.trial_id}")
     return 0
 
 
+def _job_changes(moves: List[Move]) -> List[Tuple[str, str, Any]]:
+    """Moves of experiments' jobs as the resource pool takes them (platforms/pools.py: update)."""
+    return [(move.trial_id, "priority", move.priority) if move.priority is not None
+            else (move.trial_id, "ahead_of" if move.ahead_of else "behind_of", move.other) for move in moves]
+
+
 def cmd_job_update_batch(opts: argparse.Namespace) -> int:
     moves = [Move.parse(text) for text in opts.updates]  # every one read before any is sent
-    _move(moves)
+    experiments = [_names_experiment(move.trial_id) for move in moves]
+    if any(experiments):
+        from trialkit.platforms import pools
+
+        if not all(experiments):
+            raise UserError("a batch changes either experiments' jobs or trials, not both", "update-batch",
+                            "run one update-batch for the experiments and one for the trials")
+        pools.update(_job_changes(moves))
+    else:
+        _move(moves)
     print(f"updated {', '.join(dict.fromkeys(move.trial_id for move in moves))}")
     return 0
 
@@ -896,7 +908,9 @@ def build_parser() -> ArgumentParser:
                      help="start just after this waiting trial (an experiment: just after that experiment's job)")
     batch = _command(sub, "update-batch", cmd_job_update_batch, "change several jobs at once",
                      "Each update is TRIAL_ID.priority=N, TRIAL_ID.ahead-of=TRIAL_ID or TRIAL_ID.behind-of=TRIAL_ID; "
-                     "an experiment's updates are applied in order, all or none.")
+                     "an experiment's updates are applied in order, all or none. With experiment ids instead, they "
+                     "change the experiments' jobs in the resource pool (smaller priority first), in order, all or "
+                     "none.")
     batch.add_argument("updates", nargs="+", metavar="UPDATE", help="ID.priority=N, ID.ahead-of=ID2 or ID.behind-of=ID2")
 
     ui = _command(commands, "ui", cmd_ui, "serve the web page over stored experiments",

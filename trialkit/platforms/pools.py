@@ -25,7 +25,7 @@ Determined's priority scheduler: smaller priority first (default 42), then
 the earlier submitted. A trial's grant is refused while a live job ahead of
 its experiment waits for slots (`waiting`, set by that job's refusal), so
 free slots go to the first job in that order that asks. `jobs()` is
-`trialkit job list --pool`; `set_priority` and `move` are `job update`'s.
+`trialkit job list --pool`; `update` is `job update`'s and `job update-batch`'s.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import process, schema
 from trialkit.errors import UserError
@@ -182,7 +182,8 @@ class Pool:
         owner = Holder.of(pid)
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO leases (holder, pool, experiment, slots, pid, ticks) "
-                             "VALUES (?, ?, ?, ?, ?, ?)", (holder, self.name, experiment, slots, owner.pid, owner.ticks))
+                             "VALUES (?, ?, ?, ?, ?, ?)",
+                             (holder, self.name, experiment, slots, owner.pid, owner.ticks))
 
     def set_queued(self, experiment: str, slots: float) -> None:
         """The slots the experiment's waiting trials need now; 0: none waits any more (they started, or were
@@ -271,56 +272,56 @@ def _number(slots: float) -> float:
     return int(slots) if float(slots).is_integer() else round(slots, 6)
 
 
-def set_priority(experiment: str, priority: int) -> None:
-    """A new priority for an experiment's job in its pool (smaller starts first): its next trials wait or pass
-    by it."""
-    with _jobs_db(experiment) as db, db:
-        db.execute("UPDATE jobs SET priority = ? WHERE experiment = ?", (priority, experiment))
+CHANGES = ("priority", "ahead_of", "behind_of")
 
 
-def move(experiment: str, other: str, ahead: bool) -> None:
-    """Place an experiment's job just ahead of (or behind) another job of its pool, as Determined's
-    `--ahead-of`/`--behind-of` do: it takes the other's priority and a submission time next to the other's."""
-    with _jobs_db(experiment) as db, db:
-        db.execute("BEGIN IMMEDIATE")
-        pool, priority, submitted = _job(db, other, "--ahead-of" if ahead else "--behind-of")
-        if _job(db, experiment, experiment)[0] != pool:
-            raise UserError(f"experiment {other} is in pool {pool}, not {experiment}'s", other,
-                            "move a job among the jobs of its own pool")
-        # Between the other and its neighbour on that side (of the same priority), so no third job is passed.
-        neighbour = db.execute(
-            "SELECT MAX(submitted) FROM jobs WHERE pool = ? AND priority = ? AND submitted < ? AND experiment != ?"
-            if ahead else
-            "SELECT MIN(submitted) FROM jobs WHERE pool = ? AND priority = ? AND submitted > ? AND experiment != ?",
-            (pool, priority, submitted, experiment)).fetchone()[0]
-        if neighbour is None:
-            neighbour = submitted - 1.0 if ahead else submitted + 1.0
-        db.execute("UPDATE jobs SET priority = ?, submitted = ? WHERE experiment = ?",
-                   (priority, (submitted + neighbour) / 2, experiment))
-
-
-def _jobs_db(experiment: str) -> "closing[sqlite3.Connection]":
+def update(changes: Sequence[Tuple[str, str, Any]]) -> None:
+    """Change experiments' jobs, in order and in one transaction (all or none): each (experiment, what, value)
+    is ("priority", N), a new priority (smaller starts first), or ("ahead_of"/"behind_of", EXPERIMENT), a place
+    just before/after another job of its pool, as Determined's `--ahead-of`/`--behind-of`: it takes the other's
+    priority and a submission time next to the other's. Their next trials wait or pass by it."""
     db_path = paths.home() / DB_NAME
     if not db_path.exists():
-        raise _no_job(experiment)
-    db = sqlite3.connect(str(db_path), timeout=BUSY_SECONDS)
-    if db.execute("SELECT 1 FROM jobs WHERE experiment = ?", (experiment,)).fetchone() is None:
-        db.close()
-        raise _no_job(experiment)
-    return closing(db)
+        raise UserError(f"experiment {changes[0][0]} has no job in this home's resource pool", changes[0][0],
+                        "only local experiments run with this TRIALKIT_HOME have one; see `trialkit experiment list`")
+    with closing(sqlite3.connect(str(db_path), timeout=BUSY_SECONDS, isolation_level=None)) as db:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for experiment, what, value in changes:
+                _job(db, experiment, experiment)
+                if what == "priority":
+                    db.execute("UPDATE jobs SET priority = ? WHERE experiment = ?", (value, experiment))
+                else:
+                    _place(db, experiment, value, ahead=what == "ahead_of")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+
+def _place(db: sqlite3.Connection, experiment: str, other: str, ahead: bool) -> None:
+    pool, priority, submitted = _job(db, other, "ahead-of" if ahead else "behind-of")
+    if _job(db, experiment, experiment)[0] != pool:
+        raise UserError(f"experiment {other} is in pool {pool}, not {experiment}'s", other,
+                        "move a job among the jobs of its own pool")
+    # Between the other and its neighbour on that side (of the same priority), so no third job is passed.
+    neighbour = db.execute(
+        "SELECT MAX(submitted) FROM jobs WHERE pool = ? AND priority = ? AND submitted < ? AND experiment != ?"
+        if ahead else
+        "SELECT MIN(submitted) FROM jobs WHERE pool = ? AND priority = ? AND submitted > ? AND experiment != ?",
+        (pool, priority, submitted, experiment)).fetchone()[0]
+    if neighbour is None:
+        neighbour = submitted - 1.0 if ahead else submitted + 1.0
+    db.execute("UPDATE jobs SET priority = ?, submitted = ? WHERE experiment = ?",
+               (priority, (submitted + neighbour) / 2, experiment))
 
 
 def _job(db: sqlite3.Connection, experiment: str, where: str) -> Any:
     row = db.execute("SELECT pool, priority, submitted FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
     if row is None:
         raise UserError(f"experiment {experiment} has no job in this home's resource pool", where,
-                        "see `trialkit job list --pool`")
+                        "only local experiments run with this TRIALKIT_HOME have one; see `trialkit job list --pool`")
     return row
-
-
-def _no_job(experiment: str) -> UserError:
-    return UserError(f"experiment {experiment} has no job in this home's resource pool", experiment,
-                     "only local experiments run with this TRIALKIT_HOME have one; see `trialkit experiment list`")
 
 
 def open_pool(name: str = DEFAULT) -> Pool:
