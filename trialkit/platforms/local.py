@@ -414,7 +414,7 @@ class Platform(PlatformBase):
             if self._held.pop(handle, None) is None:
                 return False
             self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
-            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for GPUs")
+            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for its slots or GPUs")
         self.on_end(handle)
         return True
 
@@ -492,7 +492,8 @@ class Platform(PlatformBase):
                 if not self._held:
                     self._slot_waiter = None
                     return
-            if self._slots.free() + pools.ROUNDING >= self.config.pool_slots:  # else nothing to ask nvidia-smi
+            # Else nothing to start (and nvidia-smi not asked for nothing).
+            if self._slots.could_take(self.experiment_dir.name, self.config.pool_slots):
                 self._start_held()
 
     def _watch_gpus(self) -> None:

@@ -208,6 +208,13 @@ class Pool:
             rows = self._db.execute("SELECT slots, pid, ticks FROM leases WHERE pool = ?", (self.name,)).fetchall()
         return self.slots - sum(slots for slots, pid, ticks in rows if Holder(pid, ticks).alive())
 
+    def could_take(self, experiment: str, slots: float) -> bool:
+        """Whether `take` would grant `slots` to the experiment now (read only: a look before asking for more)."""
+        if self.free() + ROUNDING < slots:
+            return False
+        with self._lock:
+            return not self._waits_behind(experiment)
+
     def waiting_reason(self, slots: float) -> str:
         return f"waiting for {slots:g} slot{'s' if slots != 1 else ''} of pool {self.name}: {self.free():g} of " \
                f"{self.slots} free"
