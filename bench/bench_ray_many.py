@@ -236,6 +236,10 @@ def run(opts: argparse.Namespace, root: Path, name: str, service: Dict[str, obje
         cluster: Optional[RayCluster]) -> Dict[str, object]:
     """One experiment on one platform; what it measured, and what went wrong ("problems")."""
     home = root / f"home-{name}"
+    home.mkdir()
+    # The local platform's trials take slots of the home's default pool, one a CPU unless pools.yml says:
+    # the peer runs --concurrency at once, as Ray does.
+    (home / "pools.yml").write_text(yaml.safe_dump({"pools": {"default": {"slots": opts.concurrency}}}))
     environ = dict(os.environ, TRIALKIT_HOME=str(home))
     os.environ["TRIALKIT_HOME"] = str(home)  # the in-process trial list reads the same experiments
     config = write_experiment(root / f"exp-{name}", service, opts)
