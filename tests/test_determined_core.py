@@ -117,6 +117,9 @@ def test_adaptive_asha_stops_the_worse_trials_at_a_rung():
 def test_a_distributed_script_starts_its_workers_from_the_cluster_info_and_all_stop_for_a_pause(home):
     """Eight workers of Determined's own launcher; a pause reaches every rank at the same step (rank 0 asks, all
     hear), the launcher exits 143 with them, and the resumed run goes on from rank 0's checkpoint."""
+    # The tutorial asks for 8 slots; this machine's default pool has one a CPU: declare a pool that has them.
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "pools.yml").write_text("pools:\n  default: {slots: 8}\n")
     _, stopped_at, runs = pause_and_resume(home, "4_distributed.yaml")
     increment = runs[1]["parameters"]["increment_by"]
     # Every rank's increment, allgathered at each of 100 steps, across the pause: rank 0's reports only.

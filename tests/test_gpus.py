@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -391,8 +392,9 @@ def test_torch_distributed_starts_one_worker_per_visible_gpu(tmp_path):
 # -- the config: GPU keys reach a platform that applies them, or are refused ----------------------
 
 def config_error(**keys) -> UserError:
-    with pytest.raises(UserError) as caught:
-        parse_config(minimal_config(**keys), ".")
+    # The config's folder is the code dir a Kubernetes trial is sent: an empty one, not this checkout.
+    with tempfile.TemporaryDirectory() as folder, pytest.raises(UserError) as caught:
+        parse_config(minimal_config(**keys), folder)
     return caught.value
 
 
