@@ -205,7 +205,8 @@ def test_adaptdljob_rescaled_resumes_from_its_checkpoint(cluster, containers, im
         proc, exp = start_run(config)
         trial = f"{exp}-00000"
         try:
-            wait_until(lambda: progress(home, trial) >= 1, TIMEOUT, "the trial's first steps")
+            # Its second result is step 10, where a first run holds: the stop lands there, not on the way to it.
+            wait_until(lambda: progress(home, trial) >= 2, TIMEOUT, "the trial to hold at step 10")
             first = next(iter(runner.pods))
             runner.delete_pod(first)  # AdaptDL's rescale: the pod goes, the job restarts from the checkpoint
             runner.wait_for(lambda pods: len(pods) == 2 and pods[first].done.is_set(), TIMEOUT, "a new group")
@@ -230,7 +231,8 @@ def test_pause_then_activate_keeps_progress(cluster, containers, image, tmp_path
         proc, exp = start_run(config)
         trial = f"{exp}-00000"
         try:
-            wait_until(lambda: progress(home, trial) >= 1, TIMEOUT, "the trial's first steps")
+            # Its second result is step 10, where a first run holds: the stop lands there, not on the way to it.
+            wait_until(lambda: progress(home, trial) >= 2, TIMEOUT, "the trial to hold at step 10")
             paused = cli("trial", "pause", trial)
             assert paused.returncode == 0, paused.stderr
             runner.wait_for(lambda pods: runner.history[0].done.is_set(), TIMEOUT, "the paused pod to end")
