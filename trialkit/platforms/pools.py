@@ -40,7 +40,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import process, schema
 from trialkit.errors import UserError
-from trialkit.manager import paths
+from trialkit.manager import disk, paths
+from trialkit.manager.store import StoreUnwritable
 
 CONFIG_NAME = "pools.yml"
 DB_NAME = "pools.db"
@@ -132,11 +133,17 @@ class Pool:
         self.slots = slots
         self.db_path = db_path
         self._lock = threading.Lock()  # one connection, shared by the platform's threads
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(db_path), timeout=BUSY_SECONDS, isolation_level=None,
-                                   check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
+        try:
+            db_path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(db_path), timeout=BUSY_SECONDS, isolation_level=None,
+                                       check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+        except (OSError, sqlite3.OperationalError) as err:
+            reason = disk.fault_reason(err)
+            if reason is None:
+                raise
+            raise StoreUnwritable(db_path, reason) from None  # the home's disk, not a damaged lease table
 
     def check(self, slots: float) -> None:
         """Refuse trials that this pool could never run."""
