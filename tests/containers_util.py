@@ -79,7 +79,10 @@ class Containers:
                       image, *command)
         container = done.stdout.strip().splitlines()[-1]
         self.ids.append(container)
-        self.rootfs.append(self.inspect(container)["GraphDriver"]["Data"]["MergedDir"])
+        # A container that has already ended (run.sh failing at once) is unmounted: it has no MergedDir.
+        merged = self.inspect(container)["GraphDriver"]["Data"].get("MergedDir")
+        if merged:
+            self.rootfs.append(merged)
         return container
 
     def wait(self, container: str, timeout: float = 60) -> int:

@@ -29,8 +29,13 @@ Every 0.1 s the runner looks at the API server's objects and plays:
   path -> host path, read-only) added to every pod, for code that a test
   keeps on the host. restartPolicy OnFailure/Always restart the container.
   The pod's phase and container statuses (running, terminated with exit
-  code and reason) go back into the API server's pod list, as a kubelet
-  reports them. A pod the platform deletes (delete_collection with a grace)
+  code, reason and message) go back into the API server's pod list, as a
+  kubelet reports them. The message is the kubelet's termination message:
+  a host file, emptied before each attempt, is bind-mounted at the
+  container's terminationMessagePath (default /dev/termination-log) and
+  its text (up to the kubelet's 4096 bytes) read when the container ends.
+  (terminationMessagePolicy FallbackToLogsOnError is not played: trialkit's
+  templates do not set it.) A pod the platform deletes (delete_collection with a grace)
   runs its preStop hook, then podman stop with what is left of the grace.
 
 Only what trialkit's templates use is played: one container per pod (the
@@ -57,6 +62,8 @@ LOOPBACK = "127.0.0.1"
 # Peers reach each other at this machine's address (host network): trialkit refuses a loopback
 # chief for more than one node, as it would be a mistake on a real cluster.
 JOB_KINDS = ("PyTorchJob", "TFJob", "Framework", "AdaptDLJob")
+DEFAULT_TERMINATION_PATH = "/dev/termination-log"  # a container's terminationMessagePath unless it sets one
+TERMINATION_MESSAGE_BYTES = 4096  # the kubelet keeps no more of it
 
 
 def host_address() -> str:
@@ -391,9 +398,13 @@ class PodRunner:
         if user is not None:
             options += ["--user", f"{user}:0"]
         env = {**self._env(pod, container), **operator_env}
+        message = self._pod_dir(pod) / "termination-log"
+        options += ["-v", f"{message}:{container.get('terminationMessagePath', DEFAULT_TERMINATION_PATH)}"]
         policy = spec.get("restartPolicy", "Always")
         image = self.images.get(container.get("image", ""), self.image)
         while not pod.deleted:
+            message.write_text("")  # each attempt says its own
+            message.chmod(0o666)  # any uid writes there, as the kubelet's file
             pod.container = self.containers.start(image, *options, command=container.get("args", []), env=env,
                                                   name=f"{pod.name}-{uuid.uuid4().hex[:8]}")
             self._set_status(pod, "Running", {"running": {}})
@@ -405,9 +416,11 @@ class PodRunner:
         if pod.exit_code is None:  # deleted before it started: nothing ran
             pod.done.set()
             return
-        reason = "Completed" if pod.exit_code == 0 else "Error"
-        self._set_status(pod, "Succeeded" if pod.exit_code == 0 else "Failed",
-                         {"terminated": {"exitCode": pod.exit_code, "reason": reason}})
+        terminated = {"exitCode": pod.exit_code, "reason": "Completed" if pod.exit_code == 0 else "Error"}
+        said = message.read_bytes()[:TERMINATION_MESSAGE_BYTES].decode(errors="replace")
+        if said:
+            terminated["message"] = said
+        self._set_status(pod, "Succeeded" if pod.exit_code == 0 else "Failed", {"terminated": terminated})
         pod.done.set()
 
     @staticmethod
@@ -439,6 +452,13 @@ class PodRunner:
         left = max(0, int(deadline - time.monotonic()))
         podman("stop", "-t", str(left), pod.container, check=False, timeout=grace + 30)
 
+    def _pod_dir(self, pod: Pod) -> Path:
+        """The pod's own host dir (emptyDirs, the termination message): a pod made again under the same
+        name starts empty, as on a cluster."""
+        path = self.workdir / "pods" / f"{pod.name}-{pod.obj['metadata']['uid']}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
     def _volumes(self, pod: Pod, container: dict) -> List[str]:
         ns = pod.obj["metadata"]["namespace"]
         sources = {}
@@ -447,8 +467,7 @@ class PodRunner:
             if "persistentVolumeClaim" in volume:
                 path = self.workdir / "claims" / volume["persistentVolumeClaim"]["claimName"]
             else:
-                # Each pod its own: a pod made again under the same name starts empty, as on a cluster.
-                path = self.workdir / "pods" / f"{pod.name}-{pod.obj['metadata']['uid']}" / name
+                path = self._pod_dir(pod) / name
             path.mkdir(parents=True, exist_ok=True)
             path.chmod(0o777)  # as a kubelet makes an emptyDir: any uid writes there
             for kind in ("configMap", "secret"):

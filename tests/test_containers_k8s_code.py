@@ -8,7 +8,10 @@ trialkit's trial side, which the training code then imports.
 """
 from __future__ import annotations
 
+import sqlite3
+import subprocess
 import textwrap
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -16,8 +19,9 @@ import yaml
 
 from containers_util import needs_podman, podman  # its fixtures (containers, image) come from conftest
 from pod_runner import PodRunner, host_address
-from test_containers_k8s import cluster, logs, metric_values, run_to_the_end  # noqa: F401 (fixtures)
-from experiment_util import cli, trial_status
+from test_containers_k8s import TIMEOUT, cluster, logs, metric_values, run_to_the_end  # noqa: F401 (fixtures)
+from experiment_util import cli, experiment_id, start_cli, stored, trial_status
+from trialkit.web import queries
 
 pytestmark = [pytest.mark.containers, needs_podman]
 
@@ -38,6 +42,19 @@ def plain_image(image) -> str:
                   "--format", "{{.Repository}}:{{.Tag}}").stdout.split()[0]
     probe = podman("run", "--rm", "--network", "none", name, "python3", "-c", "import trialkit", check=False)
     assert probe.returncode != 0 and "No module named 'trialkit'" in probe.stderr
+    return name
+
+
+@pytest.fixture(scope="session")
+def no_python_image(plain_image, tmp_path_factory) -> str:
+    """The plain image with python3 removed: built once, kept (by the base's tag) for later sessions."""
+    name = f"localhost/trialkit-nopython:{plain_image.rpartition(':')[2]}"
+    if podman("image", "exists", name, check=False).returncode != 0:
+        context = tmp_path_factory.mktemp("nopython")
+        (context / "Containerfile").write_text(f"FROM {plain_image}\nRUN rm -f /usr/bin/python3*\n")
+        podman("build", "--network", "none", "-q", "-t", name, str(context), timeout=300)
+    probe = podman("run", "--rm", "--network", "none", name, "/bin/sh", "-c", "command -v python3", check=False)
+    assert probe.returncode != 0 and not probe.stdout, probe.stdout
     return name
 
 
@@ -109,3 +126,43 @@ def test_adaptdl_seed_config_with_its_checkpoint_claim_in_a_plain_image(cluster,
     with PodRunner(cluster, containers, plain_image, tmp_path / "kubelet") as runner:
         exp = run_to_the_end(config, runner)
         check_trial(exp, tmp_path / "home", runner)
+
+
+def test_an_image_without_python_fails_the_trial_with_the_reason(cluster, containers, no_python_image,  # noqa: F811
+                                                                  tmp_path):
+    # run.sh finds no python3: it writes why to the pod's termination message and exits 127 before the
+    # keeper or the training code; the platform copies the message into the trial's reason.
+    config = project(tmp_path, "model.py", {
+        "searchSpaceFile": "search_space.json", "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}},
+        "maxTrialNumber": 1, "trialConcurrency": 1,
+        "trainingService": {"platform": "kubeflow", "operator": "pytorch-operator", "apiVersion": "v1alpha2",
+                            "managerAddress": host_address(),
+                            "master": {"replicas": 1, "command": "python3 model.py", "codeDirectory": ".",
+                                       "dockerImage": "msranni/nni:latest"}}})
+    home, why = tmp_path / "home", "no usable Python in the image: python3 is not found"
+    with PodRunner(cluster, containers, no_python_image, tmp_path / "kubelet") as runner:
+        proc = start_cli("run", config)
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired as late:
+            raise AssertionError(f"not done after {TIMEOUT} s: {late.output}\n{runner.describe()}") from None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        exp = experiment_id(out.splitlines()[0])
+        [pod] = runner.history
+        assert pod.exit_code == 127 and "trialkit from" not in runner.logs(pod), runner.describe()
+    trial = f"{exp}-00000"
+    [(status, code, reason)] = stored(home, exp, "SELECT status, exit_code, reason FROM trials WHERE id=?", trial)
+    assert (status, code) == ("FAILED", 127) and why in reason, (status, code, reason, out, err)
+    assert stored(home, exp, "SELECT COUNT(*) FROM records WHERE trial=? AND type IN ('PERIODICAL', 'FINAL')",
+                  trial) == [(0,)]  # no training was tried
+    shown = cli("trial", "show", trial).stdout
+    assert f"status         FAILED: {pod.name}: {why}" in shown, shown
+    with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db:  # what the page gets
+        db.row_factory = sqlite3.Row
+        queries.register(db)
+        page = queries.trials_page(db, exp, queries.TrialQuery())
+        detail = queries.trial(db, exp, trial)
+    assert why in page["rows"][0]["reason"] and why in detail["reason"], (page["rows"], detail)
