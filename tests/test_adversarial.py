@@ -299,3 +299,50 @@ def test_a_launcher_under_a_long_tmpdir_still_links_its_workers(tmp_path):
                           text=True, timeout=120, cwd=tmp_path, env=child_environ(TMPDIR=str(tmpdir)))
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stdout == "[rank=0] ran 0\n"
+
+
+def _holds_itself():
+    loop = {"_type": "choice"}
+    loop["_value"] = [loop]
+    return loop
+
+
+def _nested_tuples():
+    deep = ()
+    for _ in range(100_000):
+        deep = (deep,)
+    return deep
+
+
+@pytest.mark.parametrize("key, value", [("search_space", _holds_itself()), ("search_space", _nested_tuples()),
+                                        ("tuner", _holds_itself())], ids=["loop", "deep tuples", "tuner loop"])
+def test_a_program_s_config_value_that_holds_itself_or_nests_without_bound_is_a_user_error(key, value):
+    """Experiment.config took any Python value and copied it before the config checks: a RecursionError."""
+    from trialkit.errors import UserError
+    from trialkit.experiment import Experiment
+
+    config = Experiment("local").config
+    setattr(config, key, value)
+    with pytest.raises(UserError) as err:
+        config.validate()
+    assert err.value.where == "Experiment.config" and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_priority_out_of_range_is_said_by_its_size_not_its_digits():
+    from trialkit.control.queue import Move
+    from trialkit.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        Move("t", priority=10 ** 5000)
+    assert "out of range" in str(err.value) and len(str(err.value)) < 300, str(err.value)[:300]
+
+
+def test_a_body_with_a_number_past_python_s_digits_is_400_without_interpreter_advice():
+    """int()'s own message advises sys.set_int_max_str_digits: advice for a programmer, not a user."""
+    from trialkit.manager.server import HttpError, Request
+
+    request = Request("POST", "/", {}, {}, b'{"priority": ' + b"9" * 5000 + b"}")
+    with pytest.raises(HttpError) as err:
+        request.json()
+    assert err.value.status == 400 and "5,000 digits" in err.value.reason, err.value.reason
+    assert "sys." not in err.value.reason, err.value.reason

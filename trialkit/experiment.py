@@ -86,12 +86,20 @@ def _empty(value: Any) -> bool:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, (dict, list, tuple)):
+        # A program may hand a value that holds itself or nests without bound: the config files' check first,
+        # so that is one line, not a RecursionError here.
+        schema.check_shape(value, "Experiment.config")
+    return _copy(value)
+
+
+def _copy(value: Any) -> Any:
     if isinstance(value, ConfigBag):
         return value.to_dict()
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _copy(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_copy(v) for v in value]
     if isinstance(value, os.PathLike):  # NNI takes a Path wherever it takes a path
         return os.fspath(value)
     return copy.deepcopy(value)

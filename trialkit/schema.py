@@ -316,7 +316,7 @@ _OPEN = (-1, -1)  # a list or mapping being measured: met again inside itself, i
 def _measure(value: Any, seen: Dict[int, Tuple[int, int]], depth: int, where: str) -> Tuple[int, int]:
     """(values held with every shared value counted where it appears, levels of nesting below); memoized by id,
     so shared values cost once."""
-    if not isinstance(value, (dict, list)):
+    if not isinstance(value, (dict, list, tuple)):  # a tuple: from a program (Experiment.config)
         return 1, 0
     known = seen.get(id(value))
     if known is _OPEN:

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 from trialkit.manager.store import Store
 from trialkit.errors import UserError
 from trialkit.records import INT64_MAX, INT64_MIN, in_int64
+from trialkit.schema import show
 from trialkit.statuses import PREEMPTED, RUNNING, WAITING
 
 # What users see for a status: a trial stopped with a checkpoint waits to be activated.
@@ -58,7 +59,7 @@ class Move(_MoveFields):
     def __new__(cls, trial_id: str, priority: Optional[int] = None, ahead_of: Optional[str] = None,
                 behind_of: Optional[str] = None) -> "Move":
         if priority is not None and not in_int64(priority):
-            raise UserError(f"priority {priority} is out of range", trial_id, _PRIORITY_RANGE)
+            raise UserError(f"priority {show(priority)} is out of range", trial_id, _PRIORITY_RANGE)
         return super().__new__(cls, trial_id, priority, ahead_of, behind_of)
 
     @property

@@ -95,6 +95,16 @@ class HttpError(Exception):
         self.reason = reason
 
 
+def _whole(text: str) -> int:
+    """A JSON body's whole number; one past Python's digits for int() said for a user (int()'s own message
+    advises sys.set_int_max_str_digits)."""
+    digits = len(text.lstrip("-"))
+    if digits > sys.get_int_max_str_digits():
+        raise ValueError(f"a number in it has {digits:,} digits, more than the {sys.get_int_max_str_digits():,} "
+                         "a request may hold")
+    return int(text)
+
+
 @dataclass
 class Request:
     method: str
@@ -106,7 +116,7 @@ class Request:
 
     def json(self) -> Any:
         try:
-            return json.loads(self.body)  # NaN and Infinity are read, as keepers send them
+            return json.loads(self.body, parse_int=_whole)  # NaN and Infinity are read, as keepers send them
         except (ValueError, RecursionError) as err:
             raise HttpError(400, f"the body is not JSON: {err}") from None
 
