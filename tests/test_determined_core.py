@@ -161,6 +161,55 @@ def test_a_core_api_script_under_determineds_torch_distributed_launcher(tmp_path
     assert row["final"] == pytest.approx(1 / 3)
 
 
+HOROVOD_TRAIN = """
+import determined as det
+import horovod.torch as hvd
+
+hvd.init()
+distributed = det.core.DistributedContext.from_horovod(hvd)
+with det.core.init(distributed=distributed) as core:
+    ranks = core.distributed.allgather([hvd.rank(), hvd.size(), hvd.local_size()])
+    print("rank", distributed.rank, "of", distributed.size, flush=True)
+    for step in range(1, 4):
+        core.train.report_validation_metrics(steps_completed=step, metrics={"loss": 1.0 / step, "ranks": ranks})
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="needs horovod (tools/build_horovod.sh)")
+@pytest.mark.parametrize("launcher", ["autohorovod", "horovod"])
+def test_a_core_api_script_under_determineds_horovod_launchers(tmp_path, launcher):
+    """Two slots: autohorovod picks horovodrun (gloo on the CPU), as horovod does; the DistributedContext comes
+    from horovod's ranks, both workers run, rank 0 alone reports."""
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "train.py").write_text(HOROVOD_TRAIN)
+    (context / "exp.yaml").write_text(
+        f"name: hvd-core\nentrypoint: python3 -m determined.launch.{launcher} python3 train.py\n"
+        "resources: {slots_per_trial: 2}\nsearcher: {name: single, metric: loss}\nmax_restarts: 0\n")
+    done = cli("run", context / "exp.yaml", context, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = export(experiment_id(done.stdout.splitlines()[0]))[0]
+    ranks = [[0, 2, 2], [1, 2, 2]]  # (rank, size, local_size) from horovod, allgathered over the context's star
+    assert metrics(row, "validation") == [(n, {"loss": 1.0 / n, "ranks": ranks}) for n in (1, 2, 3)]
+    assert row["status"] == "SUCCEEDED" and row["final"] == pytest.approx(1 / 3)
+    out = (Path(row["trial_dir"]) / "stdout.log").read_text().splitlines()
+    assert "[rank=0] rank 0 of 2" in out and "[rank=1] rank 1 of 2" in out  # horovod's launcher labels its ranks
+
+
+def test_a_pause_stops_every_torch_distributed_rank_at_one_step_and_the_trial_resumes(home):
+    """Two workers of determined.launch.torch_distributed: rank 0 hears the pause, every rank stops at the
+    same step through should_preempt(), the trial resumes from rank 0's checkpoint and reports once."""
+    pytest.importorskip("torch", reason="torch is one of trialkit's extras")
+    latest, stopped_at, runs = pause_and_resume(home, "trialkit_torch_pause.yaml")
+    assert (latest / "state").read_text() == f"{3 * stopped_at},{stopped_at}"
+    out = (Path(runs[0]["trial_dir"]) / "stdout.log").read_text().splitlines()
+    assert sorted(line for line in out if "preempted" in line) == [
+        f"[rank={r}] preempted after step {stopped_at}" for r in (0, 1)]
+    assert [n for n, _ in metrics(runs[0], "training")] == list(range(10, stopped_at + 1, 10))
+    assert metrics(runs[1], "training") == [(n, {"x": 3 * n}) for n in range(stopped_at + 10, 101, 10)]
+    assert metrics(runs[1], "validation") == [(100, {"x": 300})] and runs[1]["final"] == 300
+
+
 def shim_python(tmp_path: Path, code: str, **environ: str) -> subprocess.CompletedProcess:
     """`code` in a Python that finds `determined` through the keeper's boot dir, as a trial does."""
     e = {**os.environ, "PYTHONPATH": str(BOOT), "TRIALKIT_TRIAL_DIR": str(tmp_path), **environ}
