@@ -1,7 +1,9 @@
+import importlib.util
 import re
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 
 VERSION = re.search(r'^__version__ = "([^"]+)"', (Path(__file__).parent / "trialkit" / "__init__.py").read_text(),
                     re.M).group(1)
@@ -29,6 +31,37 @@ PACKAGES = [
     "trialkit.scripts",
     "trialkit.launchers",
 ]
+
+# trialkit's fallback packages (trialkit/shims: `nni`, ...) in every Python that has trialkit, for NNI's
+# notebooks (`from nni.experiment import Experiment`): a .pth in site-packages appends, at each interpreter's
+# start, a finder that answers only those names where no one else found them (a real nni always wins) and
+# loads trialkit (FallbackFinder, trialkit/shims/boot) only when asked. Costs a start one class, no import.
+PTH = "trialkit-fallbacks.pth"
+
+
+def fallback_pth() -> str:
+    boot_py = Path(__file__).parent / "trialkit" / "shims" / "boot" / "sitecustomize.py"
+    spec = importlib.util.spec_from_file_location("trialkit_boot", boot_py)
+    boot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(boot)  # not as `sitecustomize`: defines, installs nothing
+    # Once: site may read a .pth twice (a venv's lib64 link to lib).
+    return ('import sys; any(type(f).__name__ == "TrialkitFallbacks" for f in sys.meta_path) or sys.meta_path.append('
+            'type("TrialkitFallbacks", (), {"names": %r, "find_spec": lambda self, name, path=None, target=None: '
+            '__import__("trialkit.shims.boot.sitecustomize", fromlist=["_"]).FallbackFinder(self.names)'
+            '.find_spec(name) if path is None and name in self.names else None})())\n'
+            % (tuple(boot.fallback_names()),))
+
+
+class BuildWithPth(build_py):
+    """Writes the .pth beside the packages: site-packages' top, in a wheel and in an editable install."""
+
+    def run(self):
+        super().run()
+        # An editable install's wheel is made from install's install_lib, not build_lib (setuptools' editable_wheel).
+        top = Path(self.get_finalized_command("install").install_lib if self.editable_mode else self.build_lib)
+        top.mkdir(parents=True, exist_ok=True)
+        (top / PTH).write_text(fallback_pth())
+
 
 EXTRAS = {
     "torch": ["torch==2.13.0"],
@@ -68,6 +101,7 @@ setup(
     package_data={"trialkit.scripts": ["*.sh"], "trialkit.launchers": ["*.yaml"], "trialkit.web": ["static/*", "vendor/*"]},
     install_requires=["psutil>=5.9", "requests>=2.28", "PyYAML>=6"],
     extras_require=EXTRAS,
+    cmdclass={"build_py": BuildWithPth},
     entry_points={
         "console_scripts": [
             "trialkit=trialkit.cli:main",

@@ -328,4 +328,7 @@ def test_the_archive_holds_every_trialkit_module_its_modules_import():
                 wanted.update(f"{node.module}.{a.name}" for a in node.names if (ROOT / node.module.replace(".", "/") / f"{a.name}.py").exists())
             elif isinstance(node, ast.Import):
                 wanted.update(a.name for a in node.names if a.name.startswith("trialkit"))
+    # nni.experiment's lazy import of the control plane's Python API: in a pod it says the API is not there
+    # (the one arrow up, tests/test_layering.py's EXCEPTIONS).
+    wanted.discard("trialkit.experiment")
     assert wanted and wanted <= held, f"missing from the archive: {sorted(wanted - held)}"

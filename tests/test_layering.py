@@ -41,6 +41,11 @@ ALLOWED: Dict[str, Set[str]] = {
 }
 
 
+# The one arrow up, lazy and by design: trialkit's `nni.experiment` (a fallback package, trial side: it ships to
+# pods) serves the Python API of NNI's notebooks from trialkit.experiment, in the user's Python only, on first use.
+EXCEPTIONS = {("trialkit.shims.nni.experiment", "trialkit.experiment")}
+
+
 def layer_of(module: str) -> str:
     parts = module.split(".")
     assert parts[0] == "trialkit", module
@@ -93,7 +98,7 @@ def test_every_import_points_down_the_layers():
         source = layer_of(module_name(path))
         for line, target in imports(path):
             target_layer = layer_of(target)
-            if target_layer not in ALLOWED[source]:
+            if target_layer not in ALLOWED[source] and (module_name(path), target) not in EXCEPTIONS:
                 against.append(f"{path.relative_to(ROOT)}:{line}: {source} imports {target} ({target_layer})")
     assert against == []
 

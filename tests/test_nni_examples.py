@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from experiment_util import cli, experiment_id
+from harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "tests" / "fixtures" / "nni"
@@ -67,6 +70,28 @@ def test_nnis_mnist_shape_with_merge_parameter_reports_every_epoch(tmp_path, use
         logs = cli("trial", "logs", row["trial_id"], env=user_env)
         assert f"trial {row['trial_id']} of {exp} (#{row['sequence']})" in logs.stdout, logs.stdout
         assert f"'lr': {row['parameters']['lr']}" in logs.stdout  # merge_parameter took the tuner's value
+
+
+def test_nnis_quickstart_notebook_runs_in_the_users_python_with_trialkit_and_no_nni(tmp_path):
+    """NNI's notebooks start experiments from the user's own Python (`from nni.experiment import Experiment`):
+    here this checkout's, where trialkit is installed (its .pth, setup.py) and nni is not."""
+    main = shutil.copytree(EXAMPLES / "hpo-quickstart", tmp_path / "hpo-quickstart") / "main.py"
+    text = main.read_text()
+    assert "max_trial_number = 10" in text and "run(8080)" in text
+    # Only the trial count (this machine is small) and the port (tests run side by side) are cut.
+    main.write_text(text.replace("max_trial_number = 10", "max_trial_number = 3").replace("run(8080)",
+                                                                                         f"run({free_port()})"))
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environ["TRIALKIT_HOME"] = str(tmp_path / "home")
+    no_nni = "import importlib.metadata as m\ntry: m.distribution('nni')\nexcept m.PackageNotFoundError: print('none')"
+    assert subprocess.run([sys.executable, "-c", no_nni], capture_output=True, text=True).stdout == "none\n"
+    done = subprocess.run([sys.executable, main.name], cwd=main.parent, env=environ, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trialkit's nni serves" in done.stderr
+    rows = export_in(re.search(r"started experiment (\S+)", done.stdout).group(1), environ)
+    assert [row["status"] for row in rows] == ["SUCCEEDED"] * 3, rows
+    assert all(len(row["intermediate"]) == 5 and 0 < row["final"] < 1 for row in rows), rows
 
 
 def export_in(exp: str, environ) -> list:

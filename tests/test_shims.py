@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Dict
 
@@ -50,9 +51,11 @@ def test_where_nni_is_absent_the_trial_gets_trialkits_nni(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == str(BOOT_DIR.parent / "nni" / "__init__.py")
     assert "trialkit's nni serves the trial API" in done.stderr
-    # Without the boot dir the same interpreter has no nni: the fallback is what the test saw.
-    plain = run(sys.executable, "import nni", {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, tmp_path)
-    assert "No module named 'nni'" in plain.stderr
+    # The boot dir's finder is what the keeper adds (this interpreter has trialkit's .pth finder without it).
+    finders = "import sys; print([type(f).__name__ for f in sys.meta_path])"
+    assert "'FallbackFinder'" in run(sys.executable, finders, child(), tmp_path).stdout
+    plain = run(sys.executable, finders, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, tmp_path)
+    assert plain.returncode == 0 and "'FallbackFinder'" not in plain.stdout, plain.stderr
 
 
 def test_an_interpreter_without_trialkit_gets_trialkit_too(tmp_path):
@@ -106,6 +109,40 @@ def nni_python():
     if done.returncode != 0:
         pytest.fail(f"cannot prepare the nni 3.0 venv: {done.stderr[-2000:]}")
     return done.stdout.strip().splitlines()[-1]
+
+
+PTH = Path(sysconfig.get_paths()["purelib"]) / "trialkit-fallbacks.pth"
+NOTEBOOK = """
+import sys
+at_start = sorted(m for m in sys.modules if m.split(".")[0] in ("trialkit", "nni"))
+from nni.experiment import Experiment, ExperimentConfig, AlgorithmConfig, LocalConfig
+import nni, trialkit.experiment
+print(at_start, nni.__file__, Experiment is trialkit.experiment.Experiment, LocalConfig is trialkit.experiment.LocalConfig,
+      nni.experiment.AlgorithmConfig is trialkit.experiment.AlgorithmConfig)
+"""
+
+
+def test_nni_experiment_in_any_python_with_trialkit_installed(tmp_path):
+    """NNI's notebooks run in the user's Python, no keeper: the .pth setup.py installs serves `nni` there,
+    trialkit.experiment's names as nni.experiment's, and loads nothing of trialkit at start."""
+    assert PTH.is_file(), f"no {PTH}: reinstall trialkit (pip install -e .) so setup.py puts it there"
+    done = run(sys.executable, NOTEBOOK, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]", str(BOOT_DIR.parent / "nni" / "__init__.py"), "True", "True", "True"]
+
+
+def test_the_pth_does_not_shadow_a_real_nni(tmp_path, nni_python):
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    shutil.copy(PTH, site_dir)  # the nni venv with trialkit's .pth, trialkit on its path
+    code = (f"import site; site.addsitedir({str(site_dir)!r}); import nni, determined; "
+            "print(nni.__file__); print(determined.__file__)")
+    done = run(nni_python, code, dict(os.environ, PYTHONPATH=str(ROOT)), tmp_path)
+    assert done.returncode == 0, done.stderr
+    real = done.stdout.splitlines()[0]
+    assert real.startswith(f"{Path(nni_python).parent.parent}/lib/") and "/site-packages/nni/" in real, real
+    # ... while the .pth's finder serves what the venv lacks: it was live.
+    assert done.stdout.splitlines()[1] == str(BOOT_DIR.parent / "determined" / "__init__.py")
 
 
 MERGE_CASES = """

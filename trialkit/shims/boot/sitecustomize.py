@@ -54,7 +54,10 @@ def _run_next_sitecustomize():
         spec.loader.exec_module(module)
 
 
-# By name: a second run of this file (a second boot dir of the same trialkit) has its own class.
-if not any(type(finder).__name__ == FallbackFinder.__name__ for finder in sys.meta_path):
-    sys.meta_path.append(FallbackFinder(fallback_names()))
-_run_next_sitecustomize()
+# Only as the interpreter's start-up hook: trialkit's .pth (setup.py) imports this module by its full name
+# for FallbackFinder alone. By name: a second run of this file (a second boot dir of the same trialkit) has
+# its own class.
+if __name__ == "sitecustomize":
+    if not any(type(finder).__name__ == FallbackFinder.__name__ for finder in sys.meta_path):
+        sys.meta_path.append(FallbackFinder(fallback_names()))
+    _run_next_sitecustomize()

@@ -3,9 +3,10 @@
 Served only where `import nni` finds no real nni (trialkit/shims): NNI's example
 trials and users' trial code run unchanged under trialkit. Each function is
 NNI 3.0's, over trialkit's SDK: parameters from the trial's environment, metrics
-into the channel the keeper follows. What else NNI is (tuners, NAS,
-compression, the experiment API) is not here: asking for it says so and how
-to get it.
+into the channel the keeper follows. `nni.experiment` is trialkit.experiment's
+Python API, served in any Python that has trialkit installed (its .pth, setup.py),
+so NNI's notebooks run there too. What else NNI is (tuners, NAS, compression)
+is not here: asking for it says so and how to get it.
 """
 import sys
 
@@ -24,7 +25,7 @@ from .trial import (  # noqa: F401  (NNI 3.0's nni.trial.__all__, re-exported as
 __version__ = "3.0+trialkit"  # the NNI version whose trial API this is; +trialkit: not NNI itself
 
 print("trialkit: nni is not installed in this Python; trialkit's nni serves the trial API "
-      "(get_next_parameter, report_*_result, ...)", file=sys.stderr, flush=True)
+      "(get_next_parameter, report_*_result, ...) and nni.experiment", file=sys.stderr, flush=True)
 
 
 class NoMoreTrialError(Exception):
@@ -35,5 +36,8 @@ class NoMoreTrialError(Exception):
 
 
 def __getattr__(name: str):
+    if name == "experiment":  # `import nni; nni.experiment.Experiment(...)`, as NNI's package allows
+        from . import experiment
+        return experiment
     raise AttributeError(f"trialkit's nni has the trial API only, not nni.{name}: "
                          f"install nni (pip install nni) in the trial's Python for the rest of it")
