@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 sys.path.insert(0, str(ROOT / "tools"))
 
-import docs_hooks  # noqa: E402
+import gen_docs  # noqa: E402
 import gen_config_reference  # noqa: E402
 
 OWNED_ELSEWHERE = {"ARCHITECTURE.md", "launchers.md"}  # kept by other owners: built and link-checked only
@@ -51,7 +51,7 @@ BIN = Path(sys.executable).parent
 RUN_TIMEOUT = 90.0
 MARKER = re.compile(r"^<!-- test: (.*?) -->\s*$")
 FENCE = re.compile(r"^(\s*)(```+|~~~+)\s*([\w+-]*)(.*)$")
-SNIPPET = re.compile(r'^\s*--8<-- "([^"]+)"\s*$')
+INCLUDE = re.compile(r"^<!-- include: (\S+) -->\s*$")
 UNMARKED_OK = {"text", ""}  # sample output and diagrams may stand without a test
 
 
@@ -65,6 +65,7 @@ class Block:
     lang: str
     body: str
     marker: Optional[str]  # the text after "test:", None when unmarked
+    source: Optional[Path] = None  # the checkout's file the block holds (`<!-- include: PATH -->` above it)
 
     @property
     def where(self) -> str:
@@ -98,34 +99,25 @@ def blocks(page: str) -> List[Block]:
         j = i + 1
         while j < len(lines) and not lines[j].strip().startswith(fence):
             j += 1
-        marker = None
+        marker = source = None
         k = i - 1
         while k >= 0 and not lines[k].strip():
+            k -= 1
+        if k >= 0 and INCLUDE.match(lines[k].strip()):
+            source = ROOT / INCLUDE.match(lines[k].strip()).group(1)
             k -= 1
         if k >= 0 and MARKER.match(lines[k].strip()):
             marker = MARKER.match(lines[k].strip()).group(1)
         indent = len(match.group(1))
         body = "\n".join(line[indent:] for line in lines[i + 1 : j])
-        out.append(Block(page, i + 1, lang, body, marker))
+        out.append(Block(page, i + 1, lang, body, marker, source))
         i = j + 1
     return out
 
 
-def include_snippets(text: str) -> str:
-    """pymdownx.snippets' `--8<-- "path"` lines, as the built page shows them."""
-    return "\n".join((ROOT / m.group(1)).read_text(encoding="utf-8").rstrip("\n") if (m := SNIPPET.match(line))
-                     else line for line in text.splitlines())
-
-
-def snippet_path(text: str) -> Optional[Path]:
-    lines = [line for line in text.splitlines() if line.strip()]
-    match = SNIPPET.match(lines[0]) if len(lines) == 1 else None
-    return ROOT / match.group(1) if match else None
-
-
 def prose(page: str) -> str:
-    """The page's Markdown, expanded as the build does, without its fenced blocks."""
-    text = docs_hooks.expand((DOCS / page).read_text(encoding="utf-8"))
+    """The page's Markdown without its fenced blocks."""
+    text = (DOCS / page).read_text(encoding="utf-8")
     return re.sub(r"^(```+|~~~+).*?^\1\s*$", "", text, flags=re.MULTILINE | re.DOTALL)
 
 
@@ -215,11 +207,11 @@ def test_config_reference_lists_the_schema():
     from trialkit.platforms.kubernetes import kubeflow
     from trialkit.platforms import local, ray
 
-    text = docs_hooks.expand((DOCS / "reference" / "config.md").read_text())
+    text = (DOCS / "reference" / "config.md").read_text()
     for key in config.V2_KEYS + tuple(local._OPTIONS) + tuple(ray._OPTIONS) + kubeflow.ROLES:
         assert f"`{key}`" in text, key
     everything = "".join((DOCS / page).read_text() for page in pages())
-    for name in list(gen_config_reference.GENERATED) + list(docs_hooks.OWN):
+    for name in list(gen_config_reference.GENERATED) + list(gen_docs.OWN):
         assert f"<!-- generated: {name} -->" in everything, f"no page shows the generated {name!r}"
     # The v1 mapping is what convert_v1 does: every v1 key lands on a key the v2 parser reads.
     v2_paths = set()
@@ -258,10 +250,12 @@ def test_sdk_page_names_every_public_function():
     assert not [name for name in trialkit.__all__ if f"trialkit.{name}" not in text]
 
 
-def test_constants_in_pages_exist():
-    for page in pages():
-        for dotted in docs_hooks.CONST.findall((DOCS / page).read_text()):
-            docs_hooks.const(dotted)  # raises when the constant is gone
+@pytest.mark.parametrize("page", pages())
+def test_generated_parts_of_the_page_are_current(page):
+    """Generated tables, included files and constants are checked in, so the page reads as the site does."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    assert "--8<--" not in text and "{{ const" not in text, "write <!-- include: PATH --> or <!-- const NAME -->"
+    assert gen_docs.refresh(text) == text, f"docs/{page} is stale: run python tools/gen_docs.py"
 
 
 # ---------------------------------------------------------------- markers
@@ -323,7 +317,7 @@ class Workspace:
 
     def run_python(self, block: Block, expect: int, timeout: float) -> None:
         path = self.dir / f"_block_{block.line}.py"
-        path.write_text(include_snippets(block.body))
+        path.write_text(block.body)
         self._run([sys.executable, str(path)], self.dir, expect, timeout, block)
 
     def _run(self, argv: List[str], cwd: Path, expect: int, timeout: float, block: Block) -> None:
@@ -358,11 +352,11 @@ def _output_matches(expected: str, output: str) -> Optional[str]:
 def check_config(block: Block, ws: Workspace, values: Dict[str, str], flags: List[str]) -> None:
     from trialkit.control.config import load_config, parse_config
 
-    path = snippet_path(block.body)
+    path = block.source
     if path is not None:
         config = load_config(path)
     else:
-        data = yaml.safe_load(include_snippets(block.body))
+        data = yaml.safe_load(block.body)
         if "fragment" in flags:
             data = {"searchSpace": {"x": {"_type": "choice", "_value": [1, 2]}}, "trialCommand": "python3 train.py",
                     "tuner": {"name": "Random"}, **data}
@@ -509,7 +503,7 @@ def test_examples(page, tmp_path):
         if "file" in values:
             target = ws.dir / values["file"]
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(include_snippets(block.body) + "\n")
+            target.write_text(block.body + "\n")
         if "config" in flags:
             check_config(block, ws, values, flags)
         if "run" in flags:

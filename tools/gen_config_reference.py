@@ -23,8 +23,8 @@ What cannot come from code is the one-line meaning of each key: DESCRIPTIONS
 below. `missing_descriptions()` names keys the schema has and DESCRIPTIONS
 lacks, `stale_descriptions()` entries for keys that are gone;
 tests/test_docs.py fails on either, so the reference follows the code.
-The MkDocs hook (tools/docs_hooks.py) puts `render(name)` where a page says
-`<!-- generated: name -->`.
+tools/gen_docs.py writes `render(name)` into the pages, between
+`<!-- generated: name -->` and `<!-- end generated -->`.
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ DESCRIPTIONS: Dict[str, str] = {
     "node selectors, sidecars.",
     "k8s.keeperGraceSeconds": "The keeper's grace in the pod: SIGTERM to SIGKILL of the trial.",
     "k8s.terminationGracePeriodSeconds": "The pod's grace; must exceed keeperGraceSeconds "
-    "(default: keeperGraceSeconds + {{ const trialkit.layout.CLEANUP_MARGIN_SECONDS }}).",
+    "(default: keeperGraceSeconds + <!-- const trialkit.layout.CLEANUP_MARGIN_SECONDS -->).",
     "k8s.dockerImage": "The image every pod runs (a role may give its own).",
     "k8s.workingDir": "The code is in the image, here (an absolute path; `.`: the image's own working directory): "
     "nothing is shipped. Without it, the trial code directory is packed (its `.trialignore`, the size limit) and "

@@ -1,15 +1,16 @@
-"""MkDocs hooks for the user guide (mkdocs.yml: `hooks: [tools/docs_hooks.py]`).
+"""The user guide's generated parts, checked in where they show (docs/*.md), so a
+page reads the same as a plain file and as the built site; nothing the code
+decides is copied into prose by hand:
 
-Two substitutions in each page's Markdown, so that nothing the code decides is
-copied into prose by hand:
+- between `<!-- generated: NAME -->` and `<!-- end generated -->`: `generate(NAME)`,
+  the config reference tables (made from the config schema itself) and the CLI's help;
+- after `<!-- include: PATH -->`: a fenced block holding that file of the
+  checkout (an example config);
+- before `<!-- const module.NAME -->`: the value of that constant in trialkit
+  (a grace period, a default, a limit): `25<!-- const trialkit.env.DEFAULT_GRACE_SECONDS -->`.
 
-- `<!-- generated: NAME -->` becomes `gen_config_reference.render(NAME)`: the
-  config reference tables, made from the config schema itself;
-- `{{ const module.NAME }}` becomes the value of that constant in trialkit
-  (a grace period, a default, a limit): `{{ const trialkit.env.DEFAULT_GRACE_SECONDS }}`
-  reads `25`.
-
-tests/test_docs.py expands pages the same way (`expand`).
+`python tools/gen_docs.py` rewrites the pages with what the code says now;
+tests/test_docs.py fails while a page differs from that (`refresh`).
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ for path in (ROOT, ROOT / "tools"):
 
 import gen_config_reference  # noqa: E402  (after the path is set)
 
-GENERATED = re.compile(r"^<!-- generated: ([\w-]+) -->$", re.MULTILINE)
-CONST = re.compile(r"\{\{ const ([\w.]+) \}\}")
+DOCS = ROOT / "docs"
+GENERATED = re.compile(r"^<!-- generated: ([\w-]+) -->\n.*?^<!-- end generated -->$", re.MULTILINE | re.DOTALL)
+INCLUDE = re.compile(r"^<!-- include: (\S+) -->\n(```+)([\w+-]*)\n.*?^\2$", re.MULTILINE | re.DOTALL)
+CONST = re.compile(r"[\w.+-]*<!-- const ([\w.]+) -->")
 
 
 def const(dotted: str):
@@ -101,10 +104,22 @@ def generate(name: str) -> str:
     return (OWN.get(name) or (lambda: gen_config_reference.render(name)))()
 
 
-def expand(markdown: str) -> str:
-    markdown = GENERATED.sub(lambda m: generate(m.group(1)).rstrip("\n"), markdown)
-    return CONST.sub(lambda m: str(const(m.group(1))), markdown)
+def refresh(markdown: str) -> str:
+    """The page with its generated parts as the code and the files make them now."""
+    markdown = GENERATED.sub(lambda m: f"<!-- generated: {m.group(1)} -->\n{generate(m.group(1)).rstrip()}\n"
+                                       f"<!-- end generated -->", markdown)
+    markdown = INCLUDE.sub(lambda m: f"<!-- include: {m.group(1)} -->\n{m.group(2)}{m.group(3)}\n"
+                                     f"{(ROOT / m.group(1)).read_text(encoding='utf-8').rstrip()}\n{m.group(2)}", markdown)
+    return CONST.sub(lambda m: f"{const(m.group(1))}<!-- const {m.group(1)} -->", markdown)
 
 
-def on_page_markdown(markdown, page, config, files):
-    return expand(markdown)
+def main() -> None:
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        if refresh(text) != text:
+            page.write_text(refresh(text), encoding="utf-8")
+            print(f"rewrote {page.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
