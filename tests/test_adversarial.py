@@ -101,6 +101,7 @@ def run_cli(home, *args: str, cwd=None) -> subprocess.CompletedProcess:
 def assert_one_line(done: subprocess.CompletedProcess, says: str) -> None:
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert len(done.stderr) < 1000, done.stderr[:1000]  # a 5,000-character argument is not echoed whole
     assert says in done.stderr, done.stderr
 
 
@@ -120,6 +121,9 @@ CLI_CASES = [
     ("a 5000-character id to trial list", ["trial", "list", LONG_ID], "is not an experiment id"),
     ("a 5000-character trial id", ["trial", "show", LONG_ID + "-00001"], "is not a trial id"),
     ("a 5000-character id to ui", ["ui", LONG_ID], "is not an experiment id"),
+    ("an empty id to ui", ["ui", ""], "'' is not an experiment id"),  # it served every experiment instead
+    ("a 5000-character unknown argument", ["job", "list", LONG_ID], "[4,840 characters]"),
+    ("a 5000-digit priority", ["job", "update", "abc12345", "--priority", "9" * 5000], "characters]..."),
     ("an experiment id that is a path", ["experiment", "export", "../../etc"], "is not an experiment id"),
     ("a store whose config is not JSON",
      lambda tmp: ["experiment", "show", a_store_whose_config_is_not_json(tmp / "home")], "config is not JSON"),
@@ -170,6 +174,9 @@ def test_plot_writes_the_name_given_and_only_a_png(tmp_path):
     assert_one_line(run_cli(home, "experiment", "plot", "abc12345", "-o", tmp_path / "out.jpg"),
                     "-o: the plot is a PNG, not '.jpg' (name it out.png)")
     assert not (tmp_path / "out.jpg").exists()
+    # is_dir() raised ENAMETOOLONG before the write's own catch: a traceback, exit 1
+    assert_one_line(run_cli(home, "experiment", "plot", "abc12345", "-o", "a" * 300 + ".png", cwd=tmp_path),
+                    "File name too long")
 
 
 class _NotJson(http.server.BaseHTTPRequestHandler):

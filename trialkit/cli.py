@@ -363,13 +363,13 @@ def cmd_experiment_plot(opts: argparse.Namespace) -> int:
         raise UserError(f"nothing to plot for experiment {opts.experiment_id}: {why}", "EXPERIMENT_ID",
                         f"`trialkit trial list {opts.experiment_id}` shows each trial's status and reason")
     output = Path(opts.output)
-    if output.is_dir():
-        output = output / f"{opts.experiment_id}.png"  # -o DIR: the plot goes inside it, as `render -o DIR` does
-    if not output.parent.is_dir():
-        raise UserError(f"no directory {str(output.parent)!r} to write into", "-o", "create it first")
-    if output.suffix.lower() not in ("", ".png"):
-        raise UserError(f"the plot is a PNG, not {output.suffix!r}", "-o", f"name it {output.stem}.png")
-    try:
+    try:  # is_dir() raises for a name too long, as the write does
+        if output.is_dir():
+            output = output / f"{opts.experiment_id}.png"  # -o DIR: the plot goes inside it, as `render -o DIR` does
+        if not output.parent.is_dir():
+            raise UserError(f"no directory {str(output.parent)!r} to write into", "-o", "create it first")
+        if output.suffix.lower() not in ("", ".png"):
+            raise UserError(f"the plot is a PNG, not {output.suffix!r}", "-o", f"name it {output.stem}.png")
         plot_experiment(rows, f"experiment {opts.experiment_id}", output)
     except OSError as err:
         raise UserError(f"cannot write {str(output)!r}: {err.strerror}", "-o", "check the path") from None

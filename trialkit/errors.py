@@ -30,7 +30,18 @@ class UserError(Exception):
         text = f"{self.where}: {self.what}" if self.where else self.what
         if self.fix:
             text += f" ({self.fix})"
-        return " ".join(text.split())  # one line, whatever the parts held
+        # One line, whatever the parts held; a word no one reads whole (a 5,000-character argument echoed back)
+        # by its ends.
+        return " ".join(_clip(word) for word in text.split())
+
+
+LONGEST_WORD = 240
+
+
+def _clip(word: str) -> str:
+    if len(word) <= LONGEST_WORD:
+        return word
+    return f"{word[:120]}...[{len(word) - 160:,} characters]...{word[-40:]}"
 
 
 def report_and_exit(prog: str, err: UserError) -> NoReturn:

@@ -36,5 +36,5 @@ def serve_ui(experiment_id: Optional[str], port: int, host: str = "127.0.0.1") -
 
 def _stores(experiment_id: Optional[str]) -> List[Path]:
     """The store files to show: the one experiment's, else every experiment's (looked for again on each list)."""
-    dirs = [paths.experiment_dir(experiment_id)] if experiment_id else paths.all_experiment_dirs()
+    dirs = [paths.experiment_dir(experiment_id)] if experiment_id is not None else paths.all_experiment_dirs()
     return [d / DB_NAME for d in dirs]
