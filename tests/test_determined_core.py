@@ -8,6 +8,7 @@ experiment: a manager, keepers, trial processes, the store on disk.
 from __future__ import annotations
 
 import base64
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -32,7 +33,11 @@ def home(tmp_path, monkeypatch):
 
 
 def test_determined_is_not_installed_here():
-    assert importlib.util.find_spec("determined") is None  # what the trials import is trialkit's
+    # No distribution of Determined: what `import determined` finds is trialkit's fallback package.
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.distribution("determined")
+    assert importlib.util.find_spec("determined").origin == str(ROOT / "trialkit" / "shims" / "determined" /
+                                                                "__init__.py")
 
 
 def run(config: str, context: Path = FIXTURES) -> str:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 import pytest
 
@@ -23,12 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PROBE = "import nni, trialkit; print(nni.__file__); print(trialkit.__file__)"
 
 
-def child(checkpoint_every: float = 0.0, pythonpath: str = "") -> Dict[str, str]:
-    """The environment the keeper gives a training process."""
+def child(checkpoint_every: float = 0.0, pythonpath: str = "", trial_dir: Optional[Path] = None) -> Dict[str, str]:
+    """The environment the keeper gives a training process (its trial dir `trial_dir`, else the working dir:
+    give one wherever the process runs, or its channel lands in the checkout)."""
     base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if pythonpath:
         base["PYTHONPATH"] = pythonpath
-    trial = env.read({env.CHECKPOINT_EVERY: str(checkpoint_every)})
+    given = {env.TRIAL_DIR: str(trial_dir)} if trial_dir is not None else {}
+    trial = env.read({env.CHECKPOINT_EVERY: str(checkpoint_every), **given})
     return trial.child_environ(base)
 
 
@@ -47,13 +49,13 @@ def test_the_keepers_child_has_the_boot_dir_once_after_adaptdls_and_before_the_u
 
 
 def test_where_nni_is_absent_the_trial_gets_trialkits_nni(tmp_path):
-    done = run(sys.executable, PROBE, child(), tmp_path)
+    done = run(sys.executable, PROBE, child(trial_dir=tmp_path), tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == str(BOOT_DIR.parent / "nni" / "__init__.py")
     assert "trialkit's nni serves the trial API" in done.stderr
     # The boot dir's finder is what the keeper adds (this interpreter has trialkit's .pth finder without it).
     finders = "import sys; print([type(f).__name__ for f in sys.meta_path])"
-    assert "'FallbackFinder'" in run(sys.executable, finders, child(), tmp_path).stdout
+    assert "'FallbackFinder'" in run(sys.executable, finders, child(trial_dir=tmp_path), tmp_path).stdout
     plain = run(sys.executable, finders, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, tmp_path)
     assert plain.returncode == 0 and "'FallbackFinder'" not in plain.stdout, plain.stderr
 
@@ -66,7 +68,7 @@ def test_an_interpreter_without_trialkit_gets_trialkit_too(tmp_path):
     python = str(bare / "bin" / "python")
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     assert "No module named 'trialkit'" in run(python, "import trialkit", environ, tmp_path).stderr
-    served = run(python, PROBE + "; nni.report_final_result(0.5)", child(), tmp_path)
+    served = run(python, PROBE + "; nni.report_final_result(0.5)", child(trial_dir=tmp_path), tmp_path)
     assert served.returncode == 0, served.stderr
     assert served.stdout.splitlines()[1] == str(ROOT / "trialkit" / "__init__.py")
     assert "final result 0: 0.5" in served.stdout  # trialkit's SDK, standalone outside a keeper
@@ -75,7 +77,7 @@ def test_an_interpreter_without_trialkit_gets_trialkit_too(tmp_path):
 def test_a_real_nni_is_never_shadowed(tmp_path, nni_python):
     # To stderr: nni in local mode sends stdout to $NNI_OUTPUT_DIR/trial.log.
     code = "import sys, nni; print('NNI-AT', nni.__file__, file=sys.stderr)"
-    done = run(nni_python, code, child(300), tmp_path)
+    done = run(nni_python, code, child(300, trial_dir=tmp_path), tmp_path)
     assert done.returncode == 0, done.stderr
     assert f"NNI-AT {Path(nni_python).parent.parent}/lib/" in done.stderr  # the venv's site-packages
     assert "trialkit's nni" not in done.stderr
@@ -83,7 +85,7 @@ def test_a_real_nni_is_never_shadowed(tmp_path, nni_python):
 
 def test_nni_in_the_scripts_own_dir_wins_too(tmp_path):
     (tmp_path / "nni.py").write_text("WHO = 'mine'\n")
-    done = run(sys.executable, "import nni; print(nni.WHO)", child(), tmp_path)
+    done = run(sys.executable, "import nni; print(nni.WHO)", child(trial_dir=tmp_path), tmp_path)
     assert done.stdout.strip() == "mine", done.stderr
 
 
@@ -94,7 +96,7 @@ def test_the_boot_hooks_and_the_users_sitecustomize_each_run_once(tmp_path):
     code = ("import sys; finders = [type(f).__name__ for f in sys.meta_path]; "
             "print(finders.count('FallbackFinder'), finders.count('_AdaptDLFinder'), finders[-1]); import nni")
     for every, adaptdl_finders in ((300, 1), (0, 0)):
-        done = run(sys.executable, code, child(every, str(users)), tmp_path)
+        done = run(sys.executable, code, child(every, str(users), tmp_path), tmp_path)
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         assert lines.count("USERS-SITECUSTOMIZE") == 1, done.stdout
@@ -168,7 +170,7 @@ print(json.dumps(out))
 
 def test_trialkits_nni_utils_behave_as_nnis(tmp_path, nni_python):
     real = run(nni_python, MERGE_CASES, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, tmp_path)
-    ours = run(sys.executable, MERGE_CASES, child(), tmp_path)
+    ours = run(sys.executable, MERGE_CASES, child(trial_dir=tmp_path), tmp_path)
     assert real.returncode == 0 and ours.returncode == 0, real.stderr + ours.stderr
     assert "trialkit's nni serves the trial API" in ours.stderr  # the fallback answered
     assert json.loads(ours.stdout) == json.loads(real.stdout.splitlines()[-1])
