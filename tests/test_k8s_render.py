@@ -98,7 +98,8 @@ def check_contract(objects, config, spec: TrialSpec) -> None:
         assert env["TRIALKIT_PARAMETERS"] == spec.env["TRIALKIT_PARAMETERS"]
         assert env["TRIALKIT_PLATFORM"] == config.platform
         assert env["TRIALKIT_TRIAL_DIR"] == k8s.POD_TRIAL_DIR
-        assert "TRIALKIT_RESTART_COUNT" not in env
+        # The store's count, but never over AdaptDL's own (ADAPTDL_NUM_RESTARTS, one higher at each rescale).
+        assert env.get("TRIALKIT_RESTART_COUNT") == (None if config.platform == "adaptdl" else "0"), config.platform
         url = urlsplit(env["TRIALKIT_MANAGER_URL"])
         assert (url.hostname, url.port, url.path) == (config.common.manager_address, gen.MANAGER_PORT, "/api/v1")
         keeper = int(env["TRIALKIT_GRACE_SECONDS"])

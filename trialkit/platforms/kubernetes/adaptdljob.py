@@ -131,7 +131,7 @@ def render(config: AdaptDLConfig, spec: TrialSpec) -> List[dict]:
     plan = k8s.pod_plan(
         common, spec, names, PLATFORM,
         image=None, command=config.command, res=config.resources, where="trainingService",
-        extra_env=env, extra_mounts=mounts,
+        extra_env=env, extra_mounts=mounts, operator_counts_restarts=True,
     )
     job = k8s.job_object(common, "adaptdljob.yaml", names)
     job_spec = job.setdefault("spec", {})

@@ -42,9 +42,10 @@ POD_TRIAL_DIR = "/var/lib/trialkit/trial"
 POD_CHECKPOINT_DIR = "/var/lib/trialkit/checkpoint"
 GPU_RESOURCE = "nvidia.com/gpu"
 
-# Paths on the control plane's machine mean nothing in a pod, and a restart
-# count fixed in a pod template cannot count restarts (the keeper reads the
-# platform's own counter, e.g. ADAPTDL_NUM_RESTARTS).
+# Paths on the control plane's machine mean nothing in a pod. The restart count
+# is the store's (one higher at each activate or resume): the keeper counts a
+# container restarted in the same pod on top of it (its status in the pod's
+# emptyDir), except where the operator counts restarts itself (pod_env).
 HOST_ONLY_ENV = frozenset(
     {
         envnames.TRIAL_DIR,
@@ -56,7 +57,6 @@ HOST_ONLY_ENV = frozenset(
         envnames.PARAMETERS_FILE,
         envnames.CHANNEL,
         envnames.STOP_FILE,
-        envnames.RESTART_COUNT,
     }
 )
 
@@ -243,10 +243,14 @@ def pod_env(
     command: str,
     extra: Optional[Mapping[str, str]] = None,
     fields: Optional[Mapping[str, str]] = None,
+    operator_counts_restarts: bool = False,
 ) -> List[dict]:
     """The environment contract as container env; secrets by reference to the trial's Secret;
-    `fields` (name -> fieldPath) from the pod's own metadata (the downward API)."""
-    values = {key: value for key, value in spec.public_env().items() if key not in HOST_ONLY_ENV}
+    `fields` (name -> fieldPath) from the pod's own metadata (the downward API). Where the operator
+    counts restarts (AdaptDL's ADAPTDL_NUM_RESTARTS, one higher at each rescale), a count fixed in
+    the template would hide its count from the keeper: the store's is left out."""
+    dropped = HOST_ONLY_ENV | {envnames.RESTART_COUNT} if operator_counts_restarts else HOST_ONLY_ENV
+    values = {key: value for key, value in spec.public_env().items() if key not in dropped}
     if envnames.MANAGER_URL in values:
         values[envnames.MANAGER_URL] = pod_manager_url(values[envnames.MANAGER_URL], common.manager_address)
     values.update(
@@ -300,6 +304,7 @@ def pod_plan(
     field_env: Optional[Mapping[str, str]] = None,
     extra_mounts: Sequence[Mount] = (),
     code_dir: Optional[str] = None,
+    operator_counts_restarts: bool = False,
 ) -> PodPlan:
     """The plan for a role: its own image, command and code dir, else the section's, else the trial's.
     The code dir is shipped (run.sh fetches it); without one the code is in the image, at workingDir."""
@@ -323,7 +328,8 @@ def pod_plan(
     return PodPlan(
         labels=names.labels,
         image=image,
-        env=pod_env(common, spec, names, platform, command, {**fetched, **(extra_env or {})}, field_env),
+        env=pod_env(common, spec, names, platform, command, {**fetched, **(extra_env or {})}, field_env,
+                    operator_counts_restarts),
         resources=resources(res),
         mounts=mounts,
         termination_grace_seconds=common.termination_grace_seconds,
