@@ -406,6 +406,8 @@ def _bad_inputs(tmp_path):
         ("parameters file /dev/zero", {"TRIALKIT_PARAMETERS_FILE": "/dev/zero"}, [], "TRIALKIT_PARAMETERS_FILE"),
         ("parameters a JSON list", {"TRIALKIT_PARAMETERS": "[1, 2]"}, [], "TRIALKIT_PARAMETERS"),
         ("stop file under a file", {"TRIALKIT_STOP_FILE": str(a_file / "stop")}, [], "TRIALKIT_STOP_FILE"),
+        ("stop file a dir", {"TRIALKIT_STOP_FILE": str(tmp_path)}, [], "TRIALKIT_STOP_FILE"),  # unlink() raised
+        ("stop file name too long", {"TRIALKIT_STOP_FILE": str(tmp_path / ("s" * 5000))}, [], "TRIALKIT_STOP_FILE"),
         ("token with CRLF", {"TRIALKIT_TOKEN": "abc\r\nX-Injected: 1"}, [], "TRIALKIT_TOKEN"),
         ("grace past a week", {}, ["--grace", "1e9"], "--grace"),
         ("grace infinite", {}, ["--grace", "inf"], "--grace"),

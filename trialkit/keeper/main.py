@@ -132,6 +132,9 @@ def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
         trial.stop_file.unlink()
     except FileNotFoundError:
         pass
+    except OSError as err:  # a name too long, a dir, no permission: a stop could never be asked through it
+        raise UserError(f"cannot use the stop file {str(trial.stop_file)[:200]!r}: {err.strerror}", env.STOP_FILE,
+                        "give a file path the keeper can create and remove") from None
     try:
         write_nni_parameters(trial)
     except (OSError, ValueError) as err:
