@@ -353,3 +353,18 @@ def test_a_body_with_a_number_past_python_s_digits_is_400_without_interpreter_ad
         request.json()
     assert err.value.status == 400 and "5,000 digits" in err.value.reason, err.value.reason
     assert "sys." not in err.value.reason, err.value.reason
+
+
+class _Count(int):
+    pass
+
+
+@pytest.mark.parametrize("metric", [10 ** 5000, -(10 ** 5000), {10 ** 5000: 1.0}, {"default": 1.0, "n": _Count(10 ** 5000)}],
+                         ids=["value", "negative", "key", "int subclass"])
+def test_a_metric_whole_number_past_python_s_digits_is_refused_in_words_for_a_user(metric):
+    """The SDK said int()'s own message, which advises sys.set_int_max_str_digits (a setting, not the user's fix)."""
+    from trialkit import records
+
+    with pytest.raises(records.BadRecord) as err:
+        records.plain_metric(metric)
+    assert "more than 4,300 digits" in str(err.value) and "sys." not in str(err.value), str(err.value)

@@ -38,6 +38,7 @@ refuses a record where one does not (`normalize`), the manager refuses it alone
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
@@ -128,6 +129,8 @@ def plain_metric(metric: Any) -> Any:
 def _plain_tree(value: Any, depth: int) -> Any:
     """`value` as plain JSON values (see metric_json), at most `depth` levels of lists and objects."""
     kind = type(value)
+    if kind is int:
+        return _writable_int(value)
     if kind in _JSON_LEAVES:
         return value
     if isinstance(value, (dict, list, tuple)):
@@ -141,8 +144,17 @@ def _plain_tree(value: Any, depth: int) -> Any:
         return _plain_tree(converted, depth)
     for leaf in (bool, int, float, str):  # subclasses (an IntEnum, numpy's float64) as the value they hold
         if isinstance(value, leaf):
-            return leaf(value)
+            return _writable_int(leaf(value)) if leaf is int else leaf(value)
     return repr(value)  # an unknown object: kept readable rather than lost
+
+
+def _writable_int(value: int) -> int:
+    """An int JSON text can hold here: Python writes none past sys.get_int_max_str_digits() digits, and its own
+    error advises changing that setting, which a user's trial should not need to hear."""
+    limit = sys.get_int_max_str_digits()
+    if limit and value.bit_length() > 3 * limit and abs(value) >= 10 ** limit:  # 10**d takes over 3.3*d bits
+        raise BadRecord(f"a whole number of more than {limit:,} digits (report it as a float or as text)")
+    return value
 
 
 def _plain_key(key: Any) -> str:
@@ -151,7 +163,7 @@ def _plain_key(key: Any) -> str:
         return key
     key = _array_or_scalar(key)
     if isinstance(key, _JSON_LEAVES) and not isinstance(key, str):
-        return _encode(key)
+        return _encode(_writable_int(key) if type(key) is int else key)
     if isinstance(key, str):
         return str(key)
     raise BadRecord(f"a key of type {type(key).__name__} is not text or a number (JSON's keys are text)")

@@ -103,7 +103,7 @@ class Session:
         try:
             metric = records.plain_metric(metric)
             text = records.dumps(metric)
-        except (records.BadRecord, ValueError, MemoryError) as err:  # ValueError: an int of over 4300 digits
+        except (records.BadRecord, ValueError, MemoryError) as err:  # ValueError: what json refuses besides
             # Said once per kind of refusal: a loop repeats its one mistake, but two different ones are two lines.
             self._warn("encode " + str(err).split(":")[0][:60],
                        f"a metric cannot be written as JSON ({str(err)[:100]}); it is lost")
