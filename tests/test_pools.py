@@ -240,6 +240,26 @@ def test_behind_of_places_a_job_between_the_other_and_the_next_of_its_priority(h
     pool.close()
 
 
+def test_a_job_moves_neither_around_itself_nor_around_one_that_left(home):
+    import sqlite3
+
+    from trialkit.errors import UserError
+    from trialkit.platforms import pools
+
+    pool = pools.open_pool()
+    for name in ("live", "gone"):
+        pool.join(name)
+    with pytest.raises(UserError, match="cannot move ahead of itself"):
+        pools.update([("live", "ahead_of", "live")])
+    ended = subprocess.Popen(["true"])  # a process that has ended: as the control plane of a job that is gone
+    ended.wait()
+    with sqlite3.connect(str(home / pools.DB_NAME)) as db:
+        db.execute("UPDATE jobs SET pid = ? WHERE experiment = 'gone'", (ended.pid,))
+    with pytest.raises(UserError, match="experiment gone is not running"):
+        pools.update([("live", "behind_of", "gone")])
+    pool.close()
+
+
 def test_an_experiment_takes_its_slots_from_the_pool_its_config_names(tmp_path, home):
     (home / "pools.yml").write_text("pools:\n  default: {slots: 2}\n  small: {slots: 1}\n")
     log = tmp_path / "spans"

@@ -314,7 +314,15 @@ def update(changes: Sequence[Tuple[str, str, Any]]) -> None:
 
 
 def _place(db: sqlite3.Connection, experiment: str, other: str, ahead: bool) -> None:
-    pool, priority, submitted = _job(db, other, "ahead-of" if ahead else "behind-of")
+    where = "ahead-of" if ahead else "behind-of"
+    if other == experiment:
+        raise UserError(f"experiment {experiment} cannot move {where.replace('-', ' ')} itself", where,
+                        "name another experiment of its pool (`trialkit job list --pool`)")
+    pool, priority, submitted = _job(db, other, where)
+    pid, ticks = db.execute("SELECT pid, ticks FROM jobs WHERE experiment = ?", (other,)).fetchone()
+    if not Holder(pid, ticks).alive():
+        raise UserError(f"experiment {other} is not running: its job has left the queue", where,
+                        "name a running experiment of its pool (`trialkit job list --pool`)")
     if _job(db, experiment, experiment)[0] != pool:
         raise UserError(f"experiment {other} is in pool {pool}, not {experiment}'s", other,
                         "move a job among the jobs of its own pool")
