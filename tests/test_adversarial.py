@@ -250,8 +250,12 @@ def test_bad_overrides_are_one_line_and_exit_2_without_the_engines_traceback(tmp
 
 def test_a_failed_worker_is_one_line_without_the_engines_traceback(tmp_path):
     pytest.importorskip("torch")
-    (tmp_path / "fail.py").write_text("import os, sys\nprint('rank', os.environ['RANK'])\n"
-                                      "sys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    # Rank 1 fails once rank 0 has printed (a gate): else it may fail first and rank 0 be stopped before its line.
+    (tmp_path / "fail.py").write_text(
+        "import os, pathlib, sys, time\nprint('rank', os.environ['RANK'], flush=True)\ngate = pathlib.Path('printed')\n"
+        "if os.environ['RANK'] == '0':\n    gate.touch()\n    sys.exit(0)\n"
+        "deadline = time.monotonic() + 60\nwhile not gate.exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\nsys.exit(3)\n")
     done = subprocess.run([PYTHON, "-m", "trialkit.launch.torch_distributed", "fail.py"], capture_output=True,
                           text=True, timeout=120, cwd=tmp_path, env=child_environ(TRIALKIT_SLOTS_PER_NODE="2"))
     assert done.returncode == 3, done.stderr
