@@ -277,7 +277,10 @@ class PodRunner:
         self._delete(pod, grace)
 
     def kill(self, name: str) -> None:
-        podman("kill", "-s", "KILL", self.pods[name].container)
+        """SIGKILL the pod's container (its keeper too), as the OOM killer or a runtime's timeout would."""
+        pod = self.pods[name]
+        if self._started(pod, 60):
+            podman("kill", "-s", "KILL", pod.container)
 
     def logs(self, pod) -> str:
         """The output of a pod (by name: the latest of that name) as podman keeps it."""
@@ -439,9 +442,7 @@ class PodRunner:
 
     def _stop_pod(self, pod: Pod, grace: int) -> None:
         deadline = time.monotonic() + grace
-        while not pod.container and not pod.done.is_set() and time.monotonic() < deadline:
-            time.sleep(0.05)  # still starting
-        if not pod.container or pod.done.is_set():
+        if not self._started(pod, grace):
             return
         hook = (((pod.obj["spec"]["containers"][0].get("lifecycle") or {}).get("preStop") or {}).get("exec") or {})
         if hook.get("command") and grace > 0:
@@ -451,6 +452,14 @@ class PodRunner:
                 pass
         left = max(0, int(deadline - time.monotonic()))
         podman("stop", "-t", str(left), pod.container, check=False, timeout=grace + 30)
+
+    @staticmethod
+    def _started(pod: Pod, timeout: float) -> bool:
+        """Whether the pod's container runs, once its id is known (a trial may report before `start` returns)."""
+        deadline = time.monotonic() + timeout
+        while not pod.container and not pod.done.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)  # still starting
+        return bool(pod.container) and not pod.done.is_set()
 
     def _pod_dir(self, pod: Pod) -> Path:
         """The pod's own host dir (emptyDirs, the termination message): a pod made again under the same
