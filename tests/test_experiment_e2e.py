@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import time
 from pathlib import Path
@@ -306,3 +307,18 @@ def test_the_python_api(tmp_path, capsys):
     assert sorted(row.value for row in exp.export_data()) == sorted(
         row["final"] for row in export(exp.id))
     assert capsys.readouterr().out.startswith(f"started experiment {exp.id}")
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_a_taken_port_is_one_line_and_leaves_no_experiment(tmp_path, home, detach):
+    script = "import trialkit\ntrialkit.report_final_result(1.0)\n"
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, script, maxTrialNumber=1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = cli("run", config, "--port", port, *(["--detach"] if detach else []))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
+    assert "no experiments" in cli("experiment", "list").stdout  # none INTERRUPTED, never having run
+    assert not any((home / "experiments").iterdir())

@@ -735,6 +735,11 @@ def _detach(argv: List[str], experiment_id: str, experiment_dir: Path, title: st
         print(f"the manager (pid {child.pid}) is still starting; its output goes to {log_path}")
         return 0
     sys.stderr.write(log_path.read_text(errors="replace")[-2000:])
+    if title == "started":  # its manager never listened, so no trial ran: no experiment is left to list
+        from trialkit.control.run import forget_unstarted
+
+        log_path.unlink(missing_ok=True)
+        forget_unstarted(experiment_dir)
     return child.popen.returncode or 1
 
 

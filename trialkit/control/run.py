@@ -44,30 +44,37 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
     try:
         store = Store.in_dir(experiment_dir)
     except StoreUnwritable:
-        _forget_empty(experiment_dir)  # else `experiment list` would find an empty file where a store should be
+        forget_unstarted(experiment_dir)  # else `experiment list` would find an empty file where a store should be
         raise
     try:
         try:
             store.create_experiment(experiment_id, config=config.to_dict())
         except sqlite3.OperationalError as err:
             raise store.refusing(err) from None
-        return _run(Loop(config, experiment_id, experiment_dir, store, out), platform, port, "started", page, [])
+        loop = Loop(config, experiment_id, experiment_dir, store, out)
+        try:
+            manager = Manager.start(loop, port, page)
+        except UserError:  # a taken --port: no trial ran, so no experiment is left to list as INTERRUPTED
+            store.close()
+            forget_unstarted(experiment_dir)
+            raise
+        return _run(loop, manager, platform, "started", [])
     finally:
         store.close()
 
 
-def _forget_empty(experiment_dir: Path) -> None:
-    """Remove the empty store files a start that the disk refused left behind, and the dir if nothing else is in it."""
+def forget_unstarted(experiment_dir: Path) -> None:
+    """Remove what a start that failed before its manager listened left (the store files it made, and the dir
+    if nothing else is in it), so that no experiment that never ran is listed."""
     for path in experiment_dir.glob(paths.DB_NAME + "*"):
         try:
-            if path.stat().st_size == 0:
-                path.unlink()
+            path.unlink()
         except OSError:
             pass
     try:
         experiment_dir.rmdir()
     except OSError:
-        pass  # not empty (run --detach made it with its files) or the disk refuses even that
+        pass  # not empty (run --detach made it with its log: the parent removes that) or the disk refuses even that
 
 
 def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optional[TextIO] = None,
@@ -89,7 +96,8 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
             except sqlite3.OperationalError as err:  # the first write: a disk that takes none is one line
                 raise store.refusing(err) from None
         running = restore(loop)
-        return _run(loop, platform, port or (info.port if info else None), "resumed", page, running)
+        manager = Manager.start(loop, port or (info.port if info else None), page)
+        return _run(loop, manager, platform, "resumed", running)
     finally:
         store.close()
 
@@ -139,9 +147,8 @@ def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
     return platform
 
 
-def _run(loop: Loop, platform: Platform, port: Optional[int], title: str, page: Optional[PageHook],
-         running: List[Trial]) -> ExperimentResult:
-    manager = loop.manager = Manager.start(loop, port, page)
+def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: List[Trial]) -> ExperimentResult:
+    loop.manager = manager
     loop.progress.say(f"{title} experiment {loop.experiment_id}")
     loop.progress.say(f"manager: {manager.url}   dir: {loop.experiment_dir}")
     if manager.page is not None:
