@@ -3,7 +3,8 @@
     gpus = inventory()                    # [] on a machine without nvidia-smi
     pool = Pool(gpus_per_trial=1, per_gpu=1, indices=None, use_active=False)
     pool.check(inventory())               # UserError: a trial would never fit
-    pool.take("trial-1", inventory(), ours=lambda pid: ...)   # (2,) or None: wait
+    pool.free(inventory(), ours=lambda pid: ...)              # [0, 2]: the GPUs a trial may be given now
+    pool.hold("trial-1", (2,))                                # the home's pool leased it GPU 2 (platforms/pools.py)
     pool.release("trial-1")
 
 The two queries are the ones NNI and Determined read. Only the GPUs named by
@@ -165,7 +166,9 @@ class Pool:
 
     A GPU takes up to `per_gpu` trials; with `use_active` false a GPU that
     runs a process not ours (`ours(pid)` false) takes none. A trial takes
-    `gpus_per_trial` GPUs at once or waits; the least shared GPUs go first.
+    `gpus_per_trial` GPUs at once or waits. Which of the free ones it gets is
+    the home's resource pool's choice (platforms/pools.py), which leases them
+    by index across experiments; this pool counts what its experiment holds.
     """
 
     def __init__(self, gpus_per_trial: int, per_gpu: int = 1, indices: Optional[Sequence[int]] = None,
@@ -192,18 +195,8 @@ class Pool:
                             f"({_listed([g.index for g in self._pool(gpus)])})", "trialGpuNumber",
                             f"set trialGpuNumber to {pool} or less" if pool else "leave trialGpuNumber out")
 
-    def take(self, holder: str, gpus: Sequence[Gpu], ours: Callable[[int], bool]) -> Optional[Tuple[int, ...]]:
-        """Give `holder` its GPUs if enough are free now; None: it waits."""
-        free = self.free(gpus, ours)
-        if len(free) < self.gpus_per_trial:
-            return None
-        load = self.load()
-        chosen = tuple(sorted(sorted(free, key=lambda index: (load.get(index, 0), index))[:self.gpus_per_trial]))
-        self.held[holder] = chosen
-        return chosen
-
     def hold(self, holder: str, indices: Sequence[int]) -> None:
-        """Count GPUs a trial already holds (one started before a control-plane restart)."""
+        """Count GPUs a trial holds (leased to it now, or before a control-plane restart)."""
         self.held[holder] = tuple(indices)
 
     def release(self, holder: str) -> None:

@@ -23,8 +23,8 @@ from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.keeper import leftover
 from trialkit.keeper.status import StatusFile
-from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
-from trialkit.platforms import pools
+from trialkit.statuses import FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
+from trialkit.platforms import pools, preempt
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
 # ---------------------------------------------------------------- config
@@ -51,6 +51,8 @@ class LocalConfig:
     trial_gpu_number: Optional[int] = None
     resource_pool: str = "default"  # the home's pool its trials take slots from (platforms/pools.py)
     pool_priority: Optional[int] = None  # the experiment's job's there (smaller first); None: the pool's default
+    pool_weight: Optional[float] = None  # its fair share weight, in a fair_share pool; None: 1
+    preemptible: bool = True  # its running trials pause (checkpoint) for a job of higher priority that waits
     platform: str = PLATFORM
 
     @property
@@ -102,6 +104,10 @@ def _at_least_one(value: Any, where: str) -> int:
     return schema.as_int(value, where, minimum=1)
 
 
+def _positive(value: Any, where: str) -> float:
+    return schema.as_number(value, where, positive=True)
+
+
 # section key -> (LocalConfig field, checker)
 _OPTIONS = {
     "useActiveGpu": ("use_active_gpu", schema.as_bool),
@@ -110,6 +116,8 @@ _OPTIONS = {
     "slotsPerTrial": ("slots_per_trial", _at_least_one),
     "resourcePool": ("resource_pool", schema.as_str),
     "poolPriority": ("pool_priority", schema.as_int),
+    "poolWeight": ("pool_weight", _positive),
+    "preemptible": ("preemptible", schema.as_bool),
 }
 
 
@@ -218,6 +226,7 @@ class _Keeper:
     trial_dir: Path
     pid: int
     pidfd: int  # names this process for good: signals never reach a reused pid
+    grace: float = env.DEFAULT_GRACE_SECONDS  # the trial's, to checkpoint when stopped
     popen: Optional[subprocess.Popen] = None  # None when reattached (not our child)
     exit_code: Optional[int] = None
     ended: bool = False
@@ -256,11 +265,14 @@ class Platform(PlatformBase):
         self._slots = pools.open_pool(config.resource_pool)
         self._pool: Optional[gpus.Pool] = None
         if config.trial_gpu_number:
-            self._pool = gpus.Pool(config.trial_gpu_number, config.max_trial_number_per_gpu, config.gpu_indices,
-                                   config.use_active_gpu)
-            self._pool.check(gpus.inventory())  # before any trial: a config that can never run is refused
+            found = gpus.inventory()
+            self._pool = gpus.Pool(config.trial_gpu_number, config.max_trial_number_per_gpu,
+                                   _pool_gpu_indices(config, self._slots, found), config.use_active_gpu)
+            self._pool.check(found)  # before any trial: a config that can never run is refused
         self._slots.check(config.pool_slots)
-        self._slots.join(self.experiment_dir.name, config.pool_priority)
+        self._slots.join(self.experiment_dir.name, config.pool_priority, config.preemptible, config.pool_weight,
+                         config.pool_slots)
+        self._preempted: Dict[str, str] = {}  # trials paused for a job of higher priority -> why
         if self._pool is not None:
             self._adopt_running()
 
@@ -270,6 +282,7 @@ class Platform(PlatformBase):
         code = copy_code(spec.code_dir, trial_dir) if spec.code_dir is not None else None
         with self._lock:
             self._unstarted.pop(spec.trial_id, None)
+            self._preempted.pop(spec.trial_id, None)  # a preempted trial back: it resumes
             # Trials start in the order submitted: none passes one that waits (and it waits for the same).
             taken, found, reason = (None, [], next(iter(self._held.values())).reason) if self._held \
                 else self._take(spec.trial_id)
@@ -289,16 +302,19 @@ class Platform(PlatformBase):
               ) -> Tuple[Optional[Tuple[int, ...]], List[gpus.Gpu], str]:
         """(its GPU indices, nvidia-smi's answer, "") when the trial's GPUs (if it takes any) are free and its
         slots are leased to it now; (None, ..., why) when it waits (nvidia-smi asked unless `found`)."""
-        indices: Tuple[int, ...] = ()
+        ask: Optional[pools.GpuAsk] = None
         if self._pool is not None:
             found = gpus.inventory() if found is None else found
-            indices = self._pool.take(trial_id, found, self._ours)
-            if indices is None:
+            free = self._pool.free(found, self._ours)
+            if len(free) < self._pool.gpus_per_trial:
                 return None, found, self._pool.waiting_reason(found, self._ours)
-        if not self._slots.take(trial_id, self.experiment_dir.name, self.config.pool_slots):
-            if self._pool is not None:
-                self._pool.release(trial_id)
-            return None, found or [], self._slots.waiting_reason(self.config.pool_slots)
+            # The home's pool picks among them: other experiments' trials lease GPUs by index there.
+            ask = pools.GpuAsk(self._pool.gpus_per_trial, 1 / self.config.max_trial_number_per_gpu, tuple(free))
+        indices = self._slots.grant(trial_id, self.experiment_dir.name, self.config.pool_slots, ask)
+        if indices is None:
+            return None, found or [], self._slots.waiting_reason(self.config.pool_slots, ask)
+        if self._pool is not None:
+            self._pool.hold(trial_id, indices)
         return indices, found or [], ""
 
     def _launch(self, spec: TrialSpec, code: Optional[Path], indices: Sequence[int],
@@ -324,7 +340,8 @@ class Platform(PlatformBase):
                     self._pool.release(spec.trial_id)
             raise
         # Not reaped before our waiter thread does it: the pid is still this child's.
-        self._watch(_Keeper(spec.trial_id, trial_dir, child.pid, os.pidfd_open(child.pid), child.popen))
+        self._watch(_Keeper(spec.trial_id, trial_dir, child.pid, os.pidfd_open(child.pid),
+                            float(spec.env.get(env.GRACE_SECONDS, env.DEFAULT_GRACE_SECONDS)), child.popen))
 
     def reattach(self, handle: str) -> bool:
         """Watch the trial's keeper again if it still runs (a control plane before us started it)."""
@@ -344,19 +361,30 @@ class Platform(PlatformBase):
         for path in sorted((self.experiment_dir / "trials").glob(f"*/{gpus.ASSIGNMENT_NAME}")):
             keeper = _find_keeper(path.parent.name, path.parent)
             if keeper is not None:
+                indices = gpus.read_assignment(str(path.parent)) or ()
                 with self._lock:
-                    self._slots.hold(keeper.trial_id, self.experiment_dir.name, self.config.pool_slots, keeper.pid)
-                    self._pool.hold(keeper.trial_id, gpus.read_assignment(str(path.parent)) or ())
+                    self._slots.hold(keeper.trial_id, self.experiment_dir.name, self.config.pool_slots, keeper.pid,
+                                     indices, 1 / self.config.max_trial_number_per_gpu)
+                    self._pool.hold(keeper.trial_id, indices)
                     self._watch_gpus()
                 self._watch(keeper)
 
     def status(self, handle: str) -> PlatformStatus:
         """WAITING while held for GPUs; RUNNING while its keeper runs; then the final status the keeper
-        recorded (FAILED if none).
+        recorded (FAILED if none), PREEMPTED for a trial paused for a job of higher priority that did not
+        end by itself (whatever it made of the SIGTERM: it is not lost, it resumes).
 
         A trial that no keeper here runs and that never ended (its keeper died
         with the machine, say) is WAITING: to be started again.
         """
+        found = self._status(handle)
+        with self._lock:
+            why = self._preempted.get(handle)
+        if why is not None and found.status in FINAL_STATUSES and found.status != SUCCEEDED:
+            return PlatformStatus(PREEMPTED, why, found.exit_code)
+        return found
+
+    def _status(self, handle: str) -> PlatformStatus:
         with self._lock:
             if handle in self._held:
                 return PlatformStatus(WAITING, self._held[handle].reason)
@@ -426,6 +454,8 @@ class Platform(PlatformBase):
     def _watch(self, keeper: _Keeper) -> None:
         with self._lock:
             self._keepers[keeper.trial_id] = keeper
+            if self.config.preemptible:
+                self._watch_slots()  # a job of higher priority may come to wait for its slots
         threading.Thread(target=self._wait, args=(keeper,), name=f"wait-{keeper.trial_id}", daemon=True).start()
 
     def _wait(self, keeper: _Keeper) -> None:
@@ -485,16 +515,38 @@ class Platform(PlatformBase):
 
     def _wait_for_slots(self) -> None:
         """While trials wait, look at the lease table now and then: another experiment's trial that ends
-        (or a holder that died) frees slots without a word to us."""
+        (or a holder that died) frees slots without a word to us. While preemptible trials run, look for a
+        job of higher priority that waits for their slots."""
         while True:
             time.sleep(SLOT_WAIT_SECONDS)
             with self._lock:
-                if not self._held:
+                held = bool(self._held)
+                running = self.config.preemptible and any(not k.ended for k in self._keepers.values())
+                if not held and not running:
                     self._slot_waiter = None
                     return
             # Else nothing to start (and nvidia-smi not asked for nothing).
-            if self._slots.could_take(self.experiment_dir.name, self.config.pool_slots):
+            if held and self._slots.could_take(self.experiment_dir.name, self.config.pool_slots):
                 self._start_held()
+            if running:
+                self._give_back()
+
+    def _give_back(self) -> None:
+        """Pause the newest running trials, through their checkpoint, for the slots a job of higher priority
+        waits for (platforms/preempt.py); they end PREEMPTED and their experiment queues them to resume."""
+        due, to = preempt.owed(self.experiment_dir.name, self._slots.free(), self._slots.claims(),
+                               self._slots.scheduler)
+        if to is None:
+            return
+        with self._lock:
+            running = [k for k in self._keepers.values() if not k.ended]
+            due -= sum(self.config.pool_slots for k in running if k.kill_timer is not None)  # stopping already
+            why = f"preempted for experiment {to.experiment} (priority {to.priority}), which waits for slots of " \
+                  f"pool {self._slots.name}"
+            for trial_id in preempt.choose([k.trial_id for k in running if k.kill_timer is None],
+                                           self.config.pool_slots, due):
+                self._preempted[trial_id] = why
+                self.stop(trial_id, self._keepers[trial_id].grace)
 
     def _watch_gpus(self) -> None:
         """Start the watcher unless it runs (called under the lock)."""
@@ -531,12 +583,32 @@ class Platform(PlatformBase):
             return False
 
 
+def _pool_gpu_indices(config: LocalConfig, pool: pools.Pool, found: Sequence[gpus.Gpu]
+                      ) -> Optional[Tuple[int, ...]]:
+    """The GPUs the experiment may take: its gpuIndices, which must be among its resource pool's GPUs
+    (pools.yml), else the pool's; None: any of the machine's."""
+    if pool.gpus is None:
+        return config.gpu_indices
+    where = f"{paths.home() / pools.CONFIG_NAME}: pools.{pool.name}.gpus"
+    missing = [index for index in pool.gpus if index not in {gpu.index for gpu in found}]
+    if missing:
+        raise UserError(f"resource pool {pool.name!r} names GPU {','.join(map(str, missing))}, which is not among "
+                        "this machine's usable GPUs", where, "list GPUs that nvidia-smi shows (and "
+                        "CUDA_VISIBLE_DEVICES allows), or write gpus: all")
+    outside = [index for index in config.gpu_indices or () if index not in pool.gpus]
+    if outside:
+        raise UserError(f"gpuIndices names GPU {','.join(map(str, outside))}, which resource pool {pool.name!r} "
+                        f"does not hold (its gpus: {','.join(map(str, pool.gpus))})", "trainingService.gpuIndices",
+                        f"list GPUs among the pool's, or add them to its gpus in {where.split(': ')[0]}")
+    return config.gpu_indices if config.gpu_indices is not None else pool.gpus
+
+
 def _find_keeper(trial_id: str, trial_dir: Path) -> Optional[_Keeper]:
     """The trial's keeper if it still runs (started by a control plane before us), from its pidfile."""
     found = _read_pidfile(trial_dir)
     if found is None:
         return None
-    pid, ticks = found
+    pid, ticks, grace = found
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
@@ -545,7 +617,7 @@ def _find_keeper(trial_id: str, trial_dir: Path) -> Optional[_Keeper]:
     if not _is_keeper(pid, ticks):
         os.close(pidfd)
         return None
-    return _Keeper(trial_id, trial_dir, pid, pidfd)
+    return _Keeper(trial_id, trial_dir, pid, pidfd, grace)
 
 
 def _send(keeper: _Keeper, signum: int) -> None:
@@ -555,11 +627,11 @@ def _send(keeper: _Keeper, signum: int) -> None:
         pass  # exited; the waiter is about to say so
 
 
-def _read_pidfile(trial_dir: Path) -> Optional[Tuple[int, int]]:
-    """(pid, start ticks) from the keeper's pidfile; None when there is none to trust."""
+def _read_pidfile(trial_dir: Path) -> Optional[Tuple[int, int, float]]:
+    """(pid, start ticks, grace seconds) from the keeper's pidfile; None when there is none to trust."""
     try:
-        pid, ticks, _grace = layout.pidfile_path(trial_dir).read_text().split()
-        return int(pid), int(ticks)
+        pid, ticks, grace = layout.pidfile_path(trial_dir).read_text().split()
+        return int(pid), int(ticks), float(grace)
     except (OSError, ValueError):
         return None
 

@@ -5,13 +5,18 @@
     pool.hand_over("abcd1234-00003", keeper_pid)     # the trial's keeper holds them from now on
     pool.release("abcd1234-00003")                   # it ended
 
-pools.yml names pools of slots:
+pools.yml names pools of slots, and the machine's GPUs (nvidia-smi's indices) a pool's trials may take:
 
     pools:
       default: {slots: 4}
+      gpu: {gpus: [0, 1]}          # slots: 2 (one per GPU) unless given; `gpus: all` (the default): any GPU
 
 With no file (or no `default` in it) the default pool has one slot per CPU
 this process may run on, or per GPU when the machine has more GPUs than CPUs.
+
+A GPU trial's lease names its GPU indices and its share of each (1, or 1/maxTrialNumberPerGpu), and a
+GPU's shares never sum past 1 across every pool and experiment of this home: two experiments never get
+the same GPU, except as trials of experiments whose maxTrialNumberPerGpu shares it (two at 1/2 each).
 
 The leases are rows of $TRIALKIT_HOME/pools.db (SQLite, WAL). Each grant is
 one transaction that first drops the leases whose holder process is gone (a
@@ -21,11 +26,18 @@ what the others hold. So there is no daemon, and a pool never gives more
 than it has across every experiment and process that uses this home.
 
 Each experiment is a job of its pool (the jobs table: `join`), ordered by
-Determined's priority scheduler: smaller priority first (default 42), then
-the earlier submitted. A trial's grant is refused while a live job ahead of
-its experiment waits for slots (`waiting`, set by that job's refusal), so
-free slots go to the first job in that order that asks. `jobs()` is
-`trialkit job list --pool`; `update` is `job update`'s and `job update-batch`'s.
+the pool's scheduler (`scheduler:` in pools.yml):
+  priority             Determined's priority scheduler (the default): smaller priority first (default 42),
+                       then the earlier submitted;
+  priority_descending  the Kubernetes scheduler's order: bigger priority first, then the earlier submitted;
+  fair_share           Determined's fair share: the job holding the fewest slots for its weight (default 1)
+                       first, so the pool's slots are divided among the jobs that want them in proportion
+                       to their weights (3:1 on 4 slots: 3 and 1).
+A trial's grant is refused while a live job ahead of its experiment waits for slots (`waiting`, set by
+that job's refusal), so free slots go to the first job in that order that asks. Nothing running is
+stopped for the order: a share is reached as trials end. `jobs()` is `trialkit job list --pool`;
+`update` is `job update`'s and `job update-batch`'s (a job moved to another pool takes its next
+trials' slots there; the leases its running trials hold stay until they end).
 """
 from __future__ import annotations
 
@@ -57,7 +69,9 @@ CREATE TABLE IF NOT EXISTS leases (
     slots REAL NOT NULL,       -- a GPU trial sharing its GPUs takes a share of a slot
     pid INTEGER NOT NULL,      -- the process that holds it: while it runs, the lease stands
     ticks INTEGER NOT NULL,    -- its start time: a reused pid is not the holder
-    granted REAL NOT NULL DEFAULT (julianday('now'))
+    granted REAL NOT NULL DEFAULT (julianday('now')),
+    gpus TEXT NOT NULL DEFAULT '',     -- its GPU indices, "0,2"; '' none
+    gpu_share REAL NOT NULL DEFAULT 0  -- what it takes of each of them (1/maxTrialNumberPerGpu)
 );
 CREATE TABLE IF NOT EXISTS jobs (
     experiment TEXT PRIMARY KEY,
@@ -71,6 +85,15 @@ CREATE TABLE IF NOT EXISTS jobs (
 )
 """
 DEFAULT_PRIORITY = 42
+DEFAULT_WEIGHT = 1.0
+PRIORITY, PRIORITY_DESCENDING, FAIR_SHARE = "priority", "priority_descending", "fair_share"
+SCHEDULERS = (PRIORITY, PRIORITY_DESCENDING, FAIR_SHARE)
+# Columns added after pools.db files were first written: (table, column, its declaration), added where missing.
+_ADDED_COLUMNS = (("leases", "gpus", "TEXT NOT NULL DEFAULT ''"), ("leases", "gpu_share", "REAL NOT NULL DEFAULT 0"),
+                  # 0: its trials are not paused for a job of higher priority (trainingService.preemptible)
+                  ("jobs", "preemptible", "INTEGER NOT NULL DEFAULT 1"),
+                  ("jobs", "weight", "REAL NOT NULL DEFAULT 1"),  # its fair share weight
+                  ("jobs", "trial_slots", "REAL NOT NULL DEFAULT 0"))  # what each of its trials takes
 
 
 def machine_slots() -> int:
@@ -84,8 +107,18 @@ def machine_slots() -> int:
     return max(len(os.sched_getaffinity(0)), gpu_count)
 
 
-def read_config(home: Path) -> Dict[str, int]:
-    """Pool name -> slots, from pools.yml; every mistake one UserError naming the file."""
+@dataclass(frozen=True)
+class PoolSpec:
+    """A pool as pools.yml declares it: its slots (None: one per GPU it names, else the machine's) and the
+    GPU indices its trials may take (None: any of the machine's)."""
+
+    slots: Optional[int] = None
+    gpus: Optional[Tuple[int, ...]] = None
+    scheduler: str = PRIORITY  # one of SCHEDULERS: the order its jobs get free slots in
+
+
+def read_config(home: Path) -> Dict[str, PoolSpec]:
+    """Pool name -> its spec, from pools.yml; every mistake one UserError naming the file."""
     path = home / CONFIG_NAME
     try:
         text = path.read_text()
@@ -103,11 +136,29 @@ def read_config(home: Path) -> Dict[str, int]:
     out = {}
     for name, section in pools.items():
         where = schema.path(f"{path}: pools", name)
-        sec = schema.normalize_keys(section, ("slots",), where)
-        if sec.get("slots") is None:
-            raise UserError(f"pool {name!r} has no slots", where, "give it slots: N (a whole number, 1 or more)")
-        out[str(name)] = schema.as_int(sec["slots"], schema.path(where, "slots"), minimum=1)
+        sec = schema.normalize_keys(section, ("slots", "gpus", "scheduler"), where)
+        gpus = _gpu_list(sec.get("gpus"), schema.path(where, "gpus"))
+        if sec.get("slots") is None and gpus is None:
+            raise UserError(f"pool {name!r} has no slots", where, "give it slots: N (a whole number, 1 or more) "
+                            "or gpus: [0, 1] (its GPUs' indices, a slot each)")
+        slots = None if sec.get("slots") is None else schema.as_int(sec["slots"], schema.path(where, "slots"),
+                                                                      minimum=1)
+        scheduler = schema.as_choice(sec.get("scheduler") or PRIORITY, SCHEDULERS, schema.path(where, "scheduler"))
+        out[str(name)] = PoolSpec(slots if slots is not None or gpus is None else len(gpus), gpus, scheduler)
     return out
+
+
+def _gpu_list(value: Any, where: str) -> Optional[Tuple[int, ...]]:
+    """`gpus:` of a pool: a list of nvidia-smi's indices, or `all` (None, as when left out)."""
+    if value is None or value == "all":
+        return None
+    if not isinstance(value, list) or not value:
+        raise UserError(f"cannot read gpus {schema.show(value)}", where,
+                        "list the pool's GPUs by nvidia-smi's index, like [0, 1], or write all")
+    indices = tuple(schema.as_int(item, where, minimum=0) for item in value)
+    if len(set(indices)) != len(indices):
+        raise UserError(f"GPU indices repeat: {schema.show(value)}", where, "list each GPU once")
+    return indices
 
 
 @dataclass(frozen=True)
@@ -125,12 +176,37 @@ class Holder:
         return process.is_running(self.pid, self.ticks)
 
 
-class Pool:
-    """One named pool of this home: its size and the lease table's view of it."""
+@dataclass(frozen=True)
+class GpuAsk:
+    """A GPU trial's ask: `count` GPUs, taking `share` of each (1/maxTrialNumberPerGpu), among `candidates`
+    (the GPUs its experiment may use now: gpuIndices, none busy with processes not its own)."""
 
-    def __init__(self, name: str, slots: int, db_path: Path):
+    count: int
+    share: float
+    candidates: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job of a pool whose control plane runs: what it holds and what its refused trials wait for."""
+
+    experiment: str
+    priority: int
+    submitted: float
+    holds: float  # slots its live trials hold
+    waits: float  # slots its waiting trials need while the pool refuses them; 0: none waits
+    preemptible: bool  # its trials give their slots back to a job of higher priority
+
+
+class Pool:
+    """One named pool of this home: its size, the GPUs it may lease (None: any), and the lease table's view."""
+
+    def __init__(self, name: str, slots: int, db_path: Path, gpus: Optional[Sequence[int]] = None,
+                 scheduler: str = PRIORITY):
         self.name = name
         self.slots = slots
+        self.gpus = None if gpus is None else tuple(gpus)
+        self.scheduler = scheduler
         self.db_path = db_path
         self._lock = threading.Lock()  # one connection, shared by the platform's threads
         try:
@@ -139,6 +215,7 @@ class Pool:
                                        check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
+            self._add_columns()
         except (OSError, sqlite3.OperationalError) as err:
             reason = disk.fault_reason(err)
             if reason is None:
@@ -152,45 +229,68 @@ class Pool:
                             "slotsPerTrial", f"ask for {self.slots} or fewer, or give the pool more slots in "
                             f"{self.db_path.parent / CONFIG_NAME}")
 
-    def join(self, experiment: str, priority: Optional[int] = None) -> None:
-        """This process (the experiment's control plane) submits the experiment's trials to the pool from now on,
-        at `priority` (default 42); a job that joined before (a resumed experiment) keeps its priority and place."""
+    def join(self, experiment: str, priority: Optional[int] = None, preemptible: bool = True,
+             weight: Optional[float] = None, trial_slots: float = 0) -> None:
+        """This process (the experiment's control plane) submits the experiment's trials, of `trial_slots` each,
+        to the pool from now on, at `priority` (default 42) or, in a fair share pool, `weight` (default 1); a job
+        that joined before (a resumed experiment) keeps its priority, weight and place.
+        `preemptible`: its running trials give their slots back to a job of higher priority that waits."""
+        if priority is not None:
+            _check_counts(self.scheduler, self.name, "priority", "trainingService.poolPriority")
+        if weight is not None:
+            _check_counts(self.scheduler, self.name, "weight", "trainingService.poolWeight")
         me = Holder.of(os.getpid())
         with self._lock:
-            self._db.execute("INSERT INTO jobs (experiment, pool, priority, submitted, pid, ticks) "
-                             "VALUES (?, ?, ?, ?, ?, ?) "
+            self._db.execute("INSERT INTO jobs (experiment, pool, priority, submitted, pid, ticks, preemptible, "
+                             "weight, trial_slots) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
                              "ON CONFLICT (experiment) DO UPDATE SET pool = excluded.pool, pid = excluded.pid, "
-                             "ticks = excluded.ticks, waiting = 0, queued = 0",
+                             "ticks = excluded.ticks, waiting = 0, queued = 0, preemptible = excluded.preemptible, "
+                             "trial_slots = excluded.trial_slots",
                              (experiment, self.name, DEFAULT_PRIORITY if priority is None else priority, time.time(),
-                              me.pid, me.ticks))
+                              me.pid, me.ticks, int(preemptible), DEFAULT_WEIGHT if weight is None else weight,
+                              trial_slots))
 
     def take(self, holder: str, experiment: str, slots: float) -> bool:
         """Lease `slots` to `holder` (held by this process until `hand_over`) if the pool has them free now and
         no job ahead of `experiment` (smaller priority, or the same and submitted earlier) waits for slots."""
+        return self.grant(holder, experiment, slots) is not None
+
+    def grant(self, holder: str, experiment: str, slots: float, gpus: Optional[GpuAsk] = None
+              ) -> Optional[Tuple[int, ...]]:
+        """`take`, and with `gpus` the GPU indices leased with the slots (the least shared first) in the same
+        transaction; None: refused (the slots, the GPUs or a job ahead), () granted without GPUs."""
         me = Holder.of(os.getpid())
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")  # one writer at a time across processes: count, then insert
             try:
+                self._follow(experiment)
                 self._drop_dead()
-                if self._used(excluding=holder) + slots > self.slots + ROUNDING or self._waits_behind(experiment):
+                chosen = () if gpus is None else self._choose(gpus, excluding=holder)
+                if chosen is None or self._used(excluding=holder) + slots > self.slots + ROUNDING \
+                        or self._waits_behind(experiment):
                     self._db.execute("UPDATE jobs SET waiting = ? WHERE experiment = ?", (slots, experiment))
                     self._db.execute("COMMIT")
-                    return False
-                self._db.execute("INSERT OR REPLACE INTO leases (holder, pool, experiment, slots, pid, ticks) "
-                                 "VALUES (?, ?, ?, ?, ?, ?)", (holder, self.name, experiment, slots, me.pid, me.ticks))
+                    return None
+                self._db.execute("INSERT OR REPLACE INTO leases (holder, pool, experiment, slots, pid, ticks, gpus, "
+                                 "gpu_share) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (holder, self.name, experiment, slots, me.pid, me.ticks, _indices(chosen),
+                                  gpus.share if gpus else 0))
                 self._db.execute("COMMIT")
-                return True
+                return chosen
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
 
-    def hold(self, holder: str, experiment: str, slots: float, pid: int) -> None:
-        """Count slots a running trial already holds (its keeper outlived the control plane that started it)."""
+    def hold(self, holder: str, experiment: str, slots: float, pid: int, gpus: Sequence[int] = (),
+             gpu_share: float = 0) -> None:
+        """Count slots (and GPUs) a running trial already holds (its keeper outlived the control plane that
+        started it)."""
         owner = Holder.of(pid)
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO leases (holder, pool, experiment, slots, pid, ticks) "
-                             "VALUES (?, ?, ?, ?, ?, ?)",
-                             (holder, self.name, experiment, slots, owner.pid, owner.ticks))
+            self._db.execute("INSERT OR REPLACE INTO leases (holder, pool, experiment, slots, pid, ticks, gpus, "
+                             "gpu_share) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (holder, self.name, experiment, slots, owner.pid, owner.ticks, _indices(gpus),
+                              gpu_share))
 
     def set_queued(self, experiment: str, slots: float) -> None:
         """The slots the experiment's waiting trials need now; 0: none waits any more (they started, or were
@@ -217,12 +317,39 @@ class Pool:
 
     def could_take(self, experiment: str, slots: float) -> bool:
         """Whether `take` would grant `slots` to the experiment now (read only: a look before asking for more)."""
+        with self._lock:
+            self._follow(experiment)
         if self.free() + ROUNDING < slots:
             return False
         with self._lock:
             return not self._waits_behind(experiment)
 
-    def waiting_reason(self, slots: float) -> str:
+    def claims(self) -> List["Claim"]:
+        """The pool's jobs whose control plane runs, as preemption weighs them (platforms/preempt.py)."""
+        with self._lock:
+            leases = self._db.execute("SELECT experiment, slots, pid, ticks FROM leases WHERE pool = ?",
+                                      (self.name,)).fetchall()
+            rows = self._db.execute("SELECT experiment, priority, submitted, pid, ticks, waiting, queued, preemptible "
+                                    "FROM jobs WHERE pool = ?", (self.name,)).fetchall()
+        held: Dict[str, float] = {}
+        for experiment, slots, pid, ticks in leases:
+            if Holder(pid, ticks).alive():
+                held[experiment] = held.get(experiment, 0.0) + slots
+        return [Claim(experiment, priority, submitted, held.get(experiment, 0.0), queued if waiting > 0 else 0.0,
+                      bool(preemptible))
+                for experiment, priority, submitted, pid, ticks, waiting, queued, preemptible in rows
+                if Holder(pid, ticks).alive()]
+
+    def waiting_reason(self, slots: float, gpus: Optional[GpuAsk] = None) -> str:
+        """Why a refused trial waits: its GPUs when other trials of this home hold them, else its slots."""
+        if gpus is not None:
+            with self._lock:
+                free = self._free_gpus(gpus, excluding="")
+            if len(free) < gpus.count:
+                taken = [index for index in gpus.candidates if index not in free]
+                return f"waiting for {gpus.count} GPU{'s' if gpus.count != 1 else ''}: GPU " \
+                       f"{','.join(map(str, taken))} leased to other trials of this home ({len(free)} of " \
+                       f"{len(gpus.candidates)} free)"
         return f"waiting for {slots:g} slot{'s' if slots != 1 else ''} of pool {self.name}: {self.free():g} of " \
                f"{self.slots} free"
 
@@ -230,19 +357,69 @@ class Pool:
         with self._lock:
             self._db.close()
 
+    def _choose(self, ask: GpuAsk, excluding: str) -> Optional[Tuple[int, ...]]:
+        """The ask's GPUs, the least shared first; None when too few have its share free."""
+        free = self._free_gpus(ask, excluding)
+        if len(free) < ask.count:
+            return None
+        load = self._gpu_load(excluding)
+        return tuple(sorted(sorted(free, key=lambda index: (load.get(index, 0.0), index))[:ask.count]))
+
+    def _free_gpus(self, ask: GpuAsk, excluding: str) -> List[int]:
+        load = self._gpu_load(excluding)
+        return [index for index in ask.candidates if (self.gpus is None or index in self.gpus)
+                and load.get(index, 0.0) + ask.share <= 1 + ROUNDING]
+
+    def _gpu_load(self, excluding: str) -> Dict[int, float]:
+        """GPU index -> the shares live leases hold of it, in every pool of this home (a GPU is the machine's)."""
+        rows = self._db.execute("SELECT gpus, gpu_share, pid, ticks FROM leases WHERE gpus != '' AND holder != ?",
+                                (excluding,)).fetchall()
+        load: Dict[int, float] = {}
+        for indices, share, pid, ticks in rows:
+            if Holder(pid, ticks).alive():
+                for index in indices.split(","):
+                    load[int(index)] = load.get(int(index), 0.0) + share
+        return load
+
+    def _add_columns(self) -> None:
+        """Bring a pools.db an older trialkit wrote up to this schema (one process at a time)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            for table, column, declaration in _ADDED_COLUMNS:
+                have = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
     def _used(self, excluding: str) -> float:
         (used,) = self._db.execute("SELECT COALESCE(SUM(slots), 0) FROM leases WHERE pool = ? AND holder != ?",
                                    (self.name, excluding)).fetchone()
         return used
 
     def _waits_behind(self, experiment: str) -> bool:
-        """Whether a live job ahead of `experiment` in the priority scheduler's order waits for slots."""
-        mine = self._db.execute("SELECT priority, submitted FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
-        priority, submitted = mine or (DEFAULT_PRIORITY, float("inf"))
-        ahead = self._db.execute("SELECT pid, ticks FROM jobs WHERE pool = ? AND experiment != ? AND waiting > 0 "
-                                 "AND (priority < ? OR (priority = ? AND submitted < ?))",
-                                 (self.name, experiment, priority, priority, submitted)).fetchall()
-        return any(Holder(pid, ticks).alive() for pid, ticks in ahead)
+        """Whether a live job ahead of `experiment` in its pool's order (the scheduler's) waits for slots."""
+        rows = self._db.execute("SELECT experiment, priority, weight, submitted, pid, ticks, waiting FROM jobs "
+                                "WHERE pool = ?", (self.name,)).fetchall()
+        held = _acquired(self._db, self.name) if self.scheduler == FAIR_SHARE else {}
+        mine = next((_order(self.scheduler, priority, weight, submitted, held.get(job, 0.0))
+                     for job, priority, weight, submitted, *_ in rows if job == experiment),
+                    _order(self.scheduler, DEFAULT_PRIORITY, DEFAULT_WEIGHT, float("inf"), held.get(experiment, 0.0)))
+        return any(_order(self.scheduler, priority, weight, submitted, held.get(job, 0.0)) < mine
+                   and Holder(pid, ticks).alive()
+                   for job, priority, weight, submitted, pid, ticks, waiting in rows
+                   if job != experiment and waiting > 0)
+
+    def _follow(self, experiment: str) -> None:
+        """Take the pool the experiment's job is in now (`job update --resource-pool` moved it), under the lock."""
+        row = self._db.execute("SELECT pool FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
+        if row is None or row[0] == self.name:
+            return
+        spec = pool_spec(row[0], read_config(self.db_path.parent))
+        self.name, self.slots, self.gpus, self.scheduler = row[0], spec.slots or machine_slots(), spec.gpus, \
+            spec.scheduler
 
     def _drop_dead(self) -> None:
         rows = self._db.execute("SELECT holder, pid, ticks FROM leases WHERE pool = ?", (self.name,)).fetchall()
@@ -250,35 +427,69 @@ class Pool:
         self._db.executemany("DELETE FROM leases WHERE holder = ?", dead)
 
 
+def _order(scheduler: str, priority: int, weight: float, submitted: float, held: float) -> Tuple[float, float]:
+    """A job's place in its pool's order (smaller first): by priority, bigger priority, or the slots it holds
+    for its weight (fair share); then the earlier submitted."""
+    if scheduler == FAIR_SHARE:
+        return held / weight, submitted
+    return (-priority if scheduler == PRIORITY_DESCENDING else priority), submitted
+
+
+def _check_counts(scheduler: str, pool: str, what: str, where: str) -> None:
+    """Refuse what the pool's scheduler would not use: Determined's priority (and place) and fair share weight
+    are never both active."""
+    if what == "weight" and scheduler != FAIR_SHARE:
+        raise UserError(f"pool {pool!r} schedules by {scheduler}: a job's weight counts only in a fair_share pool",
+                        where, "set its priority instead, or give the pool scheduler: fair_share in pools.yml")
+    if what != "weight" and scheduler == FAIR_SHARE:
+        raise UserError(f"pool {pool!r} schedules by fair share: a job's "
+                        f"{'priority' if what == 'priority' else 'place in the order'} counts for nothing there", where, "set its weight instead (--weight), or give the pool another "
+                        "scheduler in pools.yml")
+
+
+def _acquired(db: sqlite3.Connection, pool: str) -> Dict[str, float]:
+    """Experiment -> the slots its live leases hold in the pool."""
+    acquired: Dict[str, float] = {}
+    for experiment, slots, pid, ticks in db.execute("SELECT experiment, slots, pid, ticks FROM leases WHERE pool = ?",
+                                                    (pool,)):
+        if Holder(pid, ticks).alive():
+            acquired[experiment] = acquired.get(experiment, 0.0) + slots
+    return acquired
+
+
 QUEUED = "QUEUED"  # Determined's job states: waiting for slots
 SCHEDULED = "SCHEDULED"  # holding slots, none waiting
 
 
 def jobs(name: str = DEFAULT) -> List[Dict[str, Any]]:
-    """The pool's jobs (experiments) in the priority scheduler's order: those whose control plane runs or whose
-    trials hold slots, with their slots acquired and needed (acquired + what their waiting trials need)."""
+    """The pool's jobs (experiments) in its scheduler's order: those whose control plane runs or whose trials
+    hold slots, with their priority and weight, their slots acquired and needed (acquired + what their waiting
+    trials need)."""
+    scheduler = pool_spec(name, read_config(paths.home())).scheduler
     db_path = paths.home() / DB_NAME
     if not db_path.exists():
         return []
     with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
-        leases = db.execute("SELECT experiment, slots, pid, ticks FROM leases WHERE pool = ?", (name,)).fetchall()
-        rows = db.execute("SELECT experiment, priority, submitted, pid, ticks, queued FROM jobs WHERE pool = ? "
-                          "ORDER BY priority, submitted", (name,)).fetchall()
-    acquired: Dict[str, float] = {}
-    for experiment, slots, pid, ticks in leases:
-        if Holder(pid, ticks).alive():
-            acquired[experiment] = acquired.get(experiment, 0) + slots
+        acquired = _acquired(db, name)
+        rows = db.execute("SELECT experiment, priority, weight, submitted, pid, ticks, queued FROM jobs "
+                          "WHERE pool = ?", (name,)).fetchall()
+    rows.sort(key=lambda row: _order(scheduler, row[1], row[2], row[3], acquired.get(row[0], 0.0)))
     out = []
-    for experiment, priority, submitted, pid, ticks, queued in rows:
+    for experiment, priority, weight, submitted, pid, ticks, queued in rows:
         live = Holder(pid, ticks).alive()
         held = acquired.get(experiment, 0)
         if not live and not held:
             continue
         queued = queued if live else 0
         out.append({"position": len(out), "id": experiment, "experiment": experiment, "name": name,
-                    "priority": priority, "submitted": submitted, "slots_acquired": _number(held),
-                    "slots_needed": _number(held + queued), "status": QUEUED if queued > 0 else SCHEDULED})
+                    "priority": priority, "weight": _number(weight), "submitted": submitted,
+                    "slots_acquired": _number(held), "slots_needed": _number(held + queued),
+                    "status": QUEUED if queued > 0 else SCHEDULED})
     return out
+
+
+def _indices(gpus: Sequence[int]) -> str:
+    return ",".join(str(index) for index in gpus)
 
 
 def _number(slots: float) -> float:
@@ -286,25 +497,40 @@ def _number(slots: float) -> float:
     return int(slots) if float(slots).is_integer() else round(slots, 6)
 
 
-CHANGES = ("priority", "ahead_of", "behind_of")
+CHANGES = ("priority", "weight", "resource_pool", "ahead_of", "behind_of")
+# update-batch's names (Determined's `det job update-batch ID.priority=1 ID.resource-pool=compute`) -> CHANGES
+BATCH_NAMES = {what.replace("_", "-"): what for what in CHANGES}
 
 
 def update(changes: Sequence[Tuple[str, str, Any]]) -> None:
     """Change experiments' jobs, in order and in one transaction (all or none): each (experiment, what, value)
     is ("priority", N), a new priority (smaller starts first), or ("ahead_of"/"behind_of", EXPERIMENT), a place
     just before/after another job of its pool, as Determined's `--ahead-of`/`--behind-of`: it takes the other's
-    priority and a submission time next to the other's. Their next trials wait or pass by it."""
+    priority and a submission time next to the other's, or ("top", None), the page's Move to Top: ahead of the
+    pool's first job (none when it is first). Their next trials wait or pass by it. In a fair share pool, only
+    ("weight", W), its share against the others' (W > 0). ("resource_pool", NAME) moves the job to another pool
+    of this home: its next trials take their slots there."""
     db_path = paths.home() / DB_NAME
     if not db_path.exists():
         raise UserError(f"experiment {changes[0][0]} has no job in this home's resource pool", changes[0][0],
                         "only local experiments run with this TRIALKIT_HOME have one; see `trialkit experiment list`")
+    config = read_config(paths.home())
     with closing(sqlite3.connect(str(db_path), timeout=BUSY_SECONDS, isolation_level=None)) as db:
         db.execute("BEGIN IMMEDIATE")
         try:
             for experiment, what, value in changes:
-                _job(db, experiment, experiment)
+                pool = _job(db, experiment, experiment)[0]
+                if what != "resource_pool":
+                    _check_counts(pool_spec(pool, config).scheduler, pool, what, what.replace("_", "-"))
                 if what == "priority":
                     db.execute("UPDATE jobs SET priority = ? WHERE experiment = ?", (value, experiment))
+                elif what == "weight":
+                    db.execute("UPDATE jobs SET weight = ? WHERE experiment = ?",
+                               (schema.as_number(value, "weight", positive=True), experiment))
+                elif what == "resource_pool":
+                    _move_to(db, experiment, value, config)
+                elif what == "top":
+                    _to_top(db, experiment, pool_spec(pool, config).scheduler)
                 else:
                     _place(db, experiment, value, ahead=what == "ahead_of")
         except BaseException:
@@ -338,6 +564,29 @@ def _place(db: sqlite3.Connection, experiment: str, other: str, ahead: bool) -> 
                (priority, (submitted + neighbour) / 2, experiment))
 
 
+def _to_top(db: sqlite3.Connection, experiment: str, scheduler: str) -> None:
+    """Ahead of the first job `jobs()` shows (a live control plane, or trials holding slots), at its priority."""
+    pool = _job(db, experiment, experiment)[0]
+    holding = _acquired(db, pool)
+    rows = db.execute("SELECT experiment, priority, submitted, pid, ticks FROM jobs WHERE pool = ?",
+                      (pool,)).fetchall()
+    rows.sort(key=lambda row: _order(scheduler, row[1], DEFAULT_WEIGHT, row[2], 0.0))
+    first = next((row for row in rows if row[0] in holding or Holder(row[3], row[4]).alive()), None)
+    if first is not None and first[0] != experiment:
+        db.execute("UPDATE jobs SET priority = ?, submitted = ? WHERE experiment = ?",
+                   (first[1], first[2] - 1.0, experiment))
+
+
+def pool_of(experiment: str) -> Optional[str]:
+    """The pool the experiment's job is in; None when it has none in this home (not a local experiment)."""
+    db_path = paths.home() / DB_NAME
+    if not db_path.exists():
+        return None
+    with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
+        row = db.execute("SELECT pool FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
+    return row[0] if row else None
+
+
 def _job(db: sqlite3.Connection, experiment: str, where: str) -> Any:
     row = db.execute("SELECT pool, priority, submitted FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
     if row is None:
@@ -346,11 +595,48 @@ def _job(db: sqlite3.Connection, experiment: str, where: str) -> Any:
     return row
 
 
+def _move_to(db: sqlite3.Connection, experiment: str, pool: str, config: Mapping[str, PoolSpec]) -> None:
+    """The job into another pool: its next trials take their slots there (its control plane follows at its next
+    grant); its running trials' leases stay in the pool they were granted in until they end."""
+    spec = pool_spec(pool, config)
+    slots = spec.slots or machine_slots()
+    (trial_slots,) = db.execute("SELECT trial_slots FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
+    if trial_slots > slots + ROUNDING:
+        raise UserError(f"each trial of experiment {experiment} takes {trial_slots:g} slots but pool {pool!r} has "
+                        f"{slots}", "resource-pool", "name a pool with as many slots, or give it more in pools.yml")
+    db.execute("UPDATE jobs SET pool = ?, waiting = 0 WHERE experiment = ?", (pool, experiment))
+
+
+def parse_change(text: str) -> Tuple[str, str, Any]:
+    """One of `job update-batch`'s updates of an experiment's job, in Determined's syntax: ID.priority=N,
+    ID.weight=W, ID.resource-pool=NAME, ID.ahead-of=ID2 or ID.behind-of=ID2."""
+    target, _, value = text.partition("=")
+    experiment, _, name = target.rpartition(".")
+    if not experiment or name not in BATCH_NAMES or not value:
+        raise UserError(f"cannot read {text!r}", "update-batch",
+                        f"write ID.{'=..., ID.'.join(BATCH_NAMES)}=... (as `job update`'s options)")
+    what = BATCH_NAMES[name]
+    if what in ("priority", "weight"):
+        try:
+            number: float = int(value) if what == "priority" else float(value)
+        except ValueError:
+            raise UserError(f"{value!r} is not a {'whole ' if what == 'priority' else ''}number", text,
+                            f"write {target}=2") from None
+        return experiment, what, (schema.as_int(number, text) if what == "priority"
+                                  else schema.as_number(number, text, positive=True))
+    return experiment, what, value
+
+
+def pool_spec(name: str, config: Mapping[str, PoolSpec]) -> PoolSpec:
+    """The named pool of pools.yml (`default` is there without being named: the machine's)."""
+    if name not in config and name != DEFAULT:
+        raise UserError(f"there is no resource pool {name!r}", str(paths.home() / CONFIG_NAME),
+                        f"name one of {sorted(set(config) | {DEFAULT})}, or add it under pools:")
+    return config.get(name) or PoolSpec()
+
+
 def open_pool(name: str = DEFAULT) -> Pool:
     """The named pool of this TRIALKIT_HOME; only `default` exists without a pools.yml that names it."""
     home = paths.home()
-    config = read_config(home)
-    if name not in config and name != DEFAULT:
-        raise UserError(f"there is no resource pool {name!r}", str(home / CONFIG_NAME),
-                        f"name one of {sorted(config) or [DEFAULT]}, or add it under pools:")
-    return Pool(name, config.get(name) or machine_slots(), home / DB_NAME)
+    spec = pool_spec(name, read_config(home))
+    return Pool(name, spec.slots or machine_slots(), home / DB_NAME, spec.gpus, spec.scheduler)
