@@ -454,3 +454,61 @@ def test_a_trial_that_ends_while_its_disk_is_full_hands_what_it_held_to_the_keep
         assert values == sorted(values)
     assert any(r["source"] == "stdout" for r in stored_records if r["type"] != "STATUS")  # what the disk refused
     assert [r["value"]["status"] for r in stored_records if r["type"] == "STATUS"] == ["RUNNING", "SUCCEEDED"]
+
+
+ENDS_FULL_AND_STAYS_FULL = """
+import os, pathlib, time, trialkit, trialkit.sdk
+signals = pathlib.Path(os.environ["T_SIGNALS"])
+for i in range(10):
+    trialkit.report_intermediate_result(i)
+while not (signals / "full").exists():
+    time.sleep(0.02)
+trialkit.sdk.HELD_BYTES = 3000  # a small bound: some are held (handed to the keeper at exit), the rest dropped
+for i in range(10, 110):  # the disk takes none of these (but what the channel's last page still holds)
+    trialkit.report_intermediate_result(i)
+trialkit.report_final_result(110)
+"""
+
+
+def test_a_trial_that_ends_while_its_disk_stays_full_says_in_its_record_how_many_records_it_lost(tmp_path):
+    """Issue 30, item 3: the disk stays full through the keeper's end. The keeper frees the room it reserved and
+    spools its final status there, saying how many of the trial's records were never written: exactly those
+    the store lacks. `trialkit trial show` prints it."""
+    from trialkit.manager import paths
+
+    trial_id = "exp-00000"
+    manager = Manager(paths.experiments_root() / "exp").start()
+    manager.register(trial_id, "token-1")
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(ENDS_FULL_AND_STAYS_FULL)
+    try:
+        with tmpfs(tmp_path / "trialdisk") as disk:
+            keeper = start_keeper(disk / "trial", [PYTHON, str(script)], manager=manager, trial_id=trial_id,
+                                  options=["--flush-seconds", "4"], T_SIGNALS=str(signals))
+            wait_until(lambda: manager.store.count_records(trial_id) == 11, TIMEOUT, "RUNNING and 10 results stored")
+            fill(disk)
+            (signals / "full").touch()
+            _, err = keeper.communicate(timeout=TIMEOUT)  # the disk is still full when it exits
+            written = channel_records(disk / "trial" / ".trialkit" / "channel")
+            on_disk = json.loads((disk / "trial" / ".trialkit" / "status.json").read_text())
+            stored_records = manager.store.records_for(trial_id)
+    finally:
+        manager.close()
+    assert keeper.returncode == 0 and "Traceback" not in err, err
+    metrics = [(r["type"], r["value"]) for r in stored_records if r["type"] != "STATUS"]
+    # Stored once each: what the SDK wrote to its channel (the last page of the file still took a few) and
+    # what the keeper's spool still took of those it held and handed over on stdout.
+    assert len(set(metrics)) == len(metrics) and set(metrics) >= {(r["type"], r["value"]) for r in written}
+    assert set(metrics) <= {("PERIODICAL", i) for i in range(110)} | {("FINAL", 110)}
+    statuses = [r["value"] for r in stored_records if r["type"] == "STATUS"]
+    assert [s["status"] for s in statuses] == ["RUNNING", "SUCCEEDED"]
+    lost = 111 - len(metrics)  # 110 results and a final one reported: the rest never reached the store
+    print(f"written to the channel {len(written)}, stored {len(metrics)}, lost {lost}")
+    assert lost > 0 and statuses[-1]["lost"] == lost, (lost, statuses[-1], err)
+    assert on_disk["status"] == "SUCCEEDED" and on_disk["lost"] == lost
+    shown = subprocess.run([PYTHON, "-m", "trialkit.cli", "trial", "show", trial_id], env=child_environ(
+        TRIALKIT_HOME=os.environ["TRIALKIT_HOME"]), capture_output=True, text=True, timeout=TIMEOUT)
+    assert shown.returncode == 0, shown.stderr
+    assert f"lost           {lost} records" in shown.stdout, shown.stdout

@@ -18,6 +18,11 @@ TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tes
 if TYPE_CHECKING:
     from typing import Optional
 
+# What a trial ending on a full disk hands its keeper on stdout besides its held records (NNI's record
+# lines, `NNISDK_MEb'{"type": "LOST", "value": N}'`): how many records it could neither write nor hold.
+# Never a record: the keeper adds N to the count its final status carries.
+LOST = "LOST"
+
 
 class ChannelWriter:
     def __init__(self, path: Path):

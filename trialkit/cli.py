@@ -394,6 +394,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         row = next(r for r in trial_rows(store, trial["experiment"]) if r["trial_id"] == opts.trial_id)
         history = store.status_history(opts.trial_id)
         elastic = store.records_for(opts.trial_id, type=records.ELASTIC)[-1:]
+        lost = _lost(store.records_for(opts.trial_id, type=records.STATUS))
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
         f"status         {label(row['status'])}" + (f": {row['reason']}" if row["reason"] else ""),
@@ -405,6 +406,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         f"parameters     {records.dumps(row['parameters'])}",
         f"final          {records.dumps(row['final'])}",
         f"intermediate   {records.dumps(row['intermediate'])}",
+        *([f"lost           {lost} records (its disk was full when it ended: never written)"] if lost else []),
         f"dir            {row['trial_dir']}",
         *(_elastic_block(rec) for rec in elastic),
         "history:",
@@ -419,6 +421,12 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
               for h in history]
     print("\n".join(line.rstrip() for line in lines))
     return 0
+
+
+def _lost(statuses: List[Dict[str, Any]]) -> int:
+    """The records a trial reported and never wrote, as its keepers' final statuses count them (one a run)."""
+    return sum(rec["value"]["lost"] for rec in statuses
+               if isinstance(rec["value"], dict) and type(rec["value"].get("lost")) is int)
 
 
 def _elastic_block(rec: Dict[str, Any]) -> str:

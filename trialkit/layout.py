@@ -10,6 +10,7 @@ spool; scripts/run.sh and scripts/cleanup.sh spell the same paths in shell
     <trial dir>/.trialkit/channel       the SDK's framed records
     <trial dir>/.trialkit/stop          present: the trial was asked to stop
     <trial dir>/.trialkit/.stop.ready   made by the keeper once the command runs, renamed to `stop` when one is asked
+    <trial dir>/.trialkit/reserve       room the keeper keeps on the disk for its final status (keeper/spool.py)
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ SPOOL = "spool"
 PIDFILE = "keeper.pid"
 CHANNEL = "channel"
 STOP = "stop"
+RESERVE = "reserve"
 TRIALSIDE = "trialside"  # a pod's cache of trialkit's trial side, fetched by run.sh when the image lacks trialkit
 # How long the keeper tries to deliver records at exit by default; a platform
 # that waits for a stopping keeper adds it to the trial's grace.

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional, Set, TextIO
 
 from trialkit import env, records
-from trialkit.channel import ChannelWriter
+from trialkit.channel import LOST, ChannelWriter
 
 HELD_BYTES = 64 << 20  # records a disk that takes no writes holds back in memory, at most
 _KIND_NAMES = {records.PERIODICAL: "intermediate result", records.FINAL: "final result"}
@@ -170,19 +170,21 @@ class Session:
 
     def _at_exit(self) -> None:
         """The trial ends: what the disk still refuses goes to the keeper on stdout (NNI's record lines, which
-        it reads as records); outside a keeper, or past the bound, it is lost, and said with its count."""
+        it reads as records), with the count of those past the bound, which its final status then carries;
+        outside a keeper it is lost, and said with its count."""
         self._write_held()
-        lost = self._dropped
-        if self._held and not self.standalone:
+        if (self._held or self._dropped) and not self.standalone:
             try:
                 out = self._out or sys.__stdout__  # fd 1, the keeper's pipe, even if the script replaced sys.stdout
                 for frame in self._held:
                     out.write("NNISDK_MEb'" + frame[1:-1].decode() + "'\n")
+                if self._dropped:  # the keeper's final status counts them
+                    out.write("NNISDK_MEb'" + records.dumps({"type": LOST, "value": self._dropped}) + "'\n")
                 out.flush()
                 self._held = []
             except (OSError, ValueError, AttributeError):
                 pass
-        lost += len(self._held)
+        lost = self._dropped + len(self._held)
         if lost:
             self._warn("lost", f"{lost} records could not be written to {self.trial.channel} before the trial "
                        "ended (the disk took no writes); they are lost")

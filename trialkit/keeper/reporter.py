@@ -10,7 +10,12 @@ for people and for the local platform.
 A disk that refuses writes (full, read-only) loses nothing already spooled:
 records the followed files hold are read again later, and the keeper's own
 records (status changes, stdout lines), which no file holds, wait in memory
-in order and are spooled before anything newer, up to the end of the flush.
+in order and are spooled before anything newer, for up to half the flush.
+A trial that ends while its disk is still full loses what it could not
+write: the keeper then frees the room it reserved as the trial started
+(spool.Reserve) and spools its statuses, the final one saying how many of
+the trial's records were lost (`"lost": N`, also in the status file); the
+SDK's own count of what it could not even hold comes on stdout (channel.LOST).
 """
 from __future__ import annotations
 
@@ -19,12 +24,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from trialkit import layout, records
+from trialkit.channel import LOST
 from trialkit.env import TrialEnv, is_reporting_replica, replica_rank
 from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path
-from trialkit.keeper.spool import Spool
+from trialkit.keeper.spool import Reserve, Spool
 from trialkit.keeper.status import StatusFile, say, warn
 from trialkit.keeper.tensorboard import Scalars
 from trialkit.process import EventLoop
+from trialkit.statuses import FINAL_STATUSES
 
 
 HELD_RETRY_SECONDS = 0.2
@@ -38,6 +45,8 @@ class Reporter:
         self.spool = Spool(home / layout.SPOOL)
         self.malformed = 0
         self.held: List[Dict[str, Any]] = []  # records no file holds that the spool could not take yet
+        self.lost = 0  # the trial's records that were never written (a full disk at its end)
+        self.reserve: Optional[Reserve] = None
         self.collector: Optional[Collector] = None
         self.shipper = None  # a Shipper when there is a manager to send to
         self.log_streams: List[Any] = []  # keeper.logship.LogStream, when there is a manager
@@ -48,6 +57,7 @@ class Reporter:
         nni_metrics = nni_metrics_path(self.trial.trial_dir)
         for path in (self.trial.channel, nni_metrics):
             path.parent.mkdir(parents=True, exist_ok=True)  # watched before the trial creates the files
+        self.reserve = Reserve(self.home / layout.RESERVE)
         cursor = self.spool.cursor
         sources = [
             FileSource("channel", self.trial.channel, records.SeqDecoder, cursor.get("channel"), self._bad, warn),
@@ -69,6 +79,8 @@ class Reporter:
                                    log=say, route=route).start()
 
     def status(self, status: str, **fields: Any) -> None:
+        if status in FINAL_STATUSES and self.lost:
+            fields["lost"] = self.lost
         self.status_file.update(status, **fields)
         if self.collector:
             self.collector.collect(drain=True)  # metrics reported before the change come before it
@@ -89,7 +101,11 @@ class Reporter:
     def nni_stdout_line(self, line: bytes) -> None:
         """A `NNISDK_MEb'...'` line from the trial's stdout."""
         try:
-            rec = records.normalize(records.parse_nni_stdout(line), "stdout", self.trial.restart_count)
+            obj = records.parse_nni_stdout(line)
+            if type(obj) is dict and obj.get("type") == LOST and records.in_int64(obj.get("value")):
+                self.lost += max(0, obj["value"])  # the SDK's count of what it could not hold: never a record
+                return
+            rec = records.normalize(obj, "stdout", self.trial.restart_count)
         except records.BadRecord as err:
             self._bad("an NNISDK line on stdout", f"{err}: {line[:80]!r}")
             return
@@ -98,22 +114,46 @@ class Reporter:
 
     def finish(self, deadline: float) -> None:
         """Deliver what is pending until the deadline (monotonic seconds), then say what is left."""
-        self._spool_refused(deadline)
+        # A disk that refuses writes gets half the flush to take them again; the manager the rest.
+        self._spool_refused(time.monotonic() + max(0.0, deadline - time.monotonic()) / 2)
+        if self.held:
+            self._last_word()
         if self.collector:
             self.collector.finish()
         if self.scalars:
             self.scalars.close()
         if self.malformed:
             self.status_file.update(malformed_records=self.malformed)
-        if self.held:
-            say(f"{len(self.held)} records ({', '.join(r['type'] for r in self.held)}) could not be written "
-                 "to the spool and are lost; the trial's exit code is the keeper's")
         # Without a manager the spool is the record of the trial: nothing to say.
         left = self.shipper.close(deadline) if self.shipper else 0
         self.spool.close()
         if left:
             say(f"{left} records were not delivered to {self.trial.manager_url}; they stay in "
                  f"{self.spool.dir} and go out with the next keeper on this trial dir")
+
+    def _last_word(self) -> None:
+        """The trial ended and the disk still refuses: the trial's held records are lost and counted; in the
+        room the reserve gives back go what the followed files still hold, then the statuses, the final one
+        with the count."""
+        statuses = [rec for rec in self.held if rec["type"] == records.STATUS]
+        lost = sum(rec["type"] in records.TRIAL_TYPES for rec in self.held)
+        self.lost += lost
+        if self.lost and statuses and statuses[-1]["value"]["status"] in FINAL_STATUSES:
+            statuses[-1]["value"]["lost"] = self.lost
+        self.held = []
+        if self.reserve:
+            self.reserve.release()
+        if self.collector:
+            self.collector.collect(drain=True)  # records the trial wrote come before the status that follows them
+        self.held = statuses
+        if self.lost:
+            self.status_file.update(lost=self.lost)
+        if lost:
+            say(f"{lost} of the trial's records could not be written (its disk was full when it ended) and are "
+                "lost; its final status says how many")
+        if self.held and not self._spool_held():
+            say(f"{len(self.held)} status records could not be written to the spool either and are lost; "
+                "the trial's exit code is the keeper's")
 
     def _spool_refused(self, deadline: float) -> None:
         """What the spool refused (a full or read-only disk), tried again until the flush's deadline."""

@@ -32,6 +32,7 @@ from trialkit import records
 
 SEGMENT_RECORDS = 10_000
 DRAIN_BATCH = 1000  # records read at a time by read_unacknowledged()
+RESERVE_BYTES = 64 << 10  # a final status, the held statuses, the followed files' last page, the status file
 _RECORD = records.RS + b'{"seq":'  # the seq first: read back without decoding the record
 _CURSOR = records.RS + b'{"cursor":'
 _SUFFIX = ".log"
@@ -217,6 +218,37 @@ class Spool:
 
     def _path(self, first: int) -> Path:
         return self.dir / f"{first:012d}{_SUFFIX}"
+
+
+class Reserve:
+    """Room kept on the trial's disk for the keeper's last word: a file of RESERVE_BYTES, allocated as the trial
+    starts and removed when the trial ends on a disk that is still full, so that its final status (with the
+    count of what was lost) can still be spooled, shipped and written to the status file. The file stays
+    otherwise: a keeper started again on the dir allocates the same one."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.held = False
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError:
+            return  # a disk full or read-only from the start: no room to keep
+        self.held = True
+
+    def release(self) -> bool:
+        """Give the room back to the disk; False when there was none to give."""
+        if not self.held:
+            return False
+        self.held = False
+        try:
+            os.unlink(self.path)
+        except OSError:
+            return False
+        return True
 
 
 def read_unacknowledged(spool: Spool) -> List[Dict[str, Any]]:
