@@ -5,6 +5,10 @@
     trial       kill | pause | activate | priority {"priority": N}
     queue       moves {"moves": [{"trial_id", one of "priority", "ahead_of", "behind_of"}, ...]} (all or none)
                 order (GET: the waiting trials, the next to start first)
+    pool        jobs (GET: the jobs of the home's resource pool this experiment is in, every experiment's)
+                | update {"updates": [{"job": EXPERIMENT_ID, one of "priority": N, "weight": W, "resource_pool":
+                  NAME, "ahead_of": ID, "behind_of": ID, "top": true}, ...]} (in order, all or none: `job
+                  update-batch` of experiments; "top" is the page's Move to Top)
 
 Each action is one function `(loop, trial_id, body) -> JSON answer` that
 checks the request against the experiment loop's state and carries it out
@@ -27,7 +31,7 @@ by writing its function and listing it in ACTIONS.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Tuple
 
 from trialkit import schema
 from trialkit.control.queue import Move, label
@@ -47,7 +51,7 @@ USER_STOP = (USER_CANCELED, "stopped by `trialkit experiment stop`")
 
 @dataclass(frozen=True)
 class Action:
-    on: str  # what it acts on: "experiment", "trial" or "queue"
+    on: str  # what it acts on: "experiment", "trial", "queue" or "pool"
     name: str  # its name there: the route's last part, the page's button
     run: Callable[["Loop", Optional[str], Any], Any]  # (loop, trial id for a trial's, JSON body) -> JSON answer
     method: str = "POST"
@@ -217,6 +221,72 @@ def _check_move(loop: "Loop", move: Move) -> None:
             raise HttpError(409, f"trial {other.id} is {_state(loop, other)}, not waiting: nothing to move next to")
 
 
+# -- the resource pool: the jobs of every local experiment of this home (platforms/pools.py) -----------
+
+
+def pool_jobs(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    """{"pool", "scheduler", "jobs"}: `trialkit job list --pool`'s rows, in the order the pool's free slots go
+    to them, and how it orders them (pools.yml's scheduler: priority, priority_descending or fair_share)."""
+    from trialkit.manager import paths
+    from trialkit.platforms import pools
+
+    name = _pool(loop)
+    return {"pool": name, "scheduler": pools.pool_spec(name, pools.read_config(paths.home())).scheduler,
+            "jobs": pools.jobs(name)}
+
+
+def update_pool(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
+    """Changes to jobs of this experiment's pool through `job update`'s own path (pools.update); "top" is the
+    page's Move to Top. Answers as pool_jobs, after them."""
+    from trialkit.platforms import pools
+
+    name = _pool(loop)
+    updates = body.get("updates") if isinstance(body, dict) else None
+    if not isinstance(updates, list) or not updates:
+        raise HttpError(400, 'expected {"updates": [{"job": EXPERIMENT_ID, and one change}, ...]}')
+    changes = [_pool_change(item, (*pools.CHANGES, "top")) for item in updates]
+    for job, _, _ in changes:
+        if pools.pool_of(job) != name:
+            raise HttpError(404, f"experiment {job} has no job in resource pool {name}")
+    pools.update(changes)
+    return pool_jobs(loop, trial_id, None)
+
+
+def _pool_change(item: Any, offered: Tuple[str, ...]) -> Tuple[str, str, Any]:
+    """One update of a request as pools.update takes it: (experiment, what, value); HttpError 400 says what is
+    wrong (a priority out of range is Move's UserError, 400 too)."""
+    if not isinstance(item, dict) or not isinstance(item.get("job"), str):
+        raise HttpError(400, f'each update is {{"job": EXPERIMENT_ID, and one of {", ".join(offered)}}}')
+    given = [key for key in item if key != "job"]
+    if len(given) != 1 or given[0] not in offered:
+        raise HttpError(400, f"an update changes one of {', '.join(offered)} (got {sorted(given)})")
+    what, value = given[0], item[given[0]]
+    if what == "top":
+        if value is not True:
+            raise HttpError(400, 'Move to Top is {"job": ID, "top": true}')
+        return item["job"], what, None
+    if what not in ("priority", "weight"):  # ahead_of, behind_of: an experiment; resource_pool: a pool
+        if not isinstance(value, str):
+            raise HttpError(400, f"{what} is a name")
+        return item["job"], what, value
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (what == "priority" and
+                                                                        not isinstance(value, int)):
+        raise HttpError(400, f"{what} is a {'whole ' if what == 'priority' else ''}number")
+    if what == "priority":
+        Move(item["job"], priority=value)  # its range check: the CLI's line
+    return item["job"], what, value  # a weight's range: pools.update's check
+
+
+def _pool(loop: "Loop") -> str:
+    from trialkit.platforms import pools
+
+    name = pools.pool_of(loop.experiment_id)
+    if name is None:
+        raise HttpError(409, f"experiment {loop.experiment_id} has no job in this machine's resource pools: only "
+                             "local experiments take their slots from them")
+    return name
+
+
 # -- the table ---------------------------------------------------------------------------
 
 ACTIONS: List[Action] = [
@@ -231,6 +301,8 @@ ACTIONS: List[Action] = [
     Action("trial", "priority", set_priority),
     Action("queue", "moves", move_jobs),
     Action("queue", "order", queue_order, method="GET"),
+    Action("pool", "jobs", pool_jobs, method="GET"),
+    Action("pool", "update", update_pool),
 ]
 
 

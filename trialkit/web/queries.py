@@ -14,6 +14,7 @@ import json
 import re
 import sqlite3
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -68,6 +69,18 @@ def _experiment_row(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any
     except ValueError:  # written by hand or by another program: the store is damaged, the request is fine
         raise HttpError(409, f"experiment {experiment_id}'s store is damaged: its config is not JSON") from None
     return out
+
+
+def experiment_name(path: Path, experiment_id: str) -> Optional[str]:
+    """experimentName from the store file at `path` (another experiment's: the pool's jobs); None when it has
+    none, or the file is no store this page can read."""
+    try:
+        with closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT config FROM experiments WHERE id=?", (experiment_id,)).fetchone()
+        name = json.loads(row[0] or "{}").get("experimentName") if row else None
+    except (sqlite3.Error, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
 
 
 def parameter_names(db: sqlite3.Connection, experiment_id: str, config: Mapping[str, Any]) -> List[str]:

@@ -12,6 +12,12 @@
     GET  /api/ui/experiments/<exp>/curves    ?trials=ID,ID (else the 10 best): intermediate results per step
     GET  /api/ui/experiments/<exp>/hyper     parameters and final metric of finished trials, column-wise
     GET  /api/ui/experiments/<exp>/queue     running, waiting (scheduling order), paused trials
+    GET  /api/ui/experiments/<exp>/pool      the jobs of the home's resource pool it is in, every experiment's:
+                                             {"pool", "scheduler", "jobs": [`job list --pool`'s rows +
+                                             experiment_name], "can_update"}
+    POST /api/ui/experiments/<exp>/pool      {"updates": [{"job": EXPERIMENT_ID, "priority": N | "ahead_of": ID
+                                             | "behind_of": ID | "weight": W | "top": true}]}: `job update`'s
+                                             changes (top: Move to Top), in order, all or none; answers as GET
     GET  /api/ui/experiments/<exp>/trials/<trial>       one trial: parameters, history, dirs, logs, elastic sizing
     GET  /api/ui/experiments/<exp>/trials/<trial>/log   ?name=stdout|stderr&offset=N: the log from N
     POST /api/ui/experiments/<exp>/trials/<trial>/<action>   kill | pause | activate | priority {"priority": N}
@@ -35,8 +41,9 @@ from typing import Any, Callable, Iterator, Optional, Tuple, Union
 
 from trialkit.control import actions
 from trialkit.control.actions import Performer
+from trialkit.manager import paths
 from trialkit.manager.server import HttpError, ManagerServer, Raw, Request, Stream
-from trialkit.manager.store import Store
+from trialkit.manager.store import DB_NAME, Store
 from trialkit.web import events, guard, logtail, queries
 from trialkit.web.assets import Assets
 from trialkit.web.catalog import Catalog
@@ -89,9 +96,11 @@ class _Routes:
             ("GET", exp + "/curves", self._curves),
             ("GET", exp + "/hyper", self._hyper),
             ("GET", exp + "/queue", self._queue),
+            ("GET", exp + "/pool", self._pool),
             ("GET", exp + "/trials/<trial>", self._trial),
             ("GET", exp + "/trials/<trial>/log", self._log),
-        ] + ([] if self.read_only else [("POST", exp + "/trials/<trial>/<action>", self._action)]):
+        ] + ([] if self.read_only else [("POST", exp + "/trials/<trial>/<action>", self._action),
+                                         ("POST", exp + "/pool", self._pool)]):
             add(method, pattern, self._answered(handler), lambda request: guard.check(request, self.token))
 
     @staticmethod
@@ -154,6 +163,21 @@ class _Routes:
         if self.performer is not None:
             order = self.performer.perform(actions.find("queue", "order"), None, {})["queue"]
         return self._read(request, queries.queue, order)
+
+    def _pool(self, request: Request) -> Any:
+        """The pool's jobs (GET), or changes to them (POST), through the action table: the loop knows its pool."""
+        with self._reading(request.params["exp"]):
+            pass  # 404 unless the experiment is this page's
+        if self.performer is None:
+            raise HttpError(501, "the resource pool's jobs are shown by a running experiment's page")
+        if request.method == "POST":
+            answer = self.performer.perform(actions.find("pool", "update"), None, request.json())
+        else:
+            answer = self.performer.perform(actions.find("pool", "jobs"), None, {})
+        for job in answer["jobs"]:
+            job["experiment_name"] = queries.experiment_name(paths.experiments_root() / job["experiment"] / DB_NAME,
+                                                             job["experiment"])
+        return {**answer, "can_update": not self.read_only}
 
     def _trial(self, request: Request) -> Any:
         return self._read(request, queries.trial, request.params["trial"])

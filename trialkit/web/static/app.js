@@ -9,6 +9,10 @@
   const REFRESH_GAP_MS = 1000;  // live updates redraw at most once a second
   const LOG_POLL_MS = 1000;
   const DISK_POLL_MS = 5000;  // how soon the header says the manager's disk takes no writes (or takes them again)
+  const POOL_POLL_MS = 2000;  // other experiments' jobs change without an event of this manager: ask again
+  const POOL_ORDER = {priority: 'smaller priority first, then the earlier submitted',
+    priority_descending: 'bigger priority first, then the earlier submitted',
+    fair_share: 'the fewest slots held for its weight first'};
   const FINAL = ['SUCCEEDED', 'FAILED', 'USER_CANCELED', 'SYS_CANCELED', 'EARLY_STOPPED'];
   const STATUSES = ['WAITING', 'RUNNING', 'PREEMPTED', ...FINAL];
   // A trial stopped with a checkpoint waits to be activated: users know it as paused (as the CLI says).
@@ -517,17 +521,27 @@
       tickvals: labels.map((_, i) => i), ticktext: labels};
   }
 
+  // The queue: the jobs of the home's resource pool (every local experiment's, in the order its free slots go to
+  // them, as `trialkit job list --pool`), with `job update`'s changes and Move to Top; then this experiment's trials.
   class QueueView {
-    constructor(exp) { this.exp = exp; this.key = 'queue:' + exp; }
+    constructor(exp) { this.exp = exp; this.key = 'queue:' + exp; this.timer = null; }
     mount(main) {
       this.body = el('tbody');
-      main.replaceChildren(...experimentHeader(this.exp, 'queue'),
+      this.poolTitle = el('h2', {}, 'Resource pool');
+      this.poolNote = el('p', {class: 'muted', id: 'pool-note'});
+      this.poolHead = el('thead');
+      this.poolBody = el('tbody');
+      this.poolTable = el('div', {class: 'table-wrap', hidden: true},
+        el('table', {id: 'pool-jobs'}, this.poolHead, this.poolBody));
+      main.replaceChildren(...experimentHeader(this.exp, 'queue'), this.poolTitle, this.poolNote, this.poolTable,
+        el('h2', {}, 'Trials of this experiment'),
         el('p', {class: 'muted'}, 'Running trials, then waiting ones in the order they will start, then paused ones.'),
         el('div', {class: 'table-wrap'}, el('table', {id: 'queue'},
           headRow('Position', 'Trial', 'Status', 'Priority', 'Submitted', 'Restarts', 'Actions'), this.body)));
     }
+    unmount() { clearTimeout(this.timer); }
     async load() {
-      const [rows] = await Promise.all([api(`${expPath(this.exp)}/queue`), infoReady]);
+      const [rows] = await Promise.all([api(`${expPath(this.exp)}/queue`), infoReady, this.loadPool()]);
       this.body.replaceChildren(...rows.map((t) => el('tr', {'data-trial': t.id},
         el('td', {class: 'num'}, t.position),
         el('td', {}, el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`}, t.id)),
@@ -540,6 +554,82 @@
         this.body.append(el('tr', {}, el('td', {colspan: 7, class: 'muted'}, 'nothing running or waiting')));
       }
       markReady('queue');
+    }
+
+    // The pool's part never fails the view: an experiment without a job in a pool says so in its place.
+    async loadPool() {
+      clearTimeout(this.timer);
+      try {
+        const pool = await api(`${expPath(this.exp)}/pool`);
+        // Not while a priority is being typed or an experiment chosen: the next look redraws it.
+        if (!this.poolBody.contains(document.activeElement)) this.showPool(pool);
+        this.timer = setTimeout(() => { if (current === this) this.loadPool(); }, POOL_POLL_MS);
+      } catch (err) {
+        this.poolTable.hidden = true;
+        this.poolNote.textContent = problemFrom(err);
+      }
+    }
+
+    showPool(pool) {
+      // A fair share pool orders by the slots each job holds for its weight; the others by priority.
+      const weighted = pool.scheduler === 'fair_share';
+      this.poolTitle.textContent = `Resource pool ${pool.pool}`;
+      this.poolNote.textContent = 'Every experiment of this TRIALKIT_HOME that takes slots from this pool, in the ' +
+        `order its free slots go to them (${POOL_ORDER[pool.scheduler] || pool.scheduler}), as ` +
+        '`trialkit job list --pool` shows them.';
+      this.poolHead.replaceChildren(el('tr', {}, ['Position', 'Experiment', 'Name', 'Priority',
+        weighted ? 'Weight' : null, 'Submitted', 'Slots (acquired/needed)', 'State', pool.can_update && 'Actions']
+        .filter(Boolean).map((h) => el('th', {}, h))));
+      this.poolBody.replaceChildren(...pool.jobs.map((job) => el('tr', {'data-job': job.id,
+        class: job.id === this.exp ? 'mine' : null},
+        el('td', {class: 'num'}, job.position),
+        el('td', {}, job.id === this.exp ? el('a', {href: '#/exp/' + enc(job.id)}, job.id) : job.id),
+        el('td', {}, job.experiment_name || ''),
+        el('td', {class: 'num'}, job.priority),
+        weighted ? el('td', {class: 'num'}, fmtValue(job.weight)) : null,
+        el('td', {}, fmtTime(job.submitted)),
+        el('td', {class: 'num'}, `${fmtNumber(job.slots_acquired)}/${fmtNumber(job.slots_needed)}`),
+        el('td', {}, statusBadge(job.status)),
+        pool.can_update && el('td', {}, this.jobButtons(job, pool.jobs, weighted)))));
+      if (!pool.jobs.length) {
+        this.poolBody.append(el('tr', {}, el('td', {colspan: 9, class: 'muted'}, 'no job in this pool')));
+      }
+      this.poolTable.hidden = false;
+    }
+
+    jobButtons(job, jobs, weighted) {
+      const box = el('span', {class: 'actions'});
+      const button = (name, label, change) => el('button', {'data-pool-action': name,
+        onclick: () => this.update(Object.assign({job: job.id}, change()), label)}, label);
+      if (weighted) {  // a place or a priority counts for nothing there (the pool refuses them)
+        const weight = el('input', {class: 'priority', type: 'number', min: 0, step: 'any', value: job.weight,
+          'aria-label': 'weight'});
+        return el('span', {class: 'actions'}, weight,
+          button('weight', 'Set weight', () => ({weight: parseFloat(weight.value)})));
+      }
+      if (job.position > 0) box.append(button('top', 'Move to Top', () => ({top: true})));
+      const priority = el('input', {class: 'priority', type: 'number', step: 1, value: job.priority,
+        'aria-label': 'priority'});
+      box.append(priority, button('priority', 'Set priority', () => ({priority: parseInt(priority.value, 10)})));
+      const others = jobs.filter((j) => j.id !== job.id);
+      if (others.length) {
+        const other = el('select', {'aria-label': 'next to'}, others.map((j) =>
+          el('option', {value: j.id}, j.experiment_name ? `${j.id} (${j.experiment_name})` : j.id)));
+        box.append(button('ahead_of', 'Ahead of', () => ({ahead_of: other.value})),
+          button('behind_of', 'Behind', () => ({behind_of: other.value})), other);
+      }
+      return box;
+    }
+
+    async update(change, label) {
+      try {
+        const pool = await api(`${expPath(this.exp)}/pool`, {method: 'POST',
+          headers: {'Content-Type': 'application/json'}, body: JSON.stringify({updates: [change]})});
+        this.showPool(pool);
+        notice(`${label}: ${change.job}`);
+      } catch (err) {
+        showProblem(`${label} ${change.job}: ${problemFrom(err)}`);
+      }
     }
   }
 
