@@ -176,7 +176,8 @@ def gated(tmp_path: Path, name: str, log: Path, gate: Path, trials: int, **servi
 def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home, how):
     pool_of(home, 2)
     log, gate = tmp_path / "spans", tmp_path / "gate"
-    first = start_cli("run", gated(tmp_path, "a", log, gate, trials=4))
+    # a's trials do not checkpoint: not preemptible, they hold their slots (tests/test_preemption.py preempts)
+    first = start_cli("run", gated(tmp_path, "a", log, gate, trials=4, preemptible=False))
     earlier = experiment_id(first.stdout.readline())
     wait_until(lambda: log.exists() and log.read_text().count("start") == 2, TIMEOUT, "a's 2 trials to hold the pool")
     second = start_cli("run", gated(tmp_path, "b", log, gate, trials=2,

@@ -101,7 +101,14 @@ DESCRIPTIONS: Dict[str, str] = {
     "local.resourcePool": "trialkit: the pool of `$TRIALKIT_HOME/pools.yml` the trials take their slots from, "
     "shared with every local experiment of that home (default: `default`).",
     "local.poolPriority": "trialkit: the experiment's priority in its resource pool, Determined's order: the pool's "
-    "free slots go to smaller numbers first (default 42; `job update` with the experiment's id changes it).",
+    "free slots go to smaller numbers first (default 42; `job update` with the experiment's id changes it); "
+    "bigger first in a pool of `scheduler: priority_descending`; refused in a `fair_share` pool.",
+    "local.preemptible": "trialkit: whether the trials give their slots back, paused through their checkpoint, to "
+    "a job of higher priority that waits for them in the resource pool (default `true`; AdaptDL's word). "
+    "`false`: they keep their slots, for trials that cannot stop with a checkpoint.",
+    "local.poolWeight": "trialkit: the experiment's weight in a `scheduler: fair_share` resource pool: the pool's "
+    "slots are divided among the jobs that want them in proportion to their weights (default 1; `job update "
+    "--weight` changes it); refused in a pool scheduled by priority.",
     # ray
     "ray.platform": "`ray`.",
     "ray.address": "The cluster: `ray://HEAD:10001`, `HEAD:6379`, or `auto` (a cluster on this machine).",

@@ -1,0 +1,207 @@
+"""Preemption in the home's resource pool (platforms/preempt.py): a job of higher priority that waits gets
+the slots of a lower one's running trials, which pause through their checkpoint and resume from it.
+
+Real experiments (`trialkit run`, real keepers, managers and trials) on a pool of 2 slots; the trials
+write their own start and end times and steps, and the checks are made from those and the stores.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from experiment_util import TIMEOUT, experiment, experiment_id, start_cli, stored
+from gpu_util import most_at_once
+from harness import wait_until
+
+STEPS, HOLD = 10, 5
+# The user's checkpoint path (docs/sdk.md): a SIGTERM handler that keeps the process alive until a step
+# boundary, should_preempt() there, the step saved in checkpoint_dir(), exit 143; a restart loads it.
+# Each step is saved before it is reported, so a resumed run starts after the last step it reported.
+# Past step `hold` it goes on only once the gate file exists: it holds its slot as long as the test wants.
+CHECKPOINTING = """
+import os, signal, sys, time, trialkit
+signal.signal(signal.SIGTERM, lambda *_: None)
+p = trialkit.get_next_parameter()
+saved = os.path.join(trialkit.checkpoint_dir(), "step")
+step = int(open(saved).read()) if os.path.exists(saved) else 0
+def note(kind):
+    with open({log!r}, "a") as f:
+        f.write(f"{{kind}} {{time.time()}} {name} {{trialkit.get_trial_id()}} {{step}}\\n")
+note("start")
+while step < {steps}:
+    while step >= {hold} and not os.path.exists({gate!r}) and not trialkit.should_preempt():
+        time.sleep(0.02)
+    if trialkit.should_preempt():
+        note("end")
+        sys.exit(143)
+    time.sleep({pace})
+    step += 1
+    with open(saved + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(saved + ".tmp", saved)
+    trialkit.report_intermediate_result(step)
+note("end")
+trialkit.report_final_result(p["x"])
+"""
+SPACE = {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    (home / "pools.yml").write_text("pools:\n  default: {slots: 2}\n")
+    return home
+
+
+def checkpointing(tmp_path: Path, name: str, log: Path, steps: int, hold: int, **service: Any) -> Path:
+    script = CHECKPOINTING.format(log=str(log), name=name, steps=steps, hold=hold, gate=str(tmp_path / "gate"),
+                                  pace=0.05)
+    return experiment(tmp_path, SPACE, script,
+                      name=name, trialConcurrency=2, maxTrialNumber=2, trialGraceSeconds=20,
+                      trainingService={"platform": "local", **service})
+
+
+def runs(log: Path) -> List[Dict[str, Any]]:
+    """Each run of each trial from its own notes: {name, trial, start, end, first (the step it started
+    from), last (the step it ended at)}."""
+    open_runs: Dict[str, Dict[str, Any]] = {}
+    out = []
+    for line in log.read_text().splitlines():
+        kind, when, name, trial, step = line.split()
+        if kind == "start":
+            open_runs[trial] = {"name": name, "trial": trial, "start": float(when), "first": int(step)}
+        else:
+            out.append({**open_runs.pop(trial), "end": float(when), "last": int(step)})
+    assert not open_runs, open_runs  # every run noted its end: none was killed
+    return out
+
+
+def stop_all(*procs: Optional[subprocess.Popen]) -> None:
+    """After a failure: each experiment ends as SIGINT ends it (its trials stopped, nothing left running)."""
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.communicate(timeout=TIMEOUT)
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    return out
+
+
+def test_a_higher_priority_experiment_pauses_the_lower_one_s_trials_through_their_checkpoints(tmp_path, home):
+    log = tmp_path / "runs"
+    low = start_cli("run", checkpointing(tmp_path, "a", log, steps=STEPS, hold=HOLD))
+    high = None
+    try:
+        a = experiment_id(low.stdout.readline())
+        # a fills the pool, and each of its trials has reported (and checkpointed) HOLD steps, and holds
+        wait_until(lambda: len(stored(home, a, "SELECT DISTINCT trial FROM records WHERE type = 'PERIODICAL' "
+                                               "AND value = ?", str(HOLD))) == 2, TIMEOUT, "a's trials to hold")
+        high = start_cli("run", checkpointing(tmp_path, "b", log, steps=5, hold=5, poolPriority=1))
+        b = experiment_id(high.stdout.readline())
+        # Without preemption b would wait for a, and a for the gate: this wait fails.
+        wait_until(lambda: log.read_text().count(" b ") >= 2, TIMEOUT, "b's trials to start while a's hold")
+        (tmp_path / "gate").touch()
+        a_out = finish(low)
+        finish(high)
+    finally:
+        (tmp_path / "gate").touch()  # every trial ends, whatever failed
+        stop_all(low, high)
+    found = runs(log)
+    assert most_at_once(found) == 2, found  # never more than the pool's 2 slots
+    a_runs = [run for run in found if run["name"] == "a"]
+    b_runs = [run for run in found if run["name"] == "b"]
+    assert len(b_runs) == 2 and len(a_runs) == 4, found  # each of a's trials ran twice: paused, resumed
+    b_starts = [run["start"] for run in b_runs]
+    for trial in {run["trial"] for run in a_runs}:
+        first, resumed = sorted((run for run in a_runs if run["trial"] == trial), key=lambda run: run["start"])
+        assert first["first"] == 0 and first["last"] == HOLD, first  # paused mid-way, through should_preempt
+        assert resumed["first"] == first["last"] and resumed["last"] == STEPS, (first, resumed)  # from its checkpoint
+        assert first["end"] <= min(b_starts) and max(b_starts) <= resumed["start"], found  # b ran in a's pause
+    for exp, steps in ((a, STEPS), (b, 5)):
+        for (trial,) in stored(home, exp, "SELECT id FROM trials"):
+            values = [json.loads(value) for (value,) in stored(
+                home, exp, "SELECT value FROM records WHERE trial = ? AND type = 'PERIODICAL' ORDER BY seq", trial)]
+            assert values == list(range(1, steps + 1)), (trial, values)  # every step stored once, none redone
+            assert stored(home, exp, "SELECT COUNT(*) FROM records WHERE trial = ? AND type = 'FINAL'",
+                          trial) == [(1,)]
+    statuses = stored(home, a, "SELECT trial, status, reason FROM statuses WHERE status = 'PREEMPTED'")
+    assert sorted(trial for trial, _, _ in statuses) == sorted({run["trial"] for run in a_runs}), statuses
+    assert all(f"preempted for experiment {b} (priority 1)" in reason for _, _, reason in statuses), statuses
+    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2
+    assert stored(home, b, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 0)] * 2
+    assert f"preempted for experiment {b}" in a_out
+
+
+def test_equal_priority_and_a_job_that_is_not_preemptible_take_nothing(tmp_path):
+    from trialkit.platforms.pools import Claim
+    from trialkit.platforms.preempt import owed
+
+    def claim(name: str, priority: int, submitted: float, holds: float = 0, waits: float = 0,
+              preemptible: bool = True) -> Claim:
+        return Claim(name, priority, submitted, holds, waits, preemptible)
+
+    waiting = claim("w", 1, 3.0, waits=2)
+    # The lowest job gives back first; the one between gives only what the lowest cannot.
+    jobs = [waiting, claim("mid", 20, 1.0, holds=1), claim("low", 42, 2.0, holds=1)]
+    assert owed("low", 0, jobs) == (2, waiting)
+    assert owed("mid", 0, jobs) == (1, waiting)
+    assert owed("mid", 1, jobs) == (0, None)  # a free slot and low's one are enough
+    # Of equal priorities, the later submitted gives back first; an equal priority never preempts.
+    peers = [waiting, claim("early", 42, 1.0, holds=1), claim("late", 42, 2.0, holds=1)]
+    assert owed("late", 1, peers) == (1, waiting) and owed("early", 1, peers) == (0, None)
+    assert owed("early", 0, [claim("w", 42, 3.0, waits=2), claim("early", 42, 1.0, holds=2)]) == (0, None)
+    # A job that is not preemptible gives nothing, and the others do not count on its slots.
+    stubborn = [waiting, claim("mid", 20, 1.0, holds=1), claim("low", 42, 2.0, holds=1, preemptible=False)]
+    assert owed("low", 0, stubborn) == (0, None) and owed("mid", 0, stubborn) == (2, waiting)
+
+
+# No checkpoint: the first run sleeps until the SIGTERM ends it (no handler); the restart finishes.
+UNCHECKPOINTED = """
+import os, time, trialkit
+p = trialkit.get_next_parameter()
+if os.environ["TRIALKIT_RESTART_COUNT"] == "0":
+    time.sleep(120)
+trialkit.report_final_result(p["x"])
+"""
+
+
+def test_a_preempted_trial_that_does_not_checkpoint_is_not_lost_but_starts_again(tmp_path, home):
+    low = start_cli("run", experiment(tmp_path, SPACE, UNCHECKPOINTED, name="a", maxTrialNumber=2))
+    high = None
+    try:
+        a = experiment_id(low.stdout.readline())
+        wait_until(lambda: stored(home, a, "SELECT status FROM trials") == [("RUNNING",)] * 2, TIMEOUT,
+                   "a's trials to hold the pool")
+        high = start_cli("run", experiment(tmp_path, SPACE, UNCHECKPOINTED.replace("120", "0"), name="b",
+                                           maxTrialNumber=2, trainingService={"platform": "local",
+                                                                              "poolPriority": 1}))
+        b = experiment_id(high.stdout.readline())
+        finish(low)
+        finish(high)
+    finally:
+        stop_all(low, high)
+    # Killed by the SIGTERM (the keeper would say USER_CANCELED): paused all the same, and run again.
+    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2
+    assert [status for (status,) in stored(home, a, "SELECT DISTINCT status FROM statuses WHERE status NOT IN "
+                                                    "('WAITING', 'RUNNING') ORDER BY id")] == ["PREEMPTED", "SUCCEEDED"]
+    assert stored(home, b, "SELECT status FROM trials") == [("SUCCEEDED",)] * 2
+
+
+def test_a_descending_pool_preempts_for_bigger_numbers_and_a_fair_share_pool_for_none():
+    from trialkit.platforms.pools import FAIR_SHARE, PRIORITY_DESCENDING, Claim
+    from trialkit.platforms.preempt import owed
+
+    waiting, holding = Claim("w", 100, 2.0, 0, 1, True), Claim("h", 42, 1.0, 1, 0, True)
+    assert owed("h", 0, [waiting, holding], PRIORITY_DESCENDING) == (1, waiting)
+    assert owed("h", 0, [waiting, holding]) == (0, None)  # Determined's order: 100 comes after 42
+    assert owed("h", 0, [Claim("w", 1, 2.0, 0, 1, True), holding], FAIR_SHARE) == (0, None)
