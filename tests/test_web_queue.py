@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlsplit
@@ -295,3 +296,61 @@ def test_an_experiment_without_a_job_in_the_machine_s_pools_is_told_so(own_home)
         with pytest.raises(HttpError, match="experiment onray01 has no job in this machine's resource pools") as err:
             actions.find("pool", action).run(loop, None, body)
         assert err.value.status == 409
+
+
+JOINER = """
+import time
+from trialkit.platforms import pools
+pools.open_pool().join("other01")  # a job of the pool, as another experiment's control plane joins
+print("joined", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+                    reason="needs Debian's chromium and chromium-driver (bootstrap.sh installs them)")
+def test_a_fair_share_pool_shows_weights_and_takes_a_weight_not_a_place(tmp_path, monkeypatch):
+    home = tmp_path / "fair"
+    home.mkdir()
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    (home / "pools.yml").write_text("pools:\n  default: {slots: 2, scheduler: fair_share}\n")
+    log, gate = tmp_path / "spans", tmp_path / "gate"
+    joiner = subprocess.Popen([sys.executable, "-c", JOINER], stdout=subprocess.PIPE, text=True)
+    script = GATED.format(log=str(log), name="f", gate=str(gate))
+    proc = start_cli("run", experiment(tmp_path, SPACE, script, name="f", experimentName="f", trialConcurrency=1,
+                                       maxTrialNumber=1))
+    browser = None
+    try:
+        assert joiner.stdout.readline().strip() == "joined"
+        exp = experiment_id(proc.stdout.readline())
+        proc.stdout.readline()  # manager: ...
+        page = proc.stdout.readline().split()[-1]
+        url = urlsplit(page)
+        route = f"{url.scheme}://{url.netloc}/api/ui/experiments/{exp}/pool"
+        headers = {"Authorization": f"Bearer {url.query.removeprefix('token=')}"}
+        wait_until(lambda: log.exists() and "start" in log.read_text(), TIMEOUT, "f's trial to start")
+        shown = requests.get(route, headers=headers, timeout=30).json()
+        assert shown["scheduler"] == "fair_share"
+        assert {job["id"]: job["weight"] for job in shown["jobs"]} == {exp: 1, "other01": 1}
+        changed = requests.post(route, headers=headers, json={"updates": [{"job": "other01", "weight": 3}]}, timeout=30)
+        assert changed.status_code == 200, changed.text
+        assert {job["id"]: job["weight"] for job in cli_jobs()} == {exp: 1, "other01": 3}
+        for refused in ({"job": exp, "top": True}, {"job": exp, "priority": 1}, {"job": exp, "weight": 0}):
+            answer = requests.post(route, headers=headers, json={"updates": [refused]}, timeout=30)
+            assert answer.status_code == 400 and answer.json()["error"], (refused, answer.text)
+        assert {job["id"]: (job["priority"], job["weight"]) for job in cli_jobs()} == \
+            {exp: (42, 1), "other01": (42, 3)}
+        browser = Browser()
+        browser.driver.get(page + "/queue")
+        heads = "return [...document.querySelectorAll('#pool-jobs th')].map(h => h.textContent)"
+        wait_until(lambda: "Weight" in browser.driver.execute_script(heads), 60, "the pool's weights", every=0.1)
+        assert browser.driver.execute_script(
+            "return [...document.querySelectorAll('#pool-jobs button')].map(b => b.dataset.poolAction)") == \
+            ["weight", "weight"]  # a place or a priority counts for nothing in a fair share pool: not offered
+    finally:
+        left = browser.close() if browser is not None else []
+        gate.touch()
+        finish(proc)
+        joiner.kill()
+        joiner.wait()
+    assert not left, f"browser processes left running: {left}"
