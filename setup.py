@@ -71,8 +71,10 @@ EXTRAS = {
     # Ray Train (pandas, pyarrow, ...): bench/bench_ray_rescale.py races adaptdl-ray against its elastic mode.
     "ray-train": ["ray[default,train]==2.60.0"],
     "kubernetes": ["kubernetes>=30"],
-    # aiohttp: the manager's server (trialkit/manager/transport.py); keepers never load it.
-    "control": ["optuna>=4", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5", "aiohttp>=3.9"],
+    # aiohttp: the manager's server (trialkit/manager/transport.py); orjson: its decoder of the keepers' batches
+    # (trialkit/manager/server.py's decode, which reads as records.loads without it). Keepers load neither.
+    "control": ["optuna>=4", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5", "aiohttp>=3.9",
+                "orjson>=3.9"],
     # The user guide (docs/, mkdocs.yml): built in strict mode by tests/test_docs.py.
     "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"],
 }

