@@ -1,7 +1,8 @@
 """A local HTTP server on 127.0.0.1 that stands in for a Kubernetes API server.
 
 It keeps objects in memory by path (create, read, replace, merge-patch,
-delete), lists and deletes pods by label selector, records every request the
+delete; a replace naming a resourceVersion other than the stored one is 409
+Conflict, and every write moves the version on), lists and deletes pods by label selector, records every request the
 official `kubernetes` client sends (verb, path, query, headers, JSON body),
 and can be told to fail the next requests (503, 429, a dropped connection) to
 test retries. It checks nothing that a real server would check about the
@@ -43,6 +44,10 @@ def _merge(into: dict, patch: dict) -> None:
             _merge(into[key], value)
         else:
             into[key] = value
+
+
+def _next_version(metadata: dict) -> str:
+    return str(int(metadata.get("resourceVersion") or 0) + 1)
 
 
 def _matches(labels: dict, selector: str) -> bool:
@@ -159,11 +164,16 @@ class FakeApiServer:
             return 200, self.objects[path]
         if method == "PUT":
             body = copy.deepcopy(request.body)
-            body["metadata"]["uid"] = self.objects[path]["metadata"]["uid"]
+            stored = self.objects[path]["metadata"]
+            # A write that names a resourceVersion is taken only over that version (optimistic concurrency).
+            if body["metadata"].get("resourceVersion") not in (None, stored.get("resourceVersion")):
+                return 409, _status(409, "Conflict", f"the object has been modified: {path.rsplit('/', 1)[-1]!r}")
+            body["metadata"].update(uid=stored["uid"], resourceVersion=_next_version(stored))
             self.objects[path] = body
             return 200, body
         if method == "PATCH":
             _merge(self.objects[path], request.body)
+            self.objects[path]["metadata"]["resourceVersion"] = _next_version(self.objects[path]["metadata"])
             return 200, self.objects[path]
         if method == "DELETE":
             return 200, self.objects.pop(path)

@@ -54,6 +54,7 @@ from trialkit import process, schema
 from trialkit.errors import UserError
 from trialkit.manager import disk, paths
 from trialkit.manager.store import StoreUnwritable
+from trialkit.platforms import pool_events
 
 CONFIG_NAME = "pools.yml"
 DB_NAME = "pools.db"
@@ -115,6 +116,7 @@ class PoolSpec:
     slots: Optional[int] = None
     gpus: Optional[Tuple[int, ...]] = None
     scheduler: str = PRIORITY  # one of SCHEDULERS: the order its jobs get free slots in
+    namespace: Optional[str] = None  # a Kubernetes namespace's pool: its leases live there (kubernetes/pool_leases.py)
 
 
 def read_config(home: Path) -> Dict[str, PoolSpec]:
@@ -136,7 +138,10 @@ def read_config(home: Path) -> Dict[str, PoolSpec]:
     out = {}
     for name, section in pools.items():
         where = schema.path(f"{path}: pools", name)
-        sec = schema.normalize_keys(section, ("slots", "gpus", "scheduler"), where)
+        sec = schema.normalize_keys(section, ("slots", "gpus", "scheduler", "kubernetes"), where)
+        if sec.get("kubernetes") is not None:
+            out[str(name)] = _namespace_pool(sec, where)
+            continue
         gpus = _gpu_list(sec.get("gpus"), schema.path(where, "gpus"))
         if sec.get("slots") is None and gpus is None:
             raise UserError(f"pool {name!r} has no slots", where, "give it slots: N (a whole number, 1 or more) "
@@ -146,6 +151,21 @@ def read_config(home: Path) -> Dict[str, PoolSpec]:
         scheduler = schema.as_choice(sec.get("scheduler") or PRIORITY, SCHEDULERS, schema.path(where, "scheduler"))
         out[str(name)] = PoolSpec(slots if slots is not None or gpus is None else len(gpus), gpus, scheduler)
     return out
+
+
+def _namespace_pool(sec: Mapping[str, Any], where: str) -> PoolSpec:
+    """`kubernetes: {namespace: NS, slots: N}`: the Kubernetes experiments of namespace NS share N slots."""
+    beside = [key for key in ("slots", "gpus", "scheduler") if sec.get(key) is not None]
+    if beside:
+        raise UserError(f"{beside[0]} is set beside kubernetes", schema.path(where, beside[0]),
+                        "a Kubernetes pool's slots go inside it: kubernetes: {namespace: NS, slots: N}")
+    inside = schema.path(where, "kubernetes")
+    kube = schema.normalize_keys(sec["kubernetes"], ("namespace", "slots"), inside)
+    missing = [key for key in ("namespace", "slots") if kube.get(key) is None]
+    if missing:
+        raise UserError(f"the Kubernetes pool has no {missing[0]}", inside, "write kubernetes: {namespace: NS, slots: N}")
+    return PoolSpec(schema.as_int(kube["slots"], schema.path(inside, "slots"), minimum=1),
+                    namespace=schema.as_str(kube["namespace"], schema.path(inside, "namespace")))
 
 
 def _gpu_list(value: Any, where: str) -> Optional[Tuple[int, ...]]:
@@ -211,6 +231,7 @@ class Pool:
         self._lock = threading.Lock()  # one connection, shared by the platform's threads
         try:
             db_path.parent.mkdir(parents=True, exist_ok=True)
+            (db_path.parent / pool_events.DIR_NAME).mkdir(exist_ok=True)  # where its waiters are told of changes
             self._db = sqlite3.connect(str(db_path), timeout=BUSY_SECONDS, isolation_level=None,
                                        check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -268,8 +289,12 @@ class Pool:
                 chosen = () if gpus is None else self._choose(gpus, excluding=holder)
                 if chosen is None or self._used(excluding=holder) + slots > self.slots + ROUNDING \
                         or self._waits_behind(experiment):
+                    started = self._db.execute("UPDATE jobs SET waiting = ? WHERE experiment = ? AND waiting = 0",
+                                               (slots, experiment)).rowcount
                     self._db.execute("UPDATE jobs SET waiting = ? WHERE experiment = ?", (slots, experiment))
                     self._db.execute("COMMIT")
+                    if started:  # a job that starts to wait: those running behind it may owe it slots (preemption)
+                        pool_events.tell(self.db_path.parent)
                     return None
                 self._db.execute("INSERT OR REPLACE INTO leases (holder, pool, experiment, slots, pid, ticks, gpus, "
                                  "gpu_share) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -296,8 +321,11 @@ class Pool:
         """The slots the experiment's waiting trials need now; 0: none waits any more (they started, or were
         stopped while they waited), so no job behind it waits for it."""
         with self._lock:
-            self._db.execute("UPDATE jobs SET queued = ?, waiting = CASE WHEN ? > 0 THEN waiting ELSE 0 END "
-                             "WHERE experiment = ?", (slots, slots, experiment))
+            stopped = self._db.execute("UPDATE jobs SET waiting = 0 WHERE experiment = ? AND waiting > 0 AND ? <= 0",
+                                       (experiment, slots)).rowcount
+            self._db.execute("UPDATE jobs SET queued = ? WHERE experiment = ?", (slots, experiment))
+        if stopped:  # the jobs behind it wait for it no more
+            pool_events.tell(self.db_path.parent)
 
     def hand_over(self, holder: str, pid: int) -> None:
         """The process `pid` holds the lease from now on (the trial's keeper: it outlives a crashed control plane)."""
@@ -308,6 +336,14 @@ class Pool:
     def release(self, holder: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM leases WHERE holder = ?", (holder,))
+        pass  # MUTATION
+
+    def holders(self) -> List[Tuple[int, int]]:
+        """(pid, start ticks) of the live processes that hold this pool's leases: one that ends without a
+        release (SIGKILLed) frees its slots all the same (platforms/pool_events.py watches them)."""
+        with self._lock:
+            rows = self._db.execute("SELECT DISTINCT pid, ticks FROM leases WHERE pool = ?", (self.name,)).fetchall()
+        return [(pid, ticks) for pid, ticks in rows if Holder(pid, ticks).alive()]
 
     def free(self) -> float:
         """Slots no live holder has, now."""
@@ -537,6 +573,7 @@ def update(changes: Sequence[Tuple[str, str, Any]]) -> None:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+    pool_events.tell(db_path.parent)  # the waiting control planes look at the new order
 
 
 def _place(db: sqlite3.Connection, experiment: str, other: str, ahead: bool) -> None:
@@ -639,4 +676,8 @@ def open_pool(name: str = DEFAULT) -> Pool:
     """The named pool of this TRIALKIT_HOME; only `default` exists without a pools.yml that names it."""
     home = paths.home()
     spec = pool_spec(name, read_config(home))
+    if spec.namespace is not None:
+        raise UserError(f"resource pool {name!r} is Kubernetes namespace {spec.namespace}'s", str(home / CONFIG_NAME),
+                        "name a pool of this machine's slots (a Kubernetes experiment of that namespace takes "
+                        "its slots without naming it)")
     return Pool(name, spec.slots or machine_slots(), home / DB_NAME, spec.gpus, spec.scheduler)

@@ -163,6 +163,11 @@ class KubeClient:
         log.info("created %s", ref)
         return created
 
+    def replace(self, obj: dict) -> dict:
+        """Write `obj` over the server's copy; with its metadata.resourceVersion, only over that version (a
+        ClusterError with status 409 when another writer came between: read it again)."""
+        return self._on("replace", ObjectRef.of(obj), obj, _headers={"Content-Type": JSON})
+
     def get(self, ref: ObjectRef) -> Optional[dict]:
         """The object as the server has it, or None when there is none."""
         try:

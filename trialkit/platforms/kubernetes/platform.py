@@ -24,8 +24,8 @@ import yaml
 
 from trialkit import env as envnames
 from trialkit.platforms.kubernetes import render as k8s
-from trialkit.platforms.kubernetes import shipping
-from trialkit.statuses import FAILED, FINAL_STATUSES, SUCCEEDED, SYS_CANCELED
+from trialkit.platforms.kubernetes import pool_leases, shipping
+from trialkit.statuses import FAILED, FINAL_STATUSES, SUCCEEDED, SYS_CANCELED, USER_CANCELED, WAITING
 from trialkit.errors import UserError
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
@@ -122,6 +122,10 @@ class KubePlatform(PlatformBase):
         self._client = client
         self._expiring: dict = {}  # handle -> the timer that deletes its finished job
         self._azure_key: Optional[str] = None  # the Azure File share's account key, read once from Key Vault
+        self._pool: Any = _UNREAD  # the namespace's resource pool (pools.yml, kubernetes/pool_leases.py) or None
+        self._held: dict = {}  # handle -> (spec, objects, slots): waiting for the pool's slots, in submission order
+        self._leased: dict = {}  # handle -> trial id: its slots are leased from the pool
+        self._unstarted: dict = {}  # handle -> PlatformStatus: stopped while it waited
 
     @property
     def checkpoint_survives_stop(self) -> bool:
@@ -137,12 +141,53 @@ class KubePlatform(PlatformBase):
         return self._client
 
     def submit(self, spec: TrialSpec) -> str:
-        """Create the trial's objects, the job last; the job then owns the per-trial ones."""
+        """Create the trial's objects, the job last, once the namespace's pool (if any) leases its slots;
+        until then the trial waits, in submission order."""
         from trialkit.platforms.kubernetes.client import ObjectRef
 
         objects = self.renderer(self.config, spec)
         self._record(spec, objects)
         shipping.keep(objects, self.experiment_dir, spec.experiment_id)  # what the pods fetch, served by the manager
+        handle = str(ObjectRef.of(objects[-1]))
+        pool = self.pool
+        if pool is None:
+            self._create(spec, objects)
+            return handle
+        slots = pool_leases.job_slots(objects[-1])
+        pool.check(slots)
+        self._unstarted.pop(handle, None)
+        self._held[handle] = (spec, objects, slots)
+        self._start_held()
+        return handle
+
+    @property
+    def pool(self) -> Optional[pool_leases.NamespacePool]:
+        if self._pool is _UNREAD:
+            self._pool = pool_leases.for_namespace(self.config.common.namespace, self.client)
+        return self._pool
+
+    def _start_held(self) -> None:
+        """Create the waiting trials the pool leases slots to now, first submitted first."""
+        for handle, (spec, objects, slots) in list(self._held.items()):
+            if not self.pool.take(spec.trial_id, spec.experiment_id, slots, objects[-1]):
+                return
+            del self._held[handle]
+            self._leased[handle] = spec.trial_id
+            try:
+                self._create(spec, objects)
+            except Exception:
+                self._release(handle)
+                raise
+
+    def _release(self, handle: str) -> None:
+        trial = self._leased.pop(handle, None)
+        if trial is not None:
+            self.pool.release(trial)
+
+    def _create(self, spec: TrialSpec, objects: List[dict]) -> None:
+        """Create the trial's objects, the job last; the job then owns the per-trial ones."""
+        from trialkit.platforms.kubernetes.client import ObjectRef
+
         *needs, job = k8s.with_secrets(objects, spec, self._storage_secret())
         # A ConfigMap or Secret left by an earlier attempt holds stale scripts or
         # an old token: replace it. A claim keeps its data (a checkpoint to resume).
@@ -160,7 +205,6 @@ class KubePlatform(PlatformBase):
             # A claim is nobody's: it holds the checkpoint that activate resumes from.
             if k8s.LABEL_TRIAL in obj["metadata"]["labels"] and obj["kind"] != "PersistentVolumeClaim":
                 self.client.set_owner(ObjectRef.of(obj), submitted)
-        return str(ObjectRef.of(job))
 
     def _storage_secret(self) -> Optional[dict]:
         """What the experiment's Azure File Secret holds; None without one."""
@@ -194,13 +238,21 @@ class KubePlatform(PlatformBase):
     def status(self, handle: str) -> PlatformStatus:
         from trialkit.platforms.kubernetes.client import ObjectRef
 
+        if handle in self._unstarted:
+            return self._unstarted[handle]
+        if handle in self._held:
+            self._start_held()  # slots another experiment's trial gave back: nobody tells us
+            if handle in self._held:
+                return PlatformStatus(WAITING, self.pool.waiting_reason(self._held[handle][2]))
         ref = ObjectRef.parse(handle)
         job = self.client.get(ref)
         if job is None:
+            self._release(handle)
             return PlatformStatus(SYS_CANCELED, f"{ref} no longer exists")
         pods = self.client.list_pods(ref.namespace, _selector(job))
         status = trial_status(self.mapper(job), pods)
         if status.status in FINAL_STATUSES:
+            self._release(handle)
             self._expire(handle, status.status)
         return status
 
@@ -266,6 +318,7 @@ class KubePlatform(PlatformBase):
                             "check the cluster in your kubeconfig, and that it is up") from None
         self._client = client
         self._storage_secret()  # an Azure key that cannot be read is one line now, before any trial
+        self.pool  # read now: so is a mistake in pools.yml
 
     def stop(self, handle: str, grace: Optional[float] = None) -> None:
         """Delete the job: its pods run cleanup.sh (the keeper checkpoints) within their
@@ -279,6 +332,9 @@ class KubePlatform(PlatformBase):
     def _delete(self, handle: str, pod_grace: Optional[int]) -> None:
         from trialkit.platforms.kubernetes.client import ObjectRef
 
+        if self._held.pop(handle, None) is not None:  # it never started: nothing in the cluster to delete
+            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for its pool's slots")
+            return
         ref = ObjectRef.parse(handle)
         job = self.client.get(ref)
         if job is None:
@@ -286,6 +342,9 @@ class KubePlatform(PlatformBase):
         self.client.delete(ref)
         if pod_grace is not None:
             self.client.delete_pods(ref.namespace, _selector(job), pod_grace)
+
+
+_UNREAD = object()  # the pool not looked up yet
 
 
 def _selector(job: dict) -> str:
