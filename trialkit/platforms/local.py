@@ -24,7 +24,7 @@ from trialkit.errors import UserError
 from trialkit.keeper import leftover
 from trialkit.keeper.status import StatusFile
 from trialkit.statuses import FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
-from trialkit.platforms import pools, preempt
+from trialkit.platforms import pool_events, pools, preempt
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
 # ---------------------------------------------------------------- config
@@ -163,9 +163,6 @@ def from_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
 LOG_NAME = "trial.log"  # the keeper's own output, the trial's echoed in it: what a container log holds
 CODE_NAME = "code"  # the trial's copy of the code dir, in its trial dir
 GPU_POLL_SECONDS = 5.0  # while GPU trials run or wait: how often nvidia-smi is asked (starts, samples)
-# While trials wait for the pool's slots: how often the lease table is asked (another experiment's trial
-# that ends, or a holder that died, frees slots without telling us; our own trials' ends wake us at once).
-SLOT_WAIT_SECONDS = 0.2
 
 
 def run_sh() -> str:
@@ -514,22 +511,27 @@ class Platform(PlatformBase):
             self._slot_waiter.start()
 
     def _wait_for_slots(self) -> None:
-        """While trials wait, look at the lease table now and then: another experiment's trial that ends
-        (or a holder that died) frees slots without a word to us. While preemptible trials run, look for a
-        job of higher priority that waits for their slots."""
-        while True:
-            time.sleep(SLOT_WAIT_SECONDS)
-            with self._lock:
-                held = bool(self._held)
-                running = self.config.preemptible and any(not k.ended for k in self._keepers.values())
-                if not held and not running:
-                    self._slot_waiter = None
-                    return
-            # Else nothing to start (and nvidia-smi not asked for nothing).
-            if held and self._slots.could_take(self.experiment_dir.name, self.config.pool_slots):
-                self._start_held()
-            if running:
-                self._give_back()
+        """While trials wait, look at the lease table each time it may give them slots: another experiment's
+        trial that ends (or a holder that died) frees slots without a word to us, so pools.py's changes and
+        the holders' ends wake us (platforms/pool_events.py; our own trials' ends start the held at once).
+        While preemptible trials run, look for a job of higher priority that waits for their slots."""
+        listener = pool_events.Listener(self._slots.db_path.parent)
+        try:
+            while True:
+                with self._lock:
+                    held = bool(self._held)
+                    running = self.config.preemptible and any(not k.ended for k in self._keepers.values())
+                    if not held and not running:
+                        self._slot_waiter = None
+                        return
+                # Else nothing to start (and nvidia-smi not asked for nothing).
+                if held and self._slots.could_take(self.experiment_dir.name, self.config.pool_slots):
+                    self._start_held()
+                if running:
+                    self._give_back()
+                listener.wait(self._slots.holders())  # listening since before the look: nothing told is missed
+        finally:
+            listener.close()
 
     def _give_back(self) -> None:
         """Pause the newest running trials, through their checkpoint, for the slots a job of higher priority

@@ -117,6 +117,7 @@ class PoolSpec:
     gpus: Optional[Tuple[int, ...]] = None
     scheduler: str = PRIORITY  # one of SCHEDULERS: the order its jobs get free slots in
     namespace: Optional[str] = None  # a Kubernetes namespace's pool: its leases live there (kubernetes/pool_leases.py)
+    ray_address: Optional[str] = None  # a Ray cluster's pool: its leases live there (ray/pool_ledger.py)
 
 
 def read_config(home: Path) -> Dict[str, PoolSpec]:
@@ -138,9 +139,10 @@ def read_config(home: Path) -> Dict[str, PoolSpec]:
     out = {}
     for name, section in pools.items():
         where = schema.path(f"{path}: pools", name)
-        sec = schema.normalize_keys(section, ("slots", "gpus", "scheduler", "kubernetes"), where)
-        if sec.get("kubernetes") is not None:
-            out[str(name)] = _namespace_pool(sec, where)
+        sec = schema.normalize_keys(section, ("slots", "gpus", "scheduler") + tuple(_CLUSTERS), where)
+        cluster = next((kind for kind in _CLUSTERS if sec.get(kind) is not None), None)
+        if cluster is not None:
+            out[str(name)] = _cluster_pool(sec, where, cluster)
             continue
         gpus = _gpu_list(sec.get("gpus"), schema.path(where, "gpus"))
         if sec.get("slots") is None and gpus is None:
@@ -153,19 +155,27 @@ def read_config(home: Path) -> Dict[str, PoolSpec]:
     return out
 
 
-def _namespace_pool(sec: Mapping[str, Any], where: str) -> PoolSpec:
-    """`kubernetes: {namespace: NS, slots: N}`: the Kubernetes experiments of namespace NS share N slots."""
-    beside = [key for key in ("slots", "gpus", "scheduler") if sec.get(key) is not None]
+# A cluster's pool: its key in pools.yml -> (the key that names the cluster, its PoolSpec field, its name in words)
+_CLUSTERS = {"kubernetes": ("namespace", "namespace", "Kubernetes"), "ray": ("address", "ray_address", "Ray")}
+
+
+def _cluster_pool(sec: Mapping[str, Any], where: str, kind: str) -> PoolSpec:
+    """`kubernetes: {namespace: NS, slots: N}`: the Kubernetes experiments of namespace NS share N slots;
+    `ray: {address: ADDRESS, slots: N}`: the Ray experiments of the cluster at ADDRESS (as they write it) do."""
+    key, field, words = _CLUSTERS[kind]
+    form = f"{kind}: {{{key}: {key.upper()}, slots: N}}"
+    beside = [name for name in ("slots", "gpus", "scheduler") + tuple(_CLUSTERS)
+              if name != kind and sec.get(name) is not None]
     if beside:
-        raise UserError(f"{beside[0]} is set beside kubernetes", schema.path(where, beside[0]),
-                        "a Kubernetes pool's slots go inside it: kubernetes: {namespace: NS, slots: N}")
-    inside = schema.path(where, "kubernetes")
-    kube = schema.normalize_keys(sec["kubernetes"], ("namespace", "slots"), inside)
-    missing = [key for key in ("namespace", "slots") if kube.get(key) is None]
+        raise UserError(f"{beside[0]} is set beside {kind}", schema.path(where, beside[0]),
+                        f"a {words} pool's slots go inside it: {form}")
+    inside = schema.path(where, kind)
+    given = schema.normalize_keys(sec[kind], (key, "slots"), inside)
+    missing = [name for name in (key, "slots") if given.get(name) is None]
     if missing:
-        raise UserError(f"the Kubernetes pool has no {missing[0]}", inside, "write kubernetes: {namespace: NS, slots: N}")
-    return PoolSpec(schema.as_int(kube["slots"], schema.path(inside, "slots"), minimum=1),
-                    namespace=schema.as_str(kube["namespace"], schema.path(inside, "namespace")))
+        raise UserError(f"the {words} pool has no {missing[0]}", inside, f"write {form}")
+    return PoolSpec(schema.as_int(given["slots"], schema.path(inside, "slots"), minimum=1),
+                    **{field: schema.as_str(given[key], schema.path(inside, key))})
 
 
 def _gpu_list(value: Any, where: str) -> Optional[Tuple[int, ...]]:
@@ -336,7 +346,7 @@ class Pool:
     def release(self, holder: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM leases WHERE holder = ?", (holder,))
-        pass  # MUTATION
+        pool_events.tell(self.db_path.parent)
 
     def holders(self) -> List[Tuple[int, int]]:
         """(pid, start ticks) of the live processes that hold this pool's leases: one that ends without a
@@ -676,8 +686,9 @@ def open_pool(name: str = DEFAULT) -> Pool:
     """The named pool of this TRIALKIT_HOME; only `default` exists without a pools.yml that names it."""
     home = paths.home()
     spec = pool_spec(name, read_config(home))
-    if spec.namespace is not None:
-        raise UserError(f"resource pool {name!r} is Kubernetes namespace {spec.namespace}'s", str(home / CONFIG_NAME),
-                        "name a pool of this machine's slots (a Kubernetes experiment of that namespace takes "
-                        "its slots without naming it)")
+    if spec.namespace is not None or spec.ray_address is not None:
+        cluster = f"Kubernetes namespace {spec.namespace}" if spec.namespace else f"the Ray cluster at {spec.ray_address}"
+        raise UserError(f"resource pool {name!r} is {cluster}'s", str(home / CONFIG_NAME),
+                        "name a pool of this machine's slots (an experiment on that cluster takes its slots "
+                        "without naming it)")
     return Pool(name, spec.slots or machine_slots(), home / DB_NAME, spec.gpus, spec.scheduler)

@@ -1,0 +1,149 @@
+"""Many experiments on one resource pool, and how a control plane waiting for its slots is woken.
+
+Real experiments (`trialkit run`, keepers, trials) on a pool of pools.yml, checked from the trials' own
+notes of their start and end; the waking from real processes that release a lease or die holding one.
+bench/bench_pools.py runs the same at scale (50 experiments of 20 trials on 4 slots) and times it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from experiment_util import TIMEOUT, experiment, experiment_id, export, start_cli
+from gpu_util import most_at_once
+
+# Notes its start, holds its slot a moment, notes its end (one write each: whole), reports.
+NOTED = """
+import os, time, trialkit
+p = trialkit.get_next_parameter()
+def note(kind):
+    fd = os.open({log!r}, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    os.write(fd, f"{{kind}} {{time.time()}} {{os.environ['TRIALKIT_TRIAL_ID']}}\\n".encode())
+    os.close(fd)
+note("start")
+time.sleep(0.2)
+note("end")
+trialkit.report_final_result(p["x"])
+"""
+SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}}
+LISTEN_SECONDS = 30.0  # a Listener's look all the same, made long here: a wake-up before it was an event
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    return home
+
+
+def pool_of(home: Path, slots: int) -> None:
+    (home / "pools.yml").write_text(f"pools:\n  default: {{slots: {slots}}}\n")
+
+
+def runs(log: Path) -> Dict[str, List[Dict[str, float]]]:
+    """trial id -> its runs ({start, end}), from the trials' own notes."""
+    out: Dict[str, List[Dict[str, float]]] = {}
+    for line in log.read_text().splitlines():
+        kind, when, trial = line.split()
+        if kind == "start":
+            out.setdefault(trial, []).append({"start": float(when), "end": float("inf")})
+        else:
+            out[trial][-1]["end"] = float(when)
+    return out
+
+
+def test_six_experiments_on_two_slots_never_run_more_than_two_trials_and_each_trial_once(tmp_path, home):
+    pool_of(home, 2)
+    log = tmp_path / "notes"
+    procs = [start_cli("run", experiment(tmp_path, SPACE, NOTED.format(log=str(log)), name=f"e{i}",
+                                         trialConcurrency=2, maxTrialNumber=3)) for i in range(6)]
+    ids = [experiment_id(proc.stdout.readline()) for proc in procs]
+    for proc in procs:
+        _, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, err
+    found = runs(log)
+    assert sorted(found) == sorted(f"{exp}-{n:05d}" for exp in ids for n in range(3))  # every trial, none other
+    assert all(len(trial_runs) == 1 for trial_runs in found.values()), found  # each once
+    spans = [run for trial_runs in found.values() for run in trial_runs]
+    assert most_at_once(spans) <= 2, spans  # each experiment alone would run 2: six would run 12 at once
+    for exp in ids:
+        assert [row["status"] for row in export(exp)] == ["SUCCEEDED"] * 3
+
+
+HOLDER = """
+import sys
+from trialkit.platforms import pools
+pool = pools.open_pool()
+assert pool.take("other-00000", "other", 1)
+print("taken", flush=True)
+if sys.stdin.readline().strip() == "release":
+    pool.release("other-00000")
+    print("released", flush=True)
+sys.stdin.readline()
+"""
+
+
+def start_holder() -> subprocess.Popen:
+    """Another process (as another experiment's control plane) holding a lease of the default pool."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "taken"
+    return holder
+
+
+def tell(holder: subprocess.Popen, line: str) -> None:
+    holder.stdin.write(line + "\n")
+    holder.stdin.flush()
+
+
+def test_a_lease_released_by_another_process_wakes_a_waiting_listener_at_once(home):
+    from trialkit.platforms import pool_events, pools
+
+    pool_of(home, 1)
+    pool = pools.open_pool()
+    holder = start_holder()
+    listener = pool_events.Listener(home)
+    try:
+        threading.Timer(0.5, tell, (holder, "release")).start()
+        began = time.monotonic()
+        listener.wait([], timeout=LISTEN_SECONDS)  # no pidfd to watch: only the release's word wakes it
+        woke = time.monotonic() - began
+        assert holder.stdout.readline().strip() == "released"
+    finally:
+        holder.communicate("\n", timeout=TIMEOUT)
+        listener.close()
+        pool.close()
+    assert woke < LISTEN_SECONDS / 2  # told, not the look all the same
+
+
+def test_a_holder_sigkilled_with_its_lease_wakes_a_waiting_listener(home):
+    from trialkit.platforms import pool_events, pools
+
+    pool_of(home, 1)
+    pool = pools.open_pool()
+    holder = start_holder()
+    listener = pool_events.Listener(home)
+    try:
+        holders = pool.holders()
+        assert holders == [(holder.pid, pools.Holder.of(holder.pid).ticks)]
+        threading.Timer(0.5, holder.send_signal, (signal.SIGKILL,)).start()  # it releases nothing
+        began = time.monotonic()
+        listener.wait(holders, timeout=LISTEN_SECONDS)
+        woke = time.monotonic() - began
+    finally:
+        holder.kill()
+        holder.communicate(timeout=TIMEOUT)
+        listener.close()
+    assert woke < LISTEN_SECONDS / 2  # its pidfd, not the look all the same
+    assert pool.take("next-00000", "next", 1)  # the pool's one slot: the dead holder's
+    me = pools.Holder.of(os.getpid())
+    assert pool.holders() == [(me.pid, me.ticks)]
+    pool.close()
