@@ -38,7 +38,7 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from trialkit import gpus, records
 from trialkit.manager import paths
@@ -225,11 +225,14 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
                                              ("maxExperimentDuration", opts.max_experiment_duration)) if value is not None}
     if opts.search_space is not None:
         changes["searchSpace"] = read_data_file(Path(opts.search_space), "--search-space")
-    if not changes:
+    if not changes and opts.priority is None and opts.weight is None:
         raise UserError("nothing to update", "experiment update",
-                        "give --trial-concurrency, --max-trial-number, --max-experiment-duration or --search-space")
-    admin.act(opts.experiment_id, "experiment", "update", body=changes)
-    print(f"updated experiment {opts.experiment_id}: {', '.join(changes)}")
+                        "give --trial-concurrency, --max-trial-number, --max-experiment-duration, --search-space, "
+                        "--priority or --weight")
+    done = _update_pool_job(opts.experiment_id, opts)  # its job in the resource pool: all or none, first
+    if changes:
+        admin.act(opts.experiment_id, "experiment", "update", body=changes)
+    print(f"updated experiment {opts.experiment_id}: {', '.join(list(changes) + done)}")
     return 0
 
 
@@ -555,17 +558,21 @@ def cmd_trial_activate(opts: argparse.Namespace) -> int:
 
 JOB_COLUMNS = ("position", "id", "experiment", "name", "priority", "submitted", "slots_acquired", "slots_needed",
                "status")
+POOL_JOB_COLUMNS = JOB_COLUMNS[:5] + ("weight",) + JOB_COLUMNS[5:]  # a resource pool's jobs have a weight too
 
 
 def cmd_job_list(opts: argparse.Namespace) -> int:
-    from trialkit.control import background
-
     rows: List[Dict[str, Any]] = []
+    order = "priority"  # the column the order is by: a fair share pool's is its jobs' weights
     if opts.pool:
         from trialkit.platforms import pools
 
-        rows = pools.jobs()
+        rows = pools.jobs(opts.pool)
+        if pools.pool_spec(opts.pool, pools.read_config(paths.home())).scheduler == pools.FAIR_SHARE:
+            order = "weight"
     else:
+        from trialkit.control import background  # it loads the manager's aiohttp: 0.18 s that --pool needs not
+
         experiment_dirs = ([paths.experiment_dir(opts.experiment)] if opts.experiment
                            else [d for d in paths.all_experiment_dirs() if background.manager_runs(d)])
         for experiment_dir in experiment_dirs:
@@ -579,13 +586,13 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
         import io
 
         out = io.StringIO()
-        writer = csv.DictWriter(out, JOB_COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(out, POOL_JOB_COLUMNS if opts.pool else JOB_COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
         sys.stdout.write(out.getvalue())
     elif rows:
-        print(table(("#", "id", "experiment", "name", "priority", "submitted", "slots", "status"),
-                    [(r["position"], r["id"], r["experiment"], r["name"], r["priority"], when(r["submitted"]),
+        print(table(("#", "id", "experiment", "name", order, "submitted", "slots", "status"),
+                    [(r["position"], r["id"], r["experiment"], r["name"], r[order], when(r["submitted"]),
                       f"{r['slots_acquired']}/{r['slots_needed']}", r["status"]) for r in rows]))
     else:
         print("no jobs: no trial runs, waits or is paused" + ("" if opts.experiment else " in a running experiment"))
@@ -595,6 +602,9 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
 def cmd_job_update(opts: argparse.Namespace) -> int:
     if _names_experiment(opts.trial_id):
         return _update_experiment_job(opts)
+    if opts.weight is not None or opts.resource_pool is not None:
+        raise UserError(f"a trial's job has no {'weight' if opts.weight is not None else 'resource pool'} of its "
+                        "own", opts.trial_id, "update its experiment's job: `trialkit job update EXPERIMENT_ID`")
     move = Move(opts.trial_id, priority=opts.priority, ahead_of=opts.ahead_of, behind_of=opts.behind_of)
     _move([move])
     print(f"updated {opts.trial_id}")
@@ -610,34 +620,38 @@ def _names_experiment(job_id: str) -> bool:
 
 
 def _update_experiment_job(opts: argparse.Namespace) -> int:
-    """An experiment's job in the home's resource pool (platforms/pools.py): a priority, or a place next to another
-    experiment's job."""
-    from trialkit.platforms import pools
-
-    pools.update(_job_changes([Move(opts.trial_id, opts.priority, opts.ahead_of, opts.behind_of)]))
-    print(f"updated {opts.trial_id}")
+    """An experiment's job in the home's resource pool (platforms/pools.py): a priority, a weight, another pool,
+    or a place next to another experiment's job."""
+    print(f"updated {opts.trial_id}: {', '.join(_update_pool_job(opts.trial_id, opts))}")
     return 0
 
 
-def _job_changes(moves: List[Move]) -> List[Tuple[str, str, Any]]:
-    """Moves of experiments' jobs as the resource pool takes them (platforms/pools.py: update)."""
-    return [(move.trial_id, "priority", move.priority) if move.priority is not None
-            else (move.trial_id, "ahead_of" if move.ahead_of else "behind_of", move.other) for move in moves]
+def _update_pool_job(experiment_id: str, opts: argparse.Namespace) -> List[str]:
+    """Apply the options of `job update` or `experiment update` that change the experiment's job in its resource
+    pool (--priority, --weight, ...), all or none; the options given, [] when none."""
+    from trialkit.platforms import pools
+
+    changes = [(experiment_id, what, getattr(opts, what)) for what in pools.CHANGES
+               if getattr(opts, what, None) is not None]
+    if changes:
+        pools.update(changes)
+    return [what.replace("_", "-") for _, what, _ in changes]
 
 
 def cmd_job_update_batch(opts: argparse.Namespace) -> int:
-    moves = [Move.parse(text) for text in opts.updates]  # every one read before any is sent
-    experiments = [_names_experiment(move.trial_id) for move in moves]
+    targets = [text.partition("=")[0].rpartition(".")[0] for text in opts.updates]
+    experiments = [_names_experiment(target) for target in targets]
     if any(experiments):
         from trialkit.platforms import pools
 
+        changes = [pools.parse_change(text) for text in opts.updates]  # every one read before any applies
         if not all(experiments):
             raise UserError("a batch changes either experiments' jobs or trials, not both", "update-batch",
                             "run one update-batch for the experiments and one for the trials")
-        pools.update(_job_changes(moves))
+        pools.update(changes)
     else:
-        _move(moves)
-    print(f"updated {', '.join(dict.fromkeys(move.trial_id for move in moves))}")
+        _move([Move.parse(text) for text in opts.updates])
+    print(f"updated {', '.join(dict.fromkeys(targets))}")
     return 0
 
 
@@ -836,6 +850,10 @@ def build_parser() -> ArgumentParser:
     update.add_argument("--max-trial-number", type=int, metavar="N", help="the most trials the experiment runs")
     update.add_argument("--max-experiment-duration", metavar="D", help="how long it may run in all: 30m, 2h, 1d")
     update.add_argument("--search-space", metavar="FILE", help="a new search space (JSON or YAML file)")
+    update.add_argument("--priority", type=int, metavar="N",
+                        help="its job's priority in its resource pool, as `job update --priority` (smaller first)")
+    update.add_argument("--weight", type=float, metavar="W",
+                        help="its job's weight in a fair_share resource pool, as `job update --weight`")
     imports = _experiment_id(_command(sub, "import", cmd_experiment_import, "teach a running experiment's tuner "
                                       "results from elsewhere",
                                       "Results from an earlier experiment (`trialkit experiment export` JSON, or "
@@ -901,9 +919,10 @@ def build_parser() -> ArgumentParser:
                        "(RUNNING, SCHEDULED: being started, QUEUED, PAUSED) of the trials of every running experiment.", aliases=["ls"])
     which = listing.add_mutually_exclusive_group()
     which.add_argument("--experiment", metavar="EXPERIMENT_ID", help="only this experiment's jobs")
-    which.add_argument("--pool", action="store_true",
-                       help="the jobs of this TRIALKIT_HOME's resource pool: its local experiments, in the order "
-                            "its free slots go to them (priority, smaller first, then submitted)")
+    which.add_argument("--pool", nargs="?", const="default", metavar="NAME",
+                       help="the jobs of this TRIALKIT_HOME's resource pool (default: default): its local "
+                            "experiments, in the order its free slots go to them (by its scheduler: priority, "
+                            "smaller first, then submitted; fair_share: the fewest slots for its weight first)")
     shape = listing.add_mutually_exclusive_group()
     shape.add_argument("--json", dest="format", action="store_const", const="json", help="print JSON")
     shape.add_argument("--csv", dest="format", action="store_const", const="csv", help="print CSV")
@@ -915,6 +934,12 @@ def build_parser() -> ArgumentParser:
     how.add_argument("--priority", type=int, metavar="N",
                      help="the new priority: a trial's, higher starts first within its experiment; an experiment's "
                           "(its id as TRIAL_ID), smaller gets the resource pool's next free slots first (default 42)")
+    how.add_argument("--weight", type=float, metavar="W",
+                     help="an experiment's fair share weight in a fair_share resource pool (default 1): the pool's "
+                          "slots are divided among the jobs that want them in proportion to their weights")
+    how.add_argument("--resource-pool", metavar="NAME",
+                     help="move an experiment's job to this pool of pools.yml: its next trials take their slots "
+                          "there; running trials keep theirs until they end")
     how.add_argument("--ahead-of", metavar="TRIAL_ID",
                      help="start just before this waiting trial (an experiment: just before that experiment's job)")
     how.add_argument("--behind-of", metavar="TRIAL_ID",
@@ -923,8 +948,10 @@ def build_parser() -> ArgumentParser:
                      "Each update is TRIAL_ID.priority=N, TRIAL_ID.ahead-of=TRIAL_ID or TRIAL_ID.behind-of=TRIAL_ID; "
                      "an experiment's updates are applied in order, all or none. With experiment ids instead, they "
                      "change the experiments' jobs in the resource pool (smaller priority first), in order, all or "
-                     "none.")
-    batch.add_argument("updates", nargs="+", metavar="UPDATE", help="ID.priority=N, ID.ahead-of=ID2 or ID.behind-of=ID2")
+                     "none; there ID.weight=W and ID.resource-pool=NAME too.")
+    batch.add_argument("updates", nargs="+", metavar="UPDATE",
+                       help="ID.priority=N, ID.ahead-of=ID2 or ID.behind-of=ID2; an experiment's ID.weight=W, "
+                            "ID.resource-pool=NAME")
 
     ui = _command(commands, "ui", cmd_ui, "serve the web page over stored experiments",
                   "Serve the page (read-only) over one experiment or every one under $TRIALKIT_HOME, after their "

@@ -70,8 +70,6 @@ def to_v2(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) -> Di
         v2["experimentName"] = schema.as_str(data["name"], "name")
     if data.get("description") is not None:
         schema.as_str(data["description"], "description")  # a note for people, read and dropped as NNI's is
-    if resources.get("priority") is not None:
-        v2["priority"] = -resources["priority"]  # Determined runs lower numbers first; trialkit higher ones
     _apply_searcher(v2, searcher, resources)
     variables = _environment(data.get("environment") or {}, platform, section)
     _bind_mounts(data.get("bind_mounts") or [], local)
@@ -254,7 +252,7 @@ def _asha_args(searcher: Dict[str, Any], mode: str) -> Dict[str, Any]:
 # ---------------------------------------------------------------- resources, environment, storage
 
 
-RESOURCE_KEYS = ("slots_per_trial", "max_slots", "priority", "resource_pool")
+RESOURCE_KEYS = ("slots_per_trial", "max_slots", "priority", "weight", "resource_pool")
 
 
 def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> Dict[str, Any]:
@@ -267,10 +265,16 @@ def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> D
                                             minimum=1)}
     if sec.get("max_slots") is not None:
         out["max_slots"] = schema.as_int(sec["max_slots"], "resources.max_slots", minimum=1)
-    if sec.get("priority") is not None:
-        out["priority"] = schema.as_int(sec["priority"], "resources.priority", 1, 99)
-        if local:  # the experiment's job in its resource pool, ordered as Determined orders jobs
-            training_service["poolPriority"] = out["priority"]
+    # Determined's job priority and fair share weight order experiments: here the experiment's job in its
+    # local resource pool (its trials share one priority, so a copy as the trials' own would order nothing).
+    for key, option, check in (("priority", "poolPriority", lambda value, where: schema.as_int(value, where, 1, 99)),
+                               ("weight", "poolWeight", lambda value, where: schema.as_number(value, where,
+                                                                                               positive=True))):
+        if sec.get(key) is not None:
+            if not local:
+                raise UserError(f"resources.{key} orders experiments in a local resource pool only",
+                                f"resources.{key}", "remove it: trials run where trainingService says")
+            training_service[option] = check(sec[key], f"resources.{key}")
     if sec.get("resource_pool") is not None:
         if not local:
             raise UserError("resources.resource_pool names a pool of the local platform only",
