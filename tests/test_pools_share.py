@@ -150,6 +150,8 @@ def test_a_running_experiment_moved_to_another_pool_starts_its_next_trials_there
         assert "there is no resource pool 'nosuch'" in one_line_refusal("job", "update", b, "--resource-pool",
                                                                         "nosuch")
         assert "counts only in a fair_share pool" in one_line_refusal("job", "update", b, "--weight", "2")
+        assert "a trial's job has no resource pool of its own" in one_line_refusal(
+            "job", "update", started(dirs, "b")[0], "--resource-pool", "other")  # its experiment's is
         done = cli("job", "update", b, "--resource-pool", "other")
         assert done.returncode == 0, done.stderr
         # Its third trial takes the other pool's slot; the first two keep their leases in default
