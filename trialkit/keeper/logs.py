@@ -32,6 +32,10 @@ class Echo:
 
     What does not fit is left out of the echo (the log file has it) and a note
     stands in its place in the stream, so a reader sees where the gap is.
+    The thread starts with the first chunk, and an idle one is left asleep at
+    close (the keeper leaves by os._exit): a thread woken on the way out takes
+    the GIL from the keeper's last steps, which on a loaded machine waited
+    for it to be scheduled (bench/bench_keeper.py).
     """
 
     def __init__(self, fd: int, limit: int = ECHO_BUFFER_BYTES):
@@ -42,8 +46,7 @@ class Echo:
         self._writing = False
         self._closed = False
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name=f"echo-{fd}", daemon=True)
-        self._thread.start()
+        self._thread: Optional[threading.Thread] = None
 
     def put(self, data: bytes) -> None:
         with self._cond:
@@ -57,15 +60,18 @@ class Echo:
             else:
                 self._chunks.append(len(data))
             self._cond.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"echo-{self.fd}", daemon=True)
+            self._thread.start()
 
     def close(self, timeout: float) -> None:
-        """Let the thread write what it holds, for at most `timeout` seconds."""
+        """Let the thread write what it holds, for at most `timeout` seconds; an idle one is not woken."""
         with self._cond:
             self._closed = True
-            idle = not self._chunks and not self._writing
+            if not self._chunks and not self._writing:
+                return
             self._cond.notify()
-        if not idle:  # an idle thread has nothing to finish: no need to wait for it to wake
-            self._thread.join(timeout)
+        self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:

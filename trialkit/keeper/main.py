@@ -180,8 +180,13 @@ def write_pidfile(home: Path, trial: env.TrialEnv) -> Tuple[Path, str]:
 def remove_pidfile(pidfile: Tuple[Path, str]) -> None:
     path, line = pidfile
     try:
-        if path.read_text() == line:  # a newer keeper on this dir may have replaced it
-            path.unlink()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # not read_text(): on the way out, a third of its CPU
+        try:
+            held = os.read(fd, 256)
+        finally:
+            os.close(fd)
+        if held == line.encode():  # a newer keeper on this dir may have replaced it
+            os.unlink(path)
     except OSError:
         pass  # gone already, or a disk that takes no writes: a stale pidfile names a process that has ended
 

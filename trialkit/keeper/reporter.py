@@ -85,6 +85,8 @@ class Reporter:
         if self.collector:
             self.collector.collect(drain=True)  # metrics reported before the change come before it
         self._ingest_one(records.status_record(status, fields, self.trial.trial_id, self.trial.restart_count))
+        if status not in FINAL_STATUSES:
+            self.status_file.ready_next()  # for the final one, written on the keeper's way out
 
     def log_chunk(self, stream: str, text: str) -> None:
         """Whole lines of the trial's output, for the manager (keeper.logship decides what and when)."""
