@@ -137,7 +137,8 @@ def test_a_higher_priority_experiment_pauses_the_lower_one_s_trials_through_thei
     statuses = stored(home, a, "SELECT trial, status, reason FROM statuses WHERE status = 'PREEMPTED'")
     assert sorted(trial for trial, _, _ in statuses) == sorted({run["trial"] for run in a_runs}), statuses
     assert all(f"preempted for experiment {b} (priority 1)" in reason for _, _, reason in statuses), statuses
-    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2
+    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2, \
+        stored(home, a, "SELECT trial, status, reason, source FROM statuses ORDER BY id")
     assert stored(home, b, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 0)] * 2
     assert f"preempted for experiment {b}" in a_out
 
@@ -191,7 +192,8 @@ def test_a_preempted_trial_that_does_not_checkpoint_is_not_lost_but_starts_again
     finally:
         stop_all(low, high)
     # Killed by the SIGTERM (the keeper would say USER_CANCELED): paused all the same, and run again.
-    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2
+    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2, \
+        stored(home, a, "SELECT trial, status, reason, source FROM statuses ORDER BY id")
     assert [status for (status,) in stored(home, a, "SELECT DISTINCT status FROM statuses WHERE status NOT IN "
                                                     "('WAITING', 'RUNNING') ORDER BY id")] == ["PREEMPTED", "SUCCEEDED"]
     assert stored(home, b, "SELECT status FROM trials") == [("SUCCEEDED",)] * 2
@@ -205,3 +207,38 @@ def test_a_descending_pool_preempts_for_bigger_numbers_and_a_fair_share_pool_for
     assert owed("h", 0, [waiting, holding], PRIORITY_DESCENDING) == (1, waiting)
     assert owed("h", 0, [waiting, holding]) == (0, None)  # Determined's order: 100 comes after 42
     assert owed("h", 0, [Claim("w", 1, 2.0, 0, 1, True), holding], FAIR_SHARE) == (0, None)
+
+
+def test_a_control_plane_resumed_after_kill_9_pauses_its_trials_for_the_job_that_waits(tmp_path, home):
+    """Killed, a's control plane cannot preempt: b waits on the slots a's keepers hold. Resumed, it finds
+    its trials again and gives their slots back through their checkpoints."""
+    log = tmp_path / "runs"
+    low = start_cli("run", checkpointing(tmp_path, "a", log, steps=STEPS, hold=HOLD))
+    high = resumed = None
+    try:
+        a = experiment_id(low.stdout.readline())
+        wait_until(lambda: len(stored(home, a, "SELECT DISTINCT trial FROM records WHERE type = 'PERIODICAL' "
+                                               "AND value = ?", str(HOLD))) == 2, TIMEOUT, "a's trials to hold")
+        low.send_signal(signal.SIGKILL)  # its keepers run on, and hold the pool's 2 slots
+        low.communicate()
+        high = start_cli("run", checkpointing(tmp_path, "b", log, steps=5, hold=5, poolPriority=1))
+        b = experiment_id(high.stdout.readline())
+        wait_until(lambda: stored(home, b, "SELECT status FROM trials") == [("WAITING",)] * 2, TIMEOUT,
+                   "b's trials to wait")
+        resumed = start_cli("experiment", "resume", a)
+        wait_until(lambda: log.read_text().count(" b ") >= 2, TIMEOUT, "b's trials to start once a resumed")
+        (tmp_path / "gate").touch()
+        finish(resumed)
+        finish(high)
+    finally:
+        (tmp_path / "gate").touch()
+        stop_all(low, high, resumed)
+    a_runs = [run for run in runs(log) if run["name"] == "a"]
+    assert sorted((run["first"], run["last"]) for run in a_runs) == [(0, HOLD)] * 2 + [(HOLD, STEPS)] * 2, a_runs
+    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2, \
+        stored(home, a, "SELECT trial, status, reason, source FROM statuses ORDER BY id")
+    assert stored(home, b, "SELECT status FROM trials") == [("SUCCEEDED",)] * 2
+    for (trial,) in stored(home, a, "SELECT id FROM trials"):
+        values = [json.loads(value) for (value,) in stored(
+            home, a, "SELECT value FROM records WHERE trial = ? AND type = 'PERIODICAL' ORDER BY seq", trial)]
+        assert values == list(range(1, STEPS + 1)), (trial, values)
