@@ -16,8 +16,10 @@ of load the drivers stop appending and the shippers deliver what is left
 Reported: records/s acknowledged while the load ran (against what was
 offered), the acknowledgement latency of each record (from its append to the
 spool to the manager's answer that covers it: p50/p99/max), the manager's
-threads, RSS and CPU (psutil on its pid; also per batch acknowledged, the
-figure the machine's load moves least), the load processes' own CPU (what
+threads, RSS and CPU (psutil on its pid; also per request and per record
+acknowledged, with the records a request carried on average: a manager that
+falls behind gets bigger batches, so its CPU per record compares with
+another's only at like batch sizes), the load processes' own CPU (what
 the generator costs this machine), failed requests by kind (refused, reset,
 timed out, non-200), and whether the store holds every record exactly once.
 
@@ -98,8 +100,10 @@ class CountingShipper(Shipper):
     def __init__(self, *args: Any, failures: collections.Counter, **kwargs: Any):
         super().__init__(*args, log=lambda message: None, **kwargs)
         self.failures = failures
+        self.requests = 0  # answered or not
 
     def _post(self, connection, batch):
+        self.requests += 1
         try:
             status, answer = super()._post(connection, batch)
         except Exception as err:
@@ -142,11 +146,13 @@ def load_process(url: str, trials: List[Tuple[str, str]], spool_root: str, rate:
         heapq.heappush(due, (when + tick, index, sequence + per_tick))
     load_end = time.monotonic()
     acked_in_load = sum(sum(count for lat, count in spool.latencies) for _, spool, _ in keepers)
+    requests_in_load = sum(shipper.requests for _, _, shipper in keepers)
     left = sum(shipper.close(time.monotonic() + drain) for _, _, shipper in keepers)
     results.put({
         "appended": {trial_id: spool.last_seq for trial_id, spool, _ in keepers},
         "latencies": [item for _, spool, _ in keepers for item in spool.latencies],
-        "acked_in_load": acked_in_load, "load_seconds": load_end - begin, "left": left,
+        "acked_in_load": acked_in_load, "requests_in_load": requests_in_load, "load_seconds": load_end - begin,
+        "left": left,
         "failures": dict(failures), "behind": behind,
     })
     for _, spool, _ in keepers:
@@ -230,17 +236,21 @@ def main() -> int:
             run(opts, ROOT)
             return 0
         per_record: Dict[str, List[float]] = {"baseline": [], "this tree": []}
+        sizes: Dict[str, List[float]] = {"baseline": [], "this tree": []}
         for r in range(opts.rounds):
             order = [("baseline", baseline), ("this tree", ROOT)]
             for name, root in order if r % 2 == 0 else reversed(order):
                 print(f"-- round {r + 1}: {name} ({opts.baseline if root is baseline else 'working tree'})",
                       flush=True)
-                per_record[name].append(run(opts, root))
+                cpu, size = run(opts, root)
+                per_record[name].append(cpu)
+                sizes[name].append(size)
         before, after = (statistics.median(per_record[name]) for name in ("baseline", "this tree"))
         ratio = before / after
+        runs = ", ".join(f"{b:.2f}/{a:.2f}" for b, a in zip(per_record["baseline"], per_record["this tree"]))
+        batches = ", ".join(f"{b:.0f}/{a:.0f}" for b, a in zip(sizes["baseline"], sizes["this tree"]))
         print(f"manager CPU per record, median of {opts.rounds} runs each: {opts.baseline} {before:.2f} us, "
-              f"this tree {after:.2f} us; {ratio:.2f}x less (runs: "
-              f"{', '.join(f'{b:.2f}/{a:.2f}' for b, a in zip(per_record['baseline'], per_record['this tree']))}); "
+              f"this tree {after:.2f} us; {ratio:.2f}x less (runs: {runs}; records a request: {batches}); "
               f"goal >= {GOAL_CPU_RATIO:g}x: {'MET' if ratio >= GOAL_CPU_RATIO else 'MISSED'}")
         return 0
     finally:
@@ -251,8 +261,9 @@ def main() -> int:
             shutil.rmtree(baseline, ignore_errors=True)
 
 
-def run(opts: argparse.Namespace, manager_root: Path) -> float:
-    """One run against the manager of `manager_root`; prints its figures and returns its CPU per record (us)."""
+def run(opts: argparse.Namespace, manager_root: Path) -> Tuple[float, float]:
+    """One run against the manager of `manager_root`; prints its figures and returns its CPU per record (us) and
+    the records acknowledged a request."""
     work = Path(tempfile.mkdtemp(prefix="bench-manager-"))
     spool_root = Path(tempfile.mkdtemp(prefix="bench-manager-spools-", dir="/dev/shm" if os.path.isdir("/dev/shm")
                                        else None))
@@ -323,6 +334,7 @@ def run(opts: argparse.Namespace, manager_root: Path) -> float:
         lost = offered - stored
 
         acked_records = accepted * load_seconds
+        requests = max(1, sum(part["requests_in_load"] for part in parts))
         per_record = manager_cpu / max(1.0, acked_records) * 1e6
         print(f"machine: {os.cpu_count()} cores, load average {load_before[0]:.1f} before, {load_after[0]:.1f} "
               f"after; cores busy {machine_busy:.0f}% during the load; {opts.burners} CPU burners beside")
@@ -335,8 +347,8 @@ def run(opts: argparse.Namespace, manager_root: Path) -> float:
         print(f"ack latency: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {worst:.1f} ms")
         print(f"manager: threads max {max(sampler.threads, default=0)}, RSS {rss_idle / 2**20:.0f} MiB idle, "
               f"max {max(sampler.rss, default=0) / 2**20:.0f} MiB, CPU {manager_cpu / load_seconds:.2f} cores "
-              f"({manager_cpu / max(1.0, acked_records / max(1, round(opts.rate * opts.tick))) * 1e3:.2f} "
-              f"ms a batch, {per_record:.2f} us a record)")
+              f"({manager_cpu / requests * 1e3:.2f} ms a request, {acked_records / requests:.1f} records acked "
+              f"a request, {per_record:.2f} us a record)")
         print("failed requests: " + (", ".join(f"{kind} {n}" for kind, n in sorted(failures.items())) or "none"))
         print(f"stored: {stored:,} of {offered:,} records appended, {lost:,} lost; "
               f"trials not acked to their last record: {len(short)}; left unacked after the drain: "
@@ -345,7 +357,7 @@ def run(opts: argparse.Namespace, manager_root: Path) -> float:
                and not short and accepted >= 0.95 * opts.keepers * opts.rate)
         print(f"goal: {GOAL_KEEPERS} keepers at {GOAL_RATE} records/s each, p99 ack < {GOAL_P99_MS:.0f} ms, "
               f"95% accepted, 0 lost: {'MET' if met else 'MISSED'}", flush=True)
-        return per_record
+        return per_record, acked_records / requests
     finally:
         if manager is not None and manager.poll() is None:
             os.killpg(manager.pid, signal.SIGTERM)
