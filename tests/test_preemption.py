@@ -242,3 +242,30 @@ def test_a_control_plane_resumed_after_kill_9_pauses_its_trials_for_the_job_that
         values = [json.loads(value) for (value,) in stored(
             home, a, "SELECT value FROM records WHERE trial = ? AND type = 'PERIODICAL' ORDER BY seq", trial)]
         assert values == list(range(1, STEPS + 1)), (trial, values)
+
+
+def test_just_enough_trials_are_paused_the_newest_first(tmp_path, home):
+    log = tmp_path / "runs"
+    low = start_cli("run", checkpointing(tmp_path, "a", log, steps=STEPS, hold=HOLD))
+    high = None
+    try:
+        a = experiment_id(low.stdout.readline())
+        wait_until(lambda: len(stored(home, a, "SELECT DISTINCT trial FROM records WHERE type = 'PERIODICAL' "
+                                               "AND value = ?", str(HOLD))) == 2, TIMEOUT, "a's trials to hold")
+        high = start_cli("run", experiment(tmp_path, SPACE, UNCHECKPOINTED.replace("120", "0"), name="b",
+                                           maxTrialNumber=1, trialConcurrency=1,
+                                           trainingService={"platform": "local", "poolPriority": 1}))
+        b = experiment_id(high.stdout.readline())
+        wait_until(lambda: stored(home, b, "SELECT status FROM trials") == [("SUCCEEDED",)], TIMEOUT, "b's trial")
+        (tmp_path / "gate").touch()
+        finish(low)
+        finish(high)
+    finally:
+        (tmp_path / "gate").touch()
+        stop_all(low, high)
+    # b's one trial needed one slot: only a's newest trial (its second) gave it, the first ran on
+    first, second = sorted({run["trial"] for run in runs(log) if run["name"] == "a"})
+    assert [(run["trial"], run["first"], run["last"]) for run in sorted(runs(log), key=lambda run: run["start"])
+            if run["trial"] == first] == [(first, 0, STEPS)], runs(log)
+    assert stored(home, a, "SELECT DISTINCT trial FROM statuses WHERE status = 'PREEMPTED'") == [(second,)]
+    assert stored(home, a, "SELECT status FROM trials") == [("SUCCEEDED",)] * 2

@@ -450,6 +450,7 @@ class Platform(PlatformBase):
 
     def _watch(self, keeper: _Keeper) -> None:
         with self._lock:
+            self._keepers.pop(keeper.trial_id, None)  # a restart is the newest start (preemption takes it first)
             self._keepers[keeper.trial_id] = keeper
             if self.config.preemptible:
                 self._watch_slots()  # a job of higher priority may come to wait for its slots
@@ -536,11 +537,12 @@ class Platform(PlatformBase):
     def _give_back(self) -> None:
         """Pause the newest running trials, through their checkpoint, for the slots a job of higher priority
         waits for (platforms/preempt.py); they end PREEMPTED and their experiment queues them to resume."""
-        due, to = preempt.owed(self.experiment_dir.name, self._slots.free(), self._slots.claims(),
-                               self._slots.scheduler)
-        if to is None:
-            return
+        # Under the lock: our keepers' ends release their leases under it, so the table and `running` agree.
         with self._lock:
+            due, to = preempt.owed(self.experiment_dir.name, self._slots.free(), self._slots.claims(),
+                                   self._slots.scheduler)
+            if to is None:
+                return
             running = [k for k in self._keepers.values() if not k.ended]
             due -= sum(self.config.pool_slots for k in running if k.kill_timer is not None)  # stopping already
             why = f"preempted for experiment {to.experiment} (priority {to.priority}), which waits for slots of " \

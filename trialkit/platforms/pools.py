@@ -310,6 +310,10 @@ class Pool:
                                  "gpu_share) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                                  (holder, self.name, experiment, slots, me.pid, me.ticks, _indices(chosen),
                                   gpus.share if gpus else 0))
+                # What its waiting trials need shrinks with the lease, in the same transaction: a job below,
+                # seeing the slots taken, must not see them still wanted too (it would preempt for nothing).
+                self._db.execute("UPDATE jobs SET queued = MAX(queued - ?, 0), waiting = CASE WHEN queued - ? > ? "
+                                 "THEN waiting ELSE 0 END WHERE experiment = ?", (slots, slots, ROUNDING, experiment))
                 self._db.execute("COMMIT")
                 return chosen
             except BaseException:
