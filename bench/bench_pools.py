@@ -6,18 +6,19 @@
 Scale (the default): EXPERIMENTS real `trialkit run` processes, started one after another in a temp
 TRIALKIT_HOME whose pools.yml has one pool of SLOTS slots, each TRIALS trivial trials (trialConcurrency =
 SLOTS, so any one of them could fill the pool; experiment i has poolPriority 60 - i, so the later started go
-first). Each trial notes its keeper's start (from the keeper's pidfile: the fork that follows its slot's
+first, and preemptible: false, so a trial runs once: preemption would pause and resume it). Each trial notes its keeper's start (from the keeper's pidfile: the fork that follows its slot's
 grant), its own start and its own end. Checked from those notes:
   - no slot oversubscribed: at no instant more than SLOTS trials between their own start and end;
   - every trial run once: EXPERIMENTS x TRIALS notes, one per trial id, every trial SUCCEEDED in its store;
   - the queue's order: no trial of a job was granted while a job ahead of it (smaller priority, or the
     same and joined earlier, from pools.db) had a trial refused and still waiting. Waiting is from that
-    trial's first "waiting for ... slot" status in its store to its keeper's start; a grant is a keeper's
+    trial's "waiting for ... slot" status in its store to its keeper's next start; a grant is a keeper's
     start. A case counts only when both sides hold by more than MARGIN (the fork after a grant, and the
     status written after a refusal, are late by at most that on this machine).
 While it runs, `trialkit job list --pool` races its floor, `python -c 'import trialkit.cli'` (the
-interpreter and the CLI's imports, nothing run), alternating: wall time of each, p50/p99/max. Goal:
-job list < 200 ms (p50 and p99 printed MET/MISSED), and its ratio to the floor.
+interpreter and the CLI's imports, nothing run), alternating: wall time of each, p50/p99/max, and the
+CPU time each used. Goal: job list < 200 ms (p50 and p99 printed MET/MISSED), and its ratio to the floor.
+Every command runs with Python's bytecode cache on (in the bench's temp dir), as an installed trialkit.
 
 --wake: EXPERIMENTS experiments of one trial each on a pool of one slot, started together: each trial
 after the first waits for the slot the one before it frees. Figure: for each hand-over, the next
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -72,7 +74,7 @@ def write_experiment(folder: Path, log: Path, trials: int, concurrency: int, hol
     config = {"searchSpaceFile": "search_space.json", "trialCommand": f"{PYTHON} trial.py",
               "trialConcurrency": concurrency, "maxTrialNumber": trials,
               "tuner": {"name": "Random", "classArgs": {"optimize_mode": "maximize"}},
-              "trainingService": {"platform": "local", "poolPriority": priority}}
+              "trainingService": {"platform": "local", "poolPriority": priority, "preemptible": False}}
     path = folder / "config.yml"
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
@@ -88,18 +90,21 @@ def start_experiments(work: Path, count: int, trials: int, concurrency: int, hol
     return log, procs
 
 
-def timed(argv: List[str]) -> float:
+def timed(argv: List[str]) -> Tuple[float, float]:
+    """(wall, CPU) seconds of the command (its output dropped; its errors shown)."""
     began = time.perf_counter()
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    pid = os.posix_spawn(argv[0], argv, os.environ,
+                         file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)])
+    _, status, usage = os.wait4(pid, 0)  # its own CPU time, not the experiments' (children reaped elsewhere)
     took = time.perf_counter() - began
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.strip()}")
-    return took
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv)} failed")
+    return took, usage.ru_utime + usage.ru_stime
 
 
-def race_job_list(procs: List) -> Dict[str, List[float]]:
+def race_job_list(procs: List) -> Dict[str, List[Tuple[float, float]]]:
     """`job list --pool` and its floor, alternating, while any experiment runs."""
-    out: Dict[str, List[float]] = {"job list --pool": [], "floor": []}
+    out: Dict[str, List[Tuple[float, float]]] = {"job list --pool": [], "floor": []}
     while any(proc.poll() is None for proc in procs):
         out["job list --pool"].append(timed(cli("job", "list", "--pool")))
         out["floor"].append(timed([PYTHON, "-c", "import trialkit.cli"]))
@@ -147,7 +152,10 @@ def check_once(home: Path, ids: List[str], rows: List[Dict], trials: int) -> Lis
         seen[row["trial"]] = seen.get(row["trial"], 0) + 1
     again = sorted(trial for trial, count in seen.items() if count > 1)
     if again:
-        problems.append(f"{len(again)} trials noted more than once, e.g. {again[:3]}")
+        history = stored(home, again[0].rpartition("-")[0], f"SELECT status, reason, source FROM statuses "
+                                                           f"WHERE trial = '{again[0]}' ORDER BY id")
+        problems.append(f"{len(again)} trials noted more than once, e.g. {again[:3]}; {again[0]}'s statuses: "
+                        f"{history}")
     for experiment in ids:
         statuses = [status for (status,) in stored(home, experiment, "SELECT status FROM trials")]
         if len(statuses) != trials or set(statuses) != {"SUCCEEDED"}:
@@ -163,12 +171,16 @@ def order_breaks(home: Path, ids: List[str], rows: List[Dict]) -> List[str]:
     with closing(sqlite3.connect(str(home / "pools.db"))) as db:
         place = {experiment: (priority, submitted) for experiment, priority, submitted
                  in db.execute("SELECT experiment, priority, submitted FROM jobs")}
-    forked = {row["trial"]: row["forked"] for row in rows}
+    forks: Dict[str, List[float]] = {}
+    for row in rows:
+        forks.setdefault(row["trial"], []).append(row["forked"])
     waits = []  # (experiment, trial, from, until)
     for experiment in ids:
-        for trial, since in stored(home, experiment, "SELECT trial, MIN(time) FROM statuses WHERE status = "
-                                                     "'WAITING' AND reason LIKE 'waiting for % slot%' GROUP BY trial"):
-            waits.append((experiment, trial, since, forked[trial]))
+        for trial, since in stored(home, experiment, "SELECT trial, time FROM statuses WHERE status = 'WAITING' "
+                                                     "AND reason LIKE 'waiting for % slot%'"):
+            until = min((when for when in forks.get(trial, ()) if when > since), default=None)
+            if until is not None:  # else a status the control plane wrote after the trial started (a late look)
+                waits.append((experiment, trial, since, until))
     breaks = []
     for row in rows:
         mine = place[row["experiment"]]
@@ -206,9 +218,11 @@ def scale(work: Path, home: Path, opts: argparse.Namespace) -> bool:
     print(f"every trial run once: {verdict(not once)}" + "".join(f"\n  {line}" for line in once[:10]))
     print(f"the queue's order: {len(breaks)} grants past a waiting job ahead (margin {MARGIN:g} s): "
           f"{verdict(not breaks)}" + "".join(f"\n  {line}" for line in breaks[:10]))
-    job_list, floor = latencies["job list --pool"], latencies["floor"]
-    print(f"job list --pool : {quantiles(job_list)}")
-    print(f"floor (python -c 'import trialkit.cli'): {quantiles(floor)}")
+    job_list, floor = [wall for wall, _ in latencies["job list --pool"]], [wall for wall, _ in latencies["floor"]]
+    print(f"job list --pool : {quantiles(job_list)}; CPU p50 "
+          f"{statistics.median(cpu for _, cpu in latencies['job list --pool']) * 1000:.0f} ms")
+    print(f"floor (python -c 'import trialkit.cli'): {quantiles(floor)}; CPU p50 "
+          f"{statistics.median(cpu for _, cpu in latencies['floor']) * 1000:.0f} ms")
     p50, p99 = statistics.median(job_list), sorted(job_list)[min(len(job_list) - 1, int(len(job_list) * 0.99))]
     print(f"job list / floor (p50): {p50 / statistics.median(floor):.2f}x; job list < {GOAL_SECONDS * 1000:.0f} ms: "
           f"p50 {verdict(p50 < GOAL_SECONDS)}, p99 {verdict(p99 < GOAL_SECONDS)}")
@@ -234,17 +248,22 @@ def main() -> int:
     parser.add_argument("--hold", type=float, default=0.1, help="seconds each trial holds its slot")
     parser.add_argument("--wake", action="store_true", help="measure the wake-up of a waiting experiment")
     opts = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench_pools_") as tmp:
-        work, home = Path(tmp), Path(tmp) / "home"
-        home.mkdir()
-        os.environ["TRIALKIT_HOME"] = str(home)
-        (home / "pools.yml").write_text(f"pools:\n  default: {{slots: {1 if opts.wake else opts.slots}}}\n")
-        if opts.wake:
-            opts.experiments = opts.experiments or 8
-            return 0 if wake(work, opts) else 1
-        opts.experiments = opts.experiments or 50
-        return 0 if scale(work, home, opts) else 1
-
+    work = Path(tempfile.mkdtemp(prefix="bench_pools_"))
+    home = work / "home"
+    home.mkdir()
+    os.environ["TRIALKIT_HOME"] = str(home)
+    # Bytecode cached, as an installed trialkit has it (this checkout's shells set PYTHONDONTWRITEBYTECODE:
+    # each command then compiles trialkit's sources, ~40 ms of CPU more), apart from the checkout's.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    (home / "pools.yml").write_text(f"pools:\n  default: {{slots: {1 if opts.wake else opts.slots}}}\n")
+    opts.experiments = opts.experiments or (8 if opts.wake else 50)
+    met = wake(work, opts) if opts.wake else scale(work, home, opts)
+    if met:
+        shutil.rmtree(work)
+    else:
+        print(f"kept {work} (the experiments' stores, the trials' notes) for a look")
+    return 0 if met else 1
 
 if __name__ == "__main__":
     sys.exit(main())

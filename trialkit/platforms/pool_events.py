@@ -35,8 +35,10 @@ def tell(home: Path) -> None:
     # Opened for writing and closed: inotify's IN_CLOSE_WRITE. Empty, so a full disk takes it too.
     try:
         (home / DIR_NAME / FILE_NAME).write_bytes(b"")
-    except FileNotFoundError:
-        pass  # a home no pools.Pool has opened: none listens
+    except OSError:
+        # No pools.Pool opened this home (none listens), the file is another user's of a shared home, or the
+        # disk refuses: the listeners' next look, LOOK_SECONDS at most later, sees the change all the same.
+        pass
 
 
 class Listener:
