@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import Manager, wait_until
+from conftest import PYTHON
+from harness import Manager, child_environ, wait_until
 from trialkit import env, records
 from trialkit.errors import UserError
 from trialkit.platforms import load
@@ -200,6 +201,22 @@ def test_an_experiment_of_a_few_trials_on_the_ray_platform(ray_cluster, tmp_path
     ray_cluster.wait_clean()
 
 
+@pytest.mark.slow
+def test_an_agent_no_call_reached_leaves(connected):
+    """An agent's idle clock runs from its start: one whose control plane went before any call reached it
+    (Ray was still starting its worker) leaves, and does not hold a worker for ever."""
+    import ray
+
+    from trialkit.ray import cluster
+    from trialkit.ray.agent import NodeAgent
+
+    ray.init(address=connected.address, namespace=cluster.NAMESPACE, log_to_driver=False)
+    ray.remote(NodeAgent).options(name="trialkit-agent-uncalled", lifetime="detached", num_cpus=0).remote("uncalled")
+    wait_until(lambda: connected.live_actors() == ["actor NodeAgent ALIVE"], 60, "the agent to run", every=0.5)
+    ray.shutdown()
+    connected.wait_clean()
+
+
 GPU_TRIAL = "import os, time; print('gpus', os.environ.get('CUDA_VISIBLE_DEVICES'), flush=True); time.sleep(3)"
 
 
@@ -247,3 +264,47 @@ def test_a_runner_sees_each_keeper_exit_while_many_others_run():
             await asyncio.gather(*waits)
 
     assert asyncio.run(race()) == [3]
+
+
+KEEPER_HOST = """
+import os, signal, sys
+from trialkit.ray.trial_actor import start_keeper
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])  # as Ray's threads block it
+marker = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+os.register_at_fork(after_in_child=lambda: os.write(marker, b"host code ran in the child"))
+child = start_keeper(["/bin/sh", "-c", sys.argv[2]], dict(os.environ))
+print(child.pid, flush=True)
+signal.pause()
+"""
+# Says its signal mask, then waits; SIGTERM makes it say so and leave.
+KEEPER_STANDIN = "grep SigBlk /proc/$$/status > blocked; trap 'echo term > got; exit 0' TERM; while :; do sleep 0.1; done"
+
+
+def test_a_keeper_starts_without_a_fork_of_its_host_and_gets_sigterm_when_the_host_dies(tmp_path):
+    """An agent starts keepers without forking its Ray worker (Python vforks: nothing of the host runs in the
+    child), yet each keeper gets an empty signal mask (Ray's thread blocks SIGINT) and SIGTERM when its host
+    dies (SIGKILLed here, as Ray kills a worker)."""
+    import signal
+    import subprocess
+
+    from trialkit.process import signal_group
+    from trialkit.ray.trial_actor import setpriv
+
+    if setpriv() is None:
+        pytest.skip("no setpriv with --pdeathsig on this machine (util-linux 2.33+): keepers are forked there")
+    host = subprocess.Popen([PYTHON, "-c", KEEPER_HOST, str(tmp_path / "forked"), KEEPER_STANDIN],
+                            cwd=tmp_path, env=child_environ(), stdout=subprocess.PIPE, text=True)
+    keeper = int(host.stdout.readline())
+    try:
+        wait_until(lambda: (tmp_path / "blocked").exists() and _read(tmp_path / "blocked").endswith("\n"), 20,
+                   "the keeper to say its signal mask", every=0.1)
+        host.kill()
+        host.wait()
+        wait_until(lambda: (tmp_path / "got").exists(), 20, "the keeper's SIGTERM", every=0.1)
+    finally:
+        signal_group(keeper, signal.SIGKILL)
+        host.kill()
+        host.wait()
+        host.stdout.close()
+    assert _read(tmp_path / "blocked").split() == ["SigBlk:", "0000000000000000"]
+    assert _read(tmp_path / "forked") == "", "the host was forked: its at-fork hook ran in the child"

@@ -193,6 +193,9 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
         service, base, {"managerAddress": manager_ip, "trialTemplate": template, "trialCodeDirectory": code_dir})
     gpus = _optional(c, "trialGpuNumber", lambda v, w: schema.as_int(v, w, minimum=0))
     platform_config = _with_trial_gpus(module, platform_config, gpus)
+    with_code_dir = getattr(module, "with_code_dir", None)  # a platform that ships the code before any trial
+    if with_code_dir is not None:
+        platform_config = with_code_dir(platform_config, code_dir)
     command = _optional(c, "trialCommand", _trial_command)
     if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
         raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")

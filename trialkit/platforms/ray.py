@@ -14,7 +14,7 @@ platform. Ray holds the trial's CPUs and GPUs as a placement group of one
 bundle (so a trial waits while no node has them, and the cluster's other
 users see them taken); once Ray has placed it, the node's agent
 (trialkit.ray.agent: one actor a node and experiment) starts the keeper as a
-process of its own. A start is then a fork on the node, not a new Ray worker
+process of its own. A start is then a new process on the node, not a new Ray worker
 process a trial, as when each trial was an actor of its own (~1.5 starts a
 second on the tests' cluster; docs/scaling.md has the figures). stop() goes
 through the keeper (SIGTERM: the trial may checkpoint, then its grace),
@@ -25,7 +25,9 @@ The trials' code travels as local trials' does: the experiment's context
 (trialkit.platforms.context: .trialignore, the size limit, startup-hook.sh
 kept) is copied once into the experiment dir and handed to Ray's own runtime
 environment as the working dir, which Ray packs and ships to every node; the
-experiment's agents run in it, and their keepers start there. A resumed
+experiment's agents run in it, and their keepers start there. All of that is
+check_ready's, before the manager starts (the code dir is trialCodeDirectory
+unless workingDir names one), so the first trial starts as the next ones do. A resumed
 experiment ships the same copy: a restarted trial runs the code it started
 with.
 
@@ -135,6 +137,12 @@ def with_trial_gpus(config: RayConfig, trial_gpu_number: Optional[int]) -> RayCo
     return dataclasses.replace(config, gpus_per_trial=float(trial_gpu_number), trial_gpu_number=trial_gpu_number)
 
 
+def with_code_dir(config: RayConfig, code_dir: str) -> RayConfig:
+    """The config with the experiment's trialCodeDirectory as the working dir, unless workingDir names one:
+    known before the first trial, so check_ready ships it."""
+    return config if config.working_dir else dataclasses.replace(config, working_dir=code_dir)
+
+
 def actor_options(config: RayConfig) -> Dict[str, float]:
     """What a trial asks Ray for: its placement group's one bundle, in Ray's task options' terms."""
     return {"num_cpus": config.cpus_per_trial, "num_gpus": config.gpus_per_trial}
@@ -188,13 +196,21 @@ class Platform(PlatformBase):
         if self._agent_class is None:
             if not ray.is_initialized():
                 where = "trainingService.address"
+                made = not (self.experiment_dir / CONTEXT_NAME).is_dir()
                 # The trials' output stays in their dirs and Ray's logs, not on the control plane's terminal.
                 # Ray ships a local working dir only at this level (for the whole connection). The trials'
                 # placement groups are named in trialkit's namespace, where a resumed control plane finds them.
                 self._shipped = self._context(code_dir)
-                connect.connect(connect.parse_address(self.config.address, where), where, log_to_driver=False,
-                                namespace=cluster.NAMESPACE,
-                                runtime_env=connect.runtime_env(self._shipped, self.config.runtime_env))
+                try:
+                    connect.connect(connect.parse_address(self.config.address, where), where, log_to_driver=False,
+                                    namespace=cluster.NAMESPACE,
+                                    runtime_env=connect.runtime_env(self._shipped, self.config.runtime_env))
+                except BaseException:
+                    if made and self._shipped:  # a run refused before it started leaves no dir behind
+                        shutil.rmtree(self._shipped, ignore_errors=True)
+                        with contextlib.suppress(OSError):
+                            self.experiment_dir.rmdir()
+                    raise
             self._agent_class = ray.remote(NodeAgent)
             threading.Thread(target=self._start_placed, name="ray-trial-starter", daemon=True).start()
             # Each agent's worker starts now, beside Ray placing the first trials, not after; one that
@@ -205,15 +221,15 @@ class Platform(PlatformBase):
         return self._agent_class
 
     def check_ready(self) -> None:
-        """Before the manager starts: a cluster that cannot be reached is one line now, not every trial failed
-        later. Connected once and let go: the first trial connects with the code to ship."""
+        """Before the manager starts: connect, ship the code and start the agents (their workers set up the
+        shipped code: seconds), so that the first trial starts as fast as the next ones. A cluster that
+        cannot be reached is one line now, not every trial failed later."""
         import ray
 
-        if not ray.is_initialized():
-            where = "trainingService.address"
-            connect.connect(connect.parse_address(self.config.address, where), where, log_to_driver=False,
-                            namespace=cluster.NAMESPACE)
-            ray.shutdown()
+        self._connect(self.config.working_dir)
+        hellos = [agent.hello.remote() for agent in self._agents.values()]
+        if hellos:  # an agent that cannot start (its runtime env) fails the trials sent to it, as before
+            ray.wait(hellos, num_returns=len(hellos), timeout=ACTOR_CALL_TIMEOUT)
 
     def _context(self, code_dir: Optional[str]) -> Optional[str]:
         """The experiment's trial context, made once: what Ray ships as the trials' working dir."""

@@ -16,7 +16,9 @@ finds it, and its trials, again. It runs in the experiment's runtime
 environment, so its keepers start in the code Ray shipped (the experiment's
 context), and it is pinned to its node (node affinity, no CPU of its own). It
 leaves when it has held no trial for IDLE_SECONDS, or at once when its
-experiment ended (`leave_when_idle`). An ended trial it holds until a
+experiment ended (`leave_when_idle`). Its idle clock runs from its start, in a
+thread of its own: an agent whose first call never came (its control plane
+went while Ray was still starting it) leaves too. An ended trial it holds until a
 control plane collects it, at most LINGER_SECONDS; then it gives its
 placement group back itself.
 
@@ -25,8 +27,8 @@ this module does not import ray.
 """
 from __future__ import annotations
 
-import asyncio
 import os
+import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -34,6 +36,7 @@ from trialkit import env
 from trialkit.ray.trial_actor import RunResult, TrialRunner
 
 IDLE_SECONDS = 5.0  # with no trial held and no call, before the agent's worker exits
+IDLE_CHECK_SECONDS = 0.5
 
 
 def gpu_ids() -> List[str]:
@@ -50,22 +53,19 @@ class NodeAgent:
         self._groups: Dict[str, Any] = {}  # handle -> the trial's placement group
         self._last_call = time.monotonic()
         self._leaving = False
-        self._idle_check: Optional[asyncio.TimerHandle] = None
+        threading.Thread(target=self._exit_when_idle, name="agent-idle", daemon=True).start()
 
     def __repr__(self) -> str:
         return self.label
 
     def _touch(self) -> None:
         self._last_call = time.monotonic()
-        if self._idle_check is None:
-            self._idle_check = asyncio.get_running_loop().call_later(IDLE_SECONDS, self._exit_if_idle)
 
-    def _exit_if_idle(self) -> None:
-        idle = time.monotonic() - self._last_call
-        if not self._runners and (self._leaving or idle >= IDLE_SECONDS):
-            os._exit(0)  # the worker goes, and with it the actor and its name
-        wait = 1.0 if self._leaving else max(IDLE_SECONDS - idle, 0.1)
-        self._idle_check = asyncio.get_running_loop().call_later(wait, self._exit_if_idle)
+    def _exit_when_idle(self) -> None:
+        # A call that comes as it exits fails with the actor gone, and the platform asks a new agent.
+        while self._runners or not (self._leaving or time.monotonic() - self._last_call >= IDLE_SECONDS):
+            time.sleep(IDLE_CHECK_SECONDS)
+        os._exit(0)  # the worker goes, and with it the actor and its name
 
     def _runner(self, handle: str) -> TrialRunner:
         self._touch()
@@ -97,7 +97,7 @@ class NodeAgent:
         return await probe.remote()
 
     async def hello(self) -> None:
-        """Answered once the agent runs; from then on its idle clock runs."""
+        """Answered once the agent runs (a call: its idle clock starts again)."""
         self._touch()
 
     async def started(self, handle: str) -> int:
