@@ -257,6 +257,7 @@ def _pool_change(item: Any, offered: Tuple[str, ...]) -> Tuple[str, str, Any]:
     wrong (a priority out of range is Move's UserError, 400 too)."""
     if not isinstance(item, dict) or not isinstance(item.get("job"), str):
         raise HttpError(400, f'each update is {{"job": EXPERIMENT_ID, and one of {", ".join(offered)}}}')
+    schema.as_str(item["job"], "job")  # a lone surrogate (JSON's \ud800) is a 400, not SQLite's encode error
     given = [key for key in item if key != "job"]
     if len(given) != 1 or given[0] not in offered:
         raise HttpError(400, f"an update changes one of {', '.join(offered)} (got {sorted(given)})")

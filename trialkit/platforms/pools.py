@@ -127,6 +127,9 @@ def read_config(home: Path) -> Dict[str, PoolSpec]:
         text = path.read_text()
     except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError) as err:  # a directory, unreadable, not UTF-8
+        raise UserError(f"cannot read {path}: {err.strerror if isinstance(err, OSError) else 'not UTF-8'}",
+                        str(path), "make it a readable UTF-8 YAML file, or remove it (the machine's default pool)")
     import yaml
 
     try:
@@ -250,8 +253,10 @@ class Pool:
         except (OSError, sqlite3.OperationalError) as err:
             reason = disk.fault_reason(err)
             if reason is None:
-                raise
+                raise _unreadable(db_path, err) from None
             raise StoreUnwritable(db_path, reason) from None  # the home's disk, not a damaged lease table
+        except sqlite3.DatabaseError as err:  # not a database: damaged, or some other file
+            raise _unreadable(db_path, err) from None
 
     def check(self, slots: float) -> None:
         """Refuse trials that this pool could never run."""
@@ -519,10 +524,13 @@ def jobs(name: str = DEFAULT) -> List[Dict[str, Any]]:
     db_path = paths.home() / DB_NAME
     if not db_path.exists():
         return []
-    with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
-        acquired = _acquired(db, name)
-        rows = db.execute("SELECT experiment, priority, weight, submitted, pid, ticks, queued FROM jobs "
-                          "WHERE pool = ?", (name,)).fetchall()
+    try:
+        with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
+            acquired = _acquired(db, name)
+            rows = db.execute("SELECT experiment, priority, weight, submitted, pid, ticks, queued FROM jobs "
+                              "WHERE pool = ?", (name,)).fetchall()
+    except sqlite3.Error as err:
+        raise _unreadable(db_path, err) from None
     rows.sort(key=lambda row: _order(scheduler, row[1], row[2], row[3], acquired.get(row[0], 0.0)))
     out = []
     for experiment, priority, weight, submitted, pid, ticks, queued in rows:
@@ -536,6 +544,14 @@ def jobs(name: str = DEFAULT) -> List[Dict[str, Any]]:
                     "slots_acquired": _number(held), "slots_needed": _number(held + queued),
                     "status": QUEUED if queued > 0 else SCHEDULED})
     return out
+
+
+def _unreadable(db_path: Path, err: Exception) -> UserError:
+    """The lease table SQLite cannot open or read (damaged, a directory, a read-only home, locked past
+    BUSY_SECONDS): one line naming it, not the CLI's line about an experiment's store."""
+    return UserError(f"cannot use the resource pools' lease table: {err}", str(db_path),
+                     "make $TRIALKIT_HOME writable; if the file is damaged, stop this home's experiments and move it "
+                     "aside (a new one is made)")
 
 
 def _indices(gpus: Sequence[int]) -> str:
@@ -565,15 +581,20 @@ def update(changes: Sequence[Tuple[str, str, Any]]) -> None:
         raise UserError(f"experiment {changes[0][0]} has no job in this home's resource pool", changes[0][0],
                         "only local experiments run with this TRIALKIT_HOME have one; see `trialkit experiment list`")
     config = read_config(paths.home())
-    with closing(sqlite3.connect(str(db_path), timeout=BUSY_SECONDS, isolation_level=None)) as db:
+    try:
+        db = sqlite3.connect(str(db_path), timeout=BUSY_SECONDS, isolation_level=None)
         db.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error as err:
+        raise _unreadable(db_path, err) from None
+    with closing(db):
         try:
             for experiment, what, value in changes:
                 pool = _job(db, experiment, experiment)[0]
                 if what != "resource_pool":
                     _check_counts(pool_spec(pool, config).scheduler, pool, what, what.replace("_", "-"))
                 if what == "priority":
-                    db.execute("UPDATE jobs SET priority = ? WHERE experiment = ?", (value, experiment))
+                    db.execute("UPDATE jobs SET priority = ? WHERE experiment = ?",
+                               (schema.as_int(value, "priority"), experiment))  # SQLite's 64 bits
                 elif what == "weight":
                     db.execute("UPDATE jobs SET weight = ? WHERE experiment = ?",
                                (schema.as_number(value, "weight", positive=True), experiment))
@@ -639,7 +660,8 @@ def pool_of(experiment: str) -> Optional[str]:
 
 
 def _job(db: sqlite3.Connection, experiment: str, where: str) -> Any:
-    row = db.execute("SELECT pool, priority, submitted FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
+    row = db.execute("SELECT pool, priority, submitted FROM jobs WHERE experiment = ?",
+                     (schema.as_str(experiment, where),)).fetchone()  # a lone surrogate: SQLite cannot take it
     if row is None:
         raise UserError(f"experiment {experiment} has no job in this home's resource pool", where,
                         "only local experiments run with this TRIALKIT_HOME have one; see `trialkit job list --pool`")

@@ -1,0 +1,150 @@
+"""Bad input thrown at the job queue across experiments (platforms/pools.py, `trialkit job ...`, the page's pool
+route): each is one line on stderr and exit 2 (the manager: a 4xx with a reason), nothing changed.
+
+One real experiment (`trialkit run --detach`, a trial that waits for a gate file) holds the only slot of a
+home's pool; the CLI and its manager's POST /api/ui/experiments/<exp>/pool are driven against it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Dict, Iterator, List
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+
+from experiment_util import PYTHON, TIMEOUT, experiment
+from harness import wait_until
+
+TRIAL = """
+import os, trialkit
+trialkit.get_next_parameter()
+while not os.path.exists({gate!r}):
+    import time; time.sleep(0.05)
+trialkit.report_final_result(1.0)
+"""
+
+
+def run_cli(home: Path, *args: object) -> subprocess.CompletedProcess:
+    """`trialkit ARGS` in `home`; bytes arguments go as they are (a name that is not UTF-8)."""
+    argv: List[object] = [PYTHON, "-m", "trialkit.cli", *(a if isinstance(a, bytes) else str(a) for a in args)]
+    return subprocess.run(argv, capture_output=True, timeout=TIMEOUT, env={**os.environ, "TRIALKIT_HOME": str(home)})
+
+
+def refused(done: subprocess.CompletedProcess, *words: str) -> str:
+    """One line on stderr naming `words`, exit 2, no traceback."""
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 2, (done.returncode, err)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for word in words:
+        assert word in err, err
+    return err
+
+
+class Running:
+    """A home with a pool of one slot and one running experiment holding it, with its page's URL and token."""
+
+    def __init__(self, root: Path):
+        self.home = root / "home"
+        self.home.mkdir()
+        (self.home / "pools.yml").write_text("pools:\n  default: {slots: 1}\n")
+        self.gate = root / "gate"
+        config = experiment(root, {"x": {"_type": "uniform", "_value": [0, 1]}}, TRIAL.format(gate=str(self.gate)),
+                            trialConcurrency=1, maxTrialNumber=1)
+        done = run_cli(self.home, "run", config, "--detach")
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.decode().splitlines()
+        self.id = lines[0].split()[-1]
+        url = urlsplit(next(line for line in lines if line.startswith("page: ")).split()[-1])
+        self.pool_url = f"{url.scheme}://{url.netloc}/api/ui/experiments/{self.id}/pool"
+        self.token = url.query.removeprefix("token=")
+        wait_until(lambda: self.statuses() == ["RUNNING"], TIMEOUT, "the trial to run")
+
+    def statuses(self) -> List[str]:
+        done = run_cli(self.home, "experiment", "export", self.id)
+        assert done.returncode == 0, done.stderr
+        return [row["status"] for row in json.loads(done.stdout)]
+
+    def jobs(self) -> List[Dict[str, object]]:
+        done = run_cli(self.home, "job", "list", "--pool", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def post(self, body: bytes) -> requests.Response:
+        return requests.post(self.pool_url, data=body, timeout=TIMEOUT,
+                             headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+
+    def end(self) -> None:
+        self.gate.touch()
+        wait_until(lambda: self.statuses() == ["SUCCEEDED"], TIMEOUT, "the trial to end")
+        done = run_cli(self.home, "experiment", "stop", self.id)
+        assert done.returncode in (0, 2), done.stderr  # 2: its control plane had ended by itself
+        from trialkit.control.background import manager_runs
+
+        wait_until(lambda: not manager_runs(self.home / "experiments" / self.id), TIMEOUT, "its control plane to end")
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory) -> Iterator[Running]:
+    site = Running(tmp_path_factory.mktemp("adversarial"))
+    try:
+        yield site
+    finally:
+        site.end()
+
+
+@pytest.mark.parametrize("command", ["job", "experiment"])
+@pytest.mark.parametrize("priority", [2 ** 70, -(2 ** 70)])
+def test_a_priority_past_64_bits_is_one_line_and_changes_nothing(running, command, priority):
+    refused(run_cli(running.home, command, "update", running.id, "--priority", priority), "priority", "too")
+    assert [job["priority"] for job in running.jobs()] == [42]
+
+
+@pytest.mark.parametrize("option", ["--ahead-of", "--behind-of"])
+def test_a_job_name_that_is_not_utf8_is_one_line(running, option):
+    refused(run_cli(running.home, "job", "update", running.id, option, b"\xff"), option.strip("-"))
+    refused(run_cli(running.home, "job", "update-batch", running.id.encode() + b"." + option.strip("-").encode()
+                    + b"=\xff"), option.strip("-"))
+    assert [job["priority"] for job in running.jobs()] == [42]
+
+
+@pytest.mark.parametrize("update", ['{"job": "\\ud800", "top": true}', '{"job": "ID", "ahead_of": "a\\ud800"}',
+                                    '{"job": "ID", "behind_of": "\\udfff"}'])
+def test_the_page_answers_a_lone_surrogate_400(running, update):
+    answer = running.post(f'{{"updates": [{update.replace("ID", running.id)}]}}'.encode())
+    assert answer.status_code == 400, answer.text
+    assert "UTF-8" in answer.json()["error"], answer.text
+    assert [job["priority"] for job in running.jobs()] == [42]
+
+
+# -- a home whose pools.yml or pools.db is not what it should be (no experiment needed) ----------------------
+
+
+def test_pools_yml_that_is_a_directory_or_not_utf8_is_one_line(tmp_path):
+    (tmp_path / "pools.yml").mkdir()
+    refused(run_cli(tmp_path, "job", "list", "--pool"), "pools.yml", "Is a directory")
+    (tmp_path / "pools.yml").rmdir()
+    (tmp_path / "pools.yml").write_bytes(b"\xff\xfepools: {}\n")
+    refused(run_cli(tmp_path, "job", "list", "--pool"), "pools.yml", "not UTF-8")
+
+
+def test_a_damaged_pools_db_is_named_by_job_list_update_and_run(tmp_path):
+    (tmp_path / "pools.db").write_bytes(b"not a database, some other file\n" * 200)
+    refused(run_cli(tmp_path, "job", "list", "--pool"), "pools.db", "not a database", "move it aside")
+    config = experiment(tmp_path, {"x": {"_type": "uniform", "_value": [0, 1]}}, "import trialkit\n",
+                        maxTrialNumber=1)
+    refused(run_cli(tmp_path, "run", config), "pools.db", "not a database")
+    assert not list((tmp_path / "experiments").glob("*/*.db"))  # no experiment left behind
+
+
+def test_update_names_a_damaged_pools_db(tmp_path, monkeypatch):
+    from trialkit.errors import UserError
+    from trialkit.platforms import pools
+
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path))
+    (tmp_path / "pools.db").write_bytes(b"\x00" * 4096)
+    with pytest.raises(UserError, match="pools.db.*not a database"):
+        pools.update([("abcd1234", "priority", 1)])
