@@ -10,7 +10,7 @@ import json
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -83,6 +83,22 @@ def runs(log: Path) -> List[Dict[str, Any]]:
     return out
 
 
+def fill_the_pool(tmp_path: Path, home: Path, log: Path) -> Tuple[subprocess.Popen, str]:
+    """Experiment a (priority 42) running, its 2 trials holding the pool's 2 slots at step HOLD (checkpointed
+    there) until the gate opens: (its `trialkit run`, its id)."""
+    low = start_cli("run", checkpointing(tmp_path, "a", log, steps=STEPS, hold=HOLD))
+    a = experiment_id(low.stdout.readline())
+    wait_until(lambda: len(stored(home, a, "SELECT DISTINCT trial FROM records WHERE type = 'PERIODICAL' "
+                                           "AND value = ?", str(HOLD))) == 2, TIMEOUT, "a's trials to hold")
+    return low, a
+
+
+def steps_stored(home: Path, experiment_id: str, trial: str) -> List[Any]:
+    """The trial's intermediate results as the store holds them, every run's, in the order received."""
+    return [json.loads(value) for (value,) in stored(
+        home, experiment_id, "SELECT value FROM records WHERE trial = ? AND type = 'PERIODICAL' ORDER BY seq", trial)]
+
+
 def stop_all(*procs: Optional[subprocess.Popen]) -> None:
     """After a failure: each experiment ends as SIGINT ends it (its trials stopped, nothing left running)."""
     for proc in procs:
@@ -99,13 +115,9 @@ def finish(proc: subprocess.Popen) -> str:
 
 def test_a_higher_priority_experiment_pauses_the_lower_one_s_trials_through_their_checkpoints(tmp_path, home):
     log = tmp_path / "runs"
-    low = start_cli("run", checkpointing(tmp_path, "a", log, steps=STEPS, hold=HOLD))
+    low, a = fill_the_pool(tmp_path, home, log)
     high = None
     try:
-        a = experiment_id(low.stdout.readline())
-        # a fills the pool, and each of its trials has reported (and checkpointed) HOLD steps, and holds
-        wait_until(lambda: len(stored(home, a, "SELECT DISTINCT trial FROM records WHERE type = 'PERIODICAL' "
-                                               "AND value = ?", str(HOLD))) == 2, TIMEOUT, "a's trials to hold")
         high = start_cli("run", checkpointing(tmp_path, "b", log, steps=5, hold=5, poolPriority=1))
         b = experiment_id(high.stdout.readline())
         # Without preemption b would wait for a, and a for the gate: this wait fails.
@@ -129,8 +141,7 @@ def test_a_higher_priority_experiment_pauses_the_lower_one_s_trials_through_thei
         assert first["end"] <= min(b_starts) and max(b_starts) <= resumed["start"], found  # b ran in a's pause
     for exp, steps in ((a, STEPS), (b, 5)):
         for (trial,) in stored(home, exp, "SELECT id FROM trials"):
-            values = [json.loads(value) for (value,) in stored(
-                home, exp, "SELECT value FROM records WHERE trial = ? AND type = 'PERIODICAL' ORDER BY seq", trial)]
+            values = steps_stored(home, exp, trial)
             assert values == list(range(1, steps + 1)), (trial, values)  # every step stored once, none redone
             assert stored(home, exp, "SELECT COUNT(*) FROM records WHERE trial = ? AND type = 'FINAL'",
                           trial) == [(1,)]
@@ -213,12 +224,9 @@ def test_a_control_plane_resumed_after_kill_9_pauses_its_trials_for_the_job_that
     """Killed, a's control plane cannot preempt: b waits on the slots a's keepers hold. Resumed, it finds
     its trials again and gives their slots back through their checkpoints."""
     log = tmp_path / "runs"
-    low = start_cli("run", checkpointing(tmp_path, "a", log, steps=STEPS, hold=HOLD))
+    low, a = fill_the_pool(tmp_path, home, log)
     high = resumed = None
     try:
-        a = experiment_id(low.stdout.readline())
-        wait_until(lambda: len(stored(home, a, "SELECT DISTINCT trial FROM records WHERE type = 'PERIODICAL' "
-                                               "AND value = ?", str(HOLD))) == 2, TIMEOUT, "a's trials to hold")
         low.send_signal(signal.SIGKILL)  # its keepers run on, and hold the pool's 2 slots
         low.communicate()
         high = start_cli("run", checkpointing(tmp_path, "b", log, steps=5, hold=5, poolPriority=1))
@@ -239,19 +247,14 @@ def test_a_control_plane_resumed_after_kill_9_pauses_its_trials_for_the_job_that
         stored(home, a, "SELECT trial, status, reason, source FROM statuses ORDER BY id")
     assert stored(home, b, "SELECT status FROM trials") == [("SUCCEEDED",)] * 2
     for (trial,) in stored(home, a, "SELECT id FROM trials"):
-        values = [json.loads(value) for (value,) in stored(
-            home, a, "SELECT value FROM records WHERE trial = ? AND type = 'PERIODICAL' ORDER BY seq", trial)]
-        assert values == list(range(1, STEPS + 1)), (trial, values)
+        assert steps_stored(home, a, trial) == list(range(1, STEPS + 1)), trial
 
 
 def test_just_enough_trials_are_paused_the_newest_first(tmp_path, home):
     log = tmp_path / "runs"
-    low = start_cli("run", checkpointing(tmp_path, "a", log, steps=STEPS, hold=HOLD))
+    low, a = fill_the_pool(tmp_path, home, log)
     high = None
     try:
-        a = experiment_id(low.stdout.readline())
-        wait_until(lambda: len(stored(home, a, "SELECT DISTINCT trial FROM records WHERE type = 'PERIODICAL' "
-                                               "AND value = ?", str(HOLD))) == 2, TIMEOUT, "a's trials to hold")
         high = start_cli("run", experiment(tmp_path, SPACE, UNCHECKPOINTED.replace("120", "0"), name="b",
                                            maxTrialNumber=1, trialConcurrency=1,
                                            trainingService={"platform": "local", "poolPriority": 1}))
