@@ -148,3 +148,15 @@ def test_update_names_a_damaged_pools_db(tmp_path, monkeypatch):
     (tmp_path / "pools.db").write_bytes(b"\x00" * 4096)
     with pytest.raises(UserError, match="pools.db.*not a database"):
         pools.update([("abcd1234", "priority", 1)])
+
+
+def test_an_update_to_a_done_experiments_job_is_refused(tmp_path):
+    config = experiment(tmp_path, {"x": {"_type": "uniform", "_value": [0, 1]}},
+                        "import trialkit\ntrialkit.get_next_parameter()\ntrialkit.report_final_result(1.0)\n",
+                        trialConcurrency=1, maxTrialNumber=1)
+    done = run_cli(tmp_path, "run", config)
+    assert done.returncode == 0, done.stderr
+    ended = done.stdout.decode().split()[2]  # "started experiment ID"
+    for args in (("job", "update", ended, "--priority", 1), ("experiment", "update", ended, "--priority", 1),
+                 ("job", "update-batch", f"{ended}.priority=1")):
+        refused(run_cli(tmp_path, *args), f"experiment {ended} is DONE")

@@ -634,8 +634,22 @@ def _update_pool_job(experiment_id: str, opts: argparse.Namespace) -> List[str]:
     changes = [(experiment_id, what, getattr(opts, what)) for what in pools.CHANGES
                if getattr(opts, what, None) is not None]
     if changes:
-        pools.update(changes)
+        _update_pool(changes)
     return [what.replace("_", "-") for _, what, _ in changes]
+
+
+def _update_pool(changes: List[Any]) -> None:
+    """pools.update, refusing a DONE experiment's job: nothing of it runs again, so a change would apply to
+    nothing (an interrupted one's job keeps it for its resume)."""
+    from trialkit.control import admin
+    from trialkit.platforms import pools
+
+    for experiment_id in dict.fromkeys(experiment for experiment, _, _ in changes):
+        if admin.ended_status(experiment_id) == "DONE":
+            raise UserError(f"experiment {experiment_id} is DONE: its job has left the resource pool and nothing of "
+                            "it runs again", experiment_id, "update a running experiment's job (`trialkit job list "
+                            "--pool`)")
+    pools.update(changes)
 
 
 def cmd_job_update_batch(opts: argparse.Namespace) -> int:
@@ -648,7 +662,7 @@ def cmd_job_update_batch(opts: argparse.Namespace) -> int:
         if not all(experiments):
             raise UserError("a batch changes either experiments' jobs or trials, not both", "update-batch",
                             "run one update-batch for the experiments and one for the trials")
-        pools.update(changes)
+        _update_pool(changes)
     else:
         _move([Move.parse(text) for text in opts.updates])
     print(f"updated {', '.join(dict.fromkeys(targets))}")
