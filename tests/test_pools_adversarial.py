@@ -160,3 +160,19 @@ def test_an_update_to_a_done_experiments_job_is_refused(tmp_path):
     for args in (("job", "update", ended, "--priority", 1), ("experiment", "update", ended, "--priority", 1),
                  ("job", "update-batch", f"{ended}.priority=1")):
         refused(run_cli(tmp_path, *args), f"experiment {ended} is DONE")
+
+
+@pytest.mark.parametrize("weight", [1e-7, 5e-324])
+def test_a_tiny_weight_is_listed_as_it_is_not_as_zero(tmp_path, monkeypatch, weight):
+    from trialkit.platforms import pools
+
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path))
+    (tmp_path / "pools.yml").write_text("pools:\n  default: {slots: 2, scheduler: fair_share}\n")
+    pool = pools.open_pool()
+    try:
+        pool.join("abcd1234")  # this process is its control plane: a live job
+        pools.update([pools.parse_change(f"abcd1234.weight={weight!r}")])  # update-batch's path
+        (job,) = pools.jobs()
+        assert job["weight"] == weight > 0, job
+    finally:
+        pool.close()

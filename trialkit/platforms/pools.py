@@ -540,7 +540,9 @@ def jobs(name: str = DEFAULT) -> List[Dict[str, Any]]:
             continue
         queued = queued if live else 0
         out.append({"position": len(out), "id": experiment, "experiment": experiment, "name": name,
-                    "priority": priority, "weight": _number(weight), "submitted": submitted,
+                    # a weight under 1e-6 as it is: rounded it would read 0, which no weight is
+                    "priority": priority, "weight": _number(weight) if weight >= 1e-6 else weight,
+                    "submitted": submitted,
                     "slots_acquired": _number(held), "slots_needed": _number(held + queued),
                     "status": QUEUED if queued > 0 else SCHEDULED})
     return out
