@@ -176,3 +176,8 @@ def test_a_tiny_weight_is_listed_as_it_is_not_as_zero(tmp_path, monkeypatch, wei
         assert job["weight"] == weight > 0, job
     finally:
         pool.close()
+
+
+def test_job_list_of_an_empty_pool_name_is_refused_not_every_experiments_trials(tmp_path):
+    refused(run_cli(tmp_path, "job", "list", "--pool", ""), "no resource pool ''")
+    assert run_cli(tmp_path, "job", "list", "--pool").returncode == 0  # the default pool, as before

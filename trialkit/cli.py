@@ -564,7 +564,7 @@ POOL_JOB_COLUMNS = JOB_COLUMNS[:5] + ("weight",) + JOB_COLUMNS[5:]  # a resource
 def cmd_job_list(opts: argparse.Namespace) -> int:
     rows: List[Dict[str, Any]] = []
     order = "priority"  # the column the order is by: a fair share pool's is its jobs' weights
-    if opts.pool:
+    if opts.pool is not None:  # --pool "": no such pool, not every experiment's trials
         from trialkit.platforms import pools
 
         rows = pools.jobs(opts.pool)
