@@ -181,3 +181,20 @@ def test_a_tiny_weight_is_listed_as_it_is_not_as_zero(tmp_path, monkeypatch, wei
 def test_job_list_of_an_empty_pool_name_is_refused_not_every_experiments_trials(tmp_path):
     refused(run_cli(tmp_path, "job", "list", "--pool", ""), "no resource pool ''")
     assert run_cli(tmp_path, "job", "list", "--pool").returncode == 0  # the default pool, as before
+
+
+def test_the_page_answers_a_damaged_pools_db_400(running):
+    names = ("pools.db", "pools.db-wal", "pools.db-shm")  # its WAL would give the garbage below a valid first page
+    for name in names:  # the control plane keeps its open lease table (its fds) meanwhile
+        os.rename(running.home / name, running.home / f"{name}.saved")
+    try:
+        (running.home / "pools.db").write_bytes(b"not a database\n" * 300)
+        for answer in (requests.get(running.pool_url, timeout=TIMEOUT,
+                                    headers={"Authorization": f"Bearer {running.token}"}),
+                       running.post(f'{{"updates": [{{"job": "{running.id}", "priority": 3}}]}}'.encode())):
+            assert answer.status_code == 400, answer.text
+            assert "pools.db" in answer.json()["error"] and "not a database" in answer.json()["error"], answer.text
+    finally:
+        for name in names:
+            os.replace(running.home / f"{name}.saved", running.home / name)
+    assert [job["priority"] for job in running.jobs()] == [42]

@@ -656,8 +656,11 @@ def pool_of(experiment: str) -> Optional[str]:
     db_path = paths.home() / DB_NAME
     if not db_path.exists():
         return None
-    with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
-        row = db.execute("SELECT pool FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
+    try:
+        with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
+            row = db.execute("SELECT pool FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
+    except sqlite3.Error as err:  # the page's pool route: a 400 naming the file, not a 500
+        raise _unreadable(db_path, err) from None
     return row[0] if row else None
 
 
