@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
+from contextlib import closing
 from pathlib import Path
 from typing import Dict, Iterator, List
 from urllib.parse import urlsplit
@@ -198,3 +200,34 @@ def test_the_page_answers_a_damaged_pools_db_400(running):
         for name in names:
             os.replace(running.home / f"{name}.saved", running.home / name)
     assert [job["priority"] for job in running.jobs()] == [42]
+
+
+def test_ahead_of_back_and_forth_moves_or_says_it_cannot(tmp_path, monkeypatch):
+    """Each --ahead-of halves the time between the mover and the job before the other: after ~20 moves no float
+    lies between, and a move that would tie the two says so instead of 'updated' with the order unchanged."""
+    from trialkit.errors import UserError
+    from trialkit.platforms import pools
+
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path))
+    pool = pools.open_pool()
+    try:
+        # Submitted as three experiments were in a run here (where the 17th move tied y and z, z behind)
+        for job, submitted in (("xxxxxxxx", 1795731507.651952), ("yyyyyyyy", 1795731507.6657107),
+                               ("zzzzzzzz", 1795731507.6782053)):
+            pool.join(job)  # this process is their control plane: live jobs
+            with closing(sqlite3.connect(tmp_path / pools.DB_NAME)) as db, db:
+                db.execute("UPDATE jobs SET submitted = ? WHERE experiment = ?", (submitted, job))
+        refusals = 0
+        for move in range(80):
+            mover, other = ("zzzzzzzz", "yyyyyyyy") if move % 2 == 0 else ("yyyyyyyy", "zzzzzzzz")
+            try:
+                pools.update([(mover, "ahead_of", other)])
+            except UserError as err:
+                assert "priority of its own" in str(err), err
+                refusals += 1
+                continue
+            order = [job["id"] for job in pools.jobs()]
+            assert order.index(mover) < order.index(other), (move, order)
+        assert refusals > 0  # the floats did run out
+    finally:
+        pool.close()

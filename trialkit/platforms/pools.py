@@ -634,8 +634,12 @@ def _place(db: sqlite3.Connection, experiment: str, other: str, ahead: bool) -> 
         (pool, priority, submitted, experiment)).fetchone()[0]
     if neighbour is None:
         neighbour = submitted - 1.0 if ahead else submitted + 1.0
-    db.execute("UPDATE jobs SET priority = ?, submitted = ? WHERE experiment = ?",
-               (priority, (submitted + neighbour) / 2, experiment))
+    place = (submitted + neighbour) / 2
+    if not min(submitted, neighbour) < place < max(submitted, neighbour):  # moved back and forth ~20 times
+        raise UserError(f"no time is left between experiment {other} and the job {where.replace('-', ' ')} it at "
+                        f"priority {priority}: the move would tie them", where,
+                        f"give experiment {experiment} a priority of its own (--priority) instead")
+    db.execute("UPDATE jobs SET priority = ?, submitted = ? WHERE experiment = ?", (priority, place, experiment))
 
 
 def _to_top(db: sqlite3.Connection, experiment: str, scheduler: str) -> None:
