@@ -205,7 +205,8 @@ def check_trials(db_path: Path, trials: int) -> List[str]:
 def start_rate(db_path: Path, first: int) -> Optional[tuple]:
     """(seconds, trials/s, the first start's seconds, trials/s after it): from the first trial's creation
     until `first` trials' keepers said RUNNING; None if fewer ever did. The ramp is all starts, no ends:
-    it is the platform's start rate here. The first start pays what is paid once (Ray: the agents' workers)."""
+    it is the platform's start rate here. The first start is one keeper's start while the next ones start beside
+    it (Ray connects, ships the code and starts its agents before the first trial is created)."""
     created = query(db_path, "SELECT MIN(created) FROM trials")[0][0]
     running = sorted(row[0] for row in query(db_path, "SELECT MIN(time) FROM statuses WHERE status = 'RUNNING' "
                                                       "GROUP BY trial"))
