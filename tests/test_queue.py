@@ -16,7 +16,10 @@ from trialkit.errors import UserError
 from trialkit.platforms.kubernetes import kubeflow
 from trialkit.statuses import PREEMPTED, RUNNING
 from trialkit.platforms.base import TrialSpec
+from trialkit.platforms.pools import DEFAULT_PRIORITY
 from trialkit.platforms.kubernetes.render import render_trial
+from trialkit.web import queries
+from trialkit.web.catalog import Database
 
 WAIT = 60.0  # an upper bound for a loaded machine; never waited for on success
 
@@ -30,30 +33,30 @@ def home(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- the order, without processes
 
 def queued(tmp_path, count: int):
-    """A store with `count` trials of experiment q, all queued at priority 0, and its JobQueue."""
+    """A store with `count` trials of experiment q, all queued at the default priority, and its JobQueue."""
     store = Store(tmp_path / "q.db")
     store.create_experiment("q", {"experimentName": "queued"})
     queue = JobQueue(store)
     ids = [f"q-{n:05d}" for n in range(count)]
     for n, trial_id in enumerate(ids):
         store.add_trial("q", trial_id, sequence=n, parameters={}, token=None)
-        queue.track(trial_id, 0)
+        queue.track(trial_id, DEFAULT_PRIORITY)
         queue.push(trial_id)
     return store, queue, ids
 
 
-def test_higher_priority_first_then_the_order_of_joining(tmp_path):
+def test_smaller_priority_first_then_the_order_of_joining(tmp_path):
     store, queue, (a, b, c, d) = queued(tmp_path, 4)
     assert queue.order() == [a, b, c, d] and queue.head() == a
     queue.apply(Move(c, priority=5))
-    queue.apply(Move(d, priority=-1))
+    queue.apply(Move(d, priority=50))
     assert queue.order() == [c, a, b, d]
     queue.apply(Move(b, ahead_of=a))  # takes a's priority and the place before it
     assert queue.order() == [c, b, a, d]
-    queue.apply(Move(d, behind_of=c))  # from priority -1 to c's 5, right after it
+    queue.apply(Move(d, behind_of=c))  # from priority 50 to c's 5, right after it
     assert queue.order() == [c, d, b, a] and queue.priority(d) == 5
     queue.remove(c)
-    queue.push(c)  # back in: behind every trial of its priority, ahead of lower ones
+    queue.push(c)  # back in: behind every trial of its priority, ahead of bigger numbers
     assert queue.order() == [d, c, b, a]
     # The store holds the same order: `trialkit job list` and a resumed experiment read it there.
     assert [job["id"] for job in jobs(store, "q")] == queue.order()
@@ -61,6 +64,11 @@ def test_higher_priority_first_then_the_order_of_joining(tmp_path):
     for row in store.trials("q"):
         again.track(row["id"], row["priority"], row["position"])
     assert again.order() == queue.order()
+    # The page without a running loop to ask orders them by priority alone, smaller first, then sequence.
+    page = Database(tmp_path / "q.db")
+    with page.reading() as db:
+        assert [row["id"] for row in queries.queue(db, "q", None)] == [c, d, a, b]
+    page.close()
     store.close()
 
 
@@ -118,15 +126,15 @@ def test_unusable_priority_classes_are_user_errors(classes, says):
 
 # ---------------------------------------------------------------- a real experiment
 
-# Run 0 of every trial notes its start and holds its slot until stopped; a
-# restarted trial notes its start and finishes at once.
+# Run 0 of every trial but the last (n=4) notes its start and holds its slot
+# until stopped; a restarted trial, and the last, note their start and finish at once.
 ORDERED = """
 import os, signal, sys, trialkit
 signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
 n = trialkit.get_next_parameter()["n"]
 with open({order!r}, "a") as f:
     f.write(f"{{n}}\\n")
-if os.environ["TRIALKIT_RESTART_COUNT"] == "0":
+if os.environ["TRIALKIT_RESTART_COUNT"] == "0" and n < 4:
     trialkit.report_intermediate_result(n)
     signal.sigwait([signal.SIGTERM])
     sys.exit(143)
@@ -148,8 +156,8 @@ def refused(*args) -> str:
 
 def test_one_slot_starts_waiting_trials_in_the_order_their_priorities_say(tmp_path, home):
     order_file = tmp_path / "order"
-    config = experiment(tmp_path, {"n": {"_type": "choice", "_value": [0, 1, 2, 3]}},
-                        ORDERED.format(order=str(order_file)), trialConcurrency=1, maxTrialNumber=4,
+    config = experiment(tmp_path, {"n": {"_type": "choice", "_value": [0, 1, 2, 3, 4]}},
+                        ORDERED.format(order=str(order_file)), trialConcurrency=1, maxTrialNumber=5,
                         tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}})
     proc = start_cli("run", config)
     exp = experiment_id(proc.stdout.readline())
@@ -165,7 +173,8 @@ def test_one_slot_starts_waiting_trials_in_the_order_their_priorities_say(tmp_pa
     assert [(job["id"], job["status"]) for job in listed] == \
         [(t3, "RUNNING"), (t0, "QUEUED"), (t1, "QUEUED"), (t2, "QUEUED")]
 
-    ok("job", "update", t2, "--priority", "5")
+    assert {job["priority"] for job in listed} == {42}  # the config's default, as a pool's job
+    ok("job", "update", t2, "--priority", "1")  # smaller first: ahead of t0 and t1 (42)
     ok("job", "update-batch", f"{t1}.ahead-of={t0}")
     assert "running" in refused("job", "update", t3, "--priority", "9")
     assert f"no trial {exp}-00099" in refused("job", "update", f"{exp}-00099", "--ahead-of", t0)
@@ -175,23 +184,24 @@ def test_one_slot_starts_waiting_trials_in_the_order_their_priorities_say(tmp_pa
     assert [line.split()[1] for line in table.splitlines()[2:]] == [t3, t2, t1, t0]  # t0's 7 was refused with the batch
 
     # The page and the admin routes act through the CLI's action table: the page's priority button moves t0 to
-    # the front, the admin route's order says so, its priority action puts t0 back, and the page's queue view
-    # shows the loop's order (by priority and sequence alone, t0 would be ahead of t1).
+    # the front, the admin route's order says so, its priority action puts t0 at the back, behind the
+    # experiment's priority (42): the tuner's next trial, t4, starts before it. The page's queue view shows the
+    # loop's order (by priority and sequence alone, t0 would be ahead of t1).
     proc.stdout.readline()  # manager: ...
     base, token = proc.stdout.readline().split()[-1].split("#")[0].split("/?token=")  # page: URL?token=T#/exp/ID
     page = {"Authorization": f"Bearer {token}"}
-    moved = requests.post(f"{base}/api/ui/experiments/{exp}/trials/{t0}/priority", json={"priority": 9},
+    moved = requests.post(f"{base}/api/ui/experiments/{exp}/trials/{t0}/priority", json={"priority": 0},
                           headers=page, timeout=WAIT)
     assert moved.status_code == 200, moved.text
     assert admin.act(exp, "queue", "order") == {"queue": [t0, t2, t1]}
-    assert admin.act(exp, "trial", "priority", t0, body={"priority": 0}) == {"queue": [t2, t1, t0]}
+    assert admin.act(exp, "trial", "priority", t0, body={"priority": 50}) == {"queue": [t2, t1, t0]}
     view = requests.get(f"{base}/api/ui/experiments/{exp}/queue", headers=page, timeout=WAIT).json()
     assert [row["id"] for row in view] == [t3, t2, t1, t0]
 
     ok("trial", "kill", t3)  # frees the slot: the queue's head starts, then the next
     assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
-    assert order_file.read_text().split() == ["0", "1", "2", "3", "2", "1", "0"]
+    assert order_file.read_text().split() == ["0", "1", "2", "3", "2", "1", "4", "0"]
     rows = by_sequence(export(exp))
-    assert [(rows[n]["status"], rows[n]["restart_count"]) for n in range(4)] == \
-        [("SUCCEEDED", 1)] * 3 + [("USER_CANCELED", 0)]
+    assert [(rows[n]["status"], rows[n]["restart_count"]) for n in range(5)] == \
+        [("SUCCEEDED", 1)] * 3 + [("USER_CANCELED", 0), ("SUCCEEDED", 0)]
     assert trial_status(home, t3) == "USER_CANCELED"

@@ -85,7 +85,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "a link there keeps it findable by id).",
     "top.trialTemplate": "trialkit: your own job template (YAML) for the cluster platforms, instead of the packaged "
     "one; refused on local and ray.",
-    "top.priority": "trialkit: the trials' priority in the job queue (higher runs first).",
+    "top.priority": "trialkit: the trials' priority in their experiment's job queue: smaller runs first, as "
+    "Determined's priority scheduler (whatever the resource pool's scheduler).",
     "top.managerTls": "trialkit: `{certFile, keyFile}`, PEM files: the manager serves HTTPS only, to trials and "
     "the page (`trialkit run --tls-cert/--tls-key` does the same); trials must trust the certificate "
     "([TLS](../platforms.md#the-manager-over-tls)).",

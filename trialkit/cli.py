@@ -925,7 +925,7 @@ def build_parser() -> ArgumentParser:
                        "with TRIALKIT_RESTART_COUNT one higher, and resumes from its checkpoint."))
 
     job = _command(commands, "job", None, "see and reorder the job queue",
-                   "The job queue: trials that run, wait for a slot (in the order they will start: higher priority "
+                   "The job queue: trials that run, wait for a slot (in the order they will start: smaller priority "
                    "first, then position) or are paused. A trial's id is its job id.")
     sub = job.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     listing = _command(sub, "list", cmd_job_list, "list the jobs in scheduling order",

@@ -25,6 +25,7 @@ from trialkit.control.searchspace import SearchSpace, parse_space
 from trialkit.control.tuners import check_tuner
 from trialkit.env import DEFAULT_GRACE_SECONDS, check_grace
 from trialkit.errors import UserError
+from trialkit.platforms.pools import DEFAULT_PRIORITY
 
 LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
 
@@ -110,7 +111,7 @@ class ExperimentConfig:
     # in the command: the rest would too); 0 runs every trial, as NNI does.
     stop_when_first_trials_fail: int = 3
     trial_template: Optional[str] = None  # absolute
-    priority: int = 0
+    priority: int = DEFAULT_PRIORITY  # the trials' in the job queue: smaller first, as the pool's jobs
     manager_tls: Optional[Dict[str, str]] = None  # {"certFile", "keyFile"}, absolute: the manager serves HTTPS
     # One line each on options NNI accepts and trialkit reads but does not act on (NNI's manager's
     # log level, reuseMode): said when the experiment starts, never refused. Not config: not in to_dict.
@@ -225,7 +226,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
                                               lambda v, w: schema.as_int(v, w, 0, 1_000_000), 3),
         manager_tls=_optional(c, "managerTls", lambda v, w: manager_tls(v, base, w)),
         trial_template=template,
-        priority=_optional(c, "priority", schema.as_int, 0),
+        priority=_optional(c, "priority", schema.as_int, DEFAULT_PRIORITY),
         notes=tuple(notes),
     )
 

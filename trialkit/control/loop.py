@@ -13,8 +13,8 @@ a backstop, for platforms that cannot tell and for a lost notice.
 
 Slots: trialConcurrency trials run at once. When one frees, the next to start
 is the job queue's head (trialkit.control.queue: activated and preempted
-trials, by priority) or, when none waits at the experiment's priority or
-above, a new trial from the tuner. A paused experiment starts nothing and asks
+trials, smaller priority first) or, when none waits at the experiment's
+priority or a smaller one, a new trial from the tuner. A paused experiment starts nothing and asks
 the tuner nothing. The experiment ends when nothing runs, waits or is paused
 and the tuner has nothing more (or it was stopped: paused trials then stay
 paused).
@@ -40,7 +40,7 @@ from trialkit import __version__, records, statuses
 from trialkit.control.assessors import build_assessor
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
-from trialkit.control.queue import JobQueue, label
+from trialkit.control.queue import JobQueue, goes_before, label
 from trialkit.control.results import metric_value
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -461,10 +461,10 @@ class Loop:
         """The trial to start: the queue's head, unless the tuner's next one goes first.
 
         The tuner's next trial counts as waiting at the back of the
-        experiment's priority: queued trials of a lower priority wait for it.
+        experiment's priority: queued trials of a bigger priority number wait for it.
         """
         head = self.queue.head()
-        if (head is None or self.queue.priority(head) < self.config.priority) and self._may_create():
+        if (head is None or goes_before(self.config.priority, self.queue.priority(head))) and self._may_create():
             asked = self.tuner.ask()
             if asked is not None:
                 return self._create(*asked)

@@ -1,13 +1,16 @@
 """The job queue: an experiment's trials that wait for a slot, in the order they will start.
 
     queue = JobQueue(store)
-    queue.track("abcd1234-00003", priority=0)      # a trial the store holds
+    queue.track("abcd1234-00003", priority=42)     # a trial the store holds
     queue.push("abcd1234-00003")                   # queued behind every queued trial
     queue.apply(Move("abcd1234-00003", ahead_of="abcd1234-00001"))
     queue.head()                                   # the next to start
     queue.remove("abcd1234-00003")                 # it got a slot
 
-Order: higher priority first, then lower position. A trial joins behind every
+Order: smaller priority first (Determined's priority scheduler; the config's
+`priority`, default 42, as a job's in the resource pool), then lower position,
+whatever the pool's scheduler (`priority_descending` orders experiments in a
+pool, not an experiment's trials). A trial joins behind every
 queued one (the largest position + 1); a priority change keeps its position;
 `ahead_of`/`behind_of` take the other trial's priority and the place just
 before/after it. Every change is written to the store (trials.priority and
@@ -40,8 +43,14 @@ def label(status: str) -> str:
 
 
 def sort_key(priority: int, position: Optional[int], sequence: int = 0) -> Tuple[int, float, int]:
-    """Scheduling order of queued trials: higher priority, then lower position."""
-    return (-priority, float("inf") if position is None else position, sequence)
+    """Scheduling order of queued trials: smaller priority, then lower position."""
+    return (priority, float("inf") if position is None else position, sequence)
+
+
+def goes_before(priority: int, other: int) -> bool:
+    """Whether a trial of `priority` starts before a queued one of `other` at any position: sort_key's
+    order (a strictly smaller number), so the loop's tuner-or-queue choice cannot drift from it."""
+    return sort_key(priority, None) < sort_key(other, None)
 
 
 class _MoveFields(NamedTuple):
@@ -104,7 +113,7 @@ def _whole(text: str, where: str) -> int:
         return int(text)
     except ValueError:
         raise UserError(f"{text!r} is not a whole number", where,
-                        "priorities are integers; higher runs first") from None
+                        "priorities are integers; smaller runs first") from None
 
 
 class JobQueue:

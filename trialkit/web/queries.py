@@ -430,11 +430,11 @@ def queue(db: sqlite3.Connection, experiment_id: str, order: Optional[Sequence[s
     """Running trials, then waiting ones in scheduling order, then paused ones.
 
     `order` is the scheduler's order of waiting trials when it gives one; else
-    higher priority first, then submission order.
+    smaller priority first (trialkit.control.queue's order), then submission order.
     """
     marks = ",".join("?" * len(QUEUED))
     rows = db.execute(f"SELECT t.*, {FINAL} AS metric FROM trials t WHERE t.experiment=? AND t.status IN ({marks}) "
-                      f"ORDER BY t.priority DESC, t.sequence", (experiment_id, *QUEUED)).fetchall()
+                      f"ORDER BY t.priority, t.sequence", (experiment_id, *QUEUED)).fetchall()
     now = time.time()
     running = [r for r in rows if r["status"] == RUNNING]
     waiting = [r for r in rows if r["status"] == WAITING]
