@@ -231,3 +231,20 @@ def test_ahead_of_back_and_forth_moves_or_says_it_cannot(tmp_path, monkeypatch):
         assert refusals > 0  # the floats did run out
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("cluster", ["k: {kubernetes: {namespace: ns, slots: 4}}", "r: {ray: {address: 'ray://x:1', slots: 4}}"])
+def test_a_local_job_is_not_moved_into_a_clusters_pool(tmp_path, monkeypatch, cluster):
+    from trialkit.errors import UserError
+    from trialkit.platforms import pools
+
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path))
+    (tmp_path / "pools.yml").write_text(f"pools:\n  default: {{slots: 2}}\n  {cluster}\n")
+    pool = pools.open_pool()
+    try:
+        pool.join("abcd1234")
+        with pytest.raises(UserError, match="name a pool of this machine's slots"):
+            pools.update([pools.parse_change(f"abcd1234.resource-pool={cluster[0]}")])
+        assert pools.pool_of("abcd1234") == "default"
+    finally:
+        pool.close()

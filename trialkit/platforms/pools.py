@@ -680,7 +680,7 @@ def _job(db: sqlite3.Connection, experiment: str, where: str) -> Any:
 def _move_to(db: sqlite3.Connection, experiment: str, pool: str, config: Mapping[str, PoolSpec]) -> None:
     """The job into another pool: its next trials take their slots there (its control plane follows at its next
     grant); its running trials' leases stay in the pool they were granted in until they end."""
-    spec = pool_spec(pool, config)
+    spec = _local_spec(pool, config)
     slots = spec.slots or machine_slots()
     (trial_slots,) = db.execute("SELECT trial_slots FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
     if trial_slots > slots + ROUNDING:
@@ -720,10 +720,17 @@ def pool_spec(name: str, config: Mapping[str, PoolSpec]) -> PoolSpec:
 def open_pool(name: str = DEFAULT) -> Pool:
     """The named pool of this TRIALKIT_HOME; only `default` exists without a pools.yml that names it."""
     home = paths.home()
-    spec = pool_spec(name, read_config(home))
+    spec = _local_spec(name, read_config(home))
+    return Pool(name, spec.slots or machine_slots(), home / DB_NAME, spec.gpus, spec.scheduler)
+
+
+def _local_spec(name: str, config: Mapping[str, PoolSpec]) -> PoolSpec:
+    """pool_spec, refusing a cluster's pool: a local experiment's trials (and its job, moved) take this machine's
+    slots only."""
+    spec = pool_spec(name, config)
     if spec.namespace is not None or spec.ray_address is not None:
         cluster = f"Kubernetes namespace {spec.namespace}" if spec.namespace else f"the Ray cluster at {spec.ray_address}"
-        raise UserError(f"resource pool {name!r} is {cluster}'s", str(home / CONFIG_NAME),
+        raise UserError(f"resource pool {name!r} is {cluster}'s", str(paths.home() / CONFIG_NAME),
                         "name a pool of this machine's slots (an experiment on that cluster takes its slots "
                         "without naming it)")
-    return Pool(name, spec.slots or machine_slots(), home / DB_NAME, spec.gpus, spec.scheduler)
+    return spec
