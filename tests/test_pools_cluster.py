@@ -7,16 +7,19 @@ planes would be.
 """
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
-from harness import wait_until
+from harness import child_environ, wait_until
 from test_kube_client import api, client  # noqa: F401 (fixtures)
 from trialkit.errors import UserError
 from trialkit.platforms import pools
-from trialkit.platforms.base import TrialSpec
+from trialkit.platforms.base import PlatformStatus, TrialSpec
 from trialkit.platforms.kubernetes import kubeflow, pool_leases
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.platforms.kubernetes.client import KubeClient
@@ -202,3 +205,111 @@ def test_two_pools_naming_one_namespace_is_one_user_error_before_any_trial(clien
     with pytest.raises(UserError) as caught:
         platform.check_ready()
     assert "pools a, b all name namespace 'team'" in caught.value.line()
+
+
+# -- a Ray cluster's pool (a real cluster: ray_cluster.py) -----------------------------------------
+
+RAY_HOLDER = """
+import sys, time, ray
+ray.init(address=sys.argv[1], namespace="trialkit", log_to_driver=False)
+from trialkit.platforms import ray_pool
+assert ray_pool.RayPool("shared", 2).take("c-1", "crashed", 1, "trialkit-trial-c-1")
+print("taken", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def ray_driver(ray_cluster, home):
+    """The test process as a control plane's Ray driver; the pool's ledger and the driver go after the test."""
+    import ray
+
+    from trialkit.ray import cluster, pool_ledger
+
+    (home / "pools.yml").write_text(f"pools:\n  shared: {{ray: {{address: '{ray_cluster.address}', slots: 2}}}}\n")
+    yield ray_cluster
+    if ray.is_initialized():
+        with contextlib.suppress(ValueError):
+            ray.kill(ray.get_actor(pool_ledger.ledger_name("shared"), namespace=cluster.NAMESPACE))
+    ray.shutdown()
+    ray_cluster.wait_clean()
+
+
+def holders_alive(cluster) -> int:
+    return sum("Holder" in actor for actor in cluster.live_actors())
+
+
+@pytest.mark.slow
+def test_a_ray_pool_s_lease_stands_while_its_group_does_or_its_unplaced_holder_lives(ray_driver):
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from trialkit.platforms import ray_pool
+
+    ray.init(address=ray_driver.address, namespace="trialkit", log_to_driver=False)
+    pool = ray_pool.RayPool("shared", 2)
+    assert pool.take("m-0", "mine", 1, "trialkit-trial-m-0")  # its group not made yet: our holder keeps it
+    crashed = subprocess.Popen([sys.executable, "-c", RAY_HOLDER, ray_driver.address], stdout=subprocess.PIPE,
+                               text=True, env=child_environ())
+    try:
+        assert crashed.stdout.readline().strip() == "taken"
+        # Its trial's placement group, as the platform makes it: detached, it outlives its control plane.
+        group = placement_group([{"memory": 1}], name="trialkit-trial-c-1", lifetime="detached")
+        assert not pool.take("m-1", "mine", 1, "trialkit-trial-m-1")  # 2 of 2 leased
+        assert pool.waiting_reason(1) == "waiting for 1 slot of pool shared (Ray cluster): 0 of 2 free"
+    finally:
+        crashed.kill()
+        crashed.wait()
+        crashed.stdout.close()
+    try:
+        wait_until(lambda: holders_alive(ray_driver) == 1, 60, "the crashed control plane's holder to die with it")
+        assert not pool.take("m-1", "mine", 1, "trialkit-trial-m-1")  # its holder is gone, but its group stands
+    finally:
+        remove_placement_group(group)  # its trial ended
+    assert pool.take("m-1", "mine", 1, "trialkit-trial-m-1")
+    assert pool.held() == {"m-0": 1, "m-1": 1}
+
+
+GATED = ("import os, time, trialkit\n"
+         "open({log!r}, 'a').write(f'start {{time.time()}} {name}\\n')\n"
+         "while not os.path.exists({gate!r}):\n"
+         "    time.sleep(0.05)\n"
+         "open({log!r}, 'a').write(f'end {{time.time()}} {name}\\n')\n"
+         "trialkit.report_final_result(1)\n")
+
+
+@pytest.mark.slow
+def test_a_ray_experiment_s_trial_waits_for_the_slot_another_holds_and_can_be_stopped(ray_driver, tmp_path, home):
+    from harness import Manager
+    from test_ray_platform import WHERE, final, spec
+    from trialkit.platforms import load, ray_pool
+    from trialkit.platforms.ray import parse_section
+
+    (home / "pools.yml").write_text(f"pools:\n  shared: {{ray: {{address: '{ray_driver.address}', slots: 1}}}}\n")
+    manager = Manager(tmp_path / "manager").start()
+    code, log, gate = tmp_path / "code", tmp_path / "spans", tmp_path / "gate"
+    code.mkdir()
+    platform = load("ray").Platform(parse_section({"platform": "ray", "address": ray_driver.address}, WHERE),
+                                    tmp_path / "exp")
+    ended = []
+    platform.on_end = ended.append
+    try:
+        specs = [spec(name, GATED.format(log=str(log), gate=str(gate), name=name), code, manager)
+                 for name in ("t1", "t2")]
+        first = platform.submit(specs[0])
+        wait_until(lambda: log.exists() and "start" in log.read_text(), 60, "t1 to start")
+        other = ray_pool.RayPool("shared", 1)  # another control plane's experiment on the same cluster
+        assert not other.take("other-1", "other", 1, "trialkit-trial-other-1")  # t1 holds the pool's slot
+        second = platform.submit(specs[1])
+        assert platform.status(second) == PlatformStatus(WAITING, "waiting for 1 slot of pool shared (Ray cluster): "
+                                                                  "0 of 1 free")
+        platform.stop(second, 5)  # stopped while it waits: it never reaches Ray
+        assert platform.status(second).status == USER_CANCELED and ended == [second]
+        gate.touch()
+        assert final(platform, first).status == SUCCEEDED
+        wait_until(lambda: other.take("other-1", "other", 1, "trialkit-trial-other-1"), 30,
+                   "t1's slot to come back once its group is gone")
+    finally:
+        gate.touch()
+        manager.close()
+    assert "t2" not in log.read_text()

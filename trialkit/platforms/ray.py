@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import os
 import queue
 import shutil
@@ -62,6 +63,7 @@ from trialkit.manager import paths
 from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, USER_CANCELED, WAITING
+from trialkit.platforms import ray_pool
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 from trialkit.ray import cluster, connect
 from trialkit.ray.agent import NodeAgent
@@ -189,6 +191,10 @@ class Platform(PlatformBase):
         self._placed: "queue.Queue[Tuple[_Trial, Optional[tuple]]]" = queue.Queue()  # (trial, start's answer)
         self._agent_class: Any = None
         self._shipped: Optional[str] = None  # the context dir Ray ships, once connected
+        pool = ray_pool.for_address(config.address)  # the cluster's resource pool of pools.yml, if it declares one
+        # Trials that wait for its slots: each placed (_submit_placed) once leased.
+        self._queue = ray_pool.Queue(pool, max(1, math.ceil(config.gpus_per_trial)), self._submit_placed,
+                                     actor_name) if pool is not None else None
 
     def _connect(self, code_dir: Optional[str] = None) -> Any:
         import ray
@@ -248,14 +254,21 @@ class Platform(PlatformBase):
         return str(dest)
 
     def submit(self, spec: TrialSpec) -> str:
-        """Ask Ray for the trial's bundle; the starter thread hands it to its node's agent once Ray placed it."""
+        """Ask Ray for the trial's bundle (once the cluster's pool, if any, leases its slots); the starter
+        thread hands it to its node's agent once Ray placed it."""
         self._connect(spec.code_dir)
+        if self._queue is not None:
+            self._queue.submit(spec)
+        else:
+            self._submit_placed(spec)
+        return spec.trial_id
+
+    def _submit_placed(self, spec: TrialSpec) -> None:
         trial = _Trial(spec.trial_id, self._place(spec.trial_id), self._environ(spec))
         with self._lock:
             self._trials[spec.trial_id] = trial
         # Ray answers this when the GCS has placed the group: no task, no worker.
         trial.group.ready().future().add_done_callback(lambda _: self._placed.put((trial, None)))
-        return spec.trial_id
 
     def _place(self, handle: str) -> Any:
         import ray
@@ -417,6 +430,9 @@ class Platform(PlatformBase):
     def status(self, handle: str) -> PlatformStatus:
         import ray
 
+        waiting = self._queue.status(handle) if self._queue is not None else None
+        if waiting is not None:  # for its pool's slots, or stopped while it waited
+            return waiting
         trial = self._trials.get(handle)
         if trial is None:
             # No agent runs it (its node is gone): what its keeper last wrote, where this machine can read it.
@@ -457,6 +473,9 @@ class Platform(PlatformBase):
     def _stop(self, handle: str, kill: bool, grace: float) -> None:
         import ray
 
+        if self._queue is not None and self._queue.stop(handle):
+            self.on_end(handle)
+            return
         trial = self._trials.get(handle)
         if trial is None:
             return
