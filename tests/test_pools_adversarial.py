@@ -248,3 +248,30 @@ def test_a_local_job_is_not_moved_into_a_clusters_pool(tmp_path, monkeypatch, cl
         assert pools.pool_of("abcd1234") == "default"
     finally:
         pool.close()
+
+
+def test_experiment_update_of_an_interrupted_experiment_changes_neither_its_job_nor_its_config(tmp_path):
+    import psutil
+
+    site = Running(tmp_path)
+    info = json.loads((site.home / "experiments" / site.id / "manager.json").read_text())
+    manager = psutil.Process(info["pid"])
+    manager.kill()  # SIGKILL: its trial's keeper outlives it, its job stays in the pool
+    manager.wait(TIMEOUT)
+    try:
+        refused(run_cli(site.home, "experiment", "update", site.id, "--priority", 5, "--trial-concurrency", 2),
+                "not running")
+        with closing(sqlite3.connect(site.home / "pools.db")) as db:
+            assert db.execute("SELECT priority FROM jobs").fetchall() == [(42,)]
+    finally:
+        site.gate.touch()  # the orphaned keeper's trial ends
+        wait_until(lambda: not live_holders(site.home), TIMEOUT, "the orphaned keeper to end")
+
+
+def live_holders(home: Path) -> List[int]:
+    """The pids of the live processes that hold leases of the home's pools (a trial's keeper, its control plane)."""
+    from trialkit.platforms.pools import Holder
+
+    with closing(sqlite3.connect(home / "pools.db")) as db:
+        rows = db.execute("SELECT pid, ticks FROM leases").fetchall()
+    return [pid for pid, ticks in rows if Holder(pid, ticks).alive()]

@@ -229,6 +229,8 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
         raise UserError("nothing to update", "experiment update",
                         "give --trial-concurrency, --max-trial-number, --max-experiment-duration, --search-space, "
                         "--priority or --weight")
+    if changes:  # the config's changes need its manager: none running, the pool's job is not changed either
+        admin.running_manager(opts.experiment_id)
     done = _update_pool_job(opts.experiment_id, opts)  # its job in the resource pool: all or none, first
     if changes:
         admin.act(opts.experiment_id, "experiment", "update", body=changes)
