@@ -2,7 +2,7 @@
 
 A Ray actor a trial costs a Ray worker process a trial (~1.5 starts a second
 on the tests' 2-core cluster); the agent is one worker for all of the node's
-trials, and a start is a fork of run.sh -> keeper (tens a second). The ray
+trials, and a start is a new process, run.sh -> keeper (tens a second). The ray
 platform places each trial first (a placement group of one bundle: its CPUs
 and GPUs, so Ray still counts them and a trial waits while no node has
 them), then asks the agent of the bundle's node to run it. The agent holds a
