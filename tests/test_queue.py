@@ -111,9 +111,9 @@ def pod_priority_classes(classes, priority: int):
     return {template["spec"].get("priorityClassName") for obj in objects for template in k8s_schemas.pod_templates(obj)}
 
 
-@pytest.mark.parametrize("priority, named", [(20, "high"), (10, "high"), (3, "normal"), (0, "normal"), (-1, None)])
+@pytest.mark.parametrize("priority, named", [(-5, "high"), (1, "high"), (2, "normal"), (42, "normal"), (43, None)])
 def test_a_trials_priority_picks_the_mapped_priority_class(priority, named):
-    assert pod_priority_classes({10: "high", "0": "normal"}, priority) == {named}
+    assert pod_priority_classes({42: "normal", "1": "high"}, priority) == {named}
 
 
 @pytest.mark.parametrize("classes, says", [(["high"], "expected a mapping"),

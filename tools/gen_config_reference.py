@@ -136,8 +136,9 @@ DESCRIPTIONS: Dict[str, str] = {
     "`workingDir` is set.",
     "k8s.serviceAccountName": "The pods' service account.",
     "k8s.imagePullSecrets": "Secrets to pull the image: `- name: SECRET`.",
-    "k8s.priorityClasses": "Trial priorities mapped to the cluster's PriorityClass names (`{10: high, 0: low}`): "
-    "a trial's pods run as the class of the highest priority at or below its own (none below them all).",
+    "k8s.priorityClasses": "Trial priorities mapped to the cluster's PriorityClass names (`{1: high, 42: normal}`): "
+    "a trial's pods run as the class of the smallest priority at or above its own (smaller goes first, as in "
+    "the job queue; none above them all).",
     "k8s.nfs": "An NFS volume mounted in every pod: `{server, path, containerMountPath}`.",
     "k8s.nfs.server": "The NFS server.",
     "k8s.nfs.path": "The exported path.",

@@ -409,7 +409,7 @@ def parse_priority_classes(sec: Section) -> Tuple[Tuple[int, str], ...]:
     key, value = sec.raw("priorityClasses")
     if value is None:
         return ()
-    fix = "map trial priorities to PriorityClass names, like {10: high-priority, 0: low-priority}"
+    fix = "map trial priorities to PriorityClass names, like {1: high-priority, 42: normal-priority}"
     if not isinstance(value, dict):
         raise UserError(f"expected a mapping, got {value!r}", sec.at(key), fix)
     out = []
@@ -423,12 +423,12 @@ def parse_priority_classes(sec: Section) -> Tuple[Tuple[int, str], ...]:
 
 
 def priority_class(classes: Tuple[Tuple[int, str], ...], priority: int) -> Optional[str]:
-    """The class of the highest mapped priority at or below `priority`; None below them all."""
-    chosen = None
+    """The class of the smallest mapped priority at or above `priority` (smaller numbers go first, as in the
+    job queue); None above them all."""
     for threshold, name in classes:
-        if threshold <= priority:
-            chosen = name
-    return chosen
+        if threshold >= priority:
+            return name
+    return None
 
 
 def parse_pull_secrets(sec: Section) -> Tuple[str, ...]:
