@@ -147,3 +147,41 @@ def test_a_holder_sigkilled_with_its_lease_wakes_a_waiting_listener(home):
     me = pools.Holder.of(os.getpid())
     assert pool.holders() == [(me.pid, me.ticks)]
     pool.close()
+
+
+def test_a_look_at_the_pool_that_fails_is_said_and_the_waiter_goes_on(tmp_path, home):
+    """A fault in one look (here the lease table's read raising as a full disk or a damaged file does) must not
+    end the waiter: its trials would wait for ever. They say why, and start once the slot is free."""
+    import sqlite3
+
+    from trialkit.platforms import pools
+    from trialkit.platforms.base import TrialSpec
+    from trialkit.platforms.local import LocalConfig, Platform
+
+    pool_of(home, 1)
+    holder = pools.open_pool()
+    assert holder.take("other-00000", "other", 1)
+    platform = Platform(LocalConfig(), tmp_path / "exp1")
+    ended, reasons = threading.Event(), []
+    platform.on_end = lambda handle: ended.set()
+    platform.on_waiting = lambda handle, why: reasons.append(why)
+    could_take, looks = platform._slots.could_take, []
+
+    def fails_once(*args):
+        looks.append(args)
+        if len(looks) == 1:
+            raise sqlite3.OperationalError("disk I/O error")
+        return could_take(*args)
+
+    platform._slots.could_take = fails_once
+    platform.submit(TrialSpec("exp1", "exp1-00000", 0, "true", env={"TRIALKIT_COMMAND": "true"}))
+    deadline = time.monotonic() + TIMEOUT
+    while len(reasons) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reasons == ["waiting for 1 slot of pool default: 0 of 1 free",
+                       "waiting for slots: pool default could not be read (OperationalError: disk I/O error)",
+                       "waiting for 1 slot of pool default: 0 of 1 free"]
+    holder.release("other-00000")
+    assert ended.wait(TIMEOUT)
+    assert platform.status("exp1-00000").status == "SUCCEEDED", platform.status("exp1-00000")
+    holder.close()

@@ -6,6 +6,7 @@ import os
 import select
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -497,13 +498,18 @@ class Platform(PlatformBase):
                 except Exception as err:  # noqa: BLE001 - this trial fails; the others go on
                     self._unstarted[trial_id] = PlatformStatus(FAILED, f"the platform could not start it: {err}")
                     failed.append(trial_id)
+            self._say_why(reason)
+            self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
+        for trial_id in failed:
+            self.on_end(trial_id)
+
+    def _say_why(self, reason: str) -> None:
+        """The held trials wait for `reason` now: each says so when it changed."""
+        with self._lock:
             for trial_id, held in self._held.items():
                 if held.reason != reason:
                     held.reason = reason
                     self.on_waiting(trial_id, reason)
-            self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
-        for trial_id in failed:
-            self.on_end(trial_id)
 
     def _watch_slots(self) -> None:
         """Start the slot waiter unless it runs (called under the lock)."""
@@ -517,6 +523,7 @@ class Platform(PlatformBase):
         the holders' ends wake us (platforms/pool_events.py; our own trials' ends start the held at once).
         While preemptible trials run, look for a job of higher priority that waits for their slots."""
         listener = pool_events.Listener(self._slots.db_path.parent)
+        failed = False
         try:
             while True:
                 with self._lock:
@@ -525,12 +532,23 @@ class Platform(PlatformBase):
                     if not held and not running:
                         self._slot_waiter = None
                         return
-                # Else nothing to start (and nvidia-smi not asked for nothing).
-                if held and self._slots.could_take(self.experiment_dir.name, self.config.pool_slots):
-                    self._start_held()
-                if running:
-                    self._give_back()
-                listener.wait(self._slots.holders())  # listening since before the look: nothing told is missed
+                holders: List[Tuple[int, int]] = []
+                try:
+                    # Else nothing to start (and nvidia-smi not asked for nothing), unless the last look failed:
+                    # the refusal then says the waiting's reason again.
+                    if held and (failed or self._slots.could_take(self.experiment_dir.name, self.config.pool_slots)):
+                        self._start_held()
+                    failed = False
+                    if running:
+                        self._give_back()
+                    holders = self._slots.holders()
+                except (OSError, sqlite3.Error, UserError) as err:
+                    # The home's disk, a damaged pools.db, a lock held past BUSY_SECONDS: this look failed and
+                    # the next may not. The waiter must outlive it, or its trials would wait for ever.
+                    why = err.line() if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+                    self._say_why(f"waiting for slots: pool {self._slots.name} could not be read ({why})")
+                    failed = True
+                listener.wait(holders)  # listening since before the look: nothing told is missed
         finally:
             listener.close()
 
