@@ -275,3 +275,11 @@ def live_holders(home: Path) -> List[int]:
     with closing(sqlite3.connect(home / "pools.db")) as db:
         rows = db.execute("SELECT pid, ticks FROM leases").fetchall()
     return [pid for pid, ticks in rows if Holder(pid, ticks).alive()]
+
+
+def test_a_pools_events_that_is_a_file_is_named_not_pools_db(tmp_path):
+    (tmp_path / "pools.events").write_text("some file\n")
+    config = experiment(tmp_path, {"x": {"_type": "uniform", "_value": [0, 1]}}, "import trialkit\n",
+                        maxTrialNumber=1)
+    err = refused(run_cli(tmp_path, "run", config), "pools.events", "not a directory", "move it aside")
+    assert "pools.db" not in err, err

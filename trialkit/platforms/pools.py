@@ -250,6 +250,9 @@ class Pool:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
             self._add_columns()
+        except FileExistsError as err:  # a mkdir above met a plain file (pools.events, say): pools.db is not at fault
+            raise UserError("it is not a directory, as the resource pools need", str(err.filename),
+                            "move it aside (the directory is made anew)") from None
         except (OSError, sqlite3.OperationalError) as err:
             reason = disk.fault_reason(err)
             if reason is None:
