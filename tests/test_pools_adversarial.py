@@ -283,3 +283,12 @@ def test_a_pools_events_that_is_a_file_is_named_not_pools_db(tmp_path):
                         maxTrialNumber=1)
     err = refused(run_cli(tmp_path, "run", config), "pools.events", "not a directory", "move it aside")
     assert "pools.db" not in err, err
+
+
+def test_experiment_update_checks_its_config_changes_before_its_job_changes(running):
+    """The manager would refuse maxTrialNumber -1 after the job's priority had changed: both are checked first."""
+    err = refused(run_cli(running.home, "experiment", "update", running.id, "--priority", 5,
+                          "--max-trial-number", -1), "maxTrialNumber")
+    assert [job["priority"] for job in running.jobs()] == [42], err
+    done = run_cli(running.home, "experiment", "update", running.id, "--priority", 42, "--max-trial-number", 1)
+    assert done.returncode == 0, done.stderr  # the same check takes an update its manager takes

@@ -231,11 +231,23 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
                         "--priority or --weight")
     if changes:  # the config's changes need its manager: none running, the pool's job is not changed either
         admin.running_manager(opts.experiment_id)
+        _check_config_update(opts.experiment_id, changes)
     done = _update_pool_job(opts.experiment_id, opts)  # its job in the resource pool: all or none, first
     if changes:
         admin.act(opts.experiment_id, "experiment", "update", body=changes)
     print(f"updated experiment {opts.experiment_id}: {', '.join(list(changes) + done)}")
     return 0
+
+
+def _check_config_update(experiment_id: str, changes: Dict[str, Any]) -> None:
+    """Check config changes as its manager will (Loop.update_config), before the pool's job changes: an update
+    applies all or none, and the manager's refusal would come after the pool's change."""
+    from trialkit.control.config import parse_config
+
+    experiment_dir = paths.experiment_dir(experiment_id)
+    with _store(experiment_dir) as store:
+        config = _experiment(store, experiment_id)["config"]
+    parse_config({**config, **changes}, experiment_dir, source=f"the update of experiment {experiment_id}")
 
 
 def cmd_experiment_import(opts: argparse.Namespace) -> int:
