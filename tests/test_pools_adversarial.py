@@ -292,3 +292,28 @@ def test_experiment_update_checks_its_config_changes_before_its_job_changes(runn
     assert [job["priority"] for job in running.jobs()] == [42], err
     done = run_cli(running.home, "experiment", "update", running.id, "--priority", 42, "--max-trial-number", 1)
     assert done.returncode == 0, done.stderr  # the same check takes an update its manager takes
+
+
+def test_job_list_shows_a_trial_waiting_for_the_pools_slots_as_queued(running, tmp_path):
+    """Another experiment's trial, held back while `running` holds the pool's only slot: QUEUED with 0 slots
+    acquired (Determined's states: SCHEDULED holds its slots), as `trial list` says WAITING."""
+    config = experiment(tmp_path, {"x": {"_type": "uniform", "_value": [0, 1]}}, "import trialkit\n",
+                        trialConcurrency=1, maxTrialNumber=1)
+    done = run_cli(running.home, "run", config, "--detach")
+    assert done.returncode == 0, done.stderr
+    other = done.stdout.decode().splitlines()[0].split()[-1]
+    try:
+        def rows() -> List[Dict[str, object]]:
+            listed = run_cli(running.home, "job", "list", "--json")
+            assert listed.returncode == 0, listed.stderr
+            return [row for row in json.loads(listed.stdout) if row["experiment"] == other]
+
+        wait_until(lambda: rows(), TIMEOUT, "its trial to be listed")
+        trial = rows()[0]["id"]
+        wait_until(lambda: b"WAITING: " in run_cli(running.home, "trial", "show", trial).stdout, TIMEOUT,
+                   "its trial to wait for the slot, saying why")  # held by the pool, not just being started
+        (row,) = rows()
+        assert (row["status"], row["slots_acquired"], row["slots_needed"]) == ("QUEUED", 0, 1), row
+    finally:
+        stopped = run_cli(running.home, "experiment", "stop", other)
+        assert stopped.returncode == 0, stopped.stderr

@@ -191,7 +191,7 @@ def jobs(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
         if trial["status"] == PREEMPTED:
             groups[PAUSED].append(trial)
         elif trial["status"] in (WAITING, RUNNING):
-            groups[QUEUED if trial["position"] is not None else SCHEDULED].append(trial)
+            groups[QUEUED if _waits(trial) else SCHEDULED].append(trial)
     groups[QUEUED].sort(key=lambda t: sort_key(t["priority"], t["position"], t["sequence"]))
     return [{"position": position, "id": trial["id"], "experiment": experiment_id,
              "name": config.get("experimentName") or "", "priority": trial["priority"], "submitted": trial["created"],
@@ -199,6 +199,12 @@ def jobs(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
              # SCHEDULED is a trial being started; one that runs reads RUNNING, as in trial list and the page.
              "status": RUNNING if trial["status"] == RUNNING else state}
             for position, (state, trial) in enumerate((state, t) for state, rows in groups.items() for t in rows)]
+
+
+def _waits(trial: Mapping[str, Any]) -> bool:
+    """Whether a live trial waits for its slots: in the experiment's queue (a position), or submitted and held by
+    its platform until its resource pool has them (WAITING with the platform's reason, `on_waiting`)."""
+    return trial["position"] is not None or (trial["status"] == WAITING and bool(trial["reason"]))
 
 
 def _slots(config: Mapping[str, Any]) -> int:
