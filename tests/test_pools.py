@@ -9,8 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -19,6 +17,7 @@ import pytest
 from experiment_util import TIMEOUT, cli, experiment, experiment_id, export, start_cli
 from gpu_util import most_at_once
 from harness import wait_until
+from pools_util import SLOTS_HOLDER, finish, home, pool_of, pools_yml, start_holder  # noqa: F401 (home: a fixture)
 
 # Notes its start, holds its slot for `hold` seconds, notes its end, reports.
 TIMED = """
@@ -32,18 +31,6 @@ with open({log!r}, "a") as f:
 trialkit.report_final_result(p["x"])
 """
 SPACE = {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}}
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("TRIALKIT_HOME", str(home))
-    return home
-
-
-def pool_of(home: Path, slots: int) -> None:
-    (home / "pools.yml").write_text(f"pools:\n  default: {{slots: {slots}}}\n")
 
 
 def timed(tmp_path: Path, name: str, log: Path, hold: float, trials: int, **keys) -> Path:
@@ -63,12 +50,6 @@ def spans(log: Path) -> List[Dict[str, Any]]:
         else:
             out.append({"start": starts[name].pop(0), "end": float(when), "name": name})
     return out
-
-
-def finish(proc: subprocess.Popen) -> str:
-    _, err = proc.communicate(timeout=TIMEOUT)
-    assert proc.returncode == 0, err
-    return err
 
 
 def test_two_experiments_on_a_pool_of_two_slots_never_run_more_than_two_trials(tmp_path, home):
@@ -95,23 +76,12 @@ def _leases(home: Path) -> list:
         return db.execute("SELECT holder, pid FROM leases").fetchall()
 
 
-HOLDER = """
-import sys, time
-from trialkit.platforms import pools
-pool = pools.open_pool()
-assert pool.take("crashed-00000", "crashed", 2)
-print("taken", flush=True)
-time.sleep(600)
-"""
-
-
 def test_a_lease_whose_holder_was_sigkilled_is_given_again(home):
     from trialkit.platforms import pools
 
     pool_of(home, 2)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    holder = start_holder(SLOTS_HOLDER, "2")
     try:
-        assert holder.stdout.readline().strip() == "taken"
         pool = pools.open_pool()
         assert not pool.take("next-00000", "next", 1)  # the holder runs: its 2 slots are the pool's 2
         assert pool.waiting_reason(1) == "waiting for 1 slot of pool default: 0 of 2 free"
@@ -147,7 +117,7 @@ def test_a_pool_too_small_for_a_trial_is_one_line(tmp_path, home):
 
 
 def test_a_pools_file_with_a_mistake_is_one_line(tmp_path, home):
-    (home / "pools.yml").write_text("pools:\n  default: {slot: 2}\n")
+    pools_yml(home, "  default: {slot: 2}\n")
     done = cli("run", timed(tmp_path, "a", tmp_path / "spans", hold=0.0, trials=1))
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "slot" in done.stderr and "pools.yml" in done.stderr
@@ -262,7 +232,7 @@ def test_a_job_moves_neither_around_itself_nor_around_one_that_left(home):
 
 
 def test_an_experiment_takes_its_slots_from_the_pool_its_config_names(tmp_path, home):
-    (home / "pools.yml").write_text("pools:\n  default: {slots: 2}\n  small: {slots: 1}\n")
+    pools_yml(home, "  default: {slots: 2}\n  small: {slots: 1}\n")
     log = tmp_path / "spans"
     finish(start_cli("run", timed(tmp_path, "a", log, hold=1.0, trials=2,
                                   trainingService={"platform": "local", "resourcePool": "small"})))

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from harness import child_environ, wait_until
+from pools_util import config_refusal, home, pools_yml  # noqa: F401 (home: a fixture)
 from test_kube_client import api, client  # noqa: F401 (fixtures)
 from trialkit.errors import UserError
 from trialkit.platforms import pools
@@ -30,12 +31,8 @@ SECTION = {"platform": "kubeflow", "namespace": "team", "managerAddress": "10.0.
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("TRIALKIT_HOME", str(home))
-    (home / "pools.yml").write_text("pools:\n  gpu-team: {kubernetes: {namespace: team, slots: 4}}\n")
-    return home
+def team_pool(home):
+    pools_yml(home, "  gpu-team: {kubernetes: {namespace: team, slots: 4}}\n")
 
 
 def trial(experiment: str, name: str) -> TrialSpec:
@@ -171,7 +168,7 @@ def test_a_trial_with_more_pods_than_the_pool_has_is_refused(api, client, tmp_pa
 
 
 def test_a_namespace_without_a_pool_is_not_pooled(api, client, tmp_path, home):
-    (home / "pools.yml").write_text("pools:\n  other: {kubernetes: {namespace: elsewhere, slots: 1}}\n")
+    pools_yml(home, "  other: {kubernetes: {namespace: elsewhere, slots: 1}}\n")
     platform = kubeflow.Platform(kubeflow.parse_section(SECTION, "trainingService"), tmp_path / "a", client=client)
     handles = [platform.submit(trial("expa", f"expa-{n}")) for n in range(3)]
     assert platform.pool is None and len(jobs(api)) == 3
@@ -185,10 +182,7 @@ def test_a_namespace_without_a_pool_is_not_pooled(api, client, tmp_path, home):
     ("{kubernetes: {namespce: team, slots: 1}}", "namespce"),
 ])
 def test_a_kubernetes_pool_with_a_mistake_is_one_user_error(home, section, what):
-    (home / "pools.yml").write_text(f"pools:\n  team: {section}\n")
-    with pytest.raises(UserError) as caught:
-        pools.read_config(home)
-    assert what in caught.value.line()
+    assert what in config_refusal(home, f"  team: {section}\n")
 
 
 def test_a_local_experiment_cannot_take_a_namespace_s_pool(home):
@@ -199,8 +193,8 @@ def test_a_local_experiment_cannot_take_a_namespace_s_pool(home):
 
 
 def test_two_pools_naming_one_namespace_is_one_user_error_before_any_trial(client, home, tmp_path):
-    (home / "pools.yml").write_text("pools:\n  a: {kubernetes: {namespace: team, slots: 1}}\n"
-                                    "  b: {kubernetes: {namespace: team, slots: 2}}\n")
+    pools_yml(home, "  a: {kubernetes: {namespace: team, slots: 1}}\n"
+                    "  b: {kubernetes: {namespace: team, slots: 2}}\n")
     platform = kubeflow.Platform(kubeflow.parse_section(SECTION, "trainingService"), tmp_path / "a", client=client)
     with pytest.raises(UserError) as caught:
         platform.check_ready()
@@ -226,7 +220,7 @@ def ray_driver(ray_cluster, home):
 
     from trialkit.ray import cluster, pool_ledger
 
-    (home / "pools.yml").write_text(f"pools:\n  shared: {{ray: {{address: '{ray_cluster.address}', slots: 2}}}}\n")
+    pools_yml(home, f"  shared: {{ray: {{address: '{ray_cluster.address}', slots: 2}}}}\n")
     yield ray_cluster
     if ray.is_initialized():
         with contextlib.suppress(ValueError):
@@ -285,7 +279,7 @@ def test_a_ray_experiment_s_trial_waits_for_the_slot_another_holds_and_can_be_st
     from trialkit.platforms import load, ray_pool
     from trialkit.platforms.ray import parse_section
 
-    (home / "pools.yml").write_text(f"pools:\n  shared: {{ray: {{address: '{ray_driver.address}', slots: 1}}}}\n")
+    pools_yml(home, f"  shared: {{ray: {{address: '{ray_driver.address}', slots: 1}}}}\n")
     manager = Manager(tmp_path / "manager").start()
     code, log, gate = tmp_path / "code", tmp_path / "spans", tmp_path / "gate"
     code.mkdir()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import sqlite3
 import subprocess
-import sys
 from contextlib import closing
 from pathlib import Path
 
@@ -19,22 +18,10 @@ import pytest
 from experiment_util import TIMEOUT, cli, experiment, experiment_id, start_cli, stored
 from gpu_util import fake_gpus, most_at_once, overlapping, runs, trial_script
 from harness import wait_until
-from trialkit.errors import UserError
+from pools_util import config_refusal, home, pools_yml, start_holder  # noqa: F401 (home: a fixture)
 from trialkit.platforms import pools
 
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}}
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("TRIALKIT_HOME", str(home))
-    return home
-
-
-def pools_yml(home: Path, text: str) -> None:
-    (home / "pools.yml").write_text("pools:\n" + text)
 
 
 def gpu_experiment(tmp_path: Path, name: str, log: Path, gate: Path, **local) -> Path:
@@ -159,10 +146,9 @@ import time; time.sleep(600)
 
 def test_a_gpu_whose_holder_was_sigkilled_is_given_again(home):
     pools_yml(home, "  default: {gpus: [0, 1]}\n")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    holder = start_holder(HOLDER)
     pool = pools.open_pool()
     try:
-        assert holder.stdout.readline().strip() == "taken"
         assert pool.grant("next-00000", "next", 1, ask(0)) is None  # GPU 0 is the live holder's
         assert pool.grant("next-00000", "next", 1, ask(0, 1)) == (1,)
     finally:
@@ -197,10 +183,7 @@ def test_a_pools_db_without_gpu_columns_is_brought_up_to_date(home):
     ("{gpus: [-1]}", "pools.default.gpus"),
 ])
 def test_a_pool_s_gpus_with_a_mistake_is_one_user_error(home, section, what):
-    pools_yml(home, f"  default: {section}\n")
-    with pytest.raises(UserError) as caught:
-        pools.read_config(home)
-    assert what in caught.value.line()
+    assert what in config_refusal(home, f"  default: {section}\n")
 
 
 def test_a_pool_of_gpus_has_a_slot_per_gpu_unless_told(home):

@@ -6,19 +6,18 @@ bench/bench_pools.py runs the same at scale (50 experiments of 20 trials on 4 sl
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
-
-import pytest
+from typing import Callable, Dict, Iterator, List
 
 from experiment_util import TIMEOUT, experiment, experiment_id, export, start_cli
 from gpu_util import most_at_once
+from pools_util import finish, home, pool_of, start_holder  # noqa: F401 (home: a fixture)
 
 # Notes its start, holds its slot a moment, notes its end (one write each: whole), reports.
 NOTED = """
@@ -35,18 +34,6 @@ trialkit.report_final_result(p["x"])
 """
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}}
 LISTEN_SECONDS = 30.0  # a Listener's look all the same, made long here: a wake-up before it was an event
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("TRIALKIT_HOME", str(home))
-    return home
-
-
-def pool_of(home: Path, slots: int) -> None:
-    (home / "pools.yml").write_text(f"pools:\n  default: {{slots: {slots}}}\n")
 
 
 def runs(log: Path) -> Dict[str, List[Dict[str, float]]]:
@@ -68,8 +55,7 @@ def test_six_experiments_on_two_slots_never_run_more_than_two_trials_and_each_tr
                                          trialConcurrency=2, maxTrialNumber=3)) for i in range(6)]
     ids = [experiment_id(proc.stdout.readline()) for proc in procs]
     for proc in procs:
-        _, err = proc.communicate(timeout=TIMEOUT)
-        assert proc.returncode == 0, err
+        finish(proc)
     found = runs(log)
     assert sorted(found) == sorted(f"{exp}-{n:05d}" for exp in ids for n in range(3))  # every trial, none other
     assert all(len(trial_runs) == 1 for trial_runs in found.values()), found  # each once
@@ -79,6 +65,8 @@ def test_six_experiments_on_two_slots_never_run_more_than_two_trials_and_each_tr
         assert [row["status"] for row in export(exp)] == ["SUCCEEDED"] * 3
 
 
+# Another process (as another experiment's control plane) holding a lease of the default pool; it releases it
+# when told "release", ends at the next line.
 HOLDER = """
 import sys
 from trialkit.platforms import pools
@@ -92,61 +80,57 @@ sys.stdin.readline()
 """
 
 
-def start_holder() -> subprocess.Popen:
-    """Another process (as another experiment's control plane) holding a lease of the default pool."""
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline().strip() == "taken"
-    return holder
-
-
 def tell(holder: subprocess.Popen, line: str) -> None:
     holder.stdin.write(line + "\n")
     holder.stdin.flush()
 
 
-def test_a_lease_released_by_another_process_wakes_a_waiting_listener_at_once(home):
+@contextlib.contextmanager
+def listening(home: Path) -> Iterator[tuple]:
+    """(pool, holder, listener): a 1-slot pool, another process holding its slot, a Listener on the home."""
     from trialkit.platforms import pool_events, pools
 
     pool_of(home, 1)
     pool = pools.open_pool()
-    holder = start_holder()
+    holder = start_holder(HOLDER, stdin=subprocess.PIPE)
     listener = pool_events.Listener(home)
     try:
-        threading.Timer(0.5, tell, (holder, "release")).start()
-        began = time.monotonic()
-        listener.wait([], timeout=LISTEN_SECONDS)  # no pidfd to watch: only the release's word wakes it
-        woke = time.monotonic() - began
-        assert holder.stdout.readline().strip() == "released"
-    finally:
-        holder.communicate("\n", timeout=TIMEOUT)
-        listener.close()
-        pool.close()
-    assert woke < LISTEN_SECONDS / 2  # told, not the look all the same
-
-
-def test_a_holder_sigkilled_with_its_lease_wakes_a_waiting_listener(home):
-    from trialkit.platforms import pool_events, pools
-
-    pool_of(home, 1)
-    pool = pools.open_pool()
-    holder = start_holder()
-    listener = pool_events.Listener(home)
-    try:
-        holders = pool.holders()
-        assert holders == [(holder.pid, pools.Holder.of(holder.pid).ticks)]
-        threading.Timer(0.5, holder.send_signal, (signal.SIGKILL,)).start()  # it releases nothing
-        began = time.monotonic()
-        listener.wait(holders, timeout=LISTEN_SECONDS)
-        woke = time.monotonic() - began
+        yield pool, holder, listener
     finally:
         holder.kill()
         holder.communicate(timeout=TIMEOUT)
         listener.close()
-    assert woke < LISTEN_SECONDS / 2  # its pidfd, not the look all the same
-    assert pool.take("next-00000", "next", 1)  # the pool's one slot: the dead holder's
-    me = pools.Holder.of(os.getpid())
-    assert pool.holders() == [(me.pid, me.ticks)]
-    pool.close()
+        pool.close()
+
+
+def woken(listener, holders: list, wake: Callable[[], None]) -> float:
+    """Seconds the listener waited, `wake` called from another thread 0.5 s into its wait."""
+    threading.Timer(0.5, wake).start()
+    began = time.monotonic()
+    listener.wait(holders, timeout=LISTEN_SECONDS)
+    return time.monotonic() - began
+
+
+def test_a_lease_released_by_another_process_wakes_a_waiting_listener_at_once(home):
+    with listening(home) as (pool, holder, listener):
+        # no pidfd to watch: only the release's word wakes it
+        woke = woken(listener, [], lambda: tell(holder, "release"))
+        assert holder.stdout.readline().strip() == "released"
+    assert woke < LISTEN_SECONDS / 2  # told, not the look all the same
+
+
+def test_a_holder_sigkilled_with_its_lease_wakes_a_waiting_listener(home):
+    from trialkit.platforms import pools
+
+    with listening(home) as (pool, holder, listener):
+        holders = pool.holders()
+        assert holders == [(holder.pid, pools.Holder.of(holder.pid).ticks)]
+        woke = woken(listener, holders, lambda: holder.send_signal(signal.SIGKILL))  # it releases nothing
+        holder.communicate(timeout=TIMEOUT)
+        assert woke < LISTEN_SECONDS / 2  # its pidfd, not the look all the same
+        assert pool.take("next-00000", "next", 1)  # the pool's one slot: the dead holder's
+        me = pools.Holder.of(os.getpid())
+        assert pool.holders() == [(me.pid, me.ticks)]
 
 
 def test_a_look_at_the_pool_that_fails_is_said_and_the_waiter_goes_on(tmp_path, home):

@@ -8,8 +8,6 @@ from the lease table (`job list --pool`).
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 from contextlib import closing
 from pathlib import Path
 from typing import Dict, List
@@ -18,7 +16,7 @@ import pytest
 
 from experiment_util import TIMEOUT, cli, experiment, experiment_id, export, start_cli
 from harness import wait_until
-from test_pools import finish
+from pools_util import SLOTS_HOLDER, finish, home, pools_yml, start_holder  # noqa: F401 (home: a fixture)
 
 # Notes its start (a file named EXPERIMENT.TRIAL), waits for gate/TRIAL or gate/all, reports.
 GATED = """
@@ -31,23 +29,6 @@ while not (os.path.exists(os.path.join({gate!r}, me)) or os.path.exists(os.path.
 trialkit.report_final_result(p["x"])
 """
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}}
-
-# Holds every slot of the default pool until killed: the experiments under test queue up behind it.
-BLOCKER = """
-import sys, time
-from trialkit.platforms import pools
-assert pools.open_pool().take("blocker-00000", "blocker", int(sys.argv[1]))
-print("taken", flush=True)
-time.sleep(600)
-"""
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("TRIALKIT_HOME", str(home))
-    return home
 
 
 @pytest.fixture
@@ -89,11 +70,10 @@ def one_line_refusal(*args: str) -> str:
 
 @pytest.mark.parametrize("how", ["job update", "update-batch", "experiment update"])
 def test_fair_share_divides_the_pool_by_weight_and_a_new_weight_shifts_it(tmp_path, home, dirs, how):
-    (home / "pools.yml").write_text("pools:\n  default: {slots: 4, scheduler: fair_share}\n")
-    blocker = subprocess.Popen([sys.executable, "-c", BLOCKER, "4"], stdout=subprocess.PIPE, text=True)
+    pools_yml(home, "  default: {slots: 4, scheduler: fair_share}\n")
+    blocker = start_holder(SLOTS_HOLDER, "4")  # every slot of the pool: the experiments queue up behind it
     procs = []
     try:
-        assert blocker.stdout.readline().strip() == "taken"
         # Both want the whole pool (4 trials at once), both queue behind the blocker
         procs = [start_cli("run", gated(tmp_path, dirs, "a", trials=6, concurrency=4, poolWeight=3)),
                  start_cli("run", gated(tmp_path, dirs, "b", trials=6, concurrency=4))]
@@ -141,7 +121,7 @@ def test_fair_share_divides_the_pool_by_weight_and_a_new_weight_shifts_it(tmp_pa
 
 
 def test_a_running_experiment_moved_to_another_pool_starts_its_next_trials_there(tmp_path, home, dirs):
-    (home / "pools.yml").write_text("pools:\n  default: {slots: 2}\n  other: {slots: 1}\n")
+    pools_yml(home, "  default: {slots: 2}\n  other: {slots: 1}\n")
     proc = start_cli("run", gated(tmp_path, dirs, "b", trials=3, concurrency=3))
     try:
         b = experiment_id(proc.stdout.readline())
@@ -178,7 +158,7 @@ def _lease_pools(home: Path) -> list:
 def test_the_kubernetes_order_gives_free_slots_to_the_bigger_priority_first(home, scheduler, first):
     from trialkit.platforms import pools
 
-    (home / "pools.yml").write_text(f"pools:\n  default: {{slots: 1, scheduler: {scheduler}}}\n")
+    pools_yml(home, f"  default: {{slots: 1, scheduler: {scheduler}}}\n")
     pool = pools.open_pool()
     pool.join("small", priority=1)
     pool.join("big", priority=50)
@@ -205,7 +185,7 @@ def test_an_unknown_scheduler_in_pools_yml_is_one_line(tmp_path, home, dirs, yml
 
 def test_a_weight_in_a_priority_pool_and_a_priority_in_a_fair_share_pool_are_refused_at_the_start(tmp_path, home,
                                                                                                   dirs):
-    (home / "pools.yml").write_text("pools:\n  default: {slots: 2}\n  fair: {slots: 2, scheduler: fair_share}\n")
+    pools_yml(home, "  default: {slots: 2}\n  fair: {slots: 2, scheduler: fair_share}\n")
     weighted = gated(tmp_path, dirs, "a", trials=1, concurrency=1, poolWeight=2)
     assert "counts only in a fair_share pool" in one_line_refusal("run", str(weighted))
     prioritized = gated(tmp_path, dirs, "b", trials=1, concurrency=1, resourcePool="fair", poolPriority=3)
@@ -220,7 +200,7 @@ def test_a_pools_db_written_before_weights_gets_the_column(home):
                    "DEFAULT 42, submitted REAL NOT NULL, pid INTEGER NOT NULL, ticks INTEGER NOT NULL, waiting REAL "
                    "NOT NULL DEFAULT 0, queued REAL NOT NULL DEFAULT 0)")
         db.commit()
-    (home / "pools.yml").write_text("pools:\n  default: {slots: 2, scheduler: fair_share}\n")
+    pools_yml(home, "  default: {slots: 2, scheduler: fair_share}\n")
     pool = pools.open_pool()
     pool.join("old", weight=2.5)
     assert [(job["id"], job["weight"]) for job in pools.jobs()] == [("old", 2.5)]

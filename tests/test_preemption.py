@@ -17,6 +17,7 @@ import pytest
 from experiment_util import TIMEOUT, experiment, experiment_id, start_cli, stored
 from gpu_util import most_at_once
 from harness import wait_until
+from pools_util import home, pool_of  # noqa: F401 (home: a fixture)
 
 STEPS, HOLD = 10, 5
 # The user's checkpoint path (docs/sdk.md): a SIGTERM handler that keeps the process alive until a step
@@ -52,12 +53,8 @@ SPACE = {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}}
 
 
 @pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("TRIALKIT_HOME", str(home))
-    (home / "pools.yml").write_text("pools:\n  default: {slots: 2}\n")
-    return home
+def two_slots(home):
+    pool_of(home, 2)
 
 
 def checkpointing(tmp_path: Path, name: str, log: Path, steps: int, hold: int, **service: Any) -> Path:
