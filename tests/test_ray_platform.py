@@ -308,3 +308,29 @@ def test_a_keeper_starts_without_a_fork_of_its_host_and_gets_sigterm_when_the_ho
         host.stdout.close()
     assert _read(tmp_path / "blocked").split() == ["SigBlk:", "0000000000000000"]
     assert _read(tmp_path / "forked") == "", "the host was forked: its at-fork hook ran in the child"
+
+
+@pytest.mark.slow
+def test_a_trial_after_the_agents_left_idle_starts_on_new_ones(connected, tmp_path):
+    """A gap between trials longer than an agent's idle time (a trial waiting for its pool, a paused
+    experiment): the agents have left, and the next trial's start makes new ones in their place."""
+    from trialkit.ray import agent
+
+    manager = Manager(tmp_path / "manager").start()
+    code = tmp_path / "code"
+    code.mkdir()
+    platform = load("ray").Platform(parse_section({"platform": "ray", "address": connected.address}, WHERE),
+                                    tmp_path / "exp")
+    platform.on_end = lambda handle: None
+    try:
+        specs = [spec(name, REPORTING, code, manager) for name in ("first", "second")]  # the code, shipped once
+        first = platform.submit(specs[0])
+        assert final(platform, first).status == SUCCEEDED
+        time.sleep(agent.IDLE_SECONDS + 2 * agent.IDLE_CHECK_SECONDS + 1)  # every agent left by now
+        started = time.monotonic()
+        second = platform.submit(specs[1])
+        assert final(platform, second, timeout=60).status == SUCCEEDED, platform.status(second)
+        print(f"second trial done {time.monotonic() - started:.1f} s after its submit")
+    finally:
+        manager.close()
+    connected.wait_clean()
