@@ -11,19 +11,24 @@ fixtures by name, do not import them (an import makes a second fixture).
 - `Containers` (fixture `containers`): starts containers labelled with the
   test's tag, removes them afterwards, and fails the test when any container,
   conmon or container process, overlay or shm mount, or cgroup of them is left.
+- `running(config)`, `ended(proc, runner, timeout)`: a background `trialkit run`
+  of a test whose pods a pod_runner.PodRunner runs, and its end.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import psutil
 import pytest
+
+from experiment_util import experiment_id, start_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PODMAN = str(ROOT / "images" / "podman.sh")
@@ -135,3 +140,32 @@ def containers(no_process_left) -> Containers:
         time.sleep(0.1)
         left = box.leftovers()
     assert not left, f"left on the host: {left}"
+
+
+@contextlib.contextmanager
+def running(config: Path) -> Iterator[Tuple[subprocess.Popen, str]]:
+    """`trialkit run` in the background: (process, the experiment's id); killed on the way out if it still runs."""
+    proc = start_cli("run", config)
+    try:
+        first = proc.stdout.readline()
+        if not first:
+            proc.wait()
+            raise AssertionError(proc.stderr.read())
+        yield proc, experiment_id(first)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def ended(proc: subprocess.Popen, runner, timeout: float) -> Tuple[str, str]:
+    """The (stdout, stderr) of a `trialkit run` once it has ended; past `timeout` the pods' side (the
+    runner's account) as the failure, the run killed."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as late:
+        raise AssertionError(f"not done after {timeout} s: {late.output}\n{runner.describe()}") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -9,16 +9,18 @@ left running (the `containers` fixture).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
 
-from containers_util import needs_podman
+from containers_util import ended, needs_podman, running
 from experiment_util import cli, experiment_id, reported, start_cli, stored, trial_status
 from harness import wait_until
 from k8s_fake_api import FakeApiServer
@@ -74,34 +76,14 @@ def experiment_config(tmp_path: Path, script: str, section: dict, **keys) -> tup
 def run_to_the_end(config: Path, runner: PodRunner) -> str:
     """`trialkit run` until the experiment is done; its id."""
     proc = start_cli("run", config)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired as late:
-        raise AssertionError(f"not done after {TIMEOUT} s: {late.output}\n{runner.describe()}") from None
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    out, err = ended(proc, runner, TIMEOUT)
     assert proc.returncode == 0 and out, out + err + runner.describe()
     return experiment_id(out.splitlines()[0])
 
 
-def start_run(config: Path) -> tuple:
-    """`trialkit run` in the background: (process, the experiment's id)."""
-    proc = start_cli("run", config)
-    first = proc.stdout.readline()
-    if not first:
-        proc.wait()
-        raise AssertionError(proc.stderr.read())
-    return proc, experiment_id(first)
-
-
 def finish_run(proc: subprocess.Popen, runner: PodRunner) -> None:
     """Wait for a background `trialkit run` to end well; what went wrong, with the pods' side, if not."""
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired as late:
-        raise AssertionError(f"not done after {TIMEOUT} s: {late.output}\n{runner.describe()}") from None
+    out, err = ended(proc, runner, TIMEOUT)
     assert proc.returncode == 0, out + err + runner.describe()
 
 
@@ -196,25 +178,28 @@ def progress(home: Path, trial: str) -> int:
         return 0
 
 
+@contextlib.contextmanager
+def held_at_step_ten(cluster, containers, image, tmp_path: Path, section: dict) -> Iterator[tuple]:
+    """(runner, the run's process, the trial) of a RESUMABLE trial under `section` whose first run holds
+    at step 10; the run killed, if it still runs, before the runner goes."""
+    config, code = experiment_config(tmp_path, RESUMABLE, section)
+    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
+        with running(config) as (proc, exp):
+            trial = f"{exp}-00000"
+            # Its second result is step 10, where a first run holds: the stop lands there, not on the way to it.
+            wait_until(lambda: progress(tmp_path / "home", trial) >= 2, TIMEOUT, "the trial to hold at step 10")
+            yield runner, proc, trial
+
+
 def test_adaptdljob_rescaled_resumes_from_its_checkpoint(cluster, containers, image, tmp_path):
     section = {"platform": "adaptdl", "adaptive": True,
                "checkpoint": {"storageClass": "local", "storageSize": "1Gi"}}
-    config, code = experiment_config(tmp_path, RESUMABLE, section)
     home = tmp_path / "home"
-    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
-        proc, exp = start_run(config)
-        trial = f"{exp}-00000"
-        try:
-            # Its second result is step 10, where a first run holds: the stop lands there, not on the way to it.
-            wait_until(lambda: progress(home, trial) >= 2, TIMEOUT, "the trial to hold at step 10")
-            first = next(iter(runner.pods))
-            runner.delete_pod(first)  # AdaptDL's rescale: the pod goes, the job restarts from the checkpoint
-            runner.wait_for(lambda pods: len(pods) == 2 and pods[first].done.is_set(), TIMEOUT, "a new group")
-            finish_run(proc, runner)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with held_at_step_ten(cluster, containers, image, tmp_path, section) as (runner, proc, trial):
+        first = next(iter(runner.pods))
+        runner.delete_pod(first)  # AdaptDL's rescale: the pod goes, the job restarts from the checkpoint
+        runner.wait_for(lambda pods: len(pods) == 2 and pods[first].done.is_set(), TIMEOUT, "a new group")
+        finish_run(proc, runner)
         assert runner.pods[first].exit_code == 143 and "checkpoint at step" in runner.logs(first)
         again = next(name for name in runner.pods if name != first)
         assert "restart 1 from step 10" in runner.logs(again), runner.logs(again)
@@ -225,25 +210,15 @@ def test_adaptdljob_rescaled_resumes_from_its_checkpoint(cluster, containers, im
 def test_pause_then_activate_keeps_progress(cluster, containers, image, tmp_path):
     section = {"platform": "kubeflow", "master": {"replicas": 1},
                "checkpoint": {"storageClass": "local", "storageSize": "1Gi"}}
-    config, code = experiment_config(tmp_path, RESUMABLE, section)
     home = tmp_path / "home"
-    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
-        proc, exp = start_run(config)
-        trial = f"{exp}-00000"
-        try:
-            # Its second result is step 10, where a first run holds: the stop lands there, not on the way to it.
-            wait_until(lambda: progress(home, trial) >= 2, TIMEOUT, "the trial to hold at step 10")
-            paused = cli("trial", "pause", trial)
-            assert paused.returncode == 0, paused.stderr
-            runner.wait_for(lambda pods: runner.history[0].done.is_set(), TIMEOUT, "the paused pod to end")
-            # The control plane learns of the end at its next look at the job: until then the trial is running.
-            wait_until(lambda: cli("trial", "activate", trial).returncode == 0, TIMEOUT, "the trial to activate",
-                       every=0.5)
-            finish_run(proc, runner)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    with held_at_step_ten(cluster, containers, image, tmp_path, section) as (runner, proc, trial):
+        paused = cli("trial", "pause", trial)
+        assert paused.returncode == 0, paused.stderr
+        runner.wait_for(lambda pods: runner.history[0].done.is_set(), TIMEOUT, "the paused pod to end")
+        # The control plane learns of the end at its next look at the job: until then the trial is running.
+        wait_until(lambda: cli("trial", "activate", trial).returncode == 0, TIMEOUT, "the trial to activate",
+                   every=0.5)
+        finish_run(proc, runner)
         first, again = runner.history
         assert first.exit_code == 143 and first.name == again.name, runner.describe()
         # The store's restart count, risen at the activate (AdaptDL's library refuses to checkpoint twice
@@ -266,15 +241,10 @@ def test_a_sigkilled_keeper_still_ends_the_trial_in_the_store(cluster, container
     config, code = experiment_config(tmp_path, HOLD, {"platform": "kubeflow", "master": {"replicas": 1}})
     home = tmp_path / "home"
     with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
-        proc, exp = start_run(config)
-        trial = f"{exp}-00000"
-        try:
+        with running(config) as (proc, exp):
+            trial = f"{exp}-00000"
             wait_until(lambda: progress(home, trial) >= 1, TIMEOUT, "the trial to run")
             runner.kill(next(iter(runner.pods)))
             proc.communicate(timeout=TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
         [(status, code_, reason)] = stored(home, exp, "SELECT status, exit_code, reason FROM trials WHERE id=?", trial)
         assert (status, code_) == ("FAILED", 137) and "Master replica(s) failed" in reason, (status, code_, reason)

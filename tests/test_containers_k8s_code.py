@@ -9,7 +9,6 @@ trialkit's trial side, which the training code then imports.
 from __future__ import annotations
 
 import sqlite3
-import subprocess
 import textwrap
 from contextlib import closing
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from containers_util import needs_podman, podman  # its fixtures (containers, image) come from conftest
+from containers_util import ended, needs_podman, podman  # its fixtures (containers, image) come from conftest
 from pod_runner import PodRunner, host_address
 from test_containers_k8s import TIMEOUT, cluster, logs, metric_values, run_to_the_end  # noqa: F401 (fixtures)
 from experiment_util import cli, experiment_id, start_cli, stored, trial_status
@@ -69,13 +68,16 @@ def project(tmp_path: Path, script_name: str, config: dict) -> Path:
     return path
 
 
-def check_trial(exp: str, home: Path, runner: PodRunner) -> None:
+def ran_well(config: Path, runner: PodRunner, home: Path) -> str:
+    """run_to_the_end, then its trial checked: it succeeded, its code shipped and run; the experiment's id."""
+    exp = run_to_the_end(config, runner)
     trial = f"{exp}-00000"
     assert trial_status(home, trial) == "SUCCEEDED", runner.describe()
     assert metric_values(home, trial) == [6]
     shipped = cli("trial", "logs", trial).stdout
     assert f"trialkit from {SIDE}" in shipped and "in /var/lib/trialkit/trial/code" in shipped, runner.describe()
     assert all(pod.exit_code == 0 for pod in runner.pods.values()), runner.describe()
+    return exp
 
 
 def test_kubeflow_seed_config_runs_its_code_dir_in_a_plain_image(cluster, containers, plain_image, tmp_path):  # noqa: F811
@@ -89,8 +91,7 @@ def test_kubeflow_seed_config_runs_its_code_dir_in_a_plain_image(cluster, contai
                             "managerAddress": host_address(),
                             "master": {"replicas": 1, "gpuNumber": 0, **role}, "worker": {"replicas": 2, **role}}})
     with PodRunner(cluster, containers, plain_image, tmp_path / "kubelet") as runner:
-        exp = run_to_the_end(config, runner)
-        check_trial(exp, tmp_path / "home", runner)
+        exp = ran_well(config, runner, tmp_path / "home")
         assert sorted(name.rsplit("-", 2)[-2] for name in runner.pods) == ["master", "worker", "worker"]
         for rank in (0, 1, 2):  # the master's output (in the store) and the workers' (shipped by rank)
             assert f"trialkit from {SIDE}" in logs(f"{exp}-00000", rank), runner.describe()
@@ -109,8 +110,7 @@ def test_frameworkcontroller_seed_config_runs_its_code_dir_in_a_plain_image(clus
             "memoryMB": 8192, "image": "msranni/nni:latest",
             "frameworkAttemptCompletionPolicy": {"minFailedTaskCount": 1, "minSucceededTaskCount": 1}}]}})
     with PodRunner(cluster, containers, plain_image, tmp_path / "kubelet") as runner:
-        exp = run_to_the_end(config, runner)
-        check_trial(exp, tmp_path / "home", runner)
+        ran_well(config, runner, tmp_path / "home")
 
 
 def test_adaptdl_seed_config_with_its_checkpoint_claim_in_a_plain_image(cluster, containers, plain_image,  # noqa: F811
@@ -124,8 +124,7 @@ def test_adaptdl_seed_config_with_its_checkpoint_claim_in_a_plain_image(cluster,
                             "imagePullSecrets": [{"name": "imagepullsecret"}],
                             "checkpoint": {"storageClass": "dfs", "storageSize": "1Gi"}}})
     with PodRunner(cluster, containers, plain_image, tmp_path / "kubelet") as runner:
-        exp = run_to_the_end(config, runner)
-        check_trial(exp, tmp_path / "home", runner)
+        ran_well(config, runner, tmp_path / "home")
 
 
 def test_an_image_without_python_fails_the_trial_with_the_reason(cluster, containers, no_python_image,  # noqa: F811
@@ -141,15 +140,7 @@ def test_an_image_without_python_fails_the_trial_with_the_reason(cluster, contai
                                        "dockerImage": "msranni/nni:latest"}}})
     home, why = tmp_path / "home", "no usable Python in the image: python3 is not found"
     with PodRunner(cluster, containers, no_python_image, tmp_path / "kubelet") as runner:
-        proc = start_cli("run", config)
-        try:
-            out, err = proc.communicate(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired as late:
-            raise AssertionError(f"not done after {TIMEOUT} s: {late.output}\n{runner.describe()}") from None
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        out, err = ended(start_cli("run", config), runner, TIMEOUT)
         exp = experiment_id(out.splitlines()[0])
         [pod] = runner.history
         assert pod.exit_code == 127 and "trialkit from" not in runner.logs(pod), runner.describe()
