@@ -145,12 +145,14 @@ def test_a_crashed_control_plane_s_lease_expires_unless_its_job_still_runs(api, 
 
 
 def test_a_live_control_plane_renews_its_leases(api, client):
-    holder = pool_leases.NamespacePool(client, "gpu-team", "team", 1, lease_seconds=0.3, holder="live")
+    # A lease of 1.5 s renewed every 0.5 s, looked at for 3 s: unrenewed, it would be gone by the third look;
+    # a renewal late by up to 1 s (a loaded machine) still keeps it.
+    holder = pool_leases.NamespacePool(client, "gpu-team", "team", 1, lease_seconds=1.5, holder="live")
     assert holder.take("h-1", "h", 1, job("h-1"))  # its job not created yet: only the renewals keep the lease
     other = pool_leases.NamespacePool(client, "gpu-team", "team", 1, holder="other")
     try:
         for _ in range(4):
-            time.sleep(0.25)
+            time.sleep(0.75)
             assert not other.take("o-1", "o", 1, job("o-1"))
     finally:
         holder.close()
@@ -199,6 +201,16 @@ def test_two_pools_naming_one_namespace_is_one_user_error_before_any_trial(clien
     with pytest.raises(UserError) as caught:
         platform.check_ready()
     assert "pools a, b all name namespace 'team'" in caught.value.line()
+
+
+def test_two_pools_naming_one_ray_cluster_is_one_user_error(home):
+    from trialkit.platforms import ray_pool
+
+    pools_yml(home, "  a: {ray: {address: 'head:6379', slots: 1}}\n  b: {ray: {address: 'head:6379', slots: 2}}\n")
+    with pytest.raises(UserError) as caught:
+        ray_pool.for_address("head:6379")
+    assert "pools a, b all name Ray cluster head:6379" in caught.value.line()
+    assert ray_pool.for_address("elsewhere:6379") is None
 
 
 # -- a Ray cluster's pool (a real cluster: ray_cluster.py) -----------------------------------------

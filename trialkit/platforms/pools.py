@@ -48,7 +48,7 @@ import time
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import process, schema
 from trialkit.errors import UserError
@@ -718,6 +718,17 @@ def pool_spec(name: str, config: Mapping[str, PoolSpec]) -> PoolSpec:
         raise UserError(f"there is no resource pool {name!r}", str(paths.home() / CONFIG_NAME),
                         f"name one of {sorted(set(config) | {DEFAULT})}, or add it under pools:")
     return config.get(name) or PoolSpec()
+
+
+def declared_for(matches: Callable[[PoolSpec], bool], what: str) -> Optional[Tuple[str, PoolSpec]]:
+    """(name, spec) of the one pool pools.yml declares for `what` (a namespace, a Ray cluster: the specs that
+    `matches`); None when none does. Two pools for one place are one UserError naming the file."""
+    home = paths.home()
+    named = [(name, spec) for name, spec in read_config(home).items() if matches(spec)]
+    if len(named) > 1:
+        raise UserError(f"pools {', '.join(name for name, _ in named)} all name {what}", str(home / CONFIG_NAME),
+                        f"declare one pool for {what}")
+    return named[0] if named else None
 
 
 def open_pool(name: str = DEFAULT) -> Pool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Optional
 
 from trialkit.errors import UserError
-from trialkit.manager import paths
 from trialkit.platforms import pools
 from trialkit.platforms.base import PlatformStatus, TrialSpec
 from trialkit.ray import cluster, pool_ledger
@@ -26,15 +25,8 @@ from trialkit.statuses import USER_CANCELED, WAITING
 
 def for_address(address: str) -> Optional["RayPool"]:
     """The pool pools.yml declares for the Ray cluster at `address` (as the experiment writes it); None: none."""
-    home = paths.home()
-    named = [(name, spec) for name, spec in pools.read_config(home).items() if spec.ray_address == address]
-    if len(named) > 1:
-        raise UserError(f"pools {', '.join(name for name, _ in named)} all name Ray cluster {address}",
-                        str(home / pools.CONFIG_NAME), "declare one pool per cluster")
-    if not named:
-        return None
-    name, spec = named[0]
-    return RayPool(name, spec.slots)
+    found = pools.declared_for(lambda spec: spec.ray_address == address, f"Ray cluster {address}")
+    return RayPool(found[0], found[1].slots) if found else None
 
 
 class RayPool:

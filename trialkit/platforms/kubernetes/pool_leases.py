@@ -31,7 +31,6 @@ from typing import Any, Callable, Dict, Optional
 
 from trialkit import process
 from trialkit.errors import UserError
-from trialkit.manager import paths
 from trialkit.platforms import pools
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.platforms.kubernetes.client import ClusterError, ObjectRef
@@ -46,15 +45,8 @@ Leases = Dict[str, Dict[str, Any]]
 
 def for_namespace(namespace: str, client: Any) -> Optional["NamespacePool"]:
     """The pool pools.yml declares for `namespace`; None when it declares none (the namespace is not pooled)."""
-    home = paths.home()
-    named = [(name, spec) for name, spec in pools.read_config(home).items() if spec.namespace == namespace]
-    if len(named) > 1:
-        raise UserError(f"pools {', '.join(name for name, _ in named)} all name namespace {namespace!r}",
-                        str(home / pools.CONFIG_NAME), "declare one pool per namespace")
-    if not named:
-        return None
-    name, spec = named[0]
-    return NamespacePool(client, name, namespace, spec.slots)
+    found = pools.declared_for(lambda spec: spec.namespace == namespace, f"namespace {namespace!r}")
+    return NamespacePool(client, found[0], namespace, found[1].slots) if found else None
 
 
 def job_slots(job: dict) -> int:
