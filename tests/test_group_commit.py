@@ -49,6 +49,16 @@ def poison(store: Store, sql: str) -> None:
         db.executescript(sql)
 
 
+async def stored(commits: GroupCommit, trial_id: str, batch: list):
+    """commits.submit's outcome, awaited: Stored, or what storing the batch raised, raised here."""
+    outcome = asyncio.get_running_loop().create_future()
+    commits.submit(trial_id, batch, [], outcome.set_result)
+    result = await outcome
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
 def test_batches_that_arrive_together_share_one_commit(tmp_path):
     store = Store.in_dir(tmp_path)
     store.create_experiment("exp")
@@ -60,7 +70,7 @@ def test_batches_that_arrive_together_share_one_commit(tmp_path):
     commits = GroupCommit(store)
 
     async def together():
-        return await asyncio.gather(*(commits.add(f"t{n}", [metric(1), metric(2)], []) for n in range(3)))
+        return await asyncio.gather(*(stored(commits, f"t{n}", [metric(1), metric(2)]) for n in range(3)))
 
     outcomes = asyncio.run(together())
     assert groups == [3]
@@ -91,7 +101,7 @@ def test_a_failing_batch_fails_alone_and_the_others_of_its_group_are_stored(tmp_
     commits = GroupCommit(store)
 
     async def together():
-        return await asyncio.gather(*(commits.add(f"t{n}", [metric(s) for s in range(1, 51)], []) for n in range(3)),
+        return await asyncio.gather(*(stored(commits, f"t{n}", [metric(s) for s in range(1, 51)]) for n in range(3)),
                                     return_exceptions=True)
 
     first, failed, last = asyncio.run(together())

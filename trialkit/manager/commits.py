@@ -20,27 +20,27 @@ the same race (bench/bench_manager.py --burners 1 --baseline).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple, Union
 
 from trialkit.manager.store import Store, Stored
 
 Batch = Tuple[str, List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]
+Done = Callable[[Union[Stored, Exception]], None]
 
 
 class GroupCommit:
     def __init__(self, store: Store):
         self._store = store
-        self._pending: List[Tuple[Batch, "asyncio.Future[Stored]"]] = []
+        self._pending: List[Tuple[Batch, Done]] = []
 
-    async def add(self, trial_id: str, batch: List[Dict[str, Any]],
-                  rejected: List[Tuple[Dict[str, Any], str]]) -> Stored:
-        """Store a batch with the others of this turn of the loop; raises what storing it raised."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
+    def submit(self, trial_id: str, batch: List[Dict[str, Any]], rejected: List[Tuple[Dict[str, Any], str]],
+               done: Done) -> None:
+        """From the server's loop: store a batch with the others of this turn; `done` gets its outcome (Stored,
+        or what storing it raised) once the commit is over. A callback, not a future: the keepers' route
+        answers from it without a task per request."""
         if not self._pending:
-            loop.call_soon(self._flush)
-        self._pending.append(((trial_id, batch, rejected), future))
-        return await future
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(((trial_id, batch, rejected), done))
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -48,10 +48,5 @@ class GroupCommit:
             outcomes: List[Any] = self._store.add_batches([batch for batch, _ in pending])
         except Exception as err:  # noqa: BLE001 - the commit failed: no batch of the group is stored
             outcomes = [err] * len(pending)
-        for (_, future), outcome in zip(pending, outcomes):
-            if future.done():
-                continue  # its request was given up (the client left): stored all the same, acked on a resend
-            if isinstance(outcome, Exception):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
+        for (_, done), outcome in zip(pending, outcomes):
+            done(outcome)  # a request whose client left is stored all the same, acked on a resend

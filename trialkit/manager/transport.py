@@ -1,4 +1,5 @@
-"""The manager's connections: HTTP/1.1 served on one asyncio loop by aiohttp's server.
+"""The manager's connections: HTTP/1.1 served on one asyncio loop, the keepers' batches by a quick way of
+its own (_Connection), everything else by aiohttp's server.
 
 One loop, not a thread per connection: under a thousand keepers the threads
 fought for the GIL, and the store's lock went to whichever won it, so that a
@@ -19,6 +20,9 @@ and said in one line at most once a minute, not as a traceback per request.
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import functools
+import http
 import re
 import socket
 import ssl
@@ -26,11 +30,18 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 from aiohttp import web
 
 Serve = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+# The quick way's answer: status, body, headers (Content-Length, Date and Server are added).
+Reply = Callable[[int, bytes, Dict[str, str]], None]
+# A request the quick way serves: take(body, reply), with reply called once, later or at once.
+Take = Callable[[bytes, Reply], None]
+# Whether the quick way serves a request: quick(method, target, headers by lowercase name) -> Take, or None
+# to hand it to aiohttp (which also gives every refusal).
+Quick = Callable[[str, str, Dict[str, str]], Optional[Take]]
 BACKLOG = 1024  # the kernel's queue of connections not yet accepted: a burst of keepers is not dropped
 _HEAD_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"^content-length:[ \t]*(\d+)[ \t]*\r$", re.I | re.M)
@@ -43,13 +54,15 @@ REPORT_SECONDS = 60.0  # bad requests are said at most once in this long (BadReq
 
 
 class Transport:
-    def __init__(self, host: str, port: int, serve: Serve, *, tls: Optional[ssl.SSLContext], max_connections: int,
-                 header_seconds: float, idle_seconds: float):
+    def __init__(self, host: str, port: int, serve: Serve, *, quick: Quick, tls: Optional[ssl.SSLContext],
+                 max_connections: int, header_seconds: float, body_seconds: float, idle_seconds: float):
         self._serve = serve
+        self.quick = quick
         self._tls = tls
         self.max_connections = max_connections
         self.header_seconds = header_seconds
-        self._idle_seconds = idle_seconds
+        self.body_seconds = body_seconds
+        self.idle_seconds = idle_seconds
         self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, port))
@@ -57,14 +70,15 @@ class Transport:
         self.socket.setblocking(False)
         self.address: Tuple[Any, ...] = self.socket.getsockname()
         self._pool = ThreadPoolExecutor(max_workers=max_connections, thread_name_prefix="trialkit-manager")
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
         self._web: Optional[web.Server] = None
+        self.open: Set[_Connection] = set()
         self.ready = threading.Event()
         self.bad_requests = BadRequests()
 
     @property
     def connections(self) -> int:
-        return len(self._web.connections) if self._web is not None else 0
+        return len(self.open)
 
     async def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args) in the pool, for what may wait (a store query, an action, a stream's next chunk)."""
@@ -73,7 +87,7 @@ class Transport:
     def run(self) -> None:
         """Serve in this thread until stop(); a KeyboardInterrupt (Ctrl-C) ends it too and goes on up."""
         loop = asyncio.new_event_loop()
-        self._loop = loop
+        self.loop = loop
         server = None
         try:
             server = loop.run_until_complete(self._listen())
@@ -83,12 +97,14 @@ class Transport:
             self.ready.set()  # a start() that waits must not wait for a server that failed
             if server is not None:
                 server.close()
+            for connection in list(self.open):
+                connection.close()
             if self._web is not None:
                 loop.run_until_complete(self._web.shutdown(1.0))
             loop.close()
 
     async def _listen(self) -> asyncio.AbstractServer:
-        self._web = web.Server(self._serve, access_log=None, keepalive_timeout=self._idle_seconds,
+        self._web = web.Server(self._serve, access_log=None, keepalive_timeout=self.idle_seconds,
                                lingering_time=LINGER_SECONDS, logger=self.bad_requests)
         return await asyncio.get_running_loop().create_server(
             self._connection, sock=self.socket, ssl=self._tls,
@@ -97,12 +113,16 @@ class Transport:
     def _connection(self) -> asyncio.Protocol:
         if self.connections >= self.max_connections:
             return _Refused()
-        assert self._web is not None and self._loop is not None
-        return _HeadDeadline(self._web(), self._loop, self.header_seconds)
+        return _Connection(self)
+
+    def web(self) -> asyncio.Protocol:
+        """aiohttp's protocol for a connection handed to it."""
+        assert self._web is not None
+        return self._web()
 
     def stop(self) -> None:
         """From another thread: end run()."""
-        loop = self._loop
+        loop = self.loop
         if loop is not None and not loop.is_closed():
             try:
                 loop.call_soon_threadsafe(loop.stop)
@@ -146,32 +166,125 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-class _HeadDeadline(asyncio.Protocol):
-    """aiohttp's protocol for one connection, cut off when a request's head is not in within its time.
+class _Connection(asyncio.Protocol):
+    """One client's connection: the keepers' requests served here, the rest handed to aiohttp's protocol.
 
-    It follows the requests' framing only as far as the deadline needs: where a
-    head ends, and how long the body after it is (Content-Length; a body
-    without one is refused with 411 and its connection closed).
+    A connection starts quick: each request that comes whole (head and body)
+    and that `quick` takes is answered here, one at a time, in order, with a
+    head written in one piece. The first request it does not take (another
+    route, a refused token, a head past the plain form: see _quick_head) and
+    every request after it go to aiohttp with every byte not yet served, so
+    whatever is unusual gets aiohttp's full handling. A keeper's connection
+    carries only its batches and never leaves the quick way: aiohttp's
+    request objects, task and response writer were about half of what a
+    batch cost the manager (bench/bench_manager.py, py-spy).
+
+    The deadlines hold on both ways: a head must be in within `header_seconds`
+    of its first bytes, a quick body within `body_seconds` of its head (then
+    the request goes to aiohttp, which answers 408 when the rest does not
+    come), and a quick connection idle for `idle_seconds` is closed (aiohttp
+    keeps its own connections' idle time).
     """
 
-    def __init__(self, inner: asyncio.Protocol, loop: asyncio.AbstractEventLoop, seconds: float):
-        self._inner = inner
-        self._loop = loop
-        self._seconds = seconds
-        self._transport: Optional[asyncio.BaseTransport] = None
-        self._timer: Optional[asyncio.TimerHandle] = None
-        self._head = b""
+    def __init__(self, owner: "Transport"):
+        self._owner = owner
+        self._loop = owner.loop
+        self._transport: Optional[asyncio.Transport] = None
+        self._inner: Optional[asyncio.Protocol] = None  # aiohttp's protocol, once the connection went to it
+        self._buffer = b""  # quick: bytes not yet served
+        self._busy = False  # quick: a request is being answered
+        self._taken: Optional[Tuple[int, Take]] = None  # quick: the buffered head's request size and taker
+        self._paused = False
+        self._deadline: Optional[asyncio.TimerHandle] = None  # a head's or a body's
+        self._idle: Optional[asyncio.TimerHandle] = None
+        self._last = 0.0  # quick: when the connection last did something
+        self._head = b""  # aiohttp's: the head being followed, for its deadline
         self._body_left = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport
-        self._inner.connection_made(transport)
+        self._transport = transport  # type: ignore[assignment]
+        self._owner.open.add(self)
+        self._last = self._loop.time()
+        self._idle = self._loop.call_later(self._owner.idle_seconds, self._idle_check)
 
     def data_received(self, data: bytes) -> None:
-        self._follow(data)
-        self._inner.data_received(data)
+        if self._inner is not None:
+            self._follow(data)
+            self._inner.data_received(data)
+            return
+        self._buffer += data
+        self._last = self._loop.time()
+        if not self._busy:
+            self._serve_buffer()
 
+    # -- the quick way ------------------------------------------------------------------
+    def _serve_buffer(self) -> None:
+        """Answer the whole requests in the buffer that `quick` takes, one at a time; hand over at the first other."""
+        while self._buffer and not self._busy and self._inner is None:
+            end = self._buffer.find(_HEAD_END)
+            if end < 0:
+                if len(self._buffer) > _HEAD_LIMIT:
+                    self._hand_over()
+                elif self._deadline is None:
+                    self._deadline = self._loop.call_later(self._owner.header_seconds, self._close)
+                return
+            if self._taken is None:
+                head = _quick_head(self._buffer[:end])
+                take = self._owner.quick(*head[:3]) if head is not None else None
+                if head is None or take is None:
+                    self._hand_over()
+                    return
+                self._taken = (end + len(_HEAD_END) + head[3], take)
+            size, take = self._taken
+            if len(self._buffer) < size:  # the body comes in later reads
+                if self._deadline is None:
+                    self._deadline = self._loop.call_later(self._owner.body_seconds, self._hand_over)
+                return
+            self._cancel_deadline()
+            body, self._buffer = self._buffer[end + len(_HEAD_END):size], self._buffer[size:]
+            self._taken = None
+            self._busy = True
+            take(body, self._reply)
+
+    def _reply(self, status: int, body: bytes, headers: Dict[str, str]) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return  # the client left; what it sent is stored all the same, and acked on a resend
+        transport.write(_response_head(status, len(body), headers) + body)
+        self._busy = False
+        self._last = self._loop.time()
+        if self._buffer:
+            self._serve_buffer()
+
+    def _hand_over(self) -> None:
+        """From now on aiohttp serves the connection, from the first byte not yet served."""
+        self._cancel_deadline()
+        self._cancel_idle()
+        self._taken = None
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._inner = self._owner.web()
+        self._inner.connection_made(self._transport)
+        if self._paused:
+            self._inner.pause_writing()
+        data, self._buffer = self._buffer, b""
+        if data:
+            self.data_received(data)
+
+    def _idle_check(self) -> None:
+        """One timer a connection, set again for what is left (not one a request): closes it when idle too long."""
+        self._idle = None
+        if self._inner is not None:
+            return
+        left = self._last + self._owner.idle_seconds - self._loop.time()
+        if left <= 0 and not self._busy and not self._buffer:
+            self._close()
+        else:
+            self._idle = self._loop.call_later(max(left, 1.0), self._idle_check)
+
+    # -- aiohttp's way: its head deadline -------------------------------------------------------
     def _follow(self, data: bytes) -> None:
+        """Follow the requests' framing as far as the head deadline needs: where a head ends, how long its body is."""
         while data:
             if self._body_left:
                 used = min(self._body_left, len(data))
@@ -186,29 +299,109 @@ class _HeadDeadline(asyncio.Protocol):
             if end < 0:
                 # The clock starts with the head's first bytes; a head that came whole in one read (a
                 # keeper's, nearly always) needs none, and a timer per request was 2% of the manager's CPU.
-                if self._timer is None and self._transport is not None:
-                    self._timer = self._loop.call_later(self._seconds, self._transport.close)
+                if self._deadline is None:
+                    self._deadline = self._loop.call_later(self._owner.header_seconds, self._close)
                 return
-            self._cancel()
+            self._cancel_deadline()
             head, data = self._head[:end + len(_HEAD_END)], self._head[end + len(_HEAD_END):]
             self._head = b""
             length = _CONTENT_LENGTH.search(head)
             self._body_left = int(length.group(1)) if length else 0
 
-    def _cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    # -- both ------------------------------------------------------------------------------
+    def _close(self) -> None:
+        self._deadline = None
+        if self._transport is not None:
+            self._transport.close()
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _cancel_idle(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
 
     def eof_received(self) -> Optional[bool]:
-        return self._inner.eof_received()
+        return self._inner.eof_received() if self._inner is not None else None
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
-        self._cancel()
-        self._inner.connection_lost(exc)
+        self._cancel_deadline()
+        self._cancel_idle()
+        self._owner.open.discard(self)
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        self._paused = True
+        if self._inner is not None:
+            self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
+        self._paused = False
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def close(self) -> None:
+        """At the server's stop: a quick connection is closed here (aiohttp shuts its own down)."""
+        if self._inner is None:
+            self._close()
+
+
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header's name (RFC 9110's token)
+_FRAMING = ("transfer-encoding", "expect", "upgrade")  # heads with these go to aiohttp
+
+
+def _quick_head(head: bytes) -> Optional[Tuple[str, str, Dict[str, str], int]]:
+    """(method, target, headers by lowercase name, body length) of a request head in the plain form the quick way
+    serves (HTTP/1.1, one Content-Length, each header once, no framing but Content-Length, keep-alive); None for
+    any other, which aiohttp then serves or refuses as it always did."""
+    if head.count(b"\r") != head.count(b"\n") or head.count(b"\r\n") != head.count(b"\n") or b"\0" in head:
+        return None  # a lone CR or LF, or a NUL: not for a hand-made parser to judge
+    line, *fields = head.split(b"\r\n")
+    parts = line.split(b" ")
+    if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not parts[1].startswith(b"/") or not parts[1].isascii():
+        return None
+    headers: Dict[str, str] = {}
+    for field in fields:
+        name, colon, value = field.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):
+            return None
+        key = name.decode("ascii").lower()
+        if key in headers:
+            return None
+        headers[key] = value.strip(b" \t").decode("latin-1")
+    length = headers.get("content-length", "")
+    if (not (length.isascii() and length.isdigit()) or any(key in headers for key in _FRAMING)
+            or headers.get("connection", "keep-alive").lower() != "keep-alive"):
+        return None
+    return parts[0].decode("ascii"), parts[1].decode("ascii"), headers, int(length)
+
+
+def _response_head(status: int, length: int, headers: Dict[str, str]) -> bytes:
+    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+    return (f"HTTP/1.1 {status} {_phrase(status)}\r\n{lines}Content-Length: {length}\r\n"
+            f"Date: {_date()}\r\nServer: trialkit\r\n\r\n").encode("latin-1")
+
+
+@functools.lru_cache(maxsize=None)
+def _phrase(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+_dates: Dict[int, str] = {}
+
+
+def _date() -> str:
+    """The Date header's text, made once a second."""
+    now = int(time.time())
+    text = _dates.get(now)
+    if text is None:
+        _dates.clear()
+        text = _dates[now] = email.utils.formatdate(now, usegmt=True)
+    return text
