@@ -78,6 +78,29 @@ def test_batches_that_arrive_together_share_one_commit(tmp_path):
     store.close()
 
 
+def test_an_answer_that_fails_keeps_none_of_its_groups_others_waiting(tmp_path, capfd):
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("exp")
+    for n in range(3):
+        store.add_trial("exp", f"t{n}", sequence=n, parameters={}, token=None)
+    commits = GroupCommit(store)
+    answered = []
+
+    def broken(outcome):
+        raise RuntimeError("a bug in one answer")
+
+    async def together():
+        commits.submit("t0", [metric(1)], [], broken)
+        for n in (1, 2):
+            commits.submit(f"t{n}", [metric(1)], [], answered.append)
+        await asyncio.sleep(0.1)
+
+    asyncio.run(together())
+    assert [outcome.acked for outcome in answered] == [1, 1] and store.count_records() == 3
+    assert "answering a batch failed: RuntimeError('a bug in one answer')" in capfd.readouterr().err
+    store.close()
+
+
 def test_a_batch_whose_commit_fails_is_never_acked(manager):
     # A deferred foreign key is checked at COMMIT: seq 3 makes the commit itself fail.
     poison(manager.store, "CREATE TABLE poison (trial TEXT REFERENCES trials(id) DEFERRABLE INITIALLY DEFERRED);"

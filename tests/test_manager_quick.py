@@ -148,3 +148,13 @@ def test_an_idle_quick_connection_is_closed_and_a_busy_one_is_not(monkeypatch, s
             assert server.connections == 1
     finally:
         server.stop()
+
+
+def test_thousands_of_pipelined_requests_answered_at_once_are_served_in_order(server, store):
+    # Each of these is answered at once (a body that is no batch: 400), inside the read that brought it.
+    bad = post(b'{"records": 5}')
+    with connect(server) as sock:
+        sock.sendall(bad * 3000 + post(batch(1)))
+        got = answers(sock, 3001)
+    assert [status for status, _, _ in got] == [400] * 3000 + [200]
+    assert got[-1][2] == {"acked": 2, "inserted": 2} and store.count_records("t1") == 2

@@ -20,6 +20,7 @@ the same race (bench/bench_manager.py --burners 1 --baseline).
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any, Callable, Dict, List, Tuple, Union
 
 from trialkit.manager.store import Store, Stored
@@ -49,4 +50,7 @@ class GroupCommit:
         except Exception as err:  # noqa: BLE001 - the commit failed: no batch of the group is stored
             outcomes = [err] * len(pending)
         for (_, done), outcome in zip(pending, outcomes):
-            done(outcome)  # a request whose client left is stored all the same, acked on a resend
+            try:
+                done(outcome)  # a request whose client left is stored all the same, acked on a resend
+            except Exception as err:  # noqa: BLE001 - a bug in one answer must not keep the group's others waiting
+                print(f"trialkit-manager: answering a batch failed: {err!r}", file=sys.stderr, flush=True)

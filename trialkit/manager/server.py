@@ -252,7 +252,12 @@ class ManagerServer:
     async def _grouped_records(self, request: Request) -> Tuple[int, Any]:
         """The records route on the loop, reached through aiohttp: as the quick way serves it (_take_records)."""
         answered: "asyncio.Future[Tuple[int, Any]]" = asyncio.get_running_loop().create_future()
-        self._take_records(request.params["trial_id"], request.body, lambda *answer: answered.set_result(answer))
+
+        def answer(status: int, body: Any) -> None:
+            if not answered.done():  # given up when its client left: stored all the same, acked on a resend
+                answered.set_result((status, body))
+
+        self._take_records(request.params["trial_id"], request.body, answer)
         return await answered
 
     def _quick(self, method: str, target: str, headers: Dict[str, str]) -> Optional[Take]:
@@ -267,7 +272,7 @@ class ManagerServer:
         try:
             self.authenticate(Request(method, target, {}, {"Authorization": headers.get("authorization", "")}, b""),
                               trial_id)
-        except HttpError:
+        except Exception:  # noqa: BLE001 - refused, or the store failed: _serve answers it as it answers any
             return None
         return lambda body, reply: self._take_records(trial_id, body, lambda status, answer: reply(
             status, *_json_parts(status, answer)))

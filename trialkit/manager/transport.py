@@ -193,6 +193,7 @@ class _Connection(asyncio.Protocol):
         self._inner: Optional[asyncio.Protocol] = None  # aiohttp's protocol, once the connection went to it
         self._buffer = b""  # quick: bytes not yet served
         self._busy = False  # quick: a request is being answered
+        self._serving = False  # quick: _serve_buffer is running (an answer given at once must not call it again)
         self._taken: Optional[Tuple[int, Take]] = None  # quick: the buffered head's request size and taker
         self._paused = False
         self._deadline: Optional[asyncio.TimerHandle] = None  # a head's or a body's
@@ -220,6 +221,13 @@ class _Connection(asyncio.Protocol):
     # -- the quick way ------------------------------------------------------------------
     def _serve_buffer(self) -> None:
         """Answer the whole requests in the buffer that `quick` takes, one at a time; hand over at the first other."""
+        self._serving = True
+        try:
+            self._serve_requests()
+        finally:
+            self._serving = False
+
+    def _serve_requests(self) -> None:
         while self._buffer and not self._busy and self._inner is None:
             end = self._buffer.find(_HEAD_END)
             if end < 0:
@@ -253,7 +261,7 @@ class _Connection(asyncio.Protocol):
         transport.write(_response_head(status, len(body), headers) + body)
         self._busy = False
         self._last = self._loop.time()
-        if self._buffer:
+        if self._buffer and not self._serving:  # an answer given inside _serve_buffer: its loop goes on
             self._serve_buffer()
 
     def _hand_over(self) -> None:
