@@ -50,6 +50,7 @@ _CONTENT_LENGTH = re.compile(rb"^content-length:[ \t]*(\d+)[ \t]*\r$", re.I | re
 # be reset, and the client could lose the answer.
 LINGER_SECONDS = 2.0
 _HEAD_LIMIT = 1 << 20  # past this, aiohttp has refused the head already (its line and header bounds)
+READ_SIZE = 256 << 10  # the most one read takes, as asyncio's own reads
 REPORT_SECONDS = 60.0  # bad requests are said at most once in this long (BadRequests)
 
 
@@ -73,6 +74,10 @@ class Transport:
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self._web: Optional[web.Server] = None
         self.open: Set[_Connection] = set()
+        # Every connection reads into this one buffer, copied out at once. asyncio's own reads made a
+        # 256 KiB bytes object for each, which glibc maps and unmaps: three system calls and fresh
+        # pages a read, a tenth of the manager's time under 1,000 keepers (strace -c, py-spy).
+        self.read_buffer = memoryview(bytearray(READ_SIZE))
         self.ready = threading.Event()
         self.bad_requests = BadRequests()
 
@@ -166,7 +171,7 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(asyncio.BufferedProtocol):
     """One client's connection: the keepers' requests served here, the rest handed to aiohttp's protocol.
 
     A connection starts quick: each request that comes whole (head and body)
@@ -207,6 +212,12 @@ class _Connection(asyncio.Protocol):
         self._owner.open.add(self)
         self._last = self._loop.time()
         self._idle = self._loop.call_later(self._owner.idle_seconds, self._idle_check)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._owner.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(self._owner.read_buffer[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:
