@@ -16,27 +16,11 @@ from typing import List, Tuple
 
 import pytest
 
+from test_manager_guard import server, store  # noqa: F401 - fixtures: trial t1 (token-1) and its manager
 from trialkit.manager import server as server_module
 from trialkit.manager.server import ManagerServer
-from trialkit.manager.store import Store
 
 QUICK = b"Server: trialkit\r\n"
-
-
-@pytest.fixture
-def store(tmp_path):
-    store = Store.in_dir(tmp_path / "exp")
-    store.create_experiment("exp")
-    store.add_trial("exp", "t1", sequence=0, parameters={"lr": 0.1}, token="token-1")
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def server(store):
-    server = ManagerServer(store).start()
-    yield server
-    server.stop()
 
 
 def batch(first: int, count: int = 2) -> bytes:
@@ -158,3 +142,15 @@ def test_thousands_of_pipelined_requests_answered_at_once_are_served_in_order(se
         got = answers(sock, 3001)
     assert [status for status, _, _ in got] == [400] * 3000 + [200]
     assert got[-1][2] == {"acked": 2, "inserted": 2} and store.count_records("t1") == 2
+
+
+def test_a_head_past_a_keepers_size_goes_to_aiohttp(server, store):
+    padding = b"".join(b"X-Pad-%d: %s\r\n" % (n, b"p" * 1000) for n in range(20))  # 20 KB of head
+    data = post(batch(1), extra=padding)
+    with connect(server) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for start in range(0, len(data), 2000):
+            sock.sendall(data[start:start + 2000])
+            time.sleep(0.005)
+        [(status, head, body)] = answers(sock, 1)
+    assert status == 200 and QUICK not in head and body == {"acked": 2, "inserted": 2}

@@ -50,6 +50,7 @@ _CONTENT_LENGTH = re.compile(rb"^content-length:[ \t]*(\d+)[ \t]*\r$", re.I | re
 # be reset, and the client could lose the answer.
 LINGER_SECONDS = 2.0
 _HEAD_LIMIT = 1 << 20  # past this, aiohttp has refused the head already (its line and header bounds)
+_QUICK_HEAD_LIMIT = 16 << 10  # a keeper's head is about 200 bytes: one longer goes to aiohttp and its bounds
 READ_SIZE = 256 << 10  # the most one read takes, as asyncio's own reads
 REPORT_SECONDS = 60.0  # bad requests are said at most once in this long (BadRequests)
 
@@ -181,8 +182,8 @@ class _Connection(asyncio.BufferedProtocol):
     every request after it go to aiohttp with every byte not yet served, so
     whatever is unusual gets aiohttp's full handling. A keeper's connection
     carries only its batches and never leaves the quick way: aiohttp's
-    request objects, task and response writer were about half of what a
-    batch cost the manager (bench/bench_manager.py, py-spy).
+    request objects, task and response writer were about a seventh of what
+    a batch cost the manager (bench/bench_manager.py, py-spy).
 
     The deadlines hold on both ways: a head must be in within `header_seconds`
     of its first bytes, a quick body within `body_seconds` of its head (then
@@ -196,7 +197,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._loop = owner.loop
         self._transport: Optional[asyncio.Transport] = None
         self._inner: Optional[asyncio.Protocol] = None  # aiohttp's protocol, once the connection went to it
-        self._buffer = b""  # quick: bytes not yet served
+        self._buffer = bytearray()  # quick: bytes not yet served
+        self._searched = 0  # quick: how far the buffer holds no head's end
         self._busy = False  # quick: a request is being answered
         self._serving = False  # quick: _serve_buffer is running (an answer given at once must not call it again)
         self._taken: Optional[Tuple[int, Take]] = None  # quick: the buffered head's request size and taker
@@ -224,7 +226,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._follow(data)
             self._inner.data_received(data)
             return
-        self._buffer += data
+        self._buffer += data  # a bytearray: a body in many reads is not copied again at each
         self._last = self._loop.time()
         if not self._busy:
             self._serve_buffer()
@@ -240,15 +242,16 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _serve_requests(self) -> None:
         while self._buffer and not self._busy and self._inner is None:
-            end = self._buffer.find(_HEAD_END)
-            if end < 0:
-                if len(self._buffer) > _HEAD_LIMIT:
+            end = self._buffer.find(_HEAD_END, self._searched)
+            if end < 0:  # a head in many reads: each byte searched once
+                self._searched = max(0, len(self._buffer) - len(_HEAD_END) + 1)
+                if len(self._buffer) > _QUICK_HEAD_LIMIT:
                     self._hand_over()
                 elif self._deadline is None:
                     self._deadline = self._loop.call_later(self._owner.header_seconds, self._close)
                 return
             if self._taken is None:
-                head = _quick_head(self._buffer[:end])
+                head = _quick_head(bytes(self._buffer[:end]))
                 take = self._owner.quick(*head[:3]) if head is not None else None
                 if head is None or take is None:
                     self._hand_over()
@@ -260,7 +263,9 @@ class _Connection(asyncio.BufferedProtocol):
                     self._deadline = self._loop.call_later(self._owner.body_seconds, self._hand_over)
                 return
             self._cancel_deadline()
-            body, self._buffer = self._buffer[end + len(_HEAD_END):size], self._buffer[size:]
+            body = bytes(self._buffer[end + len(_HEAD_END):size])
+            del self._buffer[:size]
+            self._searched = 0
             self._taken = None
             self._busy = True
             take(body, self._reply)
@@ -286,7 +291,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._inner.connection_made(self._transport)
         if self._paused:
             self._inner.pause_writing()
-        data, self._buffer = self._buffer, b""
+        data = bytes(self._buffer)
+        self._buffer.clear()
         if data:
             self.data_received(data)
 
