@@ -16,6 +16,8 @@ from typing import List, Tuple
 
 import pytest
 
+from harness import wait_until
+
 from test_manager_guard import server, store  # noqa: F401 - fixtures: trial t1 (token-1) and its manager
 from trialkit.manager import server as server_module
 from trialkit.manager.server import ManagerServer
@@ -154,3 +156,15 @@ def test_a_head_past_a_keepers_size_goes_to_aiohttp(server, store):
             time.sleep(0.005)
         [(status, head, body)] = answers(sock, 1)
     assert status == 200 and QUICK not in head and body == {"acked": 2, "inserted": 2}
+
+
+def test_a_client_that_sends_far_ahead_of_its_answers_waits_in_tcp(server, store):
+    # 20 MB of pipelined batches, no answer read: the manager reads about a megabyte ahead of the request it
+    # answers, so the sending blocks (read whole, they would sit in the manager's memory).
+    data = b"".join(post(batch(first, 1)) for first in range(1, 80_001))
+    with connect(server) as sock:
+        sock.settimeout(3)
+        with pytest.raises(socket.timeout):
+            sock.sendall(data)
+    wait_until(lambda: server.connections == 0, 30, "the connection to close")
+    assert 0 < store.count_records("t1") < 80_000

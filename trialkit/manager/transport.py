@@ -51,6 +51,7 @@ _CONTENT_LENGTH = re.compile(rb"^content-length:[ \t]*(\d+)[ \t]*\r$", re.I | re
 LINGER_SECONDS = 2.0
 _HEAD_LIMIT = 1 << 20  # past this, aiohttp has refused the head already (its line and header bounds)
 _QUICK_HEAD_LIMIT = 16 << 10  # a keeper's head is about 200 bytes: one longer goes to aiohttp and its bounds
+_QUICK_BUFFER_LIMIT = 1 << 20  # read ahead of the request being answered, at most (then reading pauses)
 READ_SIZE = 256 << 10  # the most one read takes, as asyncio's own reads
 REPORT_SECONDS = 60.0  # bad requests are said at most once in this long (BadRequests)
 
@@ -202,7 +203,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._busy = False  # quick: a request is being answered
         self._serving = False  # quick: _serve_buffer is running (an answer given at once must not call it again)
         self._taken: Optional[Tuple[int, Take]] = None  # quick: the buffered head's request size and taker
-        self._paused = False
+        self._paused = False  # writing: the client does not read its answers
+        self._held = False  # quick: reading paused, while a request is answered and the buffer holds plenty more
         self._deadline: Optional[asyncio.TimerHandle] = None  # a head's or a body's
         self._idle: Optional[asyncio.TimerHandle] = None
         self._last = 0.0  # quick: when the connection last did something
@@ -230,6 +232,10 @@ class _Connection(asyncio.BufferedProtocol):
         self._last = self._loop.time()
         if not self._busy:
             self._serve_buffer()
+        elif len(self._buffer) > _QUICK_BUFFER_LIMIT and self._transport is not None:
+            # One request is answered at a time: a client that sends faster waits in TCP, not in our memory.
+            self._transport.pause_reading()
+            self._held = True
 
     # -- the quick way ------------------------------------------------------------------
     def _serve_buffer(self) -> None:
@@ -279,6 +285,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._last = self._loop.time()
         if self._buffer and not self._serving:  # an answer given inside _serve_buffer: its loop goes on
             self._serve_buffer()
+        if self._held and not (self._busy and len(self._buffer) > _QUICK_BUFFER_LIMIT):
+            self._held = False
+            transport.resume_reading()
 
     def _hand_over(self) -> None:
         """From now on aiohttp serves the connection, from the first byte not yet served."""
@@ -287,6 +296,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._taken = None
         if self._transport is None or self._transport.is_closing():
             return
+        if self._held:  # aiohttp keeps its own bounds on what it reads ahead
+            self._held = False
+            self._transport.resume_reading()
         self._inner = self._owner.web()
         self._inner.connection_made(self._transport)
         if self._paused:
@@ -365,7 +377,8 @@ class _Connection(asyncio.BufferedProtocol):
             self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._paused = False
+        self._paused = False  # writing: the client does not read its answers
+        self._held = False  # quick: reading paused, while a request is answered and the buffer holds plenty more
         if self._inner is not None:
             self._inner.resume_writing()
 
