@@ -213,7 +213,7 @@ KNOWN_DAMAGE = [
     plain(b"POST /api/v1/trials/t\xf9/records HTTP/1.1"), plain(b"POST /api/v1/trials/%ff/records HTTP/1.1"),
     plain(b"POST /api/v1/trials/t1%2Fx/records HTTP/1.1"), plain(b"post /api/v1/trials/t1/records HTTP/1.1"),
     plain(b"POST http://x/api/v1/trials/t1/records HTTP/1.1"), plain(b"POST * HTTP/1.1"),
-    plain(b"POST /api/v1/trials/t1/records HTTP/1.1 x"), plain(b"POST /api/v1/trials/t1/records HTTP/2"),
+    plain(b"PO\xffST /api/v1/trials/t1/records HTTP/1.1"), plain(b"POST /api/v1/trials/t1/records HTTP/1.1 x"), plain(b"POST /api/v1/trials/t1/records HTTP/2"),
     plain(b"POST /api/v1/trials/t1/records HTTP/1.1", b"X-\xf9: 1"), plain(b"POST /api/v1/trials/t1/records HTTP/1.1", b"X: \xf9\xff"),
     plain(b"POST /api/v1/trials/t1/records HTTP/1.1", b"X : 1"), plain(b"POST /api/v1/trials/t1/records HTTP/1.1", b": 1"),
     plain(b"POST /api/v1/trials/t1/records HTTP/1.1", b" folded"), plain(b"POST /api/v1/trials/t1/records HTTP/1.1", b"X: a\x00b"),

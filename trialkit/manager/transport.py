@@ -108,6 +108,13 @@ class Transport:
                 connection.close()
             if self._web is not None:
                 loop.run_until_complete(self._web.shutdown(1.0))
+            # What is left (a connection lingering to read an unread body, 2 s at most) is cancelled and let end,
+            # as asyncio.run ends its tasks: a task dropped pending is a warning at the interpreter's exit.
+            left = asyncio.all_tasks(loop)
+            if left:
+                for task in left:
+                    task.cancel()
+                loop.run_until_complete(_ended(left))
             loop.close()
 
     async def _listen(self) -> asyncio.AbstractServer:
@@ -139,6 +146,10 @@ class Transport:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.socket.close()
+
+
+async def _ended(tasks: Set["asyncio.Task[Any]"]) -> None:
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class BadRequests:
@@ -400,7 +411,8 @@ def _quick_head(head: bytes) -> Optional[Tuple[str, str, Dict[str, str], int]]:
         return None  # a lone CR or LF, or a NUL: not for a hand-made parser to judge
     line, *fields = head.split(b"\r\n")
     parts = line.split(b" ")
-    if len(parts) != 3 or parts[2] != b"HTTP/1.1" or not parts[1].startswith(b"/") or not parts[1].isascii():
+    if (len(parts) != 3 or parts[2] != b"HTTP/1.1" or not _TOKEN.fullmatch(parts[0]) or not parts[1].startswith(b"/")
+            or not parts[1].isascii()):
         return None
     headers: Dict[str, str] = {}
     for field in fields:
