@@ -246,8 +246,8 @@ def test_damaged_heads_and_reads_never_break_the_manager(store, capfd, caplog):
                     got += chunk
             except OSError:
                 pass  # a request refused unread: its connection is closed (or reset) under the rest
-        for head in got.split(b"HTTP/1.1 ")[1:]:
-            status = int(head[:3])
+        if got.startswith(b"HTTP/1.1 "):  # one request a connection: one answer at most (its body may quote the line)
+            status = int(got[9:12])
             statuses[status] = statuses.get(status, 0) + 1
             assert status != 500, got
         with connect(server) as sock:  # a keeper's next batch is served as ever, the quick way

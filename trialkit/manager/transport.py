@@ -399,7 +399,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._close()
 
 
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header's name (RFC 9110's token)
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a method or a header's name (RFC 9110's token)
 _FRAMING = ("transfer-encoding", "expect", "upgrade")  # heads with these go to aiohttp
 
 
