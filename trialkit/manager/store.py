@@ -183,7 +183,8 @@ class Store:
             self._db.execute("PRAGMA foreign_keys=ON")
             # A thousand keepers' trials each add to a leaf page of their own: SQLite's default 2 MB cache held
             # half of them, and each commit read the others back. A longer WAL between checkpoints copies a page
-            # rewritten by many commits once (bench/bench_manager.py: 7% less for the store).
+            # rewritten by many commits once (the store alone, timed in-process with 1,000 trials
+            # interleaved: 5.7 -> 5.0 us a record).
             self._db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
             self._db.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_PAGES}")
             self._db.executescript(_SCHEMA)
