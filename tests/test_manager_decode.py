@@ -28,7 +28,11 @@ BODIES = [
     b'{"records": [{"seq": 1, "value": ' + b"[" * 5000 + b"]" * 5000 + b"}]}",  # past orjson's depth
     b'{"records": [{"seq": 1, "value": [0.1, -0.0, 5e-324, 1.7976931348623157e308, 1E5]}]}',
     b'{"records": [{"seq": 1, "value": "caf\xc3\xa9 \\u0000"}]}',
+    b'{"records": [{"seq": 1, "value": 0.0012345678901234567890123, "time": 1.5000000000000000000001e9}]}',
+    b'{"records": [{"seq": 1, "value": 1.5e0000000000000000000001}]}',  # an exponent of 22 digits
+    b'{"records": [{"seq": 1, "value": [0.1234567890123456789012, 12345678901234567890]}]}',
 ]
+LONG_FRACTION = BODIES[-3]  # 19 digits and more after a ".": read alike by both, so orjson's
 
 
 def read(decoder, body):
@@ -56,7 +60,8 @@ def test_an_ordinary_batch_takes_orjson_and_the_rest_records_loads(monkeypatch):
     loads = records.loads
     monkeypatch.setattr(records, "loads", lambda body: calls.append(body) or loads(body))
     assert server.decode(BATCH)["records"][49]["value"] == 50 / 7
+    server.decode(LONG_FRACTION)
     assert calls == []
-    for body in BODIES[1:5]:
+    for body in BODIES[1:5] + BODIES[-2:]:
         server.decode(body)
-    assert calls == BODIES[1:5]
+    assert calls == BODIES[1:5] + BODIES[-2:]

@@ -29,7 +29,8 @@ spool, to be sent again; `server.disk` says what is wrong.
 Connections are served on one asyncio loop (trialkit/manager/transport.py):
 a keeper's batch that comes whole in HTTP's plain form is answered by the
 transport's quick way (`_quick`), every other request by aiohttp's server.
-The keepers' routes run on the loop, every other route in a pool of threads. Bounds: at most `max_connections` connections are served at
+The keepers' routes run on the loop, every other route in a pool of
+threads. Bounds: at most `max_connections` connections are served at
 once (one more is closed at once; keepers retry), a request's line and
 headers must arrive within `header_seconds` of its first byte (slowloris),
 its body within `body_seconds` of its headers (408 then), and an idle
