@@ -1,7 +1,7 @@
 """The real manager under a cluster's keepers: 1,000 simulated keepers shipping over loopback.
 
     python bench/bench_manager.py [--keepers 1000] [--rate 50] [--seconds 30] [--processes 4]
-                                  [--burners 1] [--baseline REV --rounds 2]
+                                  [--burners 1] [--store-dir DIR] [--baseline REV --rounds 2]
 
 Starts `python -m trialkit.manager.server` on loopback (its own process, its
 store on disk), registers one trial and token per keeper, and runs the
@@ -22,6 +22,10 @@ falls behind gets bigger batches, so its CPU per record compares with
 another's only at like batch sizes), the load processes' own CPU (what
 the generator costs this machine), failed requests by kind (refused, reset,
 timed out, non-200), and whether the store holds every record exactly once.
+Beside the keepers runs a probe: one more keeper, alone in a process of its
+own, that sends a batch of 50 every 0.1 s. Its acknowledgement p50/p99 is
+what a keeper on another node would see of the manager, without the load
+processes' crowd of threads (250 shippers under one GIL each) in the way.
 
 The figures are set against the goal of issues 19 and 30, 1,000 keepers at
 50 records/s each, p99 acknowledgement < 100 ms, all records/s accepted
@@ -35,7 +39,8 @@ checked out to a temp dir; the keepers are this tree's) against this tree's,
 figures, then the manager CPU per record of each (median of its runs) and
 their ratio against issue 30's goal (5x less).
 Spools live on /dev/shm when there is one, so that the generator's fsyncs do
-not count against the manager's disk; the store is on the temp dir's disk.
+not count against the manager's disk; the store is on the temp dir's disk, or
+in `--store-dir` (/dev/shm there shows what the disk costs the manager).
 """
 from __future__ import annotations
 
@@ -69,6 +74,7 @@ from trialkit.manager.store import Store, new_token  # noqa: E402
 
 GOAL_KEEPERS, GOAL_RATE, GOAL_P99_MS = 1000, 50, 100.0
 GOAL_CPU_RATIO = 5.0  # issue 30: the manager's CPU per record, 5x less than before
+PROBE_TICK, PROBE_RATE = 0.1, 500  # the probe keeper (see above): a batch of 50 every 0.1 s, 1% more records
 
 
 class TimedSpool(Spool):
@@ -224,6 +230,8 @@ def main() -> int:
     parser.add_argument("--drain", type=float, default=30.0, help="seconds to deliver what is left after the load")
     parser.add_argument("--processes", type=int, default=4, help="load processes the keepers are spread over")
     parser.add_argument("--burners", type=int, default=0, help="CPU-burning processes beside the manager (loaded)")
+    parser.add_argument("--store-dir", help="where the manager's store is made (default: the temp dir; /dev/shm "
+                                            "leaves the disk out)")
     parser.add_argument("--baseline", metavar="REV", help="race the manager of this git revision, alternating")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the race with --baseline")
     opts = parser.parse_args()
@@ -264,7 +272,7 @@ def main() -> int:
 def run(opts: argparse.Namespace, manager_root: Path) -> Tuple[float, float]:
     """One run against the manager of `manager_root`; prints its figures and returns its CPU per record (us) and
     the records acknowledged a request."""
-    work = Path(tempfile.mkdtemp(prefix="bench-manager-"))
+    work = Path(tempfile.mkdtemp(prefix="bench-manager-", dir=opts.store_dir))
     spool_root = Path(tempfile.mkdtemp(prefix="bench-manager-spools-", dir="/dev/shm" if os.path.isdir("/dev/shm")
                                        else None))
     manager = None
@@ -272,7 +280,8 @@ def run(opts: argparse.Namespace, manager_root: Path) -> Tuple[float, float]:
         store = Store.in_dir(work)
         store.create_experiment("exp")
         trials = [(f"trial-{i:05d}", new_token()) for i in range(opts.keepers)]
-        for sequence, (trial_id, token) in enumerate(trials):
+        probe = ("probe", new_token())
+        for sequence, (trial_id, token) in enumerate(trials + [probe]):
             store.add_trial("exp", trial_id, sequence=sequence, parameters={}, token=token)
         store.close()
 
@@ -295,6 +304,9 @@ def run(opts: argparse.Namespace, manager_root: Path) -> Tuple[float, float]:
                                                                opts.rate, opts.tick, start_at, opts.seconds,
                                                                opts.drain, results))
                    for i in range(opts.processes)]
+        workers.append(context.Process(target=load_process, args=(url, [probe], str(spool_root), PROBE_RATE,
+                                                                   PROBE_TICK, start_at, opts.seconds, opts.drain,
+                                                                   results)))
         for worker in workers:
             worker.start()
         time.sleep(max(0.0, start_at - time.time()))
@@ -318,11 +330,14 @@ def run(opts: argparse.Namespace, manager_root: Path) -> Tuple[float, float]:
         appended: Dict[str, int] = {}
         for part in parts:
             appended.update(part["appended"])
+        probe_part = next(part for part in parts if probe[0] in part["appended"])
+        parts.remove(probe_part)
         store = Store.in_dir(work)
         stored = store.count_records()
         short = [t for t, last in appended.items() if store.acked_seq(t) != last or store.count_records(t) != last]
         store.close()
         offered = sum(appended.values())
+        probe_p50, probe_p99 = (percentile(probe_part["latencies"], f) * 1e3 for f in (0.50, 0.99))
         latencies = [item for part in parts for item in part["latencies"]]
         load_seconds = max(part["load_seconds"] for part in parts)
         accepted = sum(part["acked_in_load"] for part in parts) / load_seconds
@@ -333,8 +348,8 @@ def run(opts: argparse.Namespace, manager_root: Path) -> Tuple[float, float]:
         worst = max(value for value, _ in latencies) * 1e3 if latencies else float("nan")
         lost = offered - stored
 
-        acked_records = accepted * load_seconds
-        requests = max(1, sum(part["requests_in_load"] for part in parts))
+        acked_records = accepted * load_seconds + probe_part["acked_in_load"]
+        requests = max(1, sum(part["requests_in_load"] for part in parts + [probe_part]))
         per_record = manager_cpu / max(1.0, acked_records) * 1e6
         print(f"machine: {os.cpu_count()} cores, load average {load_before[0]:.1f} before, {load_after[0]:.1f} "
               f"after; cores busy {machine_busy:.0f}% during the load; {opts.burners} CPU burners beside")
@@ -345,6 +360,8 @@ def run(opts: argparse.Namespace, manager_root: Path) -> Tuple[float, float]:
         print(f"accepted: {accepted:,.0f} records/s acknowledged during the load "
               f"(offered {opts.keepers * opts.rate:,})")
         print(f"ack latency: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {worst:.1f} ms")
+        print(f"the probe (a keeper alone in its process, {round(PROBE_RATE * PROBE_TICK)} records every "
+              f"{PROBE_TICK:g} s): ack p50 {probe_p50:.1f} ms, p99 {probe_p99:.1f} ms")
         print(f"manager: threads max {max(sampler.threads, default=0)}, RSS {rss_idle / 2**20:.0f} MiB idle, "
               f"max {max(sampler.rss, default=0) / 2**20:.0f} MiB, CPU {manager_cpu / load_seconds:.2f} cores "
               f"({manager_cpu / requests * 1e3:.2f} ms a request, {acked_records / requests:.1f} records acked "
