@@ -46,7 +46,6 @@ from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
 from trialkit.errors import UserError
 from trialkit.manager import paths
-from trialkit.manager.disk import STORE
 from trialkit.manager.server import HttpError
 from trialkit.manager.store import Store, new_token
 from trialkit.platforms.base import Platform, PlatformStatus
@@ -191,7 +190,7 @@ class Loop:
         try:
             step(*args)
         except Exception as err:
-            if not self.manager.server.disk.failed(err, STORE):
+            if not self.manager.server.disk.failed(err, "the store"):
                 raise
 
     def final_status(self) -> str:

@@ -30,10 +30,8 @@ Done = Callable[[Union[Stored, Exception]], None]
 
 
 class GroupCommit:
-    def __init__(self, store: Store, committed: Callable[[], None] = lambda: None):
-        """`committed()`: called after each commit (the manager's checkpoints, checkpoints.py)."""
+    def __init__(self, store: Store):
         self._store = store
-        self._committed = committed
         self._pending: List[Tuple[Batch, Done]] = []
 
     def submit(self, trial_id: str, batch: List[Dict[str, Any]], rejected: List[Tuple[Dict[str, Any], str]],
@@ -51,8 +49,6 @@ class GroupCommit:
             outcomes: List[Any] = self._store.add_batches([batch for batch, _ in pending])
         except Exception as err:  # noqa: BLE001 - the commit failed: no batch of the group is stored
             outcomes = [err] * len(pending)
-        else:
-            self._committed()
         for (_, done), outcome in zip(pending, outcomes):
             try:
                 done(outcome)  # a request whose client left is stored all the same, acked on a resend

@@ -9,12 +9,6 @@ condition: the server and the experiment loop report each failed write to
 it, it logs one line when the condition starts and one when it ends, and
 while it lasts it tries a small write in the experiment dir every
 `probe_seconds` so that it ends even when no keeper is left to write.
-
-A write into room a file already has passes on a full disk, and SQLite's
-log reuses its own room each time it starts again: the store's checkpoints
-(checkpoints.py) look at the disk's room after each pass (`check_room`,
-statvfs), so that a full or read-only disk is said before a write fails,
-and a write that passes ends the condition only once the disk has room.
 """
 from __future__ import annotations
 
@@ -31,8 +25,6 @@ FAULT_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, 
 _SQLITE_FAULTS = {3: "permission denied", 8: "the database is read-only", 10: "disk I/O error",
                   13: "the disk is full", 14: "cannot open the database file", 23: "not authorized"}
 PROBE_SECONDS = 1.0
-ROOM_BYTES = 4096  # less room than a page is a full disk
-STORE, CHECKPOINTS = "the store", "the store's checkpoints"  # what failed, as DiskWatch.failed names it
 PROBE_NAME = ".trialkit-write-probe"
 
 
@@ -70,25 +62,6 @@ class DiskWatch:
         reason = fault_reason(err)
         if reason is None:
             return False
-        self._start(what, reason)
-        return True
-
-    def check_room(self, what: str) -> None:
-        """Start the condition when the disk is full or read-only though writes still pass: a write into room
-        a file already has passes on a full disk (the store's log reuses its own), and nothing failed yet."""
-        reason = room_problem(self.directory)
-        if reason is not None:
-            self._start(what, reason)
-
-    def passed(self) -> None:
-        """A write went through: the condition, if any, is over, unless the disk still has no room."""
-        with self._lock:
-            if self._problem is None or room_problem(self.directory) is not None:
-                return
-            self._problem = None
-        self._log(f"the disk of {self.directory} takes writes again; going on")
-
-    def _start(self, what: str, reason: str) -> None:
         with self._lock:
             started = self._problem is None
             self._problem = f"cannot write {what} in {self.directory}: {reason}"
@@ -98,6 +71,15 @@ class DiskWatch:
                 if not self._stop.is_set():
                     self._prober = threading.Thread(target=self._probe, name="trialkit-disk-probe", daemon=True)
                     self._prober.start()
+        return True
+
+    def passed(self) -> None:
+        """A write went through: the condition, if any, is over."""
+        with self._lock:
+            if self._problem is None:
+                return
+            self._problem = None
+        self._log(f"the disk of {self.directory} takes writes again; going on")
 
     def close(self) -> None:
         self._stop.set()
@@ -109,19 +91,6 @@ class DiskWatch:
         while self._problem is not None and not self._stop.wait(self.probe_seconds):
             if probe_write(self.directory):
                 self.passed()
-
-
-def room_problem(directory: Path) -> Optional[str]:
-    """"the disk is full" or "the disk is read-only" when statvfs says so; None otherwise, or when it cannot tell."""
-    try:
-        disk = os.statvfs(directory)
-    except OSError:
-        return None
-    if disk.f_flag & os.ST_RDONLY:
-        return "the disk is read-only"
-    if disk.f_bavail * disk.f_frsize < ROOM_BYTES:
-        return "the disk is full"
-    return None
 
 
 def probe_write(directory: Path) -> bool:

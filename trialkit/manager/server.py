@@ -80,8 +80,7 @@ except ImportError:  # pragma: no cover - depends on the install
 from trialkit import records
 from trialkit.manager import archives, replica_logs
 from trialkit.manager.commits import GroupCommit
-from trialkit.manager.checkpoints import Checkpointer
-from trialkit.manager.disk import STORE, DiskWatch
+from trialkit.manager.disk import DiskWatch
 from trialkit.manager.store import Store, Stored
 from trialkit.manager.transport import Take, Transport
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
@@ -206,8 +205,7 @@ class ManagerServer:
         # The keepers' routes answer in well under a millisecond: they run on the server's loop.
         self._on_loop = {self._post_records, self._get_parameters} if store is not None else set()
         self.disk = DiskWatch(store.path.parent if store is not None else Path("."))
-        self._checkpoints = Checkpointer(store.path, store.writers_held, self.disk) if store is not None else None
-        self._commits = GroupCommit(store, self._checkpoints.committed) if store is not None else None
+        self._commits = GroupCommit(store) if store is not None else None
         self._transport = Transport(host, port, self._serve, quick=self._quick,
                                     tls=tls_context(*tls) if tls is not None else None,
                                     max_connections=max_connections, header_seconds=header_seconds,
@@ -335,7 +333,7 @@ class ManagerServer:
             return err.status, {"error": err.reason}
         if isinstance(err, UserError):  # what the request asked is refused as a config would be (out of range, ...)
             return 400, {"error": err.line()}
-        if self.disk.failed(err, STORE):
+        if self.disk.failed(err, "the store"):
             return 503, {"error": f"{self.disk.problem or 'the disk takes no writes'}: "
                                   "keep the records and send them again later"}
         print(f"trialkit-manager: {method} {path} failed: {err!r}", file=sys.stderr, flush=True)
@@ -369,8 +367,6 @@ class ManagerServer:
         if self._thread is not None:
             self._thread.join()
         self._transport.close()
-        if self._checkpoints is not None:
-            self._checkpoints.close()
         self.disk.close()
 
     # -- one request, from the server's loop -------------------------------------------

@@ -57,8 +57,7 @@ from trialkit.statuses import FINAL_STATUSES, RUNNING, WAITING
 
 DB_NAME = "trialkit.db"
 CACHE_KIB = 64 << 10  # the writer's page cache, at most (SQLite takes it as pages are used)
-CHECKPOINT_PAGES = 10_000  # the WAL's length (40 MB) at which the manager's checkpoints start it again
-WAL_BOUND_PAGES = 4 * CHECKPOINT_PAGES  # the writer's own automatic checkpoint, should those fall behind
+CHECKPOINT_PAGES = 10_000  # WAL pages (40 MB) between automatic checkpoints; SQLite's default is 1,000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS experiments (
@@ -183,10 +182,11 @@ class Store:
             self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints, never corrupt
             self._db.execute("PRAGMA foreign_keys=ON")
             # A thousand keepers' trials each add to a leaf page of their own: SQLite's default 2 MB cache held
-            # half of them, and each commit read the others back. The manager checkpoints from a thread of its
-            # own (checkpoints.py); the writer's automatic checkpoint is only the bound on the WAL's length.
+            # half of them, and each commit read the others back. A longer WAL between checkpoints copies a page
+            # rewritten by many commits once (the store alone, timed in-process with 1,000 trials
+            # interleaved: 5.7 -> 5.0 us a record).
             self._db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-            self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_BOUND_PAGES}")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={CHECKPOINT_PAGES}")
             self._db.executescript(_SCHEMA)
             self._add_missing_columns()
         except (OSError, sqlite3.DatabaseError) as err:
@@ -243,10 +243,6 @@ class Store:
     @staticmethod
     def _has_column(db: sqlite3.Connection, table: str, column: str) -> bool:
         return any(row["name"] == column for row in db.execute(f"PRAGMA table_info({table})"))
-
-    def writers_held(self) -> threading.RLock:
-        """`with store.writers_held():` no write transaction of this store starts meanwhile (its lock)."""
-        return self._lock
 
     def _tx(self):
         return _Transaction(self._db, self._lock)
