@@ -235,6 +235,8 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="REV", help="race the manager of this git revision, alternating")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the race with --baseline")
     opts = parser.parse_args()
+    if opts.store_dir is not None and not os.path.isdir(opts.store_dir):
+        parser.error(f"--store-dir {opts.store_dir}: no such directory; give one that exists (e.g. /dev/shm)")
     burners = [multiprocessing.get_context("fork").Process(target=burn, daemon=True) for _ in range(opts.burners)]
     for burner in burners:
         burner.start()
