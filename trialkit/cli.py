@@ -898,12 +898,15 @@ def build_parser() -> ArgumentParser:
                             "where each trial writes its dir, as NNI's adl mode does, and print how to reach it. "
                             "Asked again, it keeps what runs; it goes when the experiment ends."))
     export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
-                                     "Every trial with its parameters, status, exit code, intermediate and final "
-                                     "metrics, as JSON (a list of trials) or CSV (a line per trial)."))
+                                     "Every trial with its parameters, status, exit code, steps, intermediate and "
+                                     "final metrics, as JSON (a list of trials) or CSV (a line per trial, flat: a "
+                                     "column per metric of its latest reports, latest.NAME)."))
     export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
     export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
     export.add_argument("--all-runs", action="store_true",
-                        help="a row per run of each trial (a restarted trial starts a new run); default: its latest run")
+                        help="a row per run of each trial (a restarted trial starts a new run), each with that run's "
+                             "own status and reports as they came; default: a row per trial, its runs as one series "
+                             "(a later run's report at a step replacing an earlier one's)")
     plot = _experiment_id(_command(sub, "plot", cmd_experiment_plot, "plot an experiment's metrics to a PNG",
                                    "Intermediate metric curves per trial, and the final metric against each "
                                    "parameter, in one PNG."))
@@ -914,7 +917,9 @@ def build_parser() -> ArgumentParser:
                      "Commands on trials, found by id (<experiment id>-<sequence>).")
     sub = trial.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _experiment_id(_command(sub, "list", cmd_trial_list, "list an experiment's trials",
-                            "One line per trial: status, final metric, steps reported, duration, parameters.",
+                            "One line per trial: status, final metric, steps (the last step reported, where the "
+                            "trial reports steps, as Determined's steps_completed; else how many results it "
+                            "reported), duration, parameters. A restarted trial's runs count as one.",
                             aliases=["ls"]))
     _trial_id(_command(sub, "show", cmd_trial_show, "show one trial",
                        "The trial's status, exit code, parameters, metrics, dir and status history; for an elastic "

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from trialkit import gpus
+from trialkit import gpus, records
+from trialkit.control import results
 from trialkit.manager.server import HttpError
 from trialkit.records import INT64_MAX, BadRecord, loads, metric_number
 from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
@@ -296,9 +297,11 @@ def _trial_row(row: sqlite3.Row, now: float) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------- charts
 
-def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str], top: int = 10) -> Dict[str, Any]:
-    """Intermediate results of the given trials (else the `top` best) over their steps in their latest run,
-    with final metrics."""
+def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str], top: int = 10,
+           metric: str = "") -> Dict[str, Any]:
+    """One metric of the given trials (else the `top` best) over their steps, every run of a trial as one series
+    (results.series), with final metrics: `metric` by name (results.metric_names), else the one a user looks at
+    first; `metrics` lists every name these trials report."""
     exp = _experiment_row(db, experiment_id)
     mode = optimize_mode(exp["config"])
     if trial_ids:
@@ -310,25 +313,29 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
         rows = db.execute(f"SELECT * FROM (SELECT t.id, t.sequence, {FINAL} AS metric FROM trials t "
                           f"WHERE t.experiment=?) ORDER BY metric {_order(mode)} NULLS LAST, sequence DESC LIMIT ?",
                           (experiment_id, top)).fetchall()
-    series = []
-    latest = _LATEST_RUN if _has_runs(db) else ""
+    run = "COALESCE(run, 0)" if _has_runs(db) else "0"
+    reports = {}
     for row in rows:
-        values = [v for (v,) in db.execute(
-            f"SELECT metric_number(value) FROM records WHERE trial=? AND type='PERIODICAL' {latest} ORDER BY seq",
-            (row["id"],) * (2 if latest else 1))]
-        steps = list(range(1, len(values) + 1))
-        stride = max(1, -(-len(values) // CURVE_POINTS))
-        series.append({"id": row["id"], "metric": row["metric"], "steps": steps[::stride], "values": values[::stride]})
+        found = [{"seq": seq, "run": run_of, "type": "PERIODICAL", "value": _json(value)} for seq, run_of, value in
+                 db.execute(f"SELECT seq, {run}, value FROM records WHERE trial=? AND type='PERIODICAL' ORDER BY seq",
+                            (row["id"],))]
+        reports[row["id"]] = [rec["value"] for rec in results.series(found)]
+    names = results.metric_names(value for values in reports.values() for value in values)
+    name = metric if metric in names else (names[0] if names else "default")
+    series = []
+    for row in rows:
+        points = results.metric_points(reports[row["id"]], name)
+        stride = max(1, -(-len(points) // CURVE_POINTS))
+        series.append({"id": row["id"], "metric": row["metric"], "steps": [step for step, _ in points[::stride]],
+                       "values": [value for _, value in points[::stride]],
+                       "reports": len(reports[row["id"]])})
     if not trial_ids:
         best = rows[:1] if rows and rows[0]["metric"] is not None else []
     else:
         best = _best(db, experiment_id, mode)
-    return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series}
-
-
-# A restarted trial numbers its steps from 0 again: its curve is its latest run's (NULL runs: before runs were kept).
-_LATEST_RUN = ("AND COALESCE(run, 0) = (SELECT COALESCE(MAX(run), 0) FROM records "
-               "WHERE trial=? AND type IN ('PERIODICAL', 'FINAL'))")
+    named = any(records.report_step(value) for values in reports.values() for value in values)
+    return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series, "metrics": names,
+            "metric": name, "x": "batches (steps_completed)" if named else "step"}
 
 
 def _has_runs(db: sqlite3.Connection) -> bool:
