@@ -136,11 +136,12 @@ def last_step(values: List[Any]) -> int:
 
 def metric_names(values: Iterable[Any]) -> List[str]:
     """Every metric these values hold, by name (records.scalars: "default", a dict's keys, GROUP.NAME), each
-    once: the metric a user looks at first comes first ("default", else the first validation metric)."""
+    once, as first seen but the one a user looks at first first ("default", else the first validation metric:
+    the searcher's) and Determined's validation metrics before the other groups'."""
     names = list(dict.fromkeys(name for value in values for name, _ in records.scalars(value)))
     first = next((name for name in names if name == "default"), None) or next(
         (name for name in names if name.startswith("validation.")), None)
-    return sorted(names, key=lambda name: name != first)
+    return sorted(names, key=lambda name: (name != first, not name.startswith("validation.")))
 
 
 def metric_points(values: List[Any], name: str) -> List[Tuple[int, float]]:
