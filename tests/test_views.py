@@ -6,7 +6,9 @@ a Determined trial's two runs are written into a store as its keepers deliver th
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from experiment_util import cli, experiment, experiment_id
 from trialkit.control.plot import draw
 from trialkit.control.results import trial_rows
 from trialkit.manager.store import Store
+from trialkit.web import queries
 
 pytest.importorskip("matplotlib", reason="plots need matplotlib (the control extra)")
 
@@ -116,3 +119,18 @@ def test_determined_groups_are_drawn_against_batches_and_every_run_is_one_curve(
     monkeypatch.setenv("TRIALKIT_HOME", str(home))
     done = cli("experiment", "plot", exp, "-o", home.parent / "det.png", "--metric", "training.loss")
     assert done.returncode == 0, done.stderr
+
+
+def test_an_experiment_that_ended_in_error_says_why_in_the_words_of_its_run(tmp_path, home):
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}}, "raise SystemExit(3)\n",
+                        maxTrialNumber=4, trialConcurrency=1)
+    done = cli("run", config)
+    exp = experiment_id(done.stdout.splitlines()[0])
+    said = next(line for line in done.stdout.splitlines() if line.startswith("error: "))[len("error: "):]
+    assert "the first 3 trials all failed the same way" in said
+    shown = cli("experiment", "show", exp).stdout.splitlines()
+    assert f"status      ERROR: {said}" in shown
+    with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db:
+        db.row_factory = sqlite3.Row
+        queries.register(db)
+        assert queries.experiment(db, exp)["reason"] == said  # the page's overview shows it (test_web's ended page)

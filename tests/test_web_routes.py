@@ -131,9 +131,11 @@ def test_a_read_only_page_has_no_action_route_even_beside_a_loop(tmp_path):
 
 def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
     page = requests.get(served.url + "/", timeout=10).text
-    basic, full = re.search(r'href="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
+    basic, full = re.search(r'data-basic="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
                             page).groups()
-    for path in ("/", "/static/app.js", basic, full):
+    uplot = re.search(r'src="(/static/uplot-[0-9a-f]+\.min\.js)"', page).group(1)
+    uplot_css = re.search(r'href="(/static/uplot-[0-9a-f]+\.min\.css)"', page).group(1)
+    for path in ("/", "/static/app.js", uplot, uplot_css, basic, full):
         plain = requests.get(served.url + path, headers={"Accept-Encoding": "identity"}, timeout=10)
         packed = requests.get(served.url + path, headers={"Accept-Encoding": "gzip"}, stream=True, timeout=10)
         raw = packed.raw.read(decode_content=False)
@@ -148,6 +150,9 @@ def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
         assert plain.headers["ETag"] != packed.headers["ETag"]
     refused = requests.get(served.url + basic, headers={"Accept-Encoding": "gzip;q=0, br"}, timeout=10)
     assert "Content-Encoding" not in refused.headers and refused.content.startswith(b"/**\n* plotly.js (basic")
+    forever = requests.get(served.url + uplot, timeout=10)  # named by its hash: cached for good
+    assert forever.content.startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    assert "immutable" in forever.headers["Cache-Control"]
 
 
 def test_the_trials_api_sorts_filters_and_pages_on_the_server(tmp_path):

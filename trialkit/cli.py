@@ -165,7 +165,8 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
     mode = config["tuner"]["classArgs"]["optimize_mode"]
     lines = [
         f"experiment  {opts.experiment_id}" + (f" ({config['experimentName']})" if config.get("experimentName") else ""),
-        f"status      {background.status(experiment_dir, experiment)}",
+        f"status      {background.status(experiment_dir, experiment)}"
+        + (f": {experiment['reason']}" if experiment.get("reason") else ""),
         f"created     {when(experiment['created'])}",
         f"elapsed     {duration(info.elapsed if info else None)}",
         f"dir         {experiment_dir}",

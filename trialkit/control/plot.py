@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import records
 from trialkit.control.results import flat_parameters, metric_names, metric_points, metric_value
@@ -40,9 +40,11 @@ def reported_metrics(rows: List[Dict[str, Any]]) -> List[str]:
     return metric_names(value for row in rows for value in row["intermediate"])
 
 
-def step_title(values: Sequence[Any]) -> str:
-    """What a curve's x axis counts: batches where the reports name their step (Determined's), else steps."""
-    return BATCH_TITLE if any(records.report_step(value) for value in values) else STEP_TITLE
+def step_title(values: Iterable[Any], name: str) -> str:
+    """What the x axis of metric `name`'s curves counts: batches where the reports holding it name their step
+    (Determined's), else steps."""
+    named = any(records.report_step(value) and name in dict(records.scalars(value)) for value in values)
+    return BATCH_TITLE if named else STEP_TITLE
 
 
 def parameter_scale(space: Mapping[str, Any], name: str) -> Tuple[str, List[Any]]:
@@ -126,7 +128,7 @@ def _curves(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
     elif not drawn:
         _empty(ax, f"no trial reported {name}")
     ax.set_title("intermediate results" if name == "default" else name)
-    ax.set_xlabel(step_title([value for row in rows for value in row["intermediate"]]))
+    ax.set_xlabel(step_title((value for row in rows for value in row["intermediate"]), name))
     ax.set_ylabel("metric" if name == "default" else name)
     if drawn and len(rows) <= 12:
         ax.legend(fontsize="x-small")

@@ -168,7 +168,8 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
                 platform.experiment_ended(loop.experiment_id, list(loop.trials))
     finally:
         manager.close()
-        loop.store.set_experiment_status(loop.experiment_id, status)
+        why = loop.error if status == ERROR else loop.stopping[1] if loop.stopping is not None else None
+        loop.store.set_experiment_status(loop.experiment_id, status, why)  # the page and `experiment show` say it
         manager.save(loop.elapsed())
         loop.progress.close()
     result = ExperimentResult(loop.experiment_id, status, loop.config.optimize_mode,
