@@ -175,6 +175,9 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
     result = ExperimentResult(loop.experiment_id, status, loop.config.optimize_mode,
                               trial_rows(loop.store, loop.experiment_id))
     _summary(loop, result)
+    if manager.page is not None:  # its address went with the manager: say how to open it again
+        loop.progress.say(f"page: ended with the run; `trialkit ui {loop.experiment_id}` serves it again, "
+                          "read-only, at the address above")
     return result
 
 
