@@ -147,6 +147,20 @@
   }
   const PLOT_CONFIG = {displaylogo: false, responsive: true};
 
+  // uPlot: run once the first view has asked for its data (start()), so that its evaluation overlaps
+  // the answers instead of delaying the questions (bench/bench_web.py: ~50 ms of a cold page).
+  let uplotReady = null;
+  function loadUplot() {
+    uplotReady = uplotReady || new Promise((resolve, reject) => {
+      const script = document.createElement('script');
+      script.addEventListener('load', () => (window.uPlot ? resolve(window.uPlot) : reject(new Error('uPlot did not load'))));
+      script.addEventListener('error', () => reject(new Error('uPlot did not load')));
+      script.src = $('uplot').href;
+      document.head.append(script);
+    });
+    return uplotReady;
+  }
+
   async function plot(node, traces, layout) {
     const Plotly = await loadPlotly(traces.some((t) => !BASIC_TRACES.has(t.type)));
     const base = {margin: {l: 60, r: 20, t: 20, b: 50}, paper_bgcolor: 'rgba(0,0,0,0)', plot_bgcolor: '#fff'};
@@ -455,7 +469,7 @@
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
         : `Curves: the ${data.series.length} best`;
       metricPicker(this.metricPick, data, (name) => this.set({curve: name}));
-      drawCurves(this.chart, data);
+      await drawCurves(this.chart, data);
     }
   }
 
@@ -464,7 +478,8 @@
   // is none of is said in words in the chart's place.
   const COLORS = ['#2f6fdb', '#e4572e', '#17a398', '#f3a712', '#8f5bd6', '#5c946e', '#d1495b', '#00798c',
     '#7d7d7d', '#b5651d'];
-  function drawCurves(node, data) {
+  async function drawCurves(node, data) {
+    const uPlot = await loadUplot();
     const sign = data.optimize_mode === 'minimize' ? 1 : -1;
     const ranked = data.series.filter((s) => s.metric !== null).sort((a, b) => sign * (a.metric - b.metric));
     const top = ranked.length ? ranked[0].id : null;
@@ -781,8 +796,7 @@
       if (!t.history.length) this.history.append(el('tr', {}, el('td', {colspan: 5, class: 'muted empty'}, 'no status yet')));
       this.gpuPanel.hidden = !t.gpu_samples.length;
       metricPicker(this.metricPick, curves, (name) => { this.metric = name; this.load(); });
-      drawCurves(this.chart, curves);
-      await Promise.all([this.pollLog(),
+      await Promise.all([drawCurves(this.chart, curves), this.pollLog(),
         t.gpu_samples.length ? drawGpuUse(this.gpuChart, t.gpu_samples) : null]);
       markReady('trial');
     }
@@ -923,7 +937,9 @@
   async function start() {
     if (!token) { askToken(); return; }
     window.addEventListener('hashchange', () => show(false));
-    await show(false);
+    const shown = show(false);  // its questions are asked before this returns
+    loadUplot();
+    await shown;
     follow();
   }
 
