@@ -6,14 +6,16 @@ Filled straight into a store, served by a real ManagerServer with the page,
 opened in headless Chromium at the trials view with 10 trials selected. Three
 loads race in every sample, in an order that rotates from sample to sample so
 that load on the shared machine falls on all alike:
-  cold:   an empty browser cache (plotly.js fetched and compiled anew);
+  cold:   an empty browser cache (uPlot and the page's script fetched and compiled anew);
   warm:   everything cached;
   floor:  a bare static HTML table of the same trials (every one of them, no
           script, no chart), served from loopback: what a browser needs at least.
 Each is timed by the DOM from navigation start: the page marks when its table
 is built and when table and curves are drawn; the floor marks the end of its
-table. Goal (issue 18): the cold page with table and curves in under 1 s.
-The manager's answers the view needs are timed too (issue 9: under 50 ms).
+table. Goal (issue 40): the cold page with table and curves within 3x the
+static table (with plotly drawing the curves: 1.0-1.05 s, 5.3x; uPlot draws
+them now). The manager's answers the view needs are timed too (issue 9: under
+50 ms).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
@@ -43,7 +45,7 @@ from web_util import Browser, fill  # noqa: E402
 
 EXPERIMENT = "bench1"
 TOKEN = "bench-token"
-PAGE_GOAL = 1.0  # seconds, cold page with table and curves
+PAGE_GOAL = 3.0  # the cold page with table and curves, against the static table of every trial
 ANSWER_GOAL = 0.050  # seconds, each answer the view needs
 
 
@@ -133,7 +135,7 @@ def open_page(driver, url: str, cold: bool) -> Dict[str, float]:
         driver.execute_cdp_cmd("Network.clearBrowserCache", {})
     driver.get(url)
     wait_ready(driver, "return document.body && document.body.dataset.ready === 'trials'")
-    curves = driver.execute_script("return document.querySelectorAll('#curves .scatterlayer .trace').length")
+    curves = driver.execute_script("const u = document.getElementById('curves').uplot; return u ? u.series.length - 1 : 0")
     rows = driver.execute_script("return document.querySelectorAll('#trials tbody tr').length")
     if curves != 10 or rows != 50:
         raise RuntimeError(f"the page drew {rows} rows and {curves} curves, not 50 and 10")
@@ -175,8 +177,9 @@ def report(found: Dict[str, Dict[str, List[float]]], samples: int) -> bool:
           "trials, no script)")
     cold, warm, floor = med["cold"]["table and curves"], med["warm"]["table and curves"], med["floor"]["table"]
     print(f"  cold/warm {cold / warm:5.2f}x   cold/floor {cold / floor:5.2f}x   warm/floor {warm / floor:5.2f}x")
-    met = cold < PAGE_GOAL
-    print(f"  goal: cold page with table and curves < {PAGE_GOAL * 1e3:.0f} ms: {cold * 1e3:.0f} ms, {verdict(met)}")
+    met = cold < PAGE_GOAL * floor
+    print(f"  goal: cold page with table and curves within {PAGE_GOAL:.0f}x the static table: {cold / floor:.2f}x "
+          f"({cold * 1e3:.0f} against {floor * 1e3:.0f} ms), {verdict(met)}")
     return met
 
 

@@ -8,6 +8,8 @@ experiment: a manager, keepers, trial processes, the store on disk.
 from __future__ import annotations
 
 import base64
+import csv
+import io
 import importlib.metadata
 import importlib.util
 import json
@@ -100,6 +102,22 @@ def test_a_pause_reaches_should_preempt_and_the_trial_resumes_from_its_stored_ch
     assert [n for n, _ in metrics(runs[0], "training")] == list(range(10, stopped_at + 1, 10))
     assert metrics(runs[1], "training") == [(n, {"x": n}) for n in range(stopped_at + 10, 101, 10)]
     assert runs[1]["final"] == 100
+    # Each run keeps its own end: the paused one was PREEMPTED (exit 143), however the trial ended later.
+    assert (runs[0]["status"], runs[0]["exit_code"], runs[0]["steps"]) == ("PREEMPTED", 143, stopped_at)
+    assert runs[0]["ended"] <= runs[1]["started"]
+    # Every view is the trial's one series: the default export, trial list, the flat CSV.
+    exp = runs[1]["trial_id"].rsplit("-", 1)[0]
+    row = export(exp)[0]
+    assert metrics(row, "training") == [(n, {"x": n}) for n in range(10, 101, 10)]  # 10..100, each once
+    assert metrics(row, "validation") == [(100, {"x": 100})]
+    assert (row["status"], row["steps"], row["final"], row["run"]) == ("SUCCEEDED", 100, 100, 1)
+    listed = cli("trial", "list", exp).stdout.splitlines()
+    assert listed[0].split() == ["trial", "status", "final", "steps", "duration", "parameters"]
+    assert listed[2].split()[1:4] == ["SUCCEEDED", "100", "100"]
+    table = list(csv.DictReader(io.StringIO(cli("experiment", "export", exp, "--format", "csv").stdout)))
+    assert (table[0]["steps"], table[0]["latest.training.x"], table[0]["latest.validation.x"]) == ("100", "100.0",
+                                                                                                  "100.0")
+    assert not any(cell.startswith(("[", "{")) for cell in table[0].values())  # flat: no JSON inside a cell
 
 
 def test_adaptive_asha_stops_the_worse_trials_at_a_rung():

@@ -133,7 +133,7 @@ def test_a_final_only_experiment_plots_with_a_word_why_and_an_all_failed_one_doe
     import matplotlib.pyplot as plt
 
     figure, ax = plt.subplots()
-    plot._curves(ax, export(exp))
+    plot._curves(ax, export(exp), "default")
     drawn = [text.get_text() for text in ax.texts]
     plt.close(figure)
     assert drawn == ["no intermediate results:\nthe trials reported final results only"]

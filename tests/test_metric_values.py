@@ -322,8 +322,10 @@ def test_a_restarted_trial_keeps_its_runs_apart_and_shows_the_latest(tmp_path, m
         stored = [(r["run"], r["value"]) for r in m.store.records_for("t1") if r["type"] in records.METRIC_TYPES]
         # (sorted: the stdout line and the SDK's file reach the keeper by two paths, in either order)
         assert sorted(stored) == [(0, 100 + i) for i in range(5)] + [(1, 7)] + [(1, 200 + i) for i in range(3)]
+        # One series: run 1's reports (which name no step, as NNI's) go on after run 0's, in the order they came.
         latest = export("exp")
-        assert [(r["run"], r["intermediate"], r["final"]) for r in latest] == [(1, [200, 201, 202], 7)]
+        assert [(r["run"], r["intermediate"], r["steps"], r["final"]) for r in latest] == [
+            (1, [100, 101, 102, 103, 104, 200, 201, 202], 8, 7)]
         every = json.loads(cli("experiment", "export", "exp", "--all-runs").stdout)
         assert [(r["run"], r["intermediate"], r["final"]) for r in every] == [
             (0, [100, 101, 102, 103, 104], None), (1, [200, 201, 202], 7)]
@@ -333,7 +335,8 @@ def test_a_restarted_trial_keeps_its_runs_apart_and_shows_the_latest(tmp_path, m
         page = Database(m.store.path)
         try:
             with page.reading() as db:
-                assert queries.curves(db, "exp", ["t1"])["series"][0]["values"] == [200, 201, 202]
+                curve = queries.curves(db, "exp", ["t1"])["series"][0]
+                assert (curve["steps"], curve["values"]) == (list(range(1, 9)), [100, 101, 102, 103, 104, 200, 201, 202])
         finally:
             page.close()
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import secrets
 import signal
 from pathlib import Path
@@ -220,12 +221,12 @@ def test_the_trials_table_shows_every_trial(site, browser):
 def test_a_curve_and_the_parallel_coordinates_render_with_data(site, browser):
     chosen = site.ids[:3]
     open_view(browser, site, f"#/exp/{EXPERIMENT}/trials?sel={','.join(chosen)}", "trials")
-    lines = wait_for(browser, "const t = document.querySelectorAll('#curves .scatterlayer .trace path.js-line');"
-                              "return t.length && [...t].map(p => p.getAttribute('d'))", "the curves")
-    assert len(lines) == 3 and all(d.startswith("M") for d in lines)
-    plotted = browser.execute_script("return document.getElementById('curves').data.map(t => [t.name, t.y.length])")
+    plotted = wait_for(browser, "const u = document.getElementById('curves').uplot; return u && u.series.slice(1)"
+                                ".map((s, i) => [s.label, u.data[i + 1].filter(y => y !== null).length])", "the curves")
     assert sorted(plotted) == sorted([[chosen[1] + " (best)", 5], [chosen[0], 5], [chosen[2], 5]])
-    assert plotly_scripts(browser) == ["plotly-basic"]  # curves need no more than the basic bundle
+    assert browser.execute_script("return document.querySelectorAll('#curves canvas').length") == 1  # drawn
+    assert browser.execute_script("return document.getElementById('curves').uplot.data[0]") == [1, 2, 3, 4, 5]
+    assert plotly_scripts(browser) == []  # uPlot draws the curves: no plotly on this view
     shot(browser, "curves")
 
     open_view(browser, site, f"#/exp/{EXPERIMENT}/params", "params")
@@ -260,8 +261,8 @@ def test_values_from_trials_show_as_text(site, browser):
     assert NOTE in cell_texts(browser, "#parcoords .axis-title")
     scatter = cell_texts(browser, "#scatter text")
     assert NOTE in scatter and SCRIPT_VALUE in scatter
-    # Nothing ran: no script but the page's two, no image element, nothing set by them.
-    assert browser.execute_script("return document.scripts.length") == 2
+    # Nothing ran: no script but the page's three (uPlot, app.js, plotly), no image element, nothing set by them.
+    assert browser.execute_script("return document.scripts.length") == 3
     assert browser.execute_script("return document.querySelectorAll('img').length") == 0
     assert browser.execute_script("return window.pwned === undefined")
     shot(browser, "escaped")
@@ -399,3 +400,126 @@ def test_a_failed_trials_log_opens_on_stderr_and_the_bare_address_asks_for_the_t
     finally:
         server.stop()
         store.close()
+
+
+# ---------------------------------------------------------------- metrics as users wrote them, words for what is not
+
+VIEWS_SPACE = {"lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]}, "batch": {"_type": "choice", "_value": [64, 16, 32]}}
+ENDED_WHY = "the first 3 trials all failed the same way: exit code 1"
+
+
+def views_store(root: Path) -> Store:
+    """An ERROR experiment, as a read-only page finds it: an NNI trial with dict metrics (its stdout empty), a
+    Determined trial paused at 20 batches and resumed from 10, and a trial that failed before reporting."""
+    store = Store.in_dir(root / "viewsexp")
+    store.create_experiment("viewsexp", {"experimentName": "views", "searchSpace": VIEWS_SPACE,
+                                         "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}})
+    for sequence, params in enumerate([{"lr": 0.001, "batch": 16}, {"lr": 0.01, "batch": 64},
+                                       {"lr": 0.0001, "batch": 32}]):
+        trial_dir = root / f"trial{sequence}"
+        trial_dir.mkdir()
+        (trial_dir / "stdout.log").write_text("")
+        store.add_trial("viewsexp", f"viewsexp-{sequence:05d}", sequence=sequence, parameters=params, token=None,
+                        trial_dir=str(trial_dir))
+    nni = [{"seq": i + 1, "type": "PERIODICAL", "run": 0, "value": {"default": 0.1 * (i + 1), "loss": 1.0 / (i + 1)}}
+           for i in range(3)]
+    nni.append({"seq": 4, "type": "FINAL", "run": 0, "value": {"default": 0.5, "loss": 0.1}})
+    store.add_records("viewsexp-00000", nni)
+    det = lambda seq, run, group, step, x: {"seq": seq, "type": "PERIODICAL", "run": run, "value": {  # noqa: E731
+        "group": group, "steps_completed": step, "metrics": {"x": x, "loss": 1.0 / step}, "default": x}}
+    store.add_records("viewsexp-00001", [det(1, 0, "training", 10, 1), det(2, 0, "training", 20, 2),
+                                         det(3, 1, "training", 20, 2.5), det(4, 1, "training", 30, 3.5),
+                                         det(5, 1, "validation", 30, 3.4), {"seq": 6, "type": "FINAL", "run": 1,
+                                                                            "value": 3.4}])
+    for trial_id, status in (("viewsexp-00000", SUCCEEDED), ("viewsexp-00001", SUCCEEDED), ("viewsexp-00002", "FAILED")):
+        store.set_status(trial_id, "RUNNING")
+        store.set_status(trial_id, status, exit_code=0 if status == SUCCEEDED else 1)
+    store.set_experiment_status("viewsexp", "ERROR", ENDED_WHY)
+    return store
+
+
+@pytest.fixture(scope="module")
+def views_site(tmp_path_factory):
+    store = views_store(tmp_path_factory.mktemp("views"))
+    server = ManagerServer(None).start()
+    install(server, store, admin_token="views-token", read_only=True)
+    yield server
+    server.stop()
+    store.close()
+
+
+def open_read_only(driver, server, view: str, ready: str) -> None:
+    driver.get("about:blank")
+    driver.get(page_url(server, "views-token", "viewsexp") + view)
+    wait_for(driver, f"return document.body.dataset.ready === {json.dumps(ready)}", f"the {ready} view")
+
+
+def curve(driver, node: str) -> Dict[str, Any]:
+    return driver.execute_script(f"const u = document.getElementById({json.dumps(node)}).uplot; return u && "
+                                 "{labels: u.series.map(s => s.label), data: u.data}")
+
+
+def picker(driver, node: str) -> List[str]:
+    return driver.execute_script(f"return [...document.querySelectorAll('#{node} option')].map(o => o.value)")
+
+
+def test_each_metric_is_selectable_and_determined_groups_draw_against_batches(views_site, browser):
+    open_read_only(browser, views_site, "/trial/viewsexp-00001", "trial")
+    assert picker(browser, "trial-metric") == ["validation.x", "validation.loss", "training.x", "training.loss"]
+    shown = curve(browser, "trial-curve")
+    assert shown["labels"][0] == "batches (steps_completed)" and shown["data"] == [[30], [3.4]]
+    browser.execute_script("const s = document.getElementById('trial-metric'); s.value = 'training.x';"
+                           "s.dispatchEvent(new Event('change'))")
+    # Both runs as one series, against batches; run 1's report at 20 replaced run 0's.
+    wait_for(browser, "const u = document.getElementById('trial-curve').uplot; return u && u.data[0].length === 3",
+             "training.x")
+    assert curve(browser, "trial-curve")["data"] == [[10, 20, 30], [1, 2.5, 3.5]]
+    shot(browser, "determined-trial")
+    # NNI's dict metric: every key, default first; the Trials view's curves pick one for all selected trials.
+    open_read_only(browser, views_site, "/trials?sel=viewsexp-00000,viewsexp-00001", "trials")
+    assert picker(browser, "curve-metric") == ["default", "validation.x", "validation.loss", "loss", "training.x",
+                                               "training.loss"]
+    browser.execute_script("const s = document.getElementById('curve-metric'); s.value = 'loss';"
+                           "s.dispatchEvent(new Event('change'))")
+    wait_for(browser, "return location.hash.includes('curve=loss') && document.body.dataset.ready === 'trials'"
+                      " && document.getElementById('curves').uplot.series.length === 2", "the loss curves")
+    assert curve(browser, "curves") == {"labels": ["step", "viewsexp-00000"], "data": [[1, 2, 3], [1.0, 0.5, 1 / 3]]}
+
+
+def test_an_ended_experiments_page_says_why_and_what_is_empty_in_words(views_site, browser):
+    open_read_only(browser, views_site, "", "overview")
+    assert browser.execute_script("return document.getElementById('ended-why').textContent") == ENDED_WHY
+    assert browser.execute_script("return document.getElementById('live').hidden") is True
+    assert not re.search(r"\blive\b", browser.execute_script("return document.body.innerText"), re.I)
+    shot(browser, "ended-overview")
+    open_read_only(browser, views_site, "/trial/viewsexp-00000", "trial")
+    facts = cell_texts(browser, ".facts dt")
+    assert "Final result" in facts and "Final metric" not in facts  # one row for one number
+    assert cell_texts(browser, ".facts dd")[facts.index("Final result")] == "0.5 · loss 0.1"
+    wait_for(browser, "return document.getElementById('log').textContent.includes('empty')", "the empty log")
+    assert browser.execute_script("return document.getElementById('log').textContent") == \
+        "(stdout is empty: the trial has written nothing to it)"
+    open_read_only(browser, views_site, "/trial/viewsexp-00002", "trial")
+    assert browser.execute_script("return document.getElementById('trial-curve').textContent") == \
+        "no metrics: this trial has reported none yet"
+    open_read_only(browser, views_site, "/trials?status=RUNNING", "trials")
+    assert cell_texts(browser, "#trials tbody td") == ["no trial matches these filters"]
+    shot(browser, "empty-words")
+
+
+def test_parameter_axes_follow_the_search_space(views_site, browser):
+    open_read_only(browser, views_site, "/params", "params")
+    layout = browser.execute_script("const l = document.getElementById('scatter').layout;"
+                                    "return [l.xaxis.type, l.xaxis2.type, l.xaxis2.categoryarray]")
+    assert layout == ["log", "category", ["64", "16", "32"]]  # not every lr at 0, not 16..64 on a number line
+    dims = browser.execute_script("return document.getElementById('parcoords').data[0].dimensions"
+                                  ".map(d => [d.label, d.ticktext || null])")
+    assert dims[0] == ["lr (log)", ["0.001", "0.01"]] and dims[1] == ["batch", ["64", "16", "32"]]
+    shot(browser, "axes")
+
+
+def test_a_refused_token_is_said_once(views_site, browser):
+    browser.get("about:blank")
+    browser.get(f"{views_site.url}/?token=not-the-token#/")
+    said = wait_for(browser, "return document.getElementById('problem').textContent", "the refusal")
+    assert said == "wrong token: open the page at the URL trialkit printed"

@@ -131,9 +131,11 @@ def test_a_read_only_page_has_no_action_route_even_beside_a_loop(tmp_path):
 
 def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
     page = requests.get(served.url + "/", timeout=10).text
-    basic, full = re.search(r'href="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
+    basic, full = re.search(r'data-basic="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
                             page).groups()
-    for path in ("/", "/static/app.js", basic, full):
+    uplot = re.search(r'src="(/static/uplot-[0-9a-f]+\.min\.js)"', page).group(1)
+    uplot_css = re.search(r'href="(/static/uplot-[0-9a-f]+\.min\.css)"', page).group(1)
+    for path in ("/", "/static/app.js", uplot, uplot_css, basic, full):
         plain = requests.get(served.url + path, headers={"Accept-Encoding": "identity"}, timeout=10)
         packed = requests.get(served.url + path, headers={"Accept-Encoding": "gzip"}, stream=True, timeout=10)
         raw = packed.raw.read(decode_content=False)
@@ -148,6 +150,9 @@ def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
         assert plain.headers["ETag"] != packed.headers["ETag"]
     refused = requests.get(served.url + basic, headers={"Accept-Encoding": "gzip;q=0, br"}, timeout=10)
     assert "Content-Encoding" not in refused.headers and refused.content.startswith(b"/**\n* plotly.js (basic")
+    forever = requests.get(served.url + uplot, timeout=10)  # named by its hash: cached for good
+    assert forever.content.startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    assert "immutable" in forever.headers["Cache-Control"]
 
 
 def test_the_trials_api_sorts_filters_and_pages_on_the_server(tmp_path):
@@ -278,3 +283,35 @@ def test_trialkit_ui_over_stores_it_cannot_read_answers_409_never_500(tmp_path):
         proc.stdout.close()
         proc.stderr.close()
     assert "failed" not in err and "Traceback" not in err, err
+
+
+def test_the_page_address_the_run_printed_answers_again_through_the_command_it_names(tmp_path, monkeypatch):
+    """Issue 40.3: the run's page goes with its manager; the run's end names `trialkit ui ID`, which serves
+    the page read-only at the address the run printed, its token the same: the printed URL works again."""
+    from experiment_util import cli
+
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}},
+                        "import trialkit\ntrialkit.report_final_result(trialkit.get_next_parameter()['x'])\n",
+                        maxTrialNumber=1)
+    done = cli("run", config)
+    assert done.returncode == 0, done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    url = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("page: http"))
+    told = done.stdout.splitlines()[-1]
+    assert told == (f"page: ended with the run; `trialkit ui {exp}` serves it again, read-only, at the address above")
+    base, token = url.split("/?token=")[0], url.split("token=")[1].split("#")[0]
+    ask = lambda: requests.get(f"{base}/api/ui/experiments/{exp}", headers={"Authorization": f"Bearer {token}"},  # noqa: E731
+                               timeout=10)
+    with pytest.raises(requests.ConnectionError):
+        ask()  # the run's manager has ended
+    ui = start_cli("ui", exp)  # the command the run named, as printed
+    try:
+        assert ui.stdout.readline().strip() == f"trialkit ui: {url}"  # the very address the run printed
+        assert ui.stdout.readline().strip() == "the address its run printed, read-only, until Ctrl-C"
+        answer = ask()
+        assert answer.status_code == 200 and answer.json()["status"] == "DONE"
+        assert requests.get(url, timeout=10).status_code == 200  # the page itself
+    finally:
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(timeout=30) == 0

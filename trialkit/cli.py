@@ -3,7 +3,7 @@
     trialkit run CONFIG [CONTEXT_DIR] [--port P] [--detach]
     trialkit render CONFIG [--trial N] [-o DIR]
     trialkit experiment list | show ID | stop ID | resume ID [--port P] [--detach] | pause ID | activate ID
-                        | export ID [--format json|csv] [-o FILE] [--all-runs] | plot ID -o FILE.png
+                        | export ID [--format json|csv] [-o FILE] [--all-runs] | plot ID -o FILE.png [--metric NAME]
                         | update ID [--trial-concurrency N] [--max-trial-number N] [--max-experiment-duration D]
                                     [--search-space FILE]
                         | import ID -f FILE
@@ -165,7 +165,8 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
     mode = config["tuner"]["classArgs"]["optimize_mode"]
     lines = [
         f"experiment  {opts.experiment_id}" + (f" ({config['experimentName']})" if config.get("experimentName") else ""),
-        f"status      {background.status(experiment_dir, experiment)}",
+        f"status      {background.status(experiment_dir, experiment)}"
+        + (f": {experiment['reason']}" if experiment.get("reason") else ""),
         f"created     {when(experiment['created'])}",
         f"elapsed     {duration(info.elapsed if info else None)}",
         f"dir         {experiment_dir}",
@@ -368,17 +369,22 @@ def cmd_experiment_export(opts: argparse.Namespace) -> int:
 
 def cmd_experiment_plot(opts: argparse.Namespace) -> int:
     try:
-        from trialkit.control.plot import nothing_to_plot, plot_experiment
+        from trialkit.control.plot import nothing_to_plot, plot_experiment, reported_metrics
         import matplotlib  # noqa: F401 - said here, where the fix can be named
     except ImportError:
         raise UserError("plotting needs matplotlib", "plot", "pip install 'trialkit[control]'") from None
     with _store(paths.experiment_dir(opts.experiment_id)) as store:
-        _experiment(store, opts.experiment_id)
+        space = _experiment(store, opts.experiment_id)["config"].get("searchSpace")
         rows = trial_rows(store, opts.experiment_id)
     why = nothing_to_plot(rows)
     if why is not None:
         raise UserError(f"nothing to plot for experiment {opts.experiment_id}: {why}", "EXPERIMENT_ID",
                         f"`trialkit trial list {opts.experiment_id}` shows each trial's status and reason")
+    known = reported_metrics(rows)
+    for name in opts.metric or ():
+        if name not in known:
+            raise UserError(f"experiment {opts.experiment_id}'s trials report no metric {name!r}", "--metric",
+                            f"name one of: {', '.join(known)}" if known else "its trials reported final results only")
     output = Path(opts.output)
     try:  # is_dir() raises for a name too long, as the write does
         if output.is_dir():
@@ -387,7 +393,8 @@ def cmd_experiment_plot(opts: argparse.Namespace) -> int:
             raise UserError(f"no directory {str(output.parent)!r} to write into", "-o", "create it first")
         if output.suffix.lower() not in ("", ".png"):
             raise UserError(f"the plot is a PNG, not {output.suffix!r}", "-o", f"name it {output.stem}.png")
-        plot_experiment(rows, f"experiment {opts.experiment_id}", output)
+        plot_experiment(rows, f"experiment {opts.experiment_id}", output, opts.metric or (),
+                        space if isinstance(space, dict) else None)
     except OSError as err:
         raise UserError(f"cannot write {str(output)!r}: {err.strerror}", "-o", "check the path") from None
     print(output)
@@ -817,6 +824,8 @@ def _count(text: str) -> int:
 
 
 def build_parser() -> ArgumentParser:
+    from trialkit.control.plot import CURVE_PANELS  # light: matplotlib waits for the plot itself
+
     parser = ArgumentParser(
         prog=PROG,
         description="Run hyperparameter experiments: trials on this machine or a cluster, "
@@ -898,23 +907,34 @@ def build_parser() -> ArgumentParser:
                             "where each trial writes its dir, as NNI's adl mode does, and print how to reach it. "
                             "Asked again, it keeps what runs; it goes when the experiment ends."))
     export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
-                                     "Every trial with its parameters, status, exit code, intermediate and final "
-                                     "metrics, as JSON (a list of trials) or CSV (a line per trial)."))
+                                     "Every trial with its parameters, status, exit code, steps, intermediate and "
+                                     "final metrics, as JSON (a list of trials) or CSV (a line per trial, flat: a "
+                                     "column per metric of its latest reports, latest.NAME)."))
     export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
     export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
     export.add_argument("--all-runs", action="store_true",
-                        help="a row per run of each trial (a restarted trial starts a new run); default: its latest run")
+                        help="a row per run of each trial (a restarted trial starts a new run), each with that run's "
+                             "own status and reports as they came; default: a row per trial, its runs as one series "
+                             "(a later run's report at a step replacing an earlier one's)")
     plot = _experiment_id(_command(sub, "plot", cmd_experiment_plot, "plot an experiment's metrics to a PNG",
-                                   "Intermediate metric curves per trial, and the final metric against each "
-                                   "parameter, in one PNG."))
+                                   "Each trial's intermediate results against their step (Determined's "
+                                   "steps_completed: batches), every run of a trial as one curve, a panel per "
+                                   "metric; then the final metric against each parameter, on its search space's "
+                                   "axis (log for loguniform and lognormal, the options of a choice), in one PNG."))
     plot.add_argument("-o", "--output", metavar="FILE.png", required=True,
                       help="the PNG file to write (a directory: <experiment id>.png inside it)")
+    plot.add_argument("--metric", action="append", metavar="NAME",
+                      help=f"a metric to draw, by name: default, a key of a dict metric (loss), a Determined "
+                           f"group's metric (validation.loss, training.loss); again for more (default: the first "
+                           f"{CURVE_PANELS} the trials report, default or the first validation metric first)")
 
     trial = _command(commands, "trial", None, "list, inspect, follow or kill trials",
                      "Commands on trials, found by id (<experiment id>-<sequence>).")
     sub = trial.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _experiment_id(_command(sub, "list", cmd_trial_list, "list an experiment's trials",
-                            "One line per trial: status, final metric, steps reported, duration, parameters.",
+                            "One line per trial: status, final metric, steps (the last step reported, where the "
+                            "trial reports steps, as Determined's steps_completed; else how many results it "
+                            "reported), duration, parameters. A restarted trial's runs count as one.",
                             aliases=["ls"]))
     _trial_id(_command(sub, "show", cmd_trial_show, "show one trial",
                        "The trial's status, exit code, parameters, metrics, dir and status history; for an elastic "

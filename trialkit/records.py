@@ -206,11 +206,29 @@ def metric_number(value: Any) -> Optional[float]:
     return None
 
 
+def report_step(value: Any) -> Optional[Tuple[str, int]]:
+    """The (group, step) a report names itself: Determined's reports (`{"group", "steps_completed",
+    "metrics"}`, as trialkit's determined package writes them); None for NNI's, which name no step."""
+    if type(value) is dict and type(value.get("group")) is str and type(value.get("metrics")) is dict:
+        step = value.get("steps_completed")
+        if type(step) is int:
+            return value["group"], step
+    return None
+
+
 def scalars(value: Any) -> Iterator[Tuple[str, float]]:
-    """The numeric parts of a metric, named: ("default", x) for a number; each numeric key of a dict."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            number = metric_number(item)
+    """The numeric parts of a metric, named: ("default", x) for a number; each numeric key of a dict, "default"
+    first; each metric of a Determined report as GROUP.NAME (`validation.loss`), the searcher's first."""
+    if report_step(value) is not None:
+        metrics, searched = value["metrics"], value.get("default")
+        keys = sorted(metrics, key=lambda key: searched is None or metrics[key] != searched)  # stable: as written
+        for key in keys:
+            number = metric_number(metrics[key])
+            if number is not None:
+                yield f"{value['group']}.{key}", number
+    elif isinstance(value, dict):
+        for key in sorted(value, key=lambda key: key != "default"):
+            number = metric_number(value[key])
             if number is not None:
                 yield str(key), number
     else:

@@ -1,20 +1,29 @@
 """`trialkit experiment plot`: an experiment's metrics in one PNG.
 
-The first panel draws each trial's intermediate results against their step;
-then one panel per parameter draws the final metric against that parameter's
-value (a choice's options are spread along the axis in their order).
-A panel with nothing to draw says why on it; an experiment with no metric at
-all (every trial failed before reporting) is no plot: `nothing_to_plot` says so.
+First one panel per metric (results.metric_names: "default", each key of an
+NNI dict metric, each GROUP.NAME of a Determined report; the first few, or
+those asked for) draws each trial's values against their step: the step a
+report names (Determined's steps_completed: batches), else its place in the
+trial's series; every run of a trial is one series. Then one panel per
+parameter draws the final metric against that parameter's value, on the axis
+its search space gives it (`parameter_scale`: log for the log types,
+categories in the space's order for a choice). A panel with nothing to draw
+says why on it; an experiment with no metric at all (every trial failed before
+reporting) is no plot: `nothing_to_plot` says so.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from trialkit.control.results import flat_parameters, metric_value
+from trialkit import records
+from trialkit.control.results import flat_parameters, metric_names, metric_points, metric_value
 
 COLUMNS = 3
+CURVE_PANELS = 4  # metrics drawn when none is asked for: the first ones (`--metric NAME` picks others)
+LOG_TYPES = frozenset({"loguniform", "qloguniform", "lognormal", "qlognormal"})  # Determined's `log` is loguniform
+STEP_TITLE, BATCH_TITLE = "step", "batches (steps_completed)"
 
 
 def nothing_to_plot(rows: List[Dict[str, Any]]) -> Optional[str]:
@@ -26,49 +35,106 @@ def nothing_to_plot(rows: List[Dict[str, Any]]) -> Optional[str]:
             + ": see why with `trialkit trial list`")
 
 
-def plot_experiment(rows: List[Dict[str, Any]], title: str, path: Path) -> None:
+def reported_metrics(rows: List[Dict[str, Any]]) -> List[str]:
+    """The names of the metrics these trials' intermediate results hold, the one looked at first first."""
+    return metric_names(value for row in rows for value in row["intermediate"])
+
+
+def step_title(values: Iterable[Any], name: str) -> str:
+    """What the x axis of metric `name`'s curves counts: batches where the reports holding it name their step
+    (Determined's), else steps."""
+    named = any(records.report_step(value) and name in dict(records.scalars(value)) for value in values)
+    return BATCH_TITLE if named else STEP_TITLE
+
+
+def parameter_scale(space: Mapping[str, Any], name: str) -> Tuple[str, List[Any]]:
+    """How parameter `name` (flat_parameters' dotted names) is drawn: ("log", []) for the log types,
+    ("category", its options in the space's order) for a choice, else ("linear", [])."""
+    spec = _spec(space, name)
+    kind = spec.get("_type") if isinstance(spec, dict) else None
+    if kind in LOG_TYPES:
+        return "log", []
+    if kind == "choice" and isinstance(spec.get("_value"), list):
+        return "category", [option.get("_name") if isinstance(option, dict) else option for option in spec["_value"]]
+    return "linear", []
+
+
+def _spec(space: Mapping[str, Any], name: str) -> Any:
+    """The search space's spec of a flat name: a top-level key, or a key inside a nested choice's option."""
+    if not isinstance(space, Mapping):
+        return None
+    if name in space:
+        return space[name]
+    for at, char in enumerate(name):
+        spec = space.get(name[:at]) if char == "." else None
+        options = spec.get("_value") if isinstance(spec, dict) and spec.get("_type") == "choice" else None
+        for option in options if isinstance(options, list) else []:
+            found = _spec(option, name[at + 1:]) if isinstance(option, dict) else None
+            if found is not None:
+                return found
+    return None
+
+
+def plot_experiment(rows: List[Dict[str, Any]], title: str, path: Path, metrics: Sequence[str] = (),
+                    search_space: Optional[Mapping[str, Any]] = None) -> None:
+    """Write the PNG of `draw`."""
+    import matplotlib.pyplot as plt
+
+    figure = draw(rows, title, metrics, search_space)
+    figure.savefig(path, dpi=100, format="png")  # at `path` as named: matplotlib adds .png to a name without
+    plt.close(figure)
+
+
+def draw(rows: List[Dict[str, Any]], title: str, metrics: Sequence[str] = (),
+         search_space: Optional[Mapping[str, Any]] = None) -> Any:
+    """The figure: curves of `metrics` (default: the first CURVE_PANELS reported), then final vs each parameter
+    on its search space's axis."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display is needed or wanted
     import matplotlib.pyplot as plt
 
+    curves = list(metrics) or reported_metrics(rows)[:CURVE_PANELS] or ["default"]
     params: List[str] = []
     for row in rows:
         params += [key for key in flat_parameters(row["parameters"]) if key not in params]
-    panels = 1 + len(params)
+    panels = len(curves) + len(params)
     columns = min(COLUMNS, panels)
     lines = math.ceil(panels / columns)
     figure, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.8 * lines), squeeze=False)
     flat_axes = [ax for line in axes for ax in line]
-    _curves(flat_axes[0], rows)
-    for ax, name in zip(flat_axes[1:], params):
-        _final_against(ax, rows, name)
+    for ax, name in zip(flat_axes, curves):
+        _curves(ax, rows, name)
+    for ax, name in zip(flat_axes[len(curves):], params):
+        _final_against(ax, rows, name, parameter_scale(search_space or {}, name))
     for ax in flat_axes[panels:]:
         ax.set_visible(False)
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=100, format="png")  # at `path` as named: matplotlib adds .png to a name without
-    plt.close(figure)
+    return figure
 
 
-def _curves(ax: Any, rows: List[Dict[str, Any]]) -> None:
+def _curves(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
+    drawn = False
     for row in rows:
-        values = [metric_value(value) for value in row["intermediate"]]
-        points = [(step, value) for step, value in enumerate(values, start=1) if value is not None]
+        points = metric_points(row["intermediate"], name)
         if points:
+            drawn = True
             ax.plot(*zip(*points), marker=".", linewidth=1, label=row["trial_id"].rsplit("-", 1)[-1])
     if not rows:
         _empty(ax, "no trial yet")
     elif not any(row["intermediate"] for row in rows):
         _empty(ax, "no intermediate results:\nthe trials reported final results only")
-    ax.set_title("intermediate results")
-    ax.set_xlabel("step")
-    ax.set_ylabel("metric")
-    if 0 < len(rows) <= 12:
+    elif not drawn:
+        _empty(ax, f"no trial reported {name}")
+    ax.set_title("intermediate results" if name == "default" else name)
+    ax.set_xlabel(step_title((value for row in rows for value in row["intermediate"]), name))
+    ax.set_ylabel("metric" if name == "default" else name)
+    if drawn and len(rows) <= 12:
         ax.legend(fontsize="x-small")
 
 
-def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
+def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str, scale: Tuple[str, List[Any]]) -> None:
     xs, ys = [], []
     for row in rows:
         final = metric_value(row["final"])
@@ -76,16 +142,22 @@ def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
         if final is not None and value is not None:
             xs.append(value)
             ys.append(final)
-    if xs and not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
-        labels = list(dict.fromkeys(str(x) for x in xs))  # categories in their first-seen order
+    kind, options = scale
+    numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+    if kind == "category" or not numeric:
+        # The space's options in its order (every one, drawn or not), then any value it does not name.
+        labels = list(dict.fromkeys([str(option) for option in options] + [str(x) for x in xs]))
         xs = [labels.index(str(x)) for x in xs]
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=30, fontsize="small")
+        ax.set_xlim(-0.5, len(labels) - 0.5)
+    elif kind == "log":
+        ax.set_xscale("log")
     ax.scatter(xs, ys, s=18)
     if not xs:
         _empty(ax, "no final result yet")
     ax.set_title(f"final vs {name}")
-    ax.set_xlabel(name)
+    ax.set_xlabel(name + (" (log)" if kind == "log" else ""))
     ax.set_ylabel("final metric")
 
 

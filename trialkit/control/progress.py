@@ -175,7 +175,7 @@ def trials_table(rows: List[Dict[str, Any]]) -> str:
     return table(
         ("trial", "status") + (("gpus",) if with_gpus else ()) + ("final", "steps", "duration", "parameters"),
         [(row["trial_id"], status_text(row)) + ((gpu_list(row.get("gpus")),) if with_gpus else ())
-         + (number(metric_value(row["final"])), len(row["intermediate"]), duration(row["duration"]),
+         + (number(metric_value(row["final"])), row["steps"], duration(row["duration"]),
             parameters_text(row["parameters"])) for row in rows],
     )
 

@@ -6,26 +6,37 @@
     to_json(rows) / to_csv(rows)
 
 A row holds the trial's id, sequence, parameter id, parameters, status, exit
-code, reason, restart count, start and end times, and the metrics of one run
-(a restarted trial's runs are kept apart; by default its latest run that
-reported any): `run`, `intermediate` (every PERIODICAL value, in order) and
-`final` (the first FINAL value, or None), each as reported, whatever JSON
-allowed; and `rejected`, the records the manager refused (`{"seq", "reason",
-"record"}`).
+code, reason, restart count, start and end times, and its metrics: `run` (the
+latest run that reported anything), `intermediate` (every PERIODICAL value, in
+order), `steps` (the last step reported where the reports name steps, as
+Determined's `steps_completed`; else how many there are) and `final` (the
+first FINAL value of the latest run that has one, or None), each as reported,
+whatever JSON allowed; and `rejected`, the records the manager refused
+(`{"seq", "reason", "record"}`).
+
+A trial restarted (paused and activated, preempted, retried) reports in
+runs; its row holds them all as one series (`series`): a report that names
+its step (Determined's) replaces an earlier run's report of the same group at
+that step, as Determined forgets what came after the checkpoint it restarted
+from; reports that name no step (NNI's) go on from where the earlier run's
+stopped, in the order they came, as NNI's page shows them. With all_runs a
+row is one run's reports as they came, with that run's own status, exit
+code, reason, start and end (a paused run is PREEMPTED though the trial later
+succeeded).
 `metric_value` (records.metric_number) gives the number tuners compare: None
 for a value that is not a finite number a float holds.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from trialkit import gpus, records
 from trialkit.manager.store import Store
-from trialkit.statuses import SUCCEEDED
+from trialkit.statuses import FINAL_STATUSES, SUCCEEDED
 
 _ROW_FIELDS = ("trial_id", "sequence", "parameter_id", "status", "exit_code", "reason", "restart_count", "run",
-               "started", "ended", "duration", "final")
+               "started", "ended", "duration", "steps", "final")
 
 
 metric_value = records.metric_number  # the one rule, under the name the control plane's faces use
@@ -42,8 +53,7 @@ def metric_cell(value: Any) -> Any:
 def trial_rows(store: Store, experiment_id: str, all_runs: bool = False) -> List[Dict[str, Any]]:
     rows = []
     for trial in store.trials(experiment_id):
-        metrics = store.records_for(trial["id"])
-        runs = sorted({rec["run"] for rec in metrics if rec["type"] in records.METRIC_TYPES}) or [None]
+        reported = store.records_for(trial["id"])  # every type but LOG, in seq order
         started, ended = trial["started"], trial["ended"]
         row = {
             "trial_id": trial["id"],
@@ -56,23 +66,132 @@ def trial_rows(store: Store, experiment_id: str, all_runs: bool = False) -> List
             "restart_count": trial["restart_count"],
             "started": started,
             "ended": ended,
-            "duration": ended - started if started is not None and ended is not None else None,
+            "duration": _duration(started, ended),
             "rejected": [{"seq": rec["seq"], "reason": rec["reason"], "record": rec["value"]}
-                         for rec in metrics if rec["type"] == records.REJECTED],
+                         for rec in reported if rec["type"] == records.REJECTED],
             "trial_dir": trial["trial_dir"],
             "gpus": gpus.read_assignment(trial["trial_dir"]),  # None: the platform scheduled no GPU for it
         }
-        for run in runs if all_runs else runs[-1:]:
-            rows.append({**row, **_run_metrics(metrics, run)})
+        mine = [rec for rec in reported if rec["type"] in _RUN_TYPES]
+        runs = sorted({rec["run"] for rec in mine})
+        if not all_runs:
+            rows.append({**row, **_metrics(series(mine), runs[-1] if runs else None)})
+            continue
+        ends = _run_ends(trial, mine, store.status_history(trial["id"])) if runs else {None: {}}
+        for run, end in ends.items():
+            rows.append({**row, **end, **_metrics([rec for rec in mine if rec["run"] == run], run)})
     return rows
 
 
-def _run_metrics(metrics: List[Dict[str, Any]], run: Optional[int]) -> Dict[str, Any]:
-    """One run's metrics: its number, its intermediate values in order and its first final value."""
-    mine = [rec for rec in metrics if rec["run"] == run]
-    finals = [rec["value"] for rec in mine if rec["type"] == records.FINAL]
-    return {"run": run, "intermediate": [rec["value"] for rec in mine if rec["type"] == records.PERIODICAL],
-            "final": finals[0] if finals else None}
+_RUN_TYPES = (records.PERIODICAL, records.FINAL, records.STATUS)  # what a run of the trial reported
+
+
+def _duration(started: Optional[float], ended: Optional[float]) -> Optional[float]:
+    return ended - started if started is not None and ended is not None else None
+
+
+def series(reported: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The trial's records over all its runs as one series (see the module's doc): every record but the
+    PERIODICAL ones a later run reported again at the same group and step, in the order the runs reported them."""
+    ordered = sorted(reported, key=lambda rec: (rec["run"], rec["seq"]))
+    kept: List[Optional[Dict[str, Any]]] = []
+    at: Dict[Any, int] = {}  # (group, step) -> its latest report's place in `kept`
+    for rec in ordered:
+        named = records.report_step(rec["value"]) if rec["type"] == records.PERIODICAL else None
+        if named is not None:
+            earlier = at.get(named)
+            if earlier is not None and kept[earlier]["run"] < rec["run"]:
+                kept[earlier] = None
+            at[named] = len(kept)
+        kept.append(rec)
+    return [rec for rec in kept if rec is not None]
+
+
+def _metrics(reported: List[Dict[str, Any]], run: Optional[int]) -> Dict[str, Any]:
+    """A row's metrics from its records: its run, its intermediate values in order, its steps and its final value
+    (the first of the latest run that reported one)."""
+    intermediate = [rec["value"] for rec in reported if rec["type"] == records.PERIODICAL]
+    finals = [rec for rec in reported if rec["type"] == records.FINAL]
+    final = next((rec["value"] for rec in finals if rec["run"] == finals[-1]["run"]), None) if finals else None
+    return {"run": run, "intermediate": intermediate, "steps": last_step(intermediate), "final": final}
+
+
+def step_numbers(values: List[Any]) -> List[int]:
+    """The step each intermediate value stands at: the step it names (Determined's steps_completed), else its
+    place among the values that name none (1, 2, ...: NNI's reports carry no step)."""
+    out, count = [], 0
+    for value in values:
+        named = records.report_step(value)
+        if named is None:
+            count += 1
+        out.append(count if named is None else named[1])
+    return out
+
+
+def last_step(values: List[Any]) -> int:
+    """`steps`: the last step reported where the reports name steps, else how many reports there are."""
+    named = [step for step in (records.report_step(value) for value in values) if step is not None]
+    return max(step for _, step in named) if named else len(values)
+
+
+def metric_names(values: Iterable[Any]) -> List[str]:
+    """Every metric these values hold, by name (records.scalars: "default", a dict's keys, GROUP.NAME), each
+    once, as first seen but the one a user looks at first first ("default", else the first validation metric:
+    the searcher's) and Determined's validation metrics before the other groups'."""
+    names = list(dict.fromkeys(name for value in values for name, _ in records.scalars(value)))
+    first = next((name for name in names if name == "default"), None) or next(
+        (name for name in names if name.startswith("validation.")), None)
+    return sorted(names, key=lambda name: (name != first, not name.startswith("validation.")))
+
+
+def metric_points(values: List[Any], name: str) -> List[Tuple[int, float]]:
+    """(step, number) of metric `name` in each value that holds it as a number."""
+    points = []
+    for step, value in zip(step_numbers(values), values):
+        number = dict(records.scalars(value)).get(name)
+        if number is not None:
+            points.append((step, number))
+    return points
+
+
+def _run_ends(trial: Dict[str, Any], reported: List[Dict[str, Any]],
+              history: List[Dict[str, Any]]) -> Dict[int, Dict[str, Any]]:
+    """Each run's own status, exit code, reason, start and end, by run.
+
+    A run spans the time from its first record to the next run's first; the
+    status history's last end within it is its end (the control plane's
+    verdict, which takes the keeper's row, or its own where the keeper sent
+    none), else the keeper's own last status of that run. The latest run's end
+    is the trial's.
+    """
+    starts: Dict[int, float] = {}
+    for rec in reported:
+        when = rec["time"] if rec["time"] is not None else rec["received"]
+        starts[rec["run"]] = min(when, starts.get(rec["run"], when))
+    runs = sorted(starts)
+    out = {}
+    for run, later in zip(runs, runs[1:] + [None]):
+        begin = starts[run]
+        if later is None:
+            status = {"status": trial["status"], "exit_code": trial["exit_code"], "reason": trial["reason"] or "",
+                      "ended": trial["ended"]}
+        else:
+            status = _run_end(run, [h for h in history if begin <= h["time"] < starts[later]], reported)
+        out[run] = {**status, "started": begin, "duration": _duration(begin, status["ended"])}
+    return out
+
+
+def _run_end(run: int, history: List[Dict[str, Any]], reported: List[Dict[str, Any]]) -> Dict[str, Any]:
+    ends = [h for h in history if h["status"] in FINAL_STATUSES]
+    if ends:
+        end = ends[-1]
+        return {"status": end["status"], "exit_code": end["exit_code"], "reason": end["reason"] or "",
+                "ended": end["time"]}
+    told = [rec["value"] for rec in reported if rec["run"] == run and rec["type"] == records.STATUS
+            and isinstance(rec["value"], dict)]
+    last = told[-1] if told else {}
+    return {"status": last.get("status"), "exit_code": last.get("exit_code"), "reason": last.get("reason") or "",
+            "ended": last.get("ended")}
 
 
 def best_row(rows: Iterable[Dict[str, Any]], optimize_mode: str) -> Optional[Dict[str, Any]]:
@@ -104,28 +223,40 @@ def to_json(rows: List[Dict[str, Any]]) -> str:
 
 
 def to_csv(rows: List[Dict[str, Any]]) -> str:
-    """One line per trial, laid out as nnictl's export: the fields, with `final` the final metric's number (a
-    dict's "default") and a `final.KEY` column for each other key of a dict metric; the intermediate numbers as
-    a JSON list; the latest intermediate metric as `latest` and `latest.KEY`; a `param.NAME` column per parameter."""
+    """One line per trial, laid out as nnictl's export, flat: the fields, with `steps` and `final` the final
+    metric's number (a dict's "default") and a `final.KEY` column for each other key of a dict metric; the latest
+    value of each intermediate metric (records.scalars' names) as `latest` (the "default") and `latest.NAME`
+    (`latest.loss`, `latest.validation.accuracy`); a `param.NAME` column per parameter."""
     params = _columns(flat_parameters(row["parameters"]) for row in rows)
     final_keys = _columns(_extra_keys(row["final"]) for row in rows)
-    latest_keys = _columns(_extra_keys(_latest(row)) for row in rows)
+    latest = [_latest_cells(row["intermediate"]) for row in rows]
+    latest_names = metric_names({name: 0} for cells in latest for name in cells)
     import csv  # here, not at the top: the store's readers (`trialkit trial list`) start without it
     import io
 
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(list(_ROW_FIELDS) + [f"final.{key}" for key in final_keys] + ["intermediate", "latest"]
-                    + [f"latest.{key}" for key in latest_keys] + [f"param.{key}" for key in params])
-    for row in rows:
+    writer.writerow(list(_ROW_FIELDS) + [f"final.{key}" for key in final_keys]
+                    + ["latest" if name == "default" else f"latest.{name}" for name in latest_names]
+                    + [f"param.{key}" for key in params])
+    for row, cells_of in zip(rows, latest):
         flat = flat_parameters(row["parameters"])
         cells = [_csv_cell(key, row[key]) for key in _ROW_FIELDS]
         cells += _key_cells(row["final"], final_keys)
-        cells.append(records.dumps([metric_cell(value) for value in row["intermediate"]]))
-        cells.append(metric_cell(_latest(row)))
-        cells += _key_cells(_latest(row), latest_keys)
+        cells += [cells_of.get(name) for name in latest_names]
         writer.writerow(["" if cell is None else cell for cell in cells] + [flat.get(key, "") for key in params])
     return buffer.getvalue()
+
+
+def _latest_cells(values: List[Any]) -> Dict[str, Any]:
+    """The latest number of each metric the values hold, by name; a last value that is a lone non-number (a
+    string, 10**400) as its JSON text under "default", as reported."""
+    cells: Dict[str, Any] = {}
+    for value in values:
+        cells.update(records.scalars(value))
+    if values and not isinstance(values[-1], (dict, list)) and metric_value(values[-1]) is None:
+        cells["default"] = metric_cell(values[-1])
+    return cells
 
 
 def _csv_cell(key: str, value: Any) -> Any:
@@ -142,10 +273,6 @@ def _csv_cell(key: str, value: Any) -> Any:
     if key == "duration":
         return round(value, 3)
     return value
-
-
-def _latest(row: Dict[str, Any]) -> Any:
-    return row["intermediate"][-1] if row["intermediate"] else None
 
 
 def _columns(key_lists: Iterable[Iterable[str]]) -> List[str]:

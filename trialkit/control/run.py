@@ -168,12 +168,16 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
                 platform.experiment_ended(loop.experiment_id, list(loop.trials))
     finally:
         manager.close()
-        loop.store.set_experiment_status(loop.experiment_id, status)
+        why = loop.error if status == ERROR else loop.stopping[1] if loop.stopping is not None else None
+        loop.store.set_experiment_status(loop.experiment_id, status, why)  # the page and `experiment show` say it
         manager.save(loop.elapsed())
         loop.progress.close()
     result = ExperimentResult(loop.experiment_id, status, loop.config.optimize_mode,
                               trial_rows(loop.store, loop.experiment_id))
     _summary(loop, result)
+    if manager.page is not None:  # its address went with the manager: say how to open it again
+        loop.progress.say(f"page: ended with the run; `trialkit ui {loop.experiment_id}` serves it again, "
+                          "read-only, at the address above")
     return result
 
 

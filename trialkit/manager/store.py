@@ -13,7 +13,8 @@
     store.trials("exp1", status="RUNNING")
 
 Tables:
-- experiments(id, config JSON, status, created, updated)
+- experiments(id, config JSON, status, created, updated, reason): reason says why
+  it ended, in the words the run's end printed (its error, what stopped it).
 - trials(id, experiment, sequence, parameter_id, parameters JSON, status,
   exit_code, reason, token_hash, restart_count, priority, trial_dir,
   stdout_path, stderr_path, created, started, ended, updated, acked_seq,
@@ -117,7 +118,8 @@ CREATE INDEX IF NOT EXISTS statuses_by_trial ON statuses(trial, id);
 """
 
 # Columns added after a store's first version: (table, column, type), added where missing.
-_ADDED_COLUMNS = (("trials", "position", "INTEGER"), ("records", "reason", "TEXT"), ("records", "run", "INTEGER"))
+_ADDED_COLUMNS = (("trials", "position", "INTEGER"), ("records", "reason", "TEXT"), ("records", "run", "INTEGER"),
+                  ("experiments", "reason", "TEXT"))
 
 _TRIAL_JSON = ("parameters",)
 
@@ -264,9 +266,11 @@ class Store:
         out["config"] = _json_column(out["config"], f"experiment {experiment_id}'s config")
         return out
 
-    def set_experiment_status(self, experiment_id: str, status: str) -> None:
+    def set_experiment_status(self, experiment_id: str, status: str, reason: Optional[str] = None) -> None:
+        """The experiment's status, and why it ended (its error, what stopped it) or None."""
         with self._tx() as db:
-            db.execute("UPDATE experiments SET status=?, updated=? WHERE id=?", (status, time.time(), experiment_id))
+            db.execute("UPDATE experiments SET status=?, reason=?, updated=? WHERE id=?",
+                       (status, reason, time.time(), experiment_id))
 
     def set_experiment_config(self, experiment_id: str, config: Dict[str, Any]) -> None:
         with self._tx() as db:

@@ -1,14 +1,15 @@
-"""The page's files: index.html, app.js and app.css from trialkit/web/static, and two plotly.js bundles.
+"""The page's files: index.html, app.js and app.css from trialkit/web/static, uPlot and two plotly.js bundles.
 
-The curves need only plotly's scatter trace: they use the basic bundle
-(scatter, bar, pie; 1.2 MB, 0.4 MB gzipped), vendored in trialkit/web/vendor
-(its README names the source and version). Only parallel coordinates need the
-full bundle (4.8 MB), which comes from the installed plotly package and is
-fetched only by the view that draws them. Evaluating the full bundle took
-~850 ms of a 1.5 s cold page; the basic one is a fraction of that.
+The curves are drawn by uPlot (50 KB, vendored in trialkit/web/vendor with
+its README naming the source and version): on a cold page plotly's basic
+bundle (1.2 MB) was half the time to the curves, its drawing a third more.
+A trial's GPU chart uses plotly's basic bundle (scatter, bar, pie; 0.4 MB
+gzipped, vendored too), fetched only by a trial view that has GPU samples;
+parallel coordinates need the full bundle (4.8 MB), which comes from the
+installed plotly package and is fetched only by the view that draws them.
 
-Read once when the page is installed. A bundle is served under a name holding
-its hash, cached by the browser for good; the page's own files are
+Read once when the page is installed. A vendored file is served under a name
+holding its hash, cached by the browser for good; the page's own files are
 revalidated by ETag (a 304 when unchanged), so a new trialkit shows at once.
 Every file goes out gzipped to a browser that accepts it.
 """
@@ -24,7 +25,8 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from trialkit.manager.server import HttpError, Raw
 
-PLOTLY_PLACEHOLDER = b"{{plotly}}"  # the basic bundle: enough for the curves
+UPLOT_PLACEHOLDER, UPLOT_CSS_PLACEHOLDER = b"{{uplot}}", b"{{uplot-css}}"  # the curves
+PLOTLY_PLACEHOLDER = b"{{plotly}}"  # the basic bundle: enough for a trial's GPU chart
 PLOTLY_FULL_PLACEHOLDER = b"{{plotly-full}}"  # every trace type: parallel coordinates
 PLOTLY_MISSING = "/static/plotly-missing.js"  # 404: the page then says how to install plotly
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -105,22 +107,30 @@ class Assets:
     def __init__(self):
         web = files("trialkit.web")
         self._files: Dict[str, _File] = {}
-        basic = self._bundle("plotly-basic", _File(_TYPES[".js"], _FOREVER,
-                                                   gzipped=(web / "vendor" / "plotly-basic.min.js.gz").read_bytes()))
+        vendor = web / "vendor"
+        places = {
+            UPLOT_PLACEHOLDER: self._vendored("uplot", ".js", _File(_TYPES[".js"], _FOREVER,
+                                                                     plain=(vendor / "uplot.min.js").read_bytes())),
+            UPLOT_CSS_PLACEHOLDER: self._vendored("uplot", ".css", _File(
+                _TYPES[".css"], _FOREVER, plain=(vendor / "uplot.min.css").read_bytes())),
+            PLOTLY_PLACEHOLDER: self._vendored("plotly-basic", ".js", _File(
+                _TYPES[".js"], _FOREVER, gzipped=(vendor / "plotly-basic.min.js.gz").read_bytes())),
+        }
         full_path = plotly_path()
-        full = PLOTLY_MISSING if full_path is None else self._bundle(
-            "plotly", _File(_TYPES[".js"], _FOREVER, plain=full_path.read_bytes()))
+        places[PLOTLY_FULL_PLACEHOLDER] = PLOTLY_MISSING if full_path is None else self._vendored(
+            "plotly", ".js", _File(_TYPES[".js"], _FOREVER, plain=full_path.read_bytes()))
         for item in (web / "static").iterdir():
             suffix = Path(item.name).suffix
             if suffix in _TYPES:
-                body = item.read_bytes().replace(PLOTLY_PLACEHOLDER, basic.encode())
-                body = body.replace(PLOTLY_FULL_PLACEHOLDER, full.encode())
+                body = item.read_bytes()
+                for placeholder, url in places.items():
+                    body = body.replace(placeholder, url.encode())
                 self._files[item.name] = _File(_TYPES[suffix], "no-cache", plain=body)
 
-    def _bundle(self, stem: str, script: _File) -> str:
-        """Serve a plotly bundle under a name holding its hash; returns its URL."""
-        name = f"{stem}-{script.tag}.min.js"
-        self._files[name] = script
+    def _vendored(self, stem: str, suffix: str, content: _File) -> str:
+        """Serve a vendored file under a name holding its hash; returns its URL."""
+        name = f"{stem}-{content.tag}.min{suffix}"
+        self._files[name] = content
         return f"/static/{name}"
 
     def page(self, request_headers: Mapping[str, str]) -> Tuple[int, Raw]:

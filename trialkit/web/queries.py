@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import gpus
+from trialkit.control import results
+from trialkit.control.plot import parameter_scale, step_title
 from trialkit.manager.server import HttpError
 from trialkit.records import INT64_MAX, BadRecord, loads, metric_number
 from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
@@ -29,6 +31,7 @@ MAXIMIZE = "maximize"
 LIVE_EXPERIMENT = frozenset({"INITIALIZED", "RUNNING", "PAUSED", "NO_MORE_TRIAL", "TUNER_NO_MORE_TRIAL", "STOPPING"})
 PAGE_LIMIT = 500
 CURVE_TRIALS = 50
+CURVE_TOP = 10  # trials drawn when none is chosen: the best
 CURVE_POINTS = 2000  # per trial: longer curves are thinned evenly
 
 
@@ -137,11 +140,13 @@ def _counts(db: sqlite3.Connection, experiment_id: str) -> Dict[str, int]:
 def experiment(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = None) -> Dict[str, Any]:
     """The overview: the summary, the budget left, the search space and the config."""
     out = summary(db, experiment_id, now)
-    config = _experiment_row(db, experiment_id)["config"]
+    stored = _experiment_row(db, experiment_id)
+    config = stored["config"]
     max_duration = _number(config.get("maxExperimentDuration"))
     max_trials = _number(config.get("maxTrialNumber"))
     live = out["status"] in LIVE_EXPERIMENT  # an ended experiment has no time nor trials left: it runs no more
     out.update({
+        "reason": stored.get("reason"),  # why it ended, as the run's end said it (None in an older store)
         "live": live,
         "max_duration": max_duration,
         "remaining_duration": None if max_duration is None or not live else max(0.0, max_duration - out["elapsed"]),
@@ -296,39 +301,39 @@ def _trial_row(row: sqlite3.Row, now: float) -> Dict[str, Any]:
 
 # ---------------------------------------------------------------- charts
 
-def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str], top: int = 10) -> Dict[str, Any]:
-    """Intermediate results of the given trials (else the `top` best) over their steps in their latest run,
-    with final metrics."""
+def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str], top: int = CURVE_TOP,
+           metric: str = "") -> Dict[str, Any]:
+    """One metric of the given trials (else the `top` best) over their steps, every run of a trial as one series
+    (results.series), with final metrics: `metric` by name (results.metric_names), else the one a user looks at
+    first; `metrics` lists every name these trials report."""
     exp = _experiment_row(db, experiment_id)
     mode = optimize_mode(exp["config"])
     if trial_ids:
         chosen = list(trial_ids[:CURVE_TRIALS])
         rows = db.execute(f"SELECT t.id, {FINAL} AS metric FROM trials t WHERE t.experiment=? "
-                          f"AND t.id IN ({','.join('?' * len(chosen))})", [experiment_id, *chosen]).fetchall()
+                          f"AND t.id IN ({','.join('?' * len(chosen))}) ORDER BY t.sequence",
+                          [experiment_id, *chosen]).fetchall()
     else:
         # The best first; while nothing has finished, the newest.
         rows = db.execute(f"SELECT * FROM (SELECT t.id, t.sequence, {FINAL} AS metric FROM trials t "
                           f"WHERE t.experiment=?) ORDER BY metric {_order(mode)} NULLS LAST, sequence DESC LIMIT ?",
                           (experiment_id, top)).fetchall()
+    reports = {row["id"]: _reports(db, row["id"]) for row in rows}
+    names = results.metric_names(value for values in reports.values() for value in values)
+    name = metric if metric in names else (names[0] if names else "default")
     series = []
-    latest = _LATEST_RUN if _has_runs(db) else ""
     for row in rows:
-        values = [v for (v,) in db.execute(
-            f"SELECT metric_number(value) FROM records WHERE trial=? AND type='PERIODICAL' {latest} ORDER BY seq",
-            (row["id"],) * (2 if latest else 1))]
-        steps = list(range(1, len(values) + 1))
-        stride = max(1, -(-len(values) // CURVE_POINTS))
-        series.append({"id": row["id"], "metric": row["metric"], "steps": steps[::stride], "values": values[::stride]})
+        points = results.metric_points(reports[row["id"]], name)
+        stride = max(1, -(-len(points) // CURVE_POINTS))
+        series.append({"id": row["id"], "metric": row["metric"], "steps": [step for step, _ in points[::stride]],
+                       "values": [value for _, value in points[::stride]],
+                       "reports": len(reports[row["id"]])})
     if not trial_ids:
         best = rows[:1] if rows and rows[0]["metric"] is not None else []
     else:
         best = _best(db, experiment_id, mode)
-    return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series}
-
-
-# A restarted trial numbers its steps from 0 again: its curve is its latest run's (NULL runs: before runs were kept).
-_LATEST_RUN = ("AND COALESCE(run, 0) = (SELECT COALESCE(MAX(run), 0) FROM records "
-               "WHERE trial=? AND type IN ('PERIODICAL', 'FINAL'))")
+    return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series, "metrics": names,
+            "metric": name, "x": step_title((value for values in reports.values() for value in values), name)}
 
 
 def _has_runs(db: sqlite3.Connection) -> bool:
@@ -349,10 +354,15 @@ def hyperparameters(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any
         params = params if isinstance(params, dict) else {}
         for name in names:
             value = params.get(name)
+            if isinstance(value, dict) and "_name" in value:
+                value = value["_name"]  # a nested choice: the option chosen, as the search space names it
             # Numbers and strings plot as they are; anything nested as its JSON text.
             columns[name].append(value if isinstance(value, (int, float, str)) or value is None else json.dumps(value))
+    space = exp["config"].get("searchSpace")
+    scales = {name: dict(zip(("kind", "options"), parameter_scale(space if isinstance(space, dict) else {}, name)))
+              for name in names}
     return {"optimize_mode": optimize_mode(exp["config"]), "parameters": names, "ids": [r["id"] for r in rows],
-            "metric": [r["metric"] for r in rows], "columns": columns}
+            "metric": [r["metric"] for r in rows], "columns": columns, "scales": scales}
 
 
 # ---------------------------------------------------------------- one trial, the queue
@@ -377,8 +387,7 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         # The keeper's default (trialkit.env): <trial dir>/checkpoint.
         "checkpoint_dir": str(Path(trial_dir) / "checkpoint") if trial_dir else None,
         "final": _json(final["value"]) if final else None,
-        "intermediate": db.execute("SELECT COUNT(*) FROM records WHERE trial=? AND type='PERIODICAL'",
-                                   (trial_id,)).fetchone()[0],
+        **_steps(db, trial_id),
         "history": [dict(r) for r in db.execute(
             "SELECT status, exit_code, reason, time, source FROM statuses WHERE trial=? ORDER BY id", (trial_id,))],
         "logs": {name: path for name, path in log_paths(row).items() if path},
@@ -388,6 +397,21 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         "elastic": {**_json(elastic["value"]), "time": elastic["time"]} if elastic else None,
     })
     return out
+
+
+def _reports(db: sqlite3.Connection, trial_id: str) -> List[Any]:
+    """The trial's intermediate values over all its runs, as one series (results.series)."""
+    run = "COALESCE(run, 0)" if _has_runs(db) else "0"
+    found = [{"seq": seq, "run": run_of, "type": "PERIODICAL", "value": _json(value)} for seq, run_of, value in
+             db.execute(f"SELECT seq, {run}, value FROM records WHERE trial=? AND type='PERIODICAL' ORDER BY seq",
+                        (trial_id,))]
+    return [rec["value"] for rec in results.series(found)]
+
+
+def _steps(db: sqlite3.Connection, trial_id: str) -> Dict[str, int]:
+    """How many intermediate results the trial's series holds, and its steps (results.last_step)."""
+    values = _reports(db, trial_id)
+    return {"intermediate": len(values), "steps": results.last_step(values)}
 
 
 def log_paths(row: Mapping[str, Any]) -> Dict[str, Optional[str]]:

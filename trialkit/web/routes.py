@@ -9,7 +9,8 @@
     GET  /api/ui/experiments/<exp>/trials    one page of trials: ?status=A,B&metric=EXPR&p:NAME=EXPR
                                              &sort=sequence|id|status|metric|restarts|duration|p:NAME
                                              &order=asc|desc&offset=N&limit=N (EXPR: a..b, >=x, <x, =x, text)
-    GET  /api/ui/experiments/<exp>/curves    ?trials=ID,ID (else the 10 best): intermediate results per step
+    GET  /api/ui/experiments/<exp>/curves    ?trials=ID,ID (else the 10 best)&metric=NAME: one metric's values per
+                                             step, every run of a trial as one series; the names reported
     GET  /api/ui/experiments/<exp>/hyper     parameters and final metric of finished trials, column-wise
     GET  /api/ui/experiments/<exp>/queue     running, waiting (scheduling order), paused trials
     GET  /api/ui/experiments/<exp>/pool      the jobs of the home's resource pool it is in, every experiment's:
@@ -153,7 +154,7 @@ class _Routes:
 
     def _curves(self, request: Request) -> Any:
         chosen = [t for t in request.query.get("trials", "").split(",") if t]
-        return self._read(request, queries.curves, chosen)
+        return self._read(request, queries.curves, chosen, queries.CURVE_TOP, request.query.get("metric", ""))
 
     def _hyper(self, request: Request) -> Any:
         return self._read(request, queries.hyperparameters)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
+from trialkit.control import admin
 from trialkit.manager import paths
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import DB_NAME
@@ -14,16 +15,19 @@ from trialkit.web.routes import install, page_url
 
 
 def serve_ui(experiment_id: Optional[str], port: int, host: str = "127.0.0.1") -> int:
-    """Serve one experiment (or every one under TRIALKIT_HOME) until interrupted; print the URL with its token."""
+    """Serve one experiment (or every one under TRIALKIT_HOME) until interrupted; print the URL with its token.
+
+    One experiment whose run has ended is served where its run served it (the port and the page's token of
+    its last manager, from manager.json) when that port is free and none was asked for: the address the run
+    printed answers again, and a tab still open on it takes up where it was."""
     found = _stores(experiment_id)
     if not found:
         raise UserError(f"no experiments under {paths.experiments_root()}", "trialkit ui",
                         "run one first, or set TRIALKIT_HOME to where they were run")
-    # No store: the server then has no keeper route, and the page here has no action route: nothing writes.
-    server = ManagerServer(None, host, port)
-    token = secrets.token_urlsafe(24)
+    server, token, again = _listen(experiment_id, port, host)
     catalog = install(server, Catalog(lambda: _stores(experiment_id)), admin_token=token, read_only=True)
     print(f"trialkit ui: {page_url(server, token, experiment_id)}", flush=True)
+    print(("the address its run printed, " if again else "") + "read-only, until Ctrl-C", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -32,6 +36,18 @@ def serve_ui(experiment_id: Optional[str], port: int, host: str = "127.0.0.1") -
         server.stop()
         catalog.close()
     return 0
+
+
+def _listen(experiment_id: Optional[str], port: int, host: str) -> Tuple[ManagerServer, str, bool]:
+    """(server, admin token, whether it is the run's own address). No store: the server then has no keeper
+    route, and the page here has no action route: nothing writes."""
+    last = admin.read_info(paths.experiment_dir(experiment_id)) if experiment_id is not None and not port else None
+    if last is not None and not last.running():
+        try:
+            return ManagerServer(None, host, last.port), last.token, True
+        except OSError:
+            pass  # its port is taken now: any free one, as asked
+    return ManagerServer(None, host, port), secrets.token_urlsafe(24), False
 
 
 def _stores(experiment_id: Optional[str]) -> List[Path]:

@@ -1,6 +1,7 @@
 // trialkit's page: vanilla JS, no build step. Everything a trial wrote (ids,
 // parameter names and values, metric keys, log lines) reaches the page as
-// text: DOM nodes get it through textContent (never innerHTML), and plotly
+// text: DOM nodes get it through textContent (never innerHTML), uPlot's
+// labels likewise (it sets them as text or draws them on its canvas), and plotly
 // labels get it with <, > and & escaped (plotly reads a few HTML tags in labels).
 'use strict';
 
@@ -91,6 +92,15 @@
     return h ? `${h}h ${String(m).padStart(2, '0')}m` : m ? `${m}m ${String(sec).padStart(2, '0')}s` : `${sec}s`;
   }
   const fmtTime = (t) => (t ? new Date(t * 1000).toLocaleString() : '—');
+  // A trial's final result on one line: its number (a dict's "default"), then the other keys of a dict.
+  function finalText(metric, final) {
+    if (final === null || final === undefined) return '—';
+    const main = metric === null ? fmtValue(typeof final === 'object' && !Array.isArray(final) ? final.default : final)
+      : fmtNumber(metric);
+    if (typeof final !== 'object' || Array.isArray(final)) return main;
+    return [main, ...Object.entries(final).filter(([k]) => k !== 'default').map(([k, v]) => `${k} ${fmtValue(v)}`)]
+      .join(' · ');
+  }
   // Plotly reads <br>, <b>, <a> and entities in its labels: escape what came from trials.
   const plotText = (s) => String(s).replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;');
 
@@ -107,16 +117,13 @@
     clearTimeout(noticeTimer);
     noticeTimer = setTimeout(() => { box.hidden = true; }, 4000);
   }
-  function problemFrom(err) {
-    if (err instanceof ApiError && (err.status === 401 || err.status === 403)) {
-      return err.message + ' (open the URL trialkit printed, with its ?token=...)';
-    }
-    return String(err.message || err);
-  }
+  // The server's refusal of a token already says what to open: it is shown as it is, once.
+  const problemFrom = (err) => String(err.message || err);
 
-  // plotly.js comes in two bundles (assets.py): the basic one draws these trace types, the full one
-  // every type. Each is run on first use, after the next frame: its evaluation is one long task,
-  // and what the view has drawn so far (its table) paints before it.
+  // plotly.js draws what uPlot does not (a trial's GPU chart, the Hyperparameters view). It comes in two
+  // bundles (assets.py): the basic one draws these trace types, the full one every type. Each is fetched
+  // and run on first use, after the next frame: its evaluation is one long task, and what the view has
+  // drawn so far paints before it.
   const BASIC_TRACES = new Set(['scatter', 'bar', 'pie']);
   const bundles = {};
   function loadPlotly(full) {
@@ -132,13 +139,27 @@
             : reject(new Error('plotly.js did not load'))));
           script.addEventListener('error', () => reject(new Error(full
             ? "parallel coordinates need plotly.js: pip install 'trialkit[control]'" : 'plotly.js did not load')));
-          script.src = full ? link.dataset.full : link.href;
+          script.src = full ? link.dataset.full : link.dataset.basic;
           document.head.append(script);
         }));
     }
     return bundles[kind];
   }
   const PLOT_CONFIG = {displaylogo: false, responsive: true};
+
+  // uPlot: run once the first view has asked for its data (start()), so that its evaluation overlaps
+  // the answers instead of delaying the questions (bench/bench_web.py: ~50 ms of a cold page).
+  let uplotReady = null;
+  function loadUplot() {
+    uplotReady = uplotReady || new Promise((resolve, reject) => {
+      const script = document.createElement('script');
+      script.addEventListener('load', () => (window.uPlot ? resolve(window.uPlot) : reject(new Error('uPlot did not load'))));
+      script.addEventListener('error', () => reject(new Error('uPlot did not load')));
+      script.src = $('uplot').href;
+      document.head.append(script);
+    });
+    return uplotReady;
+  }
 
   async function plot(node, traces, layout) {
     const Plotly = await loadPlotly(traces.some((t) => !BASIC_TRACES.has(t.type)));
@@ -152,6 +173,7 @@
   const infoReady = api('/api/ui/info').then((got) => {
     info = got;
     $('mode').hidden = !got.read_only;
+    $('live').hidden = got.read_only;  // a read-only page serves what was stored: nothing on it is live
     showDisk(got.disk);
     // A disk that refuses writes commits nothing, so no change event tells of it: ask now and then.
     if (!got.read_only) setInterval(() => api('/api/ui/info').then((now) => showDisk(now.disk), () => {}), DISK_POLL_MS);
@@ -243,6 +265,7 @@
         el('td', {class: 'num'}, e.best ? fmtNumber(e.best.metric) : '—'),
         el('td', {}, fmtDuration(e.elapsed)),
         el('td', {}, fmtTime(e.created)))));
+      if (!list.length) this.body.append(el('tr', {}, el('td', {colspan: 8, class: 'muted empty'}, 'no experiments yet')));
       markReady('experiments');
     }
   }
@@ -257,7 +280,8 @@
       this.main.replaceChildren(
         ...experimentHeader(this.exp, '', o),
         el('div', {class: 'cards'},
-          card('Status', el('div', {class: 'big'}, o.status)),
+          card('Status', el('div', {class: 'big'}, o.status),
+            o.reason ? el('div', {class: 'muted', id: 'ended-why'}, o.reason) : ''),
           card('Trials', el('div', {class: 'big'}, o.trials, o.max_trials ? ` / ${o.max_trials}` : ''),
             el('div', {class: 'muted', id: 'trials-left'}, !o.live ? `ended (${o.status})`
               : o.remaining_trials === null ? 'no trial limit' : `${o.remaining_trials} left`)),
@@ -273,7 +297,8 @@
           el('div', {class: 'card'}, el('h3', {}, statusLabel(s)), el('div', {class: 'big'}, n)))),
         el('div', {class: 'two'},
           el('div', {}, el('h2', {}, 'Best trial parameters'),
-            best ? paramsTable(best.parameters) : el('p', {class: 'muted'}, 'no final metric yet')),
+            best ? paramsTable(best.parameters) : el('p', {class: 'muted', id: 'no-best'},
+              o.live ? 'no final metric yet' : 'no trial reported a final metric')),
           el('div', {}, el('h2', {}, 'Search space'),
             el('pre', {class: 'json'}, JSON.stringify(o.search_space, null, 2)))),
         el('h2', {}, 'Config'),
@@ -283,7 +308,9 @@
   }
 
   function paramsTable(params) {
-    return el('table', {class: 'params'}, el('tbody', {}, Object.entries(params || {}).map(([k, v]) =>
+    const rows = Object.entries(params || {});
+    if (!rows.length) return el('p', {class: 'muted empty'}, 'no parameters');
+    return el('table', {class: 'params'}, el('tbody', {}, rows.map(([k, v]) =>
       el('tr', {}, el('th', {}, k), el('td', {}, fmtValue(v))))));
   }
 
@@ -301,6 +328,7 @@
       this.size = el('select', {'aria-label': 'page size', onchange: choose('limit')},
         [25, 50, 100, 200].map((n) => el('option', {value: n}, `${n} a page`)));
       this.curveTitle = el('h2', {}, 'Curves');
+      this.metricPick = el('select', {id: 'curve-metric', 'aria-label': 'metric', hidden: true});
       this.chart = el('div', {class: 'chart', id: 'curves'});
       main.replaceChildren(
         ...experimentHeader(this.exp, 'trials'),
@@ -308,8 +336,9 @@
           el('button', {onclick: () => this.clearFilters()}, 'Clear filters'), el('span', {class: 'spacer'}),
           this.pager),
         el('div', {class: 'table-wrap'}, el('table', {id: 'trials'}, this.head, this.body)),
-        el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, this.curveTitle, el('span', {class: 'spacer'}),
-          el('button', {onclick: () => this.set({sel: null})}, 'Clear selection')), this.chart));
+        el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, this.curveTitle, this.metricPick,
+          el('span', {class: 'spacer'}), el('button', {onclick: () => this.set({sel: null})}, 'Clear selection')),
+        this.chart));
     }
 
     query() { return new URLSearchParams(location.hash.split('?')[1] || ''); }
@@ -331,8 +360,9 @@
       const q = this.query();
       const tableQuery = new URLSearchParams(q);
       tableQuery.delete('sel');
+      tableQuery.delete('curve');
       const tableKey = tableQuery.toString();
-      const curveKey = q.get('sel') || '';
+      const curveKey = `${q.get('sel') || ''} ${q.get('curve') || ''}`;
       const work = [];
       if (live || tableKey !== this.tableKey) {
         work.push(this.loadTable(tableQuery).then(() => { this.tableKey = tableKey; }));
@@ -366,6 +396,11 @@
         page.parameters.map((p) => el('td', {class: 'param'}, fmtValue((t.parameters || {})[p]))),
         el('td', {class: 'num'}, t.restarts),
         el('td', {}, fmtDuration(t.duration)))));
+      if (!page.rows.length) {
+        const filtered = [...q.keys()].some((k) => ['status', 'metric'].includes(k) || k.startsWith('p:'));
+        this.body.append(el('tr', {}, el('td', {colspan: 7 + page.parameters.length, class: 'muted empty'},
+          filtered ? 'no trial matches these filters' : 'no trials yet')));
+      }
       const first = page.total ? page.offset + 1 : 0;
       const last = Math.min(page.total, page.offset + page.rows.length);
       this.pager.replaceChildren(
@@ -428,32 +463,65 @@
     // Asked beside the table, drawn after it: the table is what the user reads first.
     async loadCurves(table) {
       const chosen = this.selected();
-      const data = await api(`${expPath(this.exp)}/curves?trials=${enc(chosen.join(','))}`);
+      const metric = this.query().get('curve') || '';
+      const data = await api(`${expPath(this.exp)}/curves?trials=${enc(chosen.join(','))}&metric=${enc(metric)}`);
       if (table) await table.catch(() => {});  // its failure is reported by load()
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
         : `Curves: the ${data.series.length} best`;
+      metricPicker(this.metricPick, data, (name) => this.set({curve: name}));
       await drawCurves(this.chart, data);
     }
   }
 
-  // Intermediate results over steps; the best trial among them drawn bold, the others thin.
+  // One metric of some trials over their steps (a Determined report's steps_completed, else its place in the
+  // trial's series), drawn by uPlot on a canvas; the best trial among them bold, the others thin. What there
+  // is none of is said in words in the chart's place.
+  const COLORS = ['#2f6fdb', '#e4572e', '#17a398', '#f3a712', '#8f5bd6', '#5c946e', '#d1495b', '#00798c',
+    '#7d7d7d', '#b5651d'];
   async function drawCurves(node, data) {
+    const uPlot = await loadUplot();
     const sign = data.optimize_mode === 'minimize' ? 1 : -1;
     const ranked = data.series.filter((s) => s.metric !== null).sort((a, b) => sign * (a.metric - b.metric));
     const top = ranked.length ? ranked[0].id : null;
-    const traces = data.series.map((s) => ({
-      type: 'scatter', mode: s.steps.length > 1 ? 'lines' : 'markers', x: s.steps, y: s.values,
-      name: plotText(s.id + (s.id === data.best ? ' (best)' : '')),
-      line: {width: s.id === top ? 4 : 1.5}, opacity: s.id === top || !top ? 1 : 0.55,
-    }));
-    // Trials that report only a final result have no curve: the axes say so rather than stand empty.
-    const none = data.series.every((s) => !s.steps.length);
+    const drawn = data.series.filter((s) => s.steps.length);
+    const one = data.series.length === 1;
     const note = !data.series.length ? 'no trial has reported yet'
-      : 'no intermediate results: these trials reported a final result only';
-    await plot(node, traces, {xaxis: {title: {text: 'step'}}, yaxis: {title: {text: 'intermediate result'}},
-      legend: {orientation: 'h', y: -0.2},
-      annotations: none ? [{text: note, showarrow: false, xref: 'paper', yref: 'paper', x: 0.5, y: 0.5}] : []});
-    node.dataset.empty = none ? note : '';
+      : data.series.some((s) => s.reports) ? (drawn.length ? '' : `no trial here reported ${data.metric}`)
+      : data.series.some((s) => s.metric !== null)
+        ? `no intermediate results: ${one ? 'this trial' : 'these trials'} reported a final result only`
+        : `no metrics: ${one ? 'this trial has' : 'these trials have'} reported none yet`;
+    if (node.uplot) node.uplot.destroy();
+    node.uplot = null;
+    node.dataset.empty = note;
+    node.replaceChildren(...(note ? [el('p', {class: 'chart-note empty'}, note)] : []));
+    if (note) return;
+    // uPlot takes one x array for every series: the steps of them all, a gap (null) where one has none.
+    const xs = [...new Set(drawn.flatMap((s) => s.steps))].sort((a, b) => a - b);
+    const at = new Map(xs.map((x, i) => [x, i]));
+    const ys = drawn.map((s) => {
+      const column = new Array(xs.length).fill(null);
+      s.steps.forEach((x, i) => { column[at.get(x)] = s.values[i]; });
+      return column;
+    });
+    const series = drawn.map((s, i) => ({label: s.id + (s.id === data.best ? ' (best)' : ''), spanGaps: true,
+      stroke: COLORS[i % COLORS.length], width: s.id === top ? 3 : 1.5, alpha: s.id === top || !top ? 1 : 0.7,
+      points: {show: s.steps.length < 2 || undefined}}));
+    const y = data.metric === 'default' ? 'intermediate result' : data.metric;
+    node.uplot = new uPlot({width: node.clientWidth || 800, height: CHART_HEIGHT, scales: {x: {time: false}},
+      series: [{label: data.x}, ...series], axes: [{label: data.x}, {label: y, size: 60}]}, [xs, ...ys], node);
+  }
+  const CHART_HEIGHT = 320;
+  window.addEventListener('resize', () => {
+    for (const node of document.querySelectorAll('.chart')) if (node.uplot) node.uplot.setSize({width: node.clientWidth, height: CHART_HEIGHT});
+  });
+
+  // A choice of the metric the curves show: every name the trials report (default, a dict's keys,
+  // Determined's GROUP.NAME), the one shown selected.
+  function metricPicker(node, data, choose) {
+    node.replaceChildren(...data.metrics.map((name) => el('option', {value: name, selected: name === data.metric},
+      name)));
+    node.hidden = data.metrics.length < 2;
+    node.onchange = (e) => choose(e.target.value);
   }
 
   // A trial's GPUs over time (trialkit.gpus samples): utilization and memory used, one pair of lines per GPU.
@@ -488,7 +556,7 @@
     async load() {
       const h = await api(`${expPath(this.exp)}/hyper`);
       this.note.textContent = `${h.ids.length} trials with a final metric (${h.optimize_mode})`;
-      const dims = h.parameters.map((p) => axis(p, h.columns[p]));
+      const dims = h.parameters.map((p) => axis(p, h.columns[p], h.scales[p]));
       dims.push({label: 'metric', values: h.metric});
       const parcoords = plot(this.parcoords, [{type: 'parcoords', dimensions: dims,
         line: {color: h.metric, colorscale: 'Viridis', showscale: true, reversescale: h.optimize_mode === 'minimize'}}],
@@ -499,9 +567,11 @@
         height: Math.max(360, 300 * Math.ceil(n / cols)), margin: {l: 60, r: 20, t: 20, b: 50}};
       const traces = h.parameters.map((p, i) => {
         const suffix = i ? String(i + 1) : '';
-        layout['xaxis' + suffix] = {title: {text: plotText(p)}};
+        layout['xaxis' + suffix] = scatterAxis(p, h.scales[p]);
         layout['yaxis' + suffix] = {title: {text: i % cols ? '' : 'metric'}};
-        return {type: 'scatter', mode: 'markers', x: h.columns[p].map((v) => (typeof v === 'string' ? plotText(v) : v)),
+        const categories = h.scales[p].kind === 'category';
+        return {type: 'scatter', mode: 'markers',
+          x: h.columns[p].map((v) => (typeof v === 'string' || (categories && v !== null) ? plotText(String(v)) : v)),
           y: h.metric, text: h.ids.map(plotText), xaxis: 'x' + suffix, yaxis: 'y' + suffix,
           marker: {size: 6, opacity: 0.7}};
       });
@@ -511,14 +581,33 @@
     }
   }
 
-  // A numeric axis as it is; any other values as categories, labelled with their text
-  // (parcoords writes tick labels as plain text, but reads markup in axis titles).
-  function axis(name, values) {
-    if (values.every((v) => typeof v === 'number' || v === null)) return {label: plotText(name), values};
-    const labels = [...new Set(values.map((v) => String(v)))].sort();
+  // Axes follow the search space (queries' `scales`, plot.parameter_scale): a log type on a log axis
+  // (parcoords has none: log10 of the values, ticks at the powers of ten), a choice's options as
+  // categories in the space's order, numbers as they are; any other values as categories of their text.
+  // Parcoords writes tick labels as plain text, but reads markup in axis titles.
+  function axis(name, values, scale) {
+    const label = plotText(name);
+    const numeric = values.every((v) => typeof v === 'number' || v === null);
+    if (scale.kind === 'log' && numeric && values.every((v) => v === null || v > 0)) {
+      const logs = values.map((v) => (v === null ? null : Math.log10(v)));
+      const finite = logs.filter((v) => v !== null);
+      const decades = [];
+      for (let d = Math.floor(Math.min(...finite)); d <= Math.ceil(Math.max(...finite)); d++) decades.push(d);
+      return {label: label + ' (log)', values: logs, tickvals: decades, ticktext: decades.map((d) => String(10 ** d))};
+    }
+    if (scale.kind !== 'category' && numeric) return {label, values};
+    const labels = [...new Set([...scale.options.map(String), ...values.filter((v) => v !== null).map(String).sort()])];
     const index = new Map(labels.map((l, i) => [l, i]));
-    return {label: plotText(name), values: values.map((v) => index.get(String(v))),
+    return {label, values: values.map((v) => (v === null ? null : index.get(String(v)))),
       tickvals: labels.map((_, i) => i), ticktext: labels};
+  }
+  function scatterAxis(name, scale) {
+    const title = {text: plotText(name)};
+    if (scale.kind === 'log') return {title, type: 'log'};
+    if (scale.kind === 'category') {
+      return {title, type: 'category', categoryorder: 'array', categoryarray: scale.options.map((o) => plotText(String(o)))};
+    }
+    return {title};
   }
 
   // The queue: the jobs of the home's resource pool (every local experiment's, in the order its free slots go to
@@ -638,6 +727,7 @@
     constructor(exp, trial) {
       this.exp = exp; this.trial = trial; this.key = `trial:${exp}:${trial}`;
       this.logName = 'stdout'; this.logChosen = false; this.offset = null; this.timer = null; this.rank = '';
+      this.metric = '';
     }
     mount(main) {
       crumbs(el('a', {href: '#/'}, 'experiments'), el('a', {href: '#/exp/' + enc(this.exp)}, this.exp),
@@ -647,6 +737,7 @@
       this.actions = el('div', {class: 'actions'});
       this.params = el('div');
       this.chart = el('div', {class: 'chart', id: 'trial-curve'});
+      this.metricPick = el('select', {id: 'trial-metric', 'aria-label': 'metric', hidden: true});
       this.gpuChart = el('div', {class: 'chart', id: 'trial-gpus'});
       this.gpuPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'GPU use'), this.gpuChart);
       this.elastic = el('dl', {class: 'facts', id: 'elastic'});
@@ -660,7 +751,8 @@
       main.replaceChildren(this.title, this.actions,
         el('div', {class: 'two'}, el('div', {class: 'panel'}, el('h2', {}, 'Trial'), this.facts),
           el('div', {class: 'panel'}, el('h2', {}, 'Parameters'), this.params)), this.elasticPanel,
-        el('div', {class: 'panel'}, el('h2', {}, 'Intermediate results'), this.chart), this.gpuPanel,
+        el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, el('h2', {}, 'Intermediate results'),
+          this.metricPick), this.chart), this.gpuPanel,
         el('div', {class: 'panel'}, el('h2', {}, 'Status history'), el('table', {id: 'history'},
           headRow('Time', 'Status', 'Exit code', 'Reason', 'Source'), this.history)),
         el('div', {class: 'panel'}, el('h2', {}, 'Log'), this.logTabs, this.log));
@@ -669,7 +761,7 @@
 
     async load() {
       const path = `${expPath(this.exp)}/trials/${enc(this.trial)}`;
-      const curvesPath = `${expPath(this.exp)}/curves?trials=${enc(this.trial)}`;
+      const curvesPath = `${expPath(this.exp)}/curves?trials=${enc(this.trial)}&metric=${enc(this.metric)}`;
       const [t, curves] = await Promise.all([api(path), api(curvesPath), infoReady]);
       this.data = t;
       // A failed trial's why (its traceback) is on stderr: show that first, unless a tab was chosen.
@@ -678,9 +770,9 @@
       this.actions.replaceChildren(actionButtons(this.exp, t) || '');
       const fact = (k, v) => [el('dt', {}, k), el('dd', {}, v)];
       this.facts.replaceChildren(
-        ...fact('Status', statusLabel(t.status)), ...fact('Final metric', fmtNumber(t.metric)),
-        ...fact('Final result', t.final === null ? '—' : fmtValue(t.final)),
-        ...fact('Intermediate results', t.intermediate), ...fact('Exit code', fmtValue(t.exit_code)),
+        ...fact('Status', statusLabel(t.status)), ...fact('Final result', finalText(t.metric, t.final)),
+        ...fact('Intermediate results', t.intermediate ? `${t.intermediate} (last step ${t.steps})` : 'none'),
+        ...fact('Exit code', fmtValue(t.exit_code)),
         ...fact('Restarts', t.restarts), ...fact('Priority', t.priority), ...fact('Reason', t.reason || '—'),
         ...fact('GPUs', t.gpus ? (t.gpus.join(',') || 'none') : '—'),
         ...fact('Submitted', fmtTime(t.created)), ...fact('Started', fmtTime(t.started)),
@@ -701,11 +793,16 @@
       this.history.replaceChildren(...t.history.map((h) => el('tr', {},
         el('td', {}, fmtTime(h.time)), el('td', {}, statusBadge(h.status)), el('td', {}, fmtValue(h.exit_code)),
         el('td', {}, h.reason || ''), el('td', {}, h.source))));
+      if (!t.history.length) this.history.append(el('tr', {}, el('td', {colspan: 5, class: 'muted empty'}, 'no status yet')));
       this.gpuPanel.hidden = !t.gpu_samples.length;
+      metricPicker(this.metricPick, curves, (name) => { this.metric = name; this.load(); });
       await Promise.all([drawCurves(this.chart, curves), this.pollLog(),
         t.gpu_samples.length ? drawGpuUse(this.gpuChart, t.gpu_samples) : null]);
       markReady('trial');
     }
+
+    showBlank(words) { this.log.textContent = words; this.blank = true; this.log.classList.add('empty'); }
+    showText(text) { this.log.textContent = text; this.blank = false; this.log.classList.remove('empty'); }
 
     switchLog(name) {
       this.logChosen = true;
@@ -726,9 +823,11 @@
         const part = await api(`${expPath(this.exp)}/trials/${enc(this.trial)}/log?name=${name}${offset}${rank}`);
         if (name !== this.logName) return;
         const atBottom = this.log.scrollTop + this.log.clientHeight >= this.log.scrollHeight - 4;
-        if (!part.exists) this.log.textContent = `(no ${name} yet)`;
-        else if (this.offset === null || part.start < this.offset) this.log.textContent = part.text;
+        // What is not there (no file yet, an empty one) is said in words, not shown as a dark empty bar.
+        if (!part.exists) this.showBlank(`(no ${name} yet)`);
+        else if (this.offset === null || part.start < this.offset || this.blank) this.showText(part.text);
         else if (part.text) this.log.append(part.text);
+        if (part.exists && !this.log.textContent) this.showBlank(`(${name} is empty: the trial has written nothing to it)`);
         this.offset = part.exists ? part.end : null;
         if (atBottom) this.log.scrollTop = this.log.scrollHeight;
       } catch (err) {
@@ -838,7 +937,9 @@
   async function start() {
     if (!token) { askToken(); return; }
     window.addEventListener('hashchange', () => show(false));
-    await show(false);
+    const shown = show(false);  // its questions are asked before this returns
+    loadUplot();
+    await shown;
     follow();
   }
 
