@@ -22,7 +22,6 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -131,15 +130,23 @@ class User:
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    def plot(self, experiment: str, name: str, *options: str) -> subprocess.CompletedProcess:
-        """`trialkit experiment plot ... -o NAME`: the PNG lands in the user's folder."""
-        return self.trialkit("experiment", "plot", experiment, "-o", self.folder / name, *options)
+    def plot(self, experiment: str, name: str, *options: str) -> bytes:
+        """`trialkit experiment plot ... -o NAME`: the picture it wrote in the user's folder."""
+        done = self.trialkit("experiment", "plot", experiment, "-o", self.folder / name, *options)
+        assert done.returncode == 0, done.stderr
+        picture = (self.folder / name).read_bytes()
+        assert picture[:8] == PNG_SIGNATURE and len(picture) > 1000, f"{name} is no picture"
+        return picture
 
     @contextmanager
-    def page_server(self, experiment: str) -> Iterator[str]:
-        """`trialkit ui EXPERIMENT` in a terminal: the URL it prints; Ctrl-C when done with it."""
+    def viewing(self, page: "Page", experiment: str, where: str = "", ready: str = "overview") -> Iterator["Page"]:
+        """`trialkit ui EXPERIMENT`, its printed address opened in the browser, then the view `where`
+        (`trials`, `trial/ID`; "" the overview) until it is shown; Ctrl-C to the server when done."""
         with self.serving("ui", experiment) as url:
-            yield url
+            page.open(url, "overview")
+            if where:
+                page.view(f"#/exp/{experiment}/{where}", ready)
+            yield page
 
     @contextmanager
     def serving(self, *args: str) -> Iterator[str]:
@@ -255,10 +262,6 @@ def command_named_at_the_end(terminal: Terminal) -> Optional[List[str]]:
         if found:
             return found.group(1).split()
     return None
-
-
-def is_png(path: Path) -> bool:
-    return path.is_file() and path.read_bytes()[:8] == PNG_SIGNATURE and path.stat().st_size > 1000
 
 
 def max_at_once(intervals: List[tuple]) -> int:

@@ -19,8 +19,7 @@ from typing import Dict, List
 
 import pytest
 
-from harness import wait_until
-from steps import WAIT, User, experiment_id, is_png, needs_chromium, page  # noqa: F401 (page: a fixture)
+from steps import WAIT, User, experiment_id, needs_chromium, page  # noqa: F401 (page: a fixture)
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "fixtures" / "determined"
 
@@ -187,20 +186,14 @@ def test_the_teams_config_loads_in_one_run(day):
 
 
 def test_the_plot_is_a_picture(day):
-    done = day.user.plot(day.mine, "my-model.png")
-    assert done.returncode == 0, done.stderr
-    assert is_png(day.user.folder / "my-model.png")
+    day.user.plot(day.mine, "my-model.png")
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="issue 39.3: `experiment plot` has no way to choose a metric (no --metric)")
 def test_the_plot_draws_each_metric_name_chosen(day):
-    pictures = {}
-    for name in ("loss", "accuracy"):
-        done = day.user.plot(day.mine, f"{name}.png", "--metric", name)
-        assert done.returncode == 0, done.stderr
-        pictures[name] = (day.user.folder / f"{name}.png").read_bytes()
-    assert pictures["loss"] != pictures["accuracy"]
+    loss = day.user.plot(day.mine, "loss.png", "--metric", "loss")
+    assert loss != day.user.plot(day.mine, "accuracy.png", "--metric", "accuracy")
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
@@ -225,25 +218,13 @@ def over_batches(drawn: List[dict], allowed: set) -> bool:
 
 
 @needs_chromium()
+@pytest.mark.parametrize("view, ready, chart", [("trial/{}-00000", "trial", "trial-curve"), ("trials", "trials", "curves")],
+                         ids=["trial page", "Trials view"])
 @pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: the trial page draws nothing of a Core API trial (points apart, on the "
-                          "record index)")
-def test_the_trial_page_draws_the_metrics_against_batches(day, page):
-    with day.user.page_server(day.mine) as url:
-        page.open(url, "overview")
-        page.view(f"#/exp/{day.mine}/trial/{day.mine}-00000", "trial")
-        drawn = page.drawn("trial-curve")
-        assert over_batches(drawn, set(LOSSES)), drawn
-
-
-@needs_chromium()
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: the Trials view draws nothing of a Core API trial")
-def test_the_trials_view_draws_the_metrics_against_batches(day, page):
-    with day.user.page_server(day.mine) as url:
-        page.open(url, "overview")
-        page.view(f"#/exp/{day.mine}/trials", "trials")
-        drawn = page.drawn("curves")
+                   reason="issue 39.3: the page draws nothing of a Core API trial (points apart, on the record index)")
+def test_the_page_draws_the_metrics_against_batches(day, page, view, ready, chart):
+    with day.user.viewing(page, day.mine, view.format(day.mine), ready):
+        drawn = page.drawn(chart)
         assert over_batches(drawn, set(LOSSES)), drawn
 
 
@@ -251,9 +232,7 @@ def test_the_trials_view_draws_the_metrics_against_batches(day, page):
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="issue 39.3: no metric name to choose on the page; the training loss is never drawn")
 def test_each_metric_name_can_be_chosen_on_the_trial_page(day, page):
-    with day.user.page_server(day.mine) as url:
-        page.open(url, "overview")
-        page.view(f"#/exp/{day.mine}/trial/{day.mine}-00000", "trial")
+    with day.user.viewing(page, day.mine, f"trial/{day.mine}-00000", "trial"):
         for name, values in (("loss", LOSSES), ("accuracy", ACCURACIES)):
             assert page.choose(name), page.text()
             drawn = page.wait_drawn("trial-curve", lambda now: against(now, values), f"the {name} curve")
@@ -264,9 +243,7 @@ def test_each_metric_name_can_be_chosen_on_the_trial_page(day, page):
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="issue 39.3: ASHA's trials are drawn against the record index (1..20), not batches")
 def test_the_asha_trials_are_drawn_against_batches(day, page):
-    with day.user.page_server(day.stage3) as url:
-        page.open(url, "overview")
-        page.view(f"#/exp/{day.stage3}/trials", "trials")
+    with day.user.viewing(page, day.stage3, "trials", "trials"):
         drawn = page.drawn("curves")
         assert over_batches(drawn, set(range(10, 101, 10))), drawn
 

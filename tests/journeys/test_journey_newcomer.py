@@ -115,8 +115,7 @@ def test_the_broken_experiment_ends_saying_why(day):
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="issue 40.3: an ERROR experiment's page says \"no final metric yet\", not why it stopped")
 def test_the_broken_experiments_page_says_why_it_stopped(day, page):
-    with day.user.page_server(day.broken) as url:
-        page.open(url, "overview")
+    with day.user.viewing(page, day.broken):
         shown = page.text()
         assert "all failed the same way" in shown and "tqdmm" in shown, shown
 
