@@ -37,6 +37,10 @@ WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+class Day:
+    """What the user did, and what their terminal showed at each point (a journey's fixture fills it)."""
+
+
 class DayBroken(Exception):
     """The journey's actions could not go on: its steps cannot be judged."""
 

@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import pytest
 
-from steps import WAIT, User, experiment_id, needs_chromium, page  # noqa: F401 (page: a fixture)
+from steps import Day, WAIT, User, experiment_id, needs_chromium, page  # noqa: F401 (page: a fixture)
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "fixtures" / "determined"
 
@@ -66,10 +66,6 @@ searcher:
   smaller_is_better: false
 max_restarts: 0
 """
-
-
-class Day:
-    """What the user did, and what their terminal showed at each point."""
 
 
 def status_within(user: User, experiment: str, trial: str, wanted: str, timeout: float) -> str:
@@ -218,8 +214,8 @@ def over_batches(drawn: List[dict], allowed: set) -> bool:
 
 
 @needs_chromium()
-@pytest.mark.parametrize("view, ready, chart", [("trial/{}-00000", "trial", "trial-curve"), ("trials", "trials", "curves")],
-                         ids=["trial page", "Trials view"])
+@pytest.mark.parametrize("view, ready, chart", [("trial/{}-00000", "trial", "trial-curve"),
+                                               ("trials", "trials", "curves")], ids=["trial page", "Trials view"])
 @pytest.mark.xfail(strict=True, raises=AssertionError,
                    reason="issue 39.3: the page draws nothing of a Core API trial (points apart, on the record index)")
 def test_the_page_draws_the_metrics_against_batches(day, page, view, ready, chart):

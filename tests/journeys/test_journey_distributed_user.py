@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from harness import wait_until
-from steps import WAIT, User, experiment_id
+from steps import Day, WAIT, User, experiment_id
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (an extra)")
 
@@ -52,10 +52,6 @@ tuner:
 trainingService:
   platform: local
 """
-
-
-class Day:
-    """What the user did, and what their terminal showed at each point."""
 
 
 def pid_in_log(user: User, trial: str, rank: int) -> int:

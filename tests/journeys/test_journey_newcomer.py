@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from steps import User, experiment_id, needs_chromium, page  # noqa: F401 (page: a fixture)
+from steps import Day, User, experiment_id, needs_chromium, page  # noqa: F401 (page: a fixture)
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 TRIALS = 4
@@ -28,10 +28,6 @@ import tqdmm  # the newcomer's typo
 
 trialkit.report_final_result(1.0)
 """
-
-
-class Day:
-    """What the user did, and what their terminal showed at each point."""
 
 
 def quickstart(user: User) -> None:

@@ -20,7 +20,7 @@ from typing import Dict, List
 import pytest
 
 from harness import wait_until
-from steps import (WAIT, User, experiment_id, max_at_once, needs_chromium,
+from steps import (Day, WAIT, User, experiment_id, max_at_once, needs_chromium,
                    page, printed_page)  # noqa: F401 (page: a fixture)
 
 EPOCHS = 5
@@ -88,10 +88,6 @@ trainingService:
 """
 
 SPACE = {"x": {"_type": "uniform", "_value": [0, 1]}, "y": {"_type": "uniform", "_value": [0, 1]}}
-
-
-class Day:
-    """What the user did, and what their terminal showed at each point."""
 
 
 @pytest.fixture(scope="module")
