@@ -172,6 +172,7 @@ def test_some_trials_were_training_when_ctrl_c_came_and_saved_their_epoch(day):
                    reason="issue 39.4: a trial that exits 143 with a checkpoint after Ctrl-C is USER_CANCELED")
 def test_a_trial_that_saved_its_checkpoint_on_ctrl_c_is_preempted(day):
     saved = interrupted_with_a_checkpoint(day)
+    assert saved  # (never true by having nothing to judge)
     shown = {trial: day.export_after_ctrl_c[trial]["status"] for trial in saved}
     assert shown == {trial: "PREEMPTED" for trial in saved}
 
@@ -187,6 +188,7 @@ def test_the_resumed_experiment_runs_to_its_end(day):
                    reason="issue 39.4: resume does not continue a trial stopped with a checkpoint")
 def test_resume_continues_each_preempted_trial_from_its_checkpoint(day):
     saved = interrupted_with_a_checkpoint(day)
+    assert saved
     for trial, epoch in saved.items():
         assert f"starting at epoch {epoch}" in day.logs[trial].split("checkpointed at epoch", 1)[-1], trial
         assert day.trials[trial]["status"] in ("SUCCEEDED", "EARLY_STOPPED"), day.trials[trial]
