@@ -248,7 +248,8 @@ def experiment_id(terminal: Terminal) -> str:
 
 def printed_page(terminal: Terminal) -> str:
     """The page address a run printed last (a resume prints its own)."""
-    return [line.split()[-1] for line in terminal.lines if line.startswith("page: ")][-1]
+    return [line.split()[-1] for line in terminal.lines
+            if line.startswith("page: ") and line.split()[-1].startswith("http")][-1]
 
 
 def answers(url: str) -> bool:
@@ -285,21 +286,20 @@ def needs_chromium() -> Any:
                               reason="needs Debian's chromium and chromium-driver (bootstrap.sh installs them)")
 
 
-# What a chart draws: each series' name and the points a user sees (a point of a line is seen when it
-# joins a neighbour, or when the series shows markers). The one place that knows the charting library.
+# What a chart draws: each series' name and the points it plots (uPlot keeps its instance on the chart's
+# node; a null is a gap). The one place that knows the charting library.
 DRAWN = """
 const node = document.getElementById(arguments[0]);
-if (!node || !node.data) return null;
-return node.data.map((t) => {
-  const xs = t.x || [], ys = t.y || [];
-  const ok = (i) => i >= 0 && i < ys.length && ys[i] !== null && ys[i] !== undefined && Number.isFinite(+ys[i]);
-  const finite = ys.filter((_, i) => ok(i)).length;
-  const markers = String(t.mode || '').includes('markers') || (t.connectgaps && finite > 1);
+const u = node && node.uplot;
+if (!u) return null;
+const xs = u.data[0] || [];
+return u.series.slice(1).map((s, i) => {
+  const ys = u.data[i + 1] || [];
   const points = [];
-  for (let i = 0; i < ys.length; i++) {
-    if (ok(i) && (markers || (t.connectgaps && finite > 1) || ok(i - 1) || ok(i + 1))) points.push([xs[i], +ys[i]]);
+  for (let j = 0; j < ys.length; j++) {
+    if (ys[j] !== null && ys[j] !== undefined && Number.isFinite(+ys[j])) points.push([xs[j], +ys[j]]);
   }
-  return {name: String(t.name || ''), points: points};
+  return {name: String(s.label || ''), points: points};
 });
 """
 

@@ -139,22 +139,16 @@ def test_the_activated_trial_runs_to_its_end(day):
     assert day.user.trial_list(day.stage2)[day.trial]["status"] == "SUCCEEDED"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.2: the default export holds only the activated run's reports (after the pause)")
 def test_the_default_export_shows_steps_10_to_100_once_each(day):
     row = day.user.export(day.stage2)[0]
     assert batches(row, "training") == list(range(10, 101, 10))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.2: the paused run's row says SUCCEEDED")
 def test_the_paused_run_is_preempted_in_the_runs_rows(day):
     runs = {row["run"]: row["status"] for row in day.user.export(day.stage2, "--all-runs")}
     assert runs == {0: "PREEMPTED", 1: "SUCCEEDED"}
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: `steps` counts the records of the last run, not the batches")
 def test_trial_list_shows_the_batches_trained(day):
     assert day.user.trial_list(day.stage2)[day.trial]["steps"] == "100"
 
@@ -216,8 +210,6 @@ def over_batches(drawn: List[dict], allowed: set) -> bool:
 @needs_chromium()
 @pytest.mark.parametrize("view, ready, chart", [("trial/{}-00000", "trial", "trial-curve"),
                                                ("trials", "trials", "curves")], ids=["trial page", "Trials view"])
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: the page draws nothing of a Core API trial (points apart, on the record index)")
 def test_the_page_draws_the_metrics_against_batches(day, page, view, ready, chart):
     with day.user.viewing(page, day.mine, view.format(day.mine), ready):
         drawn = page.drawn(chart)
@@ -236,8 +228,6 @@ def test_each_metric_name_can_be_chosen_on_the_trial_page(day, page):
 
 
 @needs_chromium()
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: ASHA's trials are drawn against the record index (1..20), not batches")
 def test_the_asha_trials_are_drawn_against_batches(day, page):
     with day.user.viewing(page, day.stage3, "trials", "trials"):
         drawn = page.drawn("curves")

@@ -90,9 +90,6 @@ def test_experiment_list_answers_at_once(day):
 
 
 @needs_chromium()
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 40.3: the printed page address is refused once the run ended, and the run names "
-                          "no command that opens it")
 def test_the_printed_page_opens_after_the_run(day, page):
     with day.user.page_after(day.run) as url:
         assert url is not None, day.run.text
@@ -108,8 +105,6 @@ def test_the_broken_experiment_ends_saying_why(day):
 
 
 @needs_chromium()
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 40.3: an ERROR experiment's page says \"no final metric yet\", not why it stopped")
 def test_the_broken_experiments_page_says_why_it_stopped(day, page):
     with day.user.viewing(page, day.broken):
         shown = page.text()

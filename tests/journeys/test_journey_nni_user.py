@@ -217,8 +217,6 @@ def test_trial_list_shows_each_trial_with_its_parameters(day):
 
 
 # ------------------------------------------------------------------ export and plot
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: the CSV export holds a JSON array in the intermediate column")
 def test_the_csv_export_is_flat(day):
     rows = day.user.export_csv(day.experiment)
     assert len(rows) == len(day.trials)
@@ -232,16 +230,11 @@ def test_the_plot_is_a_picture(day):
     day.user.plot(day.experiment, "search.png")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: `experiment plot` draws only `default` of dict metrics (no --metric)")
 def test_the_plot_draws_the_metric_key_chosen(day):
     assert day.user.plot(day.experiment, "loss.png", "--metric", "loss") != day.user.plot(day.experiment, "default.png")
 
 
 # ------------------------------------------------------------------ the page
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 40.3: the page address the run printed is refused once the run ended, and the run "
-                          "names no command that opens it")
 def test_the_page_address_still_answers_after_the_run(day):
     with day.user.page_after(day.resumed) as url:
         assert url is not None, day.resumed.text
@@ -273,8 +266,6 @@ def test_the_page_draws_each_trials_curve(day, page):
 
 
 @needs_chromium()
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: the page draws only `default` of NNI dict metrics: `loss` is nowhere to choose")
 def test_each_metric_key_can_be_chosen_on_the_page(day, page):
     with day.user.viewing(page, day.experiment, "trials", "trials"):
         assert page.choose("loss"), page.text()
