@@ -446,7 +446,8 @@ def test_core_api_misuse_raises_determineds_exception_naming_the_call_and_stores
     assert said["upload-missing"] == "FileNotFoundError core.checkpoint.upload(ckpt_dir='missing'): no such directory"
     assert said["upload-file"].startswith("NotADirectoryError core.checkpoint.upload(ckpt_dir='a-file'): not a")
     assert not (tmp_path / "checkpoint").exists() or not any((tmp_path / "checkpoint").iterdir())
-    assert not (tmp_path / ".trialkit" / "channel").exists() or channel_records(tmp_path / ".trialkit" / "channel") == []
+    channel = tmp_path / ".trialkit" / "channel"
+    assert not channel.exists() or channel_records(channel) == []
 
 
 def test_a_garbled_determined_setting_is_a_value_error_naming_the_variable(tmp_path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -160,7 +160,12 @@ def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "con
     schema.check_shape(data, source)
     base = Path(base_dir).expanduser().absolute()
     if determined.is_determined(data):
-        return _parse_v2(determined.to_v2(data, base, context_dir), base)
+        v2, notes = determined.to_v2(data, base, context_dir)
+        try:
+            config = _parse_v2(v2, base)
+        except UserError as err:
+            raise schema.renamed(err, determined.V2_WHERE) from None
+        return replace(config, notes=config.notes + tuple(notes))
     if context_dir is not None:
         raise UserError("a context directory goes with a Determined config", "CONTEXT_DIR",
                         "set trialCodeDirectory in an NNI config instead")
