@@ -206,6 +206,9 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
     if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
         raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
     notes = _check_manager_keys(c, module, section["platform"], manager_ip, template) + ignored
+    if gpus is None and getattr(platform_config, "use_active_gpu", False):
+        notes.append("useActiveGpu: true without trialGpuNumber: no GPU is scheduled, as in NNI (each trial "
+                     "sees this machine's GPUs as they are); add trialGpuNumber to give each trial its own")
     return ExperimentConfig(
         search_space=space,
         trial_command=command,
