@@ -297,4 +297,3 @@ def test_trialkit_ui_over_stores_it_cannot_read_answers_409_never_500(tmp_path):
         proc.stdout.close()
         proc.stderr.close()
     assert "failed" not in err and "Traceback" not in err, err
-
