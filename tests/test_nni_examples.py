@@ -168,7 +168,8 @@ def test_nnis_kubeflow_docs_python_example_runs_with_only_its_host_names_changed
             seen = json.loads(json.dumps(api.objects))  # as submitted: the stop deletes them
             stopped = cli("experiment", "stop", exp, env=environ)
             assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-            out, err = proc.communicate(timeout=120)
+            out, err = proc.stdout.read(), proc.stderr.read()  # not communicate(): it skips what readline buffered
+            proc.wait(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
