@@ -606,3 +606,60 @@ def test_an_experiments_adaptdl_trials_on_the_ray_platform_share_it_and_show_the
     logs = trialkit_cli("trial", "logs", a)
     assert "adaptdl-ray: stopping: the workers get 120 s to checkpoint" in logs.stdout + logs.stderr, logs.stdout
     assert trial_status(home, a) == "USER_CANCELED"
+
+
+# -- the AdaptDL-on-Ray guide's own commands and files ---------------------------------------------
+
+
+def test_the_guides_files_are_in_the_example_and_its_cluster_config_is_rays():
+    """The guide runs `python3 adaptdl_ray.py -f main.py ...` from the example's folder, brings the cluster
+    up with its cluster config and installs its requirements file: each is there, the cluster config is
+    valid for the Ray trialkit pins, and the requirements are trialkit's own extras."""
+    import importlib.metadata
+
+    import jsonschema
+    import ray
+    import yaml
+    from packaging.requirements import Requirement
+
+    assert {"adaptdl_ray.py", "main.py", "cluster.yaml", "requirements.txt"} <= {p.name for p in EXAMPLE.iterdir()}
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    config = yaml.safe_load((EXAMPLE / "cluster.yaml").read_text())
+    jsonschema.validate(config, schema)
+    with pytest.raises(jsonschema.ValidationError):  # the schema is strict: a misspelt key is refused
+        jsonschema.validate({**config, "max_worker": 3}, schema)
+    assert (EXAMPLE / config["file_mounts"]["~/trialkit"]).resolve() == ROOT
+    assert config["setup_commands"] == ["pip install -r ~/trialkit/examples/adaptdl_ray/requirements.txt ~/trialkit"]
+    listed = sorted(str(Requirement(line)) for line in (EXAMPLE / "requirements.txt").read_text().splitlines()
+                    if line.strip() and not line.startswith("#"))
+    pinned = []
+    for requirement in map(Requirement, importlib.metadata.requires("trialkit")):
+        marker, requirement.marker = requirement.marker, None
+        if marker and any(marker.evaluate({"extra": extra}) for extra in ("ray", "adaptdl", "torch")):
+            pinned.append(str(requirement))
+    assert listed == sorted(pinned)
+
+
+@pytest.mark.slow
+def test_the_guides_command_as_printed_runs_from_the_example(cluster):
+    done = subprocess.run([PYTHON, "adaptdl_ray.py", "-f", "main.py", "-m", "3", "-u", cluster.client_address,
+                           "--", "-autoscale-bsz", "--epochs", "3"], cwd=EXAMPLE, capture_output=True, text=True,
+                          timeout=START_TIMEOUT)
+    output = ANSI.sub("", done.stdout + done.stderr)
+    assert done.returncode == 0, output[-4000:]
+    assert [int(m[1]) for m in EPOCH.finditer(output)] == [0, 1, 2], output[-4000:]
+
+
+@pytest.mark.slow
+def test_a_job_waiting_for_the_cluster_says_what_it_waits_for(cluster, tmp_path):
+    (tmp_path / "train.py").write_text("print('never started')\n")
+    started = time.monotonic()
+    done = adaptdl_ray("-u", cluster.client_address, "-f", str(tmp_path / "train.py"), "-m", "1", "--cpus", "64",
+                       "--cluster-rescale-timeout", "3", timeout=START_TIMEOUT)
+    output = ANSI.sub("", done.stdout + done.stderr)
+    assert done.returncode == 1, output
+    waiting = "waiting up to 3 s (--cluster-rescale-timeout) for the cluster to hold 1 worker of 64 CPUs and 0 GPUs: " \
+              "it holds 0 now"
+    assert output.count(waiting) == 1, output  # said once, when the wait starts
+    assert "no node of the cluster can hold a worker of 64 CPUs and 0 GPUs (waited 3 s)" in output
+    assert "never started" not in output and time.monotonic() - started < START_TIMEOUT

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from trialkit.control.assessors import build_assessor, check_assessor
+from trialkit.control.config import parse_config
 from trialkit.errors import UserError
 
 
@@ -137,3 +138,18 @@ def test_bad_assessor_configs_are_one_line_errors(name, args, where, words):
         check_assessor(name, args)
     assert err.value.where == where
     assert words in err.value.line() and "\n" not in err.value.line()
+
+
+def test_curvefitting_takes_nnis_optimize_mode_as_nni_does():
+    """NNI's docs give Curvefitting `optimize_mode` with its other classArgs, and NNI's validator takes it."""
+    nni_args = {"epoch_num": 20, "optimize_mode": "minimize", "start_step": 6, "threshold": 0.95, "gap": 1}
+    name, args = check_assessor("Curvefitting", nni_args)
+    assert (name, args) == ("Curvefitting", nni_args)
+    assert build_assessor("Curvefitting", nni_args).optimize_mode == "minimize"
+    config = parse_config({"searchSpace": {"x": {"_type": "uniform", "_value": [0, 1]}}, "trialCommand": "true",
+                           "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "minimize"}},
+                           "assessor": {"name": "Curvefitting", "classArgs": nni_args}}, ".")
+    assert config.assessor.class_args["optimize_mode"] == "minimize"
+    with pytest.raises(UserError) as err:
+        check_assessor("Curvefitting", {"optimize_mode": "upward"})
+    assert err.value.where == "assessor.classArgs.optimize_mode"

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trialkit.platforms.context import IGNORE_FILE, LIMIT_BYTES, collect, copy_into, pack, unpack
+from experiment_util import cli
 from trialkit.errors import UserError
+from trialkit.platforms.context import IGNORE_FILE, LIMIT_BYTES, collect, copy_into, pack, unpack
 
 Files = List[str]
 Ignores = Dict[str, List[str]]  # directory ("" is the top) -> lines of its ignore file
@@ -352,3 +353,25 @@ def test_a_determined_detignore_is_read_and_a_trialignore_overrides_it(tmp_path)
     assert set(collect(tmp_path)) == {"train.py", ".detignore"}
     (tmp_path / IGNORE_FILE).write_text("!keep.log\n")
     assert set(collect(tmp_path)) == {"train.py", ".detignore", IGNORE_FILE, "keep.log"}
+
+
+@pytest.mark.parametrize("line", ["!", "data\\", "[z-a]"])
+@pytest.mark.parametrize("ignore_name, rel_dir", [(".detignore", ""), (IGNORE_FILE, "sub")])
+def test_an_ignore_line_gitignore_rejects_is_one_line_naming_the_file_and_line(tmp_path, line, ignore_name, rel_dir):
+    build(tmp_path, ["train.py", "sub/x.py"], {rel_dir: ["# a comment", "*.log", line]}, ignore_name)
+    with pytest.raises(UserError) as caught:
+        collect(tmp_path)
+    assert caught.value.where == f"{tmp_path / rel_dir / ignore_name}:3", caught.value.line()
+    assert caught.value.what.startswith(f"{line!r} is not a pattern gitignore takes"), caught.value.line()
+
+
+def test_a_determined_run_with_a_bad_detignore_line_stops_before_any_trial(tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text("print('trained')\n")
+    (code / ".detignore").write_text("*.log\n[z-a]\n")
+    (code / "exp.yaml").write_text("entrypoint: python3 train.py\nsearcher: {name: single, metric: loss}\n")
+    done = cli("run", code / "exp.yaml", code, env={**os.environ, "TRIALKIT_HOME": str(tmp_path / "home")})
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr == f"trialkit: error: {code / '.detignore'}:2: '[z-a]' is not a pattern gitignore takes " \
+                          "(bad character range z-a) (fix the line or remove it)\n"

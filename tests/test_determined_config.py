@@ -155,7 +155,7 @@ def test_a_resource_pool_and_priority_are_the_local_platform_s_pool_and_the_job_
 
 
 @pytest.mark.parametrize("extra, where", [
-    ({"min_validation_period": {"batches": 10}}, "min_validation_period"),
+    ({"checkpoint_policy": "all"}, "checkpoint_policy"),
     ({"resources": {"shm_size": 4096}}, "resources.shm_size"),
     ({"searcher": {"name": "pbt", "metric": "l"}}, "searcher.name"),
     ({"searcher": {"name": "single", "metric": "l", "source_trial_id": 3}}, "searcher.source_trial_id"),
@@ -173,23 +173,55 @@ def test_what_trialkit_does_not_do_is_refused_by_name(tmp_path, extra, where):
     assert caught.value.where == where
 
 
-def test_a_description_is_read_as_a_note_and_must_be_text(tmp_path):
-    noted = parse(tmp_path, description="baseline run", name="a")
-    assert (noted.experiment_name, noted.trial_command) == ("a", parse(tmp_path, name="a").trial_command)
-    with pytest.raises(UserError) as caught:
-        parse(tmp_path, description={"not": "text"})
-    assert caught.value.where == "description"
+DESCRIBING = {"workspace": "research", "project": "mnist", "labels": ["baseline", "cpu"], "description": "a run",
+              "notes": "try lr first", "min_validation_period": {"batches": 100}, "min_checkpoint_period": 200,
+              "scheduling_unit": 50, "perform_initial_validation": True, "records_per_epoch": 60000}
 
 
-def test_an_unsupported_field_is_one_line_and_exit_2(tmp_path):
+def test_keys_that_only_describe_or_pace_determineds_loop_are_taken_with_one_note(tmp_path):
+    noted = parse(tmp_path, name="a", **DESCRIBING)
+    plain = parse(tmp_path, name="a")
+    assert (noted.experiment_name, noted.trial_command) == ("a", plain.trial_command)
+    assert plain.notes == () and len(noted.notes) == 1
+    assert noted.notes[0].startswith(", ".join(DESCRIBING) + ": taken, not used"), noted.notes
+    for key, wrong in (("description", {"not": "text"}), ("labels", "baseline"), ("scheduling_unit", 0),
+                       ("min_validation_period", {"steps": 5}), ("perform_initial_validation", "yes")):
+        with pytest.raises(UserError) as caught:
+            parse(tmp_path, **{key: wrong})
+        assert caught.value.where == key or caught.value.where.startswith(key + "["), caught.value.line()
+
+
+def test_a_realistic_determined_config_runs_and_says_its_note_once(tmp_path):
     config = yaml.safe_load((FIXTURES / "2_checkpoints.yaml").read_text())
-    config["min_checkpoint_period"] = {"batches": 100}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({**config, **DESCRIBING}))
+    done = cli("run", path, FIXTURES, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = [line for line in done.stdout.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and all(key in notes[0] for key in DESCRIBING), done.stdout
+
+
+def test_every_problem_in_a_determined_config_is_refused_at_once_in_one_line_exit_2(tmp_path):
+    config = yaml.safe_load((FIXTURES / "2_checkpoints.yaml").read_text())
+    config.update(checkpoint_policy="best", profiling={"enabled": True},
+                  searcher={"name": "single", "metric": "x", "source_trial_id": 3},
+                  resources={"shm_size": 4096, "slots_per_trial": 1},
+                  hyperparameters={"lr": {"type": "double", "minval": 1, "maxval": 0}},
+                  checkpoint_storage={"type": "shared_fs", "host_path": str(tmp_path), "save_trial_best": 1,
+                                      "save_trial_latest": 1, "save_experiment_best": 0},
+                  environment={"pod_spec": {}}, workspace="research")
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(config))
     done = cli("run", path, FIXTURES)
-    assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "min_checkpoint_period" in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    wheres = ["checkpoint_policy", "profiling", "searcher.source_trial_id", "hyperparameters.lr.maxval",
+              "resources.shm_size", "environment.pod_spec", "checkpoint_storage.save_trial_best",
+              "checkpoint_storage.save_trial_latest", "checkpoint_storage.save_experiment_best"]
+    assert f"{len(wheres)} problems: " in done.stderr, done.stderr
+    for where in wheres:
+        assert f"{where}: " in done.stderr, (where, done.stderr)
+    assert "workspace" not in done.stderr  # taken, with its note
 
 
 def test_a_context_dir_is_only_for_a_determined_config(tmp_path):
@@ -292,3 +324,54 @@ def test_an_older_asha_config_rungs_on_max_length_in_steps_completed(tmp_path):
     assert asha.step_value(at) == (500, 0.9)
     with pytest.raises(UserError, match="go together"):
         parse(tmp_path, searcher={"name": "adaptive_asha", "metric": "a", "max_trials": 4, "max_time": 10})
+
+
+GRID = {"name": "grid", "metric": "loss"}
+
+
+@pytest.mark.parametrize("config, where, said", [
+    ({"hyperparameters": {"lr": {"type": "log", "minval": -3, "maxval": 400}}}, "hyperparameters.lr.maxval",
+     "10**400 is past a float's range"),
+    ({"hyperparameters": {"lr": {"type": "log", "minval": -400, "maxval": -1}}}, "hyperparameters.lr.minval",
+     "10**-400 is below the smallest float"),
+    ({"hyperparameters": {"lr": {"type": "log", "base": 2, "minval": 1, "maxval": 2000, "count": 3}},
+      "searcher": GRID}, "hyperparameters.lr.maxval", "2**2000 is past a float's range"),
+    ({"hyperparameters": {"x": {"type": "double", "minval": 0, "maxval": 1, "count": 10**9}, "y": 3},
+      "searcher": GRID}, "hyperparameters.x", "the grid has 1,000,000,000 points"),
+    ({"hyperparameters": {"opt": {"n": {"type": "int", "minval": 0, "maxval": 10**9, "count": 10**8}},
+                          "act": {"type": "categorical", "vals": ["relu", "tanh"]}},
+      "searcher": GRID}, "hyperparameters.opt.n", "the grid has 200,000,000 points (100,000,000 values of this one)"),
+    ({"hyperparameters": {"": 1}}, "hyperparameters.''", "bad parameter name ''"),
+    ({"hyperparameters": {5: 1}}, "hyperparameters.5", "bad parameter name 5"),
+    ({"data": {"blob": "x" * 100_000}}, "data", "bytes once packed into the trial's command"),
+    ({"entrypoint": []}, "entrypoint", "an empty list: there is no command to run"),
+])
+def test_a_determined_input_is_one_line_in_the_users_own_keys(tmp_path, config, where, said):
+    with pytest.raises(UserError) as caught:
+        parse(tmp_path, **config)
+    assert (caught.value.where, said in caught.value.what) == (where, True), caught.value.line()
+
+
+@pytest.mark.parametrize("value, kind", [("!!timestamp 2024-05-01", "date"), ("!!binary aGVsbG8=", "bytes"),
+                                         ("!!set {a, b}", "set")])
+def test_data_that_json_cannot_carry_to_the_trial_is_named_with_its_type(tmp_path, value, kind):
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"entrypoint: python3 train.py\nsearcher: {{name: single, metric: loss}}\n"
+                    f"data:\n  snapshot: {value}\n")
+    with pytest.raises(UserError) as caught:
+        load_config(path)
+    assert caught.value.where == "data.snapshot" and f"is a {kind}, which the trial cannot get" in caught.value.what
+
+
+def test_an_empty_entrypoint_or_context_dir_is_refused_before_anything_runs(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("entrypoint: []\nsearcher: {name: single, metric: loss}\n")
+    done = cli("run", path, tmp_path)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout  # no trial ran `env` (and printed its token)
+    assert done.stderr.startswith("trialkit: error: entrypoint: an empty list") and done.stderr.count("\n") == 1
+    path.write_text("entrypoint: python3 train.py\nsearcher: {name: single, metric: loss}\n")
+    done = cli("run", path, "")
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout
+    assert done.stderr.startswith("trialkit: error: CONTEXT_DIR: the context directory is an empty path"), done.stderr
+    done = cli("run", path, tmp_path / "absent")
+    assert done.returncode == 2 and done.stderr.startswith("trialkit: error: CONTEXT_DIR: "), done.stderr

@@ -411,3 +411,93 @@ def test_the_cluster_info_gives_nested_hyperparameters_data_and_ids(tmp_path):
                                        ["127.0.0.1"], 0]
     off_cluster = shim_python(tmp_path, "import determined as det; print(det.get_cluster_info())")
     assert off_cluster.stdout == "None\n"  # as Determined's, run by hand
+
+
+def test_a_determined_module_trialkit_does_not_serve_says_what_to_install(tmp_path):
+    for statement in ("import determined.pytorch", "from determined import keras",
+                      "from determined.estimator import EstimatorTrial"):
+        done = shim_python(tmp_path, f"try:\n    {statement}\nexcept ModuleNotFoundError as err:\n"
+                                     f"    print(type(err).__name__, err)")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("NotServed ") and done.stdout.count("\n") == 1, done.stdout
+        assert "Core API only" in done.stdout and "pip install determined" in done.stdout
+    served = shim_python(tmp_path, "import determined.core, determined.launch.torch_distributed; print('served')")
+    assert served.stdout == "served\n", served.stderr
+
+
+MISUSE = """
+import determined as det, pathlib
+def attempt(what, call):
+    try:
+        call()
+        print(what, "ok")
+    except Exception as err:
+        print(what, type(err).__name__, err)
+src = pathlib.Path("src")
+src.mkdir()
+pathlib.Path("a-file").write_text("x")
+with det.core.init() as core:
+    attempt("training", lambda: core.train.report_training_metrics(steps_completed=1, metrics=[0.5]))
+    attempt("validation", lambda: core.train.report_validation_metrics(steps_completed=1, metrics=[0.5]))
+    attempt("group", lambda: core.train.report_metrics("custom", 1, (0.5,)))
+    attempt("upload-metadata", lambda: core.checkpoint.upload(src, ["steps_completed", 1]))
+    def store():
+        with core.checkpoint.store_path(["steps_completed"]) as (path, storage_id):
+            pass
+    attempt("store-metadata", store)
+    attempt("upload-missing", lambda: core.checkpoint.upload("missing", {"steps_completed": 1}))
+    attempt("upload-file", lambda: core.checkpoint.upload("a-file", {"steps_completed": 1}))
+"""
+
+
+def test_core_api_misuse_raises_determineds_exception_naming_the_call_and_stores_nothing(tmp_path):
+    done = shim_python(tmp_path, MISUSE, TRIALKIT_KEEPER_PID="1")
+    assert done.returncode == 0, done.stderr
+    said = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in done.stdout.splitlines()}
+    # Determined's types: it reads metrics as a dict (AttributeError), refuses metadata without its
+    # 'steps_completed' item (ValueError), and lists the directory it uploads (FileNotFound, NotADirectory).
+    for what, call in (("training", "report_training_metrics"), ("validation", "report_validation_metrics"),
+                       ("group", "report_metrics")):
+        assert said[what].startswith(f"AttributeError core.train.{call}(metrics=...) takes a dict"), said[what]
+    for what, call in (("upload-metadata", "upload"), ("store-metadata", "store_path")):
+        assert said[what].startswith(f"ValueError core.checkpoint.{call}(metadata=...) takes a dict"), said[what]
+    assert said["upload-missing"] == "FileNotFoundError core.checkpoint.upload(ckpt_dir='missing'): no such directory"
+    assert said["upload-file"].startswith("NotADirectoryError core.checkpoint.upload(ckpt_dir='a-file'): not a")
+    assert not (tmp_path / "checkpoint").exists() or not any((tmp_path / "checkpoint").iterdir())
+    channel = tmp_path / ".trialkit" / "channel"
+    assert not channel.exists() or channel_records(channel) == []
+
+
+def test_a_garbled_determined_setting_is_a_value_error_naming_the_variable(tmp_path):
+    for garbled in ("%%%not-base64", base64.urlsafe_b64encode(b"{not json").decode(),
+                    base64.urlsafe_b64encode(b"[1, 2]").decode()):
+        for call in ("det.core.init()", "det.get_cluster_info()"):
+            done = shim_python(tmp_path, f"import determined as det\ntry:\n    {call}\nexcept ValueError as err:\n"
+                                         f"    print(err)", TRIALKIT_KEEPER_PID="1", TRIALKIT_DETERMINED=garbled)
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.startswith("TRIALKIT_DETERMINED in the environment is not what `trialkit run` "
+                                          "writes there"), (garbled, call, done.stdout)
+
+
+def test_a_value_the_trialkit_sdk_takes_never_raises_into_training(tmp_path):
+    code = """
+import determined as det
+class NoRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr")
+    __str__ = __repr__
+deep = current = []
+for _ in range(3000):
+    current.append([])
+    current = current[0]
+with det.core.init() as core:
+    for metrics in ({"loss": 0.5, "odd": NoRepr()}, {"loss": 0.5, "deep": deep}):
+        core.train.report_training_metrics(steps_completed=1, metrics=metrics)
+        core.train.report_validation_metrics(steps_completed=2, metrics=metrics)
+        core.train.report_metrics("custom", 3, metrics)
+print("trained on")
+"""
+    done = shim_python(tmp_path, code, TRIALKIT_KEEPER_PID="1", TRIALKIT_DETERMINED=base64.urlsafe_b64encode(
+        b'{"searcher": {"metric": "loss"}}').decode())
+    assert done.returncode == 0 and done.stdout == "trained on\n", done.stderr[-3000:]
+    assert "a metric cannot be written as JSON" in done.stderr  # the SDK's own word: lost, not raised

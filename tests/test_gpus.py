@@ -417,6 +417,19 @@ def test_trial_gpu_number_is_the_platforms_and_gpu_options_need_it():
     parse_config(minimal_config(trainingService={"platform": "local", "reuseMode": False}))
 
 
+def test_use_active_gpu_without_a_gpu_number_is_taken_as_nni_takes_it_with_a_note():
+    """NNI's own examples (mnist-tfv2's launch.py, the python_api_start notebook) set it with no GPU number."""
+    taken = parse_config(minimal_config(trainingService={"platform": "local", "useActiveGpu": True}))
+    assert (taken.training_service.trial_gpu_number, taken.training_service.slots) == (None, 1)
+    assert [note for note in taken.notes if note.startswith("useActiveGpu: true without trialGpuNumber: no GPU is "
+                                                           "scheduled, as in NNI")] == list(taken.notes)
+    assert len(taken.notes) == 1
+    assert parse_config(minimal_config(trainingService={"platform": "local", "useActiveGpu": False})).notes == ()
+    with_gpus = parse_config(minimal_config(trialGpuNumber=1, trainingService={"platform": "local",
+                                                                              "useActiveGpu": True}))
+    assert with_gpus.notes == ()
+
+
 def test_on_kubernetes_trial_gpu_number_is_refused_for_the_roles_gpu_number():
     err = config_error(trialGpuNumber=1, trainingService={**K8S_SECTIONS["PyTorchJob"], "managerAddress": "10.0.0.2"})
     assert (err.where, err.what) == ("trialGpuNumber", "trialGpuNumber is not used on the kubeflow platform")

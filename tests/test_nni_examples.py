@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from experiment_util import cli, experiment_id
-from harness import free_port
+from harness import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "tests" / "fixtures" / "nni"
@@ -98,3 +98,95 @@ def export_in(exp: str, environ) -> list:
     done = cli("experiment", "export", exp, env=environ)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def no_pythonpath(tmp_path: Path, **extra: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environ["TRIALKIT_HOME"] = str(tmp_path / "home")
+    environ.update(extra)
+    return environ
+
+
+def test_nnis_mnist_tfv2_launch_py_runs_with_use_active_gpu_and_no_gpu_number(tmp_path):
+    """NNI's launch.py sets use_active_gpu and no GPU number; NNI runs it, and so does trialkit, saying that
+    no GPU is scheduled. Its mnist.py (TensorFlow on MNIST, neither here) is a stand-in of the same calls."""
+    launch = shutil.copytree(EXAMPLES / "mnist-tfv2", tmp_path / "mnist-tfv2") / "launch.py"
+    text = launch.read_text()
+    assert "use_active_gpu = True" in text and "trial_gpu_number" not in text
+    # Only the trial count (this machine is small) and the port (tests run side by side) are cut.
+    launch.write_text(text.replace("max_trial_number = 10", "max_trial_number = 3").replace(
+        "run(8080)", f"run({free_port()})"))
+    environ = no_pythonpath(tmp_path)
+    done = subprocess.run([sys.executable, str(launch)], cwd=tmp_path, env=environ, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = [line for line in done.stdout.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and notes[0].startswith("note: useActiveGpu: true without trialGpuNumber: no GPU is "
+                                                   "scheduled, as in NNI"), done.stdout
+    rows = export_in(re.search(r"started experiment (\S+)", done.stdout).group(1), environ)
+    assert [row["status"] for row in rows] == ["SUCCEEDED"] * 3, rows
+    assert all(len(row["intermediate"]) == 3 and row["intermediate"][-1] == row["final"] for row in rows), rows
+
+
+def test_nnis_python_api_start_notebook_runs_as_a_script(tmp_path, user_python):
+    """The notebook's cells as one script, in the user's Python (trialkit, no nni); its trials run the
+    sklearn example's main.py in the venv that has scikit-learn, first on PATH."""
+    folder = shutil.copytree(EXAMPLES / "sklearn-python-api", tmp_path / "sklearn")
+    for name in ("main.py", "search_space.json"):
+        shutil.copy(EXAMPLES / "sklearn-classification" / name, folder / name)
+    script = folder / "python_api_start.py"
+    script.write_text(script.read_text().replace("start(8080)", f"start({free_port()})"))  # side by side
+    environ = no_pythonpath(tmp_path, PATH=f"{user_python.parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run([sys.executable, script.name], cwd=folder, env=environ, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("started experiment ") and lines[2].startswith("note: useActiveGpu: true"), lines
+    assert lines[3] == "RUNNING", lines
+    assert "TrialResult(parameter={" in done.stdout and "TrialMetricData(" in done.stdout, done.stdout
+    rows = export_in(lines[0].split()[2], environ)
+    assert "SUCCEEDED" in [row["status"] for row in rows], rows
+    assert all(0.5 < row["final"] <= 1.0 for row in rows if row["status"] == "SUCCEEDED"), rows
+
+
+def test_nnis_kubeflow_docs_python_example_runs_with_only_its_host_names_changed(tmp_path):
+    """NNI's Kubeflow page (the seed) writes KubeflowRowConfig, operator and api_version on the experiment's
+    config and a master with no docker_image: each is taken, with a note where trialkit differs, and the
+    trials go to the cluster (here an API server stand-in) as PyTorchJobs."""
+    from k8s_fake_api import FakeApiServer
+
+    main = shutil.copytree(EXAMPLES / "kubeflow-seed", tmp_path / "kubeflow-seed") / "main.py"
+    main.write_text(main.read_text().replace("run(8080)", f"run({free_port()})"))  # side by side
+    with FakeApiServer() as api:
+        environ = no_pythonpath(tmp_path, KUBECONFIG=str(api.kubeconfig(tmp_path)))
+        proc = subprocess.Popen([sys.executable, main.name], cwd=main.parent, env=environ, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            started = proc.stdout.readline()
+            exp = re.search(r"started experiment (\S+)", started).group(1)
+            wait_until(lambda: len(jobs(api.objects)) == 2, 60, "the first two trials submitted")
+            seen = json.loads(json.dumps(api.objects))  # as submitted: the stop deletes them
+            stopped = cli("experiment", "stop", exp, env=environ)
+            assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+            out, err = proc.stdout.read(), proc.stderr.read()  # not communicate(): it skips what readline buffered
+            proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0, out + err
+    notes = [line for line in (started + out).splitlines() if line.startswith("note: ")]
+    assert notes == [
+        "note: operator and api_version on the experiment's config (NNI 2.x's place) are the training service's; "
+        "api_version v1alpha2: the job is rendered as kubeflow.org/v1, the one version training-operator serves",
+        "note: training_service.master has no docker_image: it runs NNI's default, msranni/nni:latest (trialkit's "
+        "trial side is fetched into it as it starts)"], started + out
+    job = seen[jobs(seen)[0]]
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 2)
+    for kind in ("Master", "Worker"):
+        assert replicas[kind]["template"]["spec"]["containers"][0]["image"] == "msranni/nni:latest"
+
+
+def jobs(objects: dict) -> list:
+    return [path for path in objects if path.startswith("/apis/kubeflow.org/v1/") and "/pytorchjobs/" in path]

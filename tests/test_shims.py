@@ -133,6 +133,14 @@ def test_nni_experiment_in_any_python_with_trialkit_installed(tmp_path):
     assert done.stdout.split() == ["[]", str(BOOT_DIR.parent / "nni" / "__init__.py"), "True", "True", "True"]
 
 
+def test_nni_experiment_is_an_attribute_of_a_bare_import_nni(tmp_path):
+    """`import nni; nni.experiment.Experiment(...)`, with no `import nni.experiment` before it: NNI's package
+    allows it, and the docs say trialkit's does."""
+    code = "import nni, trialkit.experiment; print(nni.experiment.Experiment is trialkit.experiment.Experiment)"
+    done = run(sys.executable, code, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, tmp_path)
+    assert done.returncode == 0 and done.stdout == "True\n", done.stderr[-2000:]
+
+
 def test_the_pth_does_not_shadow_a_real_nni(tmp_path, nni_python):
     site_dir = tmp_path / "site"
     site_dir.mkdir()

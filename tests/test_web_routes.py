@@ -213,6 +213,25 @@ def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):
         proc.wait(timeout=10)
 
 
+def test_nnis_page_addresses_lead_to_the_matching_views(tmp_path):
+    """NNI prints, and its users bookmark, /oview (the overview) and /detail (the trials)."""
+    store = Store.in_dir(tmp_path / "exp")
+    fill(store, "exp1", trials=2, steps=2)
+    server = ManagerServer(store).start()
+    try:
+        install(server, store, admin_token="tok", read_only=True)
+        for path, view in (("/oview", "#/exp/exp1"), ("/detail", "#/exp/exp1/trials")):
+            answer = requests.get(server.url + path, allow_redirects=False, timeout=10)
+            assert (answer.status_code, answer.headers["Location"]) == (302, "/" + view)
+            token = requests.get(server.url + path, params={"token": "t0k"}, allow_redirects=False, timeout=10)
+            assert token.headers["Location"] == "/?token=t0k" + view  # the page's token goes along
+            landed = requests.get(server.url + path, timeout=10)
+            assert landed.status_code == 200 and "<html" in landed.text.lower()
+    finally:
+        server.stop()
+        store.close()
+
+
 def test_numbers_too_large_to_hold_answer_400_with_the_reason_never_500(running):
     """The page's and the admin's priority, update and import routes, for numbers the store or a float cannot hold:
     the refusal the CLI would give, as a 400 (issue 29.7: a UserError surfaced as 500)."""

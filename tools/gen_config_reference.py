@@ -93,7 +93,8 @@ DESCRIPTIONS: Dict[str, str] = {
     # local
     "local.platform": "`local`.",
     "local.useActiveGpu": "`false`: a GPU that runs a process this experiment did not start (as nvidia-smi "
-    "shows) gets no trial; `true`: it is used like the others. Needs trialGpuNumber.",
+    "shows) gets no trial; `true`: it is used like the others. Without trialGpuNumber it schedules nothing, as in "
+    "NNI (taken, with a note).",
     "local.maxTrialNumberPerGpu": "How many trials may share one GPU. Needs trialGpuNumber.",
     "local.gpuIndices": "The GPUs trials may use, nvidia-smi's indices (`0`, `[0, 1]` or `\"0,1\"`; default: "
     "every GPU, or those a `CUDA_VISIBLE_DEVICES` set for `trialkit run` names). Needs trialGpuNumber.",

@@ -71,8 +71,7 @@ def cmd_run(opts: argparse.Namespace) -> int:
 
     if opts.experiment_id is not None:  # a detached run's, chosen by its parent: a name, never a path
         paths.check_experiment_id(opts.experiment_id, "--experiment-id")
-    context_dir = None if opts.context_dir is None else os.path.abspath(opts.context_dir)
-    config = load_config(opts.config, context_dir)
+    config = load_config(opts.config, opts.context_dir)  # a Determined config's: `""` is refused there
     tls = tls_pair(opts.tls_cert, opts.tls_key)
     if tls is not None:
         config = dataclasses.replace(config, manager_tls=manager_tls(
@@ -80,7 +79,8 @@ def cmd_run(opts: argparse.Namespace) -> int:
     if opts.detach:
         experiment_id = paths.new_experiment_id()
         experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
-        argv = ["run", os.path.abspath(opts.config), *filter(None, [context_dir]), "--experiment-id", experiment_id]
+        context = [] if opts.context_dir is None else [config.trial_code_directory]  # made absolute
+        argv = ["run", os.path.abspath(opts.config), *context, "--experiment-id", experiment_id]
         argv += _port_args(opts.port)
         if config.manager_tls:
             argv += ["--tls-cert", config.manager_tls["certFile"], "--tls-key", config.manager_tls["keyFile"]]

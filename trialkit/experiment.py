@@ -32,9 +32,9 @@ import subprocess
 import sys
 import time
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import psutil
 
@@ -132,20 +132,61 @@ class ExperimentDraft:
 
     def to_dict(self) -> Dict[str, Any]:
         """The v2 config this draft describes; unset keys and nameless algorithms left out."""
+        return self._translated()[0]
+
+    def _translated(self) -> Tuple[Dict[str, Any], List[str]]:
+        """to_dict(), and a note on each of NNI 2.x's shapes it took in (_nni2_shapes)."""
         out = {}
         for key, value in vars(self).items():
             if isinstance(value, ConfigBag) and key in ("tuner", "assessor") and value.to_dict().get("name") is None:
                 continue
             if not _empty(value):
                 out[key] = _plain(value)
-        return out
+        return out, _nni2_shapes(out)
 
     def validate(self, base_dir: Optional[str] = None) -> ParsedConfig:
-        return parse_config(self.to_dict(), base_dir or os.getcwd(), source="Experiment.config")
+        """The config, its notes (what trialkit takes differently from NNI) with it."""
+        data, notes = self._translated()
+        config = parse_config(data, base_dir or os.getcwd(), source="Experiment.config")
+        return replace(config, notes=tuple(notes) + config.notes)
 
 
 def _snake(key: str) -> str:
     return "".join("_" + ch.lower() if ch.isupper() else ch for ch in key)
+
+
+KUBEFLOW_ROLES = ("master", "worker", "ps")
+NNI_DEFAULT_IMAGE = "msranni/nni:latest"  # NNI's KubeflowRoleConfig.docker_image when a role names none
+
+
+def _nni2_shapes(config: Dict[str, Any]) -> List[str]:
+    """Take in, as NNI 2.x's Kubeflow docs write them, what trialkit's Kubeflow section keeps elsewhere: the
+    operator and its API version set on the experiment's config, and a role with no image (NNI's default)."""
+    service = config.get("training_service")
+    if not isinstance(service, dict) or service.get("platform") != "kubeflow":
+        return []
+    notes = []
+    folded = {schema.fold(key) for key in service if isinstance(key, str)}
+    lifted = [key for key in ("operator", "api_version") if key in config and schema.fold(key) not in folded]
+    for key in lifted:
+        service[key] = config.pop(key)
+    if lifted:
+        notes.append(f"{' and '.join(lifted)} on the experiment's config (NNI 2.x's place) are the training "
+                     "service's" + _version_note(service.get("api_version")))
+    if not folded & {"dockerimage", "image"}:  # no image for every role
+        for role in KUBEFLOW_ROLES:
+            section = service.get(role)
+            if isinstance(section, dict) and not {schema.fold(k) for k in section} & {"dockerimage", "image"}:
+                section["docker_image"] = NNI_DEFAULT_IMAGE
+                notes.append(f"training_service.{role} has no docker_image: it runs NNI's default, "
+                             f"{NNI_DEFAULT_IMAGE} (trialkit's trial side is fetched into it as it starts)")
+    return notes
+
+
+def _version_note(api_version: Any) -> str:
+    if api_version in (None, "v1"):
+        return ""
+    return f"; api_version {api_version}: the job is rendered as kubeflow.org/v1, the one version training-operator serves"
 
 
 # -- NNI 3.0's config classes (nni.experiment), for the platforms trialkit has ---------------
@@ -192,6 +233,9 @@ class KubeflowConfig(_Kind):
 
 class KubeflowRoleConfig(_Kind):
     """One role of a Kubeflow trial (worker, ps, master): replicas, command, docker_image, ..."""
+
+
+KubeflowRowConfig = KubeflowRoleConfig  # NNI 2.x's name for it, which its Kubeflow docs' example imports
 
 
 class FrameworkControllerConfig(_Kind):
@@ -314,6 +358,8 @@ class Experiment:
         config_file = experiment_dir / "experiment-config.json"
         config_file.write_text(records.dumps(config.to_dict()))
         self._launch(["run", str(config_file), "--experiment-id", self.id], port, run_mode, experiment_dir)
+        for note in config.notes:  # as `trialkit run` says them; the manager's own output goes to its log
+            print(f"note: {note}", flush=True)
 
     def run(self, port: int = 8080, wait_completion: bool = True, debug: bool = False) -> Optional[bool]:
         """Start it; with wait_completion, wait for its end: True when DONE or STOPPED, False on ERROR.

@@ -16,7 +16,7 @@ import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import yaml
 
@@ -244,6 +244,29 @@ def report(err: UserError) -> None:
     if problems is None:
         raise err
     _add(problems, err)
+
+
+T = TypeVar("T")
+
+
+def attempt(check: Callable[..., T], *args: Any, default: Optional[T] = None) -> Optional[T]:
+    """`check(*args)`; where problems are collected (every_problem), a UserError it raises is reported and
+    `default` stands in, so the checks after it run too."""
+    try:
+        return check(*args)
+    except UserError as err:
+        report(err)
+        return default
+
+
+def renamed(err: UserError, prefixes: Sequence[Tuple[str, str]]) -> UserError:
+    """`err` (each of its problems) with its place renamed by rename_path: a config translated into another
+    format is refused in the keys its user wrote."""
+    if isinstance(err, ConfigProblems):
+        return ConfigProblems([renamed(one, prefixes) for one in err.problems])
+    if err.where is None:
+        return err
+    return UserError(err.what, rename_path(err.where, prefixes), err.fix)
 
 
 def _add(problems: List[UserError], err: UserError) -> None:

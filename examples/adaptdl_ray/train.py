@@ -31,7 +31,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--step-seconds", type=float, default=0.0,
                         help="extra time per batch, standing in for a real model's work (default %(default)s)")
-    parser.add_argument("--autoscale-bsz", action="store_true",
+    parser.add_argument("--autoscale-bsz", "-autoscale-bsz", action="store_true",  # the second: the guide's
                         help="let AdaptDL choose the batch size as the replicas change")
     return parser.parse_args()
 

@@ -333,6 +333,7 @@ class CurvefittingAssessor(Assessor):
     """
 
     ARGS = {
+        "optimize_mode": check_mode,  # NNI's docs and configs give it, and NNI's validator takes it
         "epoch_num": lambda v, w: schema.as_int(v, w, 0, 9999),
         "start_step": lambda v, w: schema.as_int(v, w, 0, 9999),
         "threshold": lambda v, w: _at_most(schema.as_number(v, w, minimum=0), 9999, w),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -160,7 +160,12 @@ def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "con
     schema.check_shape(data, source)
     base = Path(base_dir).expanduser().absolute()
     if determined.is_determined(data):
-        return _parse_v2(determined.to_v2(data, base, context_dir), base)
+        v2, notes = determined.to_v2(data, base, context_dir)
+        try:
+            config = _parse_v2(v2, base)
+        except UserError as err:
+            raise schema.renamed(err, determined.V2_WHERE) from None
+        return replace(config, notes=config.notes + tuple(notes))
     if context_dir is not None:
         raise UserError("a context directory goes with a Determined config", "CONTEXT_DIR",
                         "set trialCodeDirectory in an NNI config instead")
@@ -201,6 +206,9 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
     if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
         raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
     notes = _check_manager_keys(c, module, section["platform"], manager_ip, template) + ignored
+    if gpus is None and getattr(platform_config, "use_active_gpu", False):
+        notes.append("useActiveGpu: true without trialGpuNumber: no GPU is scheduled, as in NNI (each trial "
+                     "sees this machine's GPUs as they are); add trialGpuNumber to give each trial its own")
     return ExperimentConfig(
         search_space=space,
         trial_command=command,

@@ -1,10 +1,13 @@
 """A Determined experiment config (0.38) as trialkit's own (NNI v2 keys), as `det experiment create CONFIG
 CONTEXT_DIR` would run it.
 
-    if is_determined(data): v2 = to_v2(data, base_dir, context_dir)    # then config.py parses v2
+    if is_determined(data): v2, notes = to_v2(data, base_dir, context_dir)    # then config.py parses v2
 
-Each Determined field becomes trialkit settings, or is refused by name with
-a UserError (one line, exit 2); nothing is read and dropped.
+Each Determined field becomes trialkit settings; a few that only describe
+the experiment or pace Determined's own training loop are checked and noted
+(NOTED_KEYS); the rest are refused by name. A refusal is one line (exit 2)
+listing every problem found, in the keys the user wrote (V2_WHERE names
+them for what config.py finds in the translation).
 docs/migration/determined.md is the table. What the Core API serves the
 trial from the config (the searcher's metric and lengths, `data`) travels in
 env.DETERMINED, set by an `env` in front of the entrypoint: a command line
@@ -19,14 +22,14 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trialkit import env, platforms, schema
 from trialkit.control.assessors import asha_brackets, check_assessor
 from trialkit.errors import UserError
 
 GUIDE = "see docs/migration/determined.md"
-TOP_KEYS = ("name", "description", "entrypoint", "hyperparameters", "searcher", "resources", "max_restarts", "environment",
+TOP_KEYS = ("name", "entrypoint", "hyperparameters", "searcher", "resources", "max_restarts", "environment",
             "bind_mounts", "checkpoint_storage", "data", "trainingService")
 SEARCHERS = ("single", "random", "grid", "adaptive_asha")
 SEARCHER_KEYS = {
@@ -40,6 +43,15 @@ LENGTH_UNITS = ("batches", "epochs", "records")
 DEFAULT_CONCURRENCY = 16  # Determined's max_concurrent_trials for random and grid
 DEFAULT_MAX_RESTARTS = 5  # Determined's
 TRIAL_CLASS = re.compile(r"^[\w./-]+:[A-Za-z_]\w*$")  # the legacy `model_def:MyTrial` entrypoint
+MAX_GRID_POINTS = 100_000  # trials a grid may run: past it, a count is a slip (10**9 points), refused unbuilt
+MAX_SETTINGS_BYTES = 64_000  # the searcher and `data`, packed into the trial's command (one environment variable)
+# Where the v2 config's checks (config.py) speak of a key this translation wrote, the Determined key it came from.
+V2_WHERE = (("searchSpace", "hyperparameters"), ("trialCommand", "entrypoint"), ("trialCodeDirectory", "CONTEXT_DIR"),
+            ("maxTrialRestarts", "max_restarts"), ("experimentName", "name"), ("maxTrialNumber", "searcher.max_trials"),
+            ("trialConcurrency", "searcher.max_concurrent_trials"),
+            ("experimentWorkingDirectory", "checkpoint_storage.host_path"), ("assessor.classArgs", "searcher"),
+            ("tuner", "searcher"))
+_FAILED = object()  # a part whose problem is reported: nothing is built from it
 
 
 def is_determined(data: Mapping[str, Any]) -> bool:
@@ -47,74 +59,228 @@ def is_determined(data: Mapping[str, Any]) -> bool:
     return "entrypoint" in data or "searcher" in data
 
 
-def to_v2(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) -> Dict[str, Any]:
-    """trialkit's v2 config dict of a Determined config; relative paths are read from `base`."""
+def to_v2(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) -> Tuple[Dict[str, Any], List[str]]:
+    """trialkit's v2 config dict of a Determined config, and a note on the keys it takes without use; relative
+    paths are read from `base`. A refusal lists every problem found (schema.ConfigProblems), as for NNI's."""
+    with schema.every_problem():
+        return _translate(data, base, context_dir)
+
+
+def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) -> Tuple[Dict[str, Any], List[str]]:
+    noted = [key for key in data if key in NOTED_KEYS and data[key] is not None]
     for key in data:
-        if key not in TOP_KEYS:
-            raise UserError(f"Determined's {key!r} is not supported by trialkit", str(key), f"remove it; {GUIDE}")
-    if data.get("entrypoint") is None:
-        raise UserError("entrypoint is missing", "entrypoint", "add entrypoint: python3 train.py")
+        if key in NOTED_KEYS:
+            if data[key] is not None:
+                schema.attempt(NOTED_KEYS[key], data[key], key)
+        elif key not in TOP_KEYS:
+            schema.report(UserError(f"Determined's {key!r} is not supported by trialkit", schema.path("", key),
+                                    f"remove it; {GUIDE}"))
+    code_dir = schema.attempt(_context_dir, context_dir, base, default=_FAILED)
+    entry = schema.attempt(_entrypoint, data.get("entrypoint"), default=_FAILED)
+    searcher = schema.attempt(_searcher, data.get("searcher"), default=_FAILED)
+    grid = searcher["name"] == "grid" if searcher is not _FAILED else _names_grid(data.get("searcher"))
+    space = schema.attempt(_search_space, data.get("hyperparameters") or {}, grid, default=_FAILED)
+    restarts = schema.attempt(schema.as_int, _default(data, "max_restarts", DEFAULT_MAX_RESTARTS), "max_restarts",
+                              0, 1000, default=_FAILED)
+    name = _FAILED if data.get("name") is None else schema.attempt(schema.as_str, data["name"], "name",
+                                                                   default=_FAILED)
+    user_data = schema.attempt(_data, data.get("data"), default=_FAILED)
+    # What follows depends on the platform: with none to go by, its checks would only guess.
     section = dict(schema.mapping(data.get("trainingService") or {"platform": "local"}, "trainingService"))
     platform = platforms.canonical_name(section.get("platform"), "trainingService.platform")
     local = platform == "local"
-    searcher = _searcher(data.get("searcher"))
-    resources = _resources(data.get("resources") or {}, local, section)
-    v2: Dict[str, Any] = {
-        "searchSpace": _space(data.get("hyperparameters") or {}, "hyperparameters", searcher["name"] == "grid"),
-        "trialCodeDirectory": context_dir if context_dir is not None else str(base),
-        "maxTrialRestarts": schema.as_int(_default(data, "max_restarts", DEFAULT_MAX_RESTARTS), "max_restarts",
-                                          0, 1000),
-        "trainingService": section,
-    }
-    if data.get("name") is not None:
-        v2["experimentName"] = schema.as_str(data["name"], "name")
-    if data.get("description") is not None:
-        schema.as_str(data["description"], "description")  # a note for people, read and dropped as NNI's is
-    _apply_searcher(v2, searcher, resources)
-    variables = _environment(data.get("environment") or {}, platform, section)
-    _bind_mounts(data.get("bind_mounts") or [], local)
-    storage = _checkpoint_storage(data.get("checkpoint_storage"), local)
+    resources = schema.attempt(_resources, data.get("resources") or {}, local, section, default=_FAILED)
+    variables = schema.attempt(_environment, data.get("environment") or {}, platform, section, default=_FAILED)
+    schema.attempt(_bind_mounts, data.get("bind_mounts") or [], local)
+    storage = schema.attempt(_checkpoint_storage, data.get("checkpoint_storage"), local, default=_FAILED)
+    if _FAILED in (code_dir, entry, searcher, space, restarts, user_data, resources, variables, storage):
+        return {}, []  # refused at the end of to_v2, every problem together
+    v2: Dict[str, Any] = {"searchSpace": space, "trialCodeDirectory": code_dir, "maxTrialRestarts": restarts,
+                          "trainingService": section}
+    if name is not _FAILED:
+        v2["experimentName"] = name
+    schema.attempt(_apply_searcher, v2, searcher, resources)
     if storage is not None:
         v2["experimentWorkingDirectory"] = storage
-    settings = {"searcher": searcher, "data": data.get("data") or {}}
-    v2["trialCommand"] = _command(data["entrypoint"], resources["slots_per_trial"], settings, variables)
-    return v2
+    v2["trialCommand"] = schema.attempt(_command, entry, resources["slots_per_trial"],
+                                        {"searcher": searcher, "data": user_data}, variables)
+    return v2, ([f"{', '.join(noted)}: taken, not used: they describe the experiment in Determined's WebUI or pace "
+                 f"the training loop of its Trial APIs, which trialkit does not run (a Core API script paces "
+                 f"itself)"] if noted else [])
 
 
 def _default(data: Mapping[str, Any], key: str, default: Any) -> Any:
     return default if data.get(key) is None else data[key]
 
 
+def _names_grid(section: Any) -> bool:
+    return isinstance(section, Mapping) and section.get("name") == "grid"
+
+
+def _context_dir(context_dir: Optional[str], base: Path) -> str:
+    """`det experiment create CONFIG CONTEXT_DIR`'s directory (relative to where the command runs), else the
+    config's folder."""
+    if context_dir is None:
+        return str(base)
+    if not context_dir.strip():
+        raise UserError("the context directory is an empty path", "CONTEXT_DIR",
+                        "give the directory of your code (`.` for this one), or leave it out for the config's")
+    return os.path.abspath(context_dir)
+
+
+# ---------------------------------------------------------------- the keys only noted
+
+
+def _labels(value: Any, where: str) -> None:
+    if not isinstance(value, list):
+        raise schema.wrong_value("a list of labels", value, where, "write labels: [a, b]")
+    for i, label in enumerate(value):
+        schema.as_str(label, f"{where}[{i}]")
+
+
+def _length(value: Any, where: str) -> None:
+    """Determined's length: a number, or `{batches|epochs|records: N}`."""
+    if isinstance(value, dict):
+        if len(value) != 1 or next(iter(value)) not in LENGTH_UNITS:
+            raise UserError(f"{schema.show(value)} is not one length", where,
+                            "write {batches: N} (or epochs, records), or a number")
+        value = next(iter(value.values()))
+    schema.as_int(value, where, minimum=1)
+
+
+NOTED_KEYS = {
+    "description": schema.as_str,
+    "notes": schema.as_str,
+    "workspace": schema.as_str,
+    "project": schema.as_str,
+    "labels": _labels,
+    "min_validation_period": _length,
+    "min_checkpoint_period": _length,
+    "perform_initial_validation": schema.as_bool,
+    "scheduling_unit": lambda value, where: schema.as_int(value, where, minimum=1),
+    "records_per_epoch": lambda value, where: schema.as_int(value, where, minimum=0),
+}
+
+
 # ---------------------------------------------------------------- entrypoint
 
 
-def _command(entrypoint: Any, slots: int, settings: Dict[str, Any], variables: List[str]) -> str:
-    """The trial command: `env TRIALKIT_DETERMINED=... [VARS...] ENTRYPOINT`."""
+def _entrypoint(entrypoint: Any) -> str:
+    """The command as one line: a string as written, a list's words quoted."""
+    if entrypoint is None:
+        raise UserError("entrypoint is missing", "entrypoint", "add entrypoint: python3 train.py")
     if isinstance(entrypoint, list):
-        entry = shlex.join(schema.as_str(part, f"entrypoint[{i}]") for i, part in enumerate(entrypoint))
-    else:
-        entry = schema.as_str(entrypoint, "entrypoint").strip()
+        if not entrypoint:  # `env` alone would run, and print the trial's environment, its token with it
+            raise UserError("an empty list: there is no command to run", "entrypoint",
+                            "list the command's words, e.g. [python3, train.py]")
+        return shlex.join(schema.as_str(part, f"entrypoint[{i}]") for i, part in enumerate(entrypoint))
+    return schema.as_str(entrypoint, "entrypoint").strip()
+
+
+def _command(entry: str, slots: int, settings: Dict[str, Any], variables: List[str]) -> str:
+    """The trial command: `env TRIALKIT_DETERMINED=... [VARS...] ENTRYPOINT`."""
     if TRIAL_CLASS.match(entry):
         # Determined's legacy trial class: horovod when distributed, else the class in one process.
         launcher = "trialkit.launch.horovod --trial" if slots > 1 else "trialkit.launch.run_trial"
         entry = f"python3 -m {launcher} {entry}"
     packed = base64.urlsafe_b64encode(json.dumps(settings, separators=(",", ":")).encode()).decode()
+    if len(packed) > MAX_SETTINGS_BYTES:
+        raise UserError(f"{len(packed):,} bytes once packed into the trial's command, over the "
+                        f"{MAX_SETTINGS_BYTES:,} it may take (the command is one environment variable, of 128 KiB "
+                        "at most)", "data",
+                        "put large data in a file in the context directory and name the file in data")
     return " ".join(["env", f"{env.DETERMINED}={packed}", *map(shlex.quote, variables), entry])
+
+
+_JSON_TYPES = (str, int, float, bool, type(None))
+
+
+def _data(value: Any) -> Dict[str, Any]:
+    """`data`, which the trial gets as JSON (det.get_cluster_info().user_data): a mapping of JSON's values."""
+    if value is None:
+        return {}
+    data = schema.mapping(value, "data")
+    _json_only(data, "data")
+    return dict(data)
+
+
+def _json_only(value: Any, where: str) -> None:
+    """Refuse what JSON cannot carry to the trial: a YAML date, `!!binary` bytes, a set, a key not a string."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, _JSON_TYPES):  # JSON writes a number's (or true's) key as its text
+                raise UserError(f"the key {schema.show(key)} is a {type(key).__name__}, which JSON keys cannot be",
+                                schema.path(where, key), "write the key as a string (quote it)")
+            _json_only(item, schema.path(where, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _json_only(item, f"{where}[{i}]")
+    elif not isinstance(value, _JSON_TYPES):
+        raise UserError(f"{schema.show(value)} is a {type(value).__name__}, which the trial cannot get as JSON",
+                        where, "write it as a string (quote it), a number, a list or a mapping")
 
 
 # ---------------------------------------------------------------- hyperparameters
 
 
+def _search_space(hparams: Any, grid: bool) -> Dict[str, Any]:
+    """NNI's search space of Determined's hyperparameters; a grid's size is checked before any point is made."""
+    if grid:
+        points, values, where = _grid_size(schema.mapping(hparams, "hyperparameters"), "hyperparameters")
+        if points > MAX_GRID_POINTS:
+            raise UserError(f"the grid has {points:,} points ({values:,} values of this one), over the "
+                            f"{MAX_GRID_POINTS:,} trials trialkit runs of one grid", where,
+                            "give it a smaller count: Determined's grid runs a trial at every point")
+    return _space(hparams, "hyperparameters", grid)
+
+
 def _space(hparams: Any, where: str, grid: bool) -> Dict[str, Any]:
-    """NNI's search space of Determined's hyperparameters; a nested group is a choice of one `_name` option."""
+    """A nested group is a choice of one `_name` option. Each hyperparameter's problem is its own."""
     out: Dict[str, Any] = {}
     for name, spec in schema.mapping(hparams, where).items():
         here = schema.path(where, name)
         if isinstance(spec, dict) and "type" not in spec:
             out[name] = {"_type": "choice", "_value": [{"_name": name, **_space(spec, here, grid)}]}
         else:
-            out[name] = _hparam(spec, here, grid)
+            out[name] = schema.attempt(_hparam, spec, here, grid)
     return out
+
+
+def _grid_size(hparams: Mapping[Any, Any], where: str) -> Tuple[int, int, str]:
+    """(points of the grid over `hparams`, values of its largest hyperparameter, where that one is), counted from
+    the specs alone: a count of 10**9 is one number here, never a list."""
+    points, largest, at = 1, 0, where
+    for name, spec in hparams.items():
+        here = schema.path(where, name)
+        if isinstance(spec, dict) and "type" not in spec:
+            size, values, inner = _grid_size(spec, here)
+        else:
+            size = values = _grid_values(spec)
+            inner = here
+        points *= size
+        if values > largest:
+            largest, at = values, inner
+    return points, largest, at
+
+
+def _whole(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _grid_values(spec: Any) -> int:
+    """The values a grid takes of one hyperparameter; 1 where the spec is wrong (refused on its own)."""
+    if not isinstance(spec, dict):
+        return 1
+    kind = spec.get("type")
+    if kind == "categorical":
+        return len(spec["vals"]) if isinstance(spec.get("vals"), list) else 1
+    count = _whole(spec.get("count"))
+    count = count if count is not None and count > 0 else None
+    if kind == "int":
+        low, high = _whole(spec.get("minval")), _whole(spec.get("maxval"))
+        span = high - low + 1 if low is not None and high is not None and high >= low else None
+        return min(count or span or 1, span or count or 1)
+    return count or 1 if kind in ("double", "log") else 1
 
 
 HPARAM_KEYS = {
@@ -132,8 +298,8 @@ def _hparam(spec: Any, where: str, grid: bool) -> Dict[str, Any]:
     kind = schema.as_choice(spec["type"], list(HPARAM_KEYS), schema.path(where, "type"))
     for key in spec:
         if key not in HPARAM_KEYS[kind]:
-            raise UserError(f"{key!r} is not a key of a {kind} hyperparameter", schema.path(where, key),
-                            f"use {', '.join(HPARAM_KEYS[kind][1:])}")
+            schema.report(UserError(f"{key!r} is not a key of a {kind} hyperparameter", schema.path(where, key),
+                                    f"use {', '.join(HPARAM_KEYS[kind][1:])}"))
     if kind == "const":
         return {"_type": "choice", "_value": [spec.get("val")]}
     if kind == "categorical":
@@ -146,6 +312,8 @@ def _hparam(spec: Any, where: str, grid: bool) -> Dict[str, Any]:
     if high < low:
         raise UserError(f"maxval {high} is below minval {low}", schema.path(where, "maxval"), "swap them")
     base = schema.as_number(spec.get("base", 10), schema.path(where, "base"), positive=True)
+    if kind == "log":  # the ends as numbers, before a grid's points between them
+        ends = [_power(base, low, schema.path(where, "minval")), _power(base, high, schema.path(where, "maxval"))]
     if grid:
         if spec.get("count") is None and kind != "int":
             raise UserError(f"a grid needs count for a {kind} hyperparameter", schema.path(where, "count"),
@@ -157,7 +325,20 @@ def _hparam(spec: Any, where: str, grid: bool) -> Dict[str, Any]:
         return {"_type": "randint", "_value": [low, high + 1]}  # Determined's maxval is inclusive
     if kind == "double":
         return {"_type": "uniform", "_value": [low, high]}
-    return {"_type": "loguniform", "_value": [base ** low, base ** high]}  # base**u, u uniform: the same law
+    return {"_type": "loguniform", "_value": ends}  # base**u, u uniform: the same law
+
+
+def _power(base: float, exponent: float, where: str) -> float:
+    """base**exponent, which must be a float above 0 (Determined's log range is base**minval..base**maxval)."""
+    try:
+        value = base ** exponent
+    except OverflowError:
+        value = math.inf
+    if not 0 < value < math.inf:
+        beyond = "past a float's range (1.8e308)" if value else "below the smallest float, so 0"
+        raise UserError(f"{base:g}**{exponent:g} is {beyond}", where,
+                        "give an exponent whose power of base a float holds")
+    return value
 
 
 def _grid_points(kind: str, low: float, high: float, base: float, count: int) -> List[Any]:
@@ -184,20 +365,14 @@ def _searcher(section: Any) -> Dict[str, Any]:
                         f"use {', '.join(SEARCHERS)}; {GUIDE}")
     for key in sec:
         if key not in SEARCHER_KEYS[name]:
-            raise UserError(f"{key!r} is not supported for the {name} searcher", f"searcher.{key}",
-                            f"remove it; {GUIDE}")
+            schema.report(UserError(f"{key!r} is not supported for the {name} searcher", schema.path("searcher", key),
+                                    f"remove it; {GUIDE}"))
     if sec.get("metric") is None:
         raise UserError("metric is missing", "searcher.metric", "add metric: the validation metric to search on")
     sec["metric"] = schema.as_str(sec["metric"], "searcher.metric")
     sec["smaller_is_better"] = schema.as_bool(_default(sec, "smaller_is_better", True), "searcher.smaller_is_better")
-    length = sec.get("max_length")
-    if isinstance(length, dict):
-        if len(length) != 1 or next(iter(length)) not in LENGTH_UNITS:
-            raise UserError(f"max_length {schema.show(length)} is not one length", "searcher.max_length",
-                            "write max_length: {batches: N} (or epochs, records), or a number")
-        schema.as_int(next(iter(length.values())), "searcher.max_length", minimum=1)
-    elif length is not None:
-        schema.as_int(length, "searcher.max_length", minimum=1)
+    if sec.get("max_length") is not None:
+        _length(sec["max_length"], "searcher.max_length")
     if name in ("random", "adaptive_asha") and sec.get("max_trials") is None:
         raise UserError("max_trials is missing", "searcher.max_trials", "add max_trials: the number of trials")
     return sec
@@ -259,8 +434,8 @@ def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> D
     sec = schema.mapping(section, "resources")
     for key in sec:
         if key not in RESOURCE_KEYS:
-            raise UserError(f"Determined's resources.{key} is not supported by trialkit", f"resources.{key}",
-                            f"remove it; {GUIDE}")
+            schema.report(UserError(f"Determined's resources.{key} is not supported by trialkit",
+                                    schema.path("resources", key), f"remove it; {GUIDE}"))
     out = {"slots_per_trial": schema.as_int(_default(sec, "slots_per_trial", 1), "resources.slots_per_trial",
                                             minimum=1)}
     if sec.get("max_slots") is not None:
@@ -297,8 +472,8 @@ def _environment(section: Any, platform: str, training_service: Dict[str, Any]) 
     for key in sec:
         if key not in ENVIRONMENT_KEYS:
             why = "; a pod spec goes in trialTemplate" if key == "pod_spec" else ""
-            raise UserError(f"Determined's environment.{key} is not supported by trialkit{why}",
-                            f"environment.{key}", f"remove it; {GUIDE}")
+            schema.report(UserError(f"Determined's environment.{key} is not supported by trialkit{why}",
+                                    schema.path("environment", key), f"remove it; {GUIDE}"))
     if sec.get("image") is not None:
         image = schema.as_str(sec["image"], "environment.image")  # a {cpu, cuda} mapping is refused here
         if not hasattr(platforms.load(platform), "render"):
@@ -326,7 +501,8 @@ def _bind_mounts(mounts: Any, local: bool) -> None:
         sec = schema.mapping(mount, where)
         for key in sec:
             if key not in ("host_path", "container_path", "read_only"):
-                raise UserError(f"{key!r} is not supported in a bind mount", f"{where}.{key}", f"remove it; {GUIDE}")
+                schema.report(UserError(f"{key!r} is not supported in a bind mount", schema.path(where, key),
+                                        f"remove it; {GUIDE}"))
         if not local:
             raise UserError("bind_mounts are applied on the local platform only", where,
                             "mount volumes through trainingService (nfs) or trialTemplate")
@@ -352,8 +528,9 @@ def _checkpoint_storage(section: Any, local: bool) -> Optional[str]:
                         "use type: shared_fs (or leave checkpoint_storage out: the trial's own dir)")
     for key in sec:
         if key not in ("type", "host_path", "storage_path"):
-            raise UserError(f"checkpoint_storage.{key} is not supported by trialkit", f"checkpoint_storage.{key}",
-                            f"remove it: trialkit keeps every checkpoint; {GUIDE}")
+            schema.report(UserError(f"checkpoint_storage.{key} is not supported by trialkit",
+                                    schema.path("checkpoint_storage", key),
+                                    f"remove it: trialkit keeps every checkpoint; {GUIDE}"))
     if not local:
         raise UserError("shared_fs checkpoint storage is applied on the local platform only", "checkpoint_storage",
                         "on a cluster, mount shared storage with trainingService's nfs")

@@ -11,7 +11,9 @@ ship it as bytes (`pack`, then `unpack` where it runs). What goes in is
   the last matching line wins. A directory that is ignored is not entered, so
   nothing under it can be brought back by a `!` line (git's rule too).
   Determined's `.detignore` is read as well, as if its lines came first in the
-  same directory's `.trialignore`: a Determined project needs no change.
+  same directory's `.trialignore`: a Determined project needs no change. A
+  line gitignore rejects (a lone `!`, a trailing backslash, `[z-a]`) is a
+  UserError naming the file and line.
 - `__pycache__/`, `*.pyc`, `*.pyo` and `.git/` are always left out; no
   `.trialignore` line brings them back (Determined's `.detignore` rule).
 - `startup-hook.sh` at the top is always kept, whatever the ignore rules say:
@@ -176,7 +178,11 @@ class _Rules:
             if path.is_file() and not path.is_symlink():
                 lines += path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()
         if lines:
-            self.files[rel_dir] = _compile(lines)
+            try:
+                self.files[rel_dir] = _compile(lines)
+            except (ValueError, re.error):  # pathspec's word on a line git rejects; re's on a range like [z-a]
+                _refuse_bad_line(root / rel_dir)
+                raise
 
     def ignored(self, rel: str, is_dir: bool) -> bool:
         # A trailing slash is how gitignore tells a directory: `data/` names
@@ -192,6 +198,21 @@ class _Rules:
             if verdict is not None:
                 return verdict
         return False
+
+
+def _refuse_bad_line(folder: Path) -> None:
+    """The UserError naming the first line of folder's ignore files that gitignore rejects."""
+    for name in (DETERMINED_IGNORE_FILE, IGNORE_FILE):
+        path = folder / name
+        if not path.is_file() or path.is_symlink():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="surrogateescape").splitlines(), 1):
+            try:
+                _compile([line])
+            except (ValueError, re.error) as err:
+                why = f" ({err.msg})" if isinstance(err, re.error) else ""  # re's says where: a range backwards
+                raise UserError(f"{line!r} is not a pattern gitignore takes{why}", f"{path}:{number}",
+                                "fix the line or remove it") from None
 
 
 def _walk(root: Path) -> Tuple[List[str], List[str]]:

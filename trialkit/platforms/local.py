@@ -75,11 +75,11 @@ def trial_slots(slots_per_trial: Optional[int], trial_gpu_number: Optional[int])
 
 def with_trial_gpus(config: LocalConfig, trial_gpu_number: Optional[int]) -> LocalConfig:
     """The config with the experiment's trialGpuNumber, which this platform applies; GPU options without it
-    would schedule nothing, so they are refused."""
+    would schedule nothing, so they are refused, but for useActiveGpu: NNI's own examples set it with no GPU
+    number, and NNI runs them (config.py notes that no GPU is scheduled)."""
     if trial_gpu_number is None:
         unused = [key for key, given in (("gpuIndices", config.gpu_indices is not None),
-                                         ("maxTrialNumberPerGpu", config.max_trial_number_per_gpu != 1),
-                                         ("useActiveGpu", config.use_active_gpu)) if given]
+                                         ("maxTrialNumberPerGpu", config.max_trial_number_per_gpu != 1)) if given]
         if unused:
             raise UserError(f"trainingService.{unused[0]} is set but trialGpuNumber is not, so no GPU is scheduled",
                             "trialGpuNumber", "add trialGpuNumber: 1 (the GPUs each trial gets), or remove "

@@ -218,16 +218,30 @@ class Controller:
         Sharing the cluster, wait as long as the experiment's plan gives the job nothing,
         or the slots it was given are still held by a job shrinking to make room."""
         deadline = time.monotonic() + self.job.rescale_timeout
+        said = ""
         while True:
             nodes, coming = self._place(cluster.alive_nodes(), cluster.draining_nodes())
             if self.target and (len(nodes) >= self.target or (nodes and not first and not coming)):
                 return nodes
             if not self.target or coming:
                 deadline = time.monotonic() + self.job.rescale_timeout
+            waiting = self._waiting_for(len(nodes), coming)
+            if waiting != said:  # once, and again when what it waits for changes
+                say(waiting)
+                said = waiting
             # Ray offers no public event for a node joining: look again shortly,
             # but wake at once when the job is told to stop or its share changes.
             if time.monotonic() >= deadline or self._pause():
                 return nodes
+
+    def _waiting_for(self, fit: int, coming: bool) -> str:
+        if not self.target:
+            return "waiting for the experiment's plan to give this job a worker (its other jobs hold the cluster)"
+        if coming:
+            return "waiting for the experiment's other jobs to give back the slots its plan gave this one"
+        workers = f"{self.target} worker{'s' * (self.target != 1)}"
+        return (f"waiting up to {self.job.rescale_timeout:g} s (--cluster-rescale-timeout) for the cluster to hold "
+                f"{workers} of {_size(self.job)}: it holds {fit} now")
 
     def _pause(self) -> bool:
         """Wait up to POLL_SECONDS, taking a new share when one comes; True when the job is to stop."""

@@ -1,6 +1,7 @@
 """The page's routes on the manager's server.
 
     GET  /                                   the page (index.html)
+    GET  /oview, /detail                     NNI's page addresses: 302 to the matching view (NNI_PAGES)
     GET  /static/<name>                      app.js, app.css, plotly-<hash>.min.js
     GET  /api/ui/info                        {"read_only", "actions": [offered actions]}
     GET  /api/ui/events                      server-sent events: `change` when a store was written
@@ -39,6 +40,7 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Tuple, Union
+from urllib.parse import quote, urlencode
 
 from trialkit.control import actions
 from trialkit.control.actions import Performer
@@ -50,6 +52,9 @@ from trialkit.web.assets import Assets
 from trialkit.web.catalog import Catalog
 
 Answer = Tuple[int, Any]
+# NNI's web portal addresses (its printed links, users' bookmarks) -> the view of this page that shows the same,
+# after `#/exp/<id>` when the page holds one experiment (a running manager's), else the list of experiments.
+NNI_PAGES = {"/oview": "", "/detail": "/trials"}
 
 
 def page_url(server: Union[ManagerServer, str], token: str, experiment_id: Optional[str] = None) -> str:
@@ -87,6 +92,8 @@ class _Routes:
         add = self.server.router.add
         add("GET", "/", lambda r: self.assets.page(r.headers))
         add("GET", "/static/<name>", lambda r: self.assets.file(r.params["name"], r.headers))
+        for path, view in NNI_PAGES.items():
+            add("GET", path, lambda r, view=view: self._nni_page(r, view))
         exp = "/api/ui/experiments/<exp>"
         for method, pattern, handler in [
             ("GET", "/api/ui/info", self._info),
@@ -103,6 +110,14 @@ class _Routes:
         ] + ([] if self.read_only else [("POST", exp + "/trials/<trial>/<action>", self._action),
                                          ("POST", exp + "/pool", self._pool)]):
             add(method, pattern, self._answered(handler), lambda request: guard.check(request, self.token))
+
+    def _nni_page(self, request: Request, view: str) -> Tuple[int, Raw]:
+        """A redirect to the view NNI's page address names; the query (the page's token) goes along."""
+        ids = self.catalog.experiment_ids()
+        target = "/" + (f"?{urlencode(request.query)}" if request.query else "")
+        if len(ids) == 1:
+            target += f"#/exp/{quote(ids[0], safe='')}{view}"
+        return 302, Raw(b"", "text/plain", {"Location": target})
 
     @staticmethod
     def _answered(handler: Callable[[Request], Any]) -> Callable[[Request], Answer]:

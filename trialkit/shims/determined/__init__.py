@@ -17,6 +17,7 @@ does not stop by itself is ended by the keeper's SIGKILL after the grace,
 as Determined kills a trial that does not exit.
 """
 import signal
+import sys
 
 from trialkit import env
 
@@ -41,8 +42,29 @@ def _take_stop_signal_as_preemption() -> None:
 _take_stop_signal_as_preemption()
 
 
-def __getattr__(name: str):
+def _not_here(name: str) -> str:
     # Trial classes (det.pytorch.PyTorchTrial, det.keras, ...) run Determined's own training loop: not here.
-    raise AttributeError(f"trialkit's determined has the Core API only (det.core, det.get_cluster_info, "
-                         f"det.launch), not det.{name}: install determined in the trial's Python for the rest "
-                         f"of it (docs/migration/determined.md)")
+    return (f"trialkit's determined has the Core API only (det.core, det.get_cluster_info, det.launch), not "
+            f"{name}: install determined in the trial's Python (pip install determined) for the rest of it "
+            f"(docs/migration/determined.md)")
+
+
+def __getattr__(name: str):
+    raise AttributeError(_not_here(f"det.{name}"))
+
+
+class NotServed(ModuleNotFoundError):
+    """`import determined.pytorch` (or keras, ...): a module of Determined's that this package does not serve."""
+
+
+class _NotServedFinder:
+    """Last on sys.meta_path: asked only for a `determined.*` module no other finder found in this package."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.startswith(__name__ + "."):
+            # No `name=`: `from determined import keras` would take a ModuleNotFoundError naming that module
+            # for "no such attribute" and say only "cannot import name 'keras'".
+            raise NotServed(_not_here(name))
+
+
+sys.meta_path.append(_NotServedFinder())

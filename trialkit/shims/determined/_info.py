@@ -23,7 +23,17 @@ def settings(environ: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     raw = (os.environ if environ is None else environ).get(env.DETERMINED, "")
     if not raw:
         return {}
-    return json.loads(base64.urlsafe_b64decode(raw.encode()))
+    try:
+        settings = json.loads(base64.urlsafe_b64decode(raw.encode()))
+        problem = None if isinstance(settings, dict) else f"a JSON {type(settings).__name__}, not an object"
+    except ValueError as err:  # binascii.Error, JSONDecodeError, UnicodeDecodeError: all ValueErrors
+        problem = str(err)[:80]
+    if problem is not None:
+        # What Determined does with cluster info it cannot read: a ValueError. This one says where it came from.
+        raise ValueError(f"{env.DETERMINED} in the environment is not what `trialkit run` writes there (base64 of "
+                         f"a JSON object: the config's searcher and data): {problem}; unset it, or start the "
+                         f"trial with `trialkit run CONFIG CONTEXT_DIR`")
+    return settings
 
 
 def hparams(parameters: Any) -> Any:

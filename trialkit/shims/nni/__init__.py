@@ -37,7 +37,10 @@ class NoMoreTrialError(Exception):
 
 def __getattr__(name: str):
     if name == "experiment":  # `import nni; nni.experiment.Experiment(...)`, as NNI's package allows
-        from . import experiment
-        return experiment
+        # By its full name: `from . import experiment` asks this package for the attribute first, which
+        # comes back here, without end.
+        import importlib
+
+        return importlib.import_module(__name__ + ".experiment")
     raise AttributeError(f"trialkit's nni has the trial API only, not nni.{name}: "
                          f"install nni (pip install nni) in the trial's Python for the rest of it")

@@ -19,6 +19,7 @@
 import contextlib
 import enum
 import logging
+import os
 import shutil
 import sys
 import uuid
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from trialkit import env, records
-from trialkit.sdk import Session
+from trialkit.sdk import Session, _show
 
 from .. import _info, _storage
 from ._distributed import DistributedContext, DummyDistributedContext
@@ -97,17 +98,20 @@ class TrainContext:
 
     def report_training_metrics(self, steps_completed: int, metrics: Dict[str, Any],
                                 batch_metrics: Optional[Any] = None, epochs: Optional[int] = None) -> None:
-        logger.info(f"report_training_metrics(steps_completed={steps_completed}, metrics={metrics})")
+        _metrics_dict("report_training_metrics", metrics)
+        logger.info(f"report_training_metrics(steps_completed={steps_completed}, metrics={_show(metrics, None)})")
         self._reports.report("training", steps_completed, metrics, batch_metrics=batch_metrics, epochs=epochs)
 
     def report_validation_metrics(self, steps_completed: int, metrics: Dict[str, Any]) -> None:
+        _metrics_dict("report_validation_metrics", metrics)
         for name, value in metrics.items():
             if value is None:  # Determined fails the trial on a None metric too
                 raise RuntimeError(f"Validation metric '{name}' returned an invalid scalar value: None")
-        logger.info(f"report_validation_metrics(steps_completed={steps_completed}, metrics={metrics})")
+        logger.info(f"report_validation_metrics(steps_completed={steps_completed}, metrics={_show(metrics, None)})")
         self._reports.report("validation", steps_completed, metrics)
 
     def report_metrics(self, group: str, steps_completed: int, metrics: Dict[str, Any]) -> None:
+        _metrics_dict("report_metrics", metrics)
         self._reports.report(group, steps_completed, metrics)
 
     def report_progress(self, progress: float) -> None:
@@ -126,6 +130,14 @@ class TrainContext:
     def get_experiment_best_validation(self) -> Optional[float]:
         # A trial cannot read other trials' results from trialkit's manager (its token is for its own).
         return None
+
+
+def _metrics_dict(call: str, metrics: Any) -> None:
+    """Determined reads the metrics as a dict (`metrics.items()`), so anything else fails there with an
+    AttributeError: the same type here, saying which call and argument."""
+    if not isinstance(metrics, dict):
+        raise AttributeError(f"core.train.{call}(metrics=...) takes a dict of metric names to values, got a "
+                             f"{type(metrics).__name__}: {_show(metrics)}")
 
 
 class PreemptContext:
@@ -156,6 +168,7 @@ class CheckpointContext:
 
     @contextlib.contextmanager
     def store_path(self, metadata: Dict[str, Any], *, shard: bool = False) -> Iterator[Tuple[Path, str]]:
+        _metadata_dict("store_path", metadata)
         storage_id = self._new_id(shard)
         where = self._root / storage_id
         where.mkdir(parents=True, exist_ok=True)
@@ -164,6 +177,9 @@ class CheckpointContext:
 
     def upload(self, ckpt_dir: Any, metadata: Dict[str, Any], *, shard: bool = False,
                selector: Optional[Callable[[str], bool]] = None) -> str:
+        _metadata_dict("upload", metadata)
+        if ckpt_dir is not None:
+            _a_directory("upload", ckpt_dir)
         storage_id = self._new_id(shard)
         if ckpt_dir is not None:
             _copy(Path(ckpt_dir), self._root / storage_id, selector)
@@ -201,6 +217,24 @@ class CheckpointContext:
             self._dist.gather(None)  # every rank has written its shard before the chief makes it whole
         if self._dist.rank == 0:
             _storage.finish(self._root, storage_id, dict(metadata))
+
+
+def _metadata_dict(call: str, metadata: Any) -> None:
+    """Determined refuses metadata that holds no 'steps_completed' item with a ValueError (a list has none):
+    the same type here, before anything is stored."""
+    if not isinstance(metadata, dict):
+        raise ValueError(f"core.checkpoint.{call}(metadata=...) takes a dict (Determined's holds "
+                         f"'steps_completed'), got a {type(metadata).__name__}: {_show(metadata)}")
+
+
+def _a_directory(call: str, ckpt_dir: Any) -> None:
+    """As Determined's storage lists what it uploads: a path that is not there, or not a directory, raises."""
+    path = os.fspath(ckpt_dir)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"core.checkpoint.{call}(ckpt_dir={path!r}): no such directory")
+    if not os.path.isdir(path):
+        raise NotADirectoryError(f"core.checkpoint.{call}(ckpt_dir={path!r}): not a directory (a checkpoint is "
+                                 "a directory of files)")
 
 
 def _copy(src: Path, dest: Path, selector: Optional[Callable[[str], bool]]) -> None:
