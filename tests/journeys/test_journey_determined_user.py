@@ -168,8 +168,6 @@ def test_their_own_model_runs_and_reports_its_validation(day):
     assert row["status"] == "SUCCEEDED" and row["final"] == pytest.approx(ACCURACIES[200])
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.6: workspace (and then project, labels, min_validation_period) refused one a run")
 def test_the_teams_config_loads_in_one_run(day):
     assert day.team_code == 0, day.team.text
     assert all(key in day.team.text for key in ("workspace", "project", "labels", "min_validation_period"))
