@@ -16,12 +16,12 @@ import heapq
 import os
 import selectors
 import signal
-import subprocess
 import sys
 import time
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
+    import subprocess
     from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 FORWARDED_SIGNALS = (
@@ -226,6 +226,8 @@ def spawn(
     from a big parent (a Ray worker) is ~3 ms instead of ~60. The caller's thread
     has an empty signal mask and argv sets the death signal itself (setpriv).
     """
+    import subprocess  # here: what only reads /proc (is_running: `trialkit experiment list`) starts without it
+
     if not argv:
         raise LaunchError("no command given", 127)
     try:
