@@ -156,3 +156,27 @@ def test_commands_that_read_load_no_server_and_no_engine(argv, says, stored_home
     assert done.returncode == 0 and says in done.stdout, (done.stdout, done.stderr)
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == {}, f"{' '.join(argv)} loads {loaded} (module: imported by)"
+
+
+@pytest.mark.parametrize("option", ["--version", "-V"])
+def test_version_names_the_engines_installed_and_imports_none(option, tmp_path):
+    import trialkit
+    from trialkit.cli import ENGINES
+
+    code = f"import trialkit.cli\ntry:\n    trialkit.cli.main([{option!r}])\nexcept SystemExit as done:\n    assert not done.code"
+    done = subprocess.run([sys.executable, "-c", PROBE, code, *ENGINES], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    *printed, loaded = done.stdout.strip().splitlines()
+    assert json.loads(loaded) == {}, f"{option} imports {loaded}"
+    assert printed[0].startswith(f"trialkit {trialkit.__version__} (Python ")
+    assert [line.split() for line in printed[1:]] == [[name, *_installed(name)] for name in ENGINES]
+
+
+def _installed(name: str) -> list:
+    from importlib import metadata
+
+    try:
+        return [metadata.version(name)]
+    except metadata.PackageNotFoundError:
+        return ["not", "installed"]

@@ -825,6 +825,8 @@ def build_parser() -> ArgumentParser:
         epilog="Exit status: 0 on success (run and resume: at least one trial succeeded), "
         "1 when an experiment ends without a successful trial, 2 for a mistake in the command or config.",
     )
+    parser.add_argument("-V", "--version", action=_Version, nargs=0,
+                        help="print trialkit's version and the engines installed beside it, and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, help="one of:")
 
     run = _command(commands, "run", cmd_run, "run an experiment from its config until it ends",
@@ -991,6 +993,31 @@ def build_parser() -> ArgumentParser:
     ui.add_argument("--host", default="127.0.0.1", metavar="H",
                     help="the address to listen on (default 127.0.0.1: this machine only)")
     return parser
+
+
+ENGINES = ("torch", "deepspeed", "horovod", "adaptdl", "ray", "kubernetes", "optuna")
+
+
+def version_text() -> str:
+    """trialkit's version, then each engine's as its installed distribution says (none is imported)."""
+    from importlib import metadata
+
+    from trialkit import __version__
+
+    lines = [f"{PROG} {__version__} (Python {sys.version.split()[0]}, {sys.executable})"]
+    for name in ENGINES:
+        try:
+            lines.append(f"  {name:<11} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            lines.append(f"  {name:<11} not installed")
+    return "\n".join(lines)
+
+
+class _Version(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        print(version_text())
+        parser.exit()
 
 
 def _command(commands: Any, name: str, func: Optional[Callable[[argparse.Namespace], int]], summary: str,
