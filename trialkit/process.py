@@ -202,6 +202,22 @@ def shell_line_argv(line: str) -> List[str]:
     return ["/bin/sh", "-c", line]
 
 
+_SHELLS = frozenset("sh bash dash ash zsh ksh".split())
+
+
+def pipes_output(argv: Sequence[str]) -> bool:
+    """Whether argv is a shell running a line whose output goes through a pipe (`python3 main.py | tee log`)."""
+    if len(argv) < 3 or os.path.basename(argv[0]) not in _SHELLS or argv[1] != "-c":
+        return False
+    import shlex
+
+    lexer = shlex.shlex(argv[2], posix=True, punctuation_chars=True)
+    try:
+        return any(token in ("|", "|&") for token in lexer)
+    except ValueError:  # an unclosed quote: the shell refuses it anyway
+        return False
+
+
 def spawn(
     argv: Sequence[str],
     *,
