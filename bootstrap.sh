@@ -1,33 +1,73 @@
 #!/usr/bin/env bash
 # The project's one entry point for a fresh machine.
-#   ./bootstrap.sh demo   install, then run the quickstart experiment
-#   ./bootstrap.sh test   install, then run the whole test suite
-# The environment lives in .venv; it is rebuilt only when the inputs change.
+#   ./bootstrap.sh demo   install what the demo runs (torch, trialkit and its control extra), then run the
+#                         quickstart experiment
+#   ./bootstrap.sh test   install everything (the engines, the platforms, horovod built for torch, NNI 3.0's own
+#                         venv, the browser and podman), then run the test suite with any pytest arguments
+# Both keep the environment in .venv, made when missing and reused while it is current. Its stamp says which
+# inputs it was made from and how far: demo, or full. `test` after `demo` completes it; `demo` after `test`
+# reuses it; a change to setup.py, the pins or these scripts installs again over it.
 set -euo pipefail
 cd "$(dirname "$0")"
 root=$PWD
 cache=${TRIALKIT_CACHE:-$HOME/.cache/trialkit}
 venv=$root/.venv
+stamp_file=$venv/.trialkit-stamp
 py=${PYTHON:-python3}
 mkdir -p "$cache"
 
-stamp_of() { cat setup.py constraints.txt bootstrap.sh tools/build_horovod.sh tools/nni_venv.sh | sha256sum | cut -c1-16; }
+inputs() { cat setup.py constraints.txt bootstrap.sh tools/build_horovod.sh tools/nni_venv.sh | sha256sum | cut -c1-16; }
 
+# The level .venv holds for the current inputs: full, demo or none.
+level() {
+  local stamp= held=
+  [ -x "$venv/bin/python" ] && read -r stamp held <"$stamp_file" 2>/dev/null || true
+  if [ -n "$stamp" ] && [ "$stamp" = "$(inputs)" ]; then echo "${held:-none}"; else echo none; fi
+}
+
+# step N TOTAL WHAT: a numbered line saying what comes, and when the last step ended, how long it took.
+step_started=
+step() {
+  [ -z "$step_started" ] || echo "bootstrap:       done in $((SECONDS - step_started)) s" >&2
+  step_started=$SECONDS
+  [ "$1" = end ] || echo "bootstrap: [$1/$2] $3" >&2
+}
+
+venv_pip() { "$venv/bin/python" -m pip install --progress-bar on -c "$root/constraints.txt" "$@"; }
+
+# install_venv demo|full
 install_venv() {
-  local stamp; stamp=$(stamp_of)
-  if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.trialkit-stamp" 2>/dev/null)" = "$stamp" ]; then
+  local want=$1 have; have=$(level)
+  if [ "$have" = full ] || [ "$have" = "$want" ]; then
     return 0
   fi
-  echo "bootstrap: preparing $venv" >&2
-  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-  local pip=("$venv/bin/python" -m pip install -q -c "$root/constraints.txt")
-  "${pip[@]}" --upgrade pip wheel 'setuptools<81'
-  "${pip[@]}" torch==2.13.0
-  "${pip[@]}" -e "$root[all,test]"
-  local whl; whl=$(bash tools/build_horovod.sh "$venv/bin/python" "$cache")
-  "${pip[@]}" "$whl"
-  bash tools/nni_venv.sh "$py" "$cache" >/dev/null  # the real nni 3.0, for the compatibility tests
-  echo "$stamp" > "$venv/.trialkit-stamp"
+  local total=3; [ "$want" = full ] && total=6
+  local n=0
+  if [ "$have" = none ]; then
+    step $((n += 1)) $total "$venv: a virtual environment with pip, wheel and setuptools<81"
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    rm -f "$stamp_file"
+    venv_pip -q --upgrade pip wheel 'setuptools<81'
+    step $((n += 1)) $total "torch 2.13.0, the CPU build (the largest part: pip shows its progress)"
+    venv_pip torch==2.13.0
+    step $((n += 1)) $total "trialkit and its control extra: optuna (tuners), aiohttp and orjson (the manager), \
+plotly and matplotlib (the page, plots), pathspec, tensorboardX"
+    venv_pip -e "$root[control]"
+    echo "$(inputs) demo" >"$stamp_file"
+  else
+    n=3
+  fi
+  if [ "$want" = full ]; then
+    step $((n += 1)) $total "the engines and platforms (deepspeed, adaptdl, ray, kubernetes), the docs and test tools"
+    venv_pip -e "$root[all,test]"
+    step $((n += 1)) $total "horovod 0.28.1 for this torch (built from source once, a few minutes; then cached in $cache)"
+    local whl; whl=$(bash tools/build_horovod.sh "$venv/bin/python" "$cache")
+    venv_pip -q "$whl"
+    step $((n += 1)) $total "NNI 3.0 in a venv of its own, for the compatibility tests (once; cached in $cache)"
+    bash tools/nni_venv.sh "$py" "$cache" >/dev/null
+    echo "$(inputs) full" >"$stamp_file"
+  fi
+  step end
 }
 
 # Headless Chromium and its driver for the web page's tests (Debian's packages: the two always match).
@@ -47,12 +87,16 @@ install_podman() {
 
 case "${1:-}" in
   demo)
-    install_venv
+    install_venv demo
+    echo "bootstrap: running the quickstart: trialkit run examples/quickstart/config.yml" >&2
+    code=0
     # Trials run on the user's PATH: the quickstart's `python3` is the project's.
-    PATH="$venv/bin:$PATH" exec "$venv/bin/trialkit" run examples/quickstart/config.yml
+    PATH="$venv/bin:$PATH" "$venv/bin/trialkit" run examples/quickstart/config.yml || code=$?
+    echo "bootstrap: trialkit is in .venv; to run it as \`trialkit\` in this shell: . .venv/bin/activate" >&2
+    exit "$code"
     ;;
   test)
-    install_venv
+    install_venv full
     install_browser
     install_podman
     # DeepSpeed compiles its CPU communication op on first use (minutes): keep

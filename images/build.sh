@@ -2,6 +2,7 @@
 # Build the CPU trial image from images/Dockerfile.cpu with podman, offline,
 # the way the test suite runs it:
 #   images/build.sh [--torch]    prints the image's name (trialkit-cpu:local-HASH[-torch])
+#   images/build.sh --base       prints the Debian base's name (the tests build a user's own image on it)
 # - base: a Debian bookworm made by debootstrap (minbase + python3, python3-venv)
 #   and `podman import`ed; no registry is needed. Its tarball is cached under
 #   $TRIALKIT_CACHE/rootfs, keyed by the debootstrap line.
@@ -17,10 +18,12 @@ cache=${TRIALKIT_CACHE:-$HOME/.cache/trialkit}
 podman=$root/images/podman.sh
 pip=${TRIALKIT_HOST_PYTHON:-$root/.venv/bin/python}
 torch=
+only_base=
 case "${1:-}" in
   --torch) torch=torch==2.13.0 ;;
+  --base) only_base=1 ;;
   "") ;;
-  *) echo "usage: images/build.sh [--torch]" >&2; exit 2 ;;
+  *) echo "usage: images/build.sh [--torch | --base]" >&2; exit 2 ;;
 esac
 log() { echo "build.sh: $*" >&2; }
 
@@ -53,6 +56,7 @@ inputs_hash() {
 }
 
 base=$(base_image)
+if [ -n "$only_base" ]; then echo "$base"; exit 0; fi
 tag=localhost/trialkit-cpu:local-$(inputs_hash "$base")${torch:+-torch}
 if "$podman" image exists "$tag"; then echo "$tag"; exit 0; fi
 

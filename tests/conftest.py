@@ -10,6 +10,7 @@ start long-lived services (a Ray cluster) give them their own tag.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import uuid
@@ -24,6 +25,14 @@ PYTHON = sys.executable
 # Trials run their command on the user's PATH (as NNI's do); the tests' user
 # works in the project's environment, as `./bootstrap.sh demo` does.
 os.environ["PATH"] = os.path.dirname(PYTHON) + os.pathsep + os.environ.get("PATH", os.defpath)
+
+# A shell without job control (a script's `./bootstrap.sh test &`) starts a background command with SIGINT and
+# SIGQUIT ignored, an ignored signal stays ignored across exec, and Python then installs no KeyboardInterrupt
+# handler: every process a test starts would shrug off the Ctrl-C the test sends it. Handled again here, so what
+# the tests start begins with the default (a handler, unlike SIG_IGN, is reset at exec).
+for _signum, _handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL)):
+    if signal.getsignal(_signum) == signal.SIG_IGN:
+        signal.signal(_signum, _handler)
 
 # Ray 2.60 turns token authentication on for any cluster started while ~/.ray/auth_token
 # exists (a local `ray.init()` anywhere on the machine writes one), and a node or driver

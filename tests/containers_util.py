@@ -5,7 +5,9 @@ fixtures by name, do not import them (an import makes a second fixture).
 
 - `image` (session fixture): the CPU trial image, built once by images/build.sh
   (cached under ~/.cache/trialkit, keyed by its inputs); `torch_image` the same
-  with torch. The tests are skipped, with the reason, where podman, runc or
+  with torch; `user_image` an image made as a user makes their own (their
+  base, trialkit installed by pip, scripts/run.sh as the entrypoint, no
+  trialkit variable set), on the same Debian base. The tests are skipped, with the reason, where podman, runc or
   debootstrap is missing (`./bootstrap.sh test` installs them).
 - `podman(*args)`: images/podman.sh, the project's own podman settings.
 - `Containers` (fixture `containers`): starts containers labelled with the
@@ -65,6 +67,39 @@ def torch_image() -> str:
     if MISSING:
         pytest.skip(f"{', '.join(MISSING)} not installed: `./bootstrap.sh test` installs them")
     return build(torch=True)
+
+
+# A user's own image, as docs/images.md describes one: no trialkit variable, nothing of this project's Dockerfiles.
+USER_CONTAINERFILE = """FROM {base}
+COPY wheels /tmp/wheels
+RUN python3 -m venv /venv && /venv/bin/pip install -q --no-index --find-links /tmp/wheels trialkit && rm -rf /tmp/wheels
+ENV PATH=/venv/bin:$PATH
+COPY run.sh /run.sh
+WORKDIR /work
+ENTRYPOINT ["/bin/sh", "/run.sh"]
+"""
+
+
+@pytest.fixture(scope="session")
+def user_image(tmp_path_factory) -> str:
+    if MISSING:
+        pytest.skip(f"{', '.join(MISSING)} not installed: `./bootstrap.sh test` installs them")
+    base = subprocess.run([str(ROOT / "images" / "build.sh"), "--base"], capture_output=True, text=True, timeout=900)
+    assert base.returncode == 0, base.stderr
+    context = tmp_path_factory.mktemp("user-image")
+    (context / "Containerfile").write_text(USER_CONTAINERFILE.format(base=base.stdout.strip().splitlines()[-1]))
+    shutil.copy(ROOT / "scripts" / "run.sh", context / "run.sh")
+    pip = [str(ROOT / ".venv" / "bin" / "python"), "-m", "pip"]
+    for step in (["wheel", "-q", "--no-deps", "-w", str(context / "wheels"), str(ROOT)],  # trialkit, as pip builds it
+                 ["download", "-q", "-c", str(ROOT / "constraints.txt"), "-d", str(context / "wheels"),
+                  "psutil", "requests", "PyYAML"]):  # its dependencies, for the offline build
+        done = subprocess.run(pip + step, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+    tag = f"localhost/trialkit-user-test:{uuid.uuid4().hex[:12]}"
+    podman("build", "-q", "--network", "none", "-f", str(context / "Containerfile"), "-t", tag, str(context),
+           timeout=600)
+    yield tag
+    podman("rmi", "-f", tag, check=False)
 
 
 class Containers:

@@ -151,6 +151,30 @@ def test_podman_stop_with_its_default_timeout_leaves_an_ended_status(containers,
     assert status(home)["status"] == USER_CANCELED, "SIGKILLed mid-grace, the status says RUNNING forever"
 
 
+def test_a_users_own_image_stopped_with_podmans_default_timeout_ends_its_trial(containers, user_image, tmp_path):
+    # trialkit by pip, run.sh as the entrypoint, no TRIALKIT_* variable anywhere: the keeper, its PID 1, takes the
+    # grace podman's 10 s allow, and records the end of a trial that ignores SIGTERM before podman's SIGKILL.
+    home = trial_dir(tmp_path)
+    container = containers.start(user_image, "-v", f"{home}:/work", command=["python3", "-c", WAIT_FOR_STOP],
+                                 env={"T_ON_TERM": "ignore"})
+    wait_until(lambda: (home / "ready").exists(), 30, "the trial to start")
+    began = time.monotonic()
+    podman("stop", container)
+    containers.wait(container)
+    assert time.monotonic() - began < 10, "podman's SIGKILL ended it"
+    assert status(home)["status"] == USER_CANCELED, "SIGKILLed mid-grace, the status says RUNNING forever"
+    assert "warning" not in containers.logs(container), containers.logs(container)
+
+
+def test_a_grace_longer_than_podman_allows_is_said_at_the_start(containers, user_image, tmp_path):
+    home = trial_dir(tmp_path)
+    container = containers.start(user_image, "-v", f"{home}:/work", command=["python3", "-c", "print('ran')"],
+                                 env={"TRIALKIT_GRACE_SECONDS": "25"})
+    assert containers.wait(container) == 0
+    said = [line for line in containers.logs(container).splitlines() if "warning" in line]
+    assert len(said) == 1 and "the 10 s podman waits" in said[0] and "TRIALKIT_GRACE_SECONDS=4" in said[0], said
+
+
 def test_orphans_are_reaped(containers, image):
     container = containers.start(image, command=["python3", "-c", ORPHANS])
     assert containers.wait(container) == 0

@@ -8,7 +8,9 @@ two shell scripts).
     contract <- manager/ (the HTTP server keepers ship to, the store, paths)
     contract, manager, trial side, ray <- platforms/ <- control/ <- web/ <- faces (cli, experiment)
 
-Imports inside functions count: a lazy import is still an arrow.
+Imports inside functions count: a lazy import is still an arrow. And no two
+modules import each other, directly or through others (names imported only
+for type checkers, under `if TYPE_CHECKING:`, are no import at run time).
 """
 from __future__ import annotations
 
@@ -116,9 +118,7 @@ def test_the_layer_check_catches_an_arrow_against_the_flow(tmp_path):
 
 
 def _imports_of(text: str, tmp_path: Path) -> Iterator[Tuple[int, str]]:
-    path = tmp_path / "probe.py"
-    path.write_text(text)
-    return imports(path)
+    return imports(_probe(text, tmp_path))
 
 
 # Literals that name the keeper's files: only trialkit/layout.py may spell them.
@@ -171,9 +171,37 @@ def _cycles(graph: Dict[str, Set[str]]) -> Set[Tuple[str, str]]:
     return {(a, b) for a in graph for b in reach[a] if a < b and a in reach.get(b, ())}
 
 
-def test_the_keepers_modules_import_no_circle():
-    # keep.py loads after main.py (off the trial's start): main.py imports it, so it must not import main.py back.
-    keeper = {module_name(p): {t for _, t in imports(p) if t.startswith("trialkit.keeper.")}
-              for p in sources() if module_name(p).startswith("trialkit.keeper.")}
-    assert _cycles(keeper) == set()
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == {("a", "b"), ("a", "c"), ("b", "c")}  # the check itself
+def runtime_imports(path: Path) -> Iterator[Tuple[int, str]]:
+    """imports(), less those under `if TYPE_CHECKING:`: names for type checkers, which the interpreter never
+    imports (a layer still counts them: test_every_import_points_down_the_layers)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {inner.lineno for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for stmt in node.body for inner in ast.walk(stmt) if hasattr(inner, "lineno")}
+    return ((line, target) for line, target in imports(path) if line not in typing_only)
+
+
+def import_graph() -> Dict[str, Set[str]]:
+    """Each trialkit module -> the trialkit modules it imports, at module level or inside a function."""
+    return {module_name(p): {t for _, t in runtime_imports(p)} - {module_name(p)} for p in sources()}
+
+
+def test_no_two_modules_import_each_other():
+    # A loop makes each module's meaning depend on the other's load order, and a change to one a change to both:
+    # the lower one holds what both need (the manager's routes: manager/routes.py, below server.py).
+    loops = sorted(_cycles(import_graph()))
+    assert loops == [], "modules that import each other (directly or through others): " + "; ".join(
+        f"{a} <-> {b}" for a, b in loops)
+
+
+def test_the_loop_check_sees_a_lazy_import_and_not_a_type_checkers(tmp_path):
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == {("a", "b"), ("a", "c"), ("b", "c")}
+    lazy = "def f():\n    from trialkit.platforms import base\n"
+    typing_only = "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from trialkit.manager import store\n"
+    assert list(runtime_imports(_probe(lazy + typing_only, tmp_path))) == [(2, "trialkit.platforms.base")]
+
+
+def _probe(text: str, tmp_path: Path) -> Path:
+    path = tmp_path / "probe.py"
+    path.write_text(text)
+    return path

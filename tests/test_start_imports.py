@@ -15,10 +15,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
+from trialkit import layout, process
+from trialkit.control.admin import ManagerInfo, write_info
+from trialkit.manager import paths
+from trialkit.manager.store import Store
+from web_util import fill
 
 HEAVY = ("dataclasses", "inspect", "ast", "http.client", "ssl", "shutil", "typing", "trialkit.adaptdl")
 # What the keeper loads once its command runs (spool, decoders, followed files, threads).
@@ -102,3 +108,75 @@ def test_trial_list_as_a_command_leaves_the_manager_side_out(tmp_path):
     assert "no experiment 'nosuch'" in done.stderr, done.stderr
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == {}, f"trial list loads {loaded} (module: imported by)"
+
+
+# What no command that only reads may load: an HTTP server, an engine, a plotting or tuning library, the control
+# loop or the action table (they were 1.1 of 1.25 s of `experiment list`: aiohttp through background -> admin ->
+# actions -> manager/server).
+SERVER_AND_ENGINES = ("aiohttp", "trialkit.manager.server", "trialkit.control.actions", "trialkit.control.loop",
+                      "trialkit.platforms.local", "trialkit.web", "torch", "numpy", "optuna", "matplotlib", "plotly",
+                      "ray", "kubernetes", "deepspeed", "horovod", "adaptdl", "psutil", "http.client", "ssl")
+RUNS, ENDED = "runs0001", "ended001"  # an experiment whose manager runs (this test's process stands for it), one not
+
+
+@pytest.fixture
+def stored_home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    for experiment_id in (RUNS, ENDED):
+        experiment_dir = home / "experiments" / experiment_id
+        store = Store.in_dir(experiment_dir)
+        fill(store, experiment_id, trials=3, steps=4, running=1)
+        store.close()
+        log = paths.trial_dir(experiment_dir, f"{experiment_id}-00001") / paths.TRIAL_LOG
+        log.parent.mkdir(parents=True)
+        log.write_text("epoch 1 of the trial\n")
+    me = os.getpid()
+    write_info(home / "experiments" / RUNS, ManagerInfo(RUNS, me, process.start_ticks(me), "http://127.0.0.1:1", 1, "t"))
+    return home
+
+
+# (the command, what its output shows when it did its work)
+READING = [
+    (["experiment", "list"], RUNS),
+    (["experiment", "show", ENDED], "best"),
+    (["trial", "list", RUNS], f"{RUNS}-00002"),
+    (["trial", "show", f"{RUNS}-00001"], "history:"),
+    (["trial", "logs", f"{ENDED}-00001"], "epoch 1 of the trial"),
+    (["job", "list"], f"{RUNS}-00002"),
+    (["--help"], "experiment"),
+]
+
+
+@pytest.mark.parametrize("argv, says", READING, ids=[" ".join(argv) for argv, _ in READING])
+def test_commands_that_read_load_no_server_and_no_engine(argv, says, stored_home):
+    code = f"import trialkit.cli\ntry:\n    trialkit.cli.main({argv!r})\nexcept SystemExit:\n    pass"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRIALKIT_HOME=str(stored_home))
+    done = subprocess.run([sys.executable, "-c", PROBE, code, *SERVER_AND_ENGINES, *NOT_FOR_READING], env=env,
+                          cwd=stored_home, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and says in done.stdout, (done.stdout, done.stderr)
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {}, f"{' '.join(argv)} loads {loaded} (module: imported by)"
+
+
+@pytest.mark.parametrize("option", ["--version", "-V"])
+def test_version_names_the_engines_installed_and_imports_none(option, tmp_path):
+    import trialkit
+    from trialkit.cli import ENGINES
+
+    code = f"import trialkit.cli\ntry:\n    trialkit.cli.main([{option!r}])\nexcept SystemExit as done:\n    assert not done.code"
+    done = subprocess.run([sys.executable, "-c", PROBE, code, *ENGINES], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    *printed, loaded = done.stdout.strip().splitlines()
+    assert json.loads(loaded) == {}, f"{option} imports {loaded}"
+    assert printed[0].startswith(f"trialkit {trialkit.__version__} (Python ")
+    assert [line.split() for line in printed[1:]] == [[name, *_installed(name)] for name in ENGINES]
+
+
+def _installed(name: str) -> list:
+    from importlib import metadata
+
+    try:
+        return [metadata.version(name)]
+    except metadata.PackageNotFoundError:
+        return ["not", "installed"]

@@ -142,14 +142,20 @@ class Site:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    # The trials outlive single tests: they carry this module's tag, checked at the end.
+    # The trials outlive single tests: they carry this module's tag, checked at the end. So all six start at
+    # once, while the tag is set, in a home of the module's own with a slot for each: a trial held for a slot
+    # would start later with a test's tag and be killed as that test's leftover.
+    root = tmp_path_factory.mktemp("web")
+    (root / "home").mkdir()
+    (root / "home" / "pools.yml").write_text(f"pools:\n  default: {{slots: {len(QUICK) + 2}}}\n")
     tag = "web-trials-" + secrets.token_hex(8)
-    old = os.environ.get(TAG)
-    os.environ[TAG] = tag
+    old = {name: os.environ.get(name) for name in (TAG, "TRIALKIT_HOME")}
+    os.environ.update({TAG: tag, "TRIALKIT_HOME": str(root / "home")})
     try:
-        built = Site(tmp_path_factory.mktemp("web"))
+        built = Site(root)
     finally:
-        os.environ.pop(TAG) if old is None else os.environ.__setitem__(TAG, old)
+        for name, value in old.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
     yield built
     built.close()
     wait_until(lambda: not tagged_processes(tag), 10, "the trials' processes to end")

@@ -33,9 +33,9 @@ _session = None
 
 def _start():
     global _session
-    from trialkit.sdk import Session
+    from trialkit.sdk import session
 
-    _session = Session.from_environ()
+    _session = session()
     return _session
 
 

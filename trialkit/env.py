@@ -14,13 +14,16 @@ from pathlib import Path
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
-    from typing import Any, Dict, Mapping, Optional
+    from typing import Any, Dict, Mapping, Optional, Tuple
 
 from trialkit import layout
 
 # trialkit's own names (templates and users write the first six by hand).
 TRIAL_DIR = "TRIALKIT_TRIAL_DIR"
 GRACE_SECONDS = "TRIALKIT_GRACE_SECONDS"
+# How long the runtime the keeper runs under waits between its SIGTERM and its SIGKILL: a pod's
+# terminationGracePeriodSeconds (the Kubernetes platforms set it), `docker run --stop-timeout`'s.
+TERMINATION_GRACE = "TRIALKIT_TERMINATION_GRACE_SECONDS"
 MANAGER_URL = "TRIALKIT_MANAGER_URL"
 TOKEN = "TRIALKIT_TOKEN"
 PARAMETERS = "TRIALKIT_PARAMETERS"
@@ -100,7 +103,13 @@ ADAPTDL_BOOT_DIR = Path(__file__).resolve().parent / "adaptdl" / "boot"
 # Spelled here, not imported: trialkit.shims is the trial side, above this contract.
 SHIMS_BOOT_DIR = Path(__file__).resolve().parent / "shims" / "boot"
 
-DEFAULT_GRACE_SECONDS = 25.0  # under Kubernetes' default 30 s termination grace
+DEFAULT_GRACE_SECONDS = 25.0  # outside a container; a Kubernetes platform's keeper grace unless its config says
+# The runtimes' own waits between their SIGTERM and their SIGKILL, where nothing says another (TERMINATION_GRACE).
+CONTAINER_STOP_SECONDS = 10.0  # `docker stop`'s and `podman stop`'s default timeout
+POD_TERMINATION_SECONDS = 30.0  # a pod's default terminationGracePeriodSeconds
+# cgroup paths that name a container's runtime (cgroup v1, or v2 without a cgroup namespace).
+_CONTAINER_CGROUPS = ("docker", "libpod", "containerd", "kubepods", "crio")
+_RUNTIME_INITS = ("docker-init", "tini", "dumb-init", "catatonit")  # what `--init` puts at a container's PID 1
 # The longest grace a keeper or an experiment takes: its timers wait in milliseconds of a C int (24.8 days).
 MAX_GRACE_SECONDS = 7 * 86400.0
 MAX_PARAMETERS_BYTES = 64 << 20  # a parameters file larger than this is not one
@@ -129,17 +138,82 @@ def _number(environ: Mapping[str, str], name: str, default: float, kind=float):
         return default
 
 
+def runtime_stop(environ: Mapping[str, str]) -> Optional[Tuple[str, float]]:
+    """(the runtime that stops this process, its seconds from SIGTERM to SIGKILL); None where none is known.
+
+    TERMINATION_GRACE, where set (the Kubernetes platforms pass a pod's terminationGracePeriodSeconds down),
+    says how long. Else a process that is what its container runs (_runs_the_container) gets its runtime's
+    default: Kubernetes (KUBERNETES_SERVICE_HOST, in every pod) a pod's 30 s; podman (/run/.containerenv) and
+    Docker (/.dockerenv, or a container's cgroup) their `stop`'s 10 s. A process started beside a container's
+    own (a local experiment's keeper in a dev container) is not what its runtime stops: None.
+    """
+    given = _number(environ, TERMINATION_GRACE, 0.0, float)
+    given = given if 0 < given <= MAX_GRACE_SECONDS else None
+    if given is None and not _runs_the_container():
+        return None
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        return "Kubernetes", given or POD_TERMINATION_SECONDS
+    if os.path.exists("/run/.containerenv"):
+        return "podman", given or CONTAINER_STOP_SECONDS
+    if os.path.exists("/.dockerenv") or _in_container_cgroup():
+        return "Docker", given or CONTAINER_STOP_SECONDS
+    return ("its runtime", given) if given else None
+
+
+def _runs_the_container() -> bool:
+    """Whether this process is what its container runs: its PID 1 (run.sh execs the keeper), or the child of
+    the init a runtime puts there (`docker run --init`'s tini, podman's catatonit)."""
+    if os.getpid() == 1:
+        return True
+    if os.getppid() != 1:
+        return False
+    try:
+        with open("/proc/1/comm") as f:
+            return f.read().strip() in _RUNTIME_INITS
+    except OSError:
+        return False
+
+
+def _in_container_cgroup() -> bool:
+    try:
+        with open("/proc/self/cgroup") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return any(name in text for name in _CONTAINER_CGROUPS)
+
+
+def fitting_grace(stop_seconds: float) -> float:
+    """The longest grace that ends, with the keeper's time to record and flush after it, inside a runtime's
+    wait between its SIGTERM and its SIGKILL (docker and podman's 10 s: 4)."""
+    return max(stop_seconds - layout.CLEANUP_MARGIN_SECONDS, 1.0)
+
+
+def default_grace(environ: Mapping[str, str]) -> float:
+    """The grace where TRIALKIT_GRACE_SECONDS gives none: what the runtime allows (fitting_grace), else
+    DEFAULT_GRACE_SECONDS."""
+    runtime = runtime_stop(environ)
+    return DEFAULT_GRACE_SECONDS if runtime is None else fitting_grace(runtime[1])
+
+
 def _grace(environ: Mapping[str, str]) -> float:
-    """The grace every reader (keeper, launchers, wrap_rank) waits: one outside 0..MAX_GRACE_SECONDS is said and
-    bounded here, as a bad number is (a timer given 10**9 s would fail at the first stop, mid-trial)."""
-    seconds = _number(environ, GRACE_SECONDS, DEFAULT_GRACE_SECONDS, float)
-    if 0 <= seconds <= MAX_GRACE_SECONDS:
+    """The grace every reader (keeper, launchers, wrap_rank) waits: TRIALKIT_GRACE_SECONDS, else default_grace.
+    One that is no number or outside 0..MAX_GRACE_SECONDS is said and replaced here (a timer given 10**9 s
+    would fail at the first stop, mid-trial)."""
+    raw = environ.get(GRACE_SECONDS)
+    if raw in (None, ""):
+        return default_grace(environ)
+    try:
+        seconds: Optional[float] = float(raw)
+    except ValueError:
+        seconds = None
+    if seconds is not None and 0 <= seconds <= MAX_GRACE_SECONDS:  # NaN is not
         return seconds
-    bounded = MAX_GRACE_SECONDS if seconds > MAX_GRACE_SECONDS else DEFAULT_GRACE_SECONDS
+    bounded = MAX_GRACE_SECONDS if seconds is not None and seconds > MAX_GRACE_SECONDS else default_grace(environ)
+    why = "not a number" if seconds is None else f"outside 0..{MAX_GRACE_SECONDS:g} seconds"
     import sys
 
-    print(f"trialkit: ignoring {GRACE_SECONDS}={environ[GRACE_SECONDS]!r:.40}: outside 0..{MAX_GRACE_SECONDS:g} "
-          f"seconds; using {bounded:g}", file=sys.stderr)
+    print(f"trialkit: ignoring {GRACE_SECONDS}={raw!r:.40}: {why}; using {bounded:g}", file=sys.stderr)
     return bounded
 
 

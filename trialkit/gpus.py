@@ -147,6 +147,12 @@ def visible(gpus: Sequence[Gpu], devices: Optional[str]) -> List[Gpu]:
     return out
 
 
+def trial_slots(slots_per_trial: Optional[int], trial_gpu_number: Optional[int]) -> int:
+    """The slots a trial holds (its TRIALKIT_SLOTS_PER_NODE on the local platform, the job list's count):
+    slotsPerTrial, else its GPUs (a launcher starts one worker per GPU), else one."""
+    return slots_per_trial or trial_gpu_number or 1
+
+
 def trial_environ(indices: Sequence[int]) -> Dict[str, str]:
     """A trial's device variables: exactly these GPUs, in nvidia-smi's numbering; none for ()."""
     shown = ",".join(str(index) for index in indices)

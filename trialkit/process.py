@@ -16,12 +16,12 @@ import heapq
 import os
 import selectors
 import signal
-import subprocess
 import sys
 import time
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
+    import subprocess
     from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 FORWARDED_SIGNALS = (
@@ -202,6 +202,22 @@ def shell_line_argv(line: str) -> List[str]:
     return ["/bin/sh", "-c", line]
 
 
+_SHELLS = frozenset("sh bash dash ash zsh ksh".split())
+
+
+def pipes_output(argv: Sequence[str]) -> bool:
+    """Whether argv is a shell running a line whose output goes through a pipe (`python3 main.py | tee log`)."""
+    if len(argv) < 3 or os.path.basename(argv[0]) not in _SHELLS or argv[1] != "-c":
+        return False
+    import shlex
+
+    lexer = shlex.shlex(argv[2], posix=True, punctuation_chars=True)
+    try:
+        return any(token in ("|", "|&") for token in lexer)
+    except ValueError:  # an unclosed quote: the shell refuses it anyway
+        return False
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -226,6 +242,8 @@ def spawn(
     from a big parent (a Ray worker) is ~3 ms instead of ~60. The caller's thread
     has an empty signal mask and argv sets the death signal itself (setpriv).
     """
+    import subprocess  # here: what only reads /proc (is_running: `trialkit experiment list`) starts without it
+
     if not argv:
         raise LaunchError("no command given", 127)
     try:

@@ -234,14 +234,24 @@ class Session:
             pass  # stderr closed: nothing left to tell
 
 
+_one: Optional[Session] = None
+
+
+def session() -> Session:
+    """The process's one session, made on first use: the SDK face's functions, Trial.should_stop and
+    report_elastic share its channel writer."""
+    global _one
+    if _one is None:
+        _one = Session.from_environ()
+    return _one
+
+
 def report_elastic(workers: int, predicted: Mapping[int, float], reason: str) -> None:
     """An elastic job's sizing now: its workers, the predicted speedup over one worker by count, why.
 
     Shown by `trialkit trial show` and the page; never raises, never a metric.
     """
-    import trialkit  # its one session: the channel writer that the SDK face shares
-
-    (trialkit._session or trialkit._start()).report_elastic(workers, predicted, reason)
+    session().report_elastic(workers, predicted, reason)
 
 
 def _show(value: Any, limit: Optional[int] = 60) -> str:

@@ -58,9 +58,9 @@ class Trial:
         """True once a stop was asked (SIGTERM/SIGINT here, or the keeper's stop): save and return."""
         if _stop_signals:
             return True
-        import trialkit  # here: trialkit/__init__.py exports Trial from this module
+        from trialkit.sdk import session
 
-        return trialkit.should_preempt()
+        return session().should_preempt()
 
 
 def defines(cls: Type[Trial], method: str) -> bool:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Tuple
 
 from trialkit import schema
 from trialkit.control.queue import Move, label
-from trialkit.manager.server import HttpError
+from trialkit.manager.routes import HttpError
 from trialkit.statuses import PREEMPTED, USER_CANCELED
 
 if TYPE_CHECKING:

@@ -15,41 +15,53 @@ token>`. The CLI and the Python API act through them:
 """
 from __future__ import annotations
 
-import dataclasses
-import http.client
 import json
 import os
-import secrets
-import ssl
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from trialkit import process
-from trialkit.control import actions
 from trialkit.errors import UserError
 from trialkit.manager import paths
-from trialkit.manager.disk import DiskWatch
+
+if TYPE_CHECKING:
+    import ssl
+
+    from trialkit.manager.disk import DiskWatch
 
 CLIENT_TIMEOUT = 30.0
+# The commands that only read (experiment list/show, job list) read manager.json and nothing else here: the HTTP
+# client (http.client, ssl, email), the action table and dataclasses (inspect) wait for the commands that act.
 
 
-@dataclass
 class ManagerInfo:
-    experiment_id: str
-    pid: int
-    start_ticks: int
-    url: str
-    port: int
-    token: str
-    elapsed: float = 0.0  # seconds the experiment ran, over all its runs, as of the last write
+    """What manager.json holds. A plain class, not a dataclass: dataclasses loads inspect, milliseconds of every
+    `trialkit experiment list`."""
+
+    FIELDS = ("experiment_id", "pid", "start_ticks", "url", "port", "token", "elapsed")
+
+    def __init__(self, experiment_id: str, pid: int, start_ticks: int, url: str, port: int, token: str,
+                 elapsed: float = 0.0):
+        self.experiment_id = experiment_id
+        self.pid = pid
+        self.start_ticks = start_ticks
+        self.url = url
+        self.port = port
+        self.token = token
+        self.elapsed = elapsed  # seconds the experiment ran, over all its runs, as of the last write
+
+    def __repr__(self) -> str:
+        return f"ManagerInfo(experiment_id={self.experiment_id!r}, pid={self.pid}, url={self.url!r})"  # no token
 
     @classmethod
     def for_this_process(cls, experiment_id: str, url: str, port: int, elapsed: float) -> "ManagerInfo":
+        import secrets
+
         pid = os.getpid()
         return cls(experiment_id, pid, process.start_ticks(pid), url, port, secrets.token_urlsafe(32), elapsed)
+
+    def to_json(self) -> dict:
+        return {name: getattr(self, name) for name in self.FIELDS}
 
     def running(self) -> bool:
         """Whether the manager that wrote this still runs (a reused pid has another start time)."""
@@ -63,7 +75,7 @@ def write_info(experiment_dir: Path, info: ManagerInfo, disk: Optional[DiskWatch
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the admin token
         with os.fdopen(fd, "w") as f:
-            json.dump(dataclasses.asdict(info), f)
+            json.dump(info.to_json(), f)
         os.replace(tmp, path)
     except OSError as err:
         try:
@@ -81,6 +93,8 @@ def _loopback_tls(scheme: str) -> Optional[ssl.SSLContext]:
     client found this manager by its running pid in manager.json (mode 0600), so it is not checked here."""
     if scheme != "https":
         return None
+    import ssl
+
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -134,6 +148,10 @@ def ended_status(experiment_id: str) -> Optional[str]:
 
 def call(experiment_id: str, method: str, path: str, body: Any = None) -> Any:
     """An admin request to the experiment's running manager; its JSON answer."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
     info = running_manager(experiment_id)
     data = json.dumps({} if body is None else body).encode() if method == "POST" else None
     # The manager listens on loopback or on every address: loopback reaches it either way.
@@ -162,5 +180,7 @@ def call(experiment_id: str, method: str, path: str, body: Any = None) -> Any:
 
 def act(experiment_id: str, on: str, name: str, trial_id: Optional[str] = None, body: Any = None) -> Any:
     """One action of the table (trialkit.control.actions) on the experiment's running manager; its JSON answer."""
+    from trialkit.control import actions
+
     action = actions.find(on, name)
     return call(experiment_id, action.method, action.path(trial_id), body)

@@ -11,7 +11,6 @@ output goes to the experiment's manager.log (or, when asked, to ours).
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,8 @@ _POLL = 0.05  # a one-off wait for the child to write manager.json: no event to 
 
 def start(argv: List[str], experiment_dir: Path, to_log: bool = True) -> process.Child:
     """Start `trialkit ARGV` apart from us; its output to manager.log, or to our own stdout and stderr."""
+    import subprocess  # here: `experiment list` reads status() and starts nothing
+
     if not to_log:
         return process.spawn([sys.executable, "-m", "trialkit.cli"] + argv, stdin=subprocess.DEVNULL,
                              die_with_parent=False)

@@ -46,7 +46,7 @@ from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
 from trialkit.errors import UserError
 from trialkit.manager import paths
-from trialkit.manager.server import HttpError
+from trialkit.manager.routes import HttpError
 from trialkit.manager.store import Store, new_token
 from trialkit.platforms.base import Platform, PlatformStatus
 from trialkit.statuses import (

@@ -29,7 +29,8 @@ from trialkit.control.actions import Action, Performer
 from trialkit.control.admin import ManagerInfo, write_info
 from trialkit.control.config import ExperimentConfig
 from trialkit.errors import UserError
-from trialkit.manager.server import HttpError, ManagerServer, Request
+from trialkit.manager.routes import HttpError, Request
+from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
 
 if TYPE_CHECKING:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
+from trialkit import gpus
 from trialkit.manager.store import Store
 from trialkit.errors import UserError
 from trialkit.records import INT64_MAX, INT64_MIN, in_int64
@@ -209,7 +210,4 @@ def _waits(trial: Mapping[str, Any]) -> bool:
 
 def _slots(config: Mapping[str, Any]) -> int:
     """Slots a trial holds, counted as the local platform counts them: slotsPerTrial, else its GPUs, else one."""
-    # Here, not at the top: the local platform costs every CLI command (trial list among them) ~25 ms to import.
-    from trialkit.platforms.local import trial_slots
-
-    return trial_slots(config.get("trainingService", {}).get("slotsPerTrial"), config.get("trialGpuNumber"))
+    return gpus.trial_slots(config.get("trainingService", {}).get("slotsPerTrial"), config.get("trialGpuNumber"))

@@ -19,7 +19,7 @@ from trialkit import __version__, env, layout, records
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, explain_failure
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import PROG, warn
-from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, signal_group
+from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, pipes_output, signal_group
 from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
 
 
@@ -39,10 +39,29 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
         ready_stop(trial.stop_file)
         reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
                         command=list(opts.command), keeper_version=__version__)
+        warn_about_the_stop(opts, trial)
         captures = capture_output(opts, trial, loop, reporter, out_r, err_r)
         code = keep_to_end(opts, trial, loop, reporter, loop.watch(child), captures)
     reporter.finish(time.monotonic() + opts.flush_seconds)
     return code
+
+
+def warn_about_the_stop(opts: argparse.Namespace, trial: env.TrialEnv) -> None:
+    """Say at the start, one line each, what would go wrong when the trial is stopped: a grace that the runtime
+    cuts short (it SIGKILLs the keeper mid-grace: the trial's end goes unrecorded), a pipe in the command (the
+    stop reaches the pipe's reader too, which ends first: the trainer dies writing to it before it saves)."""
+    runtime = env.runtime_stop(os.environ)
+    if runtime is not None and trial.grace_seconds > env.fitting_grace(runtime[1]):
+        name, seconds = runtime
+        given = "--grace" if opts.grace is not None else env.GRACE_SECONDS
+        warn(f"a grace of {trial.grace_seconds:g} s ({given}) and {layout.CLEANUP_MARGIN_SECONDS} s to record the "
+             f"trial's end do not fit in the {seconds:g} s {name} waits between its SIGTERM and its SIGKILL: a stop "
+             f"would kill the keeper mid-grace; set {env.GRACE_SECONDS}={env.fitting_grace(seconds):g}, or let the "
+             f"runtime wait longer and say how long in {env.TERMINATION_GRACE}")
+    if pipes_output(opts.command):
+        warn("the command pipes its output (... | tee log): a stop signals the pipe's reader too, which ends first, "
+             "and the trainer dies writing to it (BrokenPipeError) before it can checkpoint; leave the pipe out: "
+             f"the keeper keeps the output in {trial.trial_dir / 'stdout.log'} and stderr.log beside it")
 
 
 def capture_output(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, reporter: Reporter,

@@ -60,8 +60,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "executable, 127 if it is not found, 2 for bad keeper arguments.",
     )
     parser.add_argument("--grace", type=float, metavar="SECONDS",
-                        help=f"time between the forwarded SIGTERM and SIGKILL "
-                        f"(default ${env.GRACE_SECONDS}, else {env.DEFAULT_GRACE_SECONDS:g})")
+                        help=f"time between the forwarded SIGTERM and SIGKILL (default ${env.GRACE_SECONDS}; else, "
+                        f"as a container's main process, what its runtime allows: its stop timeout less "
+                        f"{layout.CLEANUP_MARGIN_SECONDS} s, {env.fitting_grace(env.CONTAINER_STOP_SECONDS):g} under "
+                        f"docker or podman stop; else {env.DEFAULT_GRACE_SECONDS:g})")
     parser.add_argument("--trial-dir", metavar="DIR",
                         help=f"where logs, status, pidfile and spool go (default ${env.TRIAL_DIR}, else .)")
     parser.add_argument("--forward", metavar="SIGNALS", default=",".join(s.name for s in FORWARDED_SIGNALS),

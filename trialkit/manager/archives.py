@@ -22,8 +22,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Tuple
 
+from trialkit.manager.routes import Check, HttpError, Raw, Request, Router
+
 if TYPE_CHECKING:
-    from trialkit.manager.server import Check, Request, Router
     from trialkit.manager.store import Store
 
 ARCHIVES_DIR = "archives"  # in the experiment dir: archives/<experiment id>/<sha256>.tar.gz
@@ -52,11 +53,10 @@ def put(experiment_dir: Path, experiment_id: str, data: bytes) -> str:
     return digest
 
 
-def add_route(router: "Router", store: "Store", trial_check: "Check") -> None:
+def add_route(router: Router, store: "Store", trial_check: Check) -> None:
     """Serve the archives of `store`'s experiments on `router`, to their trials' tokens only."""
-    from trialkit.manager.server import HttpError, Raw
 
-    def get_archive(request: "Request") -> Tuple[int, Any]:
+    def get_archive(request: Request) -> Tuple[int, Any]:
         digest = request.params["digest"]
         trial = store.trial(request.params["trial_id"])
         if trial is None or not _DIGEST.match(digest):

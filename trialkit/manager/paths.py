@@ -5,6 +5,7 @@
         manager.json         the manager: pid, url, port, admin token (mode 0600)
         manager.log          a detached manager's output
         trials/<trial id>/   each trial's dir (a local trial's TRIALKIT_TRIAL_DIR)
+            trial.log        a local trial's keeper output, the trial's echoed in it (`trialkit trial logs`)
 
 An experiment run with experimentWorkingDirectory lives there, and a link of
 its id in the default root points at it, so every command finds it by id.
@@ -25,6 +26,7 @@ from trialkit.errors import UserError
 HOME_ENV = "TRIALKIT_HOME"
 MANAGER_FILE = "manager.json"
 MANAGER_LOG = "manager.log"
+TRIAL_LOG = "trial.log"  # in a trial dir: a local keeper's output, what a container's log would hold
 _ALPHABET = string.ascii_lowercase + string.digits
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 from trialkit import records
+from trialkit.manager.routes import Check, HttpError, Request, Router
 
 if TYPE_CHECKING:
-    from trialkit.manager.server import Check, Request, Router
     from trialkit.manager.store import Store
 
 ROUTE = "/api/v1/trials/<trial_id>/replicas/<rank>/records"
@@ -58,12 +58,10 @@ def reporting_rank(experiment_dir: Path, trial_id: str) -> Optional[int]:
     return missing[0] if shipped and missing else None
 
 
-def add_route(router: "Router", store: "Store", trial_check: "Check") -> None:
-    from trialkit.manager.server import HttpError
-
+def add_route(router: Router, store: "Store", trial_check: Check) -> None:
     lock = threading.Lock()  # one writer at a time: a replica's batches are few and small
 
-    def post(request: "Request") -> Tuple[int, Any]:
+    def post(request: Request) -> Tuple[int, Any]:
         rank = request.params["rank"]
         if not rank.isdigit():
             raise HttpError(400, f"{rank!r} is not a replica's rank")

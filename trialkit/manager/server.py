@@ -46,7 +46,9 @@ they are committed, once per record ever (duplicates never reach it); keep it
 quick (put them on a queue.Queue for a tuner or assessor thread): every
 keeper waits while it runs. More routes:
 `server.router.add(method, "/api/v1/things/<name>", handler)`, where handler
-takes a Request and returns (status, JSON-able body) or raises HttpError.
+takes a Request and returns (status, JSON-able body) or raises HttpError
+(their vocabulary is trialkit/manager/routes.py's, which a module adding
+routes imports instead of this one).
 A route may check the request's headers before its body is read:
 `router.add(..., check=fn)`, where fn(request) raises HttpError (the
 request's body is then still empty). A handler may answer other than JSON (the web page, trialkit/web): `Raw`
@@ -60,14 +62,11 @@ serves a store on its own (tests, benchmarks, a manager run by hand).
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import ssl
 import sys
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from aiohttp import web
@@ -81,6 +80,7 @@ from trialkit import records
 from trialkit.manager import archives, replica_logs
 from trialkit.manager.commits import GroupCommit
 from trialkit.manager.disk import DiskWatch
+from trialkit.manager.routes import Handler, HttpError, Raw, Request, Router, Stream
 from trialkit.manager.store import Store, Stored
 from trialkit.manager.transport import Take, Transport
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
@@ -94,97 +94,6 @@ RETRY_AFTER_SECONDS = 2  # what a 503 for a disk that takes no writes suggests
 _TRIALS, _RECORDS = "/api/v1/trials/", "/records"  # the keepers' route, as the quick way matches it
 
 Listener = Callable[[str, List[Dict[str, Any]]], None]
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, reason: str):
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-
-
-def _whole(text: str) -> int:
-    """A JSON body's whole number; one past Python's digits for int() said for a user (int()'s own message
-    advises sys.set_int_max_str_digits)."""
-    digits = len(text.lstrip("-"))
-    if digits > sys.get_int_max_str_digits():
-        raise ValueError(f"a number in it has {digits:,} digits, more than the {sys.get_int_max_str_digits():,} "
-                         "a request may hold")
-    return int(text)
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    params: Dict[str, str]
-    headers: Mapping[str, str]
-    body: bytes
-    query: Mapping[str, str] = field(default_factory=dict)
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.body, parse_int=_whole)  # NaN and Infinity are read, as keepers send them
-        except (ValueError, RecursionError) as err:
-            raise HttpError(400, f"the body is not JSON: {err}") from None
-
-    def bearer(self) -> Optional[str]:
-        """The bearer token; None without one, or for one no token is (tokens are ASCII: a byte past it
-        reaches here as a surrogate, which no hash or comparison takes)."""
-        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
-        token = token.strip()
-        return token if scheme.lower() == "bearer" and token and token.isascii() else None
-
-
-Handler = Callable[[Request], Tuple[int, Any]]
-Check = Callable[[Request], None]
-
-
-# -- answers other than JSON (added for the web page, trialkit/web) ------------------
-@dataclass
-class Raw:
-    """An answer of bytes in a content type of their own (a page, a script)."""
-
-    body: bytes
-    content_type: str
-    headers: Dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Stream:
-    """An answer written chunk by chunk as `chunks` yields them (server-sent events).
-
-    It ends when the iterator does, the client leaves or the server stops; the
-    iterator should yield now and then (b"" is fine) so that a stop is noticed.
-    """
-
-    chunks: Iterable[bytes]
-    content_type: str
-    headers: Dict[str, str] = field(default_factory=dict)
-
-
-class Router:
-    """Paths with `<name>` parts (one path segment each) mapped to handlers, per method."""
-
-    def __init__(self):
-        self._routes: List[Tuple[str, "re.Pattern[str]", Handler, Optional[Check]]] = []
-
-    def add(self, method: str, pattern: str, handler: Handler, check: Optional[Check] = None) -> None:
-        """`check`, if given, sees the request before its body is read and refuses it by raising HttpError."""
-        regex = re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", re.escape(pattern))
-        self._routes.append((method.upper(), re.compile(f"^{regex}$"), handler, check))
-
-    def resolve(self, method: str, path: str) -> Tuple[Handler, Optional[Check], Dict[str, str]]:
-        allowed = []
-        for route_method, regex, handler, check in self._routes:
-            match = regex.match(path)
-            if match:
-                if route_method == method:
-                    return handler, check, {k: unquote(v) for k, v in match.groupdict().items()}
-                allowed.append(route_method)
-        if allowed:
-            raise HttpError(405, f"{method} is not allowed here (allowed: {', '.join(allowed)})")
-        raise HttpError(404, f"no such route: {path}")
 
 
 class ManagerServer:

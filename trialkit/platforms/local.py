@@ -58,19 +58,13 @@ class LocalConfig:
 
     @property
     def slots(self) -> int:
-        return trial_slots(self.slots_per_trial, self.trial_gpu_number)
+        return gpus.trial_slots(self.slots_per_trial, self.trial_gpu_number)
 
     @property
     def pool_slots(self) -> float:
         """What a trial takes of the home's resource pool (platforms/pools.py): its slots, shared, for a GPU
         trial, by the trials a GPU takes (maxTrialNumberPerGpu: 2 runs two 1-GPU trials on one slot)."""
         return self.slots / self.max_trial_number_per_gpu if self.trial_gpu_number else self.slots
-
-
-def trial_slots(slots_per_trial: Optional[int], trial_gpu_number: Optional[int]) -> int:
-    """The slots a local trial holds (its TRIALKIT_SLOTS_PER_NODE, the job list's count): slotsPerTrial,
-    else its GPUs (a launcher starts one worker per GPU), else one."""
-    return slots_per_trial or trial_gpu_number or 1
 
 
 def with_trial_gpus(config: LocalConfig, trial_gpu_number: Optional[int]) -> LocalConfig:
@@ -161,7 +155,6 @@ def from_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
 # session, no parent-death signal), so a control plane that dies leaves them
 # running and `experiment resume` finds them again through their pidfiles.
 
-LOG_NAME = "trial.log"  # the keeper's own output, the trial's echoed in it: what a container log holds
 CODE_NAME = "code"  # the trial's copy of the code dir, in its trial dir
 GPU_POLL_SECONDS = 5.0  # while GPU trials run or wait: how often nvidia-smi is asked (starts, samples)
 
@@ -324,7 +317,7 @@ class Platform(PlatformBase):
                 gpus.write_assignment(trial_dir, indices)  # before the keeper: a restarted control plane reads it
                 gpus.append_sample(trial_dir, found, indices)  # its GPUs as it found them
                 self._watch_gpus()
-            with open(trial_dir / LOG_NAME, "ab") as log:
+            with open(trial_dir / paths.TRIAL_LOG, "ab") as log:
                 child = process.spawn(["/bin/sh", run_sh()],
                                       env=trial_environ(self.config, spec, trial_dir, code, indices),
                                       cwd=str(trial_dir), stdin=subprocess.DEVNULL, stdout=log,

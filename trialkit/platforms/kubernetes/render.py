@@ -261,6 +261,8 @@ def pod_env(
             envnames.PLATFORM: platform,
             envnames.TRIAL_DIR: POD_TRIAL_DIR,
             envnames.GRACE_SECONDS: str(common.keeper_grace_seconds),
+            # What the pod's terminationGracePeriodSeconds gives the keeper: it warns of a grace that does not fit.
+            envnames.TERMINATION_GRACE: str(common.termination_grace_seconds),
             envnames.COMMAND: command,
         }
     )

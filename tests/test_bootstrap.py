@@ -1,0 +1,99 @@
+"""bootstrap.sh installs what each command needs, once: the demo its part, the tests the rest.
+
+The script runs as a user runs it, in a copy of the checkout's inputs, with
+a stand-in Python (PYTHON) whose venv, pip and programs only write down what
+they were asked: which installs ran, in which order, is the behaviour here;
+the installs themselves are pip's (the demo on a fresh machine is timed in
+the issue's report, not in a test).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from conftest import ROOT
+
+INPUTS = ("bootstrap.sh", "setup.py", "constraints.txt", "tools/build_horovod.sh", "tools/nni_venv.sh")
+
+# A python that makes venvs of itself and logs every call: `-m venv DIR`, `-m pip install ...`, `-c CODE`
+# (build_horovod.sh asks torch's and Python's versions), and the venv's `trialkit` and pytest.
+STAND_IN = """#!/bin/sh
+echo "$(basename "$0") $*" >>"$BOOTSTRAP_LOG"
+case "$1 $2" in
+  "-m venv") mkdir -p "$3/bin"; cp "$0" "$3/bin/python"; cp "$0" "$3/bin/trialkit" ;;
+  "-c "*) case "$2" in *torch*) echo 2.13.0 ;; *version_info*) echo cp311 ;; esac ;;
+esac
+"""
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    root = tmp_path / "checkout"
+    for name in INPUTS:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, root / name)
+    python = tmp_path / "python3"
+    python.write_text(STAND_IN)
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    wheel = tmp_path / "cache" / "wheels" / "horovod-0.28.1-torch2.13.0-cp311" / "horovod-0.28.1-cp311-linux.whl"
+    wheel.parent.mkdir(parents=True)
+    wheel.touch()  # built once before: the cache serves it
+    return root
+
+
+def bootstrap(checkout: Path, *args: str) -> List[str]:
+    """Run ./bootstrap.sh ARGS; the stand-in's calls, as `program args`."""
+    log = checkout.parent / "calls.log"
+    log.unlink(missing_ok=True)
+    log.touch()
+    env = dict(os.environ, PYTHON=str(checkout.parent / "python3"), TRIALKIT_CACHE=str(checkout.parent / "cache"),
+               BOOTSTRAP_LOG=str(log))
+    done = subprocess.run(["bash", "bootstrap.sh", *args], cwd=checkout, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return log.read_text().splitlines()
+
+
+def installs(calls: List[str]) -> List[str]:
+    """What pip was asked to install in the project's venv, in order (its options and their values left out)."""
+    out = []
+    for call in calls:
+        if call.startswith("python -m pip install "):
+            words = call.split()[4:]
+            valued = {i + 1 for i, word in enumerate(words) if word in ("-c", "--progress-bar")}
+            out.append(" ".join(w for i, w in enumerate(words) if not w.startswith("-") and i not in valued))
+    return out
+
+
+def test_the_demo_installs_torch_and_the_control_extra_and_runs_the_quickstart(checkout):
+    calls = bootstrap(checkout, "demo")
+    root = str(checkout)
+    assert installs(calls) == ["pip wheel setuptools<81", "torch==2.13.0", f"{root}[control]"]
+    assert calls[-1] == "trialkit run examples/quickstart/config.yml"
+    assert not any("horovod" in call or "nni" in call for call in calls)
+
+
+def test_the_tests_after_the_demo_add_only_the_rest(checkout):
+    bootstrap(checkout, "demo")
+    calls = bootstrap(checkout, "test", "-x")
+    assert installs(calls)[:2] == [f"{checkout}[all,test]", str(checkout.parent / "cache" / "wheels" /
+                                   "horovod-0.28.1-torch2.13.0-cp311" / "horovod-0.28.1-cp311-linux.whl")]
+    assert "torch==2.13.0" not in installs(calls)
+    assert any(call.startswith("python3 -m venv") and "nni-3.0-venv" in call for call in calls)  # NNI's own
+    assert calls[-1] == "python -m pytest -x"
+
+
+def test_the_demo_after_the_tests_installs_nothing_and_a_changed_input_installs_again(checkout):
+    bootstrap(checkout, "test")
+    assert installs(bootstrap(checkout, "demo")) == []
+    assert installs(bootstrap(checkout, "test")) == []
+    with open(checkout / "constraints.txt", "a") as pins:
+        pins.write("somepin==1.0\n")
+    assert installs(bootstrap(checkout, "demo")) == ["pip wheel setuptools<81", "torch==2.13.0",
+                                                     f"{checkout}[control]"]
