@@ -133,7 +133,7 @@ def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
     page = requests.get(served.url + "/", timeout=10).text
     basic, full = re.search(r'data-basic="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
                             page).groups()
-    uplot = re.search(r'src="(/static/uplot-[0-9a-f]+\.min\.js)"', page).group(1)
+    uplot = re.search(r'href="(/static/uplot-[0-9a-f]+\.min\.js)"', page).group(1)
     uplot_css = re.search(r'href="(/static/uplot-[0-9a-f]+\.min\.css)"', page).group(1)
     for path in ("/", "/static/app.js", uplot, uplot_css, basic, full):
         plain = requests.get(served.url + path, headers={"Accept-Encoding": "identity"}, timeout=10)
