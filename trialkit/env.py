@@ -43,6 +43,10 @@ UNDER_KEEPER = "TRIALKIT_KEEPER_PID"  # set by the keeper for its child
 REPORT_ALL_RANKS = "TRIALKIT_REPORT_ALL_RANKS"
 STOP_FILE = "TRIALKIT_STOP_FILE"  # exists once a stop was asked (should_preempt)
 PYTHON = "TRIALKIT_PYTHON"  # the interpreter run.sh starts the keeper with
+# The variables only the keeper may hold: its shipper sends the token, while the training process (and the
+# startup hook) reach the keeper through the channel file and need none. They never enter a child's
+# environment, a rendered object or a log line (docs/concepts.md, security).
+SECRETS = frozenset({TOKEN})
 # A Determined experiment config's settings that its Core API serves the trial (searcher metric,
 # lengths, `data`): base64url of JSON, set by the config's translation (trialkit/control/determined.py).
 DETERMINED = "TRIALKIT_DETERMINED"
@@ -181,8 +185,8 @@ class TrialEnv(namedtuple("TrialEnv", (
         return data
 
     def child_environ(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-        """The environment of the training process: trialkit's names, NNI's and AdaptDL's."""
-        out = dict(os.environ if base is None else base)
+        """The environment of the training process: trialkit's names, NNI's and AdaptDL's; no secret."""
+        out = {k: v for k, v in (os.environ if base is None else base).items() if k not in SECRETS}
         own = {
             EXPERIMENT_ID: self.experiment_id,
             TRIAL_ID: self.trial_id,
@@ -257,6 +261,31 @@ def _read_bounded(path: str, limit: int) -> bytes:
         raise ValueError(f"{path} holds over {limit >> 20} MiB")
     finally:
         os.close(fd)
+
+
+def hide_secrets() -> None:
+    """Overwrite the secrets' values in this process's first environment block: what /proc/PID/environ and
+    `ps e` show to any process of the same user, the trial included, though os.environ keeps its own copy.
+    Where the kernel refuses (no /proc), the trial's environment still holds none (child_environ)."""
+    names = [name.encode() for name in SECRETS if os.environ.get(name)]
+    if not names:
+        return
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        # proc(5)'s env_start and env_end, fields 50 and 51; the name (field 2) may hold spaces.
+        start, end = (int(field) for field in stat[stat.rfind(b")") + 2 :].split()[47:49])
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            block, offset = mem.read(end - start), start
+            for entry in block.split(b"\0"):
+                name, equals, value = entry.partition(b"=")
+                if equals and name in names:
+                    mem.seek(offset + len(name) + 1)
+                    mem.write(b"*" * len(value))
+                offset += len(entry) + 1
+    except (OSError, ValueError):
+        pass
 
 
 def check(trial: TrialEnv) -> None:
