@@ -265,6 +265,46 @@ def test_a_failed_worker_is_one_line_without_the_engines_traceback(tmp_path):
     assert sorted(done.stdout.splitlines()) == ["[rank=0] rank 0", "[rank=1] rank 1"]
 
 
+# The environment a launcher meets: each a line naming the variable, exit 2, no worker started.
+DIGITS = "9" * 5000
+ENV_CASES = [
+    ("no slots", "trialkit.launch.torch_distributed", [], {"TRIALKIT_SLOTS_PER_NODE": "0"},
+     "TRIALKIT_SLOTS_PER_NODE: 1 nodes x 0 slots is no worker at all"),  # it ran one worker, exit 0
+    ("no slots under autohorovod", "determined.launch.autohorovod", [], {"TRIALKIT_SLOTS_PER_NODE": "0"},
+     "TRIALKIT_SLOTS_PER_NODE: 1 nodes x 0 slots is no worker at all"),
+    ("slots that are no number under autohorovod", "determined.launch.autohorovod", [],
+     {"TRIALKIT_SLOTS_PER_NODE": "abc"}, "TRIALKIT_SLOTS_PER_NODE='abc' is not a whole number"),  # a traceback
+    ("5000-digit slots", "trialkit.launch.deepspeed", [], {"TRIALKIT_SLOTS_PER_NODE": DIGITS}, "characters]"),
+    ("a rank variable that is no rank", "trialkit.launch.wrap_rank", ["RANK,HOROVOD_RANK"],
+     {"RANK": "abc", "HOROVOD_RANK": "1"}, "RANK='abc' is not a rank"),
+    ("a 5000-digit rank variable", "trialkit.launch.wrap_rank", ["RANK,HOROVOD_RANK"], {"RANK": DIGITS},
+     "(5,000 characters) is not a rank"),  # a ValueError traceback (Python's int-string limit)
+    ("a 5000-digit rank", "trialkit.launch.wrap_rank", [DIGITS], {}, "(5,000 characters) is not a rank"),
+]
+
+
+@pytest.mark.parametrize("name, module, args, environ, says", ENV_CASES, ids=[case[0] for case in ENV_CASES])
+def test_an_environment_no_launcher_can_run_is_one_line(tmp_path, name, module, args, environ, says):
+    from trialkit import env
+
+    shims = {"PYTHONPATH": os.pathsep.join([str(env.SHIMS_BOOT_DIR), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([PYTHON, "-m", module, *args, "--", PYTHON, "-c", "print('ran')"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path, env=child_environ(**shims, **environ))
+    assert_one_line(done, says)
+    assert "ran" not in done.stdout
+
+
+def test_a_rank_that_is_no_rank_is_said_once_under_the_keeper(tmp_path):
+    """The keeper has no use for RANK: it said 'ignoring RANK=...; using 0' and then wrap_rank refused it."""
+    done = subprocess.run([PYTHON, "-m", "trialkit.keeper", "--trial-dir", str(tmp_path / "trial"), "--",
+                           PYTHON, "-m", "trialkit.launch.wrap_rank", "RANK,HOROVOD_RANK", "--", PYTHON, "-c", "pass"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=child_environ(RANK="abc", HOROVOD_RANK="1", TRIALKIT_SLOTS_PER_NODE="abc"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == ["trialkit.launch.wrap_rank: error: RANK: RANK='abc' is not a rank (ranks are "
+                                        "whole numbers from 0, each below the job's worker count)"], done.stderr
+
+
 # ---------------------------------------------------------------- configs every trial of which failed to start
 
 @pytest.mark.parametrize("holds", ["nothing", "a dangling symlink"])

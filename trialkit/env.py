@@ -14,7 +14,7 @@ from pathlib import Path
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
-    from typing import Any, Dict, Mapping, Optional
+    from typing import Any, Dict, Mapping, Optional, Sequence
 
 from trialkit import layout
 
@@ -129,7 +129,7 @@ def _number(environ: Mapping[str, str], name: str, default: float, kind=float):
         # A bad number must not stop a trial from starting: say so, use the default.
         import sys
 
-        print(f"trialkit: ignoring {name}={raw!r}: not a number; using {default}", file=sys.stderr)
+        print(f"trialkit: ignoring {name}={raw[:40]!r}: not a number; using {default}", file=sys.stderr)
         return default
 
 
@@ -153,15 +153,16 @@ def _grace(environ: Mapping[str, str]) -> float:
 class TrialEnv(namedtuple("TrialEnv", (
         "experiment_id trial_id sequence platform manager_url token parameters_json parameters_file "
         "parameter_id trial_dir output_dir checkpoint_dir share_dir tensorboard_dir code_dir restart_count "
-        "grace_seconds slots_per_node rank report_all_ranks under_keeper channel stop_file checkpoint_every"),
-        defaults=(DEFAULT_CHECKPOINT_EVERY,))):
+        "grace_seconds rank report_all_ranks under_keeper channel stop_file checkpoint_every rank_problem"),
+        defaults=(DEFAULT_CHECKPOINT_EVERY, None))):
     """What the environment says about a trial.
 
     str: experiment_id, trial_id, platform; str or None: manager_url, token,
     parameters_json, parameters_file, parameter_id; Path: trial_dir, output_dir,
     checkpoint_dir, share_dir, channel, stop_file; Path or None: tensorboard_dir,
-    code_dir; int: sequence, restart_count, rank; int or None: slots_per_node;
-    float: grace_seconds, checkpoint_every; bool: report_all_ranks, under_keeper.
+    code_dir; int: sequence, restart_count, rank; float: grace_seconds, checkpoint_every; bool:
+    report_all_ranks, under_keeper; str or None: rank_problem (why the rank variable's value was no rank:
+    the rank reads 0, and the SDK says so).
     """
 
     __slots__ = ()
@@ -351,7 +352,11 @@ def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:
     output_dir = Path(_first(e, OUTPUT_DIR, NNI["output_dir"]) or trial_dir)
     tensorboard = _first(e, TENSORBOARD_DIR, ADAPTDL["tensorboard_dir"], ADAPTDL_OLD_TENSORBOARD)
     code_dir = _first(e, CODE_DIR, NNI["code_dir"])
-    slots = _number(e, SLOTS_PER_NODE, 0, int)
+    # Read without a word here (the keeper has no use for it, and wrap_rank refuses what is no rank): a value
+    # that is no rank reads 0, and the SDK says why.
+    rank_name = _rank_variable(e, RANK_VARIABLES)
+    rank_value = e[rank_name].strip() if rank_name else "0"
+    rank_problem = _not_a_rank(rank_name, rank_value) if rank_name else None
     restart_count = _number(e, RESTART_COUNT, -1, int)
     if restart_count < 0:
         restart_count = _number(e, ADAPTDL["restart_count"], 0, int)
@@ -373,21 +378,45 @@ def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:
         code_dir=Path(code_dir) if code_dir else None,
         restart_count=restart_count,
         grace_seconds=_grace(e),
-        slots_per_node=slots or None,
-        rank=_number(e, _first_present(e, RANK_VARIABLES) or "RANK", 0, int),
+        rank=0 if rank_problem else int(rank_value),
         report_all_ranks=e.get(REPORT_ALL_RANKS, "") not in ("", "0", "false", "False"),
         under_keeper=bool(e.get(UNDER_KEEPER)),
         channel=Path(_first(e, CHANNEL) or trial_dir / layout.HOME / layout.CHANNEL),
         stop_file=Path(_first(e, STOP_FILE) or trial_dir / layout.HOME / layout.STOP),
         checkpoint_every=max(0.0, _number(e, CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY, float)),
+        rank_problem=rank_problem,
     )
 
 
-def _first_present(environ: Mapping[str, str], names) -> Optional[str]:
-    for name in names:
-        if environ.get(name, "") != "":
-            return name
-    return None
+RANK_DIGITS = 18  # a rank is below its job's worker count: any longer number is no rank (nor within int64)
+
+
+def parse_rank(name: str, value: str) -> int:
+    """A rank given as text (a variable's value, an argument), or a UserError naming `name`."""
+    problem = _not_a_rank(name, value)
+    if problem:
+        from trialkit.errors import UserError
+
+        raise UserError(problem, name, "ranks are whole numbers from 0, each below the job's worker count")
+    return int(value)
+
+
+def _not_a_rank(name: str, value: str) -> Optional[str]:
+    if value.isascii() and value.isdigit() and len(value) <= RANK_DIGITS:
+        return None
+    shown = f"{value[:40]!r}" + (f"... ({len(value):,} characters)" if len(value) > 40 else "")
+    return f"{name}={shown} is not a rank"
+
+
+def rank_of(environ: Mapping[str, str], names: Sequence[str] = RANK_VARIABLES) -> Optional[int]:
+    """The rank the first of `names` that is set gives, None when none is: one rule for wrap_rank, which
+    refuses a value that is no rank, and TrialEnv (the SDK), which reads it as 0 and says so."""
+    name = _rank_variable(environ, names)
+    return None if name is None else parse_rank(name, environ[name].strip())
+
+
+def _rank_variable(environ: Mapping[str, str], names: Sequence[str]) -> Optional[str]:
+    return next((name for name in names if environ.get(name, "").strip()), None)
 
 
 # ---------------------------------------------------------------------------
@@ -446,9 +475,9 @@ def topology(environ: Optional[Mapping[str, str]] = None) -> Topology:
     topo = Topology(
         num_nodes=num_nodes,
         node_rank=_pick(_topology_int(e, NODE_RANK), found.get("node_rank"), 0),
-        # 0 slots means "not set", as TrialEnv.slots_per_node reads it; then one
-        # worker per visible GPU, as torchrun's --nproc-per-node gpu.
-        slots_per_node=_topology_int(e, SLOTS_PER_NODE) or found.get("slots_per_node") or visible_device_count(e) or 1,
+        # Unset: one worker per visible GPU, as torchrun's --nproc-per-node gpu (a 0 given is refused below).
+        slots_per_node=_pick(_topology_int(e, SLOTS_PER_NODE), found.get("slots_per_node"),
+                             visible_device_count(e) or None, 1),
         chief_addr=e.get(CHIEF_ADDR) or found.get("chief_addr") or "127.0.0.1",
         chief_port=port if port is not None or num_nodes == 1 else DEFAULT_CHIEF_PORT,
         hosts=hosts,
@@ -543,8 +572,10 @@ def _check_topology(topo: Topology, e: Mapping[str, str]) -> None:
     from trialkit.errors import UserError
 
     if topo.num_nodes < 1 or topo.slots_per_node < 1:
-        raise UserError(f"{topo.num_nodes} nodes x {topo.slots_per_node} slots is no worker at all",
-                        f"topology from {topo.source}", f"set {NUM_NODES} and {SLOTS_PER_NODE} to 1 or more")
+        named = next((name for name, count in ((SLOTS_PER_NODE, topo.slots_per_node), (NUM_NODES, topo.num_nodes))
+                      if count < 1 and e.get(name, "").strip()), f"topology from {topo.source}")
+        raise UserError(f"{topo.num_nodes} nodes x {topo.slots_per_node} slots is no worker at all", named,
+                        f"set {NUM_NODES} and {SLOTS_PER_NODE} to 1 or more")
     if topo.slots_per_node > MAX_SLOTS_PER_NODE or topo.num_nodes > MAX_NODES:  # else the engine tries to start them
         raise UserError(f"{topo.num_nodes} nodes x {topo.slots_per_node} slots is more than any machine runs",
                         f"topology from {topo.source}",
