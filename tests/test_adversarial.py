@@ -209,6 +209,78 @@ def test_an_answer_that_is_not_the_managers_is_one_line(tmp_path):
     assert_one_line(done, "is not the manager's (not JSON: b\"<html>a proxy")
 
 
+# ---------------------------------------------------------------- odd homes and stores
+
+def _a_store(home, config=None) -> "Path":
+    """An experiment abc12345 with one trial, its config as given (trialkit's own shape by default)."""
+    experiment_dir = home / "experiments" / "abc12345"
+    store = Store.in_dir(experiment_dir)
+    store.create_experiment("abc12345", config={"experimentName": "n", "tuner": {"name": "Random", "classArgs": {
+        "optimize_mode": "minimize"}}, "trainingService": {"platform": "local"}} if config is None else config)
+    store.add_trial("abc12345", "abc12345-00000", sequence=0, parameters={"x": 1}, token="t",
+                    trial_dir=str(experiment_dir / "trials" / "abc12345-00000"))
+    store.close()
+    (experiment_dir / "trials" / "abc12345-00000").mkdir(parents=True)
+    return experiment_dir
+
+
+def _fifo_in_place_of(path) -> None:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+# What a home may hold that trialkit did not write: each read bounded, a FIFO never opened (each hung for ever).
+ODD_HOMES = {
+    "a store that is a FIFO": lambda home: _fifo_in_place_of(_a_store(home) / "trialkit.db"),
+    "a store's WAL that is a FIFO": lambda home: _fifo_in_place_of(_a_store(home) / "trialkit.db-wal"),
+    "manager.json that is a FIFO": lambda home: _fifo_in_place_of(_a_store(home) / "manager.json"),
+    "a trial's gpus.json that is a FIFO":
+        lambda home: _fifo_in_place_of(_a_store(home) / "trials" / "abc12345-00000" / "gpus.json"),
+    "a trial's gpu_samples.jsonl that is a FIFO":
+        lambda home: _fifo_in_place_of(_a_store(home) / "trials" / "abc12345-00000" / "gpu_samples.jsonl"),
+    "a config without a tuner": lambda home: _a_store(home, {"experimentName": "n"}),  # KeyError: 'tuner'
+    "a config whose tuner is a string": lambda home: _a_store(home, {"tuner": "Random", "trainingService": 3}),
+    "a config that is a list": lambda home: _a_store(home, [1, 2]),  # AttributeError from experiment list
+}
+READERS = [["experiment", "list"], ["experiment", "show", "abc12345"], ["trial", "list", "abc12345"],
+           ["trial", "show", "abc12345-00000"], ["experiment", "export", "abc12345"]]
+
+
+@pytest.mark.parametrize("odd", list(ODD_HOMES))
+def test_every_reader_of_an_odd_home_answers_at_once_without_a_traceback(tmp_path, odd):
+    home = tmp_path / "home"
+    ODD_HOMES[odd](home)
+    for args in READERS:
+        try:
+            done = subprocess.run([PYTHON, "-m", "trialkit.cli", *args], capture_output=True, text=True, timeout=30,
+                                  env=child_environ(TRIALKIT_HOME=str(home)))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"`trialkit {' '.join(args)}` hangs on {odd}")
+        assert "Traceback" not in done.stderr, (args, done.stderr[-2000:])
+        if done.returncode != 0:
+            assert_one_line(done, "abc12345")
+
+
+def test_experiment_show_of_a_config_without_a_tuner_shows_what_there_is(tmp_path):
+    _a_store(tmp_path / "home", {"experimentName": "n"})
+    done = run_cli(tmp_path / "home", "experiment", "show", "abc12345")
+    assert done.returncode == 0, done.stderr
+    assert "tuner       - (maximize)" in done.stdout and "platform    -" in done.stdout, done.stdout
+
+
+def test_experiment_list_names_each_odd_store_and_lists_the_others(tmp_path):
+    home = tmp_path / "home"
+    _fifo_in_place_of(_a_store(home) / "trialkit.db")
+    good = Store.in_dir(home / "experiments" / "good1234")
+    good.create_experiment("good1234", config={"experimentName": "fine"})
+    good.close()
+    done = run_cli(home, "experiment", "list")
+    assert done.returncode == 0, done.stderr
+    (odd,) = [line for line in done.stdout.splitlines() if line.startswith("abc12345")]
+    assert "DAMAGED" in odd and "is not a regular file" in odd, done.stdout
+    assert any(line.startswith("good1234") and "fine" in line for line in done.stdout.splitlines()), done.stdout
+
+
 # ---------------------------------------------------------------- launchers
 
 TRIALS = ("import trialkit\n\n\nclass Fine(trialkit.Trial):\n    def run(self):\n        pass\n\n\n"

@@ -174,7 +174,7 @@ class TrialEnv(namedtuple("TrialEnv", (
             data = json.loads(self.parameters_json)
             where = PARAMETERS
         elif self.parameters_file and os.path.exists(self.parameters_file):
-            data = json.loads(_read_bounded(self.parameters_file, MAX_PARAMETERS_BYTES))
+            data = json.loads(read_regular_file(self.parameters_file, MAX_PARAMETERS_BYTES))
             # NNI's parameter.cfg wraps the parameters; a plain file is the parameters.
             if type(data) is dict and "parameter_id" in data:
                 data = data.get("parameters", data)
@@ -244,8 +244,10 @@ class TrialEnv(namedtuple("TrialEnv", (
         return out
 
 
-def _read_bounded(path: str, limit: int) -> bytes:
-    """A regular file's bytes, at most `limit` of them: a FIFO would block the reader, /dev/zero never end."""
+def read_regular_file(path: Any, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` of them, for every reader of a file another process or a person
+    may have put there: a FIFO would block the reader, /dev/zero never end it. Raises OSError, or ValueError
+    for what is no regular file or holds more."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without waiting for a writer
     try:
         import stat

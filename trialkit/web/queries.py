@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import gpus
+from trialkit.control.results import MAXIMIZE, optimize_mode
 from trialkit.manager.server import HttpError
 from trialkit.records import INT64_MAX, BadRecord, loads, metric_number
 from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
 
-MAXIMIZE = "maximize"
 # Experiment statuses (NNI's names) whose clock still runs; any other ended at its last update.
 LIVE_EXPERIMENT = frozenset({"INITIALIZED", "RUNNING", "PAUSED", "NO_MORE_TRIAL", "TUNER_NO_MORE_TRIAL", "STOPPING"})
 PAGE_LIMIT = 500
@@ -47,12 +47,6 @@ def _metric_of_json(text: Optional[str]) -> Optional[float]:
 # The trial's last FINAL record: the primary key (trial, seq) walked backwards stops at it.
 FINAL = ("(SELECT metric_number(r.value) FROM records r WHERE r.trial = t.id AND r.type = 'FINAL' "
          "ORDER BY r.seq DESC LIMIT 1)")
-
-
-def optimize_mode(config: Mapping[str, Any]) -> str:
-    tuner = config.get("tuner") if isinstance(config.get("tuner"), dict) else {}
-    args = tuner.get("classArgs") if isinstance(tuner.get("classArgs"), dict) else {}
-    return str(args.get("optimize_mode", MAXIMIZE))
 
 
 def _order(mode: str) -> str:
