@@ -1,10 +1,13 @@
-"""Adversarial inputs from outside (issue 29): what a local process, a user's typo or a hostile request
+"""Adversarial inputs from outside (issues 29 and 45): what a local process, a user's typo or a hostile request
 can send, and what must come back. A bad request to the manager is counted and said in one line at most,
-never a traceback; the server goes on serving.
+never a traceback; the server goes on serving. Issue 45's families are here too: the environment a launcher
+meets, odd homes and stores, the keeper in a container (marker `containers`: podman) and the queue across
+experiments (tests/test_pools_adversarial.py holds the rest of the queue's).
 """
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import socket
@@ -12,14 +15,17 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from contextlib import closing
 
 import pytest
 
-from harness import child_environ
+from containers_util import needs_podman, podman
+from harness import child_environ, wait_until
 from trialkit.control.admin import ManagerInfo, write_info
 from trialkit.manager.store import Store
 from trialkit.process import start_ticks
+from trialkit.statuses import USER_CANCELED
 from web_util import fill
 
 PYTHON = sys.executable
@@ -484,3 +490,98 @@ def test_a_metric_whole_number_past_python_s_digits_is_refused_in_words_for_a_us
     with pytest.raises(records.BadRecord) as err:
         records.plain_metric(metric)
     assert "more than 4,300 digits" in str(err.value) and "sys." not in str(err.value), str(err.value)
+
+
+# ---------------------------------------------------------------- the keeper in a container (marker `containers`)
+# What a trial image meets under podman, the keeper as PID 1 (tests/test_containers.py holds the contract).
+
+CONTAINER_TRIAL_DIR = "/var/lib/trialkit/trial"
+TOKEN = "tok-" + "c0nta1ner" * 5
+
+
+def _shared_dir(path):
+    path.mkdir()
+    path.chmod(0o777)  # whatever uid the container runs as
+    return path
+
+
+@pytest.mark.containers
+@needs_podman
+def test_no_environment_printed_in_a_container_holds_the_token(containers, image, tmp_path):
+    home = _shared_dir(tmp_path / "trial")
+    container = containers.start(image, "-v", f"{home}:{CONTAINER_TRIAL_DIR}", env={"TRIALKIT_TOKEN": TOKEN},
+                                 command=["sh", "-c", "env; cat /proc/1/environ; echo; ps eww 1 2>&1; echo dumped"])
+    assert containers.wait(container) == 0, containers.logs(container)
+    logs = containers.logs(container)
+    assert "dumped" in logs and "TRIALKIT_TRIAL_DIR=" in logs, logs
+    assert TOKEN not in logs and TOKEN not in (home / "stdout.log").read_text(), logs
+
+
+@pytest.mark.containers
+@needs_podman
+def test_podman_stop_ends_a_hanging_startup_hook_within_the_trials_grace(containers, image, tmp_path):
+    """run.sh as PID 1 sourced the hook: a shell as PID 1 ignores SIGTERM, so podman waited its 10 s, SIGKILLed
+    the container and no status was ever written. The keeper is PID 1 now and the hook runs under it."""
+    home = _shared_dir(tmp_path / "trial")
+    code = _shared_dir(tmp_path / "code")
+    (code / "startup-hook.sh").write_text(f"touch {CONTAINER_TRIAL_DIR}/hooked\nsleep 300 &\nwait\n")
+    container = containers.start(image, "-v", f"{home}:{CONTAINER_TRIAL_DIR}", "-v", f"{code}:/code:ro",
+                                 env={"TRIALKIT_CODE_DIR": "/code", "TRIALKIT_GRACE_SECONDS": "2"},
+                                 command=["python3", "-c", "print('the trial ran')"])
+    wait_until(lambda: (home / "hooked").exists(), 60, "the hook to start")
+    began = time.monotonic()
+    podman("stop", container)  # podman's own 10 s
+    assert containers.wait(container) == 143
+    assert time.monotonic() - began < 8
+    final = json.loads((home / ".trialkit" / "status.json").read_text())
+    assert final["status"] == USER_CANCELED, final
+    assert "the trial ran" not in containers.logs(container)
+
+
+# ---------------------------------------------------------------- the queue across experiments
+
+QUEUED_TRIAL = """
+import os, time, trialkit
+trialkit.get_next_parameter()
+while not os.path.exists({gate!r}):
+    time.sleep(0.05)
+trialkit.report_final_result(1.0)
+"""
+
+
+def test_two_experiments_on_one_slot_outlive_a_pools_yml_broken_under_them(tmp_path):
+    """A holds the pool's only slot, B waits for it; pools.yml gets a key twice while both run. The commands
+    that read it say so in one line; the running control planes go on with the pool they opened (no
+    traceback in their logs), B starts when A's slot frees, and both end DONE."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "pools.yml").write_text("pools:\n  default: {slots: 1}\n")
+    ids = []
+    for name in ("a", "b"):
+        config = experiment_config(tmp_path, name, QUEUED_TRIAL.format(gate=str(tmp_path / f"gate-{name}")))
+        done = run_cli(home, "run", config, "--detach")
+        assert done.returncode == 0, done.stderr
+        ids.append(done.stdout.splitlines()[0].split()[-1])
+        wait_until(lambda: f"{ids[-1]}-00000" in run_cli(home, "trial", "list", ids[-1]).stdout, 60,
+                   f"experiment {name}'s trial")
+    a, b = ids
+    wait_until(lambda: "WAITING: waiting for 1 slot" in run_cli(home, "trial", "list", b).stdout, 60, "B to wait")
+    (home / "pools.yml").write_text("pools:\n  default: {slots: 1}\n  default: {slots: 2}\n")
+    assert_one_line(run_cli(home, "job", "list", "--pool"), "the key 'default' is given twice")
+    (tmp_path / "gate-a").touch()
+    wait_until(lambda: "RUNNING" in run_cli(home, "trial", "list", b).stdout, 60, "B to take the freed slot")
+    (tmp_path / "gate-b").touch()
+    wait_until(lambda: run_cli(home, "experiment", "list").stdout.count("DONE") == 2, 60, "both to end")
+    for experiment in (a, b):
+        log = (home / "experiments" / experiment / "manager.log").read_text()
+        assert "Traceback" not in log, log[-3000:]
+
+
+def experiment_config(tmp_path, name: str, script: str):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "trial.py").write_text(script)
+    (folder / "config.yml").write_text(
+        "searchSpace: {x: {_type: choice, _value: [1]}}\ntrialCommand: python3 trial.py\ntrialCodeDirectory: .\n"
+        "trialConcurrency: 1\nmaxTrialNumber: 1\ntuner: {name: Random}\ntrainingService: {platform: local}\n")
+    return folder / "config.yml"
