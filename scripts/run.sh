@@ -4,10 +4,10 @@
 # Prepares the trial's dirs, checks that the image has a usable Python 3,
 # fetches from the manager what the pod lacks (trialkit's trial side when the
 # image cannot import it, the experiment's code when the platform shipped it:
-# scripts/fetch.py, by digest), sources startup-hook.sh from the code dir when
-# there is one (a failing hook fails the trial, its output in the logs), then
-# execs the keeper, so that in a container the keeper is PID 1 and receives the
-# pod's SIGTERM itself.
+# scripts/fetch.py, by digest), then execs the keeper, so that in a container the
+# keeper is PID 1 and receives the pod's SIGTERM itself. The keeper sources
+# startup-hook.sh from the code dir, when there is one, before the command (a
+# failing hook fails the trial, its output in the logs).
 set -eu
 
 trial_dir=${TRIALKIT_TRIAL_DIR:-${NNI_SYS_DIR:-$PWD}}
@@ -80,23 +80,12 @@ if [ "$#" -eq 0 ]; then
   fi
 fi
 
-hook=./startup-hook.sh
-if [ -f "$hook" ]; then
-  hook_failed() {
-    status=$?
-    echo "run.sh: startup-hook.sh failed with exit code $status; the trial does not start. Its output:" >&2
-    cat "$trial_dir/startup-hook.log" >&2 || true
-    cat "$trial_dir/startup-hook.log" >>"$trial_dir/stderr.log" 2>/dev/null || true
-    printf '{"status": "FAILED", "exit_code": %d, "reason": "startup-hook.sh failed", "history": []}\n' \
-      "$status" >"$trial_dir/.trialkit/status.json"
-  }
-  trap hook_failed EXIT
-  # Sourced, so what it exports reaches the trial; set -e makes any failing line fatal.
-  { . "$hook"; } >"$trial_dir/startup-hook.log" 2>&1
-  trap - EXIT
+# startup-hook.sh is the keeper's to source (--startup-hook), in the trial's own process group just before
+# the command: its exports reach the trial, and what it starts is stopped with the trial, within its grace.
+if [ "$#" -gt 0 ]; then
+  set -- -- "$@"
 fi
-
-if [ "$#" -eq 0 ]; then
-  exec "$python" -m trialkit.keeper  # it reads $TRIALKIT_COMMAND itself
+if [ -f ./startup-hook.sh ]; then
+  set -- --startup-hook ./startup-hook.sh "$@"
 fi
-exec "$python" -m trialkit.keeper -- "$@"
+exec "$python" -m trialkit.keeper "$@"  # no command: it reads $TRIALKIT_COMMAND itself

@@ -1,10 +1,13 @@
-"""Adversarial inputs from outside (issue 29): what a local process, a user's typo or a hostile request
+"""Adversarial inputs from outside (issues 29 and 45): what a local process, a user's typo or a hostile request
 can send, and what must come back. A bad request to the manager is counted and said in one line at most,
-never a traceback; the server goes on serving.
+never a traceback; the server goes on serving. Issue 45's families are here too: the environment a launcher
+meets, odd homes and stores, the keeper in a container (marker `containers`: podman) and the queue across
+experiments (tests/test_pools_adversarial.py holds the rest of the queue's).
 """
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import signal
 import socket
@@ -12,14 +15,17 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from contextlib import closing
 
 import pytest
 
-from harness import child_environ
+from containers_util import needs_podman, podman
+from harness import child_environ, wait_until
 from trialkit.control.admin import ManagerInfo, write_info
 from trialkit.manager.store import Store
 from trialkit.process import start_ticks
+from trialkit.statuses import USER_CANCELED
 from web_util import fill
 
 PYTHON = sys.executable
@@ -209,6 +215,78 @@ def test_an_answer_that_is_not_the_managers_is_one_line(tmp_path):
     assert_one_line(done, "is not the manager's (not JSON: b\"<html>a proxy")
 
 
+# ---------------------------------------------------------------- odd homes and stores
+
+def _a_store(home, config=None) -> "Path":
+    """An experiment abc12345 with one trial, its config as given (trialkit's own shape by default)."""
+    experiment_dir = home / "experiments" / "abc12345"
+    store = Store.in_dir(experiment_dir)
+    store.create_experiment("abc12345", config={"experimentName": "n", "tuner": {"name": "Random", "classArgs": {
+        "optimize_mode": "minimize"}}, "trainingService": {"platform": "local"}} if config is None else config)
+    store.add_trial("abc12345", "abc12345-00000", sequence=0, parameters={"x": 1}, token="t",
+                    trial_dir=str(experiment_dir / "trials" / "abc12345-00000"))
+    store.close()
+    (experiment_dir / "trials" / "abc12345-00000").mkdir(parents=True)
+    return experiment_dir
+
+
+def _fifo_in_place_of(path) -> None:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+# What a home may hold that trialkit did not write: each read bounded, a FIFO never opened (each hung for ever).
+ODD_HOMES = {
+    "a store that is a FIFO": lambda home: _fifo_in_place_of(_a_store(home) / "trialkit.db"),
+    "a store's WAL that is a FIFO": lambda home: _fifo_in_place_of(_a_store(home) / "trialkit.db-wal"),
+    "manager.json that is a FIFO": lambda home: _fifo_in_place_of(_a_store(home) / "manager.json"),
+    "a trial's gpus.json that is a FIFO":
+        lambda home: _fifo_in_place_of(_a_store(home) / "trials" / "abc12345-00000" / "gpus.json"),
+    "a trial's gpu_samples.jsonl that is a FIFO":
+        lambda home: _fifo_in_place_of(_a_store(home) / "trials" / "abc12345-00000" / "gpu_samples.jsonl"),
+    "a config without a tuner": lambda home: _a_store(home, {"experimentName": "n"}),  # KeyError: 'tuner'
+    "a config whose tuner is a string": lambda home: _a_store(home, {"tuner": "Random", "trainingService": 3}),
+    "a config that is a list": lambda home: _a_store(home, [1, 2]),  # AttributeError from experiment list
+}
+READERS = [["experiment", "list"], ["experiment", "show", "abc12345"], ["trial", "list", "abc12345"],
+           ["trial", "show", "abc12345-00000"], ["experiment", "export", "abc12345"]]
+
+
+@pytest.mark.parametrize("odd", list(ODD_HOMES))
+def test_every_reader_of_an_odd_home_answers_at_once_without_a_traceback(tmp_path, odd):
+    home = tmp_path / "home"
+    ODD_HOMES[odd](home)
+    for args in READERS:
+        try:
+            done = subprocess.run([PYTHON, "-m", "trialkit.cli", *args], capture_output=True, text=True, timeout=30,
+                                  env=child_environ(TRIALKIT_HOME=str(home)))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"`trialkit {' '.join(args)}` hangs on {odd}")
+        assert "Traceback" not in done.stderr, (args, done.stderr[-2000:])
+        if done.returncode != 0:
+            assert_one_line(done, "abc12345")
+
+
+def test_experiment_show_of_a_config_without_a_tuner_shows_what_there_is(tmp_path):
+    _a_store(tmp_path / "home", {"experimentName": "n"})
+    done = run_cli(tmp_path / "home", "experiment", "show", "abc12345")
+    assert done.returncode == 0, done.stderr
+    assert "tuner       - (maximize)" in done.stdout and "platform    -" in done.stdout, done.stdout
+
+
+def test_experiment_list_names_each_odd_store_and_lists_the_others(tmp_path):
+    home = tmp_path / "home"
+    _fifo_in_place_of(_a_store(home) / "trialkit.db")
+    good = Store.in_dir(home / "experiments" / "good1234")
+    good.create_experiment("good1234", config={"experimentName": "fine"})
+    good.close()
+    done = run_cli(home, "experiment", "list")
+    assert done.returncode == 0, done.stderr
+    (odd,) = [line for line in done.stdout.splitlines() if line.startswith("abc12345")]
+    assert "DAMAGED" in odd and "is not a regular file" in odd, done.stdout
+    assert any(line.startswith("good1234") and "fine" in line for line in done.stdout.splitlines()), done.stdout
+
+
 # ---------------------------------------------------------------- launchers
 
 TRIALS = ("import trialkit\n\n\nclass Fine(trialkit.Trial):\n    def run(self):\n        pass\n\n\n"
@@ -263,6 +341,46 @@ def test_a_failed_worker_is_one_line_without_the_engines_traceback(tmp_path):
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("trialkit.launch.torch_distributed: rank 1 failed with exit code 3 running fail.py")
     assert sorted(done.stdout.splitlines()) == ["[rank=0] rank 0", "[rank=1] rank 1"]
+
+
+# The environment a launcher meets: each a line naming the variable, exit 2, no worker started.
+DIGITS = "9" * 5000
+ENV_CASES = [
+    ("no slots", "trialkit.launch.torch_distributed", [], {"TRIALKIT_SLOTS_PER_NODE": "0"},
+     "TRIALKIT_SLOTS_PER_NODE: 1 nodes x 0 slots is no worker at all"),  # it ran one worker, exit 0
+    ("no slots under autohorovod", "determined.launch.autohorovod", [], {"TRIALKIT_SLOTS_PER_NODE": "0"},
+     "TRIALKIT_SLOTS_PER_NODE: 1 nodes x 0 slots is no worker at all"),
+    ("slots that are no number under autohorovod", "determined.launch.autohorovod", [],
+     {"TRIALKIT_SLOTS_PER_NODE": "abc"}, "TRIALKIT_SLOTS_PER_NODE='abc' is not a whole number"),  # a traceback
+    ("5000-digit slots", "trialkit.launch.deepspeed", [], {"TRIALKIT_SLOTS_PER_NODE": DIGITS}, "characters]"),
+    ("a rank variable that is no rank", "trialkit.launch.wrap_rank", ["RANK,HOROVOD_RANK"],
+     {"RANK": "abc", "HOROVOD_RANK": "1"}, "RANK='abc' is not a rank"),
+    ("a 5000-digit rank variable", "trialkit.launch.wrap_rank", ["RANK,HOROVOD_RANK"], {"RANK": DIGITS},
+     "(5,000 characters) is not a rank"),  # a ValueError traceback (Python's int-string limit)
+    ("a 5000-digit rank", "trialkit.launch.wrap_rank", [DIGITS], {}, "(5,000 characters) is not a rank"),
+]
+
+
+@pytest.mark.parametrize("name, module, args, environ, says", ENV_CASES, ids=[case[0] for case in ENV_CASES])
+def test_an_environment_no_launcher_can_run_is_one_line(tmp_path, name, module, args, environ, says):
+    from trialkit import env
+
+    shims = {"PYTHONPATH": os.pathsep.join([str(env.SHIMS_BOOT_DIR), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([PYTHON, "-m", module, *args, "--", PYTHON, "-c", "print('ran')"], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path, env=child_environ(**shims, **environ))
+    assert_one_line(done, says)
+    assert "ran" not in done.stdout
+
+
+def test_a_rank_that_is_no_rank_is_said_once_under_the_keeper(tmp_path):
+    """The keeper has no use for RANK: it said 'ignoring RANK=...; using 0' and then wrap_rank refused it."""
+    done = subprocess.run([PYTHON, "-m", "trialkit.keeper", "--trial-dir", str(tmp_path / "trial"), "--",
+                           PYTHON, "-m", "trialkit.launch.wrap_rank", "RANK,HOROVOD_RANK", "--", PYTHON, "-c", "pass"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=child_environ(RANK="abc", HOROVOD_RANK="1", TRIALKIT_SLOTS_PER_NODE="abc"))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == ["trialkit.launch.wrap_rank: error: RANK: RANK='abc' is not a rank (ranks are "
+                                        "whole numbers from 0, each below the job's worker count)"], done.stderr
 
 
 # ---------------------------------------------------------------- configs every trial of which failed to start
@@ -372,3 +490,98 @@ def test_a_metric_whole_number_past_python_s_digits_is_refused_in_words_for_a_us
     with pytest.raises(records.BadRecord) as err:
         records.plain_metric(metric)
     assert "more than 4,300 digits" in str(err.value) and "sys." not in str(err.value), str(err.value)
+
+
+# ---------------------------------------------------------------- the keeper in a container (marker `containers`)
+# What a trial image meets under podman, the keeper as PID 1 (tests/test_containers.py holds the contract).
+
+CONTAINER_TRIAL_DIR = "/var/lib/trialkit/trial"
+TOKEN = "tok-" + "c0nta1ner" * 5
+
+
+def _shared_dir(path):
+    path.mkdir()
+    path.chmod(0o777)  # whatever uid the container runs as
+    return path
+
+
+@pytest.mark.containers
+@needs_podman
+def test_no_environment_printed_in_a_container_holds_the_token(containers, image, tmp_path):
+    home = _shared_dir(tmp_path / "trial")
+    container = containers.start(image, "-v", f"{home}:{CONTAINER_TRIAL_DIR}", env={"TRIALKIT_TOKEN": TOKEN},
+                                 command=["sh", "-c", "env; cat /proc/1/environ; echo; ps eww 1 2>&1; echo dumped"])
+    assert containers.wait(container) == 0, containers.logs(container)
+    logs = containers.logs(container)
+    assert "dumped" in logs and "TRIALKIT_TRIAL_DIR=" in logs, logs
+    assert TOKEN not in logs and TOKEN not in (home / "stdout.log").read_text(), logs
+
+
+@pytest.mark.containers
+@needs_podman
+def test_podman_stop_ends_a_hanging_startup_hook_within_the_trials_grace(containers, image, tmp_path):
+    """run.sh as PID 1 sourced the hook: a shell as PID 1 ignores SIGTERM, so podman waited its 10 s, SIGKILLed
+    the container and no status was ever written. The keeper is PID 1 now and the hook runs under it."""
+    home = _shared_dir(tmp_path / "trial")
+    code = _shared_dir(tmp_path / "code")
+    (code / "startup-hook.sh").write_text(f"touch {CONTAINER_TRIAL_DIR}/hooked\nsleep 300 &\nwait\n")
+    container = containers.start(image, "-v", f"{home}:{CONTAINER_TRIAL_DIR}", "-v", f"{code}:/code:ro",
+                                 env={"TRIALKIT_CODE_DIR": "/code", "TRIALKIT_GRACE_SECONDS": "2"},
+                                 command=["python3", "-c", "print('the trial ran')"])
+    wait_until(lambda: (home / "hooked").exists(), 60, "the hook to start")
+    began = time.monotonic()
+    podman("stop", container)  # podman's own 10 s
+    assert containers.wait(container) == 143
+    assert time.monotonic() - began < 8
+    final = json.loads((home / ".trialkit" / "status.json").read_text())
+    assert final["status"] == USER_CANCELED, final
+    assert "the trial ran" not in containers.logs(container)
+
+
+# ---------------------------------------------------------------- the queue across experiments
+
+QUEUED_TRIAL = """
+import os, time, trialkit
+trialkit.get_next_parameter()
+while not os.path.exists({gate!r}):
+    time.sleep(0.05)
+trialkit.report_final_result(1.0)
+"""
+
+
+def test_two_experiments_on_one_slot_outlive_a_pools_yml_broken_under_them(tmp_path):
+    """A holds the pool's only slot, B waits for it; pools.yml gets a key twice while both run. The commands
+    that read it say so in one line; the running control planes go on with the pool they opened (no
+    traceback in their logs), B starts when A's slot frees, and both end DONE."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "pools.yml").write_text("pools:\n  default: {slots: 1}\n")
+    ids = []
+    for name in ("a", "b"):
+        config = experiment_config(tmp_path, name, QUEUED_TRIAL.format(gate=str(tmp_path / f"gate-{name}")))
+        done = run_cli(home, "run", config, "--detach")
+        assert done.returncode == 0, done.stderr
+        ids.append(done.stdout.splitlines()[0].split()[-1])
+        wait_until(lambda: f"{ids[-1]}-00000" in run_cli(home, "trial", "list", ids[-1]).stdout, 60,
+                   f"experiment {name}'s trial")
+    a, b = ids
+    wait_until(lambda: "WAITING: waiting for 1 slot" in run_cli(home, "trial", "list", b).stdout, 60, "B to wait")
+    (home / "pools.yml").write_text("pools:\n  default: {slots: 1}\n  default: {slots: 2}\n")
+    assert_one_line(run_cli(home, "job", "list", "--pool"), "the key 'default' is given twice")
+    (tmp_path / "gate-a").touch()
+    wait_until(lambda: "RUNNING" in run_cli(home, "trial", "list", b).stdout, 60, "B to take the freed slot")
+    (tmp_path / "gate-b").touch()
+    wait_until(lambda: run_cli(home, "experiment", "list").stdout.count("DONE") == 2, 60, "both to end")
+    for experiment in (a, b):
+        log = (home / "experiments" / experiment / "manager.log").read_text()
+        assert "Traceback" not in log, log[-3000:]
+
+
+def experiment_config(tmp_path, name: str, script: str):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "trial.py").write_text(script)
+    (folder / "config.yml").write_text(
+        "searchSpace: {x: {_type: choice, _value: [1]}}\ntrialCommand: python3 trial.py\ntrialCodeDirectory: .\n"
+        "trialConcurrency: 1\nmaxTrialNumber: 1\ntuner: {name: Random}\ntrainingService: {platform: local}\n")
+    return folder / "config.yml"

@@ -59,7 +59,28 @@ CASES = [
      "has no image to run"),
     ("adaptdl.yml", lambda c: [c["trainingService"].pop(k, None) for k in ("image", "dockerImage")],
      "no image to run the trial in"),
+] + [
+    # names and values a cluster refuses (issue 45, item 5): each was rendered and failed every trial
+    ("kubeflow-pytorch.yml", lambda c: c["trainingService"].update(dockerImage="registry.example.com/mnist trialkit:1"),
+     "trainingService.dockerImage: image 'registry.example.com/mnist trialkit:1' holds whitespace"),
+    ("frameworkcontroller.yml", lambda c: c["trainingService"]["taskRoles"][0].update(dockerImage="Team/Mnist:1"),
+     "names its repository in uppercase"),
+    ("kubeflow-tf-v1.yml", lambda c: c["trial"]["ps"].update(image="registry.example.com/tf:1:2"),
+     "is not an image reference"),
+    ("adaptdl.yml", lambda c: c["trainingService"]["checkpoint"].update(storageClass="BAD CLASS"),
+     "trainingService.checkpoint.storageClass: 'BAD CLASS' is not a StorageClass name"),
+    ("kubeflow-pytorch.yml", lambda c: c["trainingService"].update(priorityClasses={2 ** 64: "high"}),
+     "trainingService.priorityClasses: priority 18446744073709551616 is outside the cluster's priorities"),
+    ("kubeflow-pytorch.yml", lambda c: c["trainingService"].update(priorityClasses={1: "High"}),
+     "trainingService.priorityClasses.1: 'High' is not a PriorityClass name"),
+    ("frameworkcontroller.yml", lambda c: c["trainingService"].update(serviceAccountName="framework_controller"),
+     "'framework_controller' is not a ServiceAccount name"),
+    ("adaptdl.yml", lambda c: c["trainingService"].update(imagePullSecrets=[{"name": "pull secret"}]),
+     "trainingService.imagePullSecrets[0].name: 'pull secret' is not a Secret name"),
+    ("kubeflow-pytorch.yml", lambda c: c["trainingService"].update(namespace="Team-A"),
+     "trainingService.namespace: 'Team-A' is not a namespace name"),
 ]
+CLUSTER_REFUSES = CASES[-9:]
 
 
 @pytest.mark.parametrize("name, change, says", CASES, ids=[f"{c[0]}:{c[2][:40]}" for c in CASES])
@@ -90,3 +111,14 @@ def test_the_unchanged_examples_render(name, tmp_path):
     done = cli("render", config, "--trial", "0")
     assert done.returncode == 0, done.stderr
     assert "kind:" in done.stdout
+
+
+@pytest.mark.parametrize("name, change, says", CLUSTER_REFUSES, ids=[f"{c[0]}:{c[2][:40]}" for c in CLUSTER_REFUSES])
+def test_render_refuses_what_a_cluster_would_refuse_in_one_line(name, change, says, tmp_path):
+    config = tmp_path / "config.yml"
+    for extra in [*EXAMPLES.glob("*.yaml"), EXAMPLES / "search_space.json"]:  # the files the examples name
+        (tmp_path / extra.name).write_text(extra.read_text())
+    config.write_text(yaml.safe_dump(changed(name, change)))
+    done = cli("render", config, "--trial", "0")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr

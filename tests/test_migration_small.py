@@ -13,9 +13,10 @@ def test_job_ls_is_job_list(tmp_path, monkeypatch):
 
 
 def test_a_keeper_of_another_version_is_a_clear_line_in_the_trials_status(tmp_path, monkeypatch):
-    # An image built with an older trialkit: its keeper (made so by startup-hook.sh,
-    # which run.sh sources before it starts the keeper) tells the manager its version.
+    # An image built with an older trialkit: its keeper (the Python run.sh starts it with,
+    # TRIALKIT_PYTHON, finds the old one first) tells the manager its version.
     import shutil
+    import sys
     from pathlib import Path
 
     import trialkit
@@ -29,7 +30,10 @@ def test_a_keeper_of_another_version_is_a_clear_line_in_the_trials_status(tmp_pa
     config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}},
                         "import trialkit\ntrialkit.get_next_parameter()\ntrialkit.report_final_result(1)\n",
                         maxTrialNumber=1, trialCodeDirectory=".")
-    (config.parent / "startup-hook.sh").write_text(f"export PYTHONPATH={old}\n")
+    python = tmp_path / "old-python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={old} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setenv("TRIALKIT_PYTHON", str(python))
     done = cli("run", config)
     assert done.returncode == 0, done.stdout + done.stderr
     line = f"its keeper is trialkit 0.0.9, this manager trialkit {trialkit.__version__}"

@@ -127,10 +127,10 @@ def test_the_page_answers_a_lone_surrogate_400(running, update):
 
 def test_pools_yml_that_is_a_directory_or_not_utf8_is_one_line(tmp_path):
     (tmp_path / "pools.yml").mkdir()
-    refused(run_cli(tmp_path, "job", "list", "--pool"), "pools.yml", "Is a directory")
+    refused(run_cli(tmp_path, "job", "list", "--pool"), "pools.yml", "is not a regular file")
     (tmp_path / "pools.yml").rmdir()
     (tmp_path / "pools.yml").write_bytes(b"\xff\xfepools: {}\n")
-    refused(run_cli(tmp_path, "job", "list", "--pool"), "pools.yml", "not UTF-8")
+    refused(run_cli(tmp_path, "job", "list", "--pool"), "pools.yml", "'utf-8' codec can't decode")
 
 
 def test_a_damaged_pools_db_is_named_by_job_list_update_and_run(tmp_path):
@@ -317,3 +317,77 @@ def test_job_list_shows_a_trial_waiting_for_the_pools_slots_as_queued(running, t
     finally:
         stopped = run_cli(running.home, "experiment", "stop", other)
         assert stopped.returncode == 0, stopped.stderr
+
+
+# -- pools.yml as the one YAML reader reads it (schema.read_data_file) ------------------------------------------
+
+
+def _config(tmp_path: Path) -> Path:
+    return experiment(tmp_path, {"x": {"_type": "uniform", "_value": [0, 1]}}, "import trialkit\n", maxTrialNumber=1)
+
+
+def test_slots_longer_than_python_reads_is_one_line_from_run_and_job_list(tmp_path):
+    (tmp_path / "pools.yml").write_text("pools:\n  default: {slots: " + "9" * 5000 + "}\n")
+    for done in (run_cli(tmp_path, "job", "list", "--pool"), run_cli(tmp_path, "run", _config(tmp_path))):
+        refused(done, "pools.yml", "line 2", "5,000 digits")
+    assert not (tmp_path / "experiments").exists() or not list((tmp_path / "experiments").iterdir())
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("pools:\n  gpu: {slots: 1}\n  cpu: {slots: 2}\n  gpu: {slots: 3}\n", 4, "gpu"),  # a pool twice
+    ("pools:\n  default:\n    slots: 1\n    scheduler: fair_share\n    slots: 4\n", 5, "slots"),  # a key twice
+    ("pools: {default: {slots: 1}}\npools: {}\n", 2, "pools"),
+])
+def test_a_pool_or_key_given_twice_is_refused_naming_the_line_of_the_second(tmp_path, text, line, key):
+    (tmp_path / "pools.yml").write_text(text)
+    for done in (run_cli(tmp_path, "job", "list", "--pool"), run_cli(tmp_path, "run", _config(tmp_path))):
+        refused(done, "pools.yml", f"at line {line}", f"the key '{key}' is given twice")
+
+
+# -- pools.db faults said as pools.db's, a lock held past the wait waited out ---------------------------------
+
+
+def test_a_dropped_jobs_table_is_a_pools_db_fault_for_every_reader(tmp_path, monkeypatch):
+    from trialkit.errors import UserError
+    from trialkit.platforms import pools
+
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path))
+    pool = pools.open_pool()
+    pool.join("abcd1234")
+    with closing(sqlite3.connect(tmp_path / "pools.db")) as db:
+        db.execute("DROP TABLE jobs")
+        db.commit()
+    with pytest.raises(UserError, match="pools.db.*no such table: jobs"):  # job update, experiment update
+        pools.update([("abcd1234", "priority", 1)])
+    with pytest.raises(UserError, match="pools.db.*no such table: jobs"):  # a running control plane's grant
+        pool.grant("abcd1234-00000", "abcd1234", 1)
+    pool.close()
+    refused(run_cli(tmp_path, "job", "list", "--pool"), "pools.db", "no such table: jobs")
+
+
+def test_a_lock_held_past_the_wait_is_waited_out_and_said_in_one_line(tmp_path, monkeypatch, capsys):
+    """Another process's transaction on pools.db outlasts BUSY_SECONDS while a control plane releases a lease
+    (a trial ended) and grants one: both wait for it, saying so once, and then do their work."""
+    import threading
+
+    from trialkit.platforms import pools
+
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path))
+    monkeypatch.setattr(pools, "BUSY_SECONDS", 0.3)
+    (tmp_path / "pools.yml").write_text("pools:\n  default: {slots: 1}\n")
+    pool = pools.open_pool()
+    pool.join("abcd1234")
+    assert pool.take("abcd1234-00000", "abcd1234", 1)
+    other = sqlite3.connect(tmp_path / "pools.db", isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN EXCLUSIVE")
+    unlock = threading.Timer(1.5, other.execute, ("ROLLBACK",))
+    unlock.start()
+    try:
+        pool.release("abcd1234-00000")  # under the lock: waited out
+        assert pool.take("abcd1234-00001", "abcd1234", 1)  # the slot it freed
+    finally:
+        unlock.join()
+        other.close()
+        pool.close()
+    err = capsys.readouterr().err
+    assert err.count("pools.db is held locked by another process") == 1 and len(err.splitlines()) == 1, err

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
+from harness import wait_until
 from keeper_util import (PYTHON, assert_gone, cleanup_sh, keeper, kill_group, numbers_after, run_sh, status,
                          trial_dir)
 
@@ -61,6 +63,52 @@ def test_failing_startup_hook_fails_fast_with_its_output_shown(run_env):
     assert b"not reached" not in err and b"the trial ran" not in r.stdout
     assert status(run_env)["status"] == "FAILED"
     assert b"pip: no such package" in (trial_dir(run_env) / "stderr.log").read_bytes()  # the trial's log has it too
+
+
+def _hook(env, text: str) -> Path:
+    hook = trial_dir(env).parent / "code" / "startup-hook.sh"
+    hook.write_text(text)
+    return hook
+
+
+def _pids_in(path: Path) -> list:
+    wait_until(lambda: path.exists() and path.read_text().endswith("\n"), 60, f"pids in {path.name}")
+    return [int(word) for word in path.read_text().split()]
+
+
+def test_what_a_startup_hook_starts_in_the_background_ends_with_the_trial(run_env, tmp_path):
+    # A service left running by the hook (a plain child, and one that left for a session of its own): the
+    # trial uses it, and when the trial ends neither outlives it.
+    _hook(run_env, f"sleep 300 & echo $! >> {tmp_path}/hook.pids\n"
+                   f"setsid sleep 301 & echo $! >> {tmp_path}/hook.pids\n")
+    r = run_sh(run_env, "sh", "-c", "echo trial ran")
+    r.expect(b"trial ran")
+    assert r.wait() == 0
+    assert_gone(*_pids_in(tmp_path / "hook.pids"))
+    assert status(run_env)["status"] == "SUCCEEDED"
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_a_hanging_startup_hook_is_stopped_within_the_trials_grace(run_env, tmp_path, ignores_sigterm):
+    trap = "trap '' TERM\n" if ignores_sigterm else ""
+    _hook(run_env, f"{trap}sleep 300 & echo $! $$ > {tmp_path}/hook.pids\nwait\n")
+    r = run_sh({**run_env, "TRIALKIT_GRACE_SECONDS": "1"}, "sh", "-c", "echo the trial ran")
+    pids = _pids_in(tmp_path / "hook.pids")
+    started = time.monotonic()
+    r.signal(15)
+    assert r.wait() in (143, 137)
+    assert time.monotonic() - started < 1 + 6  # the grace, then SIGKILL: never the hook's 300 s
+    assert_gone(*pids)
+    assert b"the trial ran" not in r.stdout
+    assert status(run_env)["status"] == "USER_CANCELED"
+
+
+def test_a_startup_hook_that_exits_0_does_not_pass_for_a_trial_that_ran(run_env):
+    _hook(run_env, "echo nothing to do\nexit 0\n")
+    r = run_sh(run_env, "sh", "-c", "echo the trial ran")
+    assert r.wait() == 1
+    assert b"the trial ran" not in r.stdout and b"startup-hook.sh called exit" in r.stderr
+    assert status(run_env)["status"] == "FAILED"
 
 
 def _keeper_ignoring_sigterm(env, grace: str) -> tuple:

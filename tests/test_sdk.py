@@ -75,6 +75,16 @@ def test_only_rank_zero_reports_unless_told(tmp_path):
     assert channel_records(tmp_path / ".trialkit" / "channel")[0]["rank"] == 2
 
 
+@pytest.mark.parametrize("value", ["abc", "9" * 5000, "-1", "\u00b2"])
+def test_a_rank_that_is_no_rank_reports_as_rank_0_and_says_so_once(tmp_path, value):
+    s, _, err = session(tmp_path, RANK=value, HOROVOD_RANK="1")  # RANK is the one named: it is set
+    s.report("PERIODICAL", 1.0)
+    s.report("PERIODICAL", 2.0)
+    assert len(channel_records(tmp_path / ".trialkit" / "channel")) == 2
+    assert err.getvalue().count("\n") == 1 and "is not a rank; this process reports as rank 0" in err.getvalue()
+    assert len(err.getvalue()) < 200  # a 5,000-digit value is not echoed whole
+
+
 def test_parameters_inline_or_from_a_file_or_empty(tmp_path):
     s, _, _ = session(tmp_path, **{env.PARAMETERS: '{"lr": 0.1}'})
     assert s.parameters() == {"lr": 0.1}

@@ -47,7 +47,7 @@ from trialkit import gpus, records
 from trialkit.manager import paths
 from trialkit.control.progress import duration, gpu_list, gpu_use, number, table, trials_table, when
 from trialkit.control.queue import Move, jobs, label
-from trialkit.control.results import best_row, metric_value, to_csv, to_json, trial_rows
+from trialkit.control.results import best_row, metric_value, optimize_mode, setting, to_csv, to_json, trial_rows
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import FINAL_STATUSES
@@ -165,17 +165,19 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         rows = trial_rows(store, opts.experiment_id)
     config = experiment["config"]
     info = admin.read_info(experiment_dir)
-    mode = config["tuner"]["classArgs"]["optimize_mode"]
+    mode = optimize_mode(config)
+    # What the store holds, as it holds it: a store another program wrote may lack a setting ("-").
+    name, most = setting(config, "experimentName"), setting(config, "maxTrialNumber")
     lines = [
-        f"experiment  {opts.experiment_id}" + (f" ({config['experimentName']})" if config.get("experimentName") else ""),
+        f"experiment  {opts.experiment_id}" + (f" ({name})" if name else ""),
         f"status      {background.status(experiment_dir, experiment)}"
         + (f": {experiment['reason']}" if experiment.get("reason") else ""),
         f"created     {when(experiment['created'])}",
         f"elapsed     {duration(info.elapsed if info else None)}",
         f"dir         {experiment_dir}",
-        f"platform    {config['trainingService']['platform']}",
-        f"tuner       {config['tuner']['name']} ({mode})",
-        f"trials      {len(rows)}" + (f" of {config['maxTrialNumber']}" if config.get("maxTrialNumber") else ""),
+        f"platform    {setting(config, 'trainingService', 'platform') or '-'}",
+        f"tuner       {setting(config, 'tuner', 'name') or '-'} ({mode})",
+        f"trials      {len(rows)}" + (f" of {most}" if most else ""),
     ]
     if info is not None and info.running():
         from trialkit.web import page_url

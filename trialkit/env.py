@@ -14,7 +14,7 @@ from pathlib import Path
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
-    from typing import Any, Dict, Mapping, Optional, Tuple
+    from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from trialkit import layout
 
@@ -46,6 +46,10 @@ UNDER_KEEPER = "TRIALKIT_KEEPER_PID"  # set by the keeper for its child
 REPORT_ALL_RANKS = "TRIALKIT_REPORT_ALL_RANKS"
 STOP_FILE = "TRIALKIT_STOP_FILE"  # exists once a stop was asked (should_preempt)
 PYTHON = "TRIALKIT_PYTHON"  # the interpreter run.sh starts the keeper with
+# The variables only the keeper may hold: its shipper sends the token, while the training process (and the
+# startup hook) reach the keeper through the channel file and need none. They never enter a child's
+# environment, a rendered object or a log line (docs/concepts.md, security).
+SECRETS = frozenset({TOKEN})
 # A Determined experiment config's settings that its Core API serves the trial (searcher metric,
 # lengths, `data`): base64url of JSON, set by the config's translation (trialkit/control/determined.py).
 DETERMINED = "TRIALKIT_DETERMINED"
@@ -134,7 +138,7 @@ def _number(environ: Mapping[str, str], name: str, default: float, kind=float):
         # A bad number must not stop a trial from starting: say so, use the default.
         import sys
 
-        print(f"trialkit: ignoring {name}={raw!r}: not a number; using {default}", file=sys.stderr)
+        print(f"trialkit: ignoring {name}={raw[:40]!r}: not a number; using {default}", file=sys.stderr)
         return default
 
 
@@ -223,15 +227,16 @@ def _grace(environ: Mapping[str, str]) -> float:
 class TrialEnv(namedtuple("TrialEnv", (
         "experiment_id trial_id sequence platform manager_url token parameters_json parameters_file "
         "parameter_id trial_dir output_dir checkpoint_dir share_dir tensorboard_dir code_dir restart_count "
-        "grace_seconds slots_per_node rank report_all_ranks under_keeper channel stop_file checkpoint_every"),
-        defaults=(DEFAULT_CHECKPOINT_EVERY,))):
+        "grace_seconds rank report_all_ranks under_keeper channel stop_file checkpoint_every rank_problem"),
+        defaults=(DEFAULT_CHECKPOINT_EVERY, None))):
     """What the environment says about a trial.
 
     str: experiment_id, trial_id, platform; str or None: manager_url, token,
     parameters_json, parameters_file, parameter_id; Path: trial_dir, output_dir,
     checkpoint_dir, share_dir, channel, stop_file; Path or None: tensorboard_dir,
-    code_dir; int: sequence, restart_count, rank; int or None: slots_per_node;
-    float: grace_seconds, checkpoint_every; bool: report_all_ranks, under_keeper.
+    code_dir; int: sequence, restart_count, rank; float: grace_seconds, checkpoint_every; bool:
+    report_all_ranks, under_keeper; str or None: rank_problem (why the rank variable's value was no rank:
+    the rank reads 0, and the SDK says so).
     """
 
     __slots__ = ()
@@ -243,7 +248,7 @@ class TrialEnv(namedtuple("TrialEnv", (
             data = json.loads(self.parameters_json)
             where = PARAMETERS
         elif self.parameters_file and os.path.exists(self.parameters_file):
-            data = json.loads(_read_bounded(self.parameters_file, MAX_PARAMETERS_BYTES))
+            data = json.loads(read_regular_file(self.parameters_file, MAX_PARAMETERS_BYTES))
             # NNI's parameter.cfg wraps the parameters; a plain file is the parameters.
             if type(data) is dict and "parameter_id" in data:
                 data = data.get("parameters", data)
@@ -255,8 +260,8 @@ class TrialEnv(namedtuple("TrialEnv", (
         return data
 
     def child_environ(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-        """The environment of the training process: trialkit's names, NNI's and AdaptDL's."""
-        out = dict(os.environ if base is None else base)
+        """The environment of the training process: trialkit's names, NNI's and AdaptDL's; no secret."""
+        out = {k: v for k, v in (os.environ if base is None else base).items() if k not in SECRETS}
         own = {
             EXPERIMENT_ID: self.experiment_id,
             TRIAL_ID: self.trial_id,
@@ -313,8 +318,10 @@ class TrialEnv(namedtuple("TrialEnv", (
         return out
 
 
-def _read_bounded(path: str, limit: int) -> bytes:
-    """A regular file's bytes, at most `limit` of them: a FIFO would block the reader, /dev/zero never end."""
+def read_regular_file(path: Any, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` of them, for every reader of a file another process or a person
+    may have put there: a FIFO would block the reader, /dev/zero never end it. Raises OSError, or ValueError
+    for what is no regular file or holds more."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO opens without waiting for a writer
     try:
         import stat
@@ -331,6 +338,31 @@ def _read_bounded(path: str, limit: int) -> bytes:
         raise ValueError(f"{path} holds over {limit >> 20} MiB")
     finally:
         os.close(fd)
+
+
+def hide_secrets() -> None:
+    """Overwrite the secrets' values in this process's first environment block: what /proc/PID/environ and
+    `ps e` show to any process of the same user, the trial included, though os.environ keeps its own copy.
+    Where the kernel refuses (no /proc), the trial's environment still holds none (child_environ)."""
+    names = [name.encode() for name in SECRETS if os.environ.get(name)]
+    if not names:
+        return
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        # proc(5)'s env_start and env_end, fields 50 and 51; the name (field 2) may hold spaces.
+        start, end = (int(field) for field in stat[stat.rfind(b")") + 2 :].split()[47:49])
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            block, offset = mem.read(end - start), start
+            for entry in block.split(b"\0"):
+                name, equals, value = entry.partition(b"=")
+                if equals and name in names:
+                    mem.seek(offset + len(name) + 1)
+                    mem.write(b"*" * len(value))
+                offset += len(entry) + 1
+    except (OSError, ValueError):
+        pass
 
 
 def check(trial: TrialEnv) -> None:
@@ -396,7 +428,11 @@ def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:
     output_dir = Path(_first(e, OUTPUT_DIR, NNI["output_dir"]) or trial_dir)
     tensorboard = _first(e, TENSORBOARD_DIR, ADAPTDL["tensorboard_dir"], ADAPTDL_OLD_TENSORBOARD)
     code_dir = _first(e, CODE_DIR, NNI["code_dir"])
-    slots = _number(e, SLOTS_PER_NODE, 0, int)
+    # Read without a word here (the keeper has no use for it, and wrap_rank refuses what is no rank): a value
+    # that is no rank reads 0, and the SDK says why.
+    rank_name = _rank_variable(e, RANK_VARIABLES)
+    rank_value = e[rank_name].strip() if rank_name else "0"
+    rank_problem = _not_a_rank(rank_name, rank_value) if rank_name else None
     restart_count = _number(e, RESTART_COUNT, -1, int)
     if restart_count < 0:
         restart_count = _number(e, ADAPTDL["restart_count"], 0, int)
@@ -418,21 +454,45 @@ def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:
         code_dir=Path(code_dir) if code_dir else None,
         restart_count=restart_count,
         grace_seconds=_grace(e),
-        slots_per_node=slots or None,
-        rank=_number(e, _first_present(e, RANK_VARIABLES) or "RANK", 0, int),
+        rank=0 if rank_problem else int(rank_value),
         report_all_ranks=e.get(REPORT_ALL_RANKS, "") not in ("", "0", "false", "False"),
         under_keeper=bool(e.get(UNDER_KEEPER)),
         channel=Path(_first(e, CHANNEL) or trial_dir / layout.HOME / layout.CHANNEL),
         stop_file=Path(_first(e, STOP_FILE) or trial_dir / layout.HOME / layout.STOP),
         checkpoint_every=max(0.0, _number(e, CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY, float)),
+        rank_problem=rank_problem,
     )
 
 
-def _first_present(environ: Mapping[str, str], names) -> Optional[str]:
-    for name in names:
-        if environ.get(name, "") != "":
-            return name
-    return None
+RANK_DIGITS = 18  # a rank is below its job's worker count: any longer number is no rank (nor within int64)
+
+
+def parse_rank(name: str, value: str) -> int:
+    """A rank given as text (a variable's value, an argument), or a UserError naming `name`."""
+    problem = _not_a_rank(name, value)
+    if problem:
+        from trialkit.errors import UserError
+
+        raise UserError(problem, name, "ranks are whole numbers from 0, each below the job's worker count")
+    return int(value)
+
+
+def _not_a_rank(name: str, value: str) -> Optional[str]:
+    if value.isascii() and value.isdigit() and len(value) <= RANK_DIGITS:
+        return None
+    shown = f"{value[:40]!r}" + (f"... ({len(value):,} characters)" if len(value) > 40 else "")
+    return f"{name}={shown} is not a rank"
+
+
+def rank_of(environ: Mapping[str, str], names: Sequence[str] = RANK_VARIABLES) -> Optional[int]:
+    """The rank the first of `names` that is set gives, None when none is: one rule for wrap_rank, which
+    refuses a value that is no rank, and TrialEnv (the SDK), which reads it as 0 and says so."""
+    name = _rank_variable(environ, names)
+    return None if name is None else parse_rank(name, environ[name].strip())
+
+
+def _rank_variable(environ: Mapping[str, str], names: Sequence[str]) -> Optional[str]:
+    return next((name for name in names if environ.get(name, "").strip()), None)
 
 
 # ---------------------------------------------------------------------------
@@ -491,9 +551,9 @@ def topology(environ: Optional[Mapping[str, str]] = None) -> Topology:
     topo = Topology(
         num_nodes=num_nodes,
         node_rank=_pick(_topology_int(e, NODE_RANK), found.get("node_rank"), 0),
-        # 0 slots means "not set", as TrialEnv.slots_per_node reads it; then one
-        # worker per visible GPU, as torchrun's --nproc-per-node gpu.
-        slots_per_node=_topology_int(e, SLOTS_PER_NODE) or found.get("slots_per_node") or visible_device_count(e) or 1,
+        # Unset: one worker per visible GPU, as torchrun's --nproc-per-node gpu (a 0 given is refused below).
+        slots_per_node=_pick(_topology_int(e, SLOTS_PER_NODE), found.get("slots_per_node"),
+                             visible_device_count(e) or None, 1),
         chief_addr=e.get(CHIEF_ADDR) or found.get("chief_addr") or "127.0.0.1",
         chief_port=port if port is not None or num_nodes == 1 else DEFAULT_CHIEF_PORT,
         hosts=hosts,
@@ -588,8 +648,10 @@ def _check_topology(topo: Topology, e: Mapping[str, str]) -> None:
     from trialkit.errors import UserError
 
     if topo.num_nodes < 1 or topo.slots_per_node < 1:
-        raise UserError(f"{topo.num_nodes} nodes x {topo.slots_per_node} slots is no worker at all",
-                        f"topology from {topo.source}", f"set {NUM_NODES} and {SLOTS_PER_NODE} to 1 or more")
+        named = next((name for name, count in ((SLOTS_PER_NODE, topo.slots_per_node), (NUM_NODES, topo.num_nodes))
+                      if count < 1 and e.get(name, "").strip()), f"topology from {topo.source}")
+        raise UserError(f"{topo.num_nodes} nodes x {topo.slots_per_node} slots is no worker at all", named,
+                        f"set {NUM_NODES} and {SLOTS_PER_NODE} to 1 or more")
     if topo.slots_per_node > MAX_SLOTS_PER_NODE or topo.num_nodes > MAX_NODES:  # else the engine tries to start them
         raise UserError(f"{topo.num_nodes} nodes x {topo.slots_per_node} slots is more than any machine runs",
                         f"topology from {topo.source}",

@@ -29,6 +29,7 @@ QUERY_GPUS = [NVIDIA_SMI, "--query-gpu=index,uuid,memory.total,memory.used,utili
 QUERY_APPS = [NVIDIA_SMI, "--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"]
 QUERY_TIMEOUT = 30.0  # nvidia-smi hangs on a wedged driver; a stuck scheduler is worse than an error
 ASSIGNMENT_NAME = "gpus.json"  # in a trial's dir: the GPUs its latest start was given
+MAX_SAMPLES_BYTES = 256 << 20  # a sample of 8 GPUs (~700 bytes) every 5 s: three weeks of them
 SAMPLES_NAME = "gpu_samples.jsonl"  # in a trial's dir: its GPUs' use, one sample a line, while it runs
 
 
@@ -265,7 +266,7 @@ def read_assignment(trial_dir: Optional[str]) -> Optional[Tuple[int, ...]]:
     if not trial_dir:
         return None
     try:
-        data = json.loads((Path(trial_dir) / ASSIGNMENT_NAME).read_text())
+        data = json.loads(env.read_regular_file(Path(trial_dir) / ASSIGNMENT_NAME, 1 << 20))
         return tuple(int(index) for index in data["indices"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -288,8 +289,8 @@ def read_samples(trial_dir: Optional[str]) -> List[Dict]:
     if not trial_dir:
         return []
     try:
-        text = (Path(trial_dir) / SAMPLES_NAME).read_text(encoding="utf-8")
-    except OSError:
+        text = env.read_regular_file(Path(trial_dir) / SAMPLES_NAME, MAX_SAMPLES_BYTES).decode("utf-8", "replace")
+    except (OSError, ValueError):  # none, no regular file, or more than any trial's samples
         return []
     out = []
     for line in text.splitlines():

@@ -47,6 +47,8 @@ class Session:
         self._held_bytes = 0
         self._held_at_exit = False
         self._dropped = 0  # frames refused past HELD_BYTES
+        if trial.rank_problem:
+            self._warn("rank", f"{trial.rank_problem}; this process reports as rank 0")
         # The parts of a record that never change, encoded once.
         ident = {"parameter_id": records.parameter_id(trial.parameter_id, trial.sequence),
                  "trial_job_id": trial.trial_id, "run": trial.restart_count}

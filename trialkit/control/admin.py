@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from trialkit import process
+from trialkit import env, process
 from trialkit.errors import UserError
 from trialkit.manager import paths
 
@@ -103,7 +103,7 @@ def _loopback_tls(scheme: str) -> Optional[ssl.SSLContext]:
 
 def read_info(experiment_dir: Path) -> Optional[ManagerInfo]:
     try:
-        data = json.loads((Path(experiment_dir) / paths.MANAGER_FILE).read_text())
+        data = json.loads(env.read_regular_file(Path(experiment_dir) / paths.MANAGER_FILE, 1 << 20))
         return ManagerInfo(**data)
     except (OSError, ValueError, TypeError):
         return None

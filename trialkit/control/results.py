@@ -194,6 +194,22 @@ def _run_end(run: int, history: List[Dict[str, Any]], reported: List[Dict[str, A
             "ended": last.get("ended")}
 
 
+MAXIMIZE = "maximize"
+
+
+def setting(config: Dict[str, Any], *keys: str) -> Any:
+    """A stored config's setting (`setting(config, "tuner", "name")`); None where the store holds none: a store
+    another program or an older trialkit wrote, read by `experiment show` and the page alike."""
+    for key in keys:
+        config = config.get(key) if isinstance(config, dict) else None
+    return config
+
+
+def optimize_mode(config: Dict[str, Any]) -> str:
+    """The stored config's optimize mode, maximize where it says none."""
+    return str(setting(config, "tuner", "classArgs", "optimize_mode") or MAXIMIZE)
+
+
 def best_row(rows: Iterable[Dict[str, Any]], optimize_mode: str) -> Optional[Dict[str, Any]]:
     """The row with the best finite final metric, None when no trial has one."""
     scored = [(metric_value(row["final"]), row) for row in rows]

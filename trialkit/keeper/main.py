@@ -72,6 +72,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--flush-seconds", type=float, default=layout.FLUSH_SECONDS, metavar="SECONDS",
                         help="at exit, how long to try delivering records to the manager (default %(default)s)")
     parser.add_argument("--quiet", action="store_true", help="capture output to files without echoing it")
+    parser.add_argument("--startup-hook", metavar="FILE",
+                        help="a shell script sourced in the command's own process group before it runs (run.sh's "
+                        "startup-hook.sh): what it exports reaches the command, what it starts is stopped with the "
+                        "command's group, its output goes to startup-hook.log in the trial dir, and if it fails "
+                        "the command does not run")
     opts = parser.parse_args(options)
     if not command and os.environ.get(env.COMMAND, "").strip():
         command = shell_line_argv(os.environ[env.COMMAND])
@@ -85,7 +90,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return opts
 
 
-_OPTIONS_WITH_VALUES = {"--grace", "--trial-dir", "--forward", "--flush-seconds"}
+_OPTIONS_WITH_VALUES = {"--grace", "--trial-dir", "--forward", "--flush-seconds", "--startup-hook"}
 
 
 def _is_option_value(argv: List[str], i: int) -> bool:
@@ -193,6 +198,41 @@ def remove_pidfile(pidfile: Tuple[Path, str]) -> None:
         pass  # gone already, or a disk that takes no writes: a stale pidfile names a process that has ended
 
 
+# Sources the hook ($1, output to $2) in the shell that then becomes the command (the rest): the hook's
+# exports reach the command, and what the hook starts stays in the command's process group, so it is
+# signalled, stopped within the grace and swept with the command. Positional arguments only: no path or
+# command is ever pasted into this line.
+HOOK_RUNNER = """hook=$1 log=$2
+shift 2
+hook_ended() {
+  status=$?
+  cat "$log" >&2
+  if [ "$status" -eq 0 ]; then
+    echo "startup hook $hook called exit; the trial does not start (its output is above, and in startup-hook.log)" >&2
+    exit 1
+  fi
+  echo "startup hook $hook failed with exit code $status; the trial does not start (its output is above, and in startup-hook.log)" >&2
+  exit "$status"
+}
+trap hook_ended EXIT
+set -eu
+{ . "$hook"; } >"$log" 2>&1
+set +eu
+trap - EXIT
+exec "$@"
+"""
+HOOK_LOG = "startup-hook.log"
+
+
+def command_argv(opts: argparse.Namespace, trial: env.TrialEnv) -> List[str]:
+    """What the keeper starts: the command, or, with a startup hook, the shell that sources it and then becomes
+    the command."""
+    if not opts.startup_hook:
+        return list(opts.command)
+    return ["/bin/sh", "-c", HOOK_RUNNER, "startup-hook", opts.startup_hook, str(trial.trial_dir / HOOK_LOG),
+            *opts.command]
+
+
 def start_command(command: Sequence[str], trial: env.TrialEnv) -> Tuple[Child, int, int]:
     """Spawn the command with its stdout and stderr piped to us; returns the child and the pipes' read ends."""
     environ = trial.child_environ()
@@ -219,12 +259,13 @@ def run(argv: Sequence[str]) -> int:
         pidfile = write_pidfile(home, trial)
     except UserError as err:
         report_and_exit(PROG, err)
+    env.hide_secrets()  # before anything starts that could read ours in /proc
     set_child_subreaper()
     loop = EventLoop(opts.forward)
     loop.install_signal_handlers()
     started = time.time()
     try:
-        launched: Any = start_command(opts.command, trial)
+        launched: Any = start_command(command_argv(opts, trial), trial)
     except LaunchError as err:
         launched = err
     gc.enable()  # off since __main__, for the start

@@ -63,16 +63,14 @@ def parse_args(argv: Sequence[str]) -> Tuple[str, List[str]]:
 
 
 def resolve_rank(spec: str, environ) -> int:
-    """An integer, or the first of the named variables that is set."""
+    """An integer, or the first of the named variables that is set (env.rank_of: a value that is no rank is
+    refused, as the SDK reads it)."""
     if spec.isdigit():
-        return int(spec)
+        return env.parse_rank("RANK", spec)
     names = [n.strip() for n in spec.split(",") if n.strip()]
-    for name in names:
-        value = environ.get(name, "").strip()
-        if value:
-            if not value.isdigit():
-                raise UserError(f"{name}={value!r} is not a rank", "RANK", "ranks are whole numbers")
-            return int(value)
+    rank = env.rank_of(environ, names) if names else None
+    if rank is not None:
+        return rank
     what = f"none of {', '.join(names)} is set" if names else f"{spec!r} is neither a rank nor variable names"
     raise UserError(what, "RANK", "give an integer or the variables the launcher sets")
 

@@ -45,6 +45,7 @@ import functools
 import json
 import os
 import sqlite3
+import stat
 import threading
 import time
 import urllib.parse
@@ -146,6 +147,18 @@ class StoreUnwritable(UserError):
                          "free space on that disk or make it writable, then run the command again")
 
 
+def _refuse_odd_files(path: Path) -> None:
+    """SQLite opens the store and its journals whatever they are: a FIFO would block it for ever, a device
+    never end a read. What is there must be a regular file (a link to one is)."""
+    for name in (path.name, path.name + "-wal", path.name + "-shm", path.name + "-journal"):
+        try:
+            mode = os.stat(path.with_name(name)).st_mode
+        except OSError:
+            continue  # none yet (SQLite makes it), or unreadable: SQLite says so in its own words
+        if not stat.S_ISREG(mode):
+            raise sqlite3.DatabaseError(f"{path.with_name(name)} is not a regular file")
+
+
 def _open_read_only(path: Path) -> sqlite3.Connection:
     """A connection that writes nothing: mode=ro; where even WAL's shared-memory file cannot be made (a read-only
     or full disk, on which no writer can commit either), as an immutable file."""
@@ -173,6 +186,7 @@ class Store:
         StoreUnwritable, not a traceback; a file that is no intact store stays sqlite3.DatabaseError."""
         self.path = Path(path)
         self._lock = threading.RLock()
+        _refuse_odd_files(self.path)
         if read_only:
             self._db = _open_read_only(self.path)
             return
@@ -264,6 +278,8 @@ class Store:
             return None
         out = dict(row)
         out["config"] = _json_column(out["config"], f"experiment {experiment_id}'s config")
+        if not isinstance(out["config"], dict):  # every reader takes it for the config's mapping
+            raise sqlite3.DatabaseError(f"experiment {experiment_id}'s config is not a JSON object")
         return out
 
     def set_experiment_status(self, experiment_id: str, status: str, reason: Optional[str] = None) -> None:

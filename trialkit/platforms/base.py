@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
+from trialkit.env import SECRETS
+
 
 @dataclass
 class TrialSpec:
@@ -25,7 +27,7 @@ class TrialSpec:
     sequence: int
     command: str  # the user's trial command, a shell line of their own
     env: Dict[str, str] = field(default_factory=dict)
-    secret_env: frozenset = frozenset({"TRIALKIT_TOKEN"})
+    secret_env: frozenset = SECRETS
     code_dir: Optional[str] = None
     image: Optional[str] = None
     priority: int = 0

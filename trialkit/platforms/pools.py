@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 import threading
 import time
 from contextlib import closing
@@ -123,19 +124,11 @@ class PoolSpec:
 def read_config(home: Path) -> Dict[str, PoolSpec]:
     """Pool name -> its spec, from pools.yml; every mistake one UserError naming the file."""
     path = home / CONFIG_NAME
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    if not os.path.exists(path):  # a link to nothing too: no file, the machine's default pool
         return {}
-    except (OSError, UnicodeDecodeError) as err:  # a directory, unreadable, not UTF-8
-        raise UserError(f"cannot read {path}: {err.strerror if isinstance(err, OSError) else 'not UTF-8'}",
-                        str(path), "make it a readable UTF-8 YAML file, or remove it (the machine's default pool)")
-    import yaml
-
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as err:
-        raise UserError(f"cannot read {path}: {str(err).splitlines()[0]}", str(path), "write it as YAML") from None
+    # The one reader of trialkit's YAML: a key or a pool given twice, a number longer than Python reads, a FIFO,
+    # a file that is no text: each one line naming the file (and the line).
+    data = schema.read_data_file(path, str(path)) or {}
     pools = schema.normalize_keys(data, ("pools",), str(path)).get("pools") or {}
     if not isinstance(pools, Mapping):
         raise UserError(f"pools in {path} is not a mapping", str(path), "write pools: {NAME: {slots: N}}")
@@ -246,20 +239,16 @@ class Pool:
             db_path.parent.mkdir(parents=True, exist_ok=True)
             (db_path.parent / pool_events.DIR_NAME).mkdir(exist_ok=True)  # where its waiters are told of changes
             self._db = sqlite3.connect(str(db_path), timeout=BUSY_SECONDS, isolation_level=None,
-                                       check_same_thread=False)
+                                       check_same_thread=False, factory=_Db)
+            self._db.path = db_path
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
             self._add_columns()
         except FileExistsError as err:  # a mkdir above met a plain file (pools.events, say): pools.db is not at fault
             raise UserError("it is not a directory, as the resource pools need", str(err.filename),
                             "move it aside (the directory is made anew)") from None
-        except (OSError, sqlite3.OperationalError) as err:
-            reason = disk.fault_reason(err)
-            if reason is None:
-                raise _unreadable(db_path, err) from None
-            raise StoreUnwritable(db_path, reason) from None  # the home's disk, not a damaged lease table
-        except sqlite3.DatabaseError as err:  # not a database: damaged, or some other file
-            raise _unreadable(db_path, err) from None
+        except (OSError, sqlite3.DatabaseError) as err:
+            raise _fault(db_path, err) from None
 
     def check(self, slots: float) -> None:
         """Refuse trials that this pool could never run."""
@@ -551,6 +540,55 @@ def jobs(name: str = DEFAULT) -> List[Dict[str, Any]]:
     return out
 
 
+class _Db(sqlite3.Connection):
+    """pools.db as a control plane holds it open (`path` set after connecting). A lock that another process
+    holds past BUSY_SECONDS (a long transaction, a copy being taken) is waited out, said once in one line;
+    any other fault is the file's (a table dropped, a damaged file) or its disk's, as one UserError naming
+    it: never a traceback in a running control plane. A statement inside our own transaction is not
+    retried (the transaction holds the lock once it began)."""
+
+    path: Path
+
+    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
+        return self._waiting(super().execute, sql, parameters)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        return self._waiting(super().executemany, sql, rows)
+
+    def executescript(self, script: str) -> sqlite3.Cursor:
+        return self._waiting(lambda text, _: super(_Db, self).executescript(text), script, None)
+
+    def _waiting(self, call: Callable[[str, Any], sqlite3.Cursor], sql: str, parameters: Any) -> sqlite3.Cursor:
+        waited = 0.0
+        while True:
+            try:
+                return call(sql, parameters)
+            except sqlite3.OperationalError as err:
+                if not _busy(err) or (self.in_transaction and not sql.lstrip().upper().startswith("BEGIN")):
+                    raise _fault(self.path, err) from None
+                waited += BUSY_SECONDS
+                if waited == BUSY_SECONDS:
+                    print(f"trialkit: {self.path} is held locked by another process past {BUSY_SECONDS:g} s; "
+                          "waiting for it (a pool's grants and releases wait meanwhile)", file=sys.stderr,
+                          flush=True)
+            except sqlite3.DatabaseError as err:
+                raise _fault(self.path, err) from None
+
+
+def _busy(err: sqlite3.OperationalError) -> bool:
+    """SQLite's BUSY: another connection holds the lock (the busy timeout has run out)."""
+    code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+
+    return code & 0xFF == sqlite3.SQLITE_BUSY if code is not None else str(err) == "database is locked"
+
+
+def _fault(db_path: Path, err: BaseException) -> UserError:
+    """What an error of the lease table is: the home's disk refusing writes, or the file's own fault."""
+    reason = disk.fault_reason(err)
+    if reason is not None:
+        return StoreUnwritable(db_path, reason)  # the home's disk, not a damaged lease table
+    return _unreadable(db_path, err)
+
+
 def _unreadable(db_path: Path, err: Exception) -> UserError:
     """The lease table SQLite cannot open or read (damaged, a directory, a read-only home, locked past
     BUSY_SECONDS): one line naming it, not the CLI's line about an experiment's store."""
@@ -609,10 +647,13 @@ def update(changes: Sequence[Tuple[str, str, Any]]) -> None:
                     _to_top(db, experiment, pool_spec(pool, config).scheduler)
                 else:
                     _place(db, experiment, value, ahead=what == "ahead_of")
-        except BaseException:
-            db.execute("ROLLBACK")
+            db.execute("COMMIT")
+        except BaseException as err:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            if isinstance(err, sqlite3.Error):  # a table dropped, the file damaged since it opened
+                raise _unreadable(db_path, err) from None
             raise
-        db.execute("COMMIT")
     pool_events.tell(db_path.parent)  # the waiting control planes look at the new order
 
 

@@ -26,7 +26,6 @@ from trialkit.manager.server import HttpError
 from trialkit.records import INT64_MAX, BadRecord, loads, metric_number
 from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
 
-MAXIMIZE = "maximize"
 # Experiment statuses (NNI's names) whose clock still runs; any other ended at its last update.
 LIVE_EXPERIMENT = frozenset({"INITIALIZED", "RUNNING", "PAUSED", "NO_MORE_TRIAL", "TUNER_NO_MORE_TRIAL", "STOPPING"})
 PAGE_LIMIT = 500
@@ -52,14 +51,8 @@ FINAL = ("(SELECT metric_number(r.value) FROM records r WHERE r.trial = t.id AND
          "ORDER BY r.seq DESC LIMIT 1)")
 
 
-def optimize_mode(config: Mapping[str, Any]) -> str:
-    tuner = config.get("tuner") if isinstance(config.get("tuner"), dict) else {}
-    args = tuner.get("classArgs") if isinstance(tuner.get("classArgs"), dict) else {}
-    return str(args.get("optimize_mode", MAXIMIZE))
-
-
 def _order(mode: str) -> str:
-    return "DESC" if mode == MAXIMIZE else "ASC"
+    return "DESC" if mode == results.MAXIMIZE else "ASC"
 
 
 def _experiment_row(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any]:
@@ -115,7 +108,7 @@ def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = N
     now = time.time() if now is None else now
     exp = _experiment_row(db, experiment_id)
     counts = _counts(db, experiment_id)
-    mode = optimize_mode(exp["config"])
+    mode = results.optimize_mode(exp["config"])
     best = _best(db, experiment_id, mode)
     return {
         "id": experiment_id,
@@ -307,7 +300,7 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
     (results.series), with final metrics: `metric` by name (results.metric_names), else the one a user looks at
     first; `metrics` lists every name these trials report."""
     exp = _experiment_row(db, experiment_id)
-    mode = optimize_mode(exp["config"])
+    mode = results.optimize_mode(exp["config"])
     if trial_ids:
         chosen = list(trial_ids[:CURVE_TRIALS])
         rows = db.execute(f"SELECT t.id, {FINAL} AS metric FROM trials t WHERE t.experiment=? "
@@ -361,7 +354,7 @@ def hyperparameters(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any
     space = exp["config"].get("searchSpace")
     scales = {name: dict(zip(("kind", "options"), parameter_scale(space if isinstance(space, dict) else {}, name)))
               for name in names}
-    return {"optimize_mode": optimize_mode(exp["config"]), "parameters": names, "ids": [r["id"] for r in rows],
+    return {"optimize_mode": results.optimize_mode(exp["config"]), "parameters": names, "ids": [r["id"] for r in rows],
             "metric": [r["metric"] for r in rows], "columns": columns, "scales": scales}
 
 

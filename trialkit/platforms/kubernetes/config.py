@@ -19,6 +19,7 @@ from trialkit import env as envnames
 from trialkit import layout
 from trialkit import schema
 from trialkit.errors import UserError
+from trialkit.platforms.kubernetes import validation
 
 DEFAULT_NAMESPACE = "default"
 DEFAULT_NFS_MOUNT = "/nfs"
@@ -35,8 +36,6 @@ DEFAULT_KEEP_FAILED_SECONDS = 86400.0
 CODE_DIR_KEYS = ("trialCodeDirectory", "codeDirectory", "codeDir")
 
 MIB = 1024 * 1024
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 MAX_MIB = ((1 << 63) - 1) // MIB  # Kubernetes counts a quantity's bytes in 64 bits
 _SIZE_UNITS = {"": MIB, "b": 1}  # no unit: MiB, as NNI's memoryMB
@@ -178,6 +177,18 @@ class Resources:
     memory_mib: Optional[int] = None
 
 
+def _image(sec: Section) -> Optional[str]:
+    key, _ = sec.raw("dockerImage", "image")
+    found = sec.text("dockerImage", "image")
+    return None if found is None else validation.image(found, sec.at(key))
+
+
+def _named(sec: Section, key: str, what: str) -> Optional[str]:
+    """An optional name of a cluster object (a StorageClass, a ServiceAccount), as the cluster takes it."""
+    found = sec.text(key)
+    return None if found is None else validation.dns_subdomain(found, sec.at(key), what)
+
+
 def parse_resources(sec: Section) -> Resources:
     memory_key, memory = sec.raw("memorySize", "memoryMB")
     return Resources(
@@ -213,7 +224,7 @@ def parse_role(sec: Section, name: str, count_keys: Sequence[str]) -> Role:
         name=name,
         count=sec.integer(*count_keys, default=1, minimum=1),
         command=sec.text("command"),
-        image=sec.text("dockerImage", "image"),
+        image=_image(sec),
         resources=parse_resources(sec),
         code_dir=code_dir,
     )
@@ -293,7 +304,7 @@ def parse_storage(sec: Section) -> Optional[Storage]:
         return None
     size_key, size = checkpoint.raw("storageSize")
     storage = Storage(
-        storage_class=checkpoint.text("storageClass"),
+        storage_class=_named(checkpoint, "storageClass", "StorageClass"),
         size_mib=DEFAULT_STORAGE_MIB if size is None else parse_size_mib(size, checkpoint.at(size_key)),
     )
     checkpoint.finish()
@@ -352,11 +363,7 @@ def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
     sec.text("platform")  # the config layer chose the module by it
     if sec.boolean("reuseMode"):
         raise UserError("reuseMode is not supported", sec.at("reuseMode"), "remove it: every trial runs as its own job")
-    namespace = sec.text("namespace", default=DEFAULT_NAMESPACE)
-    if not _DNS_LABEL.match(namespace) or len(namespace) > 63:
-        raise UserError(
-            f"{namespace!r} is not a namespace name", sec.at("namespace"), "use lowercase letters, digits and '-'"
-        )
+    namespace = validation.dns_label(sec.text("namespace", default=DEFAULT_NAMESPACE), sec.at("namespace"), "namespace")
     address_key, address = sec.raw("managerAddress", "nniManagerIp")
     template_path = sec.text("trialTemplate")
     config_path = sec.text("configPath") if FRAMEWORK in kinds else None  # NNI's custom FrameworkController config
@@ -368,10 +375,10 @@ def parse_common(sec: Section, kinds: Sequence[str]) -> KubeCommon:
         manager_address=manager_address(address, sec.at(address_key)),
         termination_grace_seconds=termination,
         keeper_grace_seconds=keeper,
-        image=sec.text("dockerImage", "image"),
+        image=_image(sec),
         template=(load_user_template(template_path, sec.at("trialTemplate"), kinds) if template_path is not None
                   else None if config_path is None else custom_framework(config_path, sec.at("configPath"))),
-        service_account=sec.text("serviceAccountName"),
+        service_account=_named(sec, "serviceAccountName", "ServiceAccount"),
         image_pull_secrets=parse_pull_secrets(sec),
         nfs=nfs,
         azure=azure,
@@ -414,11 +421,11 @@ def parse_priority_classes(sec: Section) -> Tuple[Tuple[int, str], ...]:
         raise UserError(f"expected a mapping, got {value!r}", sec.at(key), fix)
     out = []
     for priority, name in value.items():
-        if isinstance(priority, bool) or not str(priority).lstrip("-").isdigit():
-            raise UserError(f"{priority!r} is not a whole number", sec.at(key), fix)
-        if not isinstance(name, str) or not _DNS_SUBDOMAIN.match(name):
-            raise UserError(f"{name!r} is not a PriorityClass name", f"{sec.at(key)}.{priority}", fix)
-        out.append((int(priority), name))
+        number = validation.priority(priority, sec.at(key))
+        where = f"{sec.at(key)}.{number}"
+        if not isinstance(name, str):
+            raise UserError(f"{schema.show(name)} is not a PriorityClass name", where, fix)
+        out.append((number, validation.dns_subdomain(name, where, "PriorityClass")))
     return tuple(sorted(out))
 
 
@@ -442,14 +449,14 @@ def parse_pull_secrets(sec: Section) -> Tuple[str, ...]:
     for i, item in enumerate(value):
         where = f"{sec.at(key)}[{i}]"
         if isinstance(item, str):
-            names.append(item)
+            names.append(validation.dns_subdomain(item, where, "Secret"))
             continue
         entry = Section(item, where)
         name = entry.text("name")
         entry.finish()
         if name is None:
             raise UserError("an image pull secret needs a name", where, "write - name: SECRET")
-        names.append(name)
+        names.append(validation.dns_subdomain(name, f"{where}.name", "Secret"))
     return tuple(names)
 
 

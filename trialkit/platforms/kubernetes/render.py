@@ -22,7 +22,7 @@ from trialkit import env as envnames
 from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.platforms.base import TrialSpec
-from trialkit.platforms.kubernetes import shipping
+from trialkit.platforms.kubernetes import shipping, validation
 from trialkit.platforms.kubernetes.config import (AzureStorage, KubeCommon, NfsMount, Resources, Storage,
                                                   priority_class)
 
@@ -312,8 +312,12 @@ def pod_plan(
     The code dir is shipped (run.sh fetches it); without one the code is in the image, at workingDir."""
     # Reported, not raised: render_trial names every role's problems at once.
     image = image or common.image or spec.image
-    if not image:
-        schema.report(UserError("no image to run the trial in", f"{where}.dockerImage", "set dockerImage (or image)"))
+    try:
+        if not image:
+            raise UserError("no image to run the trial in", f"{where}.dockerImage", "set dockerImage (or image)")
+        validation.image(image, f"{where}.dockerImage")  # whatever gave it: the kubelet must be able to pull it
+    except UserError as err:
+        schema.report(err)
     command = command or spec.command
     if not command or not command.strip():
         schema.report(UserError("no command to run", f"{where}.command", "set command here or trialCommand"))

@@ -13,11 +13,13 @@ from . import run_as
 PROG = "determined.launch.autohorovod"
 
 if __name__ == "__main__":
-    if env.topology().world_size > 1:
+    try:
+        several = env.topology().world_size > 1
+        if not several:
+            command = grammar.worker_command(grammar.parse(sys.argv[1:], "horovod"), sys.executable)
+    except UserError as err:
+        report_and_exit(PROG, err)
+    if several:
         run_as("trialkit.launch.horovod")
     else:
-        try:
-            command = grammar.worker_command(grammar.parse(sys.argv[1:], "horovod"), sys.executable)
-        except UserError as err:
-            report_and_exit(PROG, err)
         os.execvp(command[0], command)
