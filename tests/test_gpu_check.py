@@ -10,6 +10,8 @@ so the run on a GPU machine cannot die of a typo.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import re
 import shutil
@@ -102,6 +104,27 @@ def test_not_applicable_memory_reads_as_none():
             "<processes><process_info><pid>7</pid><type>C</type><used_memory>N/A</used_memory></process_info>"
             "</processes></gpu></nvidia_smi_log>")
     assert smi.parse_xml(text) == [smi.Reading(0, "GPU-1", None, None, None, {7: None})]
+
+
+# -- DeepSpeed's FusedAdam build, where it fails --------------------------------------------------------------
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+def test_a_fused_adam_build_that_fails_gives_the_deepspeed_check_its_error(tmp_path, monkeypatch):
+    import check
+
+    fake_gpus(tmp_path, monkeypatch, 1)
+    for name in ("TORCH_CUDA_ARCH_LIST", "CUDA_HOME", "GPU_CHECK_FUSED_ADAM", "TORCH_EXTENSIONS_DIR"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test, whatever the build set
+    build = check.FusedAdamBuild(tmp_path, tmp_path, cuda=True)
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "9.0"  # nvidia-smi's compute_cap, for the build and the workers
+    build.finish(120)
+    result = json.loads(Path(os.environ["GPU_CHECK_FUSED_ADAM"]).read_text())
+    # This machine's torch has no CUDA (whatever nvcc lies about): the build fails, its error in one line for
+    # the DeepSpeed check to print.
+    assert (result["built"], result["arch"]) == (False, "9.0")
+    assert re.fullmatch(r"exit 1: \w+Error: .*CUDA.*", result["reason"]), result
+    assert "Traceback" in (tmp_path / "fused_adam_build.log").read_text()
 
 
 # -- the rehearsal on the CPU ---------------------------------------------------------------------------------

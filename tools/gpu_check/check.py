@@ -228,8 +228,10 @@ class FusedAdamBuild:
         # Set for every check too: DeepSpeed's workers then load the op built for the same archs, not build anew.
         self.arch = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", compute_capability())
         self.log = (out or work) / "fused_adam_build.log"
-        environ = {**os.environ, "MAX_JOBS": str(os.cpu_count() or 4),
-                   "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}  # it asks NVML whether CUDA works: no CUDA context
+        cuda_home()
+        # It asks NVML whether CUDA works (no CUDA context of its on the GPU), and builds the CUDA op, not a CPU one.
+        environ = {**os.environ, "MAX_JOBS": str(os.cpu_count() or 4), "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+                   "DS_ACCELERATOR": "cuda"}
         self.began = time.monotonic()
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen([sys.executable, str(HERE / "workloads" / "build_fused_adam.py")],
@@ -262,6 +264,15 @@ class FusedAdamBuild:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def cuda_home() -> None:
+    """Name the CUDA toolkit for torch's extension builder where it would not find it: no nvcc on PATH."""
+    if os.environ.get("CUDA_HOME") or shutil.which("nvcc"):
+        return
+    found = sorted(Path("/usr/local").glob("cuda*/bin/nvcc"))
+    if found:
+        os.environ["CUDA_HOME"] = str(found[-1].parent.parent)
 
 
 def compute_capability() -> str:
