@@ -8,7 +8,7 @@
 # $PYTHON (default python3) must have trialkit and its extras already.
 # Without nvidia-smi every line is NO-GPU and the exit status 0.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 py=${PYTHON:-python3}
 site=${GPU_CHECK_SITE:-/tmp/site}
 export PYTHONUNBUFFERED=1

@@ -10,7 +10,8 @@
 # its JIT (the check times that build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=${PYTHON:-.venv/bin/python}
+py=${PYTHON:-.venv/bin/python}  # ./bootstrap.sh makes it; any Python with pip and setuptools will do
+[ -x "$py" ] || py=python3
 dest=.whl
 target=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
         --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
