@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -119,11 +120,11 @@ class Table:
     def emit(self, text: str) -> None:
         self.lines.append(text)
         print(text, flush=True)
-
-    def close(self) -> int:
-        if self.out:
+        if self.out:  # line by line: a run stopped halfway still leaves what it found
             (self.out / "gpu_check.txt").write_text("\n".join(self.lines) + "\n")
             (self.out / "gpu_check.json").write_text(json.dumps(self.results, indent=1) + "\n")
+
+    def close(self) -> int:
         return 1 if self.failed else 0
 
 
@@ -279,7 +280,8 @@ def compute_capability() -> str:
     """GPU 0's compute capability as nvidia-smi says it (9.0 on Hopper): build for it alone."""
     done = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
                           text=True, timeout=20)
-    return (done.stdout.split() or ["9.0"])[0]
+    first = (done.stdout.split() or [""])[0]
+    return first if re.fullmatch(r"\d+\.\d+", first) else "9.0"  # an old nvidia-smi without the field: Hopper's
 
 
 if __name__ == "__main__":

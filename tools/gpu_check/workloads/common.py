@@ -48,7 +48,7 @@ def describe(dev) -> dict:
     seen = {"device": str(dev), "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid()}
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
-        seen.update(device_count=torch.cuda.device_count(), name=props.name, uuid=str(props.uuid))
+        seen.update(device_count=torch.cuda.device_count(), name=props.name, uuid=str(getattr(props, "uuid", "")))
     return seen
 
 
