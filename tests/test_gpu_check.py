@@ -32,6 +32,7 @@ import smi  # noqa: E402  (the check's reader)
 
 
 def gpu_check(*args: str, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
+    """`bash tools/gpu_check.sh ARGS` with this Python, to its end."""
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHON": sys.executable, **env})
 
@@ -155,8 +156,9 @@ def test_each_check_rehearsed_on_the_cpu_holds(tmp_path, monkeypatch, name, figu
     fake_gpus(tmp_path, monkeypatch, 1).set(claims_dir=str(claims))
     out = tmp_path / "out"
     out.mkdir()
-    done = gpu_check("--device", "cpu", "--only", name, env={"GPU_CHECK_FAKE_APPS": str(claims), "OUT": str(out)},
-                     timeout=600)
+    # TMPDIR: the check keeps its work dir when a line fails; here it goes with the test's.
+    done = gpu_check("--device", "cpu", "--only", name, timeout=600,
+                     env={"GPU_CHECK_FAKE_APPS": str(claims), "OUT": str(out), "TMPDIR": str(tmp_path)})
     log = (out / "gpu_check.log").read_text()
     [(number, named, status, seen, why)] = table(done.stdout)
     assert (named, status) == (name, "OK"), f"{why}\n{log[-4000:]}"
