@@ -12,14 +12,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import leftovers  # noqa: E402  (tools/: the same sweep serves the GPU check)
+
 TAG = "TRIALKIT_TEST_TAG"
 PYTHON = sys.executable
 # Trials run their command on the user's PATH (as NNI's do); the tests' user
@@ -45,17 +46,7 @@ pytest_plugins = ["ray_cluster", "containers_util"]
 
 
 def tagged_processes(tag: str):
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
-            continue
-        try:
-            if proc.environ().get(TAG) == tag and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
-    return found
+    return leftovers.tagged(TAG, tag)
 
 
 @pytest.fixture(autouse=True)
@@ -68,20 +59,9 @@ def no_process_left(request):
         del os.environ[TAG]
     else:
         os.environ[TAG] = old
-    deadline = time.monotonic() + 5.0
-    left = tagged_processes(tag)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = tagged_processes(tag)
+    left = leftovers.end(TAG, tag, 5.0)
     if left:
-        described = []
-        for proc in left:
-            try:
-                described.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
-                proc.kill()
-            except psutil.Error:
-                pass
-        pytest.fail("processes left running after the test: " + "; ".join(described))
+        pytest.fail("processes left running after the test: " + "; ".join(left))
 
 
 @pytest.fixture(autouse=True)

@@ -15,16 +15,43 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 SMI = """#!{python}
-import json, sys
+import json, os, sys
 table = json.load(open({table!r}))
 args = sys.argv[1:]
 if table.get("fail"):
     print(table["fail"])
     sys.exit(9)
+gpus = [list(gpu) for gpu in table["gpus"]]
+apps = [(uuid, pid, None) for uuid, pid in table.get("apps", [])]
+# Processes that took "the GPU" in a rehearsal on the CPU: GPU 0's while they live, their claimed MiB used there.
+claims = table.get("claims_dir")
+for name in sorted(os.listdir(claims)) if claims else []:
+    try:
+        state = open(f"/proc/{{name}}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        continue
+    if state not in "ZX":
+        mib = int(open(os.path.join(claims, name)).read() or 0)
+        apps.append((gpus[0][1], int(name), mib))
+        gpus[0][3] += mib
 if args == ["--query-gpu=index,uuid,memory.total,memory.used,utilization.gpu", "--format=csv,noheader,nounits"]:
-    print(table.get("garble") or "\\n".join(", ".join(map(str, gpu)) for gpu in table["gpus"]))
+    print(table.get("garble") or "\\n".join(", ".join(map(str, gpu)) for gpu in gpus))
 elif args == ["--query-compute-apps=gpu_uuid,pid", "--format=csv,noheader"]:
-    print("\\n".join(f"{{uuid}}, {{pid}}" for uuid, pid in table.get("apps", [])))
+    print("\\n".join(f"{{uuid}}, {{pid}}" for uuid, pid, _ in apps))
+elif args == ["--query-gpu=compute_cap", "--format=csv,noheader"]:
+    print("\\n".join("9.0" for _ in gpus))
+elif args[:2] == ["-q", "-x"]:  # NVIDIA's XML report (nvsmi_device DTD), the parts a reader of it needs
+    print('<?xml version="1.0" ?>\\n<nvidia_smi_log>\\n<driver_version>580.00</driver_version>'
+          f'<cuda_version>13.0</cuda_version><attached_gpus>{{len(gpus)}}</attached_gpus>')
+    for index, uuid, total, used, busy in gpus:
+        mine = "".join(f"<process_info><pid>{{pid}}</pid><type>C</type><process_name>python3</process_name>"
+                       f"<used_memory>{{'N/A' if mib is None else f'{{mib}} MiB'}}</used_memory></process_info>"
+                       for app_uuid, pid, mib in apps if app_uuid == uuid)
+        total = "N/A" if str(total).startswith("[") else f"{{total}} MiB"
+        print(f'<gpu id="00000000:{{index + 1:02X}}:00.0"><product_name>Fake GPU</product_name><uuid>{{uuid}}</uuid>'
+              f'<fb_memory_usage><total>{{total}}</total><reserved>0 MiB</reserved><used>{{used}} MiB</used>'
+              f'</fb_memory_usage><processes>{{mine}}</processes></gpu>')
+    print("</nvidia_smi_log>")
 else:
     print("unexpected arguments", args, file=sys.stderr)
     sys.exit(2)

@@ -2,7 +2,8 @@
 
 Reports validation accuracy after every epoch (the intermediate results an
 assessor may judge) and at the end (the final result the tuner learns from).
-Runs by hand too: `python3 train.py` uses the defaults below.
+Trains on the GPU where CUDA shows one (trialGpuNumber gives each trial its
+own), else on the CPU. Runs by hand too: `python3 train.py` uses the defaults below.
 """
 import torch
 from torch import nn
@@ -27,9 +28,12 @@ def main() -> None:
     params.update(trialkit.get_next_parameter())
     torch.manual_seed(0)
     torch.set_num_threads(1)  # trials run side by side: one core each
-    x_train, y_train = synthetic_data(4000, seed=1)
-    x_valid, y_valid = synthetic_data(1000, seed=2)
-    model = nn.Sequential(nn.Linear(FEATURES, params["hidden_size"]), nn.ReLU(), nn.Linear(params["hidden_size"], 2))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"training on {device}", flush=True)
+    x_train, y_train = (t.to(device) for t in synthetic_data(4000, seed=1))
+    x_valid, y_valid = (t.to(device) for t in synthetic_data(1000, seed=2))
+    model = nn.Sequential(nn.Linear(FEATURES, params["hidden_size"]), nn.ReLU(),
+                          nn.Linear(params["hidden_size"], 2)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=params["lr"], momentum=params["momentum"])
     accuracy = 0.0
     for epoch in range(EPOCHS):
