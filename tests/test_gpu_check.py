@@ -141,7 +141,7 @@ def test_a_fused_adam_build_that_fails_gives_the_deepspeed_check_its_error(tmp_p
     pytest.param("release", r"back to idle after trial kill \(SIGTERM\) in [\d.]+ s, after the keeper's SIGKILL in "
                  r"[\d.]+ s \(bound 10 s\)", r"trials ended USER_CANCELED, \w+", id="release"),
     pytest.param("ddp_nccl", r"gloo, 1 worker\(s\) on cpu; launch -> first step: ours [\d.]+ s, torchrun [\d.]+ s "
-                 r"\(medians of 3, alternating\) -> [\d.]+x",
+                 r"\(medians of \d+, alternating\) -> [\d.]+x",
                  r"python -m trialkit.launch.torch_distributed ddp_step.py", id="ddp_nccl"),
     pytest.param("deepspeed_zero2", r"ZeRO stage 2, 3 steps on cpu \(gloo\), losses [\d.e-]+ -> [\d.e-]+ -> [\d.e-]+",
                  r"torch.optim.adamw.AdamW: FusedAdam not built \(rehearsal on the CPU\)", id="deepspeed_zero2"),

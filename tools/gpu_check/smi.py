@@ -15,14 +15,14 @@ from __future__ import annotations
 import subprocess
 import time
 import xml.etree.ElementTree as ElementTree
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 QUERY_SECONDS = 20.0  # a wedged driver makes nvidia-smi hang: then the check says so
 
 
 class Reading(NamedTuple):
     index: int
-    uuid: Optional[str]  # absent from a report filtered with -d
+    uuid: Optional[str]
     name: Optional[str]
     memory_total: Optional[int]  # MiB; None where the report says N/A
     memory_used: Optional[int]
@@ -33,9 +33,9 @@ class SmiError(Exception):
     """nvidia-smi did not answer, or answered what this cannot read."""
 
 
-def query(sections: Sequence[str] = ()) -> List[Reading]:
-    """The GPUs now; `sections` ("MEMORY", "PIDS") narrows the report to what a poll needs."""
-    argv = ["nvidia-smi", "-q", "-x"] + (["-d", ",".join(sections)] if sections else [])
+def query() -> List[Reading]:
+    """The GPUs now, from the whole XML report (driver 580's nvidia-smi refuses -d beside -x: seen on an H200)."""
+    argv = ["nvidia-smi", "-q", "-x"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_SECONDS, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
@@ -122,12 +122,12 @@ def _decoded(value) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def wait(condition: Callable[[List[Reading]], bool], seconds: float, sections: Sequence[str] = ("MEMORY", "PIDS"),
+def wait(condition: Callable[[List[Reading]], bool], seconds: float,
          started: Optional[float] = None) -> Optional[float]:
     """Poll the GPUs until `condition(readings)` holds: the seconds since `started` (default: now), None past it."""
     began = time.monotonic() if started is None else started
     while True:
-        if condition(query(sections)):
+        if condition(query()):
             return time.monotonic() - began
         if time.monotonic() - began > seconds:
             return None
