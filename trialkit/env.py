@@ -52,6 +52,13 @@ DETERMINED = "TRIALKIT_DETERMINED"
 CODE_DIGEST = "TRIALKIT_CODE_DIGEST"
 TRIALSIDE_DIGEST = "TRIALKIT_TRIALSIDE_DIGEST"
 TERMINATION_LOG = "TRIALKIT_TERMINATION_LOG"
+# The manager's own scrape token for GET /metrics (Prometheus), beside the page's and the admin token.
+METRICS_TOKEN = "TRIALKIT_METRICS_TOKEN"
+# Kubeflow Trainer v2 (2.2+) gives a TrainJob's pods its progress endpoint: a URL, and files holding its CA
+# certificate and a bearer token (rotated: read again at each post). The keeper posts there (keeper/trainer_status.py).
+TRAINER_SERVER_URL = "KUBEFLOW_TRAINER_SERVER_URL"
+TRAINER_SERVER_CA_CERT = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
+TRAINER_SERVER_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 # A Ray node's instance-metadata service (spot notices); set per node to point a
 # node at a stand-in, as tests do. Default: EC2's link-local address.
 IMDS_URL = "TRIALKIT_IMDS_URL"
