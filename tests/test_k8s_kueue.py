@@ -155,7 +155,7 @@ def test_an_eviction_ends_the_trial_preempted_once_its_pods_are_gone(kueue_pool,
     assert any(obj["kind"] == "TrainJob" for obj in api.objects.values())
     api.pods.remove(pod)
     said = platform.status(handle)
-    assert said.status == WAITING and said.reason.startswith("evicted by Kueue (Preempted: Evicted by the test)")
+    assert said.status == PREEMPTED and said.reason.startswith("evicted by Kueue (Preempted: Evicted by the test)")
     assert not any(obj["kind"] == "TrainJob" for obj in api.objects.values())  # deleted: a new one resumes it
     gone = platform.status(handle)
     assert (gone.status, gone.reason) == (PREEMPTED, said.reason)

@@ -14,7 +14,7 @@ tests/fixtures/crds), builds the runtime's JobSet and merges into it (pkg/runtim
   PET_MASTER_ADDR (<job>-node-0-0.<job>) and PET_MASTER_PORT (29500), and no MASTER_ADDR.
 JobSet names each pod's host <jobset>-<replicated job>-<job index>-<pod index> in the subdomain <jobset>,
 and labels it jobset.sigs.k8s.io/jobset-name and /replicatedjob-name; the Job controller annotates its
-completion index. The status is Trainer's: Suspended while spec.suspend, Complete once every pod of the
+completion index; JobSet's webhook defaults the pods' restartPolicy to OnFailure. The status is Trainer's: Suspended while spec.suspend, Complete once every pod of the
 trainer's job succeeded, Failed (reason FailedJobs) once one failed; jobsStatus counts the child Jobs.
 Not played: initializers, MPI (deepspeed-distributed renders but does not run here), elastic torch.
 """
@@ -72,6 +72,7 @@ def templates(job: dict) -> Dict[str, tuple]:
         trains = (rjob["template"].get("metadata") or {}).get("labels", {}).get(ANCESTOR) == "trainer"
         pod = copy.deepcopy(rjob["template"]["spec"]["template"])
         pod_spec = pod["spec"]
+        pod_spec.setdefault("restartPolicy", "OnFailure")  # JobSet's webhook defaults a Job's pods so
         container = _by_name(pod_spec["containers"])["node"]
         if trains:
             for key in ("image", "command", "args"):

@@ -278,6 +278,8 @@ class KubePlatform(PlatformBase):
             status = self.admissions.status(handle, job, pods, status, lambda: self._workloads(job))
             if self.admissions.evicted(handle):  # its pods are gone: a new job resumes it, queued anew
                 self.client.delete(ref)
+                if self.client.get(ref) is None:  # gone at once (no finalizer held it): say so now
+                    return self.admissions.gone(handle)
         if status.status in FINAL_STATUSES:
             self._release(handle)
             self._expire(handle, status.status)
