@@ -11,6 +11,9 @@ pools.yml names pools of slots, and the machine's GPUs (nvidia-smi's indices) a 
       default: {slots: 4}
       gpu: {gpus: [0, 1]}          # slots: 2 (one per GPU) unless given; `gpus: all` (the default): any GPU
 
+(A pool may instead be a cluster's: `kubernetes: {namespace, slots}`, `ray: {address, slots}`, or Kueue's
+LocalQueue, `kueue: {namespace, localQueue, priorityClass}`, whose quota Kueue holds: kubernetes/kueue.py.)
+
 With no file (or no `default` in it) the default pool has one slot per CPU
 this process may run on, or per GPU when the machine has more GPUs than CPUs.
 
