@@ -203,3 +203,27 @@ def test_a_priority_class_changes_only_while_the_job_waits(kueue_pool, api, clie
     with pytest.raises(UserError) as caught:
         kueue.set_priority(ObjectRef.parse(waiting), "nosuch", client)
     assert "no WorkloadPriorityClass 'nosuch' (name one of: research, urgent)" in caught.value.line()
+
+
+def test_a_pod_groups_wait_is_read_from_its_workload(kueue_pool, api, client, tmp_path):
+    platform = frameworkcontroller.Platform(frameworkcontroller.parse_section(dict(FRAMEWORK), "trainingService"),
+                                            tmp_path, client=client)
+    said: list = []
+    platform.on_waiting = lambda trial_id, why: said.append(why)
+    handle = platform.submit(trial("expa-00000"))
+    name = handle.rsplit("/", 1)[-1]
+    framework = next(obj for obj in api.objects.values() if obj["kind"] == "Framework")
+    pod = framework["spec"]["taskRoles"][0]["task"]["pod"]
+    assert pod["metadata"]["labels"][kueue.POD_GROUP_LABEL] == name
+    assert "made no Workload" in platform.status(handle).reason  # no pods yet, no Workload yet
+    # Kueue's Workload of the group, named after it, and its gated pods.
+    api.objects[f"/apis/kueue.x-k8s.io/v1beta2/namespaces/team/workloads/{name}"] = {
+        "kind": "Workload", "metadata": {"name": name, "namespace": "team", "uid": "w1", "resourceVersion": "1"},
+        "spec": {"queueName": "team-queue"}, "status": {"conditions": [
+            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "2 pods wait for quota"}]}}
+    api.pods.append({"metadata": {"name": f"{name}-worker-0", "labels": dict(pod["metadata"]["labels"])},
+                     "spec": {"schedulingGates": [{"name": kueue.ADMISSION_GATE}]}, "status": {"phase": "Pending"}})
+    waiting = platform.status(handle)
+    assert (waiting.status, waiting.reason) == (WAITING, "queued in Kueue's LocalQueue team-queue: Pending: 2 pods "
+                                                         "wait for quota")
+    assert said[-1] == waiting.reason
