@@ -75,6 +75,8 @@ EXTRAS = {
     # (trialkit/manager/server.py's decode, which reads as records.loads without it). Keepers load neither.
     "control": ["optuna>=4", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5", "aiohttp>=3.9",
                 "orjson>=3.9"],
+    # The manager's GET /metrics in Prometheus' text format (trialkit/manager/metrics.py).
+    "metrics": ["prometheus_client>=0.17"],
     # The user guide (docs/, mkdocs.yml): built in strict mode by tests/test_docs.py.
     "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"],
 }

@@ -5,7 +5,9 @@ delete; a replace naming a resourceVersion other than the stored one is 409
 Conflict, and every write moves the version on), lists and deletes pods by label selector, records every request the
 official `kubernetes` client sends (verb, path, query, headers, JSON body),
 and can be told to fail the next requests (503, 429, a dropped connection) to
-test retries. It checks nothing that a real server would check about the
+test retries. It answers API discovery (GET /apis/GROUP/VERSION) for the
+group versions in `served` (default: every one in GROUP_VERSIONS), and a GET
+of a collection lists its objects (labelSelector applied). It checks nothing that a real server would check about the
 objects: the render tests do that against the real schemas.
 """
 from __future__ import annotations
@@ -55,8 +57,19 @@ def _matches(labels: dict, selector: str) -> bool:
     return all(labels.get(key) == value for key, value in wanted.items())
 
 
+# What API discovery lists, by group version: the operators' and Kueue's kinds trialkit uses.
+GROUP_VERSIONS = {
+    "kubeflow.org/v1": ["pytorchjobs", "tfjobs"],
+    "trainer.kubeflow.org/v1alpha1": ["trainjobs", "trainingruntimes", "clustertrainingruntimes"],
+    "frameworkcontroller.microsoft.com/v1": ["frameworks"],
+    "adaptdl.petuum.com/v1": ["adaptdljobs"],
+    "kueue.x-k8s.io/v1beta2": ["workloads", "localqueues", "clusterqueues", "workloadpriorityclasses"],
+}
+
+
 class FakeApiServer:
     def __init__(self):
+        self.served = set(GROUP_VERSIONS)  # the group versions discovery lists: a cluster's installed operators
         self.requests: List[Request] = []
         self.objects: Dict[str, dict] = {}
         self.pods: List[dict] = []
@@ -158,6 +171,21 @@ class FakeApiServer:
             body["metadata"].update(uid=str(uuid.uuid4()), resourceVersion="1", creationTimestamp="2025-01-01T00:00:00Z")
             self.objects[target] = body
             return 201, body
+        parts = path.strip("/").split("/")
+        if method == "GET" and len(parts) == 3 and parts[0] == "apis":
+            group_version = f"{parts[1]}/{parts[2]}"
+            if group_version not in self.served:
+                return 404, _status(404, "NotFound", "the server could not find the requested resource")
+            return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+                         "resources": [{"name": plural, "namespaced": True, "kind": plural, "verbs": ["get"]}
+                                       for plural in GROUP_VERSIONS[group_version]]}
+        if method == "GET" and path not in self.objects:
+            selector = request.query.get("labelSelector", "")
+            items = [obj for key, obj in self.objects.items() if key.rsplit("/", 1)[0] == path
+                     and _matches(obj["metadata"].get("labels", {}), selector)]
+            # A collection: /api/v1/namespaces/NS/PLURAL, /apis/G/V/namespaces/NS/PLURAL, /apis/G/V/PLURAL.
+            if len(parts) == (5 if parts[0] == "api" else 6 if "namespaces" in parts else 4):
+                return 200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}
         if path not in self.objects:
             return 404, _status(404, "NotFound", f"{path.rsplit('/', 1)[-1]!r} not found")
         if method == "GET":

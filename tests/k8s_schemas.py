@@ -30,6 +30,7 @@ CRD_FILES = {
     "TFJob": "kubeflow.org_tfjobs.yaml",
     "Framework": "frameworkcontroller.microsoft.com_frameworks.yaml",
     "AdaptDLJob": "adaptdl.petuum.com_adaptdljobs.yaml",
+    "TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
 }
 K8S_VERSION = kubernetes_validate.utils.latest_version()
 # kubernetes_validate parses its 2 MB schema files on every call; they never
@@ -76,7 +77,7 @@ def _strict(schema: dict) -> dict:
 @functools.lru_cache(maxsize=None)
 def crd_validator(kind: str) -> jsonschema.protocols.Validator:
     crd = next(doc for doc in yaml.safe_load_all((CRDS / CRD_FILES[kind]).read_text()) if doc)
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    version = next(v for v in crd["spec"]["versions"] if v.get("storage", v["name"] == "v1"))
     schema = _strict(version["schema"]["openAPIV3Schema"])
     return jsonschema.Draft7Validator(schema)
 
@@ -98,6 +99,10 @@ def pod_templates(obj: dict) -> Iterator[dict]:
             yield role["task"]["pod"]
     elif kind == "AdaptDLJob":
         yield spec["template"]
+    elif kind == "TrainJob":  # what Trainer makes of its runtime, trainer and patches
+        import trainer_play
+
+        yield from (template for template, _ in trainer_play.templates(obj).values())
 
 
 def validate_job(obj: dict) -> None:

@@ -12,14 +12,20 @@
 
 Every 0.1 s the runner looks at the API server's objects and plays:
 - the operators: for each PyTorchJob/TFJob (training-operator), Framework
-  (FrameworkController) and AdaptDLJob it makes the pods their operator makes
+  (FrameworkController), AdaptDLJob and TrainJob (Kubeflow Trainer v2, played by
+  trainer_play.py: JobSet's pod names, the torch plugin's PET_*, which the pods
+  resolve to this machine through --add-host) it makes the pods their operator makes
   (names, labels, the variables it sets: MASTER_ADDR/PORT (this machine's
   address, not the master's Service name), RANK, WORLD_SIZE;
   FC_*; ADAPTDL_*), and writes the job's status as that operator does
   (conditions; state and completion status; phase). An AdaptDLJob pod that
   exits 143 (checkpointed) is restarted in a new group with
   ADAPTDL_NUM_RESTARTS one higher, as AdaptDL's controller does on a rescale.
-  A deleted job's pods are deleted (the garbage collector).
+  A deleted job's pods are deleted (the garbage collector). A suspended job
+  (a TrainJob's spec.suspend, a PyTorchJob's runPolicy.suspend: Kueue's hold)
+  has no pods: suspending a running one deletes them with their grace (an
+  eviction), resuming it makes them again (a new group).
+- Kueue, when given one (kueue_play.KueuePlay): its turn comes first in each look.
 - the kubelet: each pod's first container runs under podman on the host's
   network (every address is 127.0.0.1), with the pod's image mapped to
   `image`, its command, args, workingDir and env (values, the downward API's
@@ -55,13 +61,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+import trainer_play
 from containers_util import Containers, podman
 
 POLL_SECONDS = 0.1
 LOOPBACK = "127.0.0.1"
 # Peers reach each other at this machine's address (host network): trialkit refuses a loopback
 # chief for more than one node, as it would be a mistake on a real cluster.
-JOB_KINDS = ("PyTorchJob", "TFJob", "Framework", "AdaptDLJob")
+JOB_KINDS = ("PyTorchJob", "TFJob", "Framework", "AdaptDLJob", "TrainJob")
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"  # a container's terminationMessagePath unless it sets one
 TERMINATION_MESSAGE_BYTES = 4096  # the kubelet keeps no more of it
 
@@ -92,6 +99,8 @@ class Replica:
     labels: Dict[str, str] = field(default_factory=dict)
     env: Dict[str, str] = field(default_factory=dict)
     role: str = ""
+    annotations: Dict[str, str] = field(default_factory=dict)
+    hosts: Dict[str, str] = field(default_factory=dict)  # name -> address the pod resolves (the cluster's DNS)
 
 
 @dataclass
@@ -109,6 +118,7 @@ class Pod:
     error: str = ""  # why the runner could not run it (podman's complaint)
     deleted: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+    group: int = 0  # the job's group it belongs to: AdaptDL's restart, a suspended job's resumption
 
     @property
     def phase(self) -> str:
@@ -145,6 +155,9 @@ def _kubeflow_status(job: dict, pods: List[Pod]) -> dict:
     failed = [p for p in pods if p.phase == "Failed"]
     master = [p for p in pods if p.role in ("Master", "Chief")] or pods
     kind = job["kind"]
+    if suspended(job):  # its pods were deleted for it: their ends are no failure
+        return {"conditions": [{"type": "Suspended", "status": "True", "reason": f"{kind}Suspended",
+                                "message": f"{kind} {job['metadata']['name']} is suspended."}]}
     if failed:
         condition = ("Failed", f"{kind}Failed", f"{kind} {job['metadata']['name']} is failed because "
                                                  f"{sum(p.role == failed[0].role for p in failed)} {failed[0].role} replica(s) failed.")
@@ -211,7 +224,28 @@ def _adaptdl_status(job: dict, pods: List[Pod]) -> dict:
     return {"phase": "Running" if pods and all(p.phase == "Running" for p in pods) else "Starting"}
 
 
+def _trainjob_replicas(job: dict, group: int) -> List[Replica]:
+    """Trainer's pods; node 0's JobSet name resolves to this machine, and its port is a free one rather than
+    29500 (the pods share this machine's network, and other tests' with it)."""
+    address, port = host_address(), str(free_port())
+    return [Replica(pod.name, pod.template, pod.labels, {**pod.env, "PET_MASTER_PORT": port} if pod.env else {},
+                    pod.replicated_job, pod.annotations,
+                    {f"{job['metadata']['name']}-node-0-0.{job['metadata']['name']}": address})
+            for pod in trainer_play.node_pods(job)]
+
+
+def _trainjob_status(job: dict, pods: List[Pod]) -> dict:
+    return trainer_play.status(job, [pod.phase for pod in pods])
+
+
+def suspended(job: dict) -> bool:
+    """Held by Kueue: a TrainJob's spec.suspend, a training-operator job's runPolicy.suspend."""
+    spec = job.get("spec") or {}
+    return bool(spec.get("suspend") or (spec.get("runPolicy") or {}).get("suspend"))
+
+
 OPERATORS: Dict[str, tuple] = {
+    "TrainJob": (_trainjob_replicas, _trainjob_status),
     "PyTorchJob": (_kubeflow_replicas, _kubeflow_status),
     "TFJob": (_kubeflow_replicas, _kubeflow_status),
     "Framework": (_framework_replicas, _framework_status),
@@ -230,7 +264,7 @@ def _finished(status: dict) -> bool:
 
 class PodRunner:
     def __init__(self, api, containers: Containers, image: str, workdir: Path,
-                 mounts: Optional[Dict[str, Path]] = None, images: Optional[Dict[str, str]] = None):
+                 mounts: Optional[Dict[str, Path]] = None, images: Optional[Dict[str, str]] = None, kueue=None):
         self.api = api
         self.containers = containers
         self.image = image
@@ -239,7 +273,9 @@ class PodRunner:
         self.mounts = mounts or {}
         self.pods: Dict[str, Pod] = {}  # by name: the latest pod of that name
         self.history: List[Pod] = []  # every pod, in the order made (a job made again reuses its pods' names)
-        self.jobs: Dict[str, int] = {}  # job uid -> its current group (AdaptDL restarts)
+        self.jobs: Dict[str, int] = {}  # job uid -> its current group (AdaptDL restarts, resumptions)
+        self.idle: set = set()  # uids of suspended jobs whose pods were deleted: resumed, they get a new group
+        self.kueue = kueue  # kueue_play.KueuePlay, or None: no job waits for admission
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
         self._threads: List[threading.Thread] = []
@@ -308,11 +344,24 @@ class PodRunner:
 
     def _turn(self) -> None:
         """One look at the API server: new jobs get pods, deleted pods stop, jobs get their status."""
+        if self.kueue is not None:
+            self.kueue.turn()
         with self.api._lock:
             jobs = {path: obj for path, obj in self.api.objects.items() if obj.get("kind") in JOB_KINDS}
         for path, job in jobs.items():
-            if job["metadata"]["uid"] not in self.jobs:
-                self.jobs[job["metadata"]["uid"]] = 0
+            uid = job["metadata"]["uid"]
+            if suspended(job):
+                if uid in self.jobs and uid not in self.idle:  # evicted: its pods go, with their grace
+                    self.idle.add(uid)
+                    for pod in self.history:
+                        if pod.uid == uid and not pod.deleted:
+                            self._terminate(pod)
+            elif uid not in self.jobs:
+                self.jobs[uid] = 0
+                self._create_pods(path, job)
+            elif uid in self.idle:  # admitted again
+                self.idle.discard(uid)
+                self.jobs[uid] += 1
                 self._create_pods(path, job)
         with self.api._lock:
             listed = {id(p) for p in self.api.pods}
@@ -342,22 +391,22 @@ class PodRunner:
                       **replica.labels}
             obj = {"apiVersion": "v1", "kind": "Pod",
                    "metadata": {"name": replica.name, "namespace": job["metadata"].get("namespace", "default"),
-                                "labels": labels, "uid": uuid.uuid4().hex},
+                                "labels": labels, "annotations": dict(replica.annotations), "uid": uuid.uuid4().hex},
                    "spec": json.loads(json.dumps(template["spec"])), "status": {"phase": "Pending"}}
-            pod = Pod(replica.name, path, job["metadata"]["uid"], replica.role, obj)
+            pod = Pod(replica.name, path, job["metadata"]["uid"], replica.role, obj,
+                      group=self.jobs[job["metadata"]["uid"]])
             self.pods[replica.name] = pod
             self.history.append(pod)
             with self.api._lock:
                 self.api.pods.append(obj)
-            self._spawn(self._run_pod, pod, replica.env)
+            self._spawn(self._run_pod, pod, replica.env, replica.hosts)
 
     def _operate(self, path: str, job: dict) -> None:
         """The operator's turn: the job's status from its pods; AdaptDL's restart after a checkpoint."""
         _, status_of = OPERATORS[job["kind"]]
         uid = job["metadata"]["uid"]
-        group = self.jobs[uid]
-        pods = [p for p in self.history if p.uid == uid and p.obj["metadata"]["labels"].get(
-            "adaptdl/group", str(group)) == str(group)]
+        group = self.jobs.get(uid, 0)  # a job held suspended from its creation has no pods yet
+        pods = [p for p in self.history if p.uid == uid and p.group == group]
         status = status_of(job, pods)
         if job["kind"] == "AdaptDLJob" and status["phase"] == "Stopping" and all(p.done.is_set() for p in pods):
             self.jobs[uid] = group + 1
@@ -382,17 +431,18 @@ class PodRunner:
         self._threads.append(thread)
         thread.start()
 
-    def _run_pod(self, pod: Pod, operator_env: Dict[str, str]) -> None:
+    def _run_pod(self, pod: Pod, operator_env: Dict[str, str], hosts: Dict[str, str]) -> None:
         try:
-            self._run_containers(pod, operator_env)
+            self._run_containers(pod, operator_env, hosts)
         except Exception as err:  # a test equipment fault: shown by describe(), the pod stays Pending
             pod.error = str(err)
             pod.done.set()
 
-    def _run_containers(self, pod: Pod, operator_env: Dict[str, str]) -> None:
+    def _run_containers(self, pod: Pod, operator_env: Dict[str, str], hosts: Dict[str, str]) -> None:
         spec = pod.obj["spec"]
         container = spec["containers"][0]
         options = ["--network", "host", "--hostname", pod.name, *self._volumes(pod, container)]
+        options += [option for name, address in hosts.items() for option in ("--add-host", f"{name}:{address}")]
         if container.get("command"):
             options += ["--entrypoint", json.dumps(container["command"])]
         if container.get("workingDir"):
@@ -439,6 +489,19 @@ class PodRunner:
         if grace is None:
             grace = pod.obj["spec"].get("terminationGracePeriodSeconds", 30)
         self._spawn(self._stop_pod, pod, grace)
+
+    def _terminate(self, pod: Pod) -> None:
+        """The job controller's deletion of a pod: listed, Terminating, until its container has stopped."""
+        pod.obj["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        pod.deleted = True
+
+        def stop_then_unlist() -> None:
+            self._stop_pod(pod, pod.obj["spec"].get("terminationGracePeriodSeconds", 30))
+            pod.done.wait(60)
+            with self.api._lock:
+                self.api.pods = [p for p in self.api.pods if p is not pod.obj]
+
+        self._spawn(stop_then_unlist)
 
     def _stop_pod(self, pod: Pod, grace: int) -> None:
         deadline = time.monotonic() + grace

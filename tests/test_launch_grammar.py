@@ -145,6 +145,10 @@ def test_horovod_command():
      (3, 2, 4, "j-master-0", 23456, ("j-master-0", "j-worker-0", "j-worker-1"))),
     ({"PET_NNODES": "1:2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "auto", "MASTER_ADDR": "m",
       "MASTER_PORT": "23456", "TRIALKIT_SLOTS_PER_NODE": "2"}, (2, 0, 2, "m", 23456, ())),
+    # Trainer v2's TrainJob: PET_MASTER_ADDR/PORT and no MASTER_ADDR; its pods' hosts are JobSet's names.
+    ({"PET_NNODES": "3", "PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "auto", "PET_MASTER_ADDR": "tj-node-0-0.tj",
+      "PET_MASTER_PORT": "29500"},
+     (3, 2, 1, "tj-node-0-0.tj", 29500, ("tj-node-0-0.tj", "tj-node-0-1.tj", "tj-node-0-2.tj"))),
     # Before PET_*: one process per pod, WORLD_SIZE pods.
     ({"MASTER_ADDR": "m", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1"}, (2, 1, 1, "m", 23456, ())),
     # Inside a torchrun worker (LOCAL_RANK) RANK is not a node rank.

@@ -169,8 +169,12 @@ DESCRIPTIONS: Dict[str, str] = {
     "k8s.keepFinishedJobs.failed": "After failure or cancellation: a duration (default 1d).",
     "k8s.reuseMode": "Must be false: every trial is its own job.",
     # kubeflow
-    "kubeflow.operator": "`pytorch-operator` (PyTorchJob) or `tf-operator` (TFJob).",
-    "kubeflow.apiVersion": "Accepted for old NNI configs; objects are always rendered as `kubeflow.org/v1`.",
+    "kubeflow.operator": "`pytorch-operator` (PyTorchJob), `tf-operator` (TFJob) or `trainjob` (Kubeflow Trainer v2's "
+                         "TrainJob); unset: a PyTorchJob, or a TrainJob on a cluster that serves only Trainer v2.",
+    "kubeflow.apiVersion": "Accepted for old NNI configs; objects are always rendered as `kubeflow.org/v1` "
+                           "(a TrainJob as `trainer.kubeflow.org/v1alpha1`, which `v1alpha1` may name).",
+    "kubeflow.runtime": "trialkit: a TrainJob's ClusterTrainingRuntime (default `torch-distributed`; "
+                        "`deepspeed-distributed` for a DeepSpeed launcher's command). Only with a TrainJob.",
     "kubeflow.master": "The master (PyTorchJob; one replica) or chief (TFJob).",
     "kubeflow.worker": "The workers.",
     "kubeflow.ps": "The parameter servers (TFJob only).",

@@ -583,11 +583,15 @@ def cmd_trial_activate(opts: argparse.Namespace) -> int:
 JOB_COLUMNS = ("position", "id", "experiment", "name", "priority", "submitted", "slots_acquired", "slots_needed",
                "status")
 POOL_JOB_COLUMNS = JOB_COLUMNS[:5] + ("weight",) + JOB_COLUMNS[5:]  # a resource pool's jobs have a weight too
+# A Kueue pool's: its LocalQueue's workloads (kubernetes/kueue.py), their priority class and admission.
+KUEUE_JOB_COLUMNS = JOB_COLUMNS[:5] + ("priority_class",) + JOB_COLUMNS[5:] + ("admission",)
 
 
 def cmd_job_list(opts: argparse.Namespace) -> int:
     rows: List[Dict[str, Any]] = []
     order = "priority"  # the column the order is by: a fair share pool's is its jobs' weights
+    if opts.pool is not None and _kueue_pool(opts.pool):
+        return _kueue_job_list(opts)
     if opts.pool is not None:  # --pool "": no such pool, not every experiment's trials
         from trialkit.platforms import pools
 
@@ -623,7 +627,76 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
     return 0
 
 
+def _kueue_pool(name: str) -> bool:
+    from trialkit.platforms import pools
+
+    return bool(pools.pool_spec(name, pools.read_config(paths.home())).local_queue)
+
+
+def _kueue_job_list(opts: argparse.Namespace) -> int:
+    """A Kueue pool's workloads, from the cluster, in Kueue's order with their admission."""
+    from trialkit.platforms.kubernetes import kueue
+    from trialkit.platforms.kubernetes.client import KubeClient
+
+    queue = kueue.named(opts.pool)
+    rows = kueue.jobs(queue, KubeClient.from_environment())
+    if opts.format == "json":
+        print(json.dumps(rows, indent=2))
+    elif opts.format == "csv":
+        import csv
+        import io
+
+        out = io.StringIO()
+        writer = csv.DictWriter(out, KUEUE_JOB_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        sys.stdout.write(out.getvalue())
+    elif rows:
+        print(table(("#", "id", "experiment", "workload", "priority", "submitted", "pods", "status", "admission"),
+                    [(r["position"], r["id"], r["experiment"], r["name"],
+                      f"{r['priority']} ({r['priority_class']})" if r["priority_class"] else r["priority"],
+                      when(r["submitted"]), f"{r['slots_acquired']}/{r['slots_needed']}", r["status"], r["admission"])
+                     for r in rows]))
+    else:
+        print(f"no workloads in Kueue's LocalQueue {queue.local_queue} (namespace {queue.namespace})")
+    return 0
+
+
+def _kueue_priority(opts: argparse.Namespace) -> int:
+    """`job update TRIAL --priority CLASS`: the trial's job's WorkloadPriorityClass in its Kueue LocalQueue."""
+    import yaml
+
+    from trialkit.platforms.kubernetes import kueue
+    from trialkit.platforms.kubernetes.client import KubeClient, ObjectRef
+
+    if opts.trial_id and _names_experiment(opts.trial_id):
+        raise UserError("a Kueue priority class is a job's, and each trial is a job", opts.trial_id,
+                        "name a trial (`trialkit job list --pool NAME` lists them)")
+    submitted = paths.trial_dir(paths.experiment_dir(paths.experiment_of(opts.trial_id)), opts.trial_id) / \
+        "kubernetes.yaml"
+    if not submitted.exists():
+        raise UserError(f"trial {opts.trial_id} has no Kubernetes job", opts.trial_id,
+                        "a priority class names a Kueue WorkloadPriorityClass; other jobs take a number")
+    job = list(yaml.safe_load_all(submitted.read_text()))[-1]
+    kueue.set_priority(ObjectRef.of(job), opts.priority, KubeClient.from_environment())
+    print(f"updated {opts.trial_id}: priority class {opts.priority}")
+    return 0
+
+
+def _priority(text: str) -> Any:
+    """--priority: a number (trialkit's queues), or a Kueue WorkloadPriorityClass's name."""
+    try:
+        return int(text)
+    except ValueError:
+        if not text or not text.replace("-", "").replace(".", "").isalnum() or not text.islower():
+            raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor a WorkloadPriorityClass "
+                                             "name") from None
+        return text
+
+
 def cmd_job_update(opts: argparse.Namespace) -> int:
+    if isinstance(opts.priority, str):
+        return _kueue_priority(opts)
     if _names_experiment(opts.trial_id):
         return _update_experiment_job(opts)
     if opts.weight is not None or opts.resource_pool is not None:
@@ -984,9 +1057,10 @@ def build_parser() -> ArgumentParser:
                                 "ahead of or behind another waiting trial of its experiment (it takes that one's "
                                 "priority). A running trial cannot be moved."))
     how = update.add_mutually_exclusive_group(required=True)
-    how.add_argument("--priority", type=int, metavar="N",
+    how.add_argument("--priority", type=_priority, metavar="N",
                      help="the new priority: a trial's, higher starts first within its experiment; an experiment's "
-                          "(its id as TRIAL_ID), smaller gets the resource pool's next free slots first (default 42)")
+                          "(its id as TRIAL_ID), smaller gets the resource pool's next free slots first (default 42); "
+                          "in a Kueue pool, a trial's WorkloadPriorityClass by name, changed while its job waits")
     how.add_argument("--weight", type=float, metavar="W",
                      help="an experiment's fair share weight in a fair_share resource pool (default 1): the pool's "
                           "slots are divided among the jobs that want them in proportion to their weights")

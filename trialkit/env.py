@@ -59,6 +59,13 @@ DETERMINED = "TRIALKIT_DETERMINED"
 CODE_DIGEST = "TRIALKIT_CODE_DIGEST"
 TRIALSIDE_DIGEST = "TRIALKIT_TRIALSIDE_DIGEST"
 TERMINATION_LOG = "TRIALKIT_TERMINATION_LOG"
+# The manager's own scrape token for GET /metrics (Prometheus), beside the page's and the admin token.
+METRICS_TOKEN = "TRIALKIT_METRICS_TOKEN"
+# Kubeflow Trainer v2 (2.2+) gives a TrainJob's pods its progress endpoint: a URL, and files holding its CA
+# certificate and a bearer token (rotated: read again at each post). The keeper posts there (keeper/trainer_status.py).
+TRAINER_SERVER_URL = "KUBEFLOW_TRAINER_SERVER_URL"
+TRAINER_SERVER_CA_CERT = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
+TRAINER_SERVER_TOKEN = "KUBEFLOW_TRAINER_SERVER_TOKEN"
 # A Ray node's instance-metadata service (spot notices); set per node to point a
 # node at a stand-in, as tests do. Default: EC2's link-local address.
 IMDS_URL = "TRIALKIT_IMDS_URL"
@@ -566,23 +573,21 @@ def topology(environ: Optional[Mapping[str, str]] = None) -> Topology:
 def _platform_topology(e: Mapping[str, str]) -> Dict[str, Any]:
     """What a platform injected, in trialkit's terms (only the fields it knows)."""
     if e.get("PET_NNODES") or (e.get("MASTER_ADDR") and e.get("WORLD_SIZE") and not e.get("LOCAL_RANK")):
-        # Kubeflow PyTorchJob. PET_* since training-operator 1.4; before, one
-        # process per pod with WORLD_SIZE pods and RANK the pod's index.
-        # LOCAL_RANK marks a torchrun worker, whose RANK is not a node rank.
+        # Kubeflow PyTorchJob (PET_* since training-operator 1.4, beside MASTER_ADDR/PORT; before, one
+        # process per pod with WORLD_SIZE pods and RANK the pod's index), or Trainer v2's TrainJob, whose
+        # torch plugin sets PET_MASTER_ADDR/PORT and no MASTER_ADDR. LOCAL_RANK marks a torchrun worker,
+        # whose RANK is not a node rank.
         name = "PET_NNODES" if e.get("PET_NNODES") else "WORLD_SIZE"
+        master = e.get("PET_MASTER_ADDR") or e.get("MASTER_ADDR") or ""
         out: Dict[str, Any] = {
-            "source": "PyTorchJob",
+            "source": "TrainJob" if e.get("PET_MASTER_ADDR") else "PyTorchJob",
             "num_nodes": _topology_int({name: e[name].split(":")[-1]}, name),  # "min:max" when elastic
             "node_rank": _topology_int(e, "PET_NODE_RANK" if e.get("PET_NODE_RANK") else "RANK"),
             "slots_per_node": _topology_int(e, "PET_NPROC_PER_NODE"),  # may be "auto": then ours
-            "chief_addr": e.get("MASTER_ADDR"),
-            "chief_port": _topology_int(e, "MASTER_PORT"),
+            "chief_addr": master or None,
+            "chief_port": _topology_int(e, "PET_MASTER_PORT" if e.get("PET_MASTER_PORT") else "MASTER_PORT"),
         }
-        master = e.get("MASTER_ADDR", "")
-        if master.endswith("-master-0") and out["num_nodes"]:
-            # The operator names each replica's service <job>-master-0, <job>-worker-<i>.
-            job = master[: -len("-master-0")]
-            out["hosts"] = (master,) + tuple(f"{job}-worker-{i}" for i in range(out["num_nodes"] - 1))
+        out["hosts"] = _kubeflow_hosts(master, out["num_nodes"]) if out["num_nodes"] else ()
         return out
     if e.get("FC_TASK_INDEX") and e.get("FC_TASKROLE_NAME"):
         # FrameworkController injects no peer list and no task count: the task
@@ -609,6 +614,19 @@ def _platform_topology(e: Mapping[str, str]) -> Dict[str, Any]:
             "chief_port": port or None,
         }
     return {}
+
+
+def _kubeflow_hosts(master: str, count: int) -> tuple:
+    """Every node's address by rank, from the chief's: a PyTorchJob's operator names each replica's service
+    <job>-master-0, <job>-worker-<i>; JobSet names a TrainJob's pods <job>-node-0-<i>.<job> (its hosts in
+    the JobSet's subdomain). () when the name follows neither."""
+    if master.endswith("-master-0"):
+        job = master[: -len("-master-0")]
+        return (master,) + tuple(f"{job}-worker-{i}" for i in range(count - 1))
+    host, dot, domain = master.partition(".")
+    if host.endswith("-0-0"):
+        return tuple(f"{host[:-1]}{i}{dot}{domain}" for i in range(count))
+    return ()
 
 
 def visible_device_count(environ: Mapping[str, str]) -> int:
@@ -660,7 +678,7 @@ def _check_topology(topo: Topology, e: Mapping[str, str]) -> None:
         raise UserError(f"node rank {topo.node_rank} is outside 0..{topo.num_nodes - 1}",
                         f"topology from {topo.source}", f"set {NODE_RANK} below {NUM_NODES}")
     if topo.chief_port is not None and not 0 < topo.chief_port < 65536:
-        named = next((name for name in (CHIEF_PORT, "MASTER_PORT") if e.get(name)), f"topology from {topo.source}")
+        named = next((name for name in (CHIEF_PORT, "PET_MASTER_PORT", "MASTER_PORT") if e.get(name)), f"topology from {topo.source}")
         raise UserError(f"port {topo.chief_port} is outside 1..65535", named, "give the chief a port from 1 to 65535")
     if topo.num_nodes > 1 and topo.chief_addr in ("127.0.0.1", "localhost") and not e.get(CHIEF_ADDR):
         raise UserError(f"{topo.num_nodes} nodes but no chief address", f"topology from {topo.source}",

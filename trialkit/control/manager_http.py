@@ -4,11 +4,12 @@
     manager.url                                       # what trials are told to deliver to
     manager.close()
 
-One server (trialkit.manager.server) serves three things: the keepers' routes,
+One server (trialkit.manager.server) serves four things: the keepers' routes,
 whose stored records go to the loop's queue; the admin routes, one per action
 of the table (trialkit.control.actions) behind the admin token, each run on
-the loop's thread; and, when the face that started the experiment shows one,
-the page. The page comes as a hook (`PageHook`) that the face passes in: the
+the loop's thread; /metrics for Prometheus (trialkit.manager.metrics, behind
+the admin, page or TRIALKIT_METRICS_TOKEN token); and, when the face that
+started the experiment shows one, the page. The page comes as a hook (`PageHook`) that the face passes in: the
 control plane never imports trialkit.web, the page imports the action table.
 
 It listens on loopback for local trials and on every address otherwise,
@@ -19,6 +20,7 @@ but the action table's answers.
 from __future__ import annotations
 
 import hmac
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,9 @@ from trialkit.control import actions
 from trialkit.control.actions import Action, Performer
 from trialkit.control.admin import ManagerInfo, write_info
 from trialkit.control.config import ExperimentConfig
+from trialkit.env import METRICS_TOKEN
 from trialkit.errors import UserError
+from trialkit.manager import metrics
 from trialkit.manager.routes import HttpError, Request
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
 class AttachedPage:
     url: str  # printed at the start: the page, with what opens it
     close: Callable[[], None]  # called once the server has stopped
+    token: Optional[str] = None  # the page's token: it opens /metrics too
 
 
 # (server, the experiment's store, manager.json's info, who performs the page's actions) -> the attached page
@@ -70,6 +75,7 @@ class Manager:
         info = ManagerInfo.for_this_process(loop.experiment_id, url, int(bound), loop.elapsed_before)
         install_admin_routes(server, info.token, loop)
         attached = page(server, loop.store, info, loop) if page is not None else None
+        metrics.install(server, loop.store, [info.token, attached and attached.token, os.environ.get(METRICS_TOKEN)])
         server.add_listener(loop.stored)
         server.start()
         manager = cls(server, info, loop.experiment_dir, attached)

@@ -19,13 +19,15 @@ SDK's own count of what it could not even hold comes on stdout (channel.LOST).
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from trialkit import layout, records
 from trialkit.channel import LOST
-from trialkit.env import TrialEnv, is_reporting_replica, replica_rank
+from trialkit.env import (TRAINER_SERVER_CA_CERT, TRAINER_SERVER_TOKEN, TRAINER_SERVER_URL, TrialEnv,
+                          is_reporting_replica, replica_rank)
 from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path
 from trialkit.keeper.spool import Reserve, Spool
 from trialkit.keeper.status import StatusFile, say, warn
@@ -51,6 +53,7 @@ class Reporter:
         self.shipper = None  # a Shipper when there is a manager to send to
         self.log_streams: List[Any] = []  # keeper.logship.LogStream, when there is a manager
         self.scalars = Scalars(trial.tensorboard_dir, warn) if trial.tensorboard_dir else None
+        self.trainer_status = None  # a TrainerStatus where Kubeflow Trainer gives its progress endpoint
 
     def attach(self, loop: EventLoop) -> None:
         """As the trial starts: the followed files, the shipper."""
@@ -77,6 +80,11 @@ class Reporter:
 
             self.shipper = Shipper(self.spool, self.trial.manager_url, self.trial.trial_id, self.trial.token,
                                    log=say, route=route).start()
+        if os.environ.get(TRAINER_SERVER_URL) and route == "records":  # one keeper a TrainJob speaks for it
+            from trialkit.keeper.trainer_status import TrainerStatus
+
+            self.trainer_status = TrainerStatus(os.environ[TRAINER_SERVER_URL], os.environ.get(TRAINER_SERVER_CA_CERT),
+                                                os.environ.get(TRAINER_SERVER_TOKEN), say)
 
     def status(self, status: str, **fields: Any) -> None:
         if status in FINAL_STATUSES and self.lost:
@@ -126,6 +134,8 @@ class Reporter:
             self.scalars.close()
         if self.malformed:
             self.status_file.update(malformed_records=self.malformed)
+        if self.trainer_status:
+            self.trainer_status.close(deadline)
         # Without a manager the spool is the record of the trial: nothing to say.
         left = self.shipper.close(deadline) if self.shipper else 0
         self.spool.close()
@@ -179,6 +189,9 @@ class Reporter:
         if self.scalars:
             for rec in recs:
                 self.scalars.add(rec)
+        if self.trainer_status:
+            for rec in recs:
+                self.trainer_status.note(rec)
 
     def _ingest_one(self, rec: Dict[str, Any]) -> None:
         """A record that no file holds (a status change, a stdout line): held in memory until spooled."""

@@ -65,6 +65,7 @@ import asyncio
 import ssl
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -122,6 +123,7 @@ class ManagerServer:
         self.scheme = "https" if tls is not None else "http"
         self._thread: Optional[threading.Thread] = None
         self.stopping = threading.Event()  # ends Stream answers
+        self.meter: Any = None  # trialkit.manager.metrics.Meter once /metrics is installed: told of each batch
 
     @property
     def url(self) -> str:
@@ -190,14 +192,20 @@ class ManagerServer:
     def _take_records(self, trial_id: str, body: bytes, answer: Callable[[int, Any], None]) -> None:
         """A batch stored with the others of this turn of the loop (commits.py); `answer(status, body)` is called
         once the commit that holds it is done (or at once, for a body that is no batch)."""
+        started = time.monotonic() if self.meter is not None else 0.0
+        parts: Tuple[List[Any], List[Any]] = ([], [])
+
         def done(outcome: Union[Stored, Exception]) -> None:
             if isinstance(outcome, Exception):
                 answer(*self._failed("POST", f"{_TRIALS}{trial_id}{_RECORDS}", outcome))
             else:
                 answer(*self._stored(trial_id, outcome))
+                if self.meter is not None:
+                    self.meter.batch(trial_id, len(parts[0]) + len(parts[1]), len(outcome.fresh), started)
 
         try:
-            self._commits.submit(trial_id, *_split(body), done)
+            parts = _split(body)
+            self._commits.submit(trial_id, *parts, done)
         except Exception as err:  # noqa: BLE001 - a body that is no batch (400), or a bug (500): answered either way
             done(err)
 

@@ -321,6 +321,13 @@ class Store:
             rows = self._db.execute(sql + " ORDER BY sequence", args).fetchall()
         return [_trial(row) for row in rows]
 
+    def counts(self) -> Tuple[Dict[str, int], int]:
+        """(trials by status, trials queued for a slot: those with a place in the job queue), for /metrics."""
+        with self._lock:
+            rows = self._db.execute("SELECT status, COUNT(*), SUM(position IS NOT NULL) FROM trials "
+                                    "GROUP BY status").fetchall()
+        return {status: count for status, count, _ in rows}, sum(queued or 0 for _, _, queued in rows)
+
     def trial_for_token(self, token: str) -> Optional[str]:
         """The trial that holds this token; None once the control plane ended it (its token is revoked)."""
         with self._lock:

@@ -11,6 +11,9 @@ pools.yml names pools of slots, and the machine's GPUs (nvidia-smi's indices) a 
       default: {slots: 4}
       gpu: {gpus: [0, 1]}          # slots: 2 (one per GPU) unless given; `gpus: all` (the default): any GPU
 
+(A pool may instead be a cluster's: `kubernetes: {namespace, slots}`, `ray: {address, slots}`, or Kueue's
+LocalQueue, `kueue: {namespace, localQueue, priorityClass}`, whose quota Kueue holds: kubernetes/kueue.py.)
+
 With no file (or no `default` in it) the default pool has one slot per CPU
 this process may run on, or per GPU when the machine has more GPUs than CPUs.
 
@@ -42,6 +45,7 @@ trials' slots there; the leases its running trials hold stay until they end).
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import sys
 import threading
@@ -119,6 +123,9 @@ class PoolSpec:
     scheduler: str = PRIORITY  # one of SCHEDULERS: the order its jobs get free slots in
     namespace: Optional[str] = None  # a Kubernetes namespace's pool: its leases live there (kubernetes/pool_leases.py)
     ray_address: Optional[str] = None  # a Ray cluster's pool: its leases live there (ray/pool_ledger.py)
+    # A namespace's pool that is Kueue's LocalQueue (kubernetes/kueue.py): no slots, no leases of trialkit's.
+    local_queue: Optional[str] = None
+    priority_class: Optional[str] = None  # its jobs' WorkloadPriorityClass; None: the ClusterQueue's default
 
 
 def read_config(home: Path) -> Dict[str, PoolSpec]:
@@ -135,7 +142,10 @@ def read_config(home: Path) -> Dict[str, PoolSpec]:
     out = {}
     for name, section in pools.items():
         where = schema.path(f"{path}: pools", name)
-        sec = schema.normalize_keys(section, ("slots", "gpus", "scheduler") + tuple(_CLUSTERS), where)
+        sec = schema.normalize_keys(section, ("slots", "gpus", "scheduler", KUEUE) + tuple(_CLUSTERS), where)
+        if sec.get(KUEUE) is not None:
+            out[str(name)] = _kueue_pool(sec, where)
+            continue
         cluster = next((kind for kind in _CLUSTERS if sec.get(kind) is not None), None)
         if cluster is not None:
             out[str(name)] = _cluster_pool(sec, where, cluster)
@@ -172,6 +182,39 @@ def _cluster_pool(sec: Mapping[str, Any], where: str, kind: str) -> PoolSpec:
         raise UserError(f"the {words} pool has no {missing[0]}", inside, f"write {form}")
     return PoolSpec(schema.as_int(given["slots"], schema.path(inside, "slots"), minimum=1),
                     **{field: schema.as_str(given[key], schema.path(inside, key))})
+
+
+KUEUE = "kueue"
+
+
+def _kueue_pool(sec: Mapping[str, Any], where: str) -> PoolSpec:
+    """`kueue: {namespace: NS, localQueue: LQ, priorityClass: WPC}`: the Kubernetes experiments of namespace NS
+    queue in Kueue's LocalQueue LQ (priorityClass, a WorkloadPriorityClass, optional); Kueue holds the slots."""
+    form = "kueue: {namespace: NS, localQueue: LQ, priorityClass: WPC}"
+    beside = [name for name in ("slots", "gpus", "scheduler") + tuple(_CLUSTERS) if sec.get(name) is not None]
+    if beside:
+        raise UserError(f"{beside[0]} is set beside kueue", schema.path(where, beside[0]),
+                        f"Kueue's ClusterQueue holds the quota: write only {form}")
+    inside = schema.path(where, KUEUE)
+    given = schema.normalize_keys(sec[KUEUE], ("namespace", "localQueue", "priorityClass"), inside)
+    missing = [name for name in ("namespace", "localQueue") if given.get(name) is None]
+    if missing:
+        raise UserError(f"the Kueue pool has no {missing[0]}", inside, f"write {form}")
+    names = {key: _object_name(given[key], schema.path(inside, key)) for key in given if given[key] is not None}
+    return PoolSpec(namespace=names["namespace"], local_queue=names["localQueue"],
+                    priority_class=names.get("priorityClass"))
+
+
+_OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def _object_name(value: Any, where: str) -> str:
+    """A Kubernetes object's name (a namespace, a LocalQueue, a class), as the label values that carry it allow."""
+    text = schema.as_str(value, where)
+    if len(text) > 63 or not _OBJECT_NAME.match(text):
+        raise UserError(f"{schema.show(text)} is not a Kubernetes name", where,
+                        "use at most 63 lowercase letters, digits, '-' and '.', starting and ending with a letter or digit")
+    return text
 
 
 def _gpu_list(value: Any, where: str) -> Optional[Tuple[int, ...]]:

@@ -26,7 +26,12 @@ CUSTOM_KINDS = {
     "TFJob": ("kubeflow.org", "v1", "tfjobs"),
     "Framework": ("frameworkcontroller.microsoft.com", "v1", "frameworks"),
     "AdaptDLJob": ("adaptdl.petuum.com", "v1", "adaptdljobs"),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+    # Kueue's: a queued job's admission (its Workload) and the queue it joins.
+    "Workload": ("kueue.x-k8s.io", "v1beta2", "workloads"),
+    "LocalQueue": ("kueue.x-k8s.io", "v1beta2", "localqueues"),
 }
+CLUSTER_KINDS = {"WorkloadPriorityClass": ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses")}
 # Built-in kinds: kind -> the CoreV1Api method suffix.
 CORE_KINDS = {"ConfigMap": "config_map", "Secret": "secret", "PersistentVolumeClaim": "persistent_volume_claim",
               "Service": "service"}
@@ -188,6 +193,48 @@ class KubeClient:
             raise
         log.info("deleted %s", ref)
         return True
+
+    def served(self, kinds: List[str]) -> List[str]:
+        """Which of the custom `kinds` the API server serves (API discovery: its group and version list them)."""
+        found = []
+        for kind in kinds:
+            group, version, plural = CUSTOM_KINDS[kind]
+            try:
+                resources = self._call("discover", f"{group}/{version}", self._custom.get_api_resources, group, version)
+            except ClusterError as err:
+                if err.status == 404:
+                    continue  # the group or version is not installed
+                raise
+            if any(item.get("name") == plural for item in (resources or {}).get("resources") or []):
+                found.append(kind)
+        return found
+
+    def list(self, kind: str, namespace: str, selector: str = "") -> List[Dict[str, Any]]:
+        """The custom objects of `kind` in `namespace` (matching the label `selector`)."""
+        group, version, plural = CUSTOM_KINDS[kind]
+        found = self._call("list", f"{kind} {selector} in {namespace}", self._custom.list_namespaced_custom_object,
+                           group, version, namespace, plural, label_selector=selector)
+        return found.get("items") or []
+
+    def get_cluster(self, kind: str, name: str) -> Optional[dict]:
+        """A cluster-scoped custom object, or None when there is none."""
+        group, version, plural = CLUSTER_KINDS[kind]
+        try:
+            return self._call("get", f"{kind}/{name}", self._custom.get_cluster_custom_object, group, version, plural,
+                              name)
+        except ClusterError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def list_cluster(self, kind: str) -> List[Dict[str, Any]]:
+        group, version, plural = CLUSTER_KINDS[kind]
+        found = self._call("list", kind, self._custom.list_cluster_custom_object, group, version, plural)
+        return found.get("items") or []
+
+    def patch(self, ref: ObjectRef, change: dict) -> dict:
+        """A JSON merge patch of `ref` (labels, spec.suspend): what it names changes, nothing else."""
+        return self._on("patch", ref, change, _headers={"Content-Type": "application/merge-patch+json"})
 
     def set_owner(self, ref: ObjectRef, owner: dict) -> None:
         """Make `ref` (a built-in kind) garbage-collected with `owner`."""

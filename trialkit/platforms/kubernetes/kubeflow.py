@@ -1,18 +1,22 @@
-"""Kubeflow's training-operator: one PyTorchJob or TFJob (kubeflow.org/v1) per trial.
+"""Kubeflow's training-operator: one PyTorchJob or TFJob (kubeflow.org/v1) per trial; Trainer v2's TrainJob
+with `operator: trainjob` (trainjob.py).
 
-Config (NNI-compatible): `operator: pytorch-operator|tf-operator`, roles
+Config (NNI-compatible): `operator: pytorch-operator|tf-operator|trainjob` (unset: a PyTorchJob, or a TrainJob
+on a cluster that serves only Trainer v2), roles
 `master`, `worker`, `ps` with `replicas`, `command`, `dockerImage`,
 `cpuNumber`, `gpuNumber`, `memorySize`, plus the options every Kubernetes
 platform has (k8s_config.parse_common).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar, Dict, List, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 
 from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.platforms.kubernetes import render as k8s
+from trialkit.platforms.kubernetes import trainjob
 from trialkit.statuses import FAILED, RUNNING, SUCCEEDED, WAITING
 from trialkit.platforms.base import PlatformStatus, TrialSpec
 from trialkit import env as envnames
@@ -74,18 +78,27 @@ class KubeflowConfig:
     common: KubeCommon
     reporting_role: str = "master"
     storage: Optional[Storage] = None  # the checkpoint claim; None: checkpoints on the pod's disk
+    # `operator` unset: the TrainJob the section is where the cluster serves Trainer v2 and not PyTorchJob
+    # (trainjob.TrainJobConfig), or the UserError saying why it cannot be one; None: the config chose.
+    trainjob: Any = None
     platform: ClassVar[str] = PLATFORM
 
 
-def parse_section(section: dict, where: str) -> KubeflowConfig:
+def parse_section(section: dict, where: str) -> Any:
+    """A KubeflowConfig, or with `operator: trainjob` a trainjob.TrainJobConfig."""
     sec = Section(section, where)
-    name = sec.text("operator", default="pytorch-operator")
-    if name not in OPERATORS:
-        raise UserError(f"unknown operator {name!r}", sec.at("operator"), "use pytorch-operator or tf-operator")
-    operator = OPERATORS[name]
+    chosen = sec.text("operator")
+    name = chosen or "pytorch-operator"
+    if name not in OPERATORS and name != trainjob.OPERATOR:
+        raise UserError(f"unknown operator {name!r}", sec.at("operator"), "use pytorch-operator, tf-operator or trainjob")
+    operator = OPERATORS.get(name, OPERATORS["pytorch-operator"])  # a TrainJob's roles are a PyTorchJob's
     api_version = sec.text("apiVersion", default="v1")
-    if api_version not in API_VERSIONS:
+    if api_version not in API_VERSIONS + ((trainjob.API_VERSION.split("/")[1],) if name == trainjob.OPERATOR else ()):
         raise UserError(f"unknown apiVersion {api_version!r}", sec.at("apiVersion"), "use v1")
+    runtime = sec.text("runtime")
+    if runtime is not None and chosen not in (None, trainjob.OPERATOR):
+        raise UserError(f"runtime names a Kubeflow Trainer v2 runtime, which {name} has not", sec.at("runtime"),
+                        "remove it, or use operator: trainjob")
     roles = []
     for role_name in ROLES:
         role_sec = sec.section(role_name)
@@ -95,19 +108,30 @@ def parse_section(section: dict, where: str) -> KubeflowConfig:
             raise UserError(f"{name} has no {role_name} role", role_sec.where, "use " + " and ".join(operator.replica_types))
         roles.append(parse_role(role_sec, role_name, ("replicas",)))
         role_sec.finish()
-    if operator.required_role not in [role.name for role in roles]:
+    if name == trainjob.OPERATOR and not roles:
+        raise UserError("a TrainJob needs its nodes", where, "add worker: {replicas: 2, command: ...}")
+    if name != trainjob.OPERATOR and operator.required_role not in [role.name for role in roles]:
         role = operator.required_role
         raise UserError(f"{name} needs a {role} role", where, f"add {role}: {{replicas: 1, command: ...}}")
     by_name = {role.name: role for role in roles}
     if name == "pytorch-operator" and by_name["master"].count != 1:
         schema.report(UserError("a PyTorchJob has exactly one master", f"{where}.master.replicas",
                                 "use replicas: 1 and add workers"))
-    common = parse_common(sec, [operator.kind])
+    common = parse_common(sec, [trainjob.KIND if name == trainjob.OPERATOR else operator.kind])
     check_images(roles, common, where)
     reporter = reporting_role(sec, [role.name for role in roles])
     storage = parse_storage(sec)
     sec.finish()
-    return KubeflowConfig(operator=name, roles=tuple(roles), common=common, reporting_role=reporter, storage=storage)
+    if name == trainjob.OPERATOR:
+        return trainjob.from_roles(roles, common, storage, runtime, where)
+    config = KubeflowConfig(operator=name, roles=tuple(roles), common=common, reporting_role=reporter, storage=storage)
+    if chosen is None and common.template is None:  # a PyTorchJob unless the cluster serves only TrainJobs
+        try:
+            alternative: Any = trainjob.from_roles(roles, common, storage, runtime, where)
+        except UserError as err:
+            alternative = err
+        config = dataclasses.replace(config, trainjob=alternative)
+    return config
 
 
 # A v1 config's errors name its keys: trainingService.worker.X is trial.worker.X there, the rest kubeflowConfig's.
@@ -123,7 +147,9 @@ def from_v1(v1_config: dict) -> dict:
     return out
 
 
-def render(config: KubeflowConfig, spec: TrialSpec) -> List[dict]:
+def render(config: Any, spec: TrialSpec) -> List[dict]:
+    if isinstance(config, trainjob.TrainJobConfig):
+        return trainjob.render(config, spec)
     operator = OPERATORS[config.operator]
     names = k8s.trial_names(spec, NAME_BUDGET)
     job = k8s.job_object(config.common, operator.template, names)
@@ -167,7 +193,9 @@ CONDITIONS = (
 
 
 def job_status(job: dict) -> PlatformStatus:
-    """A PyTorchJob's or TFJob's status.conditions as a trial status."""
+    """A PyTorchJob's or TFJob's status.conditions as a trial status (a TrainJob's: trainjob.job_status)."""
+    if job.get("kind") == trainjob.KIND:
+        return trainjob.job_status(job)
     holding = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
     for condition_type, status in CONDITIONS:
         condition = holding.get(condition_type)
@@ -180,3 +208,38 @@ def job_status(job: dict) -> PlatformStatus:
 class Platform(KubePlatform):
     renderer = staticmethod(render)
     mapper = staticmethod(job_status)
+
+    def check_ready(self) -> None:
+        super().check_ready()
+        self._settle()
+
+    def submit(self, spec: TrialSpec) -> str:
+        self._settle()
+        return super().submit(spec)
+
+    def remove_experiment(self, experiment_id: str, trial_ids) -> List[str]:
+        self._settle()
+        return super().remove_experiment(experiment_id, trial_ids)
+
+    def experiment_ended(self, experiment_id: str, trial_ids) -> None:
+        self._settle()
+        super().experiment_ended(experiment_id, trial_ids)
+
+    def _settle(self) -> None:
+        """`operator` unset: a PyTorchJob where the cluster serves one, else a TrainJob where it serves Trainer v2
+        (API discovery, asked once); a cluster that serves neither is one line."""
+        alternative = getattr(self.config, "trainjob", None)
+        if alternative is None:
+            return
+        served = self.client.served([OPERATORS["pytorch-operator"].kind, trainjob.KIND])
+        if served == [trainjob.KIND]:
+            if isinstance(alternative, UserError):
+                raise UserError(f"the cluster serves Kubeflow Trainer v2 (TrainJob), not PyTorchJob, and this section "
+                                f"is no TrainJob: {alternative.what}", alternative.where, alternative.fix)
+            self.config = alternative
+            return
+        if not served:
+            raise UserError("the cluster serves neither PyTorchJob (kubeflow.org/v1, training-operator) nor TrainJob "
+                            "(trainer.kubeflow.org/v1alpha1, Kubeflow Trainer v2)", "trainingService.operator",
+                            "install one of them in the cluster, or name the operator your cluster has")
+        self.config = dataclasses.replace(self.config, trainjob=None)

@@ -24,7 +24,7 @@ import yaml
 
 from trialkit import env as envnames
 from trialkit.platforms.kubernetes import render as k8s
-from trialkit.platforms.kubernetes import pool_leases, shipping
+from trialkit.platforms.kubernetes import kueue, pool_leases, shipping
 from trialkit.statuses import FAILED, FINAL_STATUSES, SUCCEEDED, SYS_CANCELED, USER_CANCELED, WAITING
 from trialkit.errors import UserError
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
@@ -126,6 +126,7 @@ class KubePlatform(PlatformBase):
         self._held: dict = {}  # handle -> (spec, objects, slots): waiting for the pool's slots, in submission order
         self._leased: dict = {}  # handle -> trial id: its slots are leased from the pool
         self._unstarted: dict = {}  # handle -> PlatformStatus: stopped while it waited
+        self._admissions: Any = _UNREAD  # the namespace's Kueue pool (pools.yml, kubernetes/kueue.py) or None
 
     @property
     def checkpoint_survives_stop(self) -> bool:
@@ -146,9 +147,13 @@ class KubePlatform(PlatformBase):
         from trialkit.platforms.kubernetes.client import ObjectRef
 
         objects = self.renderer(self.config, spec)
+        if self.admissions is not None:  # the job joins Kueue's LocalQueue: Kueue, not a lease, starts it
+            objects[-1] = kueue.queued(objects[-1], self.admissions.queue)
         self._record(spec, objects)
         shipping.keep(objects, self.experiment_dir, spec.experiment_id)  # what the pods fetch, served by the manager
         handle = str(ObjectRef.of(objects[-1]))
+        if self.admissions is not None:
+            self.admissions.submitted(handle, spec.trial_id)
         pool = self.pool
         if pool is None:
             self._create(spec, objects)
@@ -165,6 +170,23 @@ class KubePlatform(PlatformBase):
         if self._pool is _UNREAD:
             self._pool = pool_leases.for_namespace(self.config.common.namespace, self.client)
         return self._pool
+
+    @property
+    def admissions(self) -> Optional[kueue.Admissions]:
+        if self._admissions is _UNREAD:
+            queue = kueue.for_namespace(self.config.common.namespace)
+            # on_waiting is the loop's, set after the platform is made: looked up at each call.
+            self._admissions = queue and kueue.Admissions(queue, lambda trial, why: self.on_waiting(trial, why))
+        return self._admissions
+
+    def _workloads(self, job: dict) -> List[dict]:
+        """The Kueue Workloads of `job`, as Kueue names or labels them."""
+        from trialkit.platforms.kubernetes.client import ObjectRef
+
+        ref, namespace = kueue.workload_ref(job), job["metadata"]["namespace"]
+        if "name" in ref:
+            return [found for found in [self.client.get(ObjectRef("Workload", namespace, ref["name"]))] if found]
+        return self.client.list("Workload", namespace, ref["selector"])
 
     def _start_held(self) -> None:
         """Create the waiting trials the pool leases slots to now, first submitted first."""
@@ -248,9 +270,16 @@ class KubePlatform(PlatformBase):
         job = self.client.get(ref)
         if job is None:
             self._release(handle)
-            return PlatformStatus(SYS_CANCELED, f"{ref} no longer exists")
+            gone = self.admissions.gone(handle) if self.admissions is not None else None
+            return gone or PlatformStatus(SYS_CANCELED, f"{ref} no longer exists")
         pods = self.client.list_pods(ref.namespace, _selector(job))
         status = trial_status(self.mapper(job), pods)
+        if self.admissions is not None:
+            status = self.admissions.status(handle, job, pods, status, lambda: self._workloads(job))
+            if self.admissions.evicted(handle):  # its pods are gone: a new job resumes it, queued anew
+                self.client.delete(ref)
+                if self.client.get(ref) is None:  # gone at once (no finalizer held it): say so now
+                    return self.admissions.gone(handle)
         if status.status in FINAL_STATUSES:
             self._release(handle)
             self._expire(handle, status.status)
@@ -319,6 +348,7 @@ class KubePlatform(PlatformBase):
         self._client = client
         self._storage_secret()  # an Azure key that cannot be read is one line now, before any trial
         self.pool  # read now: so is a mistake in pools.yml
+        self.admissions
 
     def stop(self, handle: str, grace: Optional[float] = None) -> None:
         """Delete the job: its pods run cleanup.sh (the keeper checkpoints) within their

@@ -44,9 +44,10 @@ Leases = Dict[str, Dict[str, Any]]
 
 
 def for_namespace(namespace: str, client: Any) -> Optional["NamespacePool"]:
-    """The pool pools.yml declares for `namespace`; None when it declares none (the namespace is not pooled)."""
+    """The pool pools.yml declares for `namespace`; None when it declares none (the namespace is not pooled) or
+    its pool is Kueue's (kubernetes/kueue.py: Kueue holds the slots)."""
     found = pools.declared_for(lambda spec: spec.namespace == namespace, f"namespace {namespace!r}")
-    return NamespacePool(client, found[0], namespace, found[1].slots) if found else None
+    return NamespacePool(client, found[0], namespace, found[1].slots) if found and not found[1].local_queue else None
 
 
 def job_slots(job: dict) -> int:
