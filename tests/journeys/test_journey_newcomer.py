@@ -70,7 +70,6 @@ def day(tmp_path_factory):
     user.stop_leftovers()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 40.1: `trialkit --version` is a usage error")
 def test_trialkit_version_says_which_trialkit(day):
     assert day.version.returncode == 0, day.version.stderr
     assert importlib.metadata.version("trialkit") in day.version.stdout
