@@ -592,6 +592,16 @@ def render_tuners() -> str:
     lines = ["| tuner | classArgs | optimize_mode default |", "| --- | --- | --- |"]
     lines += [f"| `{name}` | {args} | `{mode}` |" for name, args, mode in tuner_rows()]
     lines += ["", "`tpe_args` (TPE) takes " + ", ".join(f"`{a}`" for a in tpe_args()) + ".", "",
+              "TPE is optuna's TPESampler, univariate as NNI's TPE is: trialkit passes `multivariate=False` and "
+              "the constant liar (on unless `constant_liar_type: null`) to optuna, whose defaults for both changed "
+              "in optuna 5.0; setup.py allows optuna 4 and 5 (`optuna>=4,<6`, the versions this has been run with). "
+              "Evolution's population is its latest `population_size` results (the oldest leaves as a new one "
+              "joins).", "",
+              "No tuner proposes a point twice (NNI 3.0's deduplication): a repeat is replaced by the first untried "
+              "point of the grid, or a fresh random one where a parameter is continuous, and a finite space whose "
+              "every point was tried ends the search (`search space exhausted` is printed). A resumed experiment's "
+              "tuner is rebuilt from its stored trials and goes on as the uninterrupted one would: each proposal "
+              "draws from a random state of its own, derived from the seed and its parameter id.", "",
               "NNI tuners trialkit does not carry (the error says so): "
               + ", ".join(f"`{n}`" for n in tuners.NNI_ONLY) + ".", "",
               "| assessor | classArgs |", "| --- | --- |"]
@@ -649,7 +659,8 @@ def render_v1(platform: str) -> str:
 NNI_V2_NOTES: Dict[str, str] = {
     "trainingService": "platforms `local`, `kubeflow`, `frameworkcontroller`, `adaptdl` (also `adl`) and `ray`; "
     "NNI's remote, openpai, aml, dlc and hybrid (a list) are not available",
-    "tuner": "built-in tuners by name (see the config reference); custom tuner classes are not supported",
+    "tuner": "built-in tuners by name (see the config reference); custom tuner classes are not supported; TPE is "
+    "univariate as NNI's; no tuner proposes a point twice, a resumed search included",
     "assessor": "`Medianstop`, `Curvefitting` (NNI's classArgs), `ASHA`, or `Pruner` (optuna's pruners)",
     "useAnnotation": "must be false",
     "advisor": "taken as the tuner; NNI's advisors (BOHB, Hyperband) are not available",

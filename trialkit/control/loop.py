@@ -469,6 +469,8 @@ class Loop:
             if asked is not None:
                 return self._create(*asked)
             self.exhausted = True
+            self.progress.say(f"search space exhausted: each of its {self.tuner.points_tried} points was tried; "
+                              "no new trial starts")
         if head is None:
             return None
         self.queue.remove(head)
