@@ -286,8 +286,9 @@ def _imported(entry: Any) -> Optional[Dict[str, Any]]:
 def cmd_experiment_activate(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
 
-    admin.act(opts.experiment_id, "experiment", "activate")
+    answer = admin.act(opts.experiment_id, "experiment", "activate")
     print(f"activated experiment {opts.experiment_id}: its paused trials are queued to resume")
+    _warn(answer)
     return 0
 
 
@@ -563,8 +564,12 @@ def _warn(answer: Any) -> None:
 def cmd_trial_activate(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
 
-    admin.act(paths.experiment_of(opts.trial_id), "trial", "activate", opts.trial_id)
-    print(f"activated trial {opts.trial_id}: queued to resume from its checkpoint")
+    answer = admin.act(paths.experiment_of(opts.trial_id), "trial", "activate", opts.trial_id)
+    if isinstance(answer, dict) and answer.get("warning"):  # it saved no checkpoint
+        print(f"activated trial {opts.trial_id}: queued to start again from the beginning (it saved no checkpoint "
+              "when paused)")
+    else:
+        print(f"activated trial {opts.trial_id}: queued to resume from its checkpoint")
     return 0
 
 

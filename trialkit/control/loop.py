@@ -40,7 +40,7 @@ from trialkit import __version__, records, statuses
 from trialkit.control.assessors import build_assessor
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
-from trialkit.control.queue import JobQueue, goes_before, label
+from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, JobQueue, goes_before, label
 from trialkit.control.results import metric_value
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -109,6 +109,11 @@ class Trial:
     @property
     def paused(self) -> bool:
         return self.status == PREEMPTED
+
+    @property
+    def steps(self) -> List[Any]:
+        """What the assessor judges: its intermediate results it could read a value of."""
+        return [value for value in self.intermediate if value is not None]
 
 
 class _Reply:
@@ -277,6 +282,7 @@ class Loop:
         trial = self.trials.get(trial_id)
         if trial is None:
             return
+        final_here = any(rec["type"] == records.FINAL for rec in fresh)
         for rec in fresh:
             if rec["type"] == records.FINAL and not trial.has_final:
                 trial.final, trial.has_final = rec["value"], True
@@ -286,7 +292,7 @@ class Loop:
                     self.note_best(trial, value)
             elif rec["type"] == records.PERIODICAL:
                 trial.intermediate.append(self.step_value(rec["value"]))
-                self._assess(trial)
+                self._assess(trial, final_here)
             elif rec["type"] == records.STATUS and trial.id not in self.active:
                 # A keeper's late word (delivered after its exit was seen) must not undo ours.
                 self.store.set_status(trial.id, trial.status, exit_code=trial.exit_code, reason=trial.reason)
@@ -307,11 +313,13 @@ class Loop:
         self.progress.say(f"trial {trial.id}: warning: {trial.note}")
         self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note)
 
-    def _assess(self, trial: Trial) -> None:
+    def _assess(self, trial: Trial, final_here: bool) -> None:
+        """The assessor sees the trial's steps; it stops the trial unless its final result is in, or came with
+        these steps (`final_here`): a trial that reported its final result is done, whatever its curve."""
         if self.assessor is None or trial.stop is not None or trial.ended:
             return
-        steps = [value for value in trial.intermediate if value is not None]
-        if steps and self.assessor.should_stop(trial.id, steps):
+        steps = trial.steps
+        if steps and self.assessor.should_stop(trial.id, steps) and not (final_here or trial.has_final):
             self.stop_trial(trial, ASSESSOR_STOP)
 
     def note_best(self, trial: Trial, value: float) -> None:
@@ -355,7 +363,9 @@ class Loop:
     def finish(self, trial: Trial, status: str, reason: str, exit_code: Optional[int]) -> None:
         # A stop that came too late to matter (the trial finished with its result) changes nothing.
         if trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
-            status, reason = trial.stop
+            status, reason = self._stopped(trial, status)
+        elif status == PREEMPTED and not self._checkpointed(trial, status):  # a pod deleted, a pool's preemption
+            reason = f"{reason}; {NO_CHECKPOINT}" if reason else NO_CHECKPOINT
         if status == SUCCEEDED and not trial.has_final and not reason:
             reason = "ended without reporting a final result"
         reason = reason or trial.note
@@ -366,14 +376,36 @@ class Loop:
         self.progress.trial_ended(trial.id, label(status), trial.final, reason, self.snapshot())
         if trial.paused:
             if trial.stop is None and self.stopping is None:
-                # Stopped with a checkpoint by someone else (a pod deleted, a spot notice): it resumes.
-                self.requeue(trial, "preempted: queued to resume")
+                # Stopped by someone else (a pod deleted, a spot notice, a job of higher priority): it resumes.
+                lost = f"; {NO_CHECKPOINT}" if reason.endswith(NO_CHECKPOINT) else ""
+                self.requeue(trial, f"preempted: queued to resume{lost}")
             return  # not done: the tuner and the assessor wait for its result
         self.tuner.tell_failed(trial.parameter_id)  # ignored when its final result was told
         if self.assessor is not None:
             self.assessor.trial_end(trial.id, status == SUCCEEDED)
         if status == FAILED:
             self._check_first_failures()
+
+    def _stopped(self, trial: Trial, status: str) -> Tuple[str, str]:
+        """(status, reason) of a trial that ended after the loop stopped it (trial.stop), given how the platform
+        saw it end (`status`). A user's stop of the whole experiment (Ctrl-C, SIGTERM, `experiment stop`) that
+        finds it holding a checkpoint leaves it PREEMPTED, for `experiment resume`; a pause that finds it with
+        none says that its progress restarts; the assessor's stop met a trial whose final result was in
+        already: it succeeded."""
+        wanted, why = trial.stop
+        if trial.stop == ASSESSOR_STOP and trial.has_final:
+            return SUCCEEDED, "its final result came before the assessor's stop"
+        if wanted == USER_CANCELED and trial.stop == self.stopping and self._checkpointed(trial, status):
+            return PREEMPTED, f"{why}; {RESUMABLE}"
+        if wanted == PREEMPTED and trial.ran and not self._checkpointed(trial, status):
+            return PREEMPTED, f"{why}; {NO_CHECKPOINT}"
+        return wanted, why
+
+    def _checkpointed(self, trial: Trial, status: str) -> bool:
+        """Whether the trial that ended as `status` holds a checkpoint to go on from: as its platform sees it,
+        else whether it exited 143 after a stop (its keeper's PREEMPTED)."""
+        holds = self.platform.holds_checkpoint
+        return holds(trial.handle or trial.id) if holds is not None else status == PREEMPTED
 
     def _check_first_failures(self) -> None:
         """Stop when the first trials (stopWhenFirstTrialsFail) all failed the same way: the rest would too."""

@@ -34,6 +34,12 @@ from trialkit.statuses import PREEMPTED, RUNNING, WAITING
 
 # What users see for a status: a trial stopped with a checkpoint waits to be activated.
 LABELS = {PREEMPTED: "PAUSED"}
+# The end of a PREEMPTED trial's reason when a user's stop of the whole experiment (Ctrl-C, SIGTERM,
+# `experiment stop`) found it holding a checkpoint: `experiment resume` queues it again (control.resume); one
+# paused by a user waits for `activate`.
+RESUMABLE = "it saved a checkpoint: `trialkit experiment resume` continues it"
+# The end of the reason of a trial paused or preempted without a checkpoint.
+NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
 _FIELDS = {"priority": "priority", "ahead-of": "ahead_of", "behind-of": "behind_of"}
 _PRIORITY_RANGE = f"a priority is a whole number from {INT64_MIN} to {INT64_MAX}"
 

@@ -382,6 +382,19 @@ class Platform(PlatformBase):
             return PlatformStatus(PREEMPTED, why, found.exit_code)
         return found
 
+    def holds_checkpoint(self, handle: str) -> bool:
+        """Whether the ended trial left a checkpoint: it exited 143 after the stop (its keeper's PREEMPTED),
+        or its checkpoint dir holds anything (a checkpoint of an earlier step, one a Determined trial saved
+        before exiting 0)."""
+        trial_dir = paths.trial_dir(self.experiment_dir, handle)
+        if (StatusFile.previous(layout.status_path(trial_dir)) or {}).get("status") == PREEMPTED:
+            return True
+        try:
+            with os.scandir(layout.checkpoint_dir(trial_dir)) as entries:
+                return next(entries, None) is not None
+        except OSError:  # none made (a trial that never started) or unreadable: nothing to go on from
+            return False
+
     def _status(self, handle: str) -> PlatformStatus:
         with self._lock:
             if handle in self._held:
