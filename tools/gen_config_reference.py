@@ -85,8 +85,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "a link there keeps it findable by id).",
     "top.trialTemplate": "trialkit: your own job template (YAML) for the cluster platforms, instead of the packaged "
     "one; refused on local and ray.",
-    "top.priority": "trialkit: the trials' priority in their experiment's job queue: smaller runs first, as "
-    "Determined's priority scheduler (whatever the resource pool's scheduler).",
+    "top.priority": "trialkit: the experiment's one priority, smaller first, as Determined's priority scheduler "
+    "(default 42): on the local platform its job's in the resource pool (the pool's free slots go to the smallest "
+    "number first; the same as `trainingService.poolPriority`, which must not differ from it) and its trials' in "
+    "its job queue.",
     "top.managerTls": "trialkit: `{certFile, keyFile}`, PEM files: the manager serves HTTPS only, to trials and "
     "the page (`trialkit run --tls-cert/--tls-key` does the same); trials must trust the certificate "
     "([TLS](../platforms.md#the-manager-over-tls)).",
@@ -102,7 +104,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "local.resourcePool": "trialkit: the pool of `$TRIALKIT_HOME/pools.yml` the trials take their slots from, "
     "shared with every local experiment of that home (default: `default`).",
     "local.poolPriority": "trialkit: the experiment's priority in its resource pool, Determined's order: the pool's "
-    "free slots go to smaller numbers first (default 42; `job update` with the experiment's id changes it); "
+    "free slots go to smaller numbers first (default: the config's `priority`, else 42; a Determined config's "
+    "`resources.priority`; `job update` with the experiment's id changes it); "
     "bigger first in a pool of `scheduler: priority_descending`; refused in a `fair_share` pool.",
     "local.preemptible": "trialkit: whether the trials give their slots back, paused through their checkpoint, to "
     "a job of higher priority that waits for them in the resource pool (default `true`; AdaptDL's word). "
@@ -672,6 +675,9 @@ NNI_V2_NOTES: Dict[str, str] = {
     "logLevel": "NNI's levels (`fatal` to `trace`); another than `info` is noted at the start: trialkit's manager "
     "has one level",
     "experimentWorkingDirectory": "holds the experiment's dir; the default is `$TRIALKIT_HOME/experiments`",
+    "trialConcurrency": "the same meaning: that many trials at once (local, with no `pools.yml`: no other cap, "
+    "whatever the machine's CPUs); a resource pool's declared slots or GPUs may hold some back, and `trialkit run` "
+    "says so at the start and in its progress line",
 }
 
 

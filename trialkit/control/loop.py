@@ -90,6 +90,7 @@ class Trial:
     status: str = WAITING
     restart_count: int = 0
     ran: bool = False  # submitted since it last joined the queue: its next start is a restart
+    held: str = ""  # submitted, and held back by its platform until its resource pool has room: why
     handle: Optional[str] = None
     deadline: Optional[float] = None  # monotonic: when maxTrialDuration runs out
     stop: Optional[Tuple[str, str]] = None  # (status, reason) once a stop was sent
@@ -233,6 +234,12 @@ class Loop:
         """The platform's on_end: a trial ended (from the platform's thread)."""
         self.events.put(("end", handle))
 
+    def waiting(self, trial_id: str, why: str) -> None:
+        """The platform's on_waiting: it holds a submitted trial back, and why (from any of its threads). The
+        store says so at once; the loop counts it as waiting, not running, until it reports running."""
+        self.store.set_status(trial_id, WAITING, reason=why)
+        self.events.put(("waiting", trial_id, why))
+
     def perform(self, action: "Action", trial_id: Optional[str], body: Any) -> Any:
         """Run an action of the table on the loop's thread and return its answer (admin routes, the page)."""
         reply = _Reply()
@@ -267,6 +274,10 @@ class Loop:
             trial = self.by_handle.get(event[1])
             if trial is not None and trial.id in self.active:
                 self._check_ended(trial)
+        elif kind == "waiting":
+            trial = self.trials.get(event[1])
+            if trial is not None and trial.id in self.active:
+                trial.held = event[2]
         elif kind == "signal":
             self._on_signal(event[1])
         elif kind == "action":
@@ -297,6 +308,7 @@ class Loop:
                 # A keeper's late word (delivered after its exit was seen) must not undo ours.
                 self.store.set_status(trial.id, trial.status, exit_code=trial.exit_code, reason=trial.reason)
             elif rec["type"] == records.STATUS and rec["value"].get("status") == statuses.RUNNING:
+                trial.held = ""  # it got its place: the platform called on_waiting before it started it
                 self._check_keeper_version(trial, rec["value"].get("keeper_version"))
                 if self.config.max_trial_duration is not None:
                     # maxTrialDuration counts from the start, not the submission: a trial may wait for its GPUs
@@ -546,6 +558,7 @@ class Loop:
         self.by_handle[handle] = trial
         self.active[trial.id] = trial
         trial.deadline = None
+        trial.held = ""
         if self.config.max_trial_duration is not None and elapsed is not None:
             trial.deadline = time.monotonic() + self.config.max_trial_duration - elapsed
 
@@ -591,9 +604,12 @@ class Loop:
         for trial in self.trials.values():
             counts[trial.status] = counts.get(trial.status, 0) + 1
         best = self.best
+        held = sorted((t for t in self.active.values() if t.held), key=lambda t: t.sequence)
         return Snapshot(
             done=counts.get(SUCCEEDED, 0),
-            running=len(self.active),
+            running=len(self.active) - len(held),
+            waiting=len(held),
+            waiting_for=held[0].held if held else "",
             failed=counts.get(FAILED, 0),
             early_stopped=counts.get(EARLY_STOPPED, 0),
             canceled=counts.get(USER_CANCELED, 0) + counts.get(SYS_CANCELED, 0),
