@@ -192,6 +192,12 @@ def test_no_tuner_repeats_a_point_and_a_small_space_runs_out(name):
     assert sorted(points[:2] + rest) == sorted(points) and resumed.ask() is None
 
 
+def test_random_without_deduplication_samples_with_replacement_as_determined_does():
+    tuner = build_tuner("Random", {"deduplicate": False}, SMALL, 3)  # a Determined config's random searcher
+    points = [json.dumps(tuner.ask()[1], sort_keys=True) for _ in range(10)]
+    assert len(set(points)) <= 4 and tuner.ask() is not None  # max_trials trials, however small the space
+
+
 def test_grid_search_enumerates_exactly_the_grid_then_stops():
     space = parse_space({
         "opt": {"_type": "choice", "_value": ["sgd", "adam"]},

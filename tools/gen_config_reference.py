@@ -602,7 +602,9 @@ def render_tuners() -> str:
               "joins).", "",
               "No tuner proposes a point twice (NNI 3.0's deduplication): a repeat is replaced by the first untried "
               "point of the grid, or a fresh random one where a parameter is continuous, and a finite space whose "
-              "every point was tried ends the search (`search space exhausted` is printed). A resumed experiment's "
+              "every point was tried ends the search (`search space exhausted` is printed); Random's "
+              "`deduplicate: false` samples with replacement instead, as Determined's random and adaptive_asha "
+              "searchers do (a Determined config's tuner is that). A resumed experiment's "
               "tuner is rebuilt from its stored trials and goes on as the uninterrupted one would: each proposal "
               "draws from a random state of its own, derived from the seed and its parameter id.", "",
               "NNI tuners trialkit does not carry (the error says so): "

@@ -19,7 +19,9 @@ again, and `replay` of the store's trials (parameters and final results)
 rebuilds exactly what the uninterrupted tuner holds. No tuner hands out a point
 twice (NNI 3.0's deduplication): a repeated proposal is replaced by the first
 point of the grid not tried yet (a finite space) or a fresh random one; a
-finite space whose every point was tried ends the search.
+finite space whose every point was tried ends the search. Random's
+`deduplicate: false` samples with replacement, as Determined's random and
+adaptive_asha searchers do (a Determined config's tuner).
 """
 from __future__ import annotations
 
@@ -79,6 +81,7 @@ class Tuner:
         self._finished: Set[int] = set()
         self._tried: Set[str] = set()  # every point handed out or replayed (_key)
         self._grid: Optional[Iterator[Dict[str, Any]]] = None  # a finite space's points, from the first untried
+        self._deduplicate: bool = class_args.get("deduplicate", True)
 
     @classmethod
     def check_space(cls, space: SearchSpace) -> None:
@@ -92,7 +95,7 @@ class Tuner:
         parameter_id = self._next_id
         rng = random.Random(derived_seed(self.seed, parameter_id))
         params = self._propose(parameter_id, rng)
-        if params is not None and _key(params) in self._tried:
+        if params is not None and self._deduplicate and _key(params) in self._tried:
             self._withdraw(parameter_id)
             params = self._untried(rng)
             if params is not None:
@@ -183,7 +186,7 @@ class Tuner:
 
 
 class RandomTuner(Tuner):
-    ARGS = {"optimize_mode": check_mode, "seed": _seed}
+    ARGS = {"optimize_mode": check_mode, "seed": _seed, "deduplicate": schema.as_bool}
 
     def _propose(self, parameter_id: int, rng: random.Random) -> Dict[str, Any]:
         return self.space.sample(rng)
