@@ -73,7 +73,9 @@ EXTRAS = {
     "kubernetes": ["kubernetes>=30"],
     # aiohttp: the manager's server (trialkit/manager/transport.py); orjson: its decoder of the keepers' batches
     # (trialkit/manager/server.py's decode, which reads as records.loads without it). Keepers load neither.
-    "control": ["optuna>=4", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5", "aiohttp>=3.9",
+    # optuna < 6: TPE's arguments that keep NNI's univariate search (multivariate=False) are the ones 4.x and 5.x take;
+    # 6.0 removes those deprecated in 4.9, and a major version no test here has run may change more.
+    "control": ["optuna>=4,<6", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5", "aiohttp>=3.9",
                 "orjson>=3.9"],
     # The manager's GET /metrics in Prometheus' text format (trialkit/manager/metrics.py).
     "metrics": ["prometheus_client>=0.17"],

@@ -25,6 +25,19 @@ print("taken", flush=True)
 time.sleep(600)
 """
 
+# A trial that notes its start, waits for the gate file, notes its end, and reports its x.
+GATED = """
+import os, time, trialkit
+p = trialkit.get_next_parameter()
+with open({log!r}, "a") as f:
+    f.write(f"start {{time.time()}} {name}\\n")
+while not os.path.exists({gate!r}):
+    time.sleep(0.02)
+with open({log!r}, "a") as f:
+    f.write(f"end {{time.time()}} {name}\\n")
+trialkit.report_final_result(p["x"])
+"""
+
 
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch) -> Path:

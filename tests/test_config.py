@@ -44,7 +44,8 @@ def test_nni_minimal_v2_config_loads():
     assert config.trial_code_directory == str(NNI)  # "." is the config file's directory
     assert config.trial_gpu_number == 0 and config.trial_concurrency == 1
     assert (config.tuner.name, config.optimize_mode) == ("TPE", "maximize")
-    assert config.platform == "local" and config.training_service == LocalConfig(trial_gpu_number=0)
+    # priority: the experiment's one (the default, 42), its job's in the resource pool too
+    assert config.platform == "local" and config.training_service == LocalConfig(trial_gpu_number=0, priority=42)
 
 
 def test_nni_detailed_v2_config_loads():
@@ -77,7 +78,7 @@ def test_v1_local_config_and_assessor_convert():
     v1["assessor"] = {"builtinAssessorName": "Medianstop", "classArgs": {"start_step": 3}}
     config = parse_config(v1, NNI)
     assert config.training_service == LocalConfig(use_active_gpu=True, max_trial_number_per_gpu=2, gpu_indices=(0, 1),
-                                                  trial_gpu_number=0)  # trial.gpuNum
+                                                  trial_gpu_number=0, priority=42)  # trial.gpuNum
     assert config.assessor.class_args == {"start_step": 3, "optimize_mode": "maximize"}  # the tuner's mode
 
 

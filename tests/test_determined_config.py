@@ -116,9 +116,9 @@ def test_resources_priority_restarts_and_concurrency_are_applied(tmp_path):
     assert config.max_trial_number == 20
     assert config.trial_concurrency == 4  # max_slots 8 / 2 slots, below max_concurrent_trials 6
     assert config.training_service.slots == 2
-    # Determined's priority orders experiments: the job's in its resource pool (smaller first there too), not
-    # a copy as the trials' own priority within the experiment
-    assert (config.training_service.pool_priority, config.priority) == (10, 42)  # the trials' default
+    # Determined's priority orders experiments: the job's in its resource pool (smaller first there too), and
+    # the experiment's one priority (its trials', all alike, in its own queue)
+    assert (config.training_service.pool_priority, config.priority) == (10, 10)
     assert config.max_trial_restarts == 3
 
 
@@ -145,7 +145,7 @@ def test_environment_variables_data_and_shared_fs_storage_are_applied(tmp_path):
 def test_a_resource_pool_and_priority_are_the_local_platform_s_pool_and_the_job_s_place_in_it(tmp_path):
     assert parse(tmp_path, resources={"resource_pool": "a100"}).training_service.resource_pool == "a100"
     prioritized = parse(tmp_path, resources={"priority": 10})
-    assert (prioritized.training_service.pool_priority, prioritized.priority) == (10, 42)
+    assert (prioritized.training_service.pool_priority, prioritized.priority) == (10, 10)
     assert parse(tmp_path, resources={"weight": 2.5}).training_service.pool_weight == 2.5  # fair share's
     for key, value in (("priority", 10), ("weight", 2)):
         with pytest.raises(UserError, match=f"resources.{key} orders experiments in a local resource pool only"):

@@ -63,7 +63,7 @@ def gated_experiment(tmp_path: Path, **config) -> Experiment:
     code.mkdir()
     (code / "trial.py").write_text(GATED_TRIAL.format(gate=str(tmp_path / "gate")))
     exp = Experiment("local")
-    exp.config.search_space = {"x": {"_type": "choice", "_value": [1, 2]}}
+    exp.config.search_space = {"x": {"_type": "choice", "_value": [1, 2, 3]}}  # a point each: none is tried twice
     exp.config.trial_command = "python3 trial.py"
     exp.config.trial_code_directory = code  # a Path, as NNI's examples pass
     exp.config.tuner.name = "Random"

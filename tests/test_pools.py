@@ -17,7 +17,7 @@ import pytest
 from experiment_util import TIMEOUT, cli, experiment, experiment_id, export, start_cli
 from gpu_util import most_at_once
 from harness import wait_until
-from pools_util import SLOTS_HOLDER, finish, home, pool_of, pools_yml, start_holder  # noqa: F401 (home: a fixture)
+from pools_util import GATED, SLOTS_HOLDER, finish, home, pool_of, pools_yml, start_holder  # noqa: F401 (home: a fixture)
 
 # Notes its start, holds its slot for `hold` seconds, notes its end, reports.
 TIMED = """
@@ -123,26 +123,16 @@ def test_a_pools_file_with_a_mistake_is_one_line(tmp_path, home):
     assert "slot" in done.stderr and "pools.yml" in done.stderr
 
 
-# Notes its start, waits for the gate file, notes its end, reports.
-GATED = """
-import os, time, trialkit
-p = trialkit.get_next_parameter()
-with open({log!r}, "a") as f:
-    f.write(f"start {{time.time()}} {name}\\n")
-while not os.path.exists({gate!r}):
-    time.sleep(0.02)
-with open({log!r}, "a") as f:
-    f.write(f"end {{time.time()}} {name}\\n")
-trialkit.report_final_result(p["x"])
-"""
-
-
-def gated(tmp_path: Path, name: str, log: Path, gate: Path, trials: int, **service) -> Path:
+def gated(tmp_path: Path, name: str, log: Path, gate: Path, trials: int, top: Any = None, **service) -> Path:
+    """An experiment of GATED trials; `top`: more of the config's top-level keys."""
     return experiment(tmp_path, SPACE, GATED.format(log=str(log), name=name, gate=str(gate)), name=name,
-                      trialConcurrency=2, maxTrialNumber=trials, trainingService={"platform": "local", **service})
+                      trialConcurrency=2, maxTrialNumber=trials, trainingService={"platform": "local", **service},
+                      **(top or {}))
 
 
-@pytest.mark.parametrize("how", ["--priority 1", "--ahead-of", "poolPriority: 1", "update-batch"])
+# How b goes ahead of a: `job update`, b's config (NNI users write `priority`, Determined users resources.priority,
+# which is poolPriority), `job update-batch`.
+@pytest.mark.parametrize("how", ["--priority 1", "--ahead-of", "poolPriority: 1", "priority: 1", "update-batch"])
 def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home, how):
     pool_of(home, 2)
     log, gate = tmp_path / "spans", tmp_path / "gate"
@@ -151,6 +141,7 @@ def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home,
     earlier = experiment_id(first.stdout.readline())
     wait_until(lambda: log.exists() and log.read_text().count("start") == 2, TIMEOUT, "a's 2 trials to hold the pool")
     second = start_cli("run", gated(tmp_path, "b", log, gate, trials=2,
+                                    top={"priority": 1} if how == "priority: 1" else None,
                                     **({"poolPriority": 1} if how == "poolPriority: 1" else {})))
     try:
         later = experiment_id(second.stdout.readline())
@@ -159,7 +150,7 @@ def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home,
         if how == "update-batch":  # Determined's syntax, applied in order
             done = cli("job", "update-batch", f"{earlier}.priority=50", f"{later}.ahead-of={earlier}")
             assert done.returncode == 0, done.stderr
-        elif how != "poolPriority: 1":  # its config's
+        elif how not in ("poolPriority: 1", "priority: 1"):  # its config's
             done = cli("job", "update", later, *(how.split() if how != "--ahead-of" else [how, earlier]))
             assert done.returncode == 0, done.stderr
         a_priority = 50 if how == "update-batch" else 42

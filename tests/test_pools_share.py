@@ -82,7 +82,7 @@ def test_fair_share_divides_the_pool_by_weight_and_a_new_weight_shifts_it(tmp_pa
                    TIMEOUT, "a and b to wait for 4 slots each")
         assert {job["id"]: job["weight"] for job in pool_jobs()} == {a: 3, b: 1}
         listed = cli("job", "list", "--pool")  # a fair share pool's table shows weights, not priorities
-        assert listed.returncode == 0 and listed.stdout.split()[4] == "weight", listed.stdout + listed.stderr
+        assert listed.returncode == 0 and listed.stdout.split()[5] == "weight", listed.stdout + listed.stderr
         blocker.kill()
         blocker.wait()
         # The 4 slots free at once go 3 to a (weight 3), 1 to b (weight 1), and stay so while both wait
@@ -141,7 +141,7 @@ def test_a_running_experiment_moved_to_another_pool_starts_its_next_trials_there
         assert done.returncode == 0 and done.stdout == f"updated experiment {b}: priority\n", done.stderr
         other = cli("job", "list", "--pool", "other", "--csv")
         assert other.returncode == 0, other.stderr
-        assert other.stdout.splitlines()[1].split(",")[4:6] == ["7", "1"]  # its priority, its weight
+        assert other.stdout.splitlines()[1].split(",")[5:7] == ["7", "1"]  # its priority, its weight
         assert pool_jobs() == []  # default lists jobs that are in it: b's leases there are its running trials'
     finally:
         (dirs["gate"] / "all").touch()

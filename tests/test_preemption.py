@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from experiment_util import TIMEOUT, experiment, experiment_id, start_cli, stored
+from experiment_util import TIMEOUT, cli, experiment, experiment_id, start_cli, stored
 from gpu_util import most_at_once
 from harness import wait_until
 from pools_util import home, pool_of  # noqa: F401 (home: a fixture)
@@ -269,3 +269,68 @@ def test_just_enough_trials_are_paused_the_newest_first(tmp_path, home):
             if run["trial"] == first] == [(first, 0, STEPS)], runs(log)
     assert stored(home, a, "SELECT DISTINCT trial FROM statuses WHERE status = 'PREEMPTED'") == [(second,)]
     assert stored(home, a, "SELECT status FROM trials") == [("SUCCEEDED",)] * 2
+
+
+def test_the_seeds_job_queue_example_plays_out_as_printed(tmp_path, home):
+    """Determined's job queue example (`det job list`, `det job update SECOND --ahead-of FIRST`): two experiments
+    of priority 42 on one slot; moved ahead, the second takes the slot, the first's trial pausing through its
+    checkpoint and queueing again; `#` numbers the pool's order; the Submitted times stay as they were."""
+    import getpass
+
+    pool_of(home, 1)
+    log = tmp_path / "runs"
+
+    def one_trial(name: str, job_name: str) -> Path:  # it holds its slot at step HOLD until the gate opens
+        script = CHECKPOINTING.format(log=str(log), name=name, steps=STEPS, hold=HOLD, gate=str(tmp_path / "gate"),
+                                      pace=0.05)
+        return experiment(tmp_path, SPACE, script, name=name, experimentName=job_name, trialConcurrency=1,
+                          maxTrialNumber=1, trialGraceSeconds=20)
+
+    def listed() -> list:
+        done = cli("job", "list", "--resource-pool", "default", "--json")  # Determined's flag
+        assert done.returncode == 0, done.stderr
+        return [(job["id"], job["type"], job["name"], job["priority"], job["submitted"],
+                 f"{job['slots_acquired']}/{job['slots_needed']}", job["status"], job["user"])
+                for job in json.loads(done.stdout)]
+
+    me = getpass.getuser()
+    low = high = None
+    try:
+        low = start_cli("run", one_trial("a", "first_job"))
+        first = experiment_id(low.stdout.readline())
+        wait_until(lambda: log.exists() and " a " in log.read_text(), TIMEOUT, "the first job's trial to run")
+        high = start_cli("run", one_trial("b", "second_job"))
+        second = experiment_id(high.stdout.readline())
+        wait_until(lambda: [row[-2] for row in listed()] == ["SCHEDULED", "QUEUED"], TIMEOUT, "the second to queue")
+        before = listed()
+        (_, _, _, _, first_submitted, _, _, _), (_, _, _, _, second_submitted, _, _, _) = before
+        assert before == [(first, "TYPE_EXPERIMENT", "first_job", 42, first_submitted, "1/1", "SCHEDULED", me),
+                          (second, "TYPE_EXPERIMENT", "second_job", 42, second_submitted, "0/1", "QUEUED", me)]
+
+        done = cli("job", "update", second, "--ahead-of", first)
+        assert done.returncode == 0, done.stderr
+        after = [(second, "TYPE_EXPERIMENT", "second_job", 42, second_submitted, "1/1", "SCHEDULED", me),
+                 (first, "TYPE_EXPERIMENT", "first_job", 42, first_submitted, "0/1", "QUEUED", me)]
+        wait_until(lambda: listed() == after, TIMEOUT, "the two jobs to swap")
+        table = cli("job", "list", "--resource-pool", "default").stdout.splitlines()
+        assert table[0].split() == ["#", "id", "type", "experiment", "name", "priority", "submitted", "slots",
+                                    "status", "user"]
+        assert [line.split()[:3] for line in table[2:]] == [["0", second, "TYPE_EXPERIMENT"],
+                                                            ["1", first, "TYPE_EXPERIMENT"]]
+        # Their trials, numbered in the pool's order across the experiments.
+        trials = json.loads(cli("job", "list", "--json").stdout)
+        assert [(job["position"], job["id"], job["status"]) for job in trials] == [
+            (0, f"{second}-00000", "RUNNING"), (1, f"{first}-00000", "QUEUED")], trials
+        (tmp_path / "gate").touch()
+        finish(high)
+        finish(low)
+    finally:
+        (tmp_path / "gate").touch()
+        stop_all(low, high)
+    # The first's trial paused through its checkpoint (exit 143) and went on from it once the second was done.
+    assert stored(home, first, "SELECT status, exit_code FROM statuses WHERE status = 'PREEMPTED'") == [
+        ("PREEMPTED", 143)]
+    found = sorted((run for run in runs(log) if run["name"] == "a"), key=lambda run: run["start"])
+    assert [(run["first"], run["last"]) for run in found] == [(0, HOLD), (HOLD, STEPS)], found
+    b_run = next(run for run in runs(log) if run["name"] == "b")
+    assert found[0]["end"] <= b_run["start"] and b_run["end"] <= found[1]["start"], runs(log)

@@ -61,8 +61,10 @@ class Site:
 
     def start(self, name: str, trials: int) -> None:
         script = GATED.format(log=str(self.log), name=name, gate=str(self.gates[name]))
+        # Not preemptible: a job moved ahead of a would take a's slots through a pause (platforms/preempt.py);
+        # these tests are about the order the pool's free slots go in.
         config = experiment(self.log.parent, SPACE, script, name=name, experimentName=name, trialConcurrency=2,
-                            maxTrialNumber=trials)
+                            maxTrialNumber=trials, trainingService={"platform": "local", "preemptible": False})
         self.procs[name] = start_cli("run", config)
         self.ids[name] = experiment_id(self.procs[name].stdout.readline())
 
@@ -152,7 +154,7 @@ def test_the_page_lists_every_experiment_s_job_of_the_pool_as_job_list_does(site
 
 def test_move_to_top_and_job_update_s_changes_reorder_the_pool_as_job_list_shows(site):
     """No waiting job ever gets a strictly smaller priority than a's, which holds the pool: that would preempt
-    a's trials (platforms/preempt.py), which is not what this test is about."""
+    a's trials were they preemptible (platforms/preempt.py), which is not what this test is about."""
     a, b, c = (site.ids[name] for name in NAMES)
 
     def listed() -> List[tuple]:

@@ -85,8 +85,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "a link there keeps it findable by id).",
     "top.trialTemplate": "trialkit: your own job template (YAML) for the cluster platforms, instead of the packaged "
     "one; refused on local and ray.",
-    "top.priority": "trialkit: the trials' priority in their experiment's job queue: smaller runs first, as "
-    "Determined's priority scheduler (whatever the resource pool's scheduler).",
+    "top.priority": "trialkit: the experiment's one priority, smaller first, as Determined's priority scheduler "
+    "(default 42): on the local platform its job's in the resource pool (the pool's free slots go to the smallest "
+    "number first; the same as `trainingService.poolPriority`, which must not differ from it) and its trials' in "
+    "its job queue.",
     "top.managerTls": "trialkit: `{certFile, keyFile}`, PEM files: the manager serves HTTPS only, to trials and "
     "the page (`trialkit run --tls-cert/--tls-key` does the same); trials must trust the certificate "
     "([TLS](../platforms.md#the-manager-over-tls)).",
@@ -103,7 +105,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "local.resourcePool": "trialkit: the pool of `$TRIALKIT_HOME/pools.yml` the trials take their slots from, "
     "shared with every local experiment of that home (default: `default`).",
     "local.poolPriority": "trialkit: the experiment's priority in its resource pool, Determined's order: the pool's "
-    "free slots go to smaller numbers first (default 42; `job update` with the experiment's id changes it); "
+    "free slots go to smaller numbers first (default: the config's `priority`, else 42; a Determined config's "
+    "`resources.priority`; `job update` with the experiment's id changes it); "
     "bigger first in a pool of `scheduler: priority_descending`; refused in a `fair_share` pool.",
     "local.preemptible": "trialkit: whether the trials give their slots back, paused through their checkpoint, to "
     "a job of higher priority that waits for them in the resource pool (default `true`; AdaptDL's word). "
@@ -597,6 +600,18 @@ def render_tuners() -> str:
     lines = ["| tuner | classArgs | optimize_mode default |", "| --- | --- | --- |"]
     lines += [f"| `{name}` | {args} | `{mode}` |" for name, args, mode in tuner_rows()]
     lines += ["", "`tpe_args` (TPE) takes " + ", ".join(f"`{a}`" for a in tpe_args()) + ".", "",
+              "TPE is optuna's TPESampler, univariate as NNI's TPE is: trialkit passes `multivariate=False` and "
+              "the constant liar (on unless `constant_liar_type: null`) to optuna, whose defaults for both changed "
+              "in optuna 5.0; setup.py allows optuna 4 and 5 (`optuna>=4,<6`, the versions this has been run with). "
+              "Evolution's population is its latest `population_size` results (the oldest leaves as a new one "
+              "joins).", "",
+              "No tuner proposes a point twice (NNI 3.0's deduplication): a repeat is replaced by the first untried "
+              "point of the grid, or a fresh random one where a parameter is continuous, and a finite space whose "
+              "every point was tried ends the search (`search space exhausted` is printed); Random's "
+              "`deduplicate: false` samples with replacement instead, as Determined's random and adaptive_asha "
+              "searchers do (a Determined config's tuner is that). A resumed experiment's "
+              "tuner is rebuilt from its stored trials and goes on as the uninterrupted one would: each proposal "
+              "draws from a random state of its own, derived from the seed and its parameter id.", "",
               "NNI tuners trialkit does not carry (the error says so): "
               + ", ".join(f"`{n}`" for n in tuners.NNI_ONLY) + ".", "",
               "| assessor | classArgs |", "| --- | --- |"]
@@ -654,7 +669,8 @@ def render_v1(platform: str) -> str:
 NNI_V2_NOTES: Dict[str, str] = {
     "trainingService": "platforms `local`, `kubeflow`, `frameworkcontroller`, `adaptdl` (also `adl`) and `ray`; "
     "NNI's remote, openpai, aml, dlc and hybrid (a list) are not available",
-    "tuner": "built-in tuners by name (see the config reference); custom tuner classes are not supported",
+    "tuner": "built-in tuners by name (see the config reference); custom tuner classes are not supported; TPE is "
+    "univariate as NNI's; no tuner proposes a point twice, a resumed search included",
     "assessor": "`Medianstop`, `Curvefitting` (NNI's classArgs), `ASHA`, or `Pruner` (optuna's pruners)",
     "useAnnotation": "must be false",
     "advisor": "taken as the tuner; NNI's advisors (BOHB, Hyperband) are not available",
@@ -666,6 +682,9 @@ NNI_V2_NOTES: Dict[str, str] = {
     "logLevel": "NNI's levels (`fatal` to `trace`); another than `info` is noted at the start: trialkit's manager "
     "has one level",
     "experimentWorkingDirectory": "holds the experiment's dir; the default is `$TRIALKIT_HOME/experiments`",
+    "trialConcurrency": "the same meaning: that many trials at once (local, with no `pools.yml`: no other cap, "
+    "whatever the machine's CPUs); a resource pool's declared slots or GPUs may hold some back, and `trialkit run` "
+    "says so at the start and in its progress line",
 }
 
 

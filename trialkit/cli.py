@@ -292,8 +292,9 @@ def _imported(entry: Any) -> Optional[Dict[str, Any]]:
 def cmd_experiment_activate(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
 
-    admin.act(opts.experiment_id, "experiment", "activate")
+    answer = admin.act(opts.experiment_id, "experiment", "activate")
     print(f"activated experiment {opts.experiment_id}: its paused trials are queued to resume")
+    _warn(answer)
     return 0
 
 
@@ -573,28 +574,32 @@ def _warn(answer: Any) -> None:
 def cmd_trial_activate(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
 
-    admin.act(paths.experiment_of(opts.trial_id), "trial", "activate", opts.trial_id)
-    print(f"activated trial {opts.trial_id}: queued to resume from its checkpoint")
+    answer = admin.act(paths.experiment_of(opts.trial_id), "trial", "activate", opts.trial_id)
+    if isinstance(answer, dict) and answer.get("warning"):  # it saved no checkpoint
+        print(f"activated trial {opts.trial_id}: queued to start again from the beginning (it saved no checkpoint "
+              "when paused)")
+    else:
+        print(f"activated trial {opts.trial_id}: queued to resume from its checkpoint")
     return 0
 
 
 # -- the job queue ------------------------------------------------------------------------
 
-JOB_COLUMNS = ("position", "id", "experiment", "name", "priority", "submitted", "slots_acquired", "slots_needed",
-               "status")
-POOL_JOB_COLUMNS = JOB_COLUMNS[:5] + ("weight",) + JOB_COLUMNS[5:]  # a resource pool's jobs have a weight too
+JOB_COLUMNS = ("position", "id", "type", "experiment", "name", "priority", "submitted", "slots_acquired",
+               "slots_needed", "status", "user")
+POOL_JOB_COLUMNS = JOB_COLUMNS[:6] + ("weight",) + JOB_COLUMNS[6:]  # a resource pool's jobs have a weight too
 # A Kueue pool's: its LocalQueue's workloads (kubernetes/kueue.py), their priority class and admission.
 KUEUE_JOB_COLUMNS = JOB_COLUMNS[:5] + ("priority_class",) + JOB_COLUMNS[5:] + ("admission",)
 
 
 def cmd_job_list(opts: argparse.Namespace) -> int:
+    from trialkit.platforms import pools
+
     rows: List[Dict[str, Any]] = []
     order = "priority"  # the column the order is by: a fair share pool's is its jobs' weights
     if opts.pool is not None and _kueue_pool(opts.pool):
         return _kueue_job_list(opts)
     if opts.pool is not None:  # --pool "": no such pool, not every experiment's trials
-        from trialkit.platforms import pools
-
         rows = pools.jobs(opts.pool)
         if pools.pool_spec(opts.pool, pools.read_config(paths.home())).scheduler == pools.FAIR_SHARE:
             order = "weight"
@@ -603,10 +608,15 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
 
         experiment_dirs = ([paths.experiment_dir(opts.experiment)] if opts.experiment
                            else [d for d in paths.all_experiment_dirs() if background.manager_runs(d)])
-        for experiment_dir in experiment_dirs:
+        # Experiments in the order their pools give them slots (those of no pool of this home last), then
+        # each one's trials in its own order; # counts across them all.
+        keys = pools.order_keys()
+        for experiment_dir in sorted(experiment_dirs, key=lambda d: (d.name not in keys, keys.get(d.name, ()))):
             with _store(experiment_dir) as store:
                 _experiment(store, experiment_dir.name)
                 rows += jobs(store, experiment_dir.name)
+        for position, row in enumerate(rows):
+            row["position"] = position
     if opts.format == "json":
         print(json.dumps(rows, indent=2))
     elif opts.format == "csv":
@@ -619,9 +629,9 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
         writer.writerows(rows)
         sys.stdout.write(out.getvalue())
     elif rows:
-        print(table(("#", "id", "experiment", "name", order, "submitted", "slots", "status"),
-                    [(r["position"], r["id"], r["experiment"], r["name"], r[order], when(r["submitted"]),
-                      f"{r['slots_acquired']}/{r['slots_needed']}", r["status"]) for r in rows]))
+        print(table(("#", "id", "type", "experiment", "name", order, "submitted", "slots", "status", "user"),
+                    [(r["position"], r["id"], r["type"], r["experiment"], r["name"], r[order], when(r["submitted"]),
+                      f"{r['slots_acquired']}/{r['slots_needed']}", r["status"], r["user"]) for r in rows]))
     else:
         print("no jobs: no trial runs, waits or is paused" + ("" if opts.experiment else " in a running experiment"))
     return 0
@@ -1045,7 +1055,7 @@ def build_parser() -> ArgumentParser:
                        "(RUNNING, SCHEDULED: being started, QUEUED, PAUSED) of the trials of every running experiment.", aliases=["ls"])
     which = listing.add_mutually_exclusive_group()
     which.add_argument("--experiment", metavar="EXPERIMENT_ID", help="only this experiment's jobs")
-    which.add_argument("--pool", nargs="?", const="default", metavar="NAME",
+    which.add_argument("--pool", "--resource-pool", dest="pool", nargs="?", const="default", metavar="NAME",
                        help="the jobs of this TRIALKIT_HOME's resource pool (default: default): its local "
                             "experiments, in the order its free slots go to them (by its scheduler: priority, "
                             "smaller first, then submitted; fair_share: the fewest slots for its weight first)")
@@ -1058,9 +1068,10 @@ def build_parser() -> ArgumentParser:
                                 "priority). A running trial cannot be moved."))
     how = update.add_mutually_exclusive_group(required=True)
     how.add_argument("--priority", type=_priority, metavar="N",
-                     help="the new priority: a trial's, higher starts first within its experiment; an experiment's "
-                          "(its id as TRIAL_ID), smaller gets the resource pool's next free slots first (default 42); "
-                          "in a Kueue pool, a trial's WorkloadPriorityClass by name, changed while its job waits")
+                     help="the new priority, smaller starts first: a trial's within its experiment; an experiment's "
+                          "(its id as TRIAL_ID) in the resource pool, whose next free slots go to the smallest "
+                          "(default 42); in a Kueue pool, a trial's WorkloadPriorityClass by name, changed while its "
+                          "job waits")
     how.add_argument("--weight", type=float, metavar="W",
                      help="an experiment's fair share weight in a fair_share resource pool (default 1): the pool's "
                           "slots are divided among the jobs that want them in proportion to their weights")

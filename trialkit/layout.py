@@ -51,3 +51,8 @@ def stop_ready(stop_file: Path) -> Path:
 
 def pidfile_path(trial_dir: Path) -> Path:
     return home(trial_dir) / PIDFILE
+
+
+def checkpoint_dir(trial_dir: Path) -> Path:
+    """The trial's checkpoint dir when TRIALKIT_CHECKPOINT_DIR names none (`trialkit.checkpoint_dir()`)."""
+    return Path(trial_dir) / "checkpoint"

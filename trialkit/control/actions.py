@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Tuple
 
 from trialkit import schema
-from trialkit.control.queue import Move, label
+from trialkit.control.queue import NO_CHECKPOINT, Move, label
 from trialkit.manager.routes import HttpError
 from trialkit.statuses import PREEMPTED, USER_CANCELED
 
@@ -93,10 +93,11 @@ def activate_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any
     """Its paused trials queue again, in sequence order; it goes on."""
     _not_stopping(loop)
     loop.set_paused(False)
-    for trial in sorted(loop.trials.values(), key=lambda t: t.sequence):
-        if trial.paused:
-            loop.requeue(trial, "activated")
-    return {"paused": False}
+    paused = [trial for trial in sorted(loop.trials.values(), key=lambda t: t.sequence) if trial.paused]
+    warning = _restarts(paused)
+    for trial in paused:
+        loop.requeue(trial, "activated")
+    return {"paused": False, **warning}
 
 
 # What an experiment may change while it runs (nnictl update's set), as config v2 keys.
@@ -169,8 +170,18 @@ def activate_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     if not trial.paused:
         raise HttpError(409, f"trial {trial_id} is {_state(loop, trial)}: only a paused trial activates")
     _not_stopping(loop)
+    warning = _restarts([trial])
     loop.requeue(trial, "activated")
-    return {"queued": trial.id}
+    return {"queued": trial.id, **warning}
+
+
+def _restarts(paused: List["Trial"]) -> dict:
+    """What an activation answers when some of the trials it queues saved no checkpoint when they stopped."""
+    lost = [trial.id for trial in paused if trial.reason.endswith(NO_CHECKPOINT)]
+    if not lost:
+        return {}
+    return {"warning": f"{', '.join(lost)} saved no checkpoint when paused: "
+                       f"{'it starts' if len(lost) == 1 else 'they start'} again from the beginning"}
 
 
 def set_priority(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:

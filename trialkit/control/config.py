@@ -202,6 +202,10 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
     with_code_dir = getattr(module, "with_code_dir", None)  # a platform that ships the code before any trial
     if with_code_dir is not None:
         platform_config = with_code_dir(platform_config, code_dir)
+    priority = _optional(c, "priority", schema.as_int)
+    with_priority = getattr(module, "with_priority", None)  # a platform whose experiments are jobs of a pool
+    if with_priority is not None:  # the experiment's one priority: the config's, else the platform's own key's
+        platform_config, priority = with_priority(platform_config, priority, DEFAULT_PRIORITY)
     command = _optional(c, "trialCommand", _trial_command)
     if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
         raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
@@ -234,7 +238,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
                                               lambda v, w: schema.as_int(v, w, 0, 1_000_000), 3),
         manager_tls=_optional(c, "managerTls", lambda v, w: manager_tls(v, base, w)),
         trial_template=template,
-        priority=_optional(c, "priority", schema.as_int, DEFAULT_PRIORITY),
+        priority=DEFAULT_PRIORITY if priority is None else priority,
         notes=tuple(notes),
     )
 

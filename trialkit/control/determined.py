@@ -381,7 +381,9 @@ def _searcher(section: Any) -> Dict[str, Any]:
 def _apply_searcher(v2: Dict[str, Any], searcher: Dict[str, Any], resources: Dict[str, Any]) -> None:
     name = searcher["name"]
     mode = "minimize" if searcher["smaller_is_better"] else "maximize"
-    v2["tuner"] = {"name": "GridSearch" if name == "grid" else "Random", "classArgs": {"optimize_mode": mode}}
+    # Determined's random and adaptive_asha sample with replacement: max_trials trials, however small the space.
+    v2["tuner"] = {"name": "GridSearch", "classArgs": {"optimize_mode": mode}} if name == "grid" else \
+        {"name": "Random", "classArgs": {"optimize_mode": mode, "deduplicate": False}}
     if name == "single":
         v2["maxTrialNumber"] = 1  # Determined's single is a random search of one trial
     elif searcher.get("max_trials") is not None:

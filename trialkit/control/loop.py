@@ -40,7 +40,7 @@ from trialkit import __version__, records, statuses
 from trialkit.control.assessors import build_assessor
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
-from trialkit.control.queue import JobQueue, goes_before, label
+from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, JobQueue, goes_before, label
 from trialkit.control.results import metric_value
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -90,6 +90,7 @@ class Trial:
     status: str = WAITING
     restart_count: int = 0
     ran: bool = False  # submitted since it last joined the queue: its next start is a restart
+    held: str = ""  # submitted, and held back by its platform until its resource pool has room: why
     handle: Optional[str] = None
     deadline: Optional[float] = None  # monotonic: when maxTrialDuration runs out
     stop: Optional[Tuple[str, str]] = None  # (status, reason) once a stop was sent
@@ -109,6 +110,11 @@ class Trial:
     @property
     def paused(self) -> bool:
         return self.status == PREEMPTED
+
+    @property
+    def steps(self) -> List[Any]:
+        """What the assessor judges: its intermediate results it could read a value of."""
+        return [value for value in self.intermediate if value is not None]
 
 
 class _Reply:
@@ -228,6 +234,12 @@ class Loop:
         """The platform's on_end: a trial ended (from the platform's thread)."""
         self.events.put(("end", handle))
 
+    def waiting(self, trial_id: str, why: str) -> None:
+        """The platform's on_waiting: it holds a submitted trial back, and why (from any of its threads). The
+        store says so at once; the loop counts it as waiting, not running, until it reports running."""
+        self.store.set_status(trial_id, WAITING, reason=why)
+        self.events.put(("waiting", trial_id, why))
+
     def perform(self, action: "Action", trial_id: Optional[str], body: Any) -> Any:
         """Run an action of the table on the loop's thread and return its answer (admin routes, the page)."""
         reply = _Reply()
@@ -262,6 +274,10 @@ class Loop:
             trial = self.by_handle.get(event[1])
             if trial is not None and trial.id in self.active:
                 self._check_ended(trial)
+        elif kind == "waiting":
+            trial = self.trials.get(event[1])
+            if trial is not None and trial.id in self.active:
+                trial.held = event[2]
         elif kind == "signal":
             self._on_signal(event[1])
         elif kind == "action":
@@ -277,6 +293,7 @@ class Loop:
         trial = self.trials.get(trial_id)
         if trial is None:
             return
+        final_here = any(rec["type"] == records.FINAL for rec in fresh)
         for rec in fresh:
             if rec["type"] == records.FINAL and not trial.has_final:
                 trial.final, trial.has_final = rec["value"], True
@@ -286,11 +303,12 @@ class Loop:
                     self.note_best(trial, value)
             elif rec["type"] == records.PERIODICAL:
                 trial.intermediate.append(self.step_value(rec["value"]))
-                self._assess(trial)
+                self._assess(trial, final_here)
             elif rec["type"] == records.STATUS and trial.id not in self.active:
                 # A keeper's late word (delivered after its exit was seen) must not undo ours.
                 self.store.set_status(trial.id, trial.status, exit_code=trial.exit_code, reason=trial.reason)
             elif rec["type"] == records.STATUS and rec["value"].get("status") == statuses.RUNNING:
+                trial.held = ""  # it got its place: the platform called on_waiting before it started it
                 self._check_keeper_version(trial, rec["value"].get("keeper_version"))
                 if self.config.max_trial_duration is not None:
                     # maxTrialDuration counts from the start, not the submission: a trial may wait for its GPUs
@@ -307,11 +325,13 @@ class Loop:
         self.progress.say(f"trial {trial.id}: warning: {trial.note}")
         self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note)
 
-    def _assess(self, trial: Trial) -> None:
+    def _assess(self, trial: Trial, final_here: bool) -> None:
+        """The assessor sees the trial's steps; it stops the trial unless its final result is in, or came with
+        these steps (`final_here`): a trial that reported its final result is done, whatever its curve."""
         if self.assessor is None or trial.stop is not None or trial.ended:
             return
-        steps = [value for value in trial.intermediate if value is not None]
-        if steps and self.assessor.should_stop(trial.id, steps):
+        steps = trial.steps
+        if steps and self.assessor.should_stop(trial.id, steps) and not (final_here or trial.has_final):
             self.stop_trial(trial, ASSESSOR_STOP)
 
     def note_best(self, trial: Trial, value: float) -> None:
@@ -355,7 +375,9 @@ class Loop:
     def finish(self, trial: Trial, status: str, reason: str, exit_code: Optional[int]) -> None:
         # A stop that came too late to matter (the trial finished with its result) changes nothing.
         if trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
-            status, reason = trial.stop
+            status, reason = self._stopped(trial, status)
+        elif status == PREEMPTED and not self._checkpointed(trial, status):  # a pod deleted, a pool's preemption
+            reason = f"{reason}; {NO_CHECKPOINT}" if reason else NO_CHECKPOINT
         if status == SUCCEEDED and not trial.has_final and not reason:
             reason = "ended without reporting a final result"
         reason = reason or trial.note
@@ -366,14 +388,36 @@ class Loop:
         self.progress.trial_ended(trial.id, label(status), trial.final, reason, self.snapshot())
         if trial.paused:
             if trial.stop is None and self.stopping is None:
-                # Stopped with a checkpoint by someone else (a pod deleted, a spot notice): it resumes.
-                self.requeue(trial, "preempted: queued to resume")
+                # Stopped by someone else (a pod deleted, a spot notice, a job of higher priority): it resumes.
+                lost = f"; {NO_CHECKPOINT}" if reason.endswith(NO_CHECKPOINT) else ""
+                self.requeue(trial, f"preempted: queued to resume{lost}")
             return  # not done: the tuner and the assessor wait for its result
         self.tuner.tell_failed(trial.parameter_id)  # ignored when its final result was told
         if self.assessor is not None:
             self.assessor.trial_end(trial.id, status == SUCCEEDED)
         if status == FAILED:
             self._check_first_failures()
+
+    def _stopped(self, trial: Trial, status: str) -> Tuple[str, str]:
+        """(status, reason) of a trial that ended after the loop stopped it (trial.stop), given how the platform
+        saw it end (`status`). A user's stop of the whole experiment (Ctrl-C, SIGTERM, `experiment stop`) that
+        finds it holding a checkpoint leaves it PREEMPTED, for `experiment resume`; a pause that finds it with
+        none says that its progress restarts; the assessor's stop met a trial whose final result was in
+        already: it succeeded."""
+        wanted, why = trial.stop
+        if trial.stop == ASSESSOR_STOP and trial.has_final:
+            return SUCCEEDED, "its final result came before the assessor's stop"
+        if wanted == USER_CANCELED and trial.stop == self.stopping and self._checkpointed(trial, status):
+            return PREEMPTED, f"{why}; {RESUMABLE}"
+        if wanted == PREEMPTED and trial.ran and not self._checkpointed(trial, status):
+            return PREEMPTED, f"{why}; {NO_CHECKPOINT}"
+        return wanted, why
+
+    def _checkpointed(self, trial: Trial, status: str) -> bool:
+        """Whether the trial that ended as `status` holds a checkpoint to go on from: as its platform sees it,
+        else whether it exited 143 after a stop (its keeper's PREEMPTED)."""
+        holds = self.platform.holds_checkpoint
+        return holds(trial.handle or trial.id) if holds is not None else status == PREEMPTED
 
     def _check_first_failures(self) -> None:
         """Stop when the first trials (stopWhenFirstTrialsFail) all failed the same way: the rest would too."""
@@ -469,6 +513,8 @@ class Loop:
             if asked is not None:
                 return self._create(*asked)
             self.exhausted = True
+            self.progress.say(f"search space exhausted: each of its {self.tuner.points_tried} points was tried; "
+                              "no new trial starts")
         if head is None:
             return None
         self.queue.remove(head)
@@ -512,6 +558,7 @@ class Loop:
         self.by_handle[handle] = trial
         self.active[trial.id] = trial
         trial.deadline = None
+        trial.held = ""
         if self.config.max_trial_duration is not None and elapsed is not None:
             trial.deadline = time.monotonic() + self.config.max_trial_duration - elapsed
 
@@ -557,9 +604,12 @@ class Loop:
         for trial in self.trials.values():
             counts[trial.status] = counts.get(trial.status, 0) + 1
         best = self.best
+        held = sorted((t for t in self.active.values() if t.held), key=lambda t: t.sequence)
         return Snapshot(
             done=counts.get(SUCCEEDED, 0),
-            running=len(self.active),
+            running=len(self.active) - len(held),
+            waiting=len(held),
+            waiting_for=held[0].held if held else "",
             failed=counts.get(FAILED, 0),
             early_stopped=counts.get(EARLY_STOPPED, 0),
             canceled=counts.get(USER_CANCELED, 0) + counts.get(SYS_CANCELED, 0),

@@ -35,6 +35,8 @@ class Snapshot(NamedTuple):
     disk: Optional[str] = None  # what is wrong with the experiment's disk, while it takes no writes
     max_trials: Optional[int] = None  # maxTrialNumber
     time_left: Optional[float] = None  # of maxExperimentDuration, while the experiment runs
+    waiting: int = 0  # submitted and held back by the platform (their resource pool is full)
+    waiting_for: str = ""  # why the first of them waits (the platform's reason: "waiting for 1 slot of ...")
 
     def line(self, width: Optional[int] = None) -> str:
         """The line. Within `width` columns (a terminal's), counts of 0 are left out and the best trial's
@@ -44,8 +46,10 @@ class Snapshot(NamedTuple):
         of = "" if self.max_trials is None else f" of {self.max_trials}"
         head = f"DISK: {self.disk} | " if self.disk else ""
         head += f"[{duration(self.elapsed)}{left}]"
-        counts = [(self.done, "done"), (self.running, "running"), (self.failed, "failed"),
-                  (self.early_stopped, "early-stopped")] + ([(self.canceled, "canceled")] if self.canceled else [])
+        held = [(self.waiting, f"waiting ({self.waiting_for.removeprefix('waiting ')})")] if self.waiting else []
+        counts = [(self.done, "done"), (self.running, "running")] + held + [
+            (self.failed, "failed"), (self.early_stopped, "early-stopped")] + (
+            [(self.canceled, "canceled")] if self.canceled else [])
         shown = counts if width is None else [c for c in counts if c[0] or c[1] == "done"]
         tally = f"{ended}{of} ended: " + ", ".join(f"{n} {what}" for n, what in shown)
         if self.best_value is None:

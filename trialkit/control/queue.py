@@ -35,6 +35,12 @@ from trialkit.statuses import PREEMPTED, RUNNING, WAITING
 
 # What users see for a status: a trial stopped with a checkpoint waits to be activated.
 LABELS = {PREEMPTED: "PAUSED"}
+# The end of a PREEMPTED trial's reason when a user's stop of the whole experiment (Ctrl-C, SIGTERM,
+# `experiment stop`) found it holding a checkpoint: `experiment resume` queues it again (control.resume); one
+# paused by a user waits for `activate`.
+RESUMABLE = "it saved a checkpoint: `trialkit experiment resume` continues it"
+# The end of the reason of a trial paused or preempted without a checkpoint.
+NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
 _FIELDS = {"priority": "priority", "ahead-of": "ahead_of", "behind-of": "behind_of"}
 _PRIORITY_RANGE = f"a priority is a whole number from {INT64_MIN} to {INT64_MAX}"
 
@@ -194,12 +200,18 @@ def jobs(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
         elif trial["status"] in (WAITING, RUNNING):
             groups[QUEUED if _waits(trial) else SCHEDULED].append(trial)
     groups[QUEUED].sort(key=lambda t: sort_key(t["priority"], t["position"], t["sequence"]))
-    return [{"position": position, "id": trial["id"], "experiment": experiment_id,
+    from trialkit.platforms.pools import user_of
+
+    user = user_of(experiment_id)
+    return [{"position": position, "id": trial["id"], "type": TRIAL_JOB, "experiment": experiment_id,
              "name": config.get("experimentName") or "", "priority": trial["priority"], "submitted": trial["created"],
              "slots_acquired": needed if state == SCHEDULED else 0, "slots_needed": needed,
              # SCHEDULED is a trial being started; one that runs reads RUNNING, as in trial list and the page.
-             "status": RUNNING if trial["status"] == RUNNING else state}
+             "status": RUNNING if trial["status"] == RUNNING else state, "user": user}
             for position, (state, trial) in enumerate((state, t) for state, rows in groups.items() for t in rows)]
+
+
+TRIAL_JOB = "TYPE_TRIAL"  # a trial as a job of its experiment's queue (an experiment's job: TYPE_EXPERIMENT)
 
 
 def _waits(trial: Mapping[str, Any]) -> bool:

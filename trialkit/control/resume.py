@@ -5,7 +5,10 @@
     resume_trials(loop, lost)     # each trial that was running: reattached, collected, or restarted
 
 The tuner is told every trial as the store holds it (the same seed makes it
-the same tuner), the assessor every ended trial's curve. A trial that was
+the same tuner), the assessor every ended trial's curve. A trial that the
+stop of the experiment found saving a checkpoint (PREEMPTED, its reason ending
+in queue.RESUMABLE) queues again, to go on from it; one a user paused waits for
+`activate`. A trial that was
 running when the manager went away is watched again where the platform can
 find it (`Platform.reattach`), given its status and undelivered records when
 it ended meanwhile, and otherwise started again with its restart count + 1.
@@ -17,14 +20,15 @@ from typing import List
 
 from trialkit import records
 from trialkit.control.loop import Loop, Trial
+from trialkit.control.queue import RESUMABLE
 from trialkit.control.results import metric_value
 from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, WAITING
 
 
 def restore(loop: Loop) -> List[Trial]:
     """Rebuild the loop's trials, tuner and assessor from its store; the trials that were running."""
-    running = []
-    for row in loop.store.trials(loop.experiment_id):
+    running, resumable = [], []
+    for row in loop.store.trials(loop.experiment_id):  # by sequence
         trial = Trial(row["id"], row["sequence"], row["parameter_id"], row["parameters"], row["status"],
                       row["restart_count"], ran=row["status"] == PREEMPTED and row["started"] is not None)
         queued = row["status"] == WAITING and row["position"] is not None
@@ -39,11 +43,14 @@ def restore(loop: Loop) -> List[Trial]:
             loop.note_best(trial, metric_value(trial.final))
         if not trial.ended and not queued:
             running.append(trial)
+        elif trial.paused and (row["reason"] or "").endswith(RESUMABLE):
+            resumable.append(trial)
     loop.replay(loop.tuner)
     for trial in loop.trials.values():
         if trial.ended and not trial.paused and loop.assessor is not None:
-            steps = [value for value in trial.intermediate if value is not None]
-            loop.assessor.trial_end(trial.id, trial.status == SUCCEEDED, steps)
+            loop.assessor.trial_end(trial.id, trial.status == SUCCEEDED, trial.steps)
+    for trial in resumable:
+        loop.requeue(trial, "resumed: it goes on from its checkpoint")
     return running
 
 

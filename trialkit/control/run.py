@@ -30,7 +30,6 @@ from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.platforms.base import Platform
-from trialkit.statuses import WAITING
 
 
 def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experiment_id: Optional[str] = None,
@@ -160,7 +159,10 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
         with loop.signals_handled():
             loop.platform = platform
             loop.platform.on_end = loop.ended
-            loop.platform.on_waiting = lambda trial_id, why: loop.store.set_status(trial_id, WAITING, reason=why)
+            loop.platform.on_waiting = loop.waiting
+            capacity = platform.capacity_note(loop.config.trial_concurrency)
+            if capacity:
+                loop.progress.say(f"note: {capacity}")
             resume_trials(loop, running)
             loop.serve()
             status = loop.final_status()

@@ -9,18 +9,33 @@ The experiment loop speaks to every tuner the same way:
 
 Names and classArgs are NNI's (Random, GridSearch, TPE, Evolution, Anneal; matched
 case-insensitively). TPE is optuna's TPESampler through its ask-and-tell API.
+
+The contract every tuner keeps, so that a resumed search goes on as the
+uninterrupted one would: a proposal is a function of the seed, its parameter
+id and the points and results the tuner holds, never of the order in which
+they came. Each proposal draws from a random state of its own
+(`derived_seed(seed, parameter_id)`), so the first run's draws are never drawn
+again, and `replay` of the store's trials (parameters and final results)
+rebuilds exactly what the uninterrupted tuner holds. No tuner hands out a point
+twice (NNI 3.0's deduplication): a repeated proposal is replaced by the first
+point of the grid not tried yet (a finite space) or a fresh random one; a
+finite space whose every point was tried ends the search. Random's
+`deduplicate: false` samples with replacement, as Determined's random and
+adaptive_asha searchers do (a Determined config's tuner).
 """
 from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 import math
 import random
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Type
+from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Type
 
 from trialkit import schema
 from trialkit.control.searchspace import Choice, Nested, SearchSpace
+from trialkit.errors import UserError
 
 MODES = ("maximize", "minimize")
 # (parameter_id, params, final value or None when none arrived yet)
@@ -44,11 +59,18 @@ def check_args(args: Any, spec: Mapping[str, Checker], where: str) -> Dict[str, 
     return {key: spec[key](value, schema.path(where, key)) for key, value in args.items()}
 
 
+def derived_seed(seed: int, parameter_id: int) -> int:
+    """The seed of proposal `parameter_id` (numpy's and optuna's range): what one proposal draws depends on
+    nothing another drew, so a resumed tuner never draws the first run's numbers again."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{parameter_id}".encode()).digest()[:4], "big")
+
+
 class Tuner:
-    """Base: parameter ids, idempotent results and replay; subclasses fill the hooks."""
+    """Base: parameter ids, idempotent results, replay and deduplication; subclasses fill the hooks."""
 
     ARGS: ClassVar[Dict[str, Checker]] = {"optimize_mode": check_mode}
     DEFAULT_MODE: ClassVar[str] = "maximize"
+    FRESH_DRAWS: ClassVar[int] = 100  # random draws for an untried point of an infinite space before giving up
 
     def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
         self.space = space
@@ -57,6 +79,9 @@ class Tuner:
         self._next_id = 0
         self._params: Dict[int, Dict[str, Any]] = {}
         self._finished: Set[int] = set()
+        self._tried: Set[str] = set()  # every point handed out or replayed (_key)
+        self._grid: Optional[Iterator[Dict[str, Any]]] = None  # a finite space's points, from the first untried
+        self._deduplicate: bool = class_args.get("deduplicate", True)
 
     @classmethod
     def check_space(cls, space: SearchSpace) -> None:
@@ -66,13 +91,26 @@ class Tuner:
         return a > b if self.optimize_mode == "maximize" else a < b
 
     def ask(self) -> Optional[Tuple[int, Dict[str, Any]]]:
+        """The next point to try, never one tried before; None once a finite space has none left."""
         parameter_id = self._next_id
-        params = self._propose(parameter_id)
+        rng = random.Random(derived_seed(self.seed, parameter_id))
+        params = self._propose(parameter_id, rng)
+        if params is not None and self._deduplicate and _key(params) in self._tried:
+            self._withdraw(parameter_id)
+            params = self._untried(rng)
+            if params is not None:
+                self._adopt(parameter_id, params)
         if params is None:
             return None
         self._next_id += 1
         self._params[parameter_id] = params
+        self._tried.add(_key(params))
         return parameter_id, copy.deepcopy(params)
+
+    @property
+    def points_tried(self) -> int:
+        """How many distinct points were handed out (or replayed)."""
+        return len(self._tried)
 
     def tell(self, parameter_id: int, final_value: float) -> None:
         """The trial's final metric; a NaN or infinite one counts as a failure. Repeats are ignored."""
@@ -96,6 +134,7 @@ class Tuner:
         """
         for parameter_id, params, value in sorted(history, key=lambda entry: entry[0]):
             self._params[parameter_id] = copy.deepcopy(dict(params))
+            self._tried.add(_key(params))
             self._adopt(parameter_id, self._params[parameter_id])
             self._next_id = max(self._next_id, parameter_id + 1)
             if value is not None:
@@ -114,12 +153,30 @@ class Tuner:
         self._finished.add(parameter_id)
         return True
 
+    def _untried(self, rng: random.Random) -> Optional[Dict[str, Any]]:
+        """A point not tried yet: a finite space's first in grid order (None when none is left), else a random
+        one, as NNI's Deduplicator does."""
+        if _finite(self.space):
+            if self._grid is None:
+                self._grid = self.space.grid()
+            # Points passed over were tried when passed and stay tried: the iterator never goes back.
+            return next((point for point in self._grid if _key(point) not in self._tried), None)
+        for _ in range(self.FRESH_DRAWS):
+            point = self.space.sample(rng)
+            if _key(point) not in self._tried:
+                return point
+        return None
+
     # hooks
-    def _propose(self, parameter_id: int) -> Optional[Dict[str, Any]]:
+    def _propose(self, parameter_id: int, rng: random.Random) -> Optional[Dict[str, Any]]:
+        """The tuner's point for `parameter_id`, drawing only from `rng` (that proposal's own)."""
         raise NotImplementedError
 
+    def _withdraw(self, parameter_id: int) -> None:
+        """`_propose`'s point was tried already: another replaces it (`_adopt`)."""
+
     def _adopt(self, parameter_id: int, params: Dict[str, Any]) -> None:
-        """A replayed trial's parameters, as if `_propose` had given them."""
+        """A point the tuner did not propose itself (replayed, or replacing a repeat), as if it had."""
 
     def _completed(self, parameter_id: int, value: float) -> None:
         pass
@@ -129,83 +186,76 @@ class Tuner:
 
 
 class RandomTuner(Tuner):
-    ARGS = {"optimize_mode": check_mode, "seed": _seed}
+    ARGS = {"optimize_mode": check_mode, "seed": _seed, "deduplicate": schema.as_bool}
 
-    def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
-        super().__init__(space, optimize_mode, seed, class_args)
-        self._rng = random.Random(seed)
-
-    def _propose(self, parameter_id: int) -> Dict[str, Any]:
-        return self.space.sample(self._rng)
-
-    def _adopt(self, parameter_id: int, params: Dict[str, Any]) -> None:
-        # Draw what the first run drew, so a resumed run continues its sequence.
-        self.space.sample(self._rng)
+    def _propose(self, parameter_id: int, rng: random.Random) -> Dict[str, Any]:
+        return self.space.sample(rng)
 
 
 class GridSearchTuner(Tuner):
-    ARGS = {"optimize_mode": check_mode}
+    """Every point of the grid once, in grid order (searchspace.grid: the last parameter varying fastest)."""
 
-    def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
-        super().__init__(space, optimize_mode, seed, class_args)
-        self._points = space.grid()
-        self._seen: Set[str] = set()
+    ARGS = {"optimize_mode": check_mode}
 
     @classmethod
     def check_space(cls, space: SearchSpace) -> None:
         space.check_grid()
 
-    def _propose(self, parameter_id: int) -> Optional[Dict[str, Any]]:
-        for point in self._points:
-            if _key(point) not in self._seen:
-                return point
-        return None
-
-    def _adopt(self, parameter_id: int, params: Dict[str, Any]) -> None:
-        self._seen.add(_key(params))
+    def _propose(self, parameter_id: int, rng: random.Random) -> Optional[Dict[str, Any]]:
+        return self._untried(rng)
 
 
 def _key(params: Mapping[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, default=repr)
 
 
+def _finite(space: SearchSpace) -> bool:
+    try:
+        space.check_grid()
+    except UserError:
+        return False
+    return True
+
+
 class EvolutionTuner(Tuner):
     """NNI's Evolution: random until the population is there, then tournaments.
 
-    Each ask picks two members of the population at random; the worse one leaves
-    the population and a copy of the better one with one parameter sampled anew
-    is proposed. Each result joins the population.
+    The population is the latest `population_size` results (by parameter id: the
+    oldest leaves as a newer one joins, regularized evolution's aging, so the
+    population is a function of the results and not of the order they came in).
+    Each ask picks two members at random and proposes a copy of the better one with
+    one parameter sampled anew.
     """
 
     ARGS = {"optimize_mode": check_mode, "population_size": lambda v, w: schema.as_int(v, w, minimum=2), "seed": _seed}
 
     def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
         super().__init__(space, optimize_mode, seed, class_args)
-        self._rng = random.Random(seed)
         self._size = class_args.get("population_size", 32)
-        self._population: List[Tuple[Dict[str, Any], float]] = []
+        self._results: Dict[int, float] = {}  # parameter id -> final value, for points of this space
 
-    def _propose(self, parameter_id: int) -> Dict[str, Any]:
-        if len(self._params) < self._size or len(self._population) < 2:
-            return self.space.sample(self._rng)
-        a, b = self._rng.sample(range(len(self._population)), 2)
-        winner, loser = (a, b) if self.better(self._population[a][1], self._population[b][1]) else (b, a)
-        child = self.space.mutate(self._population[winner][0], self._rng)
-        del self._population[loser]
-        return child
+    def population(self) -> List[Tuple[Dict[str, Any], float]]:
+        """(parameters, value) of the members, oldest first."""
+        latest = sorted(self._results)[-self._size:]
+        return [(self._params[pid], self._results[pid]) for pid in latest]
+
+    def _propose(self, parameter_id: int, rng: random.Random) -> Dict[str, Any]:
+        population = self.population()
+        if len(self._params) < self._size or len(population) < 2:
+            return self.space.sample(rng)
+        a, b = rng.sample(population, 2)
+        parent = b if self.better(b[1], a[1]) else a
+        return self.space.mutate(parent[0], rng)
 
     def _completed(self, parameter_id: int, value: float) -> None:
-        params = self._params[parameter_id]
-        if self.space.contains(params):
-            self._population.append((params, value))
-            # Replayed history can exceed the population; the oldest members go first.
-            del self._population[: -self._size]
+        if self.space.contains(self._params[parameter_id]):
+            self._results[parameter_id] = value
 
 
 class TPETuner(Tuner):
-    """optuna's TPE. Choices are categorical over option indexes (nested ones
-    suggest their sub-parameters conditionally); numeric parameters are modelled
-    in their unit coordinate (see searchspace)."""
+    """optuna's TPE, univariate as NNI's (and hyperopt's) is. Choices are categorical over option indexes
+    (nested ones suggest their sub-parameters conditionally); numeric parameters are modelled in their unit
+    coordinate (see searchspace). Each ask gets a sampler seeded for its parameter id (derived_seed)."""
 
     ARGS = {
         "optimize_mode": check_mode,
@@ -218,25 +268,37 @@ class TPETuner(Tuner):
         super().__init__(space, optimize_mode, seed, class_args)
         optuna = quiet_optuna()
         tpe = class_args.get("tpe_args") or {}
-        options: Dict[str, Any] = {
-            "seed": seed,
+        self._options: Dict[str, Any] = {
+            # Each parameter modelled on its own, as NNI's TPE does; optuna 5.0 made the joint
+            # (multivariate) model its default, so it is said here, not left to optuna's version.
+            "multivariate": False,
             "n_startup_trials": tpe.get("n_startup_jobs", 20),  # NNI's defaults
             "n_ei_candidates": tpe.get("n_ei_candidates", 24),
-            # NNI's liars (best/worst/mean) all map onto optuna's one; null turns it off.
+            # NNI's liars (best/worst/mean) all map onto optuna's one; null turns it off. optuna 5.0
+            # turned it on by default: said here too.
             "constant_liar": tpe.get("constant_liar_type", "best") is not None,
         }
-        self._study = optuna.create_study(direction=optimize_mode, sampler=optuna.samplers.TPESampler(**options))
+        self._study = optuna.create_study(direction=optimize_mode, sampler=self._sampler(0))
         self._trials: Dict[int, Any] = {}
 
-    def _propose(self, parameter_id: int) -> Dict[str, Any]:
+    def _sampler(self, parameter_id: int) -> Any:
+        return quiet_optuna().samplers.TPESampler(seed=derived_seed(self.seed, parameter_id), **self._options)
+
+    def _propose(self, parameter_id: int, rng: random.Random) -> Dict[str, Any]:
+        self._study.sampler = self._sampler(parameter_id)
         trial = self._study.ask()
         self._trials[parameter_id] = trial
         return _suggest(self.space, trial, ())
 
+    def _withdraw(self, parameter_id: int) -> None:
+        # A failed trial is no observation to TPE: the point that replaces it takes its place in the model.
+        self._failed(parameter_id)
+
     def _adopt(self, parameter_id: int, params: Dict[str, Any]) -> None:
         if self.space.contains(params):  # history from an older space teaches nothing
             self._study.enqueue_trial(_fixed(self.space, params, ()))
-            self._propose(parameter_id)
+            trial = self._trials[parameter_id] = self._study.ask()
+            _suggest(self.space, trial, ())  # an enqueued trial holds its values once they are suggested
 
     def _completed(self, parameter_id: int, value: float) -> None:
         trial = self._trials.pop(parameter_id, None)
@@ -253,10 +315,10 @@ class AnnealTuner(Tuner):
     """NNI's Anneal (hyperopt's anneal.suggest): samples from the search space until a result is
     in, then near one of the best so far, in a neighbourhood that shrinks as results come in.
 
-    The trial annealed around is drawn down the ranking, the best most often (a geometric draw
-    of mean AVG_BEST_IDX, hyperopt's 2.0); each numeric parameter moves in its unit coordinate
-    by a normal step of deviation WIDTH / (1 + results * SHRINK_COEF) (hyperopt's shrink_coef
-    0.1), clipped to the range; a choice is drawn anew with that same probability, else kept
+    The trial annealed around is drawn down the ranking (by value, then parameter id), the best most
+    often (a geometric draw of mean AVG_BEST_IDX, hyperopt's 2.0); each numeric parameter moves in its
+    unit coordinate by a normal step of deviation WIDTH / (1 + results * SHRINK_COEF) (hyperopt's
+    shrink_coef 0.1), clipped to the range; a choice is drawn anew with that same probability, else kept
     (a kept nested choice anneals its own parameters). NNI's classArgs: optimize_mode
     (default minimize, as NNI's); trialkit's seed.
     """
@@ -269,26 +331,22 @@ class AnnealTuner(Tuner):
 
     def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
         super().__init__(space, optimize_mode, seed, class_args)
-        self._rng = random.Random(seed)
-        self._results: List[Tuple[float, Dict[str, Any]]] = []
+        self._results: Dict[int, float] = {}  # parameter id -> final value, for points of this space
 
-    def _propose(self, parameter_id: int) -> Dict[str, Any]:
+    def _propose(self, parameter_id: int, rng: random.Random) -> Dict[str, Any]:
         if not self._results:
-            return self.space.sample(self._rng)
-        ranked = sorted(self._results, key=lambda result: result[0], reverse=self.optimize_mode == "maximize")
+            return self.space.sample(rng)
+        sign = -1.0 if self.optimize_mode == "maximize" else 1.0
+        ranked = sorted(self._results, key=lambda pid: (sign * self._results[pid], pid))
         # Geometric over ranks with mean AVG_BEST_IDX: P(k) = p (1 - p)^k, p = 1 / (1 + mean).
         p = 1.0 / (1.0 + self.AVG_BEST_IDX)
-        rank = min(int(math.log(1.0 - self._rng.random()) / math.log(1.0 - p)), len(ranked) - 1)
+        rank = min(int(math.log(1.0 - rng.random()) / math.log(1.0 - p)), len(ranked) - 1)
         width = self.WIDTH / (1.0 + len(self._results) * self.SHRINK_COEF)
-        return _anneal(self.space, ranked[rank][1], width, self._rng)
-
-    def _adopt(self, parameter_id: int, params: Dict[str, Any]) -> None:
-        self._rng.random()  # a resumed run continues a sequence, not the first one again
+        return _anneal(self.space, self._params[ranked[rank]], width, rng)
 
     def _completed(self, parameter_id: int, value: float) -> None:
-        params = self._params[parameter_id]
-        if self.space.contains(params):  # history from an older space has no place to anneal around
-            self._results.append((value, params))
+        if self.space.contains(self._params[parameter_id]):  # history from an older space has no place to anneal around
+            self._results[parameter_id] = value
 
 
 def _anneal(space: SearchSpace, point: Mapping[str, Any], width: float, rng: random.Random) -> Dict[str, Any]:

@@ -78,8 +78,14 @@ class Platform(Protocol):
     def check_ready(self) -> None:
         """Before the manager starts: raise a UserError if trials cannot be submitted at all (no cluster)."""
 
+    def capacity_note(self, trial_concurrency: int) -> str:
+        """A line for the start of a run when fewer than `trial_concurrency` trials can run at once; "" if not."""
+
     checkpoint_survives_stop: bool
     """Whether a stopped trial's checkpoint dir is kept for its restart (else a pause loses its progress)."""
+    holds_checkpoint: Optional[Callable[[str], bool]]
+    """For a trial that ended: whether it left a checkpoint to go on from (it exited 143 after a stop, or its
+    checkpoint dir holds one). None: the platform cannot see; the loop then takes exit 143 alone as one."""
     on_waiting: Callable[[str, str], None]
     """The loop sets it; a platform that holds a submitted trial back (local: until its GPUs are free) calls
     it from submit() with the trial's id and why, before the trial can start."""
@@ -101,10 +107,16 @@ class PlatformBase:
     reattach: Optional[Callable[[str], bool]] = None
     undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]] = None
     remove_experiment: Optional[Callable[[str, Sequence[str]], List[str]]] = None
+    holds_checkpoint: Optional[Callable[[str], bool]] = None
     checkpoint_survives_stop: bool = True  # the trial dir, checkpoint included, stays where the restart runs
 
     def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
         """Nothing outlives a trial here."""
+
+    def capacity_note(self, trial_concurrency: int) -> str:
+        """A line for the start of a run when the platform runs fewer than `trial_concurrency` trials at once
+        (a resource pool's declared slots); "" when it holds none back."""
+        return ""
 
     def check_ready(self) -> None:
         """Ready as soon as it exists."""

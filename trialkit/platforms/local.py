@@ -51,7 +51,8 @@ class LocalConfig:
     slots_per_trial: Optional[int] = None  # None: one per GPU the trial gets, at least one
     trial_gpu_number: Optional[int] = None
     resource_pool: str = "default"  # the home's pool its trials take slots from (platforms/pools.py)
-    pool_priority: Optional[int] = None  # the experiment's job's there (smaller first); None: the pool's default
+    pool_priority: Optional[int] = None  # the experiment's job's there (smaller first); None: `priority`'s
+    priority: Optional[int] = None  # the experiment's one priority (with_priority): its job's in the pool
     pool_weight: Optional[float] = None  # its fair share weight, in a fair_share pool; None: 1
     preemptible: bool = True  # its running trials pause (checkpoint) for a job of higher priority that waits
     platform: str = PLATFORM
@@ -79,6 +80,17 @@ def with_trial_gpus(config: LocalConfig, trial_gpu_number: Optional[int]) -> Loc
                             "trialGpuNumber", "add trialGpuNumber: 1 (the GPUs each trial gets), or remove "
                             f"{unused[0]}")
     return dataclasses.replace(config, trial_gpu_number=trial_gpu_number)
+
+
+def with_priority(config: LocalConfig, priority: Optional[int], default: int) -> Tuple[LocalConfig, int]:
+    """(the config, the experiment's one priority): its job's in the resource pool and its trials' in its queue,
+    from the config's top-level `priority`, else trainingService.poolPriority (a Determined config's
+    resources.priority), else `default`. Two different numbers would order it two ways: refused."""
+    if priority is not None and config.pool_priority is not None and config.pool_priority != priority:
+        raise UserError(f"priority {priority} and trainingService.poolPriority {config.pool_priority} differ",
+                        "priority", "an experiment has one priority (smaller first): keep one of the two keys")
+    chosen = next(p for p in (priority, config.pool_priority, default) if p is not None)
+    return dataclasses.replace(config, priority=chosen), chosen
 
 
 def _gpu_indices(value: Any, where: str) -> Tuple[int, ...]:
@@ -261,8 +273,9 @@ class Platform(PlatformBase):
                                    _pool_gpu_indices(config, self._slots, found), config.use_active_gpu)
             self._pool.check(found)  # before any trial: a config that can never run is refused
         self._slots.check(config.pool_slots)
-        self._slots.join(self.experiment_dir.name, config.pool_priority, config.preemptible, config.pool_weight,
-                         config.pool_slots)
+        # A fair share pool goes by weights: a priority set for it is refused there, the default one not given.
+        priority = config.pool_priority if self._slots.scheduler == pools.FAIR_SHARE else config.priority
+        self._slots.join(self.experiment_dir.name, priority, config.preemptible, config.pool_weight, config.pool_slots)
         self._preempted: Dict[str, str] = {}  # trials paused for a job of higher priority -> why
         if self._pool is not None:
             self._adopt_running()
@@ -374,6 +387,29 @@ class Platform(PlatformBase):
         if why is not None and found.status in FINAL_STATUSES and found.status != SUCCEEDED:
             return PlatformStatus(PREEMPTED, why, found.exit_code)
         return found
+
+    def capacity_note(self, trial_concurrency: int) -> str:
+        """What the pool's declared slots allow of trialConcurrency, when that is fewer (a pool with no limit, the
+        default one without pools.yml, allows all)."""
+        at_once = self._slots.slots / self.config.pool_slots + pools.ROUNDING
+        if at_once >= trial_concurrency:
+            return ""
+        return (f"pool {self._slots.name} has {self._slots.slots:g} slots and each trial takes "
+                f"{self.config.pool_slots:g}: at most {int(at_once)} of the {trial_concurrency} trials trialConcurrency "
+                f"runs at once ({paths.home() / pools.CONFIG_NAME} sets its slots)")
+
+    def holds_checkpoint(self, handle: str) -> bool:
+        """Whether the ended trial left a checkpoint: it exited 143 after the stop (its keeper's PREEMPTED),
+        or its checkpoint dir holds anything (a checkpoint of an earlier step, one a Determined trial saved
+        before exiting 0)."""
+        trial_dir = paths.trial_dir(self.experiment_dir, handle)
+        if (StatusFile.previous(layout.status_path(trial_dir)) or {}).get("status") == PREEMPTED:
+            return True
+        try:
+            with os.scandir(layout.checkpoint_dir(trial_dir)) as entries:
+                return next(entries, None) is not None
+        except OSError:  # none made (a trial that never started) or unreadable: nothing to go on from
+            return False
 
     def _status(self, handle: str) -> PlatformStatus:
         with self._lock:

@@ -14,8 +14,9 @@ pools.yml names pools of slots, and the machine's GPUs (nvidia-smi's indices) a 
 (A pool may instead be a cluster's: `kubernetes: {namespace, slots}`, `ray: {address, slots}`, or Kueue's
 LocalQueue, `kueue: {namespace, localQueue, priorityClass}`, whose quota Kueue holds: kubernetes/kueue.py.)
 
-With no file (or no `default` in it) the default pool has one slot per CPU
-this process may run on, or per GPU when the machine has more GPUs than CPUs.
+With no file (or no `default` in it) the default pool has no limit of slots: each experiment runs its
+trialConcurrency trials at once, as NNI does, and a cap comes only from what is declared (a pool's slots,
+the GPUs trialGpuNumber schedules).
 
 A GPU trial's lease names its GPU indices and its share of each (1, or 1/maxTrialNumberPerGpu), and a
 GPU's shares never sum past 1 across every pool and experiment of this home: two experiments never get
@@ -31,8 +32,9 @@ than it has across every experiment and process that uses this home.
 Each experiment is a job of its pool (the jobs table: `join`), ordered by
 the pool's scheduler (`scheduler:` in pools.yml):
   priority             Determined's priority scheduler (the default): smaller priority first (default 42),
-                       then the earlier submitted;
-  priority_descending  the Kubernetes scheduler's order: bigger priority first, then the earlier submitted;
+                       then the earlier place (the time it was submitted, unless `job update --ahead-of` or
+                       `--behind-of` moved it: its place then, its Submitted time kept);
+  priority_descending  the Kubernetes scheduler's order: bigger priority first, then the earlier place;
   fair_share           Determined's fair share: the job holding the fewest slots for its weight (default 1)
                        first, so the pool's slots are divided among the jobs that want them in proportion
                        to their weights (3:1 on 4 slots: 3 and 1).
@@ -44,6 +46,7 @@ trials' slots there; the leases its running trials hold stay until they end).
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import sqlite3
@@ -58,7 +61,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from trialkit import process, schema
 from trialkit.errors import UserError
 from trialkit.manager import disk, paths
-from trialkit.manager.store import StoreUnwritable
+from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.platforms import pool_events
 
 CONFIG_NAME = "pools.yml"
@@ -99,23 +102,18 @@ _ADDED_COLUMNS = (("leases", "gpus", "TEXT NOT NULL DEFAULT ''"), ("leases", "gp
                   # 0: its trials are not paused for a job of higher priority (trainingService.preemptible)
                   ("jobs", "preemptible", "INTEGER NOT NULL DEFAULT 1"),
                   ("jobs", "weight", "REAL NOT NULL DEFAULT 1"),  # its fair share weight
-                  ("jobs", "trial_slots", "REAL NOT NULL DEFAULT 0"))  # what each of its trials takes
+                  ("jobs", "trial_slots", "REAL NOT NULL DEFAULT 0"),  # what each of its trials takes
+                  ("jobs", "place", "REAL"))  # its place in the order among equal priorities; NULL: submitted
+# A job's place among equal priorities: where a move put it, else its submission time.
+_PLACE = "COALESCE(place, submitted)"
 
 
-def machine_slots() -> int:
-    """The default pool's size: the CPUs this process may use, or the GPUs when there are more of them."""
-    from trialkit import gpus
-
-    try:
-        gpu_count = len(gpus.inventory())
-    except UserError:
-        gpu_count = 0
-    return max(len(os.sched_getaffinity(0)), gpu_count)
+UNLIMITED = math.inf  # the slots of a pool pools.yml does not declare (the default one without the file)
 
 
 @dataclass(frozen=True)
 class PoolSpec:
-    """A pool as pools.yml declares it: its slots (None: one per GPU it names, else the machine's) and the
+    """A pool as pools.yml declares it: its slots (None: no limit, the undeclared default pool's) and the
     GPU indices its trials may take (None: any of the machine's)."""
 
     slots: Optional[int] = None
@@ -265,15 +263,21 @@ class Claim:
     holds: float  # slots its live trials hold
     waits: float  # slots its waiting trials need while the pool refuses them; 0: none waits
     preemptible: bool  # its trials give their slots back to a job of higher priority
+    place: Optional[float] = None  # where a move put it among equal priorities; None: where it was submitted
+
+    @property
+    def order(self) -> float:
+        """Its place among the jobs of its priority: earlier first."""
+        return self.submitted if self.place is None else self.place
 
 
 class Pool:
     """One named pool of this home: its size, the GPUs it may lease (None: any), and the lease table's view."""
 
-    def __init__(self, name: str, slots: int, db_path: Path, gpus: Optional[Sequence[int]] = None,
+    def __init__(self, name: str, slots: float, db_path: Path, gpus: Optional[Sequence[int]] = None,
                  scheduler: str = PRIORITY):
         self.name = name
-        self.slots = slots
+        self.slots = slots  # UNLIMITED: none declared
         self.gpus = None if gpus is None else tuple(gpus)
         self.scheduler = scheduler
         self.db_path = db_path
@@ -419,15 +423,15 @@ class Pool:
         with self._lock:
             leases = self._db.execute("SELECT experiment, slots, pid, ticks FROM leases WHERE pool = ?",
                                       (self.name,)).fetchall()
-            rows = self._db.execute("SELECT experiment, priority, submitted, pid, ticks, waiting, queued, preemptible "
-                                    "FROM jobs WHERE pool = ?", (self.name,)).fetchall()
+            rows = self._db.execute("SELECT experiment, priority, submitted, pid, ticks, waiting, queued, preemptible, "
+                                    "place FROM jobs WHERE pool = ?", (self.name,)).fetchall()
         held: Dict[str, float] = {}
         for experiment, slots, pid, ticks in leases:
             if Holder(pid, ticks).alive():
                 held[experiment] = held.get(experiment, 0.0) + slots
         return [Claim(experiment, priority, submitted, held.get(experiment, 0.0), queued if waiting > 0 else 0.0,
-                      bool(preemptible))
-                for experiment, priority, submitted, pid, ticks, waiting, queued, preemptible in rows
+                      bool(preemptible), place)
+                for experiment, priority, submitted, pid, ticks, waiting, queued, preemptible, place in rows
                 if Holder(pid, ticks).alive()]
 
     def waiting_reason(self, slots: float, gpus: Optional[GpuAsk] = None) -> str:
@@ -440,6 +444,8 @@ class Pool:
                 return f"waiting for {gpus.count} GPU{'s' if gpus.count != 1 else ''}: GPU " \
                        f"{','.join(map(str, taken))} leased to other trials of this home ({len(free)} of " \
                        f"{len(gpus.candidates)} free)"
+        if self.slots == UNLIMITED:  # refused only for a job ahead of it that waits
+            return f"waiting for a job ahead of it in pool {self.name}"
         return f"waiting for {slots:g} slot{'s' if slots != 1 else ''} of pool {self.name}: {self.free():g} of " \
                f"{self.slots} free"
 
@@ -491,15 +497,15 @@ class Pool:
 
     def _waits_behind(self, experiment: str) -> bool:
         """Whether a live job ahead of `experiment` in its pool's order (the scheduler's) waits for slots."""
-        rows = self._db.execute("SELECT experiment, priority, weight, submitted, pid, ticks, waiting FROM jobs "
+        rows = self._db.execute(f"SELECT experiment, priority, weight, {_PLACE}, pid, ticks, waiting FROM jobs "
                                 "WHERE pool = ?", (self.name,)).fetchall()
         held = _acquired(self._db, self.name) if self.scheduler == FAIR_SHARE else {}
-        mine = next((_order(self.scheduler, priority, weight, submitted, held.get(job, 0.0))
-                     for job, priority, weight, submitted, *_ in rows if job == experiment),
+        mine = next((_order(self.scheduler, priority, weight, place, held.get(job, 0.0))
+                     for job, priority, weight, place, *_ in rows if job == experiment),
                     _order(self.scheduler, DEFAULT_PRIORITY, DEFAULT_WEIGHT, float("inf"), held.get(experiment, 0.0)))
-        return any(_order(self.scheduler, priority, weight, submitted, held.get(job, 0.0)) < mine
+        return any(_order(self.scheduler, priority, weight, place, held.get(job, 0.0)) < mine
                    and Holder(pid, ticks).alive()
-                   for job, priority, weight, submitted, pid, ticks, waiting in rows
+                   for job, priority, weight, place, pid, ticks, waiting in rows
                    if job != experiment and waiting > 0)
 
     def _follow(self, experiment: str) -> None:
@@ -508,8 +514,7 @@ class Pool:
         if row is None or row[0] == self.name:
             return
         spec = pool_spec(row[0], read_config(self.db_path.parent))
-        self.name, self.slots, self.gpus, self.scheduler = row[0], spec.slots or machine_slots(), spec.gpus, \
-            spec.scheduler
+        self.name, self.slots, self.gpus, self.scheduler = row[0], spec.slots or UNLIMITED, spec.gpus, spec.scheduler
 
     def _drop_dead(self) -> None:
         rows = self._db.execute("SELECT holder, pid, ticks FROM leases WHERE pool = ?", (self.name,)).fetchall()
@@ -517,12 +522,12 @@ class Pool:
         self._db.executemany("DELETE FROM leases WHERE holder = ?", dead)
 
 
-def _order(scheduler: str, priority: int, weight: float, submitted: float, held: float) -> Tuple[float, float]:
+def _order(scheduler: str, priority: int, weight: float, place: float, held: float) -> Tuple[float, float]:
     """A job's place in its pool's order (smaller first): by priority, bigger priority, or the slots it holds
-    for its weight (fair share); then the earlier submitted."""
+    for its weight (fair share); then the earlier place (_PLACE)."""
     if scheduler == FAIR_SHARE:
-        return held / weight, submitted
-    return (-priority if scheduler == PRIORITY_DESCENDING else priority), submitted
+        return held / weight, place
+    return (-priority if scheduler == PRIORITY_DESCENDING else priority), place
 
 
 def _check_counts(scheduler: str, pool: str, what: str, where: str) -> None:
@@ -562,24 +567,25 @@ def jobs(name: str = DEFAULT) -> List[Dict[str, Any]]:
     try:
         with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
             acquired = _acquired(db, name)
-            rows = db.execute("SELECT experiment, priority, weight, submitted, pid, ticks, queued FROM jobs "
-                              "WHERE pool = ?", (name,)).fetchall()
+            rows = db.execute(f"SELECT experiment, priority, weight, {_PLACE}, submitted, pid, ticks, queued "
+                              "FROM jobs WHERE pool = ?", (name,)).fetchall()
     except sqlite3.Error as err:
         raise _unreadable(db_path, err) from None
     rows.sort(key=lambda row: _order(scheduler, row[1], row[2], row[3], acquired.get(row[0], 0.0)))
     out = []
-    for experiment, priority, weight, submitted, pid, ticks, queued in rows:
+    for experiment, priority, weight, _, submitted, pid, ticks, queued in rows:
         live = Holder(pid, ticks).alive()
         held = acquired.get(experiment, 0)
         if not live and not held:
             continue
         queued = queued if live else 0
-        out.append({"position": len(out), "id": experiment, "experiment": experiment, "name": name,
+        out.append({"position": len(out), "id": experiment, "type": EXPERIMENT_JOB, "experiment": experiment,
+                    "name": experiment_name(experiment),
                     # a weight under 1e-6 as it is: rounded it would read 0, which no weight is
                     "priority": priority, "weight": _number(weight) if weight >= 1e-6 else weight,
                     "submitted": submitted,
                     "slots_acquired": _number(held), "slots_needed": _number(held + queued),
-                    "status": QUEUED if queued > 0 else SCHEDULED})
+                    "status": QUEUED if queued > 0 else SCHEDULED, "user": user_of(experiment)})
     return out
 
 
@@ -632,6 +638,51 @@ def _fault(db_path: Path, err: BaseException) -> UserError:
     return _unreadable(db_path, err)
 
 
+EXPERIMENT_JOB = "TYPE_EXPERIMENT"  # Determined's job type, as `det job list` prints it
+
+
+def experiment_name(experiment: str) -> str:
+    """Its experimentName (Determined's Job Name); "" when it has none, or no store of it is here to read."""
+    try:
+        with closing(Store(paths.experiment_dir(experiment) / paths.DB_NAME, read_only=True)) as store:
+            row = store.experiment(experiment)
+    except (UserError, sqlite3.Error):
+        return ""
+    return ((row or {}).get("config") or {}).get("experimentName") or ""
+
+
+def user_of(experiment: str) -> str:
+    """Who runs the experiment: the owner of its dir ("" when it has none here)."""
+    import pwd
+
+    try:
+        uid = paths.experiment_dir(experiment).stat().st_uid
+    except (UserError, OSError):
+        return ""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid with no name (a container's)
+        return str(uid)
+
+
+def order_keys() -> Dict[str, Tuple[str, Tuple[float, float]]]:
+    """Experiment -> (its pool, its key in that pool's order: smaller first), for every job of this home's pools:
+    what sorts experiments as their pools will give them slots."""
+    db_path = paths.home() / DB_NAME
+    if not db_path.exists():
+        return {}
+    try:
+        with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
+            rows = db.execute(f"SELECT experiment, pool, priority, weight, {_PLACE} FROM jobs").fetchall()
+            held = {pool: _acquired(db, pool) for pool in {row[1] for row in rows}}
+    except sqlite3.Error as err:
+        raise _unreadable(db_path, err) from None
+    config = read_config(paths.home())
+    return {experiment: (pool, _order(config[pool].scheduler if pool in config else PRIORITY, priority, weight,
+                                      place, held[pool].get(experiment, 0.0)))
+            for experiment, pool, priority, weight, place in rows}
+
+
 def _unreadable(db_path: Path, err: Exception) -> UserError:
     """The lease table SQLite cannot open or read (damaged, a directory, a read-only home, locked past
     BUSY_SECONDS): one line naming it, not the CLI's line about an experiment's store."""
@@ -658,7 +709,7 @@ def update(changes: Sequence[Tuple[str, str, Any]]) -> None:
     """Change experiments' jobs, in order and in one transaction (all or none): each (experiment, what, value)
     is ("priority", N), a new priority (smaller starts first), or ("ahead_of"/"behind_of", EXPERIMENT), a place
     just before/after another job of its pool, as Determined's `--ahead-of`/`--behind-of`: it takes the other's
-    priority and a submission time next to the other's, or ("top", None), the page's Move to Top: ahead of the
+    priority and a place next to the other's (its Submitted time stays), or ("top", None), the page's Move to Top: ahead of the
     pool's first job (none when it is first). Their next trials wait or pass by it. In a fair share pool, only
     ("weight", W), its share against the others' (W > 0). ("resource_pool", NAME) moves the job to another pool
     of this home: its next trials take their slots there."""
@@ -705,7 +756,7 @@ def _place(db: sqlite3.Connection, experiment: str, other: str, ahead: bool) -> 
     if other == experiment:
         raise UserError(f"experiment {experiment} cannot move {where.replace('-', ' ')} itself", where,
                         "name another experiment of its pool (`trialkit job list --pool`)")
-    pool, priority, submitted = _job(db, other, where)
+    pool, priority, at = _job(db, other, where)
     pid, ticks = db.execute("SELECT pid, ticks FROM jobs WHERE experiment = ?", (other,)).fetchone()
     if not Holder(pid, ticks).alive():
         raise UserError(f"experiment {other} is not running: its job has left the queue", where,
@@ -713,33 +764,33 @@ def _place(db: sqlite3.Connection, experiment: str, other: str, ahead: bool) -> 
     if _job(db, experiment, experiment)[0] != pool:
         raise UserError(f"experiment {other} is in pool {pool}, not {experiment}'s", other,
                         "move a job among the jobs of its own pool")
-    # Between the other and its neighbour on that side (of the same priority), so no third job is passed.
+    # Between the other and its neighbour on that side (of the same priority), so no third job is passed; the
+    # job's Submitted time stays what it was.
     neighbour = db.execute(
-        "SELECT MAX(submitted) FROM jobs WHERE pool = ? AND priority = ? AND submitted < ? AND experiment != ?"
+        f"SELECT MAX({_PLACE}) FROM jobs WHERE pool = ? AND priority = ? AND {_PLACE} < ? AND experiment != ?"
         if ahead else
-        "SELECT MIN(submitted) FROM jobs WHERE pool = ? AND priority = ? AND submitted > ? AND experiment != ?",
-        (pool, priority, submitted, experiment)).fetchone()[0]
+        f"SELECT MIN({_PLACE}) FROM jobs WHERE pool = ? AND priority = ? AND {_PLACE} > ? AND experiment != ?",
+        (pool, priority, at, experiment)).fetchone()[0]
     if neighbour is None:
-        neighbour = submitted - 1.0 if ahead else submitted + 1.0
-    place = (submitted + neighbour) / 2
-    if not min(submitted, neighbour) < place < max(submitted, neighbour):  # moved back and forth ~20 times
-        raise UserError(f"no time is left between experiment {other} and the job {where.replace('-', ' ')} it at "
+        neighbour = at - 1.0 if ahead else at + 1.0
+    place = (at + neighbour) / 2
+    if not min(at, neighbour) < place < max(at, neighbour):  # moved back and forth ~20 times
+        raise UserError(f"no room is left between experiment {other} and the job {where.replace('-', ' ')} it at "
                         f"priority {priority}: the move would tie them", where,
                         f"give experiment {experiment} a priority of its own (--priority) instead")
-    db.execute("UPDATE jobs SET priority = ?, submitted = ? WHERE experiment = ?", (priority, place, experiment))
+    db.execute("UPDATE jobs SET priority = ?, place = ? WHERE experiment = ?", (priority, place, experiment))
 
 
 def _to_top(db: sqlite3.Connection, experiment: str, scheduler: str) -> None:
     """Ahead of the first job `jobs()` shows (a live control plane, or trials holding slots), at its priority."""
     pool = _job(db, experiment, experiment)[0]
     holding = _acquired(db, pool)
-    rows = db.execute("SELECT experiment, priority, submitted, pid, ticks FROM jobs WHERE pool = ?",
+    rows = db.execute(f"SELECT experiment, priority, {_PLACE}, pid, ticks FROM jobs WHERE pool = ?",
                       (pool,)).fetchall()
     rows.sort(key=lambda row: _order(scheduler, row[1], DEFAULT_WEIGHT, row[2], 0.0))
     first = next((row for row in rows if row[0] in holding or Holder(row[3], row[4]).alive()), None)
     if first is not None and first[0] != experiment:
-        db.execute("UPDATE jobs SET priority = ?, submitted = ? WHERE experiment = ?",
-                   (first[1], first[2] - 1.0, experiment))
+        db.execute("UPDATE jobs SET priority = ?, place = ? WHERE experiment = ?", (first[1], first[2] - 1.0, experiment))
 
 
 def pool_of(experiment: str) -> Optional[str]:
@@ -756,7 +807,7 @@ def pool_of(experiment: str) -> Optional[str]:
 
 
 def _job(db: sqlite3.Connection, experiment: str, where: str) -> Any:
-    row = db.execute("SELECT pool, priority, submitted FROM jobs WHERE experiment = ?",
+    row = db.execute(f"SELECT pool, priority, {_PLACE} FROM jobs WHERE experiment = ?",
                      (schema.as_str(experiment, where),)).fetchone()  # a lone surrogate: SQLite cannot take it
     if row is None:
         raise UserError(f"experiment {experiment} has no job in this home's resource pool", where,
@@ -768,7 +819,7 @@ def _move_to(db: sqlite3.Connection, experiment: str, pool: str, config: Mapping
     """The job into another pool: its next trials take their slots there (its control plane follows at its next
     grant); its running trials' leases stay in the pool they were granted in until they end."""
     spec = _local_spec(pool, config)
-    slots = spec.slots or machine_slots()
+    slots = spec.slots or UNLIMITED
     (trial_slots,) = db.execute("SELECT trial_slots FROM jobs WHERE experiment = ?", (experiment,)).fetchone()
     if trial_slots > slots + ROUNDING:
         raise UserError(f"each trial of experiment {experiment} takes {trial_slots:g} slots but pool {pool!r} has "
@@ -797,7 +848,7 @@ def parse_change(text: str) -> Tuple[str, str, Any]:
 
 
 def pool_spec(name: str, config: Mapping[str, PoolSpec]) -> PoolSpec:
-    """The named pool of pools.yml (`default` is there without being named: the machine's)."""
+    """The named pool of pools.yml (`default` is there without being named, with no limit of slots)."""
     if name not in config and name != DEFAULT:
         raise UserError(f"there is no resource pool {name!r}", str(paths.home() / CONFIG_NAME),
                         f"name one of {sorted(set(config) | {DEFAULT})}, or add it under pools:")
@@ -819,7 +870,7 @@ def open_pool(name: str = DEFAULT) -> Pool:
     """The named pool of this TRIALKIT_HOME; only `default` exists without a pools.yml that names it."""
     home = paths.home()
     spec = _local_spec(name, read_config(home))
-    return Pool(name, spec.slots or machine_slots(), home / DB_NAME, spec.gpus, spec.scheduler)
+    return Pool(name, spec.slots or UNLIMITED, home / DB_NAME, spec.gpus, spec.scheduler)
 
 
 def _local_spec(name: str, config: Mapping[str, PoolSpec]) -> PoolSpec:

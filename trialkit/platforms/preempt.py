@@ -9,9 +9,11 @@ experiment and resume from their checkpoint when the pool gives slots back; the 
 the priority order keeps them from taking those slots first.
 
 Jobs give back in the reverse of the scheduler's order: the largest priority number first (the smallest
-in a `priority_descending` pool), then the latest submitted. So each job, knowing the table, can tell
-alone how much is its to give, and no two give the same slots. Equal priorities never preempt each other
-(no thrash between peers); a `fair_share` pool preempts nothing.
+in a `priority_descending` pool), then the latest place. So each job, knowing the table, can tell alone
+how much is its to give, and no two give the same slots. Of equal priorities, only a job a user moved
+ahead (`job update --ahead-of`, `--behind-of`, Move to Top: its place before one submitted earlier)
+preempts, as the seed's job queue shows the moved job taking the slot; peers in the order they were
+submitted never preempt each other (no thrash between them). A `fair_share` pool preempts nothing.
 """
 from __future__ import annotations
 
@@ -33,12 +35,16 @@ def owed(experiment: str, free: float, claims: Sequence[Claim], scheduler: str =
     def rank(claim: Claim) -> int:  # smaller goes first
         return sign * claim.priority
 
-    ahead = sorted((claim for claim in claims if claim.waits > 0 and rank(claim) < rank(me)),
-                   key=lambda claim: (rank(claim), claim.submitted))
+    def preempts(claim: Claim) -> bool:  # a strictly higher priority, or moved ahead of `me` at an equal one
+        return rank(claim) < rank(me) or (claim.priority == me.priority and claim.order < me.order
+                                          and claim.submitted > me.submitted)
+
+    ahead = sorted((claim for claim in claims if claim.waits > 0 and claim is not me and preempts(claim)),
+                   key=lambda claim: (rank(claim), claim.order))
     if not ahead:
         return 0.0, None
     before_me = sum(claim.holds for claim in claims if claim.preemptible and claim is not me and (
-        rank(claim) > rank(me) or (claim.priority == me.priority and claim.submitted > me.submitted)))
+        (rank(claim), claim.order) > (rank(me), me.order)))
     due = sum(claim.waits for claim in ahead) - max(free, 0.0) - before_me
     return (due, ahead[0]) if due > ROUNDING else (0.0, None)
 

@@ -1,0 +1,171 @@
+"""Stops mean what they say, through the `trialkit` command as a user runs it.
+
+- A trial that saves a checkpoint on SIGTERM and exits 143 when the experiment
+  is stopped (Ctrl-C of `trialkit run`, `trialkit experiment stop`) is
+  PREEMPTED, and `trialkit experiment resume` continues it from its checkpoint.
+- A trial paused without saving a checkpoint says so (`trial show`, `trial
+  list`, the run's output), and `trial activate` says it starts again.
+- An assessor never stops a trial that has reported its final result.
+"""
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from experiment_util import by_sequence, cli, experiment, experiment_id, export, reported, start_cli, trial_status
+from harness import wait_until
+
+WAIT = 60.0  # an upper bound for a loaded machine; never waited for on success
+X = {"x": {"_type": "choice", "_value": [1]}}
+
+# Eight steps; on SIGTERM it finishes the step, saves it and exits 143. Its first run waits at step 3 for the
+# stop (so that no load on the machine lets it finish first); a restart runs through.
+CHECKPOINTING = """
+import json, os, signal, sys, time, trialkit
+from pathlib import Path
+signal.signal(signal.SIGTERM, lambda signum, frame: None)
+trialkit.get_next_parameter()
+first_run = os.environ["TRIALKIT_RESTART_COUNT"] == "0"
+state = Path(trialkit.checkpoint_dir()) / "state.json"
+step = json.loads(state.read_text())["step"] if state.exists() else 0
+while step < 8:
+    trialkit.report_intermediate_result(step)
+    step += 1
+    while first_run and step == 3 and not trialkit.should_preempt():
+        time.sleep(0.02)
+    if trialkit.should_preempt():
+        state.write_text(json.dumps({"step": step}))
+        sys.exit(143)
+trialkit.report_final_result(step)
+"""
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def ok(*args) -> str:
+    done = cli(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "experiment stop"])
+def test_a_trial_that_checkpoints_when_the_experiment_stops_is_preempted_and_resume_continues_it(
+        tmp_path, home, how):
+    config = experiment(tmp_path, X, CHECKPOINTING, trialConcurrency=1, maxTrialNumber=1, trialGraceSeconds=10)
+    if how == "ctrl-c":
+        proc = start_cli("run", config)
+        exp = experiment_id(proc.stdout.readline())
+    else:
+        exp = experiment_id(ok("run", config, "--detach").splitlines()[0])
+    trial = f"{exp}-00000"
+    wait_until(lambda: reported(home, trial) >= 3, WAIT, "the trial to train three steps")
+    if how == "ctrl-c":
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT)
+        assert f"trial {trial} PAUSED" in out, out + err
+    else:
+        ok("experiment", "stop", exp)
+    row = export(exp)[0]
+    assert row["status"] == "PREEMPTED" and row["exit_code"] == 143
+    assert row["reason"].endswith("it saved a checkpoint: `trialkit experiment resume` continues it"), row
+    assert "PAUSED: " in ok("trial", "list", exp)
+    assert json.loads((Path(row["trial_dir"]) / "checkpoint" / "state.json").read_text())["step"] == 3
+
+    resumed = ok("experiment", "resume", exp)
+    row = export(exp)[0]
+    assert row["status"] == "SUCCEEDED" and row["final"] == 8 and row["restart_count"] == 1, resumed
+    runs = [r["intermediate"] for r in json.loads(ok("experiment", "export", exp, "--all-runs"))]
+    assert runs == [[0, 1, 2], [3, 4, 5, 6, 7]]  # from its checkpoint, nothing again
+
+
+def test_a_trial_killed_by_the_stop_without_a_checkpoint_is_canceled_and_stays_so(tmp_path, home):
+    config = experiment(tmp_path, X, CHECKPOINTING.replace("signal.signal(signal.SIGTERM, lambda signum, frame: None)",
+                                                           ""), trialConcurrency=1, maxTrialNumber=1)
+    proc = start_cli("run", config)
+    exp = experiment_id(proc.stdout.readline())
+    wait_until(lambda: reported(home, f"{exp}-00000") >= 2, WAIT, "the trial to train")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=WAIT)
+    assert export(exp)[0]["status"] == "USER_CANCELED"
+    assert cli("experiment", "resume", exp).returncode == 1  # no trial succeeded
+    assert [row["status"] for row in export(exp)] == ["USER_CANCELED"]  # nothing to go on from: not run again
+
+
+def test_a_paused_trial_without_a_checkpoint_says_its_progress_restarts(tmp_path, home):
+    # It dies of the SIGTERM (no handler) and never writes to its checkpoint dir.
+    script = """
+    import time, trialkit
+    trialkit.get_next_parameter()
+    for step in range(100):
+        trialkit.report_intermediate_result(step)
+        time.sleep(0.1)
+    trialkit.report_final_result(1.0)
+    """
+    config = experiment(tmp_path, X, script, trialConcurrency=1, maxTrialNumber=1)
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 2, WAIT, "the trial to train")
+        ok("trial", "pause", trial)
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to pause")
+        restarts = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
+        assert f"status         PAUSED: paused; {restarts}" in ok("trial", "show", trial)
+        assert "PAUSED: paused; it saved no checkpoint" in ok("trial", "list", exp)
+        activated = ok("trial", "activate", trial)
+        assert "queued to start again from the beginning (it saved no checkpoint when paused)" in activated
+        ok("experiment", "stop", exp)
+        out, _ = proc.communicate(timeout=WAIT)
+        assert f"trial {trial} PAUSED (paused; {restarts})" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+# The bad trial (x=0.1) reports every step below the good ones' median, and its final result either with them
+# (then takes its time to exit: cleaning up, saving a model) or a second later, after the assessor's stop came
+# (it finishes its epoch on SIGTERM, reports, and exits 143).
+WITH_THE_STEPS = """
+import time, trialkit
+x = trialkit.get_next_parameter()["x"]
+for step in range(6):
+    trialkit.report_intermediate_result(x)
+trialkit.report_final_result(x)
+time.sleep(0 if x > 0.5 else 3)
+"""
+AFTER_THE_STOP = """
+import signal, sys, time, trialkit
+signal.signal(signal.SIGTERM, lambda signum, frame: None)
+x = trialkit.get_next_parameter()["x"]
+for step in range(6):
+    trialkit.report_intermediate_result(x)
+if x < 0.5:
+    time.sleep(1.5)
+trialkit.report_final_result(x)
+sys.exit(143 if trialkit.should_preempt() else 0)
+"""
+
+
+@pytest.mark.parametrize("script, exit_code", [(WITH_THE_STEPS, 0), (AFTER_THE_STOP, 143)],
+                         ids=["final with the steps", "final after the stop"])
+def test_an_assessor_never_stops_a_trial_that_reported_its_final_result(tmp_path, script, exit_code):
+    space = {"x": {"_type": "choice", "_value": [0.9, 0.1]}, "again": {"_type": "choice", "_value": [0, 1]}}
+    config = experiment(tmp_path, space, script, maxTrialNumber=3, trialConcurrency=1,
+                        tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}},
+                        assessor={"name": "Medianstop", "classArgs": {"start_step": 2}}, trialGraceSeconds=5)
+    done = cli("run", config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = by_sequence(export(experiment_id(done.stdout.splitlines()[0])))
+    assert [rows[i]["status"] for i in range(3)] == ["SUCCEEDED"] * 3, rows
+    bad = rows[2]
+    assert bad["final"] == 0.1 and bad["intermediate"] == [0.1] * 6
+    # With the steps: no stop was sent (it slept its 3 s and exited 0); after: the stop came first.
+    assert bad["exit_code"] == exit_code, bad
