@@ -54,9 +54,8 @@ import sys
 import threading
 import time
 from contextlib import closing
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from trialkit import process, schema
 from trialkit.errors import UserError
@@ -111,8 +110,7 @@ _PLACE = "COALESCE(place, submitted)"
 UNLIMITED = math.inf  # the slots of a pool pools.yml does not declare (the default one without the file)
 
 
-@dataclass(frozen=True)
-class PoolSpec:
+class PoolSpec(NamedTuple):
     """A pool as pools.yml declares it: its slots (None: no limit, the undeclared default pool's) and the
     GPU indices its trials may take (None: any of the machine's)."""
 
@@ -228,8 +226,7 @@ def _gpu_list(value: Any, where: str) -> Optional[Tuple[int, ...]]:
     return indices
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(NamedTuple):
     """A process, named for good by its pid and start time."""
 
     pid: int
@@ -243,8 +240,7 @@ class Holder:
         return process.is_running(self.pid, self.ticks)
 
 
-@dataclass(frozen=True)
-class GpuAsk:
+class GpuAsk(NamedTuple):
     """A GPU trial's ask: `count` GPUs, taking `share` of each (1/maxTrialNumberPerGpu), among `candidates`
     (the GPUs its experiment may use now: gpuIndices, none busy with processes not its own)."""
 
@@ -253,8 +249,7 @@ class GpuAsk:
     candidates: Tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Claim:
+class Claim(NamedTuple):
     """A job of a pool whose control plane runs: what it holds and what its refused trials wait for."""
 
     experiment: str
