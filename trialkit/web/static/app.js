@@ -328,7 +328,7 @@
       this.size = el('select', {'aria-label': 'page size', onchange: choose('limit')},
         [25, 50, 100, 200].map((n) => el('option', {value: n}, `${n} a page`)));
       this.curveTitle = el('h2', {}, 'Curves');
-      this.metricPick = el('select', {id: 'curve-metric', 'aria-label': 'metric', hidden: true});
+      this.metricPick = new MetricPicker('curve-metric');
       this.chart = el('div', {class: 'chart', id: 'curves'});
       main.replaceChildren(
         ...experimentHeader(this.exp, 'trials'),
@@ -336,7 +336,7 @@
           el('button', {onclick: () => this.clearFilters()}, 'Clear filters'), el('span', {class: 'spacer'}),
           this.pager),
         el('div', {class: 'table-wrap'}, el('table', {id: 'trials'}, this.head, this.body)),
-        el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, this.curveTitle, this.metricPick,
+        el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, this.curveTitle, this.metricPick.node,
           el('span', {class: 'spacer'}), el('button', {onclick: () => this.set({sel: null})}, 'Clear selection')),
         this.chart));
     }
@@ -468,7 +468,7 @@
       if (table) await table.catch(() => {});  // its failure is reported by load()
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
         : `Curves: the ${data.series.length} best`;
-      metricPicker(this.metricPick, data, (name) => this.set({curve: name}));
+      this.metricPick.show(data, (name) => this.set({curve: name}));
       await drawCurves(this.chart, data);
     }
   }
@@ -506,7 +506,8 @@
     const series = drawn.map((s, i) => ({label: s.id + (s.id === data.best ? ' (best)' : ''), spanGaps: true,
       stroke: COLORS[i % COLORS.length], width: s.id === top ? 3 : 1.5, alpha: s.id === top || !top ? 1 : 0.7,
       points: {show: s.steps.length < 2 || undefined}}));
-    const y = data.metric === 'default' ? 'intermediate result' : data.metric;
+    const group = (data.groups || {})[data.metric];
+    const y = data.metric === 'default' ? 'intermediate result' : group ? `${data.metric} (${group})` : data.metric;
     node.uplot = new uPlot({width: node.clientWidth || 800, height: CHART_HEIGHT, scales: {x: {time: false}},
       series: [{label: data.x}, ...series], axes: [{label: data.x}, {label: y, size: 60}]}, [xs, ...ys], node);
   }
@@ -515,13 +516,27 @@
     for (const node of document.querySelectorAll('.chart')) if (node.uplot) node.uplot.setSize({width: node.clientWidth, height: CHART_HEIGHT});
   });
 
-  // A choice of the metric the curves show: every name the trials report (default, a dict's keys,
-  // Determined's GROUP.NAME), the one shown selected.
-  function metricPicker(node, data, choose) {
-    node.replaceChildren(...data.metrics.map((name) => el('option', {value: name, selected: name === data.metric},
-      name)));
-    node.hidden = data.metrics.length < 2;
-    node.onchange = (e) => choose(e.target.value);
+  // A choice of the metric the curves show: every metric the trials report by the name a user knows it by
+  // (default, a dict's keys, a Determined metric by the name its user wrote: GROUP.NAME only where two groups
+  // share it), the one shown selected; beside it, a Determined metric's group as a mark (T, V), as
+  // Determined's own page tells training and validation apart.
+  class MetricPicker {
+    constructor(id) {
+      this.select = el('select', {id, 'aria-label': 'metric', hidden: true});
+      this.mark = el('span', {class: 'group-mark', hidden: true});
+      this.node = el('span', {class: 'metric-pick'}, this.select, this.mark);
+    }
+    show(data, choose) {
+      const groups = data.groups || {};
+      this.select.replaceChildren(...data.metrics.map((name) => el('option', {value: name,
+        selected: name === data.metric, title: groups[name] ? `${groups[name]} metric` : null}, name)));
+      this.select.hidden = data.metrics.length < 2;
+      this.select.onchange = (e) => choose(e.target.value);
+      const group = groups[data.metric];
+      this.mark.textContent = group ? group[0].toUpperCase() : '';
+      this.mark.title = group ? `a ${group} metric` : '';
+      this.mark.hidden = !group;
+    }
   }
 
   // A trial's GPUs over time (trialkit.gpus samples): utilization and memory used, one pair of lines per GPU.
@@ -737,7 +752,7 @@
       this.actions = el('div', {class: 'actions'});
       this.params = el('div');
       this.chart = el('div', {class: 'chart', id: 'trial-curve'});
-      this.metricPick = el('select', {id: 'trial-metric', 'aria-label': 'metric', hidden: true});
+      this.metricPick = new MetricPicker('trial-metric');
       this.gpuChart = el('div', {class: 'chart', id: 'trial-gpus'});
       this.gpuPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'GPU use'), this.gpuChart);
       this.elastic = el('dl', {class: 'facts', id: 'elastic'});
@@ -752,7 +767,7 @@
         el('div', {class: 'two'}, el('div', {class: 'panel'}, el('h2', {}, 'Trial'), this.facts),
           el('div', {class: 'panel'}, el('h2', {}, 'Parameters'), this.params)), this.elasticPanel,
         el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, el('h2', {}, 'Intermediate results'),
-          this.metricPick), this.chart), this.gpuPanel,
+          this.metricPick.node), this.chart), this.gpuPanel,
         el('div', {class: 'panel'}, el('h2', {}, 'Status history'), el('table', {id: 'history'},
           headRow('Time', 'Status', 'Exit code', 'Reason', 'Source'), this.history)),
         el('div', {class: 'panel'}, el('h2', {}, 'Log'), this.logTabs, this.log));
@@ -795,7 +810,7 @@
         el('td', {}, h.reason || ''), el('td', {}, h.source))));
       if (!t.history.length) this.history.append(el('tr', {}, el('td', {colspan: 5, class: 'muted empty'}, 'no status yet')));
       this.gpuPanel.hidden = !t.gpu_samples.length;
-      metricPicker(this.metricPick, curves, (name) => { this.metric = name; this.load(); });
+      this.metricPick.show(curves, (name) => { this.metric = name; this.load(); });
       await Promise.all([drawCurves(this.chart, curves), this.pollLog(),
         t.gpu_samples.length ? drawGpuUse(this.gpuChart, t.gpu_samples) : null]);
       markReady('trial');
