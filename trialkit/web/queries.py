@@ -22,8 +22,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from trialkit import gpus
 from trialkit.control import results
 from trialkit.control.plot import parameter_scale, step_title
-from trialkit.manager.server import HttpError
-from trialkit.records import INT64_MAX, BadRecord, loads, metric_number
+from trialkit.manager.server import HttpError, decode
+from trialkit.records import INT64_MAX, BadRecord, metric_number
 from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
 
 MAXIMIZE = "maximize"
@@ -42,7 +42,7 @@ def register(db: sqlite3.Connection) -> None:
 
 def _metric_of_json(text: Optional[str]) -> Optional[float]:
     try:
-        return metric_number(loads(text)) if text is not None else None
+        return metric_number(decode(text.encode())) if text is not None else None
     except BadRecord:
         return None
 
@@ -101,9 +101,11 @@ def parameter_names(db: sqlite3.Connection, experiment_id: str, config: Mapping[
 
 
 def _best(db: sqlite3.Connection, experiment_id: str, mode: str, limit: int = 1) -> List[sqlite3.Row]:
+    # MATERIALIZED: each trial's metric is taken once (a flattened subquery takes it for the filter and the order).
     return db.execute(
-        f"SELECT * FROM (SELECT t.id, t.parameters, {FINAL} AS metric FROM trials t WHERE t.experiment=?) "
-        f"WHERE metric IS NOT NULL ORDER BY metric {_order(mode)} LIMIT ?", (experiment_id, limit)).fetchall()
+        f"WITH m AS MATERIALIZED (SELECT t.id, t.parameters, {FINAL} AS metric FROM trials t WHERE t.experiment=?) "
+        f"SELECT * FROM m WHERE metric IS NOT NULL ORDER BY metric {_order(mode)} LIMIT ?",
+        (experiment_id, limit)).fetchall()
 
 
 def _duration(created: float, updated: float, status: str, now: float) -> float:
@@ -165,7 +167,7 @@ def _number(value: Any) -> Optional[float]:
 
 def _json(text: Optional[str]) -> Any:
     try:
-        return loads(text) if text is not None else None
+        return decode(text.encode()) if text is not None else None
     except ValueError:
         return None
 
