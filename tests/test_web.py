@@ -227,6 +227,16 @@ def test_a_curve_and_the_parallel_coordinates_render_with_data(site, browser):
     assert browser.execute_script("return document.querySelectorAll('#curves canvas').length") == 1  # drawn
     assert browser.execute_script("return document.getElementById('curves').uplot.data[0]") == [1, 2, 3, 4, 5]
     assert plotly_scripts(browser) == []  # uPlot draws the curves: no plotly on this view
+    # The chart is as wide as its place, and follows it when the window is resized.
+    widths = "const n = document.getElementById('curves'); return [n.uplot.width, n.clientWidth]"
+    drawn, room = browser.execute_script(widths)
+    assert drawn == room > 0
+    try:
+        browser.set_window_size(900, 1000)
+        wait_for(browser, f"const n = document.getElementById('curves'); return n.clientWidth < {room} && "
+                          "n.uplot.width === n.clientWidth", "the chart to follow the narrower window")
+    finally:
+        browser.set_window_size(1400, 1000)  # web_util.CHROMIUM_FLAGS' size, for the tests after this one
     shot(browser, "curves")
 
     open_view(browser, site, f"#/exp/{EXPERIMENT}/params", "params")
