@@ -95,9 +95,7 @@ def draw(rows: List[Dict[str, Any]], title: str, metrics: Sequence[str] = (),
     matplotlib.use("Agg")  # files only: no display is needed or wanted
     import matplotlib.pyplot as plt
 
-    known = reported_metrics(rows)
-    curves = [find_metric(known, name) or Metric(name, name, None) for name in metrics] or known[:CURVE_PANELS] or [
-        Metric("default", "default", None)]
+    curves = list(metrics) or [metric.shown for metric in reported_metrics(rows)[:CURVE_PANELS]] or ["default"]
     params: List[str] = []
     for row in rows:
         params += [key for key in flat_parameters(row["parameters"]) if key not in params]
@@ -117,7 +115,9 @@ def draw(rows: List[Dict[str, Any]], title: str, metrics: Sequence[str] = (),
     return figure
 
 
-def _curves(ax: Any, rows: List[Dict[str, Any]], metric: Metric) -> None:
+def _curves(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
+    """Metric `name` (either of its names) of each trial against its steps."""
+    metric = find_metric(reported_metrics(rows), name) or Metric(name, name, None)
     drawn = False
     for row in rows:
         points = metric_points(row["intermediate"], metric.name)
