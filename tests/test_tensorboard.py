@@ -14,14 +14,12 @@ from typing import List, Tuple
 
 import pytest
 
-from experiment_util import cli, experiment, experiment_id, export, reported, start_cli, trial_status
-from harness import wait_until
+from experiment_util import cli, experiment, export, pause_and_activate
 from test_delivery import tensorboard_scalars
 
 pytest.importorskip("tensorboardX", reason="the keeper writes TensorBoard scalars with tensorboardX (control extra)")
 
 FIXTURES = Path(__file__).parent / "fixtures" / "determined"
-WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
 
 # NNI's way: no step in the report; a checkpoint on SIGTERM (exit 143), the next run going on from it.
 NNI_TRIAL = """
@@ -52,22 +50,8 @@ def home(tmp_path, monkeypatch):
 
 
 def paused_and_activated(home: Path, *run: object) -> str:
-    """`trialkit run ...`; its trial paused once it reported 2 results, activated once paused; the experiment's id
-    when it has run to its end."""
-    proc = start_cli("run", *run)
-    try:
-        exp = experiment_id(proc.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 2, WAIT, "two reports")
-        assert cli("trial", "pause", trial).returncode == 0
-        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
-        assert cli("trial", "activate", trial).returncode == 0
-        out, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode == 0, out + err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    """The experiment `trialkit run RUN...` runs, its trial paused and activated, both runs' ends as they were."""
+    exp = pause_and_activate(home, list(run))
     runs = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)
     assert [row["status"] for row in runs] == ["PREEMPTED", "SUCCEEDED"]
     return exp
