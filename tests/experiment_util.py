@@ -13,9 +13,11 @@ import sys
 import textwrap
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import yaml
+
+from harness import wait_until
 
 PYTHON = sys.executable
 TIMEOUT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -90,3 +92,26 @@ def reported(home: Path, trial_id: str) -> int:
     """How many intermediate results a trial has delivered."""
     return stored(home, trial_id.rpartition("-")[0], "SELECT COUNT(*) FROM records WHERE trial=? AND type=?",
                   trial_id, "PERIODICAL")[0][0]
+
+
+def pause_and_activate(home: Path, run_args: List[Any], while_paused: Callable[[str, str], None] = lambda exp, trial: None,
+                       timeout: float = TIMEOUT) -> str:
+    """`trialkit run RUN_ARGS...` with its first trial paused (`trialkit trial pause`) once it delivered two
+    intermediate results, `while_paused(experiment, trial)` once it is PREEMPTED, then activated; the run waited
+    for to its end (exit 0). The experiment's id."""
+    proc = start_cli("run", *run_args)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 2, timeout, "two reports")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", timeout, "the trial to stop with its checkpoint")
+        while_paused(exp, trial)
+        assert cli("trial", "activate", trial).returncode == 0
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, out + err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return exp

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from experiment_util import by_sequence, cli, experiment_id, export, reported, start_cli, trial_status
-from harness import ROOT, channel_records, wait_until
+from experiment_util import by_sequence, cli, experiment_id, export, pause_and_activate
+from harness import ROOT, channel_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "determined"
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -67,32 +67,23 @@ def pause_and_resume(home: Path, config: str) -> tuple:
     """Run `config`, pause its trial after 20 batches, check it left by itself through should_preempt()
     (exit 143, the keeper's own verdict PREEMPTED: no death by SIGTERM), activate it, run to the end.
     Returns (the latest checkpoint's dir as it was paused, the last step run 0 reported, each run's row)."""
-    proc = start_cli("run", FIXTURES / config, FIXTURES)
-    try:
-        exp = experiment_id(proc.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 2, WAIT, "two checkpoints (20 batches)")
-        assert cli("trial", "pause", trial).returncode == 0
-        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
+    seen = {}
+
+    def paused(exp: str, trial: str) -> None:
         paused = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
         kept = json.loads((Path(paused["trial_dir"]) / ".trialkit" / "status.json").read_text())
         assert paused["exit_code"] == 143 and kept["status"] == "PREEMPTED", kept
-        stopped_at = metrics(paused, "training")[-1][0]
+        seen["stopped_at"] = stopped_at = metrics(paused, "training")[-1][0]
         assert stopped_at < 100
         checkpoints = Path(paused["trial_dir"]) / "checkpoint"
-        latest = checkpoints / (checkpoints / "latest").read_text()
+        seen["latest"] = latest = checkpoints / (checkpoints / "latest").read_text()
         # The checkpoint stored at the last report before should_preempt() said yes.
         assert json.loads((latest / "metadata.json").read_text()) == {"steps_completed": stopped_at}
-        assert cli("trial", "activate", trial).returncode == 0
-        out, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode == 0, out + err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+
+    exp = pause_and_activate(home, [FIXTURES / config, FIXTURES], paused, WAIT)
     runs = {row["run"]: row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
     assert sorted(runs) == [0, 1] and runs[1]["status"] == "SUCCEEDED" and runs[1]["restart_count"] == 1
-    return latest, stopped_at, runs
+    return seen["latest"], seen["stopped_at"], runs
 
 
 def test_a_pause_reaches_should_preempt_and_the_trial_resumes_from_its_stored_checkpoint(home):

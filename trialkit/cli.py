@@ -376,6 +376,7 @@ def cmd_experiment_export(opts: argparse.Namespace) -> int:
 def cmd_experiment_plot(opts: argparse.Namespace) -> int:
     try:
         from trialkit.control.plot import nothing_to_plot, plot_experiment, reported_metrics
+        from trialkit.control.results import find_metric
         import matplotlib  # noqa: F401 - said here, where the fix can be named
     except ImportError:
         raise UserError("plotting needs matplotlib", "plot", "pip install 'trialkit[control]'") from None
@@ -388,9 +389,12 @@ def cmd_experiment_plot(opts: argparse.Namespace) -> int:
                         f"`trialkit trial list {opts.experiment_id}` shows each trial's status and reason")
     known = reported_metrics(rows)
     for name in opts.metric or ():
-        if name not in known:
-            raise UserError(f"experiment {opts.experiment_id}'s trials report no metric {name!r}", "--metric",
-                            f"name one of: {', '.join(known)}" if known else "its trials reported final results only")
+        if find_metric(known, name) is None:
+            groups = [metric.name for metric in known if metric.group and metric.name.endswith(f".{name}")]
+            raise UserError(f"experiment {opts.experiment_id}'s trials report {name!r} in {len(groups)} groups"
+                            if len(groups) > 1 else f"experiment {opts.experiment_id}'s trials report no metric {name!r}",
+                            "--metric", f"name one of: {', '.join(metric.shown for metric in known)}" if known
+                            else "its trials reported final results only")
     output = Path(opts.output)
     try:  # is_dir() raises for a name too long, as the write does
         if output.is_dir():
@@ -1012,9 +1016,10 @@ def build_parser() -> ArgumentParser:
     plot.add_argument("-o", "--output", metavar="FILE.png", required=True,
                       help="the PNG file to write (a directory: <experiment id>.png inside it)")
     plot.add_argument("--metric", action="append", metavar="NAME",
-                      help=f"a metric to draw, by name: default, a key of a dict metric (loss), a Determined "
-                           f"group's metric (validation.loss, training.loss); again for more (default: the first "
-                           f"{CURVE_PANELS} the trials report, default or the first validation metric first)")
+                      help=f"a metric to draw, by the name the trials report it: default, a key of a dict "
+                           f"metric (loss), a Determined metric (accuracy; validation.loss or training.loss where "
+                           f"two groups report loss); again for more (default: the first {CURVE_PANELS} the trials "
+                           f"report, default or the first validation metric first)")
 
     trial = _command(commands, "trial", None, "list, inspect, follow or kill trials",
                      "Commands on trials, found by id (<experiment id>-<sequence>).")
