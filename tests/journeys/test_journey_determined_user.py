@@ -182,8 +182,6 @@ def test_the_plot_draws_each_metric_name_chosen(day):
     assert loss != day.user.plot(day.mine, "accuracy.png", "--metric", "accuracy")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.5: `job list --resource-pool` (Determined's flag) is refused")
 def test_job_list_takes_determineds_resource_pool_flag(day):
     done = day.user.trialkit("job", "list", "--resource-pool", "default")
     assert done.returncode == 0, done.stderr
