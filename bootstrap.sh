@@ -30,6 +30,14 @@ install_venv() {
   echo "$stamp" > "$venv/.trialkit-stamp"
 }
 
+# What only the tests use besides: object storage for checkpoints and its S3 server (the demo installs neither).
+install_test_extras() {
+  local stamp; stamp=$(stamp_of)
+  [ "$(cat "$venv/.trialkit-test-stamp" 2>/dev/null)" = "$stamp" ] && return 0
+  "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[checkpoints,checkpoint-tests]"
+  echo "$stamp" > "$venv/.trialkit-test-stamp"
+}
+
 # Headless Chromium and its driver for the web page's tests (Debian's packages: the two always match).
 install_browser() {
   [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && return 0
@@ -53,6 +61,7 @@ case "${1:-}" in
     ;;
   test)
     install_venv
+    install_test_extras
     install_browser
     install_podman
     # DeepSpeed compiles its CPU communication op on first use (minutes): keep

@@ -14,6 +14,7 @@ PACKAGES = [
     "trialkit",
     "trialkit.adaptdl",
     "trialkit.adaptdl.boot",
+    "trialkit.checkpoints",
     "trialkit.shims",
     "trialkit.shims.boot",
     "trialkit.shims.nni",
@@ -75,10 +76,13 @@ EXTRAS = {
     # (trialkit/manager/server.py's decode, which reads as records.loads without it). Keepers load neither.
     "control": ["optuna>=4", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5", "aiohttp>=3.9",
                 "orjson>=3.9"],
+    # Checkpoints in object storage (S3 and S3-compatible, GCS, Azure Blob: trialkit/checkpoints/store.py): one
+    # wheel with no dependencies. Not in `all` (the demo installs `all`): `./bootstrap.sh test` adds it.
+    "checkpoints": ["obstore>=0.12"],
     # The user guide (docs/, mkdocs.yml): built in strict mode by tests/test_docs.py.
     "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"],
 }
-EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+EXTRAS["all"] = sorted({req for name, reqs in EXTRAS.items() if name != "checkpoints" for req in reqs})
 EXTRAS["test"] = [
     "pytest>=8",
     "pytest-timeout>=2.3",
@@ -88,6 +92,9 @@ EXTRAS["test"] = [
     "selenium>=4.20",
     "numpy",
 ]
+# The checkpoint tests' S3 server (tests/s3_server.py): moto's standalone server, on loopback. With the
+# checkpoints extra, `./bootstrap.sh test` installs it; the demo's install has neither.
+EXTRAS["checkpoint-tests"] = ["moto[server]>=5"]
 
 setup(
     name="trialkit",

@@ -32,6 +32,8 @@ from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.platforms.base import Platform
 from trialkit.statuses import WAITING
 
+RETENTION_SECONDS = 120.0  # the experiment's end waits this long for the last retention pass
+
 
 def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experiment_id: Optional[str] = None,
                    out: Optional[TextIO] = None, page: Optional[PageHook] = None) -> ExperimentResult:
@@ -163,6 +165,8 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
             loop.platform.on_waiting = lambda trial_id, why: loop.store.set_status(trial_id, WAITING, reason=why)
             resume_trials(loop, running)
             loop.serve()
+            if loop.retention is not None:
+                loop.retention.close(RETENTION_SECONDS)
             status = loop.final_status()
             if status in (DONE, STOPPED):
                 platform.experiment_ended(loop.experiment_id, list(loop.trials))

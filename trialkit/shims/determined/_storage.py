@@ -9,6 +9,11 @@ a pause and a restart, so the checkpoint stored before a stop is the one
 `latest_checkpoint` names after it. A checkpoint counts once its metadata is
 written; `latest` moves only then, so a stop in the middle of a store leaves
 the previous one latest.
+
+With an object store (checkpoint_storage s3, gcs, azure) the keeper's
+uploader copies each whole checkpoint there and keeps only the latest here;
+one asked for that is not here is fetched back by trialkit.checkpoints.restore,
+in a process of its own (the training process never loads the cloud library).
 """
 import json
 import os
@@ -16,14 +21,25 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-METADATA = "metadata.json"
-LATEST = "latest"
+from trialkit import env
+from trialkit.checkpoints import DETERMINED_LATEST as LATEST
+from trialkit.checkpoints import DETERMINED_METADATA as METADATA
+from trialkit.checkpoints import set_latest
 
 
 def path(root: Path, storage_id: str) -> Path:
-    """The directory of `storage_id`; a FileNotFoundError when this trial stored no such checkpoint."""
+    """The directory of `storage_id`, fetched from the experiment's object store when it is only there; a
+    FileNotFoundError when this trial stored no such checkpoint."""
     where = root / storage_id
-    if os.sep in storage_id or storage_id in ("", ".", "..") or not (where / METADATA).is_file():
+    if os.sep in storage_id or storage_id in ("", ".", ".."):
+        raise FileNotFoundError(f"no checkpoint {storage_id!r} in this trial's checkpoint dir {root}")
+    if not (where / METADATA).is_file() and os.environ.get(env.CHECKPOINT_STORE):
+        import subprocess  # here: only a fetch needs it
+        import sys
+
+        subprocess.run([sys.executable, "-m", "trialkit.checkpoints.restore", storage_id, str(where)],
+                       stdin=subprocess.DEVNULL)
+    if not (where / METADATA).is_file():
         raise FileNotFoundError(f"no checkpoint {storage_id!r} in this trial's checkpoint dir {root}")
     return where
 
@@ -31,9 +47,7 @@ def path(root: Path, storage_id: str) -> Path:
 def finish(root: Path, storage_id: str, metadata: Dict[str, Any]) -> None:
     """Write the metadata that makes a checkpoint whole, then make it the latest."""
     (root / storage_id / METADATA).write_text(json.dumps(metadata, default=str))
-    tmp = root / f".{LATEST}.{os.getpid()}"
-    tmp.write_text(storage_id)
-    os.replace(tmp, root / LATEST)
+    set_latest(root, storage_id)
 
 
 def latest(root: Path) -> Optional[str]:

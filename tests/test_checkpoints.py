@@ -1,0 +1,271 @@
+"""Checkpoints in object storage, against a real S3 protocol server on loopback (moto's, tests/s3_server.py).
+
+Each test is what a user does: a Determined or NNI config whose checkpoints
+go to S3, `trialkit run`, pause and activate, `trialkit checkpoint ...`; and
+what a fault does: an upload killed half way. What is asserted is what the
+user (or the bucket itself, read with moto's own listing) would see.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from experiment_util import cli, experiment_id, export, reported, start_cli, trial_status
+from harness import wait_until
+from s3_server import s3, s3_server  # noqa: F401 - fixtures
+
+FIXTURES = Path(__file__).parent / "fixtures" / "determined"
+WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def s3_storage(s3, bucket: str, **keys) -> dict:
+    return {"type": "s3", "bucket": bucket, "endpoint_url": s3.url, "prefix": "team/runs", **keys}
+
+
+def context(tmp_path: Path, config: dict, script: str, name: str = "2_checkpoints.py") -> Path:
+    """A Determined context dir outside TRIALKIT_HOME: the script and exp.yaml."""
+    folder = tmp_path / "context"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(script)
+    (folder / "exp.yaml").write_text(yaml.safe_dump(config))
+    return folder
+
+
+def stage_2(s3, bucket: str, **storage) -> dict:
+    config = yaml.safe_load((FIXTURES / "2_checkpoints.yaml").read_text())
+    config["checkpoint_storage"] = s3_storage(s3, bucket, **storage)
+    return config
+
+
+def manifests(s3, bucket: str) -> list:
+    return [key for key in s3.objects(bucket) if key.endswith(".checkpoint.json")]
+
+
+def training(row: dict) -> list:
+    return [r["steps_completed"] for r in row["intermediate"] if r["group"] == "training"]
+
+
+# ---------------------------------------------------------------- resume anywhere
+
+
+def test_a_paused_core_api_trial_resumes_from_the_object_store_with_its_local_copy_gone(tmp_path, home, s3):
+    """Determined's tutorial, stage 2, unchanged, with checkpoint_storage of type s3: paused after 20 batches, its
+    trial dir's checkpoints deleted (a new node or pod has none), activated: it goes on from the stored one."""
+    bucket = s3.bucket()
+    folder = context(tmp_path, stage_2(s3, bucket), (FIXTURES / "2_checkpoints.py").read_text())
+    proc = start_cli("run", folder / "exp.yaml", folder)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 2, WAIT, "two checkpoints (20 batches)")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
+        paused = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
+        stopped_at = training(paused)[-1]
+        # Stored before the keeper said PREEMPTED: the checkpoint of the last step, whole, in the bucket.
+        done = cli("checkpoint", "list", trial, "--json")
+        assert done.returncode == 0, done.stderr
+        listed = json.loads(done.stdout)
+        assert listed[-1]["steps"] == stopped_at and listed[-1]["where"].startswith(f"s3://{bucket}/team/runs/")
+        assert f"team/runs/{exp}/{trial}/{listed[-1]['uuid']}.checkpoint.json" in s3.objects(bucket)
+        shutil.rmtree(Path(paused["trial_dir"]) / "checkpoint")
+        assert cli("trial", "activate", trial).returncode == 0
+        out, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, out + err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    runs = {row["run"]: row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
+    # Run 1 began where the stored checkpoint left off: no batch twice, x carried on (x == steps).
+    assert training(runs[1]) == list(range(stopped_at + 10, 101, 10))
+    assert [r["metrics"]["x"] for r in runs[1]["intermediate"] if r["group"] == "training"] == training(runs[1])
+    assert runs[1]["status"] == "SUCCEEDED" and runs[1]["final"] == 100
+    log = (Path(runs[1]["trial_dir"]) / "trial.log").read_text()
+    assert f"restored checkpoint {listed[-1]['uuid']}" in log
+    # Determined's defaults kept one (the latest is also the best: the validation at 100): nothing else is left.
+    left = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    assert [(c["steps"], c["kept_by"]) for c in left] == [(100, ["trial latest", "trial best"])]
+    assert len(manifests(s3, bucket)) == 1
+    assert sorted(s3.objects(bucket)) == sorted(f"team/runs/{exp}/{trial}/{left[0]['uuid']}{tail}"
+                                                for tail in (".checkpoint.json", "/metadata.json", "/state"))
+    assert_no_credentials(s3, bucket, home)
+
+
+def assert_no_credentials(s3, bucket: str, home: Path) -> None:
+    """Neither key is in any file trialkit wrote (the store, logs, status files, spools) nor in the bucket."""
+    secrets = (s3.access_key.encode(), s3.secret_key.encode())
+    files = [path for path in home.rglob("*") if path.is_file()]
+    assert len(files) > 10 and any(path.name == "trial.log" for path in files)
+    for path in files:
+        assert not any(secret in path.read_bytes() for secret in secrets), path
+    for key in s3.objects(bucket):
+        data = requests.get(f"{s3.url}/{bucket}/{key}", timeout=10).content
+        assert not any(secret in data for secret in secrets), key
+
+
+NNI_TRIAL = """
+import os, signal, time, trialkit
+signal.signal(signal.SIGTERM, lambda *_: None)  # a stop is seen by should_preempt() at the next step
+ckpt = trialkit.checkpoint_dir()
+state = os.path.join(ckpt, "model", "state.txt")
+step = int(open(state).read()) if os.path.exists(state) else 0
+while step < 30:
+    step += 1
+    trialkit.report_intermediate_result(step)
+    time.sleep(0.1)
+    if trialkit.should_preempt():
+        os.makedirs(os.path.dirname(state), exist_ok=True)
+        open(state, "w").write(str(step))
+        raise SystemExit(143)
+trialkit.report_final_result(step)
+"""
+
+
+def test_an_nni_trials_checkpoint_dir_goes_to_the_store_at_its_pause_and_comes_back_when_activated(tmp_path, home,
+                                                                                                    s3):
+    """An NNI-format config's checkpointStorage: a trial that is not Core API's has its whole checkpoint dir
+    stored when it stops, and fetched into an empty dir before it starts again."""
+    bucket = s3.bucket()
+    folder = tmp_path / "nni"
+    folder.mkdir()
+    (folder / "trial.py").write_text(NNI_TRIAL)
+    (folder / "config.yml").write_text(yaml.safe_dump({
+        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 trial.py",
+        "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "Random"},
+        "trainingService": {"platform": "local"},
+        "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.url, "saveTrialLatest": 1}}))
+    proc = start_cli("run", folder / "config.yml")
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 3, WAIT, "three steps")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
+        stored = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+        assert len(stored) == 1 and stored[0]["kind"] == "dir" and list(stored[0]["files"]) == ["model/state.txt"]
+        trial_dir = Path(export(exp)[0]["trial_dir"])
+        saved = int((trial_dir / "checkpoint" / "model" / "state.txt").read_text())
+        shutil.rmtree(trial_dir / "checkpoint")
+        assert cli("trial", "activate", trial).returncode == 0
+        out, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, out + err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    row = export(exp)[0]
+    steps = [r for r in row["intermediate"]]
+    assert steps == list(range(1, 31)) and row["final"] == 30 and 3 <= saved < 30  # each step once, across the pause
+    assert (trial_dir / "checkpoint" / "model" / "state.txt").read_text() == str(saved)  # fetched back
+    # The dir stored at the end (the second; its metric the final result, 30) is the latest and the best.
+    left = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    assert len(left) == 1 and left[0]["run"] == 1 and left[0]["kept_by"] == ["trial latest", "trial best"]
+    assert len(manifests(s3, bucket)) == 1
+
+
+# ---------------------------------------------------------------- retention
+
+
+RETENTION_TRIAL = """
+import determined as det
+
+TABLE = {0: [5, 3, 4, 1, 6, 2], 1: [7, 0.5, 8, 9, 10, 11]}  # the searcher's metric x at steps 1..6
+info = det.get_cluster_info()
+row = TABLE[info.trial.hparams["table"]]
+with det.core.init() as core:
+    for step in range(1, 7):
+        core.train.report_validation_metrics(steps_completed=step, metrics={"x": row[step - 1]})
+        with core.checkpoint.store_path({"steps_completed": step}) as (path, uuid):
+            (path / "state").write_text(str(step))
+"""
+
+
+def test_retention_keeps_exactly_what_determineds_policy_says(tmp_path, s3):
+    """save_trial_latest 1, save_trial_best 1, save_experiment_best 3 (x, smaller is better) over two trials of six
+    checkpoints each: trial 0 keeps step 4 (its best, x=1), step 6 (latest; x=2, third of the experiment); trial
+    1 keeps step 2 (its best, x=0.5) and step 6 (latest). The other eight are gone from the bucket."""
+    bucket = s3.bucket()
+    config = {"name": "retention", "entrypoint": "python3 train.py", "max_restarts": 0,
+              "hyperparameters": {"table": {"type": "categorical", "vals": [0, 1]}},
+              "searcher": {"name": "grid", "metric": "x", "smaller_is_better": True},
+              "checkpoint_storage": s3_storage(s3, bucket, save_trial_latest=1, save_trial_best=1,
+                                               save_experiment_best=3)}
+    folder = context(tmp_path, config, RETENTION_TRIAL, "train.py")
+    done = cli("run", folder / "exp.yaml", folder, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    table = {row["trial_id"]: row["parameters"]["table"] for row in export(exp)}
+    left = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    assert sorted((table[c["trial"]], c["steps"], tuple(c["kept_by"])) for c in left) == [
+        (0, 4, ("trial best", "experiment best")),
+        (0, 6, ("trial latest", "experiment best")),
+        (1, 2, ("trial best", "experiment best")),
+        (1, 6, ("trial latest",)),
+    ]
+    assert sorted(c["metric"] for c in left) == [0.5, 1, 2, 11]
+    kept = {f"team/runs/{exp}/{c['trial']}/{c['uuid']}{tail}" for c in left
+            for tail in (".checkpoint.json", "/metadata.json", "/state")}
+    assert set(s3.objects(bucket)) == kept
+    assert "checkpoints: " in done.stdout and "deleted (no retention rule keeps them" in done.stdout
+
+
+# ---------------------------------------------------------------- faults
+
+
+def test_a_killed_upload_never_leaves_a_checkpoint_that_lists_or_restores(tmp_path, s3, monkeypatch):
+    """The uploader SIGKILLed while the second checkpoint's files go up: the bucket holds some of its files but
+    no manifest, so neither `checkpoint list` nor the restore a new node runs ever sees it: the first one is
+    restored, whole."""
+    bucket = s3.bucket()
+    spec = json.dumps({"type": "s3", "bucket": bucket, "endpoint_url": s3.url})
+    ckpt_dir = tmp_path / "trial" / "checkpoint"
+    first, second = ckpt_dir / "first-uuid", ckpt_dir / "second-uuid"
+    first.mkdir(parents=True)
+    (first / "state").write_text("first")
+    (first / "metadata.json").write_text(json.dumps({"steps_completed": 10}))
+    second.mkdir()
+    for i in range(400):  # many files: the upload takes long enough to be caught half way
+        (second / f"shard-{i:03d}").write_bytes(os.urandom(64 << 10))
+    environ = dict(os.environ, TRIALKIT_CHECKPOINT_STORE=spec, TRIALKIT_CHECKPOINT_DIR=str(ckpt_dir),
+                   TRIALKIT_EXPERIMENT_ID="exp1", TRIALKIT_TRIAL_ID="exp1-00000",
+                   TRIALKIT_TRIAL_DIR=str(tmp_path / "trial"))
+    uploader = subprocess.Popen([sys.executable, "-m", "trialkit.checkpoints.sync"], env=environ,
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: any(k.endswith("first-uuid.checkpoint.json") for k in s3.objects(bucket)), WAIT,
+                   "the first checkpoint stored")
+        (second / "metadata.json").write_text(json.dumps({"steps_completed": 20}))
+        (ckpt_dir / "latest.tmp").write_text("second-uuid")  # renamed into place, as the Core API does
+        os.replace(ckpt_dir / "latest.tmp", ckpt_dir / "latest")
+        wait_until(lambda: sum("second-uuid/" in k for k in s3.objects(bucket)) >= 5, WAIT,
+                   "the second checkpoint's first files")
+        uploader.send_signal(signal.SIGKILL)
+    finally:
+        uploader.kill()
+        uploader.communicate()
+    keys = s3.objects(bucket)
+    assert any("second-uuid/" in k for k in keys) and not any(k.endswith("second-uuid.checkpoint.json") for k in keys)
+    assert sum("second-uuid/" in k for k in keys) < 401  # cut short indeed
+    # A new node: an empty checkpoint dir, the latest whole checkpoint restored.
+    fresh = tmp_path / "fresh"
+    restored = subprocess.run([sys.executable, "-m", "trialkit.checkpoints.restore"], capture_output=True, text=True,
+                              env=dict(environ, TRIALKIT_CHECKPOINT_DIR=str(fresh)), timeout=WAIT)
+    assert restored.returncode == 0, restored.stderr
+    assert sorted(p.name for p in fresh.iterdir()) == ["first-uuid", "latest"]
+    assert (fresh / "first-uuid" / "state").read_text() == "first" and (fresh / "latest").read_text() == "first-uuid"
