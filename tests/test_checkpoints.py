@@ -193,6 +193,8 @@ with det.core.init() as core:
         core.train.report_validation_metrics(steps_completed=step, metrics={"x": row[step - 1]})
         with core.checkpoint.store_path({"steps_completed": step}) as (path, uuid):
             (path / "state").write_text(str(step))
+import sys
+print("cloud library in training:", "obstore" in sys.modules)
 """
 
 
@@ -223,6 +225,9 @@ def test_retention_keeps_exactly_what_determineds_policy_says(tmp_path, s3):
             for tail in (".checkpoint.json", "/metadata.json", "/state")}
     assert set(s3.objects(bucket)) == kept
     assert "checkpoints: " in done.stdout and "deleted (no retention rule keeps them" in done.stdout
+    # The uploads went on beside training, in the keeper's uploader: the training process never loaded obstore.
+    for row in export(exp):
+        assert "cloud library in training: False" in (Path(row["trial_dir"]) / "stdout.log").read_text()
 
 
 # ---------------------------------------------------------------- faults
@@ -269,3 +274,87 @@ def test_a_killed_upload_never_leaves_a_checkpoint_that_lists_or_restores(tmp_pa
     assert restored.returncode == 0, restored.stderr
     assert sorted(p.name for p in fresh.iterdir()) == ["first-uuid", "latest"]
     assert (fresh / "first-uuid" / "state").read_text() == "first" and (fresh / "latest").read_text() == "first-uuid"
+
+
+# ---------------------------------------------------------------- the commands
+
+
+def one_line_error(done: subprocess.CompletedProcess, *words: str) -> None:
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert all(word in done.stderr for word in words), done.stderr
+
+
+def test_checkpoint_list_show_download_delete(tmp_path, s3):
+    """What `det checkpoint list/describe/download/delete` give, on checkpoints in S3; mistakes in one line."""
+    bucket = s3.bucket()
+    config = {"name": "commands", "entrypoint": "python3 train.py", "max_restarts": 0,
+              "hyperparameters": {"table": 0}, "searcher": {"name": "single", "metric": "x"},
+              "checkpoint_storage": s3_storage(s3, bucket, save_trial_latest=2, save_trial_best=1)}
+    folder = context(tmp_path, config, RETENTION_TRIAL, "train.py")
+    done = cli("run", folder / "exp.yaml", folder, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    trial = f"{exp}-00000"
+    listed = cli("checkpoint", "list", exp)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].split() == ["uuid", "trial", "steps", "metric", "size", "kept", "by", "where"]
+    rows = [line.split() for line in lines[2:]]
+    # steps 4 (best, x=1), 5 and 6 (the two latest), oldest first
+    assert [(row[1], row[2], row[3]) for row in rows] == [(trial, "4", "1"), (trial, "5", "6"), (trial, "6", "2")]
+    assert all(row[-1].startswith(f"s3://{bucket}/team/runs/{exp}/{trial}/") for row in rows)
+    assert cli("checkpoint", "ls", trial).stdout == listed.stdout  # a trial's own: the same three
+    best = rows[0][0]
+    shown = cli("checkpoint", "show", exp, best[:8])
+    assert shown.returncode == 0, shown.stderr
+    assert f"uuid       {best}" in shown.stdout and "kept by    trial best" in shown.stdout
+    assert 'metadata   {"steps_completed":4}' in shown.stdout and "metadata.json" in shown.stdout
+    target = tmp_path / "fetched"
+    fetched = cli("checkpoint", "download", exp, best, "-o", target)
+    assert fetched.returncode == 0, fetched.stderr
+    assert (target / "state").read_text() == "4" and json.loads((target / "metadata.json").read_text()) == {
+        "steps_completed": 4}
+    one_line_error(cli("checkpoint", "download", exp, best, "-o", target), "--output", "not an empty directory")
+    one_line_error(cli("checkpoint", "show", exp, "nope-nope"), "UUID", "no checkpoint 'nope-nope'")
+    one_line_error(cli("checkpoint", "list", "zzzzzzzz"), "no experiment")
+    one_line_error(cli("checkpoint", "delete", exp, best, "nope-nope"), "no checkpoint")  # nothing deleted
+    assert len(manifests(s3, bucket)) == 3
+    deleted = cli("checkpoint", "delete", exp, best)
+    assert deleted.returncode == 0 and f"deleted checkpoint {best}" in deleted.stdout, deleted.stderr
+    assert len(manifests(s3, bucket)) == 2 and not any(best in key for key in s3.objects(bucket))
+    assert best not in cli("checkpoint", "list", exp).stdout
+    helped = cli("checkpoint", "--help").stdout
+    assert all(action in helped for action in ("list", "show", "download", "delete"))
+
+
+def test_checkpoints_in_the_trials_own_dirs_are_listed_and_kept_by_the_same_rules(tmp_path):
+    """A Determined config without checkpoint_storage: Determined's defaults (the latest and the best) over the
+    trial's own checkpoint dir, and `checkpoint list` shows what is left there."""
+    config = {"name": "local", "entrypoint": "python3 train.py", "max_restarts": 0,
+              "hyperparameters": {"table": 1}, "searcher": {"name": "single", "metric": "x"}}
+    folder = context(tmp_path, config, RETENTION_TRIAL, "train.py")
+    done = cli("run", folder / "exp.yaml", folder, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    left = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    assert [(c["steps"], c["kept_by"]) for c in left] == [(2, ["trial best"]), (6, ["trial latest"])]
+    checkpoint_dir = Path(export(exp)[0]["trial_dir"]) / "checkpoint"
+    assert sorted(p.name for p in checkpoint_dir.iterdir()) == sorted([c["uuid"] for c in left] + ["latest"])
+    assert all(c["where"] == str(checkpoint_dir / c["uuid"]) for c in left)
+
+
+def test_the_keeper_and_the_training_side_never_import_the_cloud_library():
+    """obstore loads in the uploader's, the restore's and the control plane's processes only: no module the keeper
+    or a training process imports names it (nor trialkit.checkpoints.store, which does), lazily or not."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "trialkit"
+    light = [*root.glob("keeper/*.py"), root / "sdk.py", root / "__init__.py", root / "checkpoints" / "__init__.py",
+             *root.glob("shims/**/*.py"), *root.glob("adaptdl/**/*.py")]
+    for path in light:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "obstore" or n.startswith("trialkit.checkpoints.") for n in names), \
+                f"{path.relative_to(root)}:{node.lineno} imports {names}"
