@@ -358,3 +358,34 @@ def test_the_keeper_and_the_training_side_never_import_the_cloud_library():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] == "obstore" or n.startswith("trialkit.checkpoints.") for n in names), \
                 f"{path.relative_to(root)}:{node.lineno} imports {names}"
+
+
+@pytest.mark.parametrize("example", ["kubeflow-pytorch.yml", "frameworkcontroller.yml", "adaptdl.yml"])
+def test_a_kubernetes_trial_gets_the_store_and_the_secrets_name_and_no_credential(tmp_path, example, monkeypatch):
+    """`trialkit render` of a cluster config with checkpointStorage: every trial container gets the store (no key
+    in it) and the Secret by name (envFrom), the objects are valid for a real API server, and the credentials in
+    the environment of `trialkit render` appear nowhere in them."""
+    import k8s_schemas
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIARENDERCHECK00001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "render-check-secret-key-value")
+    examples = Path(__file__).resolve().parent.parent / "examples" / "kubernetes"
+    config = yaml.safe_load((examples / example).read_text())
+    config["checkpointStorage"] = {"type": "s3", "bucket": "team-ckpts", "endpointUrl": "https://minio.example:9000",
+                                   "secretName": "team-s3-credentials"}
+    shutil.copytree(examples, tmp_path / "examples")
+    path = tmp_path / "examples" / example
+    path.write_text(yaml.safe_dump(config))
+    done = cli("render", path)
+    assert done.returncode == 0, done.stderr
+    assert "AKIARENDERCHECK00001" not in done.stdout and "render-check-secret-key-value" not in done.stdout
+    objects = list(yaml.safe_load_all(done.stdout))
+    k8s_schemas.validate_objects(objects)
+    trial_containers = [c for o in objects for t in k8s_schemas.pod_templates(o) for c in t["spec"]["containers"]
+                        if "TRIALKIT_COMMAND" in {e["name"] for e in c.get("env", [])}]
+    assert trial_containers
+    for container in trial_containers:
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert json.loads(env["TRIALKIT_CHECKPOINT_STORE"]) == {
+            "type": "s3", "bucket": "team-ckpts", "endpoint_url": "https://minio.example:9000"}
+        assert container["envFrom"] == [{"secretRef": {"name": "team-s3-credentials"}}]
