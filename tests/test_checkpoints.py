@@ -305,6 +305,10 @@ def test_checkpoint_list_show_download_delete(tmp_path, s3):
     assert [(row[1], row[2], row[3]) for row in rows] == [(trial, "4", "1"), (trial, "5", "6"), (trial, "6", "2")]
     assert all(row[-1].startswith(f"s3://{bucket}/team/runs/{exp}/{trial}/") for row in rows)
     assert cli("checkpoint", "ls", trial).stdout == listed.stdout  # a trial's own: the same three
+    page_rows = trial_page_checkpoints(exp, trial)
+    assert [r[:5] + r[6:] for r in page_rows] == [[row[0], "0", row[2], row[3], row[4] + " " + row[5], row[-1]]
+                                                for row in rows]
+    assert [r[5] for r in page_rows] == ["trial best", "trial latest", "trial latest"]
     best = rows[0][0]
     shown = cli("checkpoint", "show", exp, best[:8])
     assert shown.returncode == 0, shown.stderr
@@ -389,3 +393,28 @@ def test_a_kubernetes_trial_gets_the_store_and_the_secrets_name_and_no_credentia
         assert json.loads(env["TRIALKIT_CHECKPOINT_STORE"]) == {
             "type": "s3", "bucket": "team-ckpts", "endpoint_url": "https://minio.example:9000"}
         assert container["envFrom"] == [{"secretRef": {"name": "team-s3-credentials"}}]
+
+
+def trial_page_checkpoints(exp: str, trial: str) -> list:
+    """The Checkpoints section of the trial's page (`trialkit ui`, headless Chromium): each row's cells."""
+    from web_util import CHROMEDRIVER, CHROMIUM, Browser
+
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.skip("needs Debian's chromium and chromium-driver (bootstrap.sh installs them)")
+    ui = start_cli("ui", exp)
+    browser = Browser()
+    try:
+        url = ui.stdout.readline().strip().split(": ", 1)[1]
+        driver = browser.driver
+        driver.get(f"{url}/trial/{trial}")
+        script = ("const rows = [...document.querySelectorAll('#checkpoints tbody tr')];"
+                  "return rows.length && !rows[0].querySelector('.empty') ? "
+                  "rows.map(r => [...r.cells].map(c => c.textContent)) : null")
+        wait_until(lambda: driver.execute_script(script), WAIT, "the trial page's checkpoints")
+        assert driver.execute_script("return document.getElementById('checkpoints-where').textContent").startswith(
+            "Kept in s3://")
+        return driver.execute_script(script)
+    finally:
+        assert not browser.close()
+        ui.send_signal(signal.SIGINT)
+        ui.communicate(timeout=WAIT)
