@@ -418,3 +418,46 @@ def trial_page_checkpoints(exp: str, trial: str) -> list:
         assert not browser.close()
         ui.send_signal(signal.SIGINT)
         ui.communicate(timeout=WAIT)
+
+
+@pytest.mark.slow
+def test_a_paused_ray_trial_resumes_from_the_object_store_with_its_local_copy_gone(ray_cluster, tmp_path, home, s3):
+    """The same NNI trial on the ray platform: its keeper (a process of its node's agent) stores the checkpoint dir
+    at the pause and fetches it back into the emptied dir when the trial is placed again. The nodes' credentials
+    come as Ray gives a node's processes their environment (runtimeEnv's env_vars here; an instance profile on a
+    cloud)."""
+    bucket = s3.bucket()
+    folder = tmp_path / "ray"
+    folder.mkdir()
+    (folder / "trial.py").write_text(NNI_TRIAL)
+    credentials = {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+                   "AWS_REGION": "us-east-1"}
+    (folder / "config.yml").write_text(yaml.safe_dump({
+        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 trial.py",
+        "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "Random"}, "nniManagerIp": "127.0.0.1",
+        "trainingService": {"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 1,
+                            "runtimeEnv": {"env_vars": credentials}},
+        "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.url}}))
+    proc = start_cli("run", folder / "config.yml")
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 3, WAIT, "three steps")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
+        stored = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+        assert len(stored) == 1 and list(stored[0]["files"]) == ["model/state.txt"]
+        trial_dir = Path(export(exp)[0]["trial_dir"])
+        saved = (trial_dir / "checkpoint" / "model" / "state.txt").read_text()
+        shutil.rmtree(trial_dir / "checkpoint")
+        assert cli("trial", "activate", trial).returncode == 0
+        out, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, out + err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    row = export(exp)[0]
+    assert row["intermediate"] == list(range(1, 31)) and row["final"] == 30  # each step once, across the pause
+    assert (trial_dir / "checkpoint" / "model" / "state.txt").read_text() == saved  # fetched back
+    ray_cluster.wait_clean()
