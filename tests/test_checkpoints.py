@@ -461,3 +461,78 @@ def test_a_paused_ray_trial_resumes_from_the_object_store_with_its_local_copy_go
     assert row["intermediate"] == list(range(1, 31)) and row["final"] == 30  # each step once, across the pause
     assert (trial_dir / "checkpoint" / "model" / "state.txt").read_text() == saved  # fetched back
     ray_cluster.wait_clean()
+
+
+# Counts steps from its checkpoint dir; on SIGTERM saves the step there and exits 143. A first run holds at step
+# 10 until it is stopped; a resumed one goes on to 30 and reports.
+RESUMABLE = """
+import os, pathlib, signal, sys, time, trialkit
+saved = pathlib.Path(trialkit.checkpoint_dir()) / "step"
+step = int(saved.read_text()) if saved.exists() else 0
+print(f"restart {os.environ.get('TRIALKIT_RESTART_COUNT')} from step {step}", flush=True)
+def checkpoint(signum, frame):
+    saved.write_text(str(step))
+    print(f"checkpoint at step {step}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, checkpoint)
+resumed = saved.exists()
+while step < 30:
+    if step == 10 and not resumed:
+        time.sleep(0.1)
+        continue
+    step += 1
+    if step % 5 == 0:
+        trialkit.report_intermediate_result(step)
+    time.sleep(0.05)
+trialkit.report_final_result(step)
+"""
+
+
+@pytest.mark.containers
+def test_a_paused_kubernetes_trial_resumes_from_s3_in_a_new_pod_without_a_volume(tmp_path, home, s3, monkeypatch,
+                                                                                containers, image):
+    """A PyTorchJob trial with no checkpoint claim (its checkpoint dir on the pod's own disk) and S3 storage whose
+    credentials are a Secret the config names: paused, its pod goes with its disk; activated, the new pod's keeper
+    fetches the checkpoint from S3 and the trial goes on from step 10. The pods are real containers of the trial
+    image (tests/pod_runner.py), reaching moto on loopback."""
+    from containers_util import ended, running
+    from k8s_fake_api import FakeApiServer
+    from pod_runner import PodRunner, host_address
+
+    bucket = s3.bucket()
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(RESUMABLE)
+    config = {"searchSpace": {"x": {"_type": "choice", "_value": [3]}}, "trialConcurrency": 1, "maxTrialNumber": 1,
+              "tuner": {"name": "GridSearch"}, "trialCommand": "python3 /code/train.py",
+              "trainingService": {"platform": "kubeflow", "namespace": "default", "managerAddress": host_address(),
+                                  "dockerImage": "trainer:1", "workingDir": "/code", "master": {"replicas": 1}},
+              "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.url,
+                                    "secretName": "team-s3"}}
+    path = tmp_path / "project" / "config.yml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(config))
+    with FakeApiServer() as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
+        with api._lock:  # `kubectl create secret generic team-s3 --from-literal=...`
+            api.objects["/api/v1/namespaces/default/secrets/team-s3"] = {
+                "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "team-s3", "namespace": "default"},
+                "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+                               "AWS_REGION": "us-east-1"}}
+        with PodRunner(api, containers, image, tmp_path / "kubelet", mounts={"/code": code}) as runner:
+            with running(path) as (proc, exp):
+                trial = f"{exp}-00000"
+                wait_until(lambda: reported(home, trial) >= 2, WAIT, "the trial to hold at step 10")
+                assert cli("trial", "pause", trial).returncode == 0
+                runner.wait_for(lambda pods: runner.history[0].done.is_set(), WAIT, "the paused pod to end")
+                wait_until(lambda: cli("trial", "activate", trial).returncode == 0, WAIT, "the trial to activate",
+                           every=0.5)
+                out, err = ended(proc, runner, WAIT)
+                assert proc.returncode == 0, out + err + runner.describe()
+            first, again = runner.history
+            assert first.exit_code == 143 and "checkpoint at step 10" in runner.logs(first), runner.describe()
+            assert "restart 1 from step 10" in runner.logs(again), runner.logs(again)
+            assert "restored checkpoint" in runner.logs(again)
+    row = export(exp)[0]
+    assert row["status"] == "SUCCEEDED" and row["final"] == 30
+    assert [c["kind"] for c in json.loads(cli("checkpoint", "list", exp, "--json").stdout)] == ["dir"]
