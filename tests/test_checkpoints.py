@@ -19,7 +19,7 @@ import pytest
 import requests
 import yaml
 
-from experiment_util import cli, experiment_id, export, reported, start_cli, trial_status
+from experiment_util import RESUMABLE, cli, experiment_id, export, paused_and_activated, reported, start_cli
 from harness import wait_until
 from s3_server import s3, s3_server  # noqa: F401 - fixtures
 
@@ -68,36 +68,27 @@ def test_a_paused_core_api_trial_resumes_from_the_object_store_with_its_local_co
     trial dir's checkpoints deleted (a new node or pod has none), activated: it goes on from the stored one."""
     bucket = s3.bucket()
     folder = context(tmp_path, stage_2(s3, bucket), (FIXTURES / "2_checkpoints.py").read_text())
-    proc = start_cli("run", folder / "exp.yaml", folder)
-    try:
-        exp = experiment_id(proc.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 2, WAIT, "two checkpoints (20 batches)")
-        assert cli("trial", "pause", trial).returncode == 0
-        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
+
+    def while_paused(exp: str, trial: str) -> tuple:
         paused = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
-        stopped_at = training(paused)[-1]
         # Stored before the keeper said PREEMPTED: the checkpoint of the last step, whole, in the bucket.
         done = cli("checkpoint", "list", trial, "--json")
         assert done.returncode == 0, done.stderr
-        listed = json.loads(done.stdout)
-        assert listed[-1]["steps"] == stopped_at and listed[-1]["where"].startswith(f"s3://{bucket}/team/runs/")
-        assert f"team/runs/{exp}/{trial}/{listed[-1]['uuid']}.checkpoint.json" in s3.objects(bucket)
+        latest = json.loads(done.stdout)[-1]
+        assert latest["steps"] == training(paused)[-1] and latest["where"].startswith(f"s3://{bucket}/team/runs/")
+        assert f"team/runs/{exp}/{trial}/{latest['uuid']}.checkpoint.json" in s3.objects(bucket)
         shutil.rmtree(Path(paused["trial_dir"]) / "checkpoint")
-        assert cli("trial", "activate", trial).returncode == 0
-        out, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode == 0, out + err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        return training(paused)[-1], latest["uuid"]
+
+    exp, (stopped_at, uuid) = paused_and_activated(home, [folder / "exp.yaml", folder], 2, while_paused)
+    trial = f"{exp}-00000"
     runs = {row["run"]: row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
     # Run 1 began where the stored checkpoint left off: no batch twice, x carried on (x == steps).
     assert training(runs[1]) == list(range(stopped_at + 10, 101, 10))
     assert [r["metrics"]["x"] for r in runs[1]["intermediate"] if r["group"] == "training"] == training(runs[1])
     assert runs[1]["status"] == "SUCCEEDED" and runs[1]["final"] == 100
     log = (Path(runs[1]["trial_dir"]) / "trial.log").read_text()
-    assert f"restored checkpoint {listed[-1]['uuid']}" in log
+    assert f"restored checkpoint {uuid}" in log
     # Determined's defaults kept one (the latest is also the best: the validation at 100): nothing else is left.
     left = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
     assert [(c["steps"], c["kept_by"]) for c in left] == [(100, ["trial latest", "trial best"])]
@@ -137,6 +128,18 @@ trialkit.report_final_result(step)
 """
 
 
+def stored_and_emptied(exp: str, trial: str) -> tuple:
+    """While an NNI_TRIAL is paused: its whole checkpoint dir is the one stored checkpoint; the dir deleted (a new
+    node has none). Returns (its trial dir, the state it saved)."""
+    stored = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    assert len(stored) == 1 and stored[0]["kind"] == "dir" and list(stored[0]["files"]) == ["model/state.txt"]
+    trial_dir = Path(export(exp)[0]["trial_dir"])
+    saved = (trial_dir / "checkpoint" / "model" / "state.txt").read_text()
+    assert 3 <= int(saved) < 30
+    shutil.rmtree(trial_dir / "checkpoint")
+    return trial_dir, saved
+
+
 def test_an_nni_trials_checkpoint_dir_goes_to_the_store_at_its_pause_and_comes_back_when_activated(tmp_path, home,
                                                                                                     s3):
     """An NNI-format config's checkpointStorage: a trial that is not Core API's has its whole checkpoint dir
@@ -150,29 +153,10 @@ def test_an_nni_trials_checkpoint_dir_goes_to_the_store_at_its_pause_and_comes_b
         "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "Random"},
         "trainingService": {"platform": "local"},
         "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.url, "saveTrialLatest": 1}}))
-    proc = start_cli("run", folder / "config.yml")
-    try:
-        exp = experiment_id(proc.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 3, WAIT, "three steps")
-        assert cli("trial", "pause", trial).returncode == 0
-        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
-        stored = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
-        assert len(stored) == 1 and stored[0]["kind"] == "dir" and list(stored[0]["files"]) == ["model/state.txt"]
-        trial_dir = Path(export(exp)[0]["trial_dir"])
-        saved = int((trial_dir / "checkpoint" / "model" / "state.txt").read_text())
-        shutil.rmtree(trial_dir / "checkpoint")
-        assert cli("trial", "activate", trial).returncode == 0
-        out, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode == 0, out + err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    exp, (trial_dir, saved) = paused_and_activated(home, [folder / "config.yml"], 3, stored_and_emptied)
     row = export(exp)[0]
-    steps = [r for r in row["intermediate"]]
-    assert steps == list(range(1, 31)) and row["final"] == 30 and 3 <= saved < 30  # each step once, across the pause
-    assert (trial_dir / "checkpoint" / "model" / "state.txt").read_text() == str(saved)  # fetched back
+    assert row["intermediate"] == list(range(1, 31)) and row["final"] == 30  # each step once, across the pause
+    assert (trial_dir / "checkpoint" / "model" / "state.txt").read_text() == saved  # fetched back
     # The dir stored at the end (the second; its metric the final result, 30) is the latest and the best.
     left = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
     assert len(left) == 1 and left[0]["run"] == 1 and left[0]["kept_by"] == ["trial latest", "trial best"]
@@ -438,54 +422,11 @@ def test_a_paused_ray_trial_resumes_from_the_object_store_with_its_local_copy_go
         "trainingService": {"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 1,
                             "runtimeEnv": {"env_vars": credentials}},
         "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.url}}))
-    proc = start_cli("run", folder / "config.yml")
-    try:
-        exp = experiment_id(proc.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 3, WAIT, "three steps")
-        assert cli("trial", "pause", trial).returncode == 0
-        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
-        stored = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
-        assert len(stored) == 1 and list(stored[0]["files"]) == ["model/state.txt"]
-        trial_dir = Path(export(exp)[0]["trial_dir"])
-        saved = (trial_dir / "checkpoint" / "model" / "state.txt").read_text()
-        shutil.rmtree(trial_dir / "checkpoint")
-        assert cli("trial", "activate", trial).returncode == 0
-        out, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode == 0, out + err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    exp, (trial_dir, saved) = paused_and_activated(home, [folder / "config.yml"], 3, stored_and_emptied)
     row = export(exp)[0]
     assert row["intermediate"] == list(range(1, 31)) and row["final"] == 30  # each step once, across the pause
     assert (trial_dir / "checkpoint" / "model" / "state.txt").read_text() == saved  # fetched back
     ray_cluster.wait_clean()
-
-
-# Counts steps from its checkpoint dir; on SIGTERM saves the step there and exits 143. A first run holds at step
-# 10 until it is stopped; a resumed one goes on to 30 and reports.
-RESUMABLE = """
-import os, pathlib, signal, sys, time, trialkit
-saved = pathlib.Path(trialkit.checkpoint_dir()) / "step"
-step = int(saved.read_text()) if saved.exists() else 0
-print(f"restart {os.environ.get('TRIALKIT_RESTART_COUNT')} from step {step}", flush=True)
-def checkpoint(signum, frame):
-    saved.write_text(str(step))
-    print(f"checkpoint at step {step}", flush=True)
-    sys.exit(143)
-signal.signal(signal.SIGTERM, checkpoint)
-resumed = saved.exists()
-while step < 30:
-    if step == 10 and not resumed:
-        time.sleep(0.1)
-        continue
-    step += 1
-    if step % 5 == 0:
-        trialkit.report_intermediate_result(step)
-    time.sleep(0.05)
-trialkit.report_final_result(step)
-"""
 
 
 @pytest.mark.containers
@@ -534,5 +475,55 @@ def test_a_paused_kubernetes_trial_resumes_from_s3_in_a_new_pod_without_a_volume
             assert "restart 1 from step 10" in runner.logs(again), runner.logs(again)
             assert "restored checkpoint" in runner.logs(again)
     row = export(exp)[0]
-    assert row["status"] == "SUCCEEDED" and row["final"] == 30
-    assert [c["kind"] for c in json.loads(cli("checkpoint", "list", exp, "--json").stdout)] == ["dir"]
+    assert row["status"] == "SUCCEEDED" and row["final"] == 3
+    # The pause's dir (judged by the 10 reported before it) is the best (GridSearch maximizes), the end's (its
+    # final result, 3) the latest: both stay.
+    left = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    assert [(c["kind"], c["run"], c["metric"], c["kept_by"]) for c in left] == [
+        ("dir", 0, 10, ["trial best"]), ("dir", 1, 3, ["trial latest"])]
+
+
+CORE_API_CALLS = """
+import json, pathlib, time
+import determined as det
+
+with det.core.init() as core:
+    ids = []
+    for step in (1, 2, 3):
+        with core.checkpoint.store_path({"steps_completed": step}) as (path, uuid):
+            (path / "state").write_text(str(step))
+        ids.append(uuid)
+    root = pathlib.Path(core.checkpoint._root)
+    deadline = time.monotonic() + 60
+    while (root / ids[0]).exists() or (root / ids[1]).exists():  # stored, so the uploader keeps only the latest
+        assert time.monotonic() < deadline, "the uploader never stored the first two"
+        time.sleep(0.05)
+    with core.checkpoint.restore_path(ids[0]) as path:
+        print("restored:", (path / "state").read_text(), flush=True)
+    core.checkpoint.download(ids[1], "fetched")
+    print("downloaded:", pathlib.Path("fetched", "state").read_text(), flush=True)
+    core.checkpoint.delete(ids[1])
+    print("deleted:", ids[1], flush=True)
+    core.train.report_validation_metrics(steps_completed=3, metrics={"x": 1})
+"""
+
+
+def test_core_api_calls_reach_checkpoints_only_the_store_holds(tmp_path, s3):
+    """Once stored, a checkpoint's local copy goes (the latest stays); restore_path and download fetch it back from
+    S3, and core.checkpoint.delete deletes it there."""
+    bucket = s3.bucket()
+    config = {"name": "calls", "entrypoint": "python3 train.py", "max_restarts": 0,
+              "searcher": {"name": "single", "metric": "x"},
+              "checkpoint_storage": s3_storage(s3, bucket, save_trial_latest=10)}
+    folder = context(tmp_path, config, CORE_API_CALLS, "train.py")
+    done = cli("run", folder / "exp.yaml", folder, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    row = export(exp)[0]
+    out = (Path(row["trial_dir"]) / "stdout.log").read_text()
+    assert row["status"] == "SUCCEEDED", out + (Path(row["trial_dir"]) / "stderr.log").read_text()
+    assert "restored: 1" in out and "downloaded: 2" in out
+    deleted = out.split("deleted: ")[1].split()[0]
+    left = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    assert [c["steps"] for c in left] == [1, 3] and deleted not in {c["uuid"] for c in left}
+    assert not any(deleted in key for key in s3.objects(bucket))

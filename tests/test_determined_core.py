@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from experiment_util import by_sequence, cli, experiment_id, export, reported, start_cli, trial_status
-from harness import ROOT, channel_records, wait_until
+from experiment_util import by_sequence, cli, experiment_id, export, paused_and_activated
+from harness import ROOT, channel_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "determined"
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -68,13 +68,7 @@ def pause_and_resume(home: Path, config: str) -> tuple:
     (exit 143, the keeper's own verdict PREEMPTED: no death by SIGTERM), activate it, run to the end.
     Returns (the state file of the latest checkpoint as it was paused, the last step run 0 reported, each run's
     row). Read while paused: Determined's retention (the latest and the best) deletes it once the trial goes on."""
-    proc = start_cli("run", FIXTURES / config, FIXTURES)
-    try:
-        exp = experiment_id(proc.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 2, WAIT, "two checkpoints (20 batches)")
-        assert cli("trial", "pause", trial).returncode == 0
-        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
+    def while_paused(exp: str, trial: str) -> tuple:
         paused = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
         kept = json.loads((Path(paused["trial_dir"]) / ".trialkit" / "status.json").read_text())
         assert paused["exit_code"] == 143 and kept["status"] == "PREEMPTED", kept
@@ -84,14 +78,9 @@ def pause_and_resume(home: Path, config: str) -> tuple:
         latest = checkpoints / (checkpoints / "latest").read_text()
         # The checkpoint stored at the last report before should_preempt() said yes.
         assert json.loads((latest / "metadata.json").read_text()) == {"steps_completed": stopped_at}
-        state = (latest / "state").read_text() if (latest / "state").exists() else None
-        assert cli("trial", "activate", trial).returncode == 0
-        out, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode == 0, out + err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        return (latest / "state").read_text() if (latest / "state").exists() else None, stopped_at
+
+    exp, (state, stopped_at) = paused_and_activated(home, [FIXTURES / config, FIXTURES], 2, while_paused)
     runs = {row["run"]: row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
     assert sorted(runs) == [0, 1] and runs[1]["status"] == "SUCCEEDED" and runs[1]["restart_count"] == 1
     return state, stopped_at, runs

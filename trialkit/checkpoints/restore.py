@@ -4,6 +4,8 @@
                                                         the trial starts: a new node or pod has none)
     python -m trialkit.checkpoints.restore UUID DEST   one checkpoint of this trial into DEST (Core API's
                                                         restore_path/download of one whose local copy is gone)
+    python -m trialkit.checkpoints.restore --delete UUID   one checkpoint of this trial deleted from the store
+                                                        (Core API's core.checkpoint.delete)
 
 Only whole checkpoints (with their manifest) are ever fetched, each into a
 dir beside its place and moved there once every file came with its size.
@@ -51,12 +53,17 @@ def main(argv: List[str]) -> int:
             if latest is not None:
                 print(f"{PROG}: restored checkpoint {latest.uuid} from {latest.where}", file=sys.stderr, flush=True)
             return 0
-        uuid, dest = argv
+        deleting = argv[0] == "--delete"
+        uuid = argv[1] if deleting else argv[0]
         found = [c for c in store.checkpoints(trial.experiment_id, trial.trial_id) if c.uuid == uuid]
         if not found:
-            print(f"{PROG}: no checkpoint {uuid!r} of trial {trial.trial_id} in {store.url}", file=sys.stderr)
+            if not deleting:  # one saved but not uploaded yet is deleted where it is, with nothing to say
+                print(f"{PROG}: no checkpoint {uuid!r} of trial {trial.trial_id} in {store.url}", file=sys.stderr)
             return 2
-        store.download(found[0], Path(dest))
+        if deleting:
+            store.delete(found[0])
+        else:
+            store.download(found[0], Path(argv[1]))
         return 0
     except (StoreError, OSError) as err:
         print(f"{PROG}: cannot restore: {err}", file=sys.stderr, flush=True)

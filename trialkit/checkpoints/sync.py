@@ -46,6 +46,9 @@ class Uploader:
         self.store = store
         self.root = trial.checkpoint_dir
         self.stored: Set[str] = {c.uuid for c in store.checkpoints(trial.experiment_id, trial.trial_id)}
+        # Uploaded by us and still here, kept while it is the latest. Only these go: a copy fetched back from
+        # the store (core.checkpoint.restore_path of an older one) is the trial's to read.
+        self.uploaded_here: Set[str] = set()
         self.failed = False
 
     def upload_saved(self) -> None:
@@ -53,7 +56,8 @@ class Uploader:
         for ckpt in local_checkpoints(self.root, self.trial.experiment_id, self.trial.trial_id):
             if ckpt.uuid in self.stored:
                 continue
-            self._upload(Path(ckpt.where), ckpt.uuid, CORE, ckpt.metadata)
+            if self._upload(Path(ckpt.where), ckpt.uuid, CORE, ckpt.metadata):
+                self.uploaded_here.add(ckpt.uuid)
         self._prune()
 
     def upload_rest(self) -> None:
@@ -63,25 +67,27 @@ class Uploader:
         elif dir_files(self.root):
             self._upload(self.root, str(uuids.uuid4()), WHOLE_DIR, {})
 
-    def _upload(self, src: Path, uuid: str, kind: str, metadata: dict) -> None:
+    def _upload(self, src: Path, uuid: str, kind: str, metadata: dict) -> bool:
         try:
             ckpt = self.store.upload(src, self.trial.experiment_id, self.trial.trial_id, uuid,
                                      self.trial.restart_count, kind, metadata)
         except (StoreError, OSError) as err:
             self.failed = True
             say(f"checkpoint {uuid} was not stored: {err}")
-            return
+            return False
         self.stored.add(uuid)
         say(f"checkpoint {uuid} stored: {ckpt.where} ({ckpt.size:,} bytes)")
+        return True
 
     def _prune(self) -> None:
+        """The local copies this uploader stored, but the latest's."""
         try:
             latest = (self.root / DETERMINED_LATEST).read_text().strip()
         except OSError:
-            return
-        for ckpt in local_checkpoints(self.root, self.trial.experiment_id, self.trial.trial_id):
-            if ckpt.uuid in self.stored and ckpt.uuid != latest:
-                shutil.rmtree(ckpt.where, ignore_errors=True)
+            latest = None
+        for uuid in sorted(self.uploaded_here - {latest}):
+            shutil.rmtree(self.root / uuid, ignore_errors=True)
+            self.uploaded_here.discard(uuid)
 
 
 def say(message: str) -> None:

@@ -30,18 +30,27 @@ from trialkit.checkpoints import set_latest
 def path(root: Path, storage_id: str) -> Path:
     """The directory of `storage_id`, fetched from the experiment's object store when it is only there; a
     FileNotFoundError when this trial stored no such checkpoint."""
-    where = root / storage_id
-    if os.sep in storage_id or storage_id in ("", ".", ".."):
-        raise FileNotFoundError(f"no checkpoint {storage_id!r} in this trial's checkpoint dir {root}")
+    where = _where(root, storage_id)
     if not (where / METADATA).is_file() and os.environ.get(env.CHECKPOINT_STORE):
-        import subprocess  # here: only a fetch needs it
-        import sys
-
-        subprocess.run([sys.executable, "-m", "trialkit.checkpoints.restore", storage_id, str(where)],
-                       stdin=subprocess.DEVNULL)
+        _in_store(storage_id, str(where))
     if not (where / METADATA).is_file():
         raise FileNotFoundError(f"no checkpoint {storage_id!r} in this trial's checkpoint dir {root}")
     return where
+
+
+def _where(root: Path, storage_id: str) -> Path:
+    if os.sep in storage_id or storage_id in ("", ".", ".."):
+        raise FileNotFoundError(f"no checkpoint {storage_id!r} in this trial's checkpoint dir {root}")
+    return root / storage_id
+
+
+def _in_store(*argv: str) -> int:
+    """trialkit.checkpoints.restore ARGV in a process of its own (it loads the cloud library); its exit code."""
+    import subprocess  # here: only the store needs it
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "trialkit.checkpoints.restore", *argv],
+                          stdin=subprocess.DEVNULL).returncode
 
 
 def finish(root: Path, storage_id: str, metadata: Dict[str, Any]) -> None:
@@ -63,7 +72,13 @@ def metadata(root: Path, storage_id: str) -> Dict[str, Any]:
 
 
 def delete(root: Path, storage_id: str) -> None:
-    where = path(root, storage_id)
+    """The checkpoint gone from this trial's dir and from the experiment's object store, if it has one."""
+    where = _where(root, storage_id)
+    stored = os.environ.get(env.CHECKPOINT_STORE) and _in_store("--delete", storage_id) == 0
+    if not (where / METADATA).is_file():
+        if stored:
+            return
+        raise FileNotFoundError(f"no checkpoint {storage_id!r} in this trial's checkpoint dir {root}")
     if latest(root) == storage_id:
         (root / LATEST).unlink()
     shutil.rmtree(where)
