@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections import namedtuple
 from pathlib import Path
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # no typing at run time: the training process imports this module (the Core API's shim)
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional
-
-from collections import namedtuple
 
 OBJECT_TYPES = ("s3", "gcs", "azure")
 # The store's keys the trial's environment carries (TRIALKIT_CHECKPOINT_STORE, JSON); never a credential.

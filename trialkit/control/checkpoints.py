@@ -16,7 +16,6 @@ a metric is never "best". Without checkpointStorage every checkpoint is kept.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,6 @@ KEYS = ("type", "bucket", "container", "prefix", "endpointUrl", "region", "accou
 NEEDS = {"s3": "bucket", "gcs": "bucket", "azure": "container"}
 ALLOWED = {"local": (), "s3": ("bucket", "prefix", "endpointUrl", "region"), "gcs": ("bucket", "prefix"),
            "azure": ("container", "prefix", "accountUrl")}
-RULES = ("trial latest", "trial best", "experiment best")
 KEEP_ALL = "kept: no retention policy"
 
 
@@ -251,10 +249,6 @@ def collect(db: Any, experiment_id: str, config: Mapping[str, Any]) -> List[Chec
         delete(storage, entry.checkpoint, trial.get("trial_dir"))
         gone.append(entry.checkpoint)
     return gone
-
-
-def manifest_text(ckpt: Checkpoint) -> str:
-    return json.dumps(ckpt.manifest(), indent=2, sort_keys=True)
 
 
 def where_kept(storage: Optional[CheckpointStorage]) -> str:
