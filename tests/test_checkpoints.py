@@ -527,3 +527,29 @@ def test_core_api_calls_reach_checkpoints_only_the_store_holds(tmp_path, s3):
     left = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
     assert [c["steps"] for c in left] == [1, 3] and deleted not in {c["uuid"] for c in left}
     assert not any(deleted in key for key in s3.objects(bucket))
+
+
+def test_only_the_reporting_pod_of_a_multi_pod_trial_uploads_and_every_pod_restores(tmp_path, s3):
+    """Two keepers of one trial as a PyTorchJob's pods run them (the master reports, a worker does not), each
+    leaving a checkpoint dir: only the master's is stored; then a worker pod that starts anew gets it."""
+    bucket = s3.bucket()
+    base = dict(os.environ, TRIALKIT_CHECKPOINT_STORE=json.dumps({"type": "s3", "bucket": bucket,
+                                                                    "endpoint_url": s3.url}),
+                TRIALKIT_EXPERIMENT_ID="exp1", TRIALKIT_TRIAL_ID="exp1-00000", TRIALKIT_CHIEF_ROLE="master")
+    save = [sys.executable, "-c", "import os, trialkit; open(os.path.join(trialkit.checkpoint_dir(), 'w'), 'w')"
+                                  ".write(os.environ['TRIALKIT_ROLE'])"]
+    for role in ("worker", "master"):
+        environ = dict(base, TRIALKIT_ROLE=role, TRIALKIT_TASK_INDEX="0", TRIALKIT_TRIAL_DIR=str(tmp_path / role))
+        done = subprocess.run([sys.executable, "-m", "trialkit.keeper", "--", *save], env=environ,
+                              capture_output=True, text=True, timeout=WAIT)
+        assert done.returncode == 0, done.stderr
+        stored = [k for k in s3.objects(bucket) if k.endswith("/w")]
+        assert len(stored) == (role == "master"), (role, stored, done.stderr)
+    fresh = dict(base, TRIALKIT_ROLE="worker", TRIALKIT_TASK_INDEX="1", TRIALKIT_TRIAL_DIR=str(tmp_path / "new"))
+    read = [sys.executable, "-c", "import os, trialkit; print(open(os.path.join(trialkit.checkpoint_dir(), 'w'))"
+                                  ".read())"]
+    done = subprocess.run([sys.executable, "-m", "trialkit.keeper", "--quiet", "--", *read], env=fresh,
+                          capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "new" / "stdout.log").read_text() == "master\n"
+    assert len(manifests(s3, bucket)) == 1  # the worker stored nothing at its end either

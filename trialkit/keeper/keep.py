@@ -41,7 +41,9 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
         reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
                         command=list(opts.command), keeper_version=__version__)
         captures = capture_output(opts, trial, loop, reporter, out_r, err_r)
-        uploads = Uploads(trial, loop) if trial.checkpoint_store else None
+        # One pod of a multi-pod trial stores its checkpoints (the one that reports: rank 0's saves); every pod
+        # fetched the latest before it started.
+        uploads = Uploads(trial, loop) if trial.checkpoint_store and env.is_reporting_replica() else None
         code = keep_to_end(opts, trial, loop, reporter, loop.watch(child), captures, uploads)
     reporter.finish(time.monotonic() + opts.flush_seconds)
     return code
