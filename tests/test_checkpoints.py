@@ -314,6 +314,10 @@ def test_checkpoint_list_show_download_delete(tmp_path, s3):
     assert best not in cli("checkpoint", "list", exp).stdout
     helped = cli("checkpoint", "--help").stdout
     assert all(action in helped for action in ("list", "show", "download", "delete"))
+    # Deleting the experiment deletes what the store holds of it.
+    gone = cli("experiment", "delete", exp, "--yes")
+    assert gone.returncode == 0 and gone.stdout.count("deleted checkpoint ") == 2, gone.stdout + gone.stderr
+    assert s3.objects(bucket) == []
 
 
 def test_checkpoints_in_the_trials_own_dirs_are_listed_and_kept_by_the_same_rules(tmp_path):

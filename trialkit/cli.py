@@ -321,8 +321,8 @@ def cmd_experiment_delete(opts: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             raise UserError("deleting asks for a confirmation and there is no terminal to ask on", "--yes",
                             "add --yes to delete without asking")
-        answer = input(f"delete experiment {opts.experiment_id}: its store, its dir {experiment_dir} and what its "
-                       f"platform made for it (jobs, claims)? [y/N] ")
+        answer = input(f"delete experiment {opts.experiment_id}: its store, its dir {experiment_dir}, its "
+                       f"checkpoints and what its platform made for it (jobs, claims)? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
             return 1
@@ -1010,8 +1010,9 @@ def build_parser() -> ArgumentParser:
     imports.add_argument("-f", "--file", required=True, metavar="FILE", help="the results, a JSON list")
     delete = _experiment_id(_command(sub, "delete", cmd_experiment_delete, "delete a stopped experiment",
                                      "Remove what the experiment's platform made for it (a cluster's jobs, "
-                                     "ConfigMaps, Secrets, checkpoint and TensorBoard claims), then its dir and "
-                                     "store. Asks first; a running experiment is refused."))
+                                     "ConfigMaps, Secrets, checkpoint and TensorBoard claims), its checkpoints "
+                                     "in an object store (checkpointStorage), then its dir and store. Asks first; "
+                                     "a running experiment is refused."))
     delete.add_argument("--yes", action="store_true", help="delete without asking")
     _experiment_id(_command(sub, "tensorboard", cmd_experiment_tensorboard, "serve an AdaptDL experiment's TensorBoard",
                             "Start TensorBoard (a Deployment and a Service) over the experiment's TensorBoard claim, "
