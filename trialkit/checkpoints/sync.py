@@ -45,7 +45,11 @@ class Uploader:
         self.trial = trial
         self.store = store
         self.root = trial.checkpoint_dir
-        self.stored: Set[str] = {c.uuid for c in store.checkpoints(trial.experiment_id, trial.trial_id)}
+        stored = store.checkpoints(trial.experiment_id, trial.trial_id)
+        self.stored: Set[str] = {c.uuid for c in stored}
+        # A Core API trial's dir is never stored whole, once any checkpoint of it was Core API's: at its end the
+        # dir may hold no whole one (all stored and gone but the latest, which a delete may have taken).
+        self.core = any(c.kind == CORE for c in stored)
         # Uploaded by us and still here, kept while it is the latest. Only these go: a copy fetched back from
         # the store (core.checkpoint.restore_path of an older one) is the trial's to read.
         self.uploaded_here: Set[str] = set()
@@ -54,6 +58,7 @@ class Uploader:
     def upload_saved(self) -> None:
         """Each whole Core API checkpoint not in the store yet, oldest first; then local copies but the latest go."""
         for ckpt in local_checkpoints(self.root, self.trial.experiment_id, self.trial.trial_id):
+            self.core = True
             if ckpt.uuid in self.stored:
                 continue
             if self._upload(Path(ckpt.where), ckpt.uuid, CORE, ckpt.metadata):
@@ -62,7 +67,7 @@ class Uploader:
 
     def upload_rest(self) -> None:
         """At the trial's end: what is left, or the whole checkpoint dir of a trial that is not Core API's."""
-        if determined_layout(self.root):
+        if self.core or determined_layout(self.root):
             self.upload_saved()
         elif dir_files(self.root):
             self._upload(self.root, str(uuids.uuid4()), WHOLE_DIR, {})
@@ -84,7 +89,7 @@ class Uploader:
         try:
             latest = (self.root / DETERMINED_LATEST).read_text().strip()
         except OSError:
-            latest = None
+            return  # which is the latest is not known: nothing goes
         for uuid in sorted(self.uploaded_here - {latest}):
             shutil.rmtree(self.root / uuid, ignore_errors=True)
             self.uploaded_here.discard(uuid)
