@@ -13,7 +13,7 @@ import sys
 import textwrap
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -94,19 +94,21 @@ def reported(home: Path, trial_id: str) -> int:
                   trial_id, "PERIODICAL")[0][0]
 
 
-def pause_and_activate(home: Path, run_args: List[Any], while_paused: Callable[[str, str], None] = lambda exp, trial: None,
-                       timeout: float = TIMEOUT) -> str:
-    """`trialkit run RUN_ARGS...` with its first trial paused (`trialkit trial pause`) once it delivered two
-    intermediate results, `while_paused(experiment, trial)` once it is PREEMPTED, then activated; the run waited
-    for to its end (exit 0). The experiment's id."""
+def paused_and_activated(home: Path, run_args: List[Any], reports: int = 2,
+                         while_paused: Callable[[str, str], Any] = lambda exp, trial: None,
+                         timeout: float = TIMEOUT) -> Tuple[str, Any]:
+    """`trialkit run RUN_ARGS` in the background; its trial 0 paused (`trialkit trial pause`) once it delivered
+    `reports` intermediate results, and stopped with its checkpoint (PREEMPTED); `while_paused(experiment, trial)`;
+    the trial activated and the run to its end (exit 0). Returns (the experiment's id, what while_paused
+    returned)."""
     proc = start_cli("run", *run_args)
     try:
         exp = experiment_id(proc.stdout.readline())
         trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 2, timeout, "two reports")
+        wait_until(lambda: reported(home, trial) >= reports, timeout, f"{reports} intermediate results")
         assert cli("trial", "pause", trial).returncode == 0
         wait_until(lambda: trial_status(home, trial) == "PREEMPTED", timeout, "the trial to stop with its checkpoint")
-        while_paused(exp, trial)
+        seen = while_paused(exp, trial)
         assert cli("trial", "activate", trial).returncode == 0
         out, err = proc.communicate(timeout=timeout)
         assert proc.returncode == 0, out + err
@@ -114,4 +116,32 @@ def pause_and_activate(home: Path, run_args: List[Any], while_paused: Callable[[
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return exp
+    return exp, seen
+
+
+# Counts steps from its checkpoint dir (trialkit.checkpoint_dir()); on SIGTERM saves the step there and exits 143
+# (AdaptDL's convention). A first run holds at step 10 until it is stopped; a resumed one goes on to 30 and reports
+# x. It prints where each run starts: "restart N from step S".
+RESUMABLE = """
+import os, pathlib, signal, sys, time, trialkit
+saved = pathlib.Path(trialkit.checkpoint_dir()) / "step"
+step = int(saved.read_text()) if saved.exists() else 0
+print(f"restart {os.environ.get('ADAPTDL_NUM_RESTARTS', os.environ.get('TRIALKIT_RESTART_COUNT'))} from step {step}",
+      flush=True)
+def checkpoint(signum, frame):
+    saved.write_text(str(step))
+    print(f"checkpoint at step {step}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, checkpoint)
+x = trialkit.get_next_parameter()["x"]
+resumed = saved.exists()
+while step < 30:
+    if step == 10 and not resumed:
+        time.sleep(0.1)
+        continue
+    step += 1
+    if step % 5 == 0:
+        trialkit.report_intermediate_result(step)
+    time.sleep(0.05)
+trialkit.report_final_result(x)
+"""

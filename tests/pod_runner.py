@@ -29,7 +29,7 @@ Every 0.1 s the runner looks at the API server's objects and plays:
 - the kubelet: each pod's first container runs under podman on the host's
   network (every address is 127.0.0.1), with the pod's image mapped to
   `image`, its command, args, workingDir and env (values, the downward API's
-  fieldRefs, Secret and ConfigMap keys), its volumes as host directories
+  fieldRefs, Secret and ConfigMap keys; envFrom's Secrets and ConfigMaps), its volumes as host directories
   under `workdir` (emptyDir per pod, a claim per claim name, so a claim
   outlives its job; ConfigMap and Secret files), and `mounts` (container
   path -> host path, read-only) added to every pod, for code that a test
@@ -572,6 +572,11 @@ class PodRunner:
     def _env(self, pod: Pod, container: dict) -> Dict[str, str]:
         ns = pod.obj["metadata"]["namespace"]
         out = {}
+        for source in container.get("envFrom", []):  # every key of each, before `env`, which wins over them
+            if "secretRef" in source:
+                out.update(self._data(ns, "secret", source["secretRef"]["name"]))
+            elif "configMapRef" in source:
+                out.update(self._data(ns, "configMap", source["configMapRef"]["name"]))
         for item in container.get("env", []):
             if "value" in item:
                 out[item["name"]] = str(item["value"])

@@ -14,7 +14,7 @@ from typing import List, Tuple
 
 import pytest
 
-from experiment_util import cli, experiment, export, pause_and_activate
+from experiment_util import cli, experiment, export, paused_and_activated
 from test_delivery import tensorboard_scalars
 
 pytest.importorskip("tensorboardX", reason="the keeper writes TensorBoard scalars with tensorboardX (control extra)")
@@ -51,7 +51,7 @@ def home(tmp_path, monkeypatch):
 
 def paused_and_activated(home: Path, *run: object) -> str:
     """The experiment `trialkit run RUN...` runs, its trial paused and activated, both runs' ends as they were."""
-    exp = pause_and_activate(home, list(run))
+    exp, _ = paused_and_activated(home, list(run))
     runs = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)
     assert [row["status"] for row in runs] == ["PREEMPTED", "SUCCEEDED"]
     return exp

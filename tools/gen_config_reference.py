@@ -92,6 +92,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "top.managerTls": "trialkit: `{certFile, keyFile}`, PEM files: the manager serves HTTPS only, to trials and "
     "the page (`trialkit run --tls-cert/--tls-key` does the same); trials must trust the certificate "
     "([TLS](../platforms.md#the-manager-over-tls)).",
+    "top.checkpointStorage": "trialkit: where the trials' checkpoints are kept besides their checkpoint dirs and "
+    "which stay: `{type: local|s3|gcs|azure, bucket, container, prefix, endpointUrl, region, accountUrl, secretName, "
+    "saveTrialLatest, saveTrialBest, saveExperimentBest}` (Determined's `checkpoint_storage` and retention: "
+    "[checkpoints](../checkpoints.md)). Without it every checkpoint stays in its trial's dir.",
     # local
     "local.platform": "`local`.",
     "local.useActiveGpu": "`false`: a GPU that runs a process this experiment did not start (as nvidia-smi "

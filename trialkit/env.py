@@ -36,6 +36,14 @@ SEQUENCE = "TRIALKIT_SEQUENCE"
 PLATFORM = "TRIALKIT_PLATFORM"
 OUTPUT_DIR = "TRIALKIT_OUTPUT_DIR"
 CHECKPOINT_DIR = "TRIALKIT_CHECKPOINT_DIR"
+# The experiment's object store of checkpoints (JSON: type, bucket or container, prefix, endpoint_url, region,
+# account_url; never a credential): the keeper uploads the trial's checkpoints there and fetches the latest
+# before the trial starts (trialkit/checkpoints). Unset: the checkpoint dir is the store.
+CHECKPOINT_STORE = "TRIALKIT_CHECKPOINT_STORE"
+# Seconds the keeper waits, after the trial's end, for its checkpoints to be uploaded (and, before its start,
+# for the latest to be fetched).
+CHECKPOINT_TRANSFER_SECONDS = "TRIALKIT_CHECKPOINT_TRANSFER_SECONDS"
+DEFAULT_CHECKPOINT_TRANSFER_SECONDS = 600.0
 SHARE_DIR = "TRIALKIT_SHARE_DIR"
 TENSORBOARD_DIR = "TRIALKIT_TENSORBOARD_DIR"
 RESTART_COUNT = "TRIALKIT_RESTART_COUNT"
@@ -234,16 +242,17 @@ def _grace(environ: Mapping[str, str]) -> float:
 class TrialEnv(namedtuple("TrialEnv", (
         "experiment_id trial_id sequence platform manager_url token parameters_json parameters_file "
         "parameter_id trial_dir output_dir checkpoint_dir share_dir tensorboard_dir code_dir restart_count "
-        "grace_seconds rank report_all_ranks under_keeper channel stop_file checkpoint_every rank_problem"),
-        defaults=(DEFAULT_CHECKPOINT_EVERY, None))):
+        "grace_seconds rank report_all_ranks under_keeper channel stop_file checkpoint_every rank_problem "
+        "checkpoint_store checkpoint_transfer_seconds"),
+        defaults=(DEFAULT_CHECKPOINT_EVERY, None, None, DEFAULT_CHECKPOINT_TRANSFER_SECONDS))):
     """What the environment says about a trial.
 
     str: experiment_id, trial_id, platform; str or None: manager_url, token,
-    parameters_json, parameters_file, parameter_id; Path: trial_dir, output_dir,
+    parameters_json, parameters_file, parameter_id, checkpoint_store; Path: trial_dir, output_dir,
     checkpoint_dir, share_dir, channel, stop_file; Path or None: tensorboard_dir,
-    code_dir; int: sequence, restart_count, rank; float: grace_seconds, checkpoint_every; bool:
-    report_all_ranks, under_keeper; str or None: rank_problem (why the rank variable's value was no rank:
-    the rank reads 0, and the SDK says so).
+    code_dir; int: sequence, restart_count, rank; float: grace_seconds, checkpoint_every,
+    checkpoint_transfer_seconds; bool: report_all_ranks, under_keeper; str or None: rank_problem (why the rank
+    variable's value was no rank: the rank reads 0, and the SDK says so).
     """
 
     __slots__ = ()
@@ -468,6 +477,9 @@ def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:
         stop_file=Path(_first(e, STOP_FILE) or trial_dir / layout.HOME / layout.STOP),
         checkpoint_every=max(0.0, _number(e, CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY, float)),
         rank_problem=rank_problem,
+        checkpoint_store=_first(e, CHECKPOINT_STORE),
+        checkpoint_transfer_seconds=max(0.0, _number(e, CHECKPOINT_TRANSFER_SECONDS,
+                                                     DEFAULT_CHECKPOINT_TRANSFER_SECONDS, float)),
     )
 
 

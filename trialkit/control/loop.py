@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 from trialkit import __version__, records, statuses
 from trialkit.control.assessors import build_assessor
+from trialkit.control.checkpoints import Collector
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, JobQueue, goes_before, label
@@ -157,6 +158,9 @@ class Loop:
         self.elapsed_before = elapsed
         self.started = time.monotonic()
         self.best: Optional[Trial] = None
+        # Which checkpoints stay (checkpointStorage's retention), applied as each trial run ends.
+        self.retention = (Collector(store, experiment_id, config.to_dict(), self.progress.say)
+                          if config.checkpoint_storage is not None else None)
         # Set by trialkit.control.run before serve(): the manager listens first, then the platform starts.
         self.manager: Manager
         self.platform: Platform
@@ -384,6 +388,8 @@ class Loop:
         self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
         trial.status, trial.reason, trial.exit_code = status, reason, exit_code
         self.active.pop(trial.id, None)
+        if self.retention is not None:
+            self.retention.request()
         self.manager.save(self.elapsed())
         self.progress.trial_ended(trial.id, label(status), trial.final, reason, self.snapshot())
         if trial.paused:

@@ -8,7 +8,7 @@ overrides the hooks it can serve.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from trialkit.env import SECRETS
 
@@ -31,6 +31,9 @@ class TrialSpec:
     code_dir: Optional[str] = None
     image: Optional[str] = None
     priority: int = 0
+    # Kubernetes Secrets whose every key the trial's containers get as a variable (a checkpoint store's
+    # credentials, checkpointStorage.secretName): named here, never read by trialkit.
+    env_from_secrets: Tuple[str, ...] = ()
 
     def public_env(self) -> Dict[str, str]:
         return {k: v for k, v in self.env.items() if k not in self.secret_env}

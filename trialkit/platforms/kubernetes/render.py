@@ -290,6 +290,7 @@ class PodPlan:
     image_pull_secrets: Tuple[str, ...]
     priority_class: Optional[str]  # from the trial's priority, where priorityClasses maps it
     working_dir: Optional[str] = None  # the code's place in the image, when it is not shipped
+    env_from_secrets: Tuple[str, ...] = ()  # Secrets whose keys become variables (a checkpoint store's credentials)
 
 
 def pod_plan(
@@ -343,6 +344,7 @@ def pod_plan(
         image_pull_secrets=common.image_pull_secrets,
         priority_class=priority_class(common.priority_classes, spec.priority),
         working_dir=None if code_dir else common.working_dir,
+        env_from_secrets=spec.env_from_secrets,
     )
 
 
@@ -379,6 +381,9 @@ def fill_pod(template: Optional[dict], plan: PodPlan, container_name: str) -> di
     container["command"] = list(RUN_COMMAND)
     container.pop("args", None)  # run.sh would take them for the trial's command
     container["env"] = _replace_named(container.get("env", []), plan.env)
+    if plan.env_from_secrets:
+        ours = [{"secretRef": {"name": name}} for name in plan.env_from_secrets]
+        container["envFrom"] = [item for item in container.get("envFrom", []) if item not in ours] + ours
     if plan.resources:
         current = container.get("resources", {})
         container["resources"] = {part: {**current.get(part, {}), **plan.resources[part]} for part in ("requests", "limits")}

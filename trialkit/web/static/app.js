@@ -84,6 +84,12 @@
     if (typeof v === 'object') return JSON.stringify(v);
     return typeof v === 'number' ? fmtNumber(v) : String(v);
   }
+  function fmtBytes(n) {
+    const units = ['B', 'KiB', 'MiB', 'GiB'];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return i ? `${n.toFixed(1)} ${units[i]}` : `${n} B`;
+  }
   function fmtDuration(s) {
     if (s === null || s === undefined) return '—';
     s = Math.round(s);
@@ -765,6 +771,11 @@
       this.metricPick = new MetricPicker('trial-metric');
       this.gpuChart = el('div', {class: 'chart', id: 'trial-gpus'});
       this.gpuPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'GPU use'), this.gpuChart);
+      this.checkpoints = el('tbody');
+      this.checkpointsWhere = el('p', {class: 'muted', id: 'checkpoints-where'});
+      this.checkpointsPanel = el('div', {class: 'panel'}, el('h2', {}, 'Checkpoints'), this.checkpointsWhere,
+        el('table', {id: 'checkpoints'}, headRow('UUID', 'Run', 'Steps', 'Metric', 'Size', 'Kept by', 'Where'),
+          this.checkpoints));
       this.elastic = el('dl', {class: 'facts', id: 'elastic'});
       this.elasticPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'Elastic sizing'), this.elastic);
       this.history = el('tbody');
@@ -777,7 +788,7 @@
         el('div', {class: 'two'}, el('div', {class: 'panel'}, el('h2', {}, 'Trial'), this.facts),
           el('div', {class: 'panel'}, el('h2', {}, 'Parameters'), this.params)), this.elasticPanel,
         el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, el('h2', {}, 'Intermediate results'),
-          this.metricPick.node), this.chart), this.gpuPanel,
+          this.metricPick.node), this.chart), this.gpuPanel, this.checkpointsPanel,
         el('div', {class: 'panel'}, el('h2', {}, 'Status history'), el('table', {id: 'history'},
           headRow('Time', 'Status', 'Exit code', 'Reason', 'Source'), this.history)),
         el('div', {class: 'panel'}, el('h2', {}, 'Log'), this.logTabs, this.log));
@@ -822,9 +833,29 @@
       if (!t.history.length) this.history.append(el('tr', {}, el('td', {colspan: 5, class: 'muted empty'}, 'no status yet')));
       this.gpuPanel.hidden = !t.gpu_samples.length;
       this.metricPick.show(curves, (name) => { this.metric = name; this.load(); });
+      // Read from the store (maybe an object store): when the trial's status or restarts change, not at each record.
+      const seen = `${t.status}:${t.restarts}`;
+      if (this.checkpointsSeen !== seen) { this.checkpointsSeen = seen; await this.loadCheckpoints(); }
       await Promise.all([drawCurves(this.chart, curves), this.pollLog(),
         t.gpu_samples.length ? drawGpuUse(this.gpuChart, t.gpu_samples) : null]);
       markReady('trial');
+    }
+
+    async loadCheckpoints() {
+      const row = (...cells) => el('tr', {}, ...cells.map((c) => el('td', {}, c)));
+      try {
+        const found = await api(`${expPath(this.exp)}/trials/${enc(this.trial)}/checkpoints`);
+        this.checkpointsWhere.textContent = `Kept in ${found.where}.`;
+        this.checkpoints.replaceChildren(...found.checkpoints.map((c) => row(c.uuid, c.run, fmtValue(c.steps),
+          fmtValue(c.metric), fmtBytes(c.size), c.kept_by.join(' + ') || 'nothing: deleted once the trial stops',
+          c.where)));
+        if (!found.checkpoints.length) {
+          this.checkpoints.append(el('tr', {}, el('td', {colspan: 7, class: 'muted empty'}, 'no checkpoint stored')));
+        }
+      } catch (err) {
+        this.checkpointsWhere.textContent = `The checkpoints cannot be read: ${problemFrom(err)}`;
+        this.checkpoints.replaceChildren();
+      }
     }
 
     showBlank(words) { this.log.textContent = words; this.blank = true; this.log.classList.add('empty'); }
