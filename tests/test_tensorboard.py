@@ -49,7 +49,7 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-def paused_and_activated(home: Path, *run: object) -> str:
+def two_runs(home: Path, *run: object) -> str:
     """The experiment `trialkit run RUN...` runs, its trial paused and activated, both runs' ends as they were."""
     exp, _ = paused_and_activated(home, list(run))
     runs = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)
@@ -63,7 +63,7 @@ def series(logdir: Path, tag: str) -> List[Tuple[int, float]]:
 
 
 def test_a_determined_trials_runs_are_written_at_their_steps_completed(home, tmp_path):
-    exp = paused_and_activated(home, FIXTURES / "2_checkpoints.yaml", FIXTURES)
+    exp = two_runs(home, FIXTURES / "2_checkpoints.yaml", FIXTURES)
     assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2  # a file per run
     # Each batch once (the paused run stopped at its checkpoint, the next went on from it); x counts batches.
     assert series(tmp_path / "tensorboard", "metric/training.x") == [(n, n) for n in range(10, 101, 10)]
@@ -74,7 +74,7 @@ def test_a_determined_trials_runs_are_written_at_their_steps_completed(home, tmp
 def test_an_nni_trials_next_run_goes_on_after_the_last_step_written(home, tmp_path):
     config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, NNI_TRIAL, maxTrialNumber=1,
                         trialConcurrency=1, trialGraceSeconds=10)
-    exp = paused_and_activated(home, config)
+    exp = two_runs(home, config)
     assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
     # The report of step N (its value) at step N: run 1 went on from run 0's checkpoint and its last step.
     assert series(tmp_path / "tensorboard", "metric/default") == [(n, n) for n in range(30)]
