@@ -1,0 +1,81 @@
+"""A trial across several pods, in every Kubernetes mode.
+
+`trialkit run` against the stand-in API server; tests/pod_runner.py plays each
+operator, the kubelet and the pods' network (an address per pod, the names
+cluster DNS gives them), so every pod is a container of the torch trial
+image. Each pod runs `python -m trialkit.launch.torch_distributed` over gloo:
+the launchers find their peers from what each operator gives (a
+FrameworkController task's name under its role's headless Service, a
+PyTorchJob's MASTER_ADDR, a TFJob's TF_CONFIG, AdaptDL's supervisor), all
+ranks join one world, and rank 0 reports the sum of the ranks once.
+"""
+from __future__ import annotations
+
+import pytest
+
+from containers_util import needs_podman, running
+from experiment_util import stored, trial_status
+from harness import wait_until
+from pod_runner import PodRunner
+from test_containers_k8s import (CODE, DISTRIBUTED, TIMEOUT, cluster, experiment_config, logs,  # noqa: F401 (fixture)
+                                 metric_values, progress, run_to_the_end)
+
+pytestmark = [pytest.mark.containers, needs_podman]
+
+LAUNCH = f"python3 -m trialkit.launch.torch_distributed {CODE}/train.py"
+MULTI_NODE = {
+    # FrameworkController: one role of two tasks (seed 001's mode).
+    "frameworkcontroller": ({"platform": "frameworkcontroller", "taskRoles": [{"name": "worker", "taskNumber": 2}]}, 2),
+    # training-operator: a master and two workers.
+    "pytorchjob": ({"platform": "kubeflow", "master": {"replicas": 1}, "worker": {"replicas": 2}}, 3),
+    # training-operator's TFJob: two workers and a parameter server, the workers first.
+    "tfjob": ({"platform": "kubeflow", "operator": "tf-operator", "worker": {"replicas": 2}, "ps": {"replicas": 1}}, 3),
+    # AdaptDL: two replicas from the start (its scheduler's allocation).
+    "adaptdljob": ({"platform": "adaptdl", "minReplicas": 2, "maxReplicas": 2}, 2),
+}
+
+
+@pytest.mark.parametrize("mode", list(MULTI_NODE))
+def test_every_mode_trains_one_world_across_its_pods(mode, cluster, containers, torch_image, tmp_path):  # noqa: F811
+    section, pods = MULTI_NODE[mode]
+    config, code = experiment_config(tmp_path, DISTRIBUTED, section, trialCommand=LAUNCH)
+    home = tmp_path / "home"
+    with PodRunner(cluster, containers, torch_image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
+        exp = run_to_the_end(config, runner)
+        trial = f"{exp}-00000"
+        total = float(sum(range(1, pods + 1)))  # each rank adds rank + 1
+        assert trial_status(home, trial) == "SUCCEEDED", runner.describe()
+        assert metric_values(home, trial) == [total]  # one final result, from rank 0 only
+        assert len(runner.pods) == pods and all(pod.exit_code == 0 for pod in runner.pods.values()), runner.describe()
+        for rank in range(pods):  # every pod's output, shipped by its keeper, says it was in the whole world
+            assert f"rank {rank} of {pods}: sum {total}" in logs(trial, rank), runner.describe()
+
+
+# Every rank joins and reports it is in; then they hold until the test kills one.
+HOLD_TOGETHER = """
+import os, time, torch.distributed as dist, trialkit
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} in", flush=True)
+if dist.get_rank() == 0:
+    trialkit.report_intermediate_result(1)
+time.sleep(600)
+"""
+
+
+def test_a_killed_task_fails_the_framework_and_its_other_task_stops(cluster, containers, torch_image,  # noqa: F811
+                                                                    tmp_path):
+    # FrameworkController's policy as trialkit renders it: one failed task fails the attempt, no retries
+    # (retryPolicy maxRetryCount 0); the completed attempt's other pods are deleted.
+    section, _ = MULTI_NODE["frameworkcontroller"]
+    config, code = experiment_config(tmp_path, HOLD_TOGETHER, section, trialCommand=LAUNCH)
+    home = tmp_path / "home"
+    with PodRunner(cluster, containers, torch_image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
+        with running(config) as (proc, exp):
+            trial = f"{exp}-00000"
+            wait_until(lambda: progress(home, trial) >= 1, TIMEOUT, "both tasks to join the world")
+            [killed] = [name for name in runner.pods if name.endswith("-worker-1")]
+            runner.kill(killed)
+            proc.communicate(timeout=TIMEOUT)
+        [(status, reason)] = stored(home, exp, "SELECT status, reason FROM trials WHERE id=?", trial)
+        assert status == "FAILED" and f"pod {killed} exited 137" in reason, (status, reason, runner.describe())
+        assert all(pod.done.is_set() for pod in runner.pods.values()), runner.describe()
