@@ -1,4 +1,4 @@
-"""A trial across several pods, in every Kubernetes mode.
+"""A trial across several pods, in every Kubernetes mode, and what the cluster says of a trial first.
 
 `trialkit run` against the stand-in API server; tests/pod_runner.py plays each
 operator, the kubelet and the pods' network (an address per pod, the names
@@ -11,14 +11,20 @@ ranks join one world, and rank 0 reports the sum of the ranks once.
 """
 from __future__ import annotations
 
+import sqlite3
+import time
+from contextlib import closing
+from pathlib import Path
+
 import pytest
 
 from containers_util import needs_podman, running
-from experiment_util import stored, trial_status
+from experiment_util import cli, stored, trial_status
 from harness import wait_until
 from pod_runner import PodRunner
 from test_containers_k8s import (CODE, DISTRIBUTED, TIMEOUT, cluster, experiment_config, logs,  # noqa: F401 (fixture)
                                  metric_values, progress, run_to_the_end)
+from trialkit.web import queries
 
 pytestmark = [pytest.mark.containers, needs_podman]
 
@@ -79,3 +85,45 @@ def test_a_killed_task_fails_the_framework_and_its_other_task_stops(cluster, con
         [(status, reason)] = stored(home, exp, "SELECT status, reason FROM trials WHERE id=?", trial)
         assert status == "FAILED" and f"pod {killed} exited 137" in reason, (status, reason, runner.describe())
         assert all(pod.done.is_set() for pod in runner.pods.values()), runner.describe()
+
+
+# Runs until the test lets it end, reporting nothing it could deliver.
+UNTIL_RELEASED = f"""
+import os, time
+while not os.path.exists("{CODE}/release"):
+    time.sleep(0.2)
+"""
+UNREACHABLE = "198.51.100.7"  # TEST-NET-2: no pod reaches a manager there (a seed's address copied verbatim)
+
+
+def trial_row(home: Path, exp: str, trial: str) -> dict:
+    """The trial as the page's trial view gets it."""
+    with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db:
+        db.row_factory = sqlite3.Row
+        queries.register(db)
+        return queries.trial(db, exp, trial)
+
+
+def test_a_running_pod_whose_keeper_cannot_reach_the_manager_is_running_and_said_so(cluster, containers,  # noqa: F811
+                                                                                   image, tmp_path):
+    config, code = experiment_config(tmp_path, UNTIL_RELEASED, {"platform": "kubeflow", "master": {"replicas": 1},
+                                                                "managerAddress": UNREACHABLE})
+    home = tmp_path / "home"
+    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
+        with running(config) as (proc, exp):
+            trial = f"{exp}-00000"
+            runner.wait_for(lambda pods: any(p.phase == "Running" for p in pods.values()), TIMEOUT, "the pod to run")
+            ran = time.monotonic()
+            # The cluster says it runs: so does trialkit, though its keeper has not said a word.
+            wait_until(lambda: trial_status(home, trial) == "RUNNING", 20, "the trial to be RUNNING", every=0.5)
+            said = f"its keeper has not reached the manager at http://{UNREACHABLE}:"
+            wait_until(lambda: said in (trial_row(home, exp, trial)["reason"] or ""), 60, "the silence to be said",
+                       every=1)
+            assert time.monotonic() - ran < 60
+            shown = cli("trial", "show", trial).stdout
+            assert f"status         RUNNING: {said}" in shown, shown
+            (code / "release").write_text("")
+            out, err = proc.communicate(timeout=TIMEOUT)
+        assert f"trial {trial}: warning: {said}" in out, out + err  # the progress lines said it too
+        [(status, reason)] = stored(home, exp, "SELECT status, reason FROM trials WHERE id=?", trial)
+        assert status == "SUCCEEDED" and reason.startswith("ended without reporting a final result; " + said), reason

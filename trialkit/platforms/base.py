@@ -78,6 +78,10 @@ class Platform(Protocol):
 
     checkpoint_survives_stop: bool
     """Whether a stopped trial's checkpoint dir is kept for its restart (else a pause loses its progress)."""
+
+    def manager_url_told(self, handle: str) -> Optional[str]:
+        """The manager's URL as the trial's keeper was told it (a cluster's pods reach it at another address);
+        None: the manager's own. Named when its keeper has not reached the manager."""
     on_waiting: Callable[[str, str], None]
     """The loop sets it; a platform that holds a submitted trial back (local: until its GPUs are free) calls
     it from submit() with the trial's id and why, before the trial can start."""
@@ -106,3 +110,7 @@ class PlatformBase:
 
     def check_ready(self) -> None:
         """Ready as soon as it exists."""
+
+    def manager_url_told(self, handle: str) -> Optional[str]:
+        """The manager's URL as the trial's keeper was told it; None: the manager's own."""
+        return None
