@@ -22,9 +22,9 @@ Every 0.1 s the runner looks at the API server's objects and plays:
   0's), and writes the job's status as that operator does (conditions;
   state and completion status; phase). An AdaptDLJob pod that exits 143
   (checkpointed) is restarted in a new group with ADAPTDL_NUM_RESTARTS one
-  higher, as AdaptDL's controller does on a rescale. A finished
-  PyTorchJob/TFJob (cleanPodPolicy Running) or completed Framework stops
-  its pods that still run. A deleted job's pods are deleted (the garbage
+  higher, as AdaptDL's controller does on a rescale. A finished job
+  (PyTorchJob/TFJob: cleanPodPolicy Running; a completed Framework; an
+  AdaptDLJob) stops its pods that still run. A deleted job's pods are deleted (the garbage
   collector).
 - the network: the runner makes a podman network of its own (a bridge, no
   DNS server) and gives each pod an address on it (`status.podIP`); a pod
@@ -401,7 +401,10 @@ class PodRunner:
 
     def delete_pod(self, name: str, grace: Optional[int] = None) -> None:
         """As `kubectl delete pod NAME`: gone from the API server, then stopped gracefully."""
-        pod = self.pods[name]
+        self._remove(self.pods[name], grace)
+
+    def _remove(self, pod: Pod, grace: Optional[int]) -> None:
+        """A pod deleted through the API server: gone from its list, then stopped gracefully."""
         with self.api._lock:
             self.api.pods = [p for p in self.api.pods if p is not pod.obj]
         self._delete(pod, grace)
@@ -524,11 +527,12 @@ class PodRunner:
                 pod.deleted = True
             self._create_pods(path, job)
             status = {"phase": "Starting"}
-        if _finished(status) and job["kind"] in ("PyTorchJob", "TFJob", "Framework"):
-            # cleanPodPolicy Running; FrameworkController's completed attempt: the pods still running go.
+        if _finished(status):
+            # cleanPodPolicy Running; FrameworkController's completed attempt; AdaptDL's controller at the job's
+            # end (it keeps failed pods): the pods still running go.
             for pod in pods:
                 if not pod.done.is_set() and not pod.deleted:
-                    self._delete(pod, None)
+                    self._remove(pod, None)
         with self.api._lock:
             if self.api.objects.get(path) is job:
                 job["status"] = status

@@ -68,23 +68,34 @@ time.sleep(600)
 """
 
 
-def test_a_killed_task_fails_the_framework_and_its_other_task_stops(cluster, containers, torch_image,  # noqa: F811
-                                                                    tmp_path):
-    # FrameworkController's policy as trialkit renders it: one failed task fails the attempt, no retries
-    # (retryPolicy maxRetryCount 0); the completed attempt's other pods are deleted.
-    section, _ = MULTI_NODE["frameworkcontroller"]
+# Each operator's policy as trialkit renders it, for a pod SIGKILLed (exit 137) mid-training: the pod to kill,
+# and what the trial's reason says. FrameworkController: one failed task fails the attempt, no retries
+# (retryPolicy maxRetryCount 0). training-operator: restartPolicy Never, the job fails, cleanPodPolicy Running
+# stops the rest. AdaptDL: a replica that exits other than 143 (its checkpoint) fails the job.
+KILLED = {
+    "frameworkcontroller": ("-worker-1", "exited 137"),
+    "pytorchjob": ("-worker-1", "1 Worker replica(s) failed"),
+    "adaptdljob": ("-0-1", "exited 137"),
+}
+
+
+@pytest.mark.parametrize("mode", list(KILLED))
+def test_a_killed_pod_fails_the_trial_and_its_other_pods_stop(mode, cluster, containers, torch_image,  # noqa: F811
+                                                              tmp_path):
+    section, _ = MULTI_NODE[mode]
+    suffix, says = KILLED[mode]
     config, code = experiment_config(tmp_path, HOLD_TOGETHER, section, trialCommand=LAUNCH)
     home = tmp_path / "home"
     with PodRunner(cluster, containers, torch_image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
         with running(config) as (proc, exp):
             trial = f"{exp}-00000"
-            wait_until(lambda: progress(home, trial) >= 1, TIMEOUT, "both tasks to join the world")
-            [killed] = [name for name in runner.pods if name.endswith("-worker-1")]
+            wait_until(lambda: progress(home, trial) >= 1, TIMEOUT, "every pod to join the world")
+            [killed] = [name for name in runner.pods if name.endswith(suffix)]
             runner.kill(killed)
             proc.communicate(timeout=TIMEOUT)
-        [(status, reason)] = stored(home, exp, "SELECT status, reason FROM trials WHERE id=?", trial)
-        assert status == "FAILED" and f"pod {killed} exited 137" in reason, (status, reason, runner.describe())
-        assert all(pod.done.is_set() for pod in runner.pods.values()), runner.describe()
+        [(status, code_, reason)] = stored(home, exp, "SELECT status, exit_code, reason FROM trials WHERE id=?", trial)
+        assert (status, code_) == ("FAILED", 137) and says in reason, (status, code_, reason, runner.describe())
+        runner.wait_for(lambda pods: all(pod.done.is_set() for pod in pods.values()), TIMEOUT, "the other pods to stop")
 
 
 # Runs until the test lets it end, reporting nothing it could deliver.
