@@ -467,6 +467,24 @@ def test_user_template_keeps_what_trialkit_does_not_set(tmp_path):
     assert job_of(k8s.render_trial(parse(section), spec_for())) == job
 
 
+def test_the_trial_pods_account_is_the_configs_else_the_templates_else_one_with_no_rights(tmp_path):
+    template = yaml.safe_load((EXAMPLES / "pytorchjob-gpu-nodes.yaml").read_text())
+    template["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["serviceAccountName"] = "team-reader"
+    path = tmp_path / "template.yaml"
+    path.write_text(yaml.safe_dump(template))
+    base = {"platform": "kubeflow", "managerAddress": "10.0.0.2", "dockerImage": "img:1", "master": {"replicas": 1}}
+
+    def accounts(section):
+        objects = k8s.render_trial(parse(section), spec_for())
+        pods = [t["spec"]["serviceAccountName"] for t in k8s_schemas.pod_templates(job_of(objects))]
+        return pods, [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
+
+    own = k8s.trial_service_account_name(k8s.trial_names(spec_for()))
+    assert accounts(base) == ([own], [own])
+    assert accounts({**base, "trialTemplate": str(path)})[0] == ["team-reader"]
+    assert accounts({**base, "trialTemplate": str(path), "serviceAccountName": "trainer"}) == (["trainer"], [])
+
+
 def test_secret_values_are_filled_only_for_submission():
     spec = spec_for()
     objects = k8s.render_trial(parse(adl()), spec)
