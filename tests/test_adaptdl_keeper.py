@@ -52,12 +52,17 @@ def test_the_job_keeps_the_name_adaptdls_scheduler_gave_it(trial_env):
     # In an AdaptDLJob's pod the scheduler's controller sets ADAPTDL_JOB_ID to the job's namespace/name: the
     # supervisor finds replica 0 and takes the trainer's hints by it, so the keeper must pass it on.
     env = {**trial_env, "TRIALKIT_EXPERIMENT_ID": "exp", "TRIALKIT_TRIAL_ID": "t3", "ADAPTDL_JOB_ID": "team/tk-exp-t3"}
-    k = keeper(py("""
+    show = py("""
         import os
         print(os.environ["ADAPTDL_JOB_ID"])
-    """), env)
+    """)
+    k = keeper(show, {**env, "TRIALKIT_PLATFORM": "adaptdl"})
     assert k.wait() == 0
     assert k.stdout.strip() == b"team/tk-exp-t3"
+    # Elsewhere the name is trialkit's (adaptdl-ray's supervisor knows its trainers by it), whatever was inherited.
+    k = keeper(show, {**env, "TRIALKIT_PLATFORM": "local"})
+    assert k.wait() == 0
+    assert k.stdout.strip() == b"exp/t3"
 
 
 @pytest.mark.slow

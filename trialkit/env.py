@@ -87,6 +87,7 @@ ADAPTDL = {
     "master_port": "ADAPTDL_MASTER_PORT",
 }
 ADAPTDL_OLD_TENSORBOARD = "ADAPTDLCTL_TENSORBOARD_LOGDIR"  # the name NNI's docs use
+ADAPTDL_PLATFORM = "adaptdl"  # TRIALKIT_PLATFORM in an AdaptDLJob's pods
 # Seconds of training between AdaptDL checkpoints that trialkit takes (0: none;
 # then AdaptDL checkpoints on SIGTERM only). The default, 10 minutes, is what a
 # crash costs at most; a checkpoint that takes 6 s (a 1 GB model on network
@@ -210,7 +211,8 @@ class TrialEnv(namedtuple("TrialEnv", (
         }
         if self.code_dir:
             nni[NNI["code_dir"]] = str(self.code_dir)
-        scheduled = out.get(ADAPTDL["job_id"])  # AdaptDL's scheduler's name for the job: its supervisor knows it so
+        # In an AdaptDLJob's pod, AdaptDL's scheduler names the job (namespace/name): its supervisor knows it so.
+        scheduled = out.get(ADAPTDL["job_id"]) if self.platform == ADAPTDL_PLATFORM else None
         out.update(own)
         out.update(nni)
         out.update(self.adaptdl_environ())

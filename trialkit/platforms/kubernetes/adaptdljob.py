@@ -35,7 +35,7 @@ from trialkit.platforms.kubernetes.config import (
 )
 from trialkit.platforms.kubernetes.platform import KubePlatform
 
-PLATFORM = "adaptdl"
+PLATFORM = envnames.ADAPTDL_PLATFORM  # its pods say so in TRIALKIT_PLATFORM: the keeper keeps the scheduler's job name
 KIND = "AdaptDLJob"
 CONTAINER = "main"
 CHECKPOINT_DIR = "/adaptdl/checkpoint"
