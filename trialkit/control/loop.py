@@ -340,6 +340,7 @@ class Loop:
         KEEPER_SILENCE_SECONDS is said, with the address it was told, in the trial's reason (`trial show`, the
         page) and the progress lines."""
         now = time.monotonic()
+        trial.held = ""  # it got its place, said or not by its keeper
         if trial.running_since is None:
             trial.running_since = now
             self._started(trial)
