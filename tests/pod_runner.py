@@ -22,7 +22,8 @@ Every 0.1 s the runner looks at the API server's objects and plays:
   runner's AdaptDL supervisor (ADAPTDL_SUPERVISOR_URL, /discover) for rank
   0's; a TrainJob's JobSet pods <job>-node-0-<i> with the torch plugin's
   PET_*, PET_MASTER_ADDR <job>-node-0-0.<job>), and writes the job's status
-  as that operator does (conditions; state and completion status; phase).
+  as that operator does (conditions; state and completion status; phase),
+  an ended job's as it ended.
   An AdaptDLJob pod that exits 143 (checkpointed) is restarted in a new
   group with ADAPTDL_NUM_RESTARTS one higher, as AdaptDL's controller does
   on a rescale. A finished job (PyTorchJob/TFJob: cleanPodPolicy Running; a
@@ -564,12 +565,14 @@ class PodRunner:
         return [name, f"{name}.{meta['namespace']}.svc", f"{name}.{meta['namespace']}.svc.cluster.local"]
 
     def _operate(self, path: str, job: dict) -> None:
-        """The operator's turn: the job's status from its pods; AdaptDL's restart after a checkpoint."""
+        """The operator's turn: the job's status from its pods, until it has ended (an operator writes a job's end
+        once: the pods it stops then, exiting 143, do not change its reason); AdaptDL's restart after a checkpoint."""
         _, status_of = OPERATORS[job["kind"]]
         uid = job["metadata"]["uid"]
         group = self.jobs.get(uid, 0)  # a job held suspended from its creation has no pods yet
         pods = [p for p in self.history if p.uid == uid and p.group == group]
-        status = status_of(job, pods)
+        ended = job.get("status") or {}
+        status = ended if _finished(ended) else status_of(job, pods)
         if job["kind"] == "AdaptDLJob" and status["phase"] == "Stopping" and all(p.done.is_set() for p in pods):
             self.jobs[uid] = group + 1
             with self.api._lock:
