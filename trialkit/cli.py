@@ -120,6 +120,10 @@ def cmd_render(opts: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         out = Path(opts.output) / f"{spec.trial_id}.yaml"
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)  # as `helm template --output-dir` does
+        except OSError as err:
+            raise UserError(f"cannot make the directory {opts.output!r}: {err.strerror}", "-o", "check the path") from None
         _write(out, text, "-o")
         print(out)
     return 0
@@ -1059,7 +1063,7 @@ def build_parser() -> ArgumentParser:
     render.add_argument("config", metavar="CONFIG", help="the experiment's config file")
     render.add_argument("--trial", type=_count, default=0, metavar="N",
                         help="which trial to render: 0 for the first (default), 1 for the second, ...")
-    render.add_argument("-o", "--output", metavar="DIR", help="write DIR/<trial id>.yaml instead of printing")
+    render.add_argument("-o", "--output", metavar="DIR", help="write DIR/<trial id>.yaml instead of printing (DIR is made if missing)")
 
     experiment = _command(commands, "experiment", None, "list, inspect, stop, resume, export or plot experiments",
                           "Commands on experiments, found by id under $TRIALKIT_HOME/experiments.")

@@ -89,6 +89,10 @@ class Platform(Protocol):
     holds_checkpoint: Optional[Callable[[str], bool]]
     """For a trial that ended: whether it left a checkpoint to go on from (it exited 143 after a stop, or its
     checkpoint dir holds one). None: the platform cannot see; the loop then takes exit 143 alone as one."""
+
+    def manager_url_told(self, handle: str) -> Optional[str]:
+        """The manager's URL as the trial's keeper was told it (a cluster's pods reach it at another address);
+        None: the manager's own. Named when its keeper has not reached the manager."""
     on_waiting: Callable[[str, str], None]
     """The loop sets it; a platform that holds a submitted trial back (local: until its GPUs are free) calls
     it from submit() with the trial's id and why, before the trial can start."""
@@ -123,3 +127,7 @@ class PlatformBase:
 
     def check_ready(self) -> None:
         """Ready as soon as it exists."""
+
+    def manager_url_told(self, handle: str) -> Optional[str]:
+        """The manager's URL as the trial's keeper was told it; None: the manager's own."""
+        return None
