@@ -31,10 +31,15 @@ class S3Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.access_key = "AKIA" + secrets.token_hex(8).upper()
         self.secret_key = secrets.token_urlsafe(30)
-        self.proc = subprocess.Popen([PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+        # On every address: the pod runner's containers reach it on their bridge at the host's (reachable_at).
+        self.proc = subprocess.Popen([PYTHON, "-m", "moto.server", "-H", "0.0.0.0", "-p", str(self.port)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      env=dict(os.environ, **{TAG: "s3-server-" + uuid.uuid4().hex}))
         wait_until(self._up, 60, "moto's S3 server")
+
+    def reachable_at(self, host: str) -> str:
+        """Its URL as a peer that reaches this machine at `host` names it (a pod: pod_runner.host_address())."""
+        return f"http://{host}:{self.port}"
 
     def _up(self) -> bool:
         assert self.proc.poll() is None, "moto's server exited"

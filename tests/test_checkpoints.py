@@ -439,7 +439,7 @@ def test_a_paused_kubernetes_trial_resumes_from_s3_in_a_new_pod_without_a_volume
     """A PyTorchJob trial with no checkpoint claim (its checkpoint dir on the pod's own disk) and S3 storage whose
     credentials are a Secret the config names: paused, its pod goes with its disk; activated, the new pod's keeper
     fetches the checkpoint from S3 and the trial goes on from step 10. The pods are real containers of the trial
-    image (tests/pod_runner.py), reaching moto on loopback."""
+    image (tests/pod_runner.py), reaching moto at this machine's address on their bridge."""
     from containers_util import ended, running
     from k8s_fake_api import FakeApiServer
     from pod_runner import PodRunner, host_address
@@ -452,7 +452,7 @@ def test_a_paused_kubernetes_trial_resumes_from_s3_in_a_new_pod_without_a_volume
               "tuner": {"name": "GridSearch"}, "trialCommand": "python3 /code/train.py",
               "trainingService": {"platform": "kubeflow", "namespace": "default", "managerAddress": host_address(),
                                   "dockerImage": "trainer:1", "workingDir": "/code", "master": {"replicas": 1}},
-              "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.url,
+              "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.reachable_at(host_address()),
                                     "secretName": "team-s3"}}
     path = tmp_path / "project" / "config.yml"
     path.parent.mkdir()
