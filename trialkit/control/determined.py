@@ -232,14 +232,18 @@ def _json_only(value: Any, where: str) -> None:
 
 
 def _search_space(hparams: Any, grid: bool) -> Dict[str, Any]:
-    """NNI's search space of Determined's hyperparameters; a grid's size is checked before any point is made."""
+    """NNI's search space of Determined's hyperparameters. A grid's values are made per hyperparameter once its
+    own count is checked (_hparam); their product is counted, never made, and checked after."""
+    space = _space(hparams, "hyperparameters", grid)
     if grid:
-        points, values, where = _grid_size(schema.mapping(hparams, "hyperparameters"), "hyperparameters")
+        points, values, where = _grid_size(hparams, "hyperparameters")
         if points > MAX_GRID_POINTS:
             raise UserError(f"the grid has {points:,} points ({values:,} values of this one), over the "
-                            f"{MAX_GRID_POINTS:,} trials trialkit runs of one grid", where,
-                            "give it a smaller count: Determined's grid runs a trial at every point")
-    return _space(hparams, "hyperparameters", grid)
+                            f"{MAX_GRID_POINTS:,} trials trialkit runs of one grid", where, _GRID_FIX)
+    return space
+
+
+_GRID_FIX = "give it a smaller count: Determined's grid runs a trial at every point"
 
 
 def _space(hparams: Any, where: str, grid: bool) -> Dict[str, Any]:
@@ -276,12 +280,13 @@ def _whole(value: Any) -> Optional[int]:
 
 
 def _grid_values(spec: Any) -> int:
-    """The values a grid takes of one hyperparameter; 1 where the spec is wrong (refused on its own)."""
+    """The values a grid takes of one hyperparameter; 1 where the spec is wrong (refused on its own: an empty
+    list counted as 0 would make any grid beside it look empty)."""
     if not isinstance(spec, dict):
         return 1
     kind = spec.get("type")
     if kind == "categorical":
-        return len(spec["vals"]) if isinstance(spec.get("vals"), list) else 1
+        return len(spec["vals"]) or 1 if isinstance(spec.get("vals"), list) else 1
     count = _whole(spec.get("count"))
     count = count if count is not None and count > 0 else None
     if kind == "int":
@@ -323,6 +328,10 @@ def _hparam(spec: Any, where: str, grid: bool) -> Dict[str, Any]:
     if kind == "log":  # the ends as numbers, before a grid's points between them
         ends = [_power(base, low, schema.path(where, "minval")), _power(base, high, schema.path(where, "maxval"))]
     if grid:
+        values = _grid_values(spec)
+        if values > MAX_GRID_POINTS:  # before a list of them is made
+            raise UserError(f"{values:,} values of this hyperparameter alone, over the {MAX_GRID_POINTS:,} trials "
+                            "trialkit runs of one grid", where, _GRID_FIX)
         if spec.get("count") is None and kind != "int":
             raise UserError(f"a grid needs count for a {kind} hyperparameter", schema.path(where, "count"),
                             "add count: the number of values to try")
