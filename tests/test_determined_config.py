@@ -230,6 +230,36 @@ def test_every_problem_in_a_determined_config_is_refused_at_once_in_one_line_exi
     assert "SK" not in done.stderr and "AK" not in done.stderr  # a credential is named by its key, never shown
 
 
+def test_a_typo_is_an_unknown_key_with_a_did_you_mean_and_determineds_own_keys_are_not_supported(tmp_path):
+    """Told "not supported (remove it)" of `hyperparamters`, a user deleted their hyperparameters."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({
+        "entrypoint": "python3 train.py", "hyperparamters": {"lr": {"type": "double", "minval": 0, "maxval": 1}},
+        "searcher": {"name": "randm", "metric": "loss", "max_trials": 4}, "resources": {"slots_per_trail": 2},
+        "profiling": {"enabled": True}}, sort_keys=False))
+    done = cli("run", path, tmp_path)
+    assert (done.returncode, done.stdout) == (2, "") and done.stderr.count("\n") == 1, done.stderr
+    assert "4 problems: " in done.stderr, done.stderr
+    for fragment in ("hyperparamters: unknown key 'hyperparamters' (did you mean 'hyperparameters'?)",
+                     "searcher.name: unknown searcher 'randm' (did you mean 'random'?)",
+                     "resources.slots_per_trail: unknown key 'slots_per_trail' (did you mean 'slots_per_trial'?)",
+                     "profiling: Determined's 'profiling' is not supported by trialkit (remove it"):
+        assert fragment in done.stderr, (fragment, done.stderr)
+    assert done.stderr.count("not supported") == 1, done.stderr
+
+
+@pytest.mark.parametrize("config, where, meant", [
+    ({"entrypoint": "python3 train.py", "serarcher": {"name": "single", "metric": "loss"}}, "serarcher", "searcher"),
+    ({"searcher": {"name": "single", "metric": "loss"}, "entrypiont": "python3 train.py"}, "entrypiont", "entrypoint"),
+    ({"entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "loss"},
+      "bind_mounts": [{"host_pth": "/tmp", "container_path": "/tmp"}]}, "bind_mounts[0].host_pth", "host_path"),
+])
+def test_a_misspelt_key_is_the_one_problem_not_the_key_it_leaves_missing(tmp_path, config, where, meant):
+    with pytest.raises(UserError) as caught:
+        parse_config(config, tmp_path)
+    assert (caught.value.where, caught.value.fix) == (where, f"did you mean {meant!r}?"), caught.value.line()
+
+
 def test_a_context_dir_is_only_for_a_determined_config(tmp_path):
     with pytest.raises(UserError, match="Determined"):
         parse_config({"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true",

@@ -39,6 +39,15 @@ SEARCHER_KEYS = {
     "adaptive_asha": ("name", "metric", "smaller_is_better", "max_length", "max_trials", "max_concurrent_trials",
                       "time_metric", "max_time", "max_rungs", "divisor", "mode", "bracket_rungs"),
 }
+# Determined's own keys (its expconf schema, 0.38) and searchers that trialkit does not take: refused as not
+# supported; any other key is a typo, refused as unknown with the key it is closest to.
+DETERMINED_TOP_KEYS = ("checkpoint_policy", "data_layer", "debug", "integrations", "internal", "log_policies",
+                       "optimizations", "pbs", "preemption_timeout", "profiling", "reproducibility",
+                       "retention_policy", "security", "slurm", "tensorboard_storage")
+DETERMINED_RESOURCE_KEYS = ("agent_label", "devices", "is_single_node", "native_parallel", "shm_size")
+DETERMINED_ENVIRONMENT_KEYS = ("add_capabilities", "drop_capabilities", "force_pull_image", "pod_spec", "ports",
+                               "proxy_ports", "registry_auth")
+DETERMINED_SEARCHERS = ("adaptive", "adaptive_simple", "async_halving", "custom", "manual", "pbt", "sync_halving")
 LENGTH_UNITS = ("batches", "epochs", "records")
 DEFAULT_CONCURRENCY = 16  # Determined's max_concurrent_trials for random and grid
 DEFAULT_MAX_RESTARTS = 5  # Determined's
@@ -80,8 +89,8 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
             if data[key] is not None:
                 schema.attempt(NOTED_KEYS[key], data[key], key)
         elif key not in TOP_KEYS:
-            schema.report(UserError(f"Determined's {key!r} is not supported by trialkit", schema.path("", key),
-                                    f"remove it; {GUIDE}"))
+            schema.report(_refused_key(key, data, "", TOP_KEYS + tuple(NOTED_KEYS), DETERMINED_TOP_KEYS,
+                                       f"Determined's {key!r} is not supported by trialkit"))
     code_dir = schema.attempt(_context_dir, context_dir, base, default=_FAILED)
     entry = schema.attempt(_entrypoint, data.get("entrypoint"), default=_FAILED)
     searcher = schema.attempt(_searcher, data.get("searcher"), default=_FAILED)
@@ -115,6 +124,16 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
     return v2, ([f"{', '.join(noted)}: taken, not used: they describe the experiment in Determined's WebUI or pace "
                  f"the training loop of its Trial APIs, which trialkit does not run (a Core API script paces "
                  f"itself)"] if noted else [])
+
+
+def _refused_key(key: Any, section: Mapping[str, Any], where: str, taken: Tuple[str, ...],
+                 determineds: Tuple[str, ...], unsupported: str) -> UserError:
+    """The error for a key of `section` (at `where`) that is none of `taken`: one of Determined's own keys
+    (`determineds`) is `unsupported` (remove it); any other is an unknown key with the taken key it is closest
+    to (told to remove a misspelt `hyperparameters`, a user deleted them)."""
+    if key in determineds:
+        return UserError(unsupported, schema.path(where, key), f"remove it; {GUIDE}")
+    return schema.unknown_key(key, taken, section, where)
 
 
 def _default(data: Mapping[str, Any], key: str, default: Any) -> Any:
@@ -377,6 +396,8 @@ def _searcher(section: Any) -> Dict[str, Any]:
         raise UserError("searcher is missing", "searcher", "add searcher: {name: single, metric: validation_loss}")
     sec = dict(schema.mapping(section, "searcher"))
     name = schema.as_str(sec.get("name"), "searcher.name")
+    if name not in SEARCHERS and name not in DETERMINED_SEARCHERS:
+        raise schema.unknown("searcher", name, SEARCHERS, "searcher.name")
     if name not in SEARCHERS:
         raise UserError(f"Determined's {name!r} searcher is not supported by trialkit", "searcher.name",
                         f"use {', '.join(SEARCHERS)}; {GUIDE}")
@@ -453,8 +474,8 @@ def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> D
     sec = schema.mapping(section, "resources")
     for key in sec:
         if key not in RESOURCE_KEYS:
-            schema.report(UserError(f"Determined's resources.{key} is not supported by trialkit",
-                                    schema.path("resources", key), f"remove it; {GUIDE}"))
+            schema.report(_refused_key(key, sec, "resources", RESOURCE_KEYS, DETERMINED_RESOURCE_KEYS,
+                                       f"Determined's resources.{key} is not supported by trialkit"))
     out = {"slots_per_trial": schema.as_int(_default(sec, "slots_per_trial", 1), "resources.slots_per_trial",
                                             minimum=1)}
     if sec.get("max_slots") is not None:
@@ -491,8 +512,8 @@ def _environment(section: Any, platform: str, training_service: Dict[str, Any]) 
     for key in sec:
         if key not in ENVIRONMENT_KEYS:
             why = "; a pod spec goes in trialTemplate" if key == "pod_spec" else ""
-            schema.report(UserError(f"Determined's environment.{key} is not supported by trialkit{why}",
-                                    schema.path("environment", key), f"remove it; {GUIDE}"))
+            schema.report(_refused_key(key, sec, "environment", ENVIRONMENT_KEYS, DETERMINED_ENVIRONMENT_KEYS,
+                                       f"Determined's environment.{key} is not supported by trialkit{why}"))
     if sec.get("image") is not None:
         image = schema.as_str(sec["image"], "environment.image")  # a {cpu, cuda} mapping is refused here
         if not hasattr(platforms.load(platform), "render"):
@@ -510,6 +531,9 @@ def _environment(section: Any, platform: str, training_service: Dict[str, Any]) 
     return variables
 
 
+BIND_MOUNT_KEYS = ("host_path", "container_path", "read_only")
+
+
 def _bind_mounts(mounts: Any, local: bool) -> None:
     """A local trial sees this machine's files: a mount of a path at the same path is what it has already;
     anything else would need a container."""
@@ -519,9 +543,9 @@ def _bind_mounts(mounts: Any, local: bool) -> None:
         where = f"bind_mounts[{i}]"
         sec = schema.mapping(mount, where)
         for key in sec:
-            if key not in ("host_path", "container_path", "read_only"):
-                schema.report(UserError(f"{key!r} is not supported in a bind mount", schema.path(where, key),
-                                        f"remove it; {GUIDE}"))
+            if key not in BIND_MOUNT_KEYS:
+                schema.report(_refused_key(key, sec, where, BIND_MOUNT_KEYS, ("propagation",),
+                                           f"{key!r} is not supported in a bind mount"))
         if not local:
             raise UserError("bind_mounts are applied on the local platform only", where,
                             "mount volumes through trainingService (nfs) or trialTemplate")
