@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from experiment_util import cli
@@ -141,3 +142,14 @@ def test_an_nni_configs_typos_are_each_named_with_a_did_you_mean_and_nothing_the
                      "trialConcurrency: 0 is too small", "tunr: unknown key 'tunr' (did you mean 'tuner'?)"):
         assert fragment in line, (fragment, line)
     assert "the tuner is missing" not in line  # the typo's consequence, not a problem of its own
+
+
+@pytest.mark.parametrize("text, said", [("trialConcurrency: [\n", "cannot parse it at line 2, column 1: "),
+                                        (None, "cannot read it: No such file")])
+def test_a_config_file_that_cannot_be_read_is_named_once(tmp_path, text, said):
+    path = tmp_path / "config.yml"
+    if text is not None:
+        path.write_text(text)
+    done = cli("run", path)
+    assert (done.returncode, done.stderr.count(str(path))) == (2, 1), done.stderr
+    assert f"{path}: {said}" in done.stderr, done.stderr

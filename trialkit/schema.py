@@ -336,17 +336,18 @@ def read_data_file(path: Path, where: str) -> Any:
     itself), a whole number longer than Python reads; and what check_shape
     refuses (aliases of aliases).
     """
+    named = "it" if where == str(path) else show(str(path), 160)  # the file, once: "X: cannot read it: ..."
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang the read, /dev/zero never end it
-            raise UserError(f"{show(str(path), 160)} is not a regular file", where, "give the path of a config file")
+            raise UserError(f"{named} is not a regular file", where, "give the path of a config file")
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
-            raise UserError(f"{show(str(path), 160)} is over {MAX_FILE_BYTES >> 20} MiB", where, "give a config file")
+            raise UserError(f"{named} is over {MAX_FILE_BYTES >> 20} MiB", where, "give a config file")
         text = data.decode("utf-8")
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path, or text that is not UTF-8
         reason = getattr(err, "strerror", None) or str(err)
-        raise UserError(f"cannot read {show(str(path), 160)}: {reason}", where, "check the path") from None
+        raise UserError(f"cannot read {named}: {reason}", where, "check the path") from None
     try:
         data = json.loads(text, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError):
@@ -357,7 +358,7 @@ def read_data_file(path: Path, where: str) -> Any:
             mark = getattr(err, "problem_mark", None)
             place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(err, "problem", None) or "not valid YAML"
-            raise UserError(f"cannot parse {str(path)!r}{place}: {problem}", where, "fix the file there") from None
+            raise UserError(f"cannot parse {named}{place}: {problem}", where, "fix the file there") from None
     check_shape(data, where)
     return data
 
