@@ -253,6 +253,10 @@ def test_a_typo_is_an_unknown_key_with_a_did_you_mean_and_determineds_own_keys_a
     ({"searcher": {"name": "single", "metric": "loss"}, "entrypiont": "python3 train.py"}, "entrypiont", "entrypoint"),
     ({"entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "loss"},
       "bind_mounts": [{"host_pth": "/tmp", "container_path": "/tmp"}]}, "bind_mounts[0].host_pth", "host_path"),
+    ({"entrypoint": "python3 train.py", "searcher": {"name": "random", "metric": "loss", "max_trail": 3}},
+     "searcher.max_trail", "max_trials"),
+    ({"entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "loss"},
+      "hyperparameters": {"lr": {"type": "double", "minvl": 0, "maxval": 1}}}, "hyperparameters.lr.minvl", "minval"),
 ])
 def test_a_misspelt_key_is_the_one_problem_not_the_key_it_leaves_missing(tmp_path, config, where, meant):
     with pytest.raises(UserError) as caught:

@@ -47,6 +47,9 @@ DETERMINED_TOP_KEYS = ("checkpoint_policy", "data_layer", "debug", "integrations
 DETERMINED_RESOURCE_KEYS = ("agent_label", "devices", "is_single_node", "native_parallel", "shm_size")
 DETERMINED_ENVIRONMENT_KEYS = ("add_capabilities", "drop_capabilities", "force_pull_image", "pod_spec", "ports",
                                "proxy_ports", "registry_auth")
+DETERMINED_SEARCHER_KEYS = ("budget", "explore_function", "length_per_round", "num_rounds", "num_rungs",
+                            "population_size", "replace_function", "source_checkpoint_uuid", "source_trial_id",
+                            "stop_once", "unit")
 DETERMINED_SEARCHERS = ("adaptive", "adaptive_simple", "async_halving", "custom", "manual", "pbt", "sync_halving")
 LENGTH_UNITS = ("batches", "epochs", "records")
 DEFAULT_CONCURRENCY = 16  # Determined's max_concurrent_trials for random and grid
@@ -324,14 +327,17 @@ HPARAM_KEYS = {
 }
 
 
+_HPARAM_ALL_KEYS = tuple(sorted({key for keys in HPARAM_KEYS.values() for key in keys}))
+
+
 def _hparam(spec: Any, where: str, grid: bool) -> Dict[str, Any]:
     if not isinstance(spec, dict):
         return {"_type": "choice", "_value": [spec]}  # a bare value is a const
     kind = schema.as_choice(spec["type"], list(HPARAM_KEYS), schema.path(where, "type"))
     for key in spec:
         if key not in HPARAM_KEYS[kind]:
-            schema.report(UserError(f"{key!r} is not a key of a {kind} hyperparameter", schema.path(where, key),
-                                    f"use {', '.join(HPARAM_KEYS[kind][1:])}"))
+            schema.report(_refused_key(key, spec, where, HPARAM_KEYS[kind], _HPARAM_ALL_KEYS,
+                                       f"{key!r} is not a key of a {kind} hyperparameter"))
     if kind == "const":
         return {"_type": "choice", "_value": [spec.get("val")]}
     if kind == "categorical":
@@ -391,6 +397,9 @@ def _grid_points(kind: str, low: float, high: float, base: float, count: int) ->
 # ---------------------------------------------------------------- searcher
 
 
+_SEARCHER_ALL_KEYS = DETERMINED_SEARCHER_KEYS + tuple(sorted({key for keys in SEARCHER_KEYS.values() for key in keys}))
+
+
 def _searcher(section: Any) -> Dict[str, Any]:
     if section is None:
         raise UserError("searcher is missing", "searcher", "add searcher: {name: single, metric: validation_loss}")
@@ -403,8 +412,8 @@ def _searcher(section: Any) -> Dict[str, Any]:
                         f"use {', '.join(SEARCHERS)}; {GUIDE}")
     for key in sec:
         if key not in SEARCHER_KEYS[name]:
-            schema.report(UserError(f"{key!r} is not supported for the {name} searcher", schema.path("searcher", key),
-                                    f"remove it; {GUIDE}"))
+            schema.report(_refused_key(key, sec, "searcher", SEARCHER_KEYS[name], _SEARCHER_ALL_KEYS,
+                                       f"{key!r} is not supported for the {name} searcher"))
     if sec.get("metric") is None:
         raise UserError("metric is missing", "searcher.metric", "add metric: the validation metric to search on")
     sec["metric"] = schema.as_str(sec["metric"], "searcher.metric")
