@@ -144,6 +144,19 @@ def test_an_nni_configs_typos_are_each_named_with_a_did_you_mean_and_nothing_the
     assert "the tuner is missing" not in line  # the typo's consequence, not a problem of its own
 
 
+def test_a_v1_configs_typo_is_listed_with_its_other_problems(tmp_path):
+    (tmp_path / "space.json").write_text(json.dumps({"lr": {"_type": "uniform", "_value": [1, 0]}}))
+    line = run_config(tmp_path, {
+        "authorName": "default", "trialConcurrency": -1, "maxTrialNumbr": 3, "trainingServicePlatform": "local",
+        "searchSpacePath": "space.json", "tunr": {"builtinTunerName": "TPE"},
+        "trial": {"command": "python3 train.py", "codeDir": "."}})
+    assert "4 problems: " in line, line
+    for fragment in ("maxTrialNumbr: unknown key 'maxTrialNumbr' (did you mean 'maxTrialNum'?)",
+                     "tunr: unknown key 'tunr' (did you mean 'tuner'?)", "trialConcurrency: -1 is too small",
+                     "searchSpacePath.lr._value: low (1) must be less than high (0)"):
+        assert fragment in line, (fragment, line)
+
+
 @pytest.mark.parametrize("text, said", [("trialConcurrency: [\n", "cannot parse it at line 2, column 1: "),
                                         (None, "cannot read it: No such file")])
 def test_a_config_file_that_cannot_be_read_is_named_once(tmp_path, text, said):

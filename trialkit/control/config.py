@@ -556,9 +556,10 @@ def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) ->
 
 
 def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
-    v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
+    v1: Dict[str, Any] = {}
     try:
-        with schema.every_problem():  # a refusal lists every problem it found
+        with schema.every_problem():  # a refusal lists every problem it found, an unknown key's with the rest
+            v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
             return _parse_v2(convert_v1(v1), base)
     except schema.ConfigProblems as err:
         raise schema.ConfigProblems([_in_v1(one, v1) for one in err.problems]) from None
