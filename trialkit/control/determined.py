@@ -91,6 +91,8 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
         if key in NOTED_KEYS:
             if data[key] is not None:
                 schema.attempt(NOTED_KEYS[key], data[key], key)
+        elif key not in TOP_KEYS and key in _SEARCHER_ALL_KEYS and key not in DETERMINED_TOP_KEYS:
+            schema.report(UserError("a searcher's key, not a top-level one", key, "move it under searcher:"))
         elif key not in TOP_KEYS:
             schema.report(_refused_key(key, data, "", TOP_KEYS + tuple(NOTED_KEYS), DETERMINED_TOP_KEYS,
                                        f"Determined's {key!r} is not supported by trialkit"))
