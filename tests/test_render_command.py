@@ -12,29 +12,20 @@ import k8s_schemas
 from experiment_util import cli
 from pools_util import home, pools_yml  # noqa: F401 (home: a fixture)
 
-KUBEFLOW = """\
+SECTION = """\
 searchSpace: {lr: {_type: choice, _value: [0.1]}}
 trialCommand: python3 train.py
 tuner: {name: Random}
 trainingService:
-  platform: kubeflow
+  platform: %s
   namespace: team
   managerAddress: 10.20.30.40
   dockerImage: registry.example.com/train:1
 """
+KUBEFLOW = SECTION % "kubeflow"
 PYTORCHJOB = KUBEFLOW + "  master: {replicas: 1}\n  worker: {replicas: 1}\n"
 TRAINJOB = KUBEFLOW + "  operator: trainjob\n  worker: {replicas: 2}\n"
-FRAMEWORK = """\
-searchSpace: {lr: {_type: choice, _value: [0.1]}}
-trialCommand: python3 train.py
-tuner: {name: Random}
-trainingService:
-  platform: frameworkcontroller
-  namespace: team
-  managerAddress: 10.20.30.40
-  dockerImage: registry.example.com/train:1
-  taskRoles: [{name: worker, taskNumber: 2}]
-"""
+FRAMEWORK = SECTION % "frameworkcontroller" + "  taskRoles: [{name: worker, taskNumber: 2}]\n"
 
 
 def render(tmp_path: Path, text: str, *args: str) -> List[dict]:
@@ -88,17 +79,17 @@ def manager_urls(objects: List[dict]) -> set:
 def test_the_manager_port_is_the_runs_or_said_to_be_a_placeholder(tmp_path):
     objects, said = render(tmp_path, PYTORCHJOB)
     assert manager_urls(objects) == {"http://10.20.30.40:8080"}
-    assert "the manager's port 8080 (a run listens on any free port unless given --port" in comments(said)
+    assert "manager port 8080: a run listens on any free port unless given --port" in comments(said)
     objects, said = render(tmp_path, PYTORCHJOB, "--port", "9123")  # run's option, the same definition
     assert manager_urls(objects) == {"http://10.20.30.40:9123"}
-    assert ":8080" not in said and "manager's port" not in comments(said)
+    assert ":8080" not in said and "manager port" not in comments(said)
 
 
 def test_the_placeholders_are_explained(tmp_path):
     objects, said = render(tmp_path, PYTORCHJOB)
     assert objects[-1]["metadata"]["name"] == "tk-render-render-00000"
-    assert "the experiment id 'render' (a run's is its own, so its objects are tk-<experiment id>-<trial id>)" in said
-    assert "the trial's token (a run fills its Secret)" in said
+    assert "experiment id 'render': a run's own id, so its objects are tk-<experiment id>-<trial id>" in said
+    assert "the trial's token: a run puts it in the trial's Secret" in said
 
 
 def test_an_unset_operator_is_said_to_be_assumed(tmp_path):
@@ -137,3 +128,18 @@ def test_render_takes_a_determined_configs_context_dir(tmp_path):
         return next(e["value"] for e in env if e["name"] == "TRIALKIT_CODE_DIGEST")
 
     assert code_digest(tmp_path / "two") != code_digest()  # the context dir is the code shipped, as `run` ships it
+
+
+@pytest.mark.parametrize("text", [PYTORCHJOB, TRAINJOB, FRAMEWORK], ids=["pytorchjob", "trainjob", "framework"])
+def test_every_claim_is_read_write_many_as_the_docs_say(tmp_path, text):
+    objects, _ = render(tmp_path, text + "  checkpoint: {storageClass: shared-rwx, storageSize: 1Gi}\n")
+    claims = [obj for obj in objects if obj["kind"] == "PersistentVolumeClaim"]
+    assert claims and all(claim["spec"]["accessModes"] == ["ReadWriteMany"] for claim in claims)
+    assert {claim["spec"]["storageClassName"] for claim in claims} == {"shared-rwx"}
+
+
+def test_adaptdls_claims_are_read_write_many_as_the_docs_say():
+    done = cli("render", Path(__file__).resolve().parent.parent / "examples" / "kubernetes" / "adaptdl.yml")
+    assert done.returncode == 0, done.stderr
+    claims = [obj for obj in yaml.safe_load_all(done.stdout) if obj["kind"] == "PersistentVolumeClaim"]
+    assert len(claims) == 3 and all(claim["spec"]["accessModes"] == ["ReadWriteMany"] for claim in claims)

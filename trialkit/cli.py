@@ -106,6 +106,7 @@ def cmd_render(opts: argparse.Namespace) -> int:
     from trialkit import platforms
     from trialkit.control.specs import build_spec
     from trialkit.control.tuners import build_tuner
+    from trialkit.platforms.kubernetes import kueue
     from trialkit.platforms.kubernetes.render import render_notes, render_trial
 
     config = _load_for_run(opts)
@@ -124,13 +125,14 @@ def cmd_render(opts: argparse.Namespace) -> int:
     port = opts.port or RENDER_PORT
     url = f"{'https' if config.manager_tls else 'http'}://127.0.0.1:{port}"  # its host: managerAddress, in the pods
     spec = build_spec(config, RENDER_EXPERIMENT_ID, opts.trial, asked[0], asked[1], url, REDACTED)
-    objects = render_trial(config.training_service, spec)
-    notes = [f"trial {opts.trial} as a run submits it, with these placeholders: the experiment id "
-             f"{RENDER_EXPERIMENT_ID!r} (a run's is its own, so its objects are tk-<experiment id>-<trial id>), "
-             "the trial's token (a run fills its Secret)"
-             + ("" if opts.port else f", the manager's port {RENDER_PORT} (a run listens on any free port unless "
-                                     "given --port: render --port P shows that one)"),
-             *render_notes(config.training_service)]
+    queue = kueue.for_namespace(config.training_service.common.namespace)  # the pool a run's jobs join
+    objects = kueue.into_queue(render_trial(config.training_service, spec), queue)
+    notes = [f"trial {opts.trial} as a run submits it, but for these placeholders:",
+             f"  experiment id {RENDER_EXPERIMENT_ID!r}: a run's own id, so its objects are tk-<experiment id>-<trial id>",
+             "  the trial's token: a run puts it in the trial's Secret",
+             *([] if opts.port else [f"  manager port {RENDER_PORT}: a run listens on any free port unless given "
+                                     "--port (render --port P shows that one)"]),
+             *render_notes(config.training_service), *([kueue.note(queue)] if queue else [])]
     text = "".join(f"# {note}\n" for note in notes) + yaml.safe_dump_all(objects, sort_keys=False)
     if opts.output is None:
         sys.stdout.write(text)

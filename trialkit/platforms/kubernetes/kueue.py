@@ -104,6 +104,13 @@ def into_queue(objects: List[dict], queue: Optional[Queue]) -> List[dict]:
     return objects if queue is None else [*objects[:-1], queued(objects[-1], queue)]
 
 
+def note(queue: Queue) -> str:
+    """The line `trialkit render` says of the pool its jobs join."""
+    priority = f", priority class {queue.priority_class}" if queue.priority_class else ""
+    return (f"namespace {queue.namespace} is pool {queue.pool} of pools.yml: the job joins Kueue's LocalQueue "
+            f"{queue.local_queue}{priority}, held (suspended, or its pods gated) until Kueue admits it")
+
+
 def _suspension(job: dict) -> dict:
     """The mapping whose `suspend` holds the job: a TrainJob's spec, a PyTorchJob's or TFJob's runPolicy."""
     spec = job.setdefault("spec", {})

@@ -487,21 +487,17 @@ def azure_values(azure: AzureStorage, key: str) -> Dict[str, str]:
 
 
 def render_trial(platform_config, spec: TrialSpec) -> List[dict]:
-    """Every object that submitting `spec` on this platform creates (`trialkit render`), the job in the
-    namespace's Kueue pool as submission puts it there; a refusal names every problem found."""
+    """Every object that submitting `spec` on this platform creates (`trialkit render`; in a Kueue pool,
+    kueue.into_queue then labels the job); a refusal names every problem found."""
     from trialkit.platforms import load
-    from trialkit.platforms.kubernetes import kueue
 
     with schema.every_problem():
-        objects = load(platform_config.platform).render(platform_config, spec)
-    return kueue.into_queue(objects, kueue.for_namespace(platform_config.common.namespace))
+        return load(platform_config.platform).render(platform_config, spec)
 
 
 def render_notes(platform_config) -> List[str]:
-    """What a run decides that `render` can only assume: the operator where the section leaves it to the
-    cluster, and the Kueue pool the jobs join."""
-    from trialkit.platforms.kubernetes import kueue
-
+    """What a run decides that `render` can only assume: the operator, where the section leaves it to the
+    cluster."""
     notes = []
     alternative = getattr(platform_config, "trainjob", None)  # kubeflow with `operator` unset (kubeflow.py)
     if alternative is not None:
@@ -509,9 +505,4 @@ def render_notes(platform_config) -> List[str]:
                     else "submits a TrainJob instead (render it with operator: trainjob)")
         notes.append("operator is unset: rendered as a PyTorchJob (training-operator), as a run submits where the "
                      f"cluster serves PyTorchJob; where it serves only Kubeflow Trainer v2, a run {where_v2}")
-    queue = kueue.for_namespace(platform_config.common.namespace)
-    if queue is not None:
-        priority = f", priority class {queue.priority_class}" if queue.priority_class else ""
-        notes.append(f"namespace {queue.namespace} is pool {queue.pool} of pools.yml: the job joins Kueue's LocalQueue "
-                     f"{queue.local_queue}{priority}, held (suspended, or its pods gated) until Kueue admits it")
     return notes
