@@ -143,3 +143,21 @@ def test_adaptdls_claims_are_read_write_many_as_the_docs_say():
     assert done.returncode == 0, done.stderr
     claims = [obj for obj in yaml.safe_load_all(done.stdout) if obj["kind"] == "PersistentVolumeClaim"]
     assert len(claims) == 3 and all(claim["spec"]["accessModes"] == ["ReadWriteMany"] for claim in claims)
+
+
+def test_the_runs_tls_options_make_the_pods_manager_url_https(tmp_path):
+    for name in ("cert.pem", "key.pem"):
+        (tmp_path / name).write_text("PEM\n")
+    objects, _ = render(tmp_path, PYTORCHJOB, "--tls-cert", str(tmp_path / "cert.pem"), "--tls-key",
+                        str(tmp_path / "key.pem"))
+    assert manager_urls(objects) == {"https://10.20.30.40:8080"}
+    done = cli("render", tmp_path / "code" / "config.yml", "--tls-cert", tmp_path / "cert.pem")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--tls-cert/--tls-key" in done.stderr
+
+
+def test_render_into_a_dir_prints_the_file_it_wrote(tmp_path):
+    render(tmp_path, PYTORCHJOB)  # writes the config
+    done = cli("render", tmp_path / "code" / "config.yml", "-o", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    written = tmp_path / "out" / "render-00000.yaml"
+    assert done.stdout == f"{written}\n" and written.read_text().startswith("# trial 0 as a run submits it")
