@@ -40,6 +40,10 @@ MANIFEST_SUFFIX = ".checkpoint.json"
 DETERMINED_METADATA = "metadata.json"  # a Core API checkpoint's own file (shims/determined/_storage.py)
 DETERMINED_LATEST = "latest"
 FORMAT = 1
+# The keeper's exit code when the trial's checkpoint could not be restored for a reason of the store (no
+# credentials, no answer, no bucket), not of the trial: it ends PREEMPTED, to resume once the store is fixed,
+# and the experiment stops saying why (EX_TEMPFAIL of sysexits.h).
+STORE_FAILED_EXIT = 75
 
 
 CORE = "core"  # a Core API checkpoint: <checkpoint dir>/<uuid>/

@@ -172,6 +172,21 @@ def open_store(storage: Optional[CheckpointStorage]) -> Any:
         raise UserError(str(err), SECTION, "check the store's address and the credentials in the environment")
 
 
+def check_store(storage: Optional[CheckpointStorage]) -> None:
+    """Refuse, before anything starts, an object store this machine cannot use (no credentials, no such
+    bucket, no answer): trials would each fail to restore or store their checkpoints. A store whose
+    credentials come from secretName's Secret is the pods' to read, not this machine's: not checked."""
+    if storage is None or storage.store is None or storage.secret_name:
+        return
+    from trialkit.checkpoints.store import StoreError
+
+    try:
+        open_store(storage).check()
+    except StoreError as err:
+        raise UserError(str(err), SECTION, "fix the store's address, its bucket or the credentials in this "
+                        "environment, then run again") from None
+
+
 def checkpoints(db: Any, experiment_id: str, storage: Optional[CheckpointStorage],
                 trial_id: Optional[str] = None) -> List[Checkpoint]:
     """The experiment's (or one trial's) whole checkpoints, wherever they are kept, oldest first."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from trialkit import __version__, env, layout, records
+from trialkit.checkpoints import STORE_FAILED_EXIT
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, explain_failure
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import PROG, warn
@@ -34,7 +35,9 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
     reporter.attach(loop)
     if isinstance(launched, LaunchError):
         print(f"{PROG}: {launched}", file=sys.stderr, flush=True)
-        reporter.status(FAILED, exit_code=launched.code, reason=str(launched), restart_count=trial.restart_count)
+        # A store that failed the restore is not the trial's fault: it waits, PREEMPTED, for the store's repair.
+        status = PREEMPTED if launched.code == STORE_FAILED_EXIT else FAILED
+        reporter.status(status, exit_code=launched.code, reason=str(launched), restart_count=trial.restart_count)
         code = launched.code
     else:
         child, out_r, err_r = launched
