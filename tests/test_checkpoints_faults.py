@@ -127,3 +127,12 @@ def test_run_refuses_a_store_it_cannot_use_before_anything_starts(tmp_path, home
     assert time.monotonic() - started < 30
     assert "<?xml" not in done.stderr and "169.254" not in done.stderr
     assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
+
+
+def test_version_lists_the_cloud_library_beside_the_engines():
+    """A user reporting a store's fault says which obstore spoke: `trialkit --version` lists it."""
+    from importlib import metadata
+
+    done = cli("--version")
+    assert done.returncode == 0, done.stderr
+    assert ["obstore", metadata.version("obstore")] in [line.split() for line in done.stdout.splitlines()]
