@@ -136,3 +136,65 @@ def test_version_lists_the_cloud_library_beside_the_engines():
     done = cli("--version")
     assert done.returncode == 0, done.stderr
     assert ["obstore", metadata.version("obstore")] in [line.split() for line in done.stdout.splitlines()]
+
+
+STALLED_TRIAL = """
+import pathlib, time
+import determined as det
+go = pathlib.Path({go!r})
+with det.core.init() as core:
+    for step in range(1, 4):
+        core.train.report_validation_metrics(steps_completed=step, metrics={{"x": step}})
+        with core.checkpoint.store_path({{"steps_completed": step}}) as (path, uuid):
+            (path / "state").write_text(str(step))
+        while step == 1 and not go.exists():  # the test freezes the store meanwhile
+            time.sleep(0.05)
+"""
+
+
+def test_checkpoints_the_store_never_got_are_said_kept_and_listed(tmp_path, home, s3, monkeypatch):
+    """The store frozen (SIGSTOP of moto) after the first of three Core API checkpoints is stored, with
+    TRIALKIT_CHECKPOINT_TRANSFER_SECONDS=3: the trial's reason and the run's output say that 2 were not stored
+    and where they are; both stay in the trial's checkpoint dir, and `checkpoint list` shows them as such, kept
+    by no retention pass."""
+    bucket = s3.bucket()
+    go = tmp_path / "go"
+    config = {"name": "stalled", "entrypoint": "python3 train.py", "max_restarts": 0,
+              "hyperparameters": {"table": 0}, "searcher": {"name": "single", "metric": "x"},
+              "checkpoint_storage": {"type": "s3", "bucket": bucket, "endpoint_url": s3.url}}
+    folder = tmp_path / "context"
+    folder.mkdir()
+    (folder / "train.py").write_text(STALLED_TRIAL.format(go=str(go)))
+    (folder / "exp.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("TRIALKIT_CHECKPOINT_TRANSFER_SECONDS", "3")
+    proc = start_cli("run", folder / "exp.yaml", folder)
+    frozen = False
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: any(k.endswith(".checkpoint.json") for k in s3.objects(bucket)), WAIT,
+                   "the first checkpoint stored")
+        s3.proc.send_signal(signal.SIGSTOP)
+        frozen = True
+        go.touch()
+        wait_until(lambda: trial_status(home, trial) not in (None, "WAITING", "RUNNING"), WAIT, "the trial's end")
+        s3.proc.send_signal(signal.SIGCONT)
+        frozen = False
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if frozen:
+            s3.proc.send_signal(signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    row = export(exp)[0]
+    checkpoint_dir = Path(row["trial_dir"]) / "checkpoint"
+    said = "2 checkpoints not stored in the object store: the uploader did not finish within 3 s"
+    assert row["status"] == "SUCCEEDED" and said in row["reason"] and str(checkpoint_dir) in row["reason"], row
+    assert said in out, out
+    listed = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    local = [c for c in listed if c["where"].startswith(str(checkpoint_dir))]
+    assert [c["steps"] for c in local] == [2, 3], listed
+    assert all(c["kept_by"] == ["not stored: only in its trial's checkpoint dir"] for c in local)
+    assert all((Path(c["where"]) / "state").read_text() == str(c["steps"]) for c in local)
+    assert [c["steps"] for c in listed if c["where"].startswith(f"s3://{bucket}/")] == [1]
