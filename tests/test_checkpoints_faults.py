@@ -98,6 +98,8 @@ def test_resuming_with_a_store_that_fails_leaves_the_experiment_resumable(tmp_pa
     assert trial_status(home, trial) == "PREEMPTED" and experiment_status(home, exp) != "DONE"
     assert "checkpoint could not be restored" in failed.stdout and "model/state.txt" in failed.stdout, failed.stdout
     assert f"trialkit experiment resume {exp}" in failed.stdout
+    log = (Path(export(exp)[0]["trial_dir"]) / "trial.log").read_text()
+    assert log.count("does not exist (NoSuchKey)") == 1, log  # said once, not echoed
 
     obstore.put(bucket_store, key, saved)
     done = cli("experiment", "resume", exp, timeout=WAIT)

@@ -272,12 +272,13 @@ def restore_checkpoint(trial: env.TrialEnv) -> None:
         raise LaunchError(f"its checkpoint was not restored within {trial.checkpoint_transfer_seconds:g} s "
                           f"({env.CHECKPOINT_TRANSFER_SECONDS}): the store is too slow or does not answer",
                           STORE_FAILED_EXIT) from None
-    sys.stderr.write(done.stderr)
-    sys.stderr.flush()
-    if done.returncode != 0:
-        said = done.stderr.strip().splitlines()
-        why = said[-1].split(": cannot restore: ", 1)[-1] if said else f"exit {done.returncode}"
-        raise LaunchError(f"its checkpoint could not be restored: {why}", STORE_FAILED_EXIT)
+    said = done.stderr.strip().splitlines()
+    if done.returncode == 0:
+        sys.stderr.writelines(line + "\n" for line in said)
+        return
+    sys.stderr.writelines(line + "\n" for line in said[:-1])  # its last line, why, is said once: in the reason
+    why = said[-1].split(": cannot restore: ", 1)[-1] if said else f"exit {done.returncode}"
+    raise LaunchError(f"its checkpoint could not be restored: {why}", STORE_FAILED_EXIT)
 
 
 def run(argv: Sequence[str]) -> int:
