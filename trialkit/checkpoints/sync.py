@@ -91,7 +91,10 @@ class Uploader:
 
     def _note(self) -> None:
         """What is stored, where the keeper reads it (checkpoints.unstored) should this process not finish."""
-        write_stored(self.trial.trial_dir, sorted(self.stored) + [WHOLE_DIR] * self.dir_stored)
+        try:
+            write_stored(self.trial.trial_dir, sorted(self.stored) + [WHOLE_DIR] * self.dir_stored)
+        except OSError as err:  # uploads go on: the keeper then counts every local one as not stored
+            say(f"cannot note what is stored in {self.trial.trial_dir}: {err}")
 
     def _prune(self) -> None:
         """The local copies this uploader stored, but the latest's."""
