@@ -269,6 +269,20 @@ def one_line_error(done: subprocess.CompletedProcess, *words: str) -> None:
     assert all(word in done.stderr for word in words), done.stderr
 
 
+def answered(answer: str, *args) -> subprocess.CompletedProcess:
+    """`trialkit ARGS...` on a terminal (a pty its stdin), `answer` typed when it asks."""
+    import pty
+
+    main, tty = pty.openpty()
+    try:
+        os.write(main, answer.encode() + b"\n")
+        return subprocess.run([sys.executable, "-m", "trialkit.cli", *map(str, args)], stdin=tty,
+                              capture_output=True, text=True, timeout=WAIT)
+    finally:
+        os.close(main)
+        os.close(tty)
+
+
 def test_checkpoint_list_show_download_delete(tmp_path, s3):
     """What `det checkpoint list/describe/download/delete` give, on checkpoints in S3; mistakes in one line."""
     bucket = s3.bucket()
@@ -305,10 +319,16 @@ def test_checkpoint_list_show_download_delete(tmp_path, s3):
         "steps_completed": 4}
     one_line_error(cli("checkpoint", "download", exp, best, "-o", target), "--output", "not an empty directory")
     one_line_error(cli("checkpoint", "show", exp, "nope-nope"), "UUID", "no checkpoint 'nope-nope'")
+    one_line_error(cli("checkpoint", "show", exp, best[:2]), "UUID", "give at least 4 characters")
     one_line_error(cli("checkpoint", "list", "zzzzzzzz"), "no experiment")
-    one_line_error(cli("checkpoint", "delete", exp, best, "nope-nope"), "no checkpoint")  # nothing deleted
+    one_line_error(cli("checkpoint", "delete", exp, best, "nope-nope", "--yes"), "no checkpoint")  # nothing deleted
+    # It asks first, as `experiment delete` does: without a terminal to ask on and without --yes, it refuses.
+    one_line_error(cli("checkpoint", "delete", exp, best), "--yes", "no terminal to ask on")
+    declined = answered("n", "checkpoint", "delete", exp, best[:8])
+    assert declined.returncode == 1 and f"delete checkpoint {best} of {trial} from s3://{bucket}/team/runs? [y/N]" \
+        in declined.stdout and "nothing deleted" in declined.stdout, declined.stdout
     assert len(manifests(s3, bucket)) == 3
-    deleted = cli("checkpoint", "delete", exp, best)
+    deleted = cli("checkpoint", "delete", exp, best, "--yes")
     assert deleted.returncode == 0 and f"deleted checkpoint {best}" in deleted.stdout, deleted.stderr
     assert len(manifests(s3, bucket)) == 2 and not any(best in key for key in s3.objects(bucket))
     assert best not in cli("checkpoint", "list", exp).stdout

@@ -345,20 +345,26 @@ def cmd_experiment_delete(opts: argparse.Namespace) -> int:
     from trialkit.control.run import delete_experiment
 
     experiment_dir = paths.experiment_dir(opts.experiment_id)
-    if not opts.yes:
-        if not sys.stdin.isatty():
-            raise UserError("deleting asks for a confirmation and there is no terminal to ask on", "--yes",
-                            "add --yes to delete without asking")
-        answer = input(f"delete experiment {opts.experiment_id}: its store, its dir {experiment_dir}, its "
-                       f"checkpoints and what its platform made for it (jobs, claims)? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing deleted")
-            return 1
+    if not opts.yes and not _confirmed(f"delete experiment {opts.experiment_id}: its store, its dir "
+                                       f"{experiment_dir}, its checkpoints and what its platform made for it "
+                                       "(jobs, claims)?"):
+        return 1
     removed = delete_experiment(opts.experiment_id)
     for name in removed:
         print(f"deleted {name}")
     print(f"experiment {opts.experiment_id} deleted")
     return 0
+
+
+def _confirmed(question: str) -> bool:
+    """The user's yes to deleting (y/N on the terminal); UserError without a terminal to ask on."""
+    if not sys.stdin.isatty():
+        raise UserError("deleting asks for a confirmation and there is no terminal to ask on", "--yes",
+                        "add --yes to delete without asking")
+    if input(f"{question} [y/N] ").strip().lower() in ("y", "yes"):
+        return True
+    print("nothing deleted")
+    return False
 
 
 def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
@@ -460,8 +466,11 @@ def _catalog(ident: str) -> Tuple[Dict[str, Any], List[Any]]:
 def _one_checkpoint(ident: str, uuid: str) -> Tuple[Dict[str, Any], Any]:
     """The checkpoint whose uuid is `uuid` or begins with it (at least 4 characters), as `list` shows them."""
     config, entries = _catalog(ident)
-    found = [e for e in entries if e.checkpoint.uuid == uuid] or [
-        e for e in entries if len(uuid) >= 4 and e.checkpoint.uuid.startswith(uuid)]
+    found = [e for e in entries if e.checkpoint.uuid == uuid]
+    if not found and len(uuid) < 4:
+        raise UserError(f"{uuid!r} is too short to name a checkpoint", "UUID",
+                        f"give at least 4 characters of its uuid (see `trialkit checkpoint list {ident}`)")
+    found = found or [e for e in entries if e.checkpoint.uuid.startswith(uuid)]
     if len(found) != 1:
         what = "no checkpoint" if not found else f"{len(found)} checkpoints begin with"
         raise UserError(f"{what} {uuid!r} in {ident}", "UUID", f"see `trialkit checkpoint list {ident}`")
@@ -527,6 +536,10 @@ def cmd_checkpoint_delete(opts: argparse.Namespace) -> int:
 
     chosen = [_one_checkpoint(opts.id, uuid) for uuid in opts.uuids]  # every uuid checked before any goes
     experiment_id, _ = _checkpoint_scope(opts.id)
+    listed = ", ".join(f"{entry.checkpoint.uuid} of {entry.checkpoint.trial}" for _, entry in chosen)
+    where = checkpoints.where_kept(checkpoints.storage_of(chosen[0][0]))
+    if not opts.yes and not _confirmed(f"delete checkpoint{'s' * (len(chosen) > 1)} {listed} from {where}?"):
+        return 1
     with _store(paths.experiment_dir(experiment_id)) as store:
         dirs = {t["id"]: t.get("trial_dir") for t in store.trials(experiment_id)}
     for config, entry in chosen:
@@ -1251,8 +1264,9 @@ def build_parser() -> ArgumentParser:
     delete = _checkpoint_id(_command(sub, "delete", cmd_checkpoint_delete, "delete checkpoints",
                                      "Delete checkpoints from where they are kept (and a trial's local copy on "
                                      "this machine); their manifest goes first, so none is ever half listed. "
-                                     "Every UUID is checked before any is deleted."))
+                                     "Every UUID is checked before any is deleted. Asks first (y/N), unless --yes."))
     delete.add_argument("uuids", nargs="+", metavar="UUID", help="the checkpoints to delete")
+    delete.add_argument("--yes", action="store_true", help="delete without asking")
 
     ui = _command(commands, "ui", cmd_ui, "serve the web page over stored experiments",
                   "Serve the page (read-only) over one experiment or every one under $TRIALKIT_HOME, after their "
@@ -1265,7 +1279,7 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-ENGINES = ("torch", "deepspeed", "horovod", "adaptdl", "ray", "kubernetes", "optuna")
+ENGINES = ("torch", "deepspeed", "horovod", "adaptdl", "ray", "kubernetes", "optuna", "obstore")
 
 
 def version_text() -> str:

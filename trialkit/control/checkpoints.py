@@ -34,6 +34,7 @@ NEEDS = {"s3": "bucket", "gcs": "bucket", "azure": "container"}
 ALLOWED = {"local": (), "s3": ("bucket", "prefix", "endpointUrl", "region"), "gcs": ("bucket", "prefix"),
            "azure": ("container", "prefix", "accountUrl")}
 KEEP_ALL = "kept: no retention policy"
+LOCAL_ONLY = "not stored: only in its trial's checkpoint dir"
 
 
 class Retention(NamedTuple):
@@ -172,23 +173,46 @@ def open_store(storage: Optional[CheckpointStorage]) -> Any:
         raise UserError(str(err), SECTION, "check the store's address and the credentials in the environment")
 
 
+def check_store(storage: Optional[CheckpointStorage]) -> None:
+    """Refuse, before anything starts, an object store this machine cannot use (no credentials, no such
+    bucket, no answer): trials would each fail to restore or store their checkpoints. A store whose
+    credentials come from secretName's Secret is the pods' to read, not this machine's: not checked."""
+    if storage is None or storage.store is None or storage.secret_name:
+        return
+    from trialkit.checkpoints.store import StoreError
+
+    try:
+        open_store(storage).check()
+    except StoreError as err:
+        raise UserError(str(err), SECTION, "fix the store's address, its bucket or the credentials in this "
+                        "environment, then run again") from None
+
+
 def checkpoints(db: Any, experiment_id: str, storage: Optional[CheckpointStorage],
                 trial_id: Optional[str] = None) -> List[Checkpoint]:
     """The experiment's (or one trial's) whole checkpoints, wherever they are kept, oldest first."""
-    store = open_store(storage)
-    if store is not None:
-        from trialkit.checkpoints.store import StoreError
-
-        try:
-            return store.checkpoints(experiment_id, trial_id)
-        except StoreError as err:
-            raise UserError(str(err), SECTION, "check the store's address and the credentials in the environment")
     found: List[Checkpoint] = []
     for trial in db.trials(experiment_id):
         if trial_id is not None and trial["id"] != trial_id or not trial.get("trial_dir"):
             continue
         found += local_checkpoints(Path(trial["trial_dir"]) / "checkpoint", experiment_id, trial["id"])
+    store = open_store(storage)
+    if store is not None:
+        from trialkit.checkpoints.store import StoreError
+
+        try:
+            stored = store.checkpoints(experiment_id, trial_id)
+        except StoreError as err:
+            raise UserError(str(err), SECTION, "check the store's address and the credentials in the environment")
+        # Besides the stored ones: those its uploader never stored (it failed, or ran out of time), still here.
+        uuids = {c.uuid for c in stored}
+        found = stored + [c for c in found if c.uuid not in uuids]
     return sorted(found, key=lambda c: (c.time, c.uuid))
+
+
+def local_only(storage: Optional[CheckpointStorage], ckpt: Checkpoint) -> bool:
+    """Whether an experiment with an object store has this checkpoint only in its trial's dir (never stored)."""
+    return storage is not None and storage.store is not None and not ckpt.where.startswith(store_url(storage.store))
 
 
 def catalog(db: Any, experiment_id: str, config: Mapping[str, Any],
@@ -206,13 +230,16 @@ def catalog(db: Any, experiment_id: str, config: Mapping[str, Any],
     if storage is None:
         rules = {c.uuid: [KEEP_ALL] for c in every}
     else:
-        rules = kept(every, lambda c: scores[c.uuid], storage.retention, smaller)
+        # One never stored is the user's only copy: no rule weighs it, and nothing deletes it but the user.
+        rules = kept([c for c in every if not local_only(storage, c)], lambda c: scores[c.uuid], storage.retention,
+                     smaller)
+        rules.update({c.uuid: [LOCAL_ONLY] for c in every if local_only(storage, c)})
     return [Entry(c, scores[c.uuid], rules[c.uuid]) for c in every if trial_id is None or c.trial == trial_id]
 
 
 def delete(storage: Optional[CheckpointStorage], ckpt: Checkpoint, trial_dir: Optional[str]) -> None:
     """One checkpoint gone from its store, and its local copy in a trial dir on this machine."""
-    store = open_store(storage)
+    store = None if local_only(storage, ckpt) else open_store(storage)
     if store is not None:
         store.delete(ckpt)
     if trial_dir:
@@ -223,7 +250,7 @@ def delete(storage: Optional[CheckpointStorage], ckpt: Checkpoint, trial_dir: Op
 
 def download(storage: Optional[CheckpointStorage], ckpt: Checkpoint, dest: Path) -> None:
     """A copy of the checkpoint's files in dest, a new or empty dir."""
-    store = open_store(storage)
+    store = None if local_only(storage, ckpt) else open_store(storage)
     if store is not None:
         from trialkit.checkpoints.store import StoreError
 

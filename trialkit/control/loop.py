@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, TextIO, Tuple
 
 from trialkit import __version__, records, statuses
+from trialkit.checkpoints import STORE_FAILED_EXIT
 from trialkit.control.assessors import build_assessor
 from trialkit.control.checkpoints import Collector
 from trialkit.control.config import ExperimentConfig, parse_config
@@ -421,8 +422,14 @@ class Loop:
             self.on_records(trial.id, self.store.add_records(trial.id, batch))
 
     def finish(self, trial: Trial, status: str, reason: str, exit_code: Optional[int]) -> None:
+        # Its checkpoint could not be restored for a reason of the store (STORE_FAILED_EXIT): it keeps its
+        # place, for `experiment resume` once the store is fixed, and the experiment stops (below) saying why.
+        store_failed = status == PREEMPTED and exit_code == STORE_FAILED_EXIT
+        why_store = reason
+        if store_failed:
+            reason = f"{reason}; {RESUMABLE}"
         # A stop that came too late to matter (the trial finished with its result) changes nothing.
-        if trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
+        elif trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
             status, reason = self._stopped(trial, status)
         elif status == PREEMPTED and not self._checkpointed(trial, status):  # a pod deleted, a pool's preemption
             reason = f"{reason}; {NO_CHECKPOINT}" if reason else NO_CHECKPOINT
@@ -437,7 +444,12 @@ class Loop:
         self.manager.save(self.elapsed())
         self.progress.trial_ended(trial.id, label(status), trial.final, reason, self.snapshot())
         if trial.paused:
-            if trial.stop is None and self.stopping is None:
+            if store_failed:
+                if self.stopping is None:
+                    self.error = (f"trial {trial.id}: {why_store} (fix the store, then `trialkit experiment resume "
+                                  f"{self.experiment_id}`: every trial goes on where it was)")
+                    self.stop_experiment((USER_CANCELED, "experiment stopped: its checkpoint store failed"))
+            elif trial.stop is None and self.stopping is None:
                 # Stopped by someone else (a pod deleted, a spot notice, a job of higher priority): it resumes.
                 lost = f"; {NO_CHECKPOINT}" if reason.endswith(NO_CHECKPOINT) else ""
                 self.requeue(trial, f"preempted: queued to resume{lost}")

@@ -40,6 +40,7 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
     experiment_id = experiment_id or paths.new_experiment_id()
     planned_dir = paths.experiments_root(config.experiment_working_directory) / experiment_id
     _check_context(config, planned_dir)
+    checkpoints.check_store(config.checkpoint_storage)
     platform = _platform(config, planned_dir)
     experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
     try:
@@ -88,6 +89,7 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
             print(done_already(experiment_id), file=out or sys.stdout, flush=True)
             return ExperimentResult(experiment_id, DONE, config.optimize_mode, trial_rows(store, experiment_id))
         _check_context(config, experiment_dir)
+        checkpoints.check_store(config.checkpoint_storage)
         platform = _platform(config, experiment_dir)
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
         loop.paused = stored["status"] == PAUSED  # it stays paused until activated
