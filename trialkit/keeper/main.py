@@ -254,8 +254,9 @@ def start_command(command: Sequence[str], trial: env.TrialEnv) -> Tuple[Child, i
 def restore_checkpoint(trial: env.TrialEnv) -> None:
     """With an object store of checkpoints, fetch the trial's latest before it starts (a new node or pod has
     none; a pod its operator made again keeps its restart count, so every start asks): in a process of its
-    own (trialkit/checkpoints/restore.py), so the keeper never loads the cloud library. LaunchError when it cannot: a trial started without its
-    checkpoint would lose its progress; a store that fails exits STORE_FAILED_EXIT (the trial resumes later)."""
+    own (trialkit/checkpoints/restore.py), so the keeper never loads the cloud library. LaunchError when it
+    cannot: a trial started without its checkpoint would lose its progress; a store that fails exits
+    STORE_FAILED_EXIT (the trial resumes later)."""
     if not trial.checkpoint_store:
         return
     from importlib.util import find_spec
