@@ -455,6 +455,9 @@ class Platform(PlatformBase):
             # The keeper exits with the trial's code: its status file lags (a full disk refused it).
             return PlatformStatus(SUCCEEDED, "", 0)
         how = process.describe_exit(keeper.exit_code) if keeper.exit_code is not None else "an unknown status"
+        if not data:  # it wrote nothing of this run: its command never started
+            return PlatformStatus(FAILED, f"the keeper ended ({how}) before it started the trial's command",
+                                  retryable=True, started=False)
         return PlatformStatus(FAILED, f"the keeper ended ({how}) before the trial did", keeper.exit_code,
                               retryable=True)
 
@@ -511,7 +514,8 @@ class Platform(PlatformBase):
             if self._held.pop(handle, None) is None:
                 return False
             self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
-            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for its slots or GPUs")
+            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for its slots or GPUs",
+                                                     started=False)
         self.on_end(handle)
         return True
 
