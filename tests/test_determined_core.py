@@ -53,7 +53,11 @@ def metrics(row: dict, group: str) -> list:
 
 
 def test_metrics_are_stored_and_the_validation_is_the_final_result():
-    exp = run("1_metrics.yaml")
+    done = cli("run", FIXTURES / "1_metrics.yaml", FIXTURES, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    # A trial of no parameters is named alone as the best: no empty ": " after it.
+    assert f"| best 100 ({exp}-00000)\n" in done.stdout, done.stdout
     row = export(exp)[0]
     assert row["status"] == "SUCCEEDED" and row["parameters"] == {}
     assert metrics(row, "training") == [(n, {"x": n}) for n in range(10, 101, 10)]
