@@ -36,8 +36,9 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-def interrupted_after(config, ended: int, env: Optional[Dict[str, str]] = None) -> str:
-    """`trialkit run CONFIG`, Ctrl-C (SIGINT) once `ended` trials ended; the experiment's id."""
+def interrupted_after(config, ended: int, env: Optional[Dict[str, str]] = None, out: Optional[list] = None) -> str:
+    """`trialkit run CONFIG`, Ctrl-C (SIGINT) once `ended` trials ended; the experiment's id. `out` gets the lines
+    printed after the Ctrl-C."""
     proc = start_cli("run", config, env=env)
     try:
         exp = experiment_id(proc.stdout.readline())
@@ -48,7 +49,9 @@ def interrupted_after(config, ended: int, env: Optional[Dict[str, str]] = None) 
                 if seen == ended:
                     proc.send_signal(signal.SIGINT)
                     break
-        proc.communicate(timeout=60)
+        rest, _ = proc.communicate(timeout=60)
+        if out is not None:
+            out.extend(rest.splitlines())
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -112,12 +115,16 @@ def test_trials_that_had_not_started_at_ctrl_c_run_on_resume_with_their_paramete
     slow.chmod(0o755)
     config = experiment(tmp_path, PLANE, TRIAL, maxTrialNumber=8, trialConcurrency=2,
                         tuner={"name": "TPE", "classArgs": {"optimize_mode": "minimize"}})
-    exp = interrupted_after(config, 4, env={**os.environ, "TRIALKIT_PYTHON": str(slow)})
+    said: list = []
+    exp = interrupted_after(config, 4, env={**os.environ, "TRIALKIT_PYTHON": str(slow)}, out=said)
     before = {row["sequence"]: row for row in export(exp)}
     waiting = [row for row in before.values() if row["status"] != "SUCCEEDED"]
     # The fifth trial was submitted when the third ended, the sixth when the fourth did unless Ctrl-C came first.
     assert [(row["sequence"], row["status"], row["exit_code"]) for row in waiting] in \
         ([(4, "WAITING", None)], [(4, "WAITING", None), (5, "WAITING", None)]), before
+    ids = ", ".join(row["trial_id"] for row in waiting)
+    assert any(line.startswith(f"{len(waiting)} trial") and f"({ids}): `trialkit experiment resume {exp}` runs"
+               in line for line in said), said
     shown = cli("trial", "show", f"{exp}-00004").stdout
     assert "WAITING: the experiment stopped before it started: `trialkit experiment resume` starts it" in shown, shown
     done = cli("experiment", "resume", exp)
