@@ -40,10 +40,10 @@ def cli(*args: Any, timeout: float = TIMEOUT, env: Optional[Dict[str, str]] = No
                           timeout=timeout, env=env)
 
 
-def start_cli(*args: Any) -> subprocess.Popen:
+def start_cli(*args: Any, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
     """`trialkit ARGS...` in the background, its stdout a pipe of text lines."""
     return subprocess.Popen([PYTHON, "-m", "trialkit.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def experiment(tmp_path: Path, space: Dict[str, Any], script: str, name: str = "exp", **keys: Any) -> Path:

@@ -710,8 +710,17 @@ def cmd_trial_pause(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
 
     answer = admin.act(paths.experiment_of(opts.trial_id), "trial", "pause", opts.trial_id)
-    print(f"pausing trial {opts.trial_id}: it checkpoints and stops; `trialkit trial activate {opts.trial_id}` "
-          "resumes it")
+    activate = f"`trialkit trial activate {opts.trial_id}`"
+    checkpoint = answer.get("checkpoint") if isinstance(answer, dict) else None
+    if checkpoint:
+        print(f"pausing trial {opts.trial_id}: it stops, and {activate} goes on from its latest checkpoint")
+    elif checkpoint is False:
+        print(f"pausing trial {opts.trial_id}: it is asked to save a checkpoint as it stops; it holds none yet: if it "
+              f"saves none, its progress restarts from the beginning when {activate} runs it again")
+    else:
+        print(f"pausing trial {opts.trial_id}: it is asked to save a checkpoint and stop; {activate} goes on from "
+              f"it, or restarts it from the beginning if it saved none (`trialkit trial show {opts.trial_id}` "
+              "says which)")
     _warn(answer)
     return 0
 
@@ -859,6 +868,13 @@ def cmd_job_update(opts: argparse.Namespace) -> int:
         return _kueue_priority(opts)
     if _names_experiment(opts.trial_id):
         return _update_experiment_job(opts)
+    try:
+        paths.experiment_of(opts.trial_id)
+    except UserError:
+        shown = repr(opts.trial_id) if len(opts.trial_id) <= 40 else repr(opts.trial_id[:37]) + "..."
+        raise UserError(f"{shown} is neither a trial id nor an experiment id of this home", "TRIAL_ID",
+                        f"give an id that `trialkit job list` shows, a trial's like abcd1234-00003 or an "
+                        f"experiment's like abcd1234, from this home: {paths.home()}") from None
     if opts.weight is not None or opts.resource_pool is not None:
         raise UserError(f"a trial's job has no {'weight' if opts.weight is not None else 'resource pool'} of its "
                         "own", opts.trial_id, "update its experiment's job: `trialkit job update EXPERIMENT_ID`")

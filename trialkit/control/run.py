@@ -30,6 +30,7 @@ from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.platforms.base import Platform
+from trialkit.statuses import WAITING
 
 RETENTION_SECONDS = 120.0  # the experiment's end waits this long for the last retention pass
 
@@ -205,6 +206,11 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
             f"parameters={records.dumps(best['parameters'])}")
     if loop.error is not None:
         say(f"error: {loop.error}")
+    waiting = [trial.id for trial in sorted(loop.trials.values(), key=lambda t: t.sequence) if trial.status == WAITING]
+    if result.status == STOPPED and waiting:  # a user's stop leaves them waiting (Loop.stop_experiment)
+        one = len(waiting) == 1
+        say(f"{len(waiting)} trial{'' if one else 's'} still wait{'s' if one else ''} ({', '.join(waiting)}): "
+            f"`trialkit experiment resume {loop.experiment_id}` runs {'it' if one else 'them'}")
 
 
 def _check_context(config: ExperimentConfig, experiment_dir: Path) -> None:
