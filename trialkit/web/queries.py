@@ -23,7 +23,7 @@ from trialkit import gpus
 from trialkit.control import results
 from trialkit.control.plot import parameter_scale, step_title
 from trialkit.manager.server import HttpError, decode
-from trialkit.records import INT64_MAX, BadRecord, metric_number
+from trialkit.records import INT64_MAX, PERIODICAL, BadRecord, metric_number
 from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
 
 # Experiment statuses (NNI's names) whose clock still runs; any other ended at its last update.
@@ -398,12 +398,15 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
 
 
 def _reports(db: sqlite3.Connection, trial_id: str) -> List[Any]:
-    """The trial's intermediate values over all its runs, as one series (results.series)."""
+    """The trial's intermediate values over all its runs, as one series (results.series: its STATUS records and
+    status history tell when each run began and which started over)."""
     run = "COALESCE(run, 0)" if _has_runs(db) else "0"
-    found = [{"seq": seq, "run": run_of, "type": "PERIODICAL", "value": _json(value)} for seq, run_of, value in
-             db.execute(f"SELECT seq, {run}, value FROM records WHERE trial=? AND type='PERIODICAL' ORDER BY seq",
-                        (trial_id,))]
-    return [rec["value"] for rec in results.series(found)]
+    found = [{"seq": seq, "run": run_of, "type": kind, "value": _json(value) if kind == PERIODICAL else None,
+              "time": at, "received": received} for seq, run_of, kind, value, at, received in
+             db.execute(f"SELECT seq, {run}, type, value, time, received FROM records WHERE trial=? "
+                        f"AND type IN ('PERIODICAL', 'STATUS') ORDER BY seq", (trial_id,))]
+    history = [dict(row) for row in db.execute("SELECT status, reason, time FROM statuses WHERE trial=?", (trial_id,))]
+    return [rec["value"] for rec in results.series(found, history) if rec["type"] == PERIODICAL]
 
 
 def _steps(db: sqlite3.Connection, trial_id: str) -> Dict[str, int]:
