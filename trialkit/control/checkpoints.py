@@ -19,10 +19,11 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from trialkit import records, schema
 from trialkit.checkpoints import OBJECT_TYPES, Checkpoint, local_checkpoints, store_url
+from trialkit.control.results import run_starts
 from trialkit.errors import UserError
 from trialkit.statuses import RUNNING, WAITING
 
@@ -187,8 +188,17 @@ def checkpoints(db: Any, experiment_id: str, storage: Optional[CheckpointStorage
     for trial in db.trials(experiment_id):
         if trial_id is not None and trial["id"] != trial_id or not trial.get("trial_dir"):
             continue
-        found += local_checkpoints(Path(trial["trial_dir"]) / "checkpoint", experiment_id, trial["id"])
+        here = local_checkpoints(Path(trial["trial_dir"]) / "checkpoint", experiment_id, trial["id"])
+        if here:
+            starts = sorted(run_starts(db.records_for(trial["id"], type=records.STATUS)).items(), key=lambda rs: rs[1])
+            found += [ckpt._replace(run=_run_at(ckpt.time, starts)) for ckpt in here]
     return sorted(found, key=lambda c: (c.time, c.uuid))
+
+
+def _run_at(when: float, starts: List[Tuple[int, float]]) -> int:
+    """The run that was going at `when` (a checkpoint in a trial's own dir says only when it became whole): the
+    last to start before it, by its keeper's first status (an uploaded one's manifest names its run itself)."""
+    return next((run for run, begin in reversed(starts) if begin <= when), 0)
 
 
 def catalog(db: Any, experiment_id: str, config: Mapping[str, Any],
