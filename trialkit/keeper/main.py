@@ -257,6 +257,10 @@ def restore_checkpoint(trial: env.TrialEnv) -> None:
     library. LaunchError when it cannot: a trial started without its checkpoint would lose its progress."""
     if not trial.checkpoint_store:
         return
+    from importlib.util import find_spec
+    if find_spec("obstore") is None:  # an image without trialkit runs the keeper from its archive
+        raise LaunchError("an object store of checkpoints needs trialkit in the image, with its checkpoints extra "
+                          "(obstore is not importable here); build the image from images/Dockerfile.cpu or .gpu", 1)
     argv = [sys.executable, "-m", "trialkit.checkpoints.restore"]
     try:
         done = subprocess.run(argv, env=trial.child_environ(), stdin=subprocess.DEVNULL,
