@@ -229,7 +229,12 @@ def test_retention_keeps_exactly_what_determineds_policy_says(tmp_path, s3):
     kept = {f"team/runs/{exp}/{c['trial']}/{c['uuid']}{tail}" for c in left
             for tail in (".checkpoint.json", "/metadata.json", "/state")}
     assert set(s3.objects(bucket)) == kept
-    assert "checkpoints: " in done.stdout and "deleted (no retention rule keeps them" in done.stdout
+    # Said once, at the experiment's end, not a line per round of deletions (the details: `checkpoint list`).
+    said = [line for line in done.stdout.splitlines() if line.startswith("checkpoints: ")]
+    assert said == [f"checkpoints: 8 deleted over the run, of 2 trials (no retention rule kept them: "
+                    f"`trialkit checkpoint list {exp}` shows what is kept)"], done.stdout
+    lines = done.stdout.splitlines()
+    assert lines.index(said[0]) < next(i for i, line in enumerate(lines) if line.startswith(f"experiment {exp} DONE"))
     # The uploads went on beside training, in the keeper's uploader: the training process never loaded obstore.
     for row in export(exp):
         assert "cloud library in training: False" in (Path(row["trial_dir"]) / "stdout.log").read_text()

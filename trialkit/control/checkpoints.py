@@ -273,6 +273,7 @@ class Collector:
         import threading
 
         self._db, self._experiment_id, self._config, self._say = db, experiment_id, dict(config), say
+        self._gone: List[Checkpoint] = []  # said once, at the end: a line per pass would flood the run's terminal
         self._wanted = threading.Event()
         self._closing = False
         self._thread = threading.Thread(target=self._serve, name="checkpoint-retention", daemon=True)
@@ -294,12 +295,16 @@ class Collector:
             self._wanted.clear()
             closing = self._closing
             try:
-                gone = collect(self._db, self._experiment_id, self._config)
-                if gone:
-                    trials = sorted({ckpt.trial for ckpt in gone})
-                    self._say(f"checkpoints: {len(gone)} of {', '.join(trials)} deleted (no retention rule keeps "
-                              f"them: `trialkit checkpoint list {self._experiment_id}` shows what is kept)")
+                self._gone += collect(self._db, self._experiment_id, self._config)
             except Exception as err:  # noqa: BLE001 - a store that fails (UserError, OSError, ...) is said, not raised
                 self._say(f"warning: checkpoints were not collected: {getattr(err, 'line', lambda: err)()}")
             if closing:
+                self._said_gone()
                 return
+
+    def _said_gone(self) -> None:
+        if self._gone:
+            trials = len({ckpt.trial for ckpt in self._gone})
+            self._say(f"checkpoints: {len(self._gone)} deleted over the run, of {trials} trial"
+                      f"{'' if trials == 1 else 's'} (no retention rule kept them: "
+                      f"`trialkit checkpoint list {self._experiment_id}` shows what is kept)")
