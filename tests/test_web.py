@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from conftest import ROOT, TAG, tagged_processes
-from experiment_util import experiment, experiment_id, reported, start_cli, trial_status
+from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
 from harness import wait_until
 from trialkit.control.config import parse_config
 from trialkit.control.actions import Action
@@ -189,7 +189,8 @@ def wait_for(driver, script: str, what: str, timeout: float = 60) -> Any:
         wait_until(check, timeout, what, every=0.1)
     except AssertionError:
         shot(driver, "failed-" + "".join(c if c.isalnum() else "-" for c in what))
-        problem = driver.execute_script("return document.getElementById('problem').textContent")
+        problem = driver.execute_script("const p = document.getElementById('problem'); "
+                                        "return p ? p.textContent : 'no page: ' + location.href")
         raise AssertionError(f"timed out waiting for {what}; the page says: {problem!r}") from None
     return answer[0]
 
@@ -471,9 +472,9 @@ def views_site(tmp_path_factory):
     store.close()
 
 
-def open_read_only(driver, server, view: str, ready: str) -> None:
+def open_read_only(driver, server, view: str, ready: str, token: str = "views-token", exp: str = "viewsexp") -> None:
     driver.get("about:blank")
-    driver.get(page_url(server, "views-token", "viewsexp") + view)
+    driver.get(page_url(server, token, exp) + view)
     wait_for(driver, f"return document.body.dataset.ready === {json.dumps(ready)}", f"the {ready} view")
 
 
@@ -570,3 +571,34 @@ def test_a_refused_token_is_said_once(views_site, browser):
     browser.get(f"{views_site.url}/?token=not-the-token#/")
     said = wait_for(browser, "return document.getElementById('problem').textContent", "the refusal")
     assert said == "wrong token: open the page at the URL trialkit printed"
+
+
+def test_trials_tied_on_the_final_metric_have_one_best_in_every_view(tmp_path, browser):
+    """Trials 1 and 2 tie on the best final metric (stored newest first, so no view gets the rule by luck): the
+    CLI, the Overview and the Trials view's curve legend all call trial 1 (the earlier) the best."""
+    home = tmp_path / "home"
+    store = Store.in_dir(home / "experiments" / "ties")
+    store.create_experiment("ties", {"experimentName": "ties", "searchSpace": VIEWS_SPACE,
+                                     "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}})
+    for sequence, final in reversed(list(enumerate([0.5, 0.9, 0.9]))):
+        trial_id = f"ties-{sequence:05d}"
+        store.add_trial("ties", trial_id, sequence=sequence, parameters={"lr": 0.01, "batch": 16}, token=None)
+        store.add_records(trial_id, [{"seq": 1, "type": "PERIODICAL", "value": final / 2},
+                                     {"seq": 2, "type": "FINAL", "value": final}])
+        store.set_status(trial_id, "RUNNING")
+        store.set_status(trial_id, SUCCEEDED, exit_code=0)
+    store.set_experiment_status("ties", "DONE")
+    shown = cli("experiment", "show", "ties", env=dict(os.environ, TRIALKIT_HOME=str(home)))
+    assert re.search(r"^best +ties-00001 final=0\.9 ", shown.stdout, re.M), shown.stdout + shown.stderr
+    server = ManagerServer(None).start()
+    install(server, store, admin_token="ties-token", read_only=True)
+    try:
+        open_read_only(browser, server, "", "overview", "ties-token", "ties")
+        assert cell_texts(browser, ".card a[href*='/trial/']") == ["ties-00001"]
+        open_read_only(browser, server, "/trials", "trials", "ties-token", "ties")
+        labels = wait_for(browser, "const u = document.getElementById('curves').uplot; "
+                                   "return u && u.series.slice(1).map(s => s.label)", "the curves")
+        assert sorted(labels) == ["ties-00000", "ties-00001 (best)", "ties-00002"]
+    finally:
+        server.stop()
+        store.close()

@@ -2,7 +2,7 @@
 
     rows = trial_rows(store, experiment_id)   # one dict per trial, in sequence order
     trial_rows(store, experiment_id, all_runs=True)  # one per run of each trial (export --all-runs)
-    best_row(rows, "maximize")
+    best_row(rows, "maximize")                # rank(metric, sequence, mode): the order "best" means
     to_json(rows) / to_csv(rows)
 
 A row holds the trial's id, sequence, parameter id, parameters, status, exit
@@ -266,14 +266,21 @@ def optimize_mode(config: Dict[str, Any]) -> str:
     return str(setting(config, "tuner", "classArgs", "optimize_mode") or MAXIMIZE)
 
 
+def rank(metric: Optional[float], sequence: int, optimize_mode: str) -> Tuple[int, float, int]:
+    """A trial's sort key by its final metric (a finite number or None), the best first. Of trials tied on the
+    metric the earliest (smallest sequence) comes first: the one rule for "best" in every view (best_row for the
+    CLI and the run's summary, the page's Overview and its curves' "(best)"). Trials without one come last, the
+    newest first (the page shows what is running)."""
+    if metric is None:
+        return (1, 0.0, -sequence)
+    return (0, -metric if optimize_mode == MAXIMIZE else metric, sequence)
+
+
 def best_row(rows: Iterable[Dict[str, Any]], optimize_mode: str) -> Optional[Dict[str, Any]]:
-    """The row with the best finite final metric, None when no trial has one."""
-    scored = [(metric_value(row["final"]), row) for row in rows]
-    scored = [(value, row) for value, row in scored if value is not None]
-    if not scored:
-        return None
-    pick = max if optimize_mode == "maximize" else min
-    return pick(scored, key=lambda pair: pair[0])[1]
+    """The row with the best finite final metric (rank's rule for ties), None when no trial has one."""
+    ranked = [(rank(metric_value(row["final"]), row["sequence"], optimize_mode), row) for row in rows]
+    first = min(ranked, key=lambda pair: pair[0], default=None)
+    return first[1] if first is not None and first[0][0] == 0 else None
 
 
 def flat_parameters(parameters: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:

@@ -51,10 +51,6 @@ FINAL = ("(SELECT metric_number(r.value) FROM records r WHERE r.trial = t.id AND
          "ORDER BY r.seq DESC LIMIT 1)")
 
 
-def _order(mode: str) -> str:
-    return "DESC" if mode == results.MAXIMIZE else "ASC"
-
-
 def _experiment_row(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any]:
     row = db.execute("SELECT * FROM experiments WHERE id=?", (experiment_id,)).fetchone()
     if row is None:
@@ -93,12 +89,16 @@ def parameter_names(db: sqlite3.Connection, experiment_id: str, config: Mapping[
     return list(params) if isinstance(params, dict) else []
 
 
-def _best(db: sqlite3.Connection, experiment_id: str, mode: str, limit: int = 1) -> List[sqlite3.Row]:
-    # MATERIALIZED: each trial's metric is taken once (a flattened subquery takes it for the filter and the order).
-    return db.execute(
-        f"WITH m AS MATERIALIZED (SELECT t.id, t.parameters, {FINAL} AS metric FROM trials t WHERE t.experiment=?) "
-        f"SELECT * FROM m WHERE metric IS NOT NULL ORDER BY metric {_order(mode)} LIMIT ?",
-        (experiment_id, limit)).fetchall()
+def _ranked(db: sqlite3.Connection, experiment_id: str, mode: str) -> List[sqlite3.Row]:
+    """The experiment's trials with their final metrics, the best first by results.rank (the CLI's rule for ties)."""
+    rows = db.execute(f"SELECT t.id, t.sequence, t.parameters, {FINAL} AS metric FROM trials t WHERE t.experiment=?",
+                      (experiment_id,)).fetchall()
+    return sorted(rows, key=lambda row: results.rank(row["metric"], row["sequence"], mode))
+
+
+def _best(db: sqlite3.Connection, experiment_id: str, mode: str) -> Optional[sqlite3.Row]:
+    ranked = _ranked(db, experiment_id, mode)
+    return ranked[0] if ranked and ranked[0]["metric"] is not None else None
 
 
 def _duration(created: float, updated: float, status: str, now: float) -> float:
@@ -122,7 +122,7 @@ def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = N
         "trials": sum(counts.values()),
         "counts": counts,
         "optimize_mode": mode,
-        "best": {"id": best[0]["id"], "metric": best[0]["metric"], "parameters": _json(best[0]["parameters"])}
+        "best": {"id": best["id"], "metric": best["metric"], "parameters": _json(best["parameters"])}
         if best else None,
     }
 
@@ -309,10 +309,7 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
                           f"AND t.id IN ({','.join('?' * len(chosen))}) ORDER BY t.sequence",
                           [experiment_id, *chosen]).fetchall()
     else:
-        # The best first; while nothing has finished, the newest.
-        rows = db.execute(f"SELECT * FROM (SELECT t.id, t.sequence, {FINAL} AS metric FROM trials t "
-                          f"WHERE t.experiment=?) ORDER BY metric {_order(mode)} NULLS LAST, sequence DESC LIMIT ?",
-                          (experiment_id, top)).fetchall()
+        rows = _ranked(db, experiment_id, mode)[:top]  # the best first; while nothing has finished, the newest
     reports = {row["id"]: _reports(db, row["id"]) for row in rows}
     known = results.metrics_of(value for values in reports.values() for value in values)
     shown = results.find_metric(known, metric) or (known[0] if known else results.Metric("default", "default", None))
@@ -323,11 +320,8 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
         series.append({"id": row["id"], "metric": row["metric"], "steps": [step for step, _ in points[::stride]],
                        "values": [value for _, value in points[::stride]],
                        "reports": len(reports[row["id"]])})
-    if not trial_ids:
-        best = rows[:1] if rows and rows[0]["metric"] is not None else []
-    else:
-        best = _best(db, experiment_id, mode)
-    return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series,
+    best = _best(db, experiment_id, mode)
+    return {"optimize_mode": mode, "best": best["id"] if best else None, "series": series,
             "metrics": [m.shown for m in known], "metric": shown.shown,
             # The group of a Determined metric shown by its own name ("loss": training), for its mark.
             "groups": {m.shown: m.group for m in known if m.group and m.shown != m.name},
