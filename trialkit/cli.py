@@ -354,7 +354,7 @@ def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
     if stored is None:
         raise UserError(f"the store in {experiment_dir} holds no experiment {opts.experiment_id}", "EXPERIMENT_ID")
     config = parse_config(stored["config"], experiment_dir, source=f"experiment {opts.experiment_id}'s stored config")
-    platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
+    platform = platforms.create(config.platform, config.training_service, experiment_dir)
     start = getattr(platform, "start_tensorboard", None)
     if start is None:
         raise UserError(f"experiment {opts.experiment_id} runs on {config.platform}: TensorBoard is served for adaptdl "
