@@ -573,32 +573,47 @@ def test_a_refused_token_is_said_once(views_site, browser):
     assert said == "wrong token: open the page at the URL trialkit printed"
 
 
-def test_trials_tied_on_the_final_metric_have_one_best_in_every_view(tmp_path, browser):
-    """Trials 1 and 2 tie on the best final metric (stored newest first, so no view gets the rule by luck): the
-    CLI, the Overview and the Trials view's curve legend all call trial 1 (the earlier) the best."""
-    home = tmp_path / "home"
+@pytest.fixture(scope="module")
+def ties_site(tmp_path_factory):
+    """Three finished trials of three steps each, 1 and 2 tied on the best final metric (stored newest first, so no
+    view gets the rule by the order rows come in), in a home of their own, and a read-only page over them."""
+    home = tmp_path_factory.mktemp("ties") / "home"
     store = Store.in_dir(home / "experiments" / "ties")
     store.create_experiment("ties", {"experimentName": "ties", "searchSpace": VIEWS_SPACE,
                                      "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}})
     for sequence, final in reversed(list(enumerate([0.5, 0.9, 0.9]))):
         trial_id = f"ties-{sequence:05d}"
         store.add_trial("ties", trial_id, sequence=sequence, parameters={"lr": 0.01, "batch": 16}, token=None)
-        store.add_records(trial_id, [{"seq": 1, "type": "PERIODICAL", "value": final / 2},
-                                     {"seq": 2, "type": "FINAL", "value": final}])
+        store.add_records(trial_id, [{"seq": step, "type": "PERIODICAL", "value": final * step / 4}
+                                     for step in (1, 2, 3)] + [{"seq": 4, "type": "FINAL", "value": final}])
         store.set_status(trial_id, "RUNNING")
         store.set_status(trial_id, SUCCEEDED, exit_code=0)
     store.set_experiment_status("ties", "DONE")
-    shown = cli("experiment", "show", "ties", env=dict(os.environ, TRIALKIT_HOME=str(home)))
-    assert re.search(r"^best +ties-00001 final=0\.9 ", shown.stdout, re.M), shown.stdout + shown.stderr
     server = ManagerServer(None).start()
     install(server, store, admin_token="ties-token", read_only=True)
-    try:
-        open_read_only(browser, server, "", "overview", "ties-token", "ties")
-        assert cell_texts(browser, ".card a[href*='/trial/']") == ["ties-00001"]
-        open_read_only(browser, server, "/trials", "trials", "ties-token", "ties")
-        labels = wait_for(browser, "const u = document.getElementById('curves').uplot; "
-                                   "return u && u.series.slice(1).map(s => s.label)", "the curves")
-        assert sorted(labels) == ["ties-00000", "ties-00001 (best)", "ties-00002"]
-    finally:
-        server.stop()
-        store.close()
+    yield home, server
+    server.stop()
+    store.close()
+
+
+def test_trials_tied_on_the_final_metric_have_one_best_in_every_view(ties_site, browser):
+    """The CLI, the Overview, the Trials view's curve legend and its bold line all call trial 1 (the earlier of
+    the two tied) the best."""
+    home, server = ties_site
+    shown = cli("experiment", "show", "ties", env=dict(os.environ, TRIALKIT_HOME=str(home)))
+    assert re.search(r"^best +ties-00001 final=0\.9 ", shown.stdout, re.M), shown.stdout + shown.stderr
+    open_read_only(browser, server, "", "overview", "ties-token", "ties")
+    assert cell_texts(browser, ".card a[href*='/trial/']") == ["ties-00001"]
+    open_read_only(browser, server, "/trials", "trials", "ties-token", "ties")
+    drawn = wait_for(browser, "const u = document.getElementById('curves').uplot; "
+                              "return u && u.series.slice(1).map(s => [s.label, s.width])", "the curves")
+    assert sorted(drawn) == [["ties-00000", 1.5], ["ties-00001 (best)", 3], ["ties-00002", 1.5]]
+
+
+def test_whole_steps_tick_at_whole_numbers(ties_site, browser):
+    _, server = ties_site
+    for view, ready, node in (("/trials", "trials", "curves"), ("/trial/ties-00000", "trial", "trial-curve")):
+        open_read_only(browser, server, view, ready, "ties-token", "ties")
+        ticks = wait_for(browser, f"const u = document.getElementById({json.dumps(node)}).uplot; "
+                                  "return u && u.axes[0]._values", f"the {node} chart's step ticks")
+        assert ticks == ["1", "2", "3"], (view, ticks)

@@ -305,7 +305,7 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
     mode = results.optimize_mode(exp["config"])
     if trial_ids:
         chosen = list(trial_ids[:CURVE_TRIALS])
-        rows = db.execute(f"SELECT t.id, {FINAL} AS metric FROM trials t WHERE t.experiment=? "
+        rows = db.execute(f"SELECT t.id, t.sequence, {FINAL} AS metric FROM trials t WHERE t.experiment=? "
                           f"AND t.id IN ({','.join('?' * len(chosen))}) ORDER BY t.sequence",
                           [experiment_id, *chosen]).fetchall()
     else:
@@ -321,7 +321,10 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
                        "values": [value for _, value in points[::stride]],
                        "reports": len(reports[row["id"]])})
     best = _best(db, experiment_id, mode)
+    leader = min(rows, key=lambda row: results.rank(row["metric"], row["sequence"], mode), default=None)
     return {"optimize_mode": mode, "best": best["id"] if best else None, "series": series,
+            # The best of these trials (drawn bold), by the same rule.
+            "top": leader["id"] if leader is not None and leader["metric"] is not None else None,
             "metrics": [m.shown for m in known], "metric": shown.shown,
             # The group of a Determined metric shown by its own name ("loss": training), for its mark.
             "groups": {m.shown: m.group for m in known if m.group and m.shown != m.name},

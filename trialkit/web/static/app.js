@@ -486,9 +486,7 @@
     '#7d7d7d', '#b5651d'];
   async function drawCurves(node, data) {
     const uPlot = await uplotReady;
-    const sign = data.optimize_mode === 'minimize' ? 1 : -1;
-    const ranked = data.series.filter((s) => s.metric !== null).sort((a, b) => sign * (a.metric - b.metric));
-    const top = ranked.length ? ranked[0].id : null;
+    const top = data.top;
     const drawn = data.series.filter((s) => s.steps.length);
     const one = data.series.length === 1;
     const note = !data.series.length ? 'no trial has reported yet'
@@ -516,8 +514,12 @@
     const y = data.metric === 'default' ? 'intermediate result' : group ? `${data.metric} (${group})` : data.metric;
     node.uplot = new uPlot({width: widths.get(node) || node.clientWidth || 800, height: CHART_HEIGHT,
       scales: {x: {time: false}},
-      series: [{label: data.x}, ...series], axes: [{label: data.x}, {label: y, size: 60}]}, [xs, ...ys], node);
+      series: [{label: data.x}, ...series],
+      axes: [{label: data.x, incrs: xs.every(Number.isInteger) ? WHOLE_STEPS : undefined}, {label: y, size: 60}]},
+    [xs, ...ys], node);
   }
+  // Whole steps tick at whole numbers only (uPlot's own steps would put 1.5, 2.5 between 1, 2 and 3).
+  const WHOLE_STEPS = Array.from({length: 16}, (_, e) => [1, 2, 5].map((m) => m * 10 ** e)).flat();
   const CHART_HEIGHT = 320;
   // A curves chart's width, as a ResizeObserver tells it after each layout (the first, the page's first frame,
   // comes while the view waits for its data; then a window resized, a scrollbar come): reading it from the node
