@@ -617,3 +617,20 @@ def test_whole_steps_tick_at_whole_numbers(ties_site, browser):
         ticks = wait_for(browser, f"const u = document.getElementById({json.dumps(node)}).uplot; "
                                   "return u && u.axes[0]._values", f"the {node} chart's step ticks")
         assert ticks == ["1", "2", "3"], (view, ticks)
+
+
+def test_an_address_that_names_no_view_says_so_and_links_the_views(views_site, browser):
+    for view in ("/hyperparameters", "/trial", "/trials/extra"):
+        open_read_only(browser, views_site, view, "not-found")
+        said = browser.execute_script("return document.getElementById('not-found').textContent")
+        assert said.startswith(f"The page has no view at #/exp/viewsexp{view}. An experiment's views: Overview, "
+                               "Trials, Hyperparameters, Queue"), said
+        links = browser.execute_script("return [...document.querySelectorAll('#not-found a')].map(a => a.hash)")
+        assert links == ["#/exp/viewsexp", "#/exp/viewsexp/trials", "#/exp/viewsexp/params", "#/exp/viewsexp/queue"]
+        assert browser.execute_script("return document.getElementById('ended-why')") is None  # not the Overview
+    shot(browser, "not-found")
+    browser.get("about:blank")
+    browser.get(page_url(views_site, "views-token") + "#/nowhere")
+    wait_for(browser, "return document.body.dataset.ready === 'not-found'", "the not-found view")
+    assert browser.execute_script("return document.getElementById('not-found').textContent") == \
+        "The page has no view at #/nowhere: open the experiments list."

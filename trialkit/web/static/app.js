@@ -902,13 +902,38 @@
 
   function viewFor(hash) {
     const parts = hash.replace(/^#/, '').split('?')[0].split('/').filter(Boolean).map(decodeURIComponent);
-    if (parts[0] !== 'exp' || !parts[1]) return new ExperimentsView();
+    if (!parts.length || (parts[0] === 'exp' && parts.length === 1)) return new ExperimentsView();
+    if (parts[0] !== 'exp') return new NotFoundView(null, parts);
     const exp = parts[1];
-    if (parts[2] === 'trials') return new TrialsView(exp);
-    if (parts[2] === 'params') return new HyperView(exp);
-    if (parts[2] === 'queue') return new QueueView(exp);
-    if (parts[2] === 'trial' && parts[3]) return new TrialView(exp, parts[3]);
-    return new OverviewView(exp);
+    const [view, ...rest] = parts.slice(2);
+    if (view === undefined) return new OverviewView(exp);
+    if (view === 'trials' && !rest.length) return new TrialsView(exp);
+    if (view === 'params' && !rest.length) return new HyperView(exp);
+    if (view === 'queue' && !rest.length) return new QueueView(exp);
+    if (view === 'trial' && rest.length === 1) return new TrialView(exp, rest[0]);
+    return new NotFoundView(exp, parts);
+  }
+
+  // An address that names no view (a mistyped or an old bookmark) says so and links the views there are,
+  // rather than show another view as if it were the one asked for.
+  class NotFoundView {
+    constructor(exp, parts) { this.exp = exp; this.parts = parts; this.key = 'not-found:' + parts.join('/'); }
+    mount(main) {
+      const asked = el('code', {}, '#/' + this.parts.join('/'));
+      if (this.exp === null) {
+        crumbs(el('a', {href: '#/'}, 'experiments'));
+        main.replaceChildren(el('h1', {}, 'No such view'), el('p', {id: 'not-found'}, 'The page has no view at ',
+          asked, ': open the ', el('a', {href: '#/'}, 'experiments'), ' list.'));
+      } else {
+        const at = `#/exp/${enc(this.exp)}`;
+        main.replaceChildren(...experimentHeader(this.exp, null), el('p', {id: 'not-found'},
+          'The page has no view at ', asked, '. An experiment\'s views: ',
+          el('a', {href: at}, 'Overview'), ', ', el('a', {href: `${at}/trials`}, 'Trials'), ', ',
+          el('a', {href: `${at}/params`}, 'Hyperparameters'), ', ', el('a', {href: `${at}/queue`}, 'Queue'),
+          ', and a trial\'s page at ', el('code', {}, `${at}/trial/TRIAL_ID`), '.'));
+      }
+    }
+    async load() { markReady('not-found'); }
   }
 
   async function show(live) {
