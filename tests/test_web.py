@@ -443,6 +443,10 @@ def views_store(root: Path) -> Store:
            for i in range(3)]
     nni.append({"seq": 4, "type": "FINAL", "run": 0, "value": {"default": 0.5, "loss": 0.1}})
     store.add_records("viewsexp-00000", nni)
+    saved = root / "trial1" / "checkpoint" / "0b5e3c1e-7d0c-4c55-9a39-4d1f3e0c8a21"  # a Core API checkpoint
+    saved.mkdir(parents=True)
+    (saved / "metadata.json").write_text(json.dumps({"steps_completed": 30}))
+    (saved / "state").write_text("30")
     det = lambda seq, run, group, step, x: {"seq": seq, "type": "PERIODICAL", "run": run, "value": {  # noqa: E731
         "group": group, "steps_completed": step, "metrics": {"x": x, "loss": 1.0 / step}, "default": x}}
     store.add_records("viewsexp-00001", [det(1, 0, "training", 10, 1), det(2, 0, "training", 20, 2),
@@ -634,3 +638,22 @@ def test_an_address_that_names_no_view_says_so_and_links_the_views(views_site, b
     wait_for(browser, "return document.body.dataset.ready === 'not-found'", "the not-found view")
     assert browser.execute_script("return document.getElementById('not-found').textContent") == \
         "The page has no view at #/nowhere: open the experiments list."
+
+
+def test_the_checkpoints_table_fits_in_its_panel(views_site, browser):
+    """A checkpoint's uuid and its path (tens of characters each) in a window of 1000 pixels: the table stays
+    inside its panel and the page does not scroll sideways."""
+    try:
+        browser.set_window_size(1000, 1000)
+        open_read_only(browser, views_site, "/trial/viewsexp-00001", "trial")
+        wait_for(browser, "return document.querySelectorAll('#checkpoints tbody tr td').length === 7", "the checkpoint")
+        table, panel, page = browser.execute_script(
+            "const t = document.getElementById('checkpoints'); const p = t.closest('.panel');"
+            "return [t.getBoundingClientRect().right, p.getBoundingClientRect().right - parseFloat("
+            "getComputedStyle(p).paddingRight), [document.documentElement.scrollWidth, window.innerWidth]]")
+        assert table <= panel, (table, panel)
+        assert page[0] <= page[1], page
+        browser.execute_script("document.getElementById('checkpoints').scrollIntoView()")
+        shot(browser, "checkpoints-table")
+    finally:
+        browser.set_window_size(1400, 1000)  # web_util.CHROMIUM_FLAGS' size, for the tests after this one

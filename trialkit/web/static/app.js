@@ -776,8 +776,8 @@
       this.checkpoints = el('tbody');
       this.checkpointsWhere = el('p', {class: 'muted', id: 'checkpoints-where'});
       this.checkpointsPanel = el('div', {class: 'panel'}, el('h2', {}, 'Checkpoints'), this.checkpointsWhere,
-        el('table', {id: 'checkpoints'}, headRow('UUID', 'Run', 'Steps', 'Metric', 'Size', 'Kept by', 'Where'),
-          this.checkpoints));
+        el('div', {class: 'fits'}, el('table', {id: 'checkpoints'},
+          headRow('UUID', 'Run', 'Steps', 'Metric', 'Size', 'Kept by', 'Where'), this.checkpoints)));
       this.elastic = el('dl', {class: 'facts', id: 'elastic'});
       this.elasticPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'Elastic sizing'), this.elastic);
       this.history = el('tbody');
