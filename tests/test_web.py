@@ -657,3 +657,12 @@ def test_the_checkpoints_table_fits_in_its_panel(views_site, browser):
         shot(browser, "checkpoints-table")
     finally:
         browser.set_window_size(1400, 1000)  # web_util.CHROMIUM_FLAGS' size, for the tests after this one
+
+
+def test_a_page_left_lets_go_of_its_event_stream(views_site, browser):
+    """A browser holds six connections to a host. Each load of the page kept its event stream open after the page
+    was left (about:blank, another address), so the seventh load waited for a connection for good."""
+    for _ in range(8):
+        browser.get("about:blank")
+        browser.get(page_url(views_site, "views-token", "viewsexp"))
+        wait_for(browser, "return document.body.dataset.ready === 'overview'", "the overview", timeout=15)

@@ -968,12 +968,19 @@
     }, wait);
   }
 
-  // Server-sent events through fetch (EventSource cannot send the token header).
+  // Server-sent events through fetch (EventSource cannot send the token header). A page left (another address,
+  // the back/forward cache) lets go of its stream: a browser holds six connections to a host, and the streams of
+  // pages no longer shown kept them all, so the seventh load of the page waited for good.
+  let following = null;
+  window.addEventListener('pagehide', () => { if (following) following.abort(); });
+  window.addEventListener('pageshow', (e) => { if (e.persisted && token) follow(); });
   async function follow() {
     const live = $('live');
+    const stop = new AbortController();
+    following = stop;
     for (;;) {
       try {
-        const resp = await fetch('/api/ui/events', {headers: {Authorization: 'Bearer ' + token}});
+        const resp = await fetch('/api/ui/events', {headers: {Authorization: 'Bearer ' + token}, signal: stop.signal});
         if (resp.status === 401 || resp.status === 403) return;
         live.textContent = 'live';
         live.classList.add('on');
@@ -993,6 +1000,7 @@
       } catch (err) {
         // the manager went away: try again below
       }
+      if (stop.signal.aborted) return;  // the page was left; pageshow follows again if it comes back
       live.textContent = 'offline';
       live.classList.remove('on');
       await new Promise((r) => setTimeout(r, 2000));
