@@ -110,9 +110,10 @@ def determined_layout(checkpoint_dir: Path) -> bool:
         return False
 
 
-def local_checkpoints(checkpoint_dir: Path, experiment: str, trial: str, run: int = 0) -> List[Checkpoint]:
+def local_checkpoints(checkpoint_dir: Path, experiment: str, trial: str) -> List[Checkpoint]:
     """The whole Core API checkpoints in a trial's checkpoint dir, oldest first (by when their metadata was
-    written: the moment each became whole)."""
+    written: the moment each became whole). Their run is 0: the dir does not say which run saved each (the
+    control plane tells it from the trial's runs; the uploader names its own)."""
     found = []
     try:
         entries = list(os.scandir(checkpoint_dir))
@@ -128,7 +129,7 @@ def local_checkpoints(checkpoint_dir: Path, experiment: str, trial: str, run: in
         except (OSError, ValueError):
             continue  # not whole yet (no metadata), or not a checkpoint
         files = dir_files(Path(entry.path))
-        found.append(Checkpoint(uuid=entry.name, experiment=experiment, trial=trial, run=run, kind=CORE,
+        found.append(Checkpoint(uuid=entry.name, experiment=experiment, trial=trial, run=0, kind=CORE,
                                 metadata=metadata if isinstance(metadata, dict) else {},
                                 steps=steps_of(metadata), files=files, size=sum(files.values()), time=written,
                                 where=entry.path))

@@ -19,10 +19,11 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from trialkit import records, schema
 from trialkit.checkpoints import OBJECT_TYPES, Checkpoint, local_checkpoints, store_url
+from trialkit.control.results import run_starts
 from trialkit.errors import UserError
 from trialkit.statuses import RUNNING, WAITING
 
@@ -195,7 +196,10 @@ def checkpoints(db: Any, experiment_id: str, storage: Optional[CheckpointStorage
     for trial in db.trials(experiment_id):
         if trial_id is not None and trial["id"] != trial_id or not trial.get("trial_dir"):
             continue
-        found += local_checkpoints(Path(trial["trial_dir"]) / "checkpoint", experiment_id, trial["id"])
+        here = local_checkpoints(Path(trial["trial_dir"]) / "checkpoint", experiment_id, trial["id"])
+        if here:
+            starts = sorted(run_starts(db.records_for(trial["id"], type=records.STATUS)).items(), key=lambda rs: rs[1])
+            found += [ckpt._replace(run=_run_at(ckpt.time, starts)) for ckpt in here]
     store = open_store(storage)
     if store is not None:
         from trialkit.checkpoints.store import StoreError
@@ -208,6 +212,12 @@ def checkpoints(db: Any, experiment_id: str, storage: Optional[CheckpointStorage
         uuids = {c.uuid for c in stored}
         found = stored + [c for c in found if c.uuid not in uuids]
     return sorted(found, key=lambda c: (c.time, c.uuid))
+
+
+def _run_at(when: float, starts: List[Tuple[int, float]]) -> int:
+    """The run that was going at `when` (a checkpoint in a trial's own dir says only when it became whole): the
+    last to start before it, by its keeper's first status (an uploaded one's manifest names its run itself)."""
+    return next((run for run, begin in reversed(starts) if begin <= when), 0)
 
 
 def local_only(storage: Optional[CheckpointStorage], ckpt: Checkpoint) -> bool:
@@ -290,6 +300,7 @@ class Collector:
         import threading
 
         self._db, self._experiment_id, self._config, self._say = db, experiment_id, dict(config), say
+        self._gone: List[Checkpoint] = []  # said once, at the end: a line per pass would flood the run's terminal
         self._wanted = threading.Event()
         self._closing = False
         self._thread = threading.Thread(target=self._serve, name="checkpoint-retention", daemon=True)
@@ -311,12 +322,16 @@ class Collector:
             self._wanted.clear()
             closing = self._closing
             try:
-                gone = collect(self._db, self._experiment_id, self._config)
-                if gone:
-                    trials = sorted({ckpt.trial for ckpt in gone})
-                    self._say(f"checkpoints: {len(gone)} of {', '.join(trials)} deleted (no retention rule keeps "
-                              f"them: `trialkit checkpoint list {self._experiment_id}` shows what is kept)")
+                self._gone += collect(self._db, self._experiment_id, self._config)
             except Exception as err:  # noqa: BLE001 - a store that fails (UserError, OSError, ...) is said, not raised
                 self._say(f"warning: checkpoints were not collected: {getattr(err, 'line', lambda: err)()}")
             if closing:
+                self._said_gone()
                 return
+
+    def _said_gone(self) -> None:
+        if self._gone:
+            trials = len({ckpt.trial for ckpt in self._gone})
+            self._say(f"checkpoints: {len(self._gone)} deleted over the run, of {trials} trial"
+                      f"{'' if trials == 1 else 's'} (no retention rule kept them: "
+                      f"`trialkit checkpoint list {self._experiment_id}` shows what is kept)")

@@ -82,7 +82,8 @@ def forget_unstarted(experiment_dir: Path) -> None:
 
 def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optional[TextIO] = None,
                       page: Optional[PageHook] = None) -> ExperimentResult:
-    """Go on with an interrupted experiment: same id, same store, same manager port unless told otherwise.
+    """Go on with an interrupted experiment: same id, same store, same manager port unless told otherwise, same
+    admin token (and so the same page token: the page address of any run works again).
     A DONE one has nothing left to run: it is said, and nothing starts or changes."""
     experiment_dir, info, store, stored, config = _stopped_experiment(experiment_id)
     try:
@@ -100,7 +101,7 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
             except sqlite3.OperationalError as err:  # the first write: a disk that takes none is one line
                 raise store.refusing(err) from None
         running = restore(loop)
-        manager = Manager.start(loop, port or (info.port if info else None), page)
+        manager = Manager.start(loop, port or (info.port if info else None), page, info.token if info else None)
         return _run(loop, manager, platform, "resumed", running)
     finally:
         store.close()
