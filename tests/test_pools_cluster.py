@@ -68,6 +68,7 @@ def test_two_experiments_in_one_namespace_never_hold_more_than_its_slots(api, cl
     assert jobs(api) == {"tk-expa-expa-0": True, "tk-expa-expa-1": False, "tk-expb-expb-0": False}  # 4 slots busy
     second.stop(b[1])  # stopped while it waited: it never reaches the cluster
     assert second.status(b[1]).status == USER_CANCELED
+    assert second.status(b[1]).started is False  # so an experiment's stop leaves it waiting for the resume
     for platform, handle in ((first, a[1]), (second, b[0])):
         succeed(api, handle)
         assert platform.status(handle).status == SUCCEEDED
@@ -311,6 +312,7 @@ def test_a_ray_experiment_s_trial_waits_for_the_slot_another_holds_and_can_be_st
                                                                   "0 of 1 free")
         platform.stop(second, 5)  # stopped while it waits: it never reaches Ray
         assert platform.status(second).status == USER_CANCELED and ended == [second]
+        assert platform.status(second).started is False  # an experiment's stop would keep it for the resume
         gate.touch()
         assert final(platform, first).status == SUCCEEDED
         wait_until(lambda: other.take("other-1", "other", 1, "trialkit-trial-other-1"), 30,

@@ -445,7 +445,8 @@ class Platform(PlatformBase):
         if done is None:
             if failed:
                 return PlatformStatus(FAILED, failed, retryable=True)
-            return PlatformStatus(USER_CANCELED, "stopped before it started") if cancelled else PlatformStatus(WAITING)
+            return PlatformStatus(USER_CANCELED, "stopped before it started", started=False) if cancelled \
+                else PlatformStatus(WAITING)
         if not _ready(done):
             return PlatformStatus(RUNNING)
         self._release(trial)

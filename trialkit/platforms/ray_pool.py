@@ -123,5 +123,5 @@ class Queue:
         """A stop for a trial that still waits: it ends without starting (False: not one of those)."""
         if self._waiting.pop(trial, None) is None:
             return False
-        self._stopped[trial] = PlatformStatus(USER_CANCELED, "stopped while it waited for its pool's slots")
+        self._stopped[trial] = PlatformStatus(USER_CANCELED, "stopped while it waited for its pool's slots", started=False)
         return True

@@ -384,7 +384,7 @@ class KubePlatform(PlatformBase):
         from trialkit.platforms.kubernetes.client import ObjectRef
 
         if self._held.pop(handle, None) is not None:  # it never started: nothing in the cluster to delete
-            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for its pool's slots")
+            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for its pool's slots", started=False)
             return
         ref = ObjectRef.parse(handle)
         job = self.client.get(ref)
