@@ -43,7 +43,12 @@ Every 0.1 s the runner looks at the API server's objects and plays:
   and a headless Service (clusterIP None) of the subdomain's name selects
   it, and a TrainJob's `<job>-node-0-<i>.<job>` (JobSet's pods in the
   headless Service JobSet makes of the job's name); nothing else resolves.
-  A pod's hostname is its spec's, else its name.
+  A pod's hostname is its spec's, else its name. The runner makes the
+  network's bridge itself (its gateway address, a MAC address set once and
+  a port of its own that keeps it): a bridge that netavark makes (1.4, Debian 12's) takes
+  the lowest MAC of its ports, so a pod that ended changed the gateway's
+  MAC under the pods still running, and their packets to the manager went
+  unanswered until their ARP entries expired (keepers' TimeoutError).
 - the kubelet: each pod's first container runs under podman on that
   network, with the pod's image mapped to
   `image`, its command, args, workingDir and env (values, the downward API's
@@ -74,6 +79,7 @@ import base64
 import ipaddress
 import json
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -404,14 +410,17 @@ class PodRunner:
         self._threads: List[threading.Thread] = []
         self.error = ""  # why the runner's loop stopped, if it did
         self.network = f"tk-pods-{uuid.uuid4().hex[:10]}"  # the pods' own network: an address each
+        self._bridge = ""  # its interface, made here (see the module's doc)
+        self._holder = f"tkh{uuid.uuid4().hex[:10]}"  # a veth end that holds the bridge while no pod runs
         self._addresses: Optional[Iterator[str]] = None
         self._supervisor = Supervisor(self)
 
     def __enter__(self) -> "PodRunner":
         podman("network", "create", "--disable-dns", "--label", f"trialkit.test={self.containers.tag}", self.network)
-        subnet = json.loads(podman("network", "inspect", self.network).stdout)[0]["subnets"][0]["subnet"]
-        gateway = ipaddress.ip_network(subnet)[1]
-        self._addresses = (str(a) for a in ipaddress.ip_network(subnet).hosts() if a != gateway)
+        network = json.loads(podman("network", "inspect", self.network).stdout)[0]
+        subnet, gateway = network["subnets"][0]["subnet"], network["subnets"][0]["gateway"]
+        self._make_bridge(network["network_interface"], f"{gateway}/{ipaddress.ip_network(subnet).prefixlen}")
+        self._addresses = (str(a) for a in ipaddress.ip_network(subnet).hosts() if str(a) != gateway)
         self._supervisor.start()
         self._thread.start()
         return self
@@ -427,6 +436,22 @@ class PodRunner:
             thread.join(timeout=30)
         self._supervisor.stop()
         podman("network", "rm", "-f", self.network, check=False)
+        for link in (self._holder, self._bridge):
+            if link:
+                subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
+
+    def _make_bridge(self, name: str, gateway: str) -> None:
+        """The network's bridge, with its gateway address, before netavark would make it (it uses one that
+        exists, as it is): its MAC set, so that it never changes with its ports, and held by a port of the
+        runner's, so that netavark, which deletes a bridge left without ports, keeps it between pods."""
+        self._bridge = name
+        mac = "02:" + ":".join(uuid.uuid4().hex[i:i + 2] for i in range(0, 10, 2))  # locally administered
+        for args in (["link", "add", "name", name, "type", "bridge"], ["link", "set", "dev", name, "address", mac],
+                     ["addr", "add", gateway, "dev", name],
+                     ["link", "add", "name", self._holder, "type", "veth", "peer", "name", f"{self._holder}p"],
+                     ["link", "set", "dev", self._holder, "master", name], ["link", "set", "dev", name, "up"]):
+            done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+            assert done.returncode == 0, f"ip {' '.join(args)}: {done.stderr.strip()}"
 
     # --- what a test does -------------------------------------------------------------
 

@@ -73,7 +73,7 @@ def ran_well(config: Path, runner: PodRunner, home: Path) -> str:
     exp = run_to_the_end(config, runner)
     trial = f"{exp}-00000"
     assert trial_status(home, trial) == "SUCCEEDED", runner.describe()
-    assert metric_values(home, trial) == [6]
+    assert metric_values(home, trial) == [6], runner.describe()
     shipped = cli("trial", "logs", trial).stdout
     assert f"trialkit from {SIDE}" in shipped and "in /var/lib/trialkit/trial/code" in shipped, runner.describe()
     runner.wait_for(lambda pods: all(pod.done.is_set() for pod in pods.values()), TIMEOUT, "every pod to end")
