@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from containers_util import ended, needs_podman, podman  # its fixtures (containers, image) come from conftest
+from containers_util import ROOT, ended, needs_podman, podman  # its fixtures (containers, image) come from conftest
 from pod_runner import PodRunner, host_address
 from test_containers_k8s import TIMEOUT, cluster, logs, metric_values, run_to_the_end  # noqa: F401 (fixtures)
 from experiment_util import cli, experiment_id, start_cli, stored, trial_status
+from harness import wait_until
 from trialkit.web import queries
 
 pytestmark = [pytest.mark.containers, needs_podman]
@@ -158,3 +159,17 @@ def test_an_image_without_python_fails_the_trial_with_the_reason(cluster, contai
         page = queries.trials_page(db, exp, queries.TrialQuery())
         detail = queries.trial(db, exp, trial)
     assert why in page["rows"][0]["reason"] and why in detail["reason"], (page["rows"], detail)
+
+
+def test_a_pod_stopped_while_run_sh_fetches_ends_at_its_sigterm(containers, plain_image):
+    # Until run.sh execs the keeper it is the container's PID 1, which gets no signal it has no handler for:
+    # a pod deleted while it fetched waited out its whole grace and ended by SIGKILL (137). Here fetch.py keeps
+    # retrying (no network: the manager cannot answer) when `podman stop` sends its SIGTERM.
+    env = {"TRIALKIT_TRIALSIDE_DIGEST": "0" * 64, "TRIALKIT_MANAGER_URL": "http://192.0.2.1:9", "TRIALKIT_TOKEN": "t",
+           "TRIALKIT_TRIAL_ID": "e-00000", "TRIALKIT_COMMAND": "true"}
+    container = containers.start(plain_image, "--network", "none", "-v", f"{ROOT / 'scripts'}:/scripts:ro",
+                                 "--entrypoint", '["/bin/sh", "/scripts/run.sh"]', env=env)
+    wait_until(lambda: "fetch.py" in podman("top", container, "args", check=False).stdout, TIMEOUT,
+               "run.sh to start fetch.py")
+    podman("stop", "-t", "30", container, timeout=60)
+    assert containers.wait(container) == 143  # its SIGTERM, not the SIGKILL at the end of the 30 s
