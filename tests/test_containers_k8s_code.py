@@ -32,6 +32,28 @@ print(f"trialkit from {trialkit.__file__} in {os.getcwd()}", flush=True)
 trialkit.report_intermediate_result(x)
 trialkit.report_final_result(x * 2)
 """
+# A PyTorchJob's ranks end together, as a distributed trainer's do (its last collective): the master waits for
+# every worker to connect and exit before it does, since training-operator stops the workers still running once
+# the master has succeeded (cleanPodPolicy: Running), and the job's end ends the experiment, and its manager.
+TOGETHER = TRAIN + """
+import socket, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+if rank == 0:
+    with socket.create_server(("", address[1])) as server:
+        for peer in [server.accept()[0] for _ in range(world - 1)]:
+            peer.recv(1)  # b"": the worker exited
+else:
+    deadline = time.monotonic() + 60
+    while True:  # until the master listens
+        try:
+            joined = socket.create_connection(address, timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+"""
 SIDE = "/var/lib/trialkit/trial/.trialkit/trialside/"
 
 
@@ -58,11 +80,11 @@ def no_python_image(plain_image, tmp_path_factory) -> str:
     return name
 
 
-def project(tmp_path: Path, script_name: str, config: dict) -> Path:
+def project(tmp_path: Path, script_name: str, config: dict, script: str = TRAIN) -> Path:
     """The user's folder: the training script beside the config (NNI's examples keep them together)."""
     folder = tmp_path / "project"
     folder.mkdir()
-    (folder / script_name).write_text(textwrap.dedent(TRAIN))
+    (folder / script_name).write_text(textwrap.dedent(script))
     (folder / "search_space.json").write_text('{"x": {"_type": "choice", "_value": [3]}}')
     path = folder / "config.yml"
     path.write_text(yaml.safe_dump(config))
@@ -91,7 +113,8 @@ def test_kubeflow_seed_config_runs_its_code_dir_in_a_plain_image(cluster, contai
         "maxTrialNumber": 1, "trialConcurrency": 1,
         "trainingService": {"platform": "kubeflow", "operator": "pytorch-operator", "apiVersion": "v1alpha2",
                             "managerAddress": host_address(),
-                            "master": {"replicas": 1, "gpuNumber": 0, **role}, "worker": {"replicas": 2, **role}}})
+                            "master": {"replicas": 1, "gpuNumber": 0, **role}, "worker": {"replicas": 2, **role}}},
+                     script=TOGETHER)
     with PodRunner(cluster, containers, plain_image, tmp_path / "kubelet") as runner:
         exp = ran_well(config, runner, tmp_path / "home")
         assert sorted(name.rsplit("-", 2)[-2] for name in runner.pods) == ["master", "worker", "worker"]
