@@ -66,7 +66,7 @@ Every 0.1 s the runner looks at the API server's objects and plays:
   its text (up to the kubelet's 4096 bytes) read when the container ends.
   (terminationMessagePolicy FallbackToLogsOnError is not played: trialkit's
   templates do not set it.) A pod the platform deletes (delete_collection with a grace)
-  runs its preStop hook, then podman stop with what is left of the grace.
+  runs its preStop hook, then SIGTERM, and SIGKILL once its grace is out.
 
 Only what trialkit's templates use is played: one container per pod (the
 first), no init containers, no scheduling, no resources (a GPU request
@@ -706,8 +706,11 @@ class PodRunner:
                 podman("exec", pod.container, *hook["command"], check=False, timeout=grace)
             except Exception:  # the hook outran the grace: the kubelet goes on to stop the container
                 pass
-        left = max(0, int(deadline - time.monotonic()))
-        podman("stop", "-t", str(left), pod.container, check=False, timeout=grace + 30)
+        # SIGTERM, then SIGKILL once the grace is out, as the kubelet does. Not `podman stop -t`: podman 4.3's
+        # waits out its whole timeout even when the container is removed meanwhile (at the runner's end).
+        podman("kill", "-s", "TERM", pod.container, check=False)
+        if not pod.done.wait(max(0.0, deadline - time.monotonic())):
+            podman("kill", "-s", "KILL", pod.container, check=False)
 
     @staticmethod
     def _started(pod: Pod, timeout: float) -> bool:
