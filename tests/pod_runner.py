@@ -147,10 +147,18 @@ class Pod:
     names: List[str] = field(default_factory=list)  # what the cluster's DNS resolves to it
     hosts: Dict[str, str] = field(default_factory=dict)  # its job's pods' names -> addresses (its hosts file)
     group: int = 0  # the job's group it belongs to: AdaptDL's restart, a suspended job's resumption
+    cleaned: bool = False  # stopped by its operator at its job's end, still running then (cleanPodPolicy)
 
     @property
     def phase(self) -> str:
         return self.obj["status"]["phase"]
+
+    @property
+    def ended_well(self) -> bool:
+        """Exit 0, or 143 where its operator stopped it at its job's end: a PyTorchJob has succeeded with its
+        master, and a worker still leaving the process group then is stopped (cleanPodPolicy: Running), its
+        keeper ending it within its grace, as on a cluster."""
+        return self.exit_code == 0 or (self.cleaned and self.exit_code == 143)
 
 
 # --- the operators: a job's pods, and its status from them ----------------------------
@@ -611,6 +619,7 @@ class PodRunner:
             # end (it keeps failed pods): the pods still running go.
             for pod in pods:
                 if not pod.done.is_set() and not pod.deleted:
+                    pod.cleaned = True
                     self._remove(pod, None)
         with self.api._lock:
             if self.api.objects.get(path) is job:
