@@ -147,7 +147,7 @@ class Pod:
     names: List[str] = field(default_factory=list)  # what the cluster's DNS resolves to it
     hosts: Dict[str, str] = field(default_factory=dict)  # its job's pods' names -> addresses (its hosts file)
     group: int = 0  # the job's group it belongs to: AdaptDL's restart, a suspended job's resumption
-    cleaned: bool = False  # stopped by its operator at its job's end, still running then (cleanPodPolicy)
+    cleaned: bool = False  # stopped after its job succeeded (cleanPodPolicy: Running; the job deleted)
 
     @property
     def phase(self) -> str:
@@ -155,9 +155,9 @@ class Pod:
 
     @property
     def ended_well(self) -> bool:
-        """Exit 0, or 143 where its operator stopped it at its job's end: a PyTorchJob has succeeded with its
-        master, and a worker still leaving the process group then is stopped (cleanPodPolicy: Running), its
-        keeper ending it within its grace, as on a cluster."""
+        """Exit 0, or 143 where it was stopped after its job succeeded: a PyTorchJob succeeds with its master,
+        and a worker still leaving the process group then is stopped (cleanPodPolicy: Running), or goes with
+        the job when the user stops the experiment, its keeper ending it within its grace, as on a cluster."""
         return self.exit_code == 0 or (self.cleaned and self.exit_code == 143)
 
 
@@ -336,6 +336,12 @@ OPERATORS: Dict[str, tuple] = {
 FINAL = {"Succeeded", "Failed", "Completed"}
 
 
+def _failed(status: dict) -> bool:
+    conditions = [c["type"] for c in status.get("conditions", [])]
+    completion = (((status.get("attemptStatus") or {}).get("completionStatus") or {}).get("type") or {}).get("name")
+    return "Failed" in conditions or status.get("phase") == "Failed" or completion == "Failed"
+
+
 def _finished(status: dict) -> bool:
     conditions = [c["type"] for c in status.get("conditions", [])]
     return bool(FINAL.intersection(conditions)) or status.get("phase") in FINAL or status.get("state") == "Completed"
@@ -412,6 +418,7 @@ class PodRunner:
         self.history: List[Pod] = []  # every pod, in the order made (a job made again reuses its pods' names)
         self.jobs: Dict[str, int] = {}  # job uid -> its current group (AdaptDL restarts, resumptions)
         self.idle: set = set()  # uids of suspended jobs whose pods were deleted: resumed, they get a new group
+        self.succeeded: set = set()  # uids of jobs that ended well
         self.kueue = kueue  # kueue_play.KueuePlay, or None: no job waits for admission
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
@@ -617,9 +624,10 @@ class PodRunner:
         if _finished(status):
             # cleanPodPolicy Running; FrameworkController's completed attempt; AdaptDL's controller at the job's
             # end (it keeps failed pods): the pods still running go.
+            if not _failed(status):
+                self.succeeded.add(uid)
             for pod in pods:
                 if not pod.done.is_set() and not pod.deleted:
-                    pod.cleaned = True
                     self._remove(pod, None)
         with self.api._lock:
             if self.api.objects.get(path) is job:
@@ -688,6 +696,7 @@ class PodRunner:
     def _delete(self, pod: Pod, grace: Optional[int]) -> None:
         """The kubelet's deletion: the preStop hook within the grace, then SIGTERM, then SIGKILL at its end."""
         pod.deleted = True
+        pod.cleaned = pod.uid in self.succeeded
         if grace is None:
             grace = pod.obj["spec"].get("terminationGracePeriodSeconds", 30)
         self._spawn(self._stop_pod, pod, grace)
