@@ -37,11 +37,29 @@ no_python() {
 }
 command -v "$python" >/dev/null 2>&1 || no_python "is not found"
 
+# Until it execs the keeper this script is the container's PID 1, to which the kernel delivers no signal it
+# has no handler for: a pod deleted while it fetches (podman stop, the kubelet's SIGTERM) would wait out its
+# whole grace and end by SIGKILL. Its SIGTERM or SIGINT ends it at once, and what it runs, as 128+N.
+child=
+stopped() {
+  [ -z "$child" ] || kill -TERM "$child" 2>/dev/null || true
+  exit "$1"
+}
+trap 'stopped 143' TERM
+trap 'stopped 130' INT
+
 # fetch DIGEST DEST WHAT: one archive from the manager into DEST (kept: a restarted container reuses it).
+# fetch.py runs in the background, waited for: a trap runs at once during `wait`, not after a foreground child.
 fetch() {
-  if ! detail=$("$python" "$scripts_dir/fetch.py" "$1" "$2" 2>&1); then
-    give_up 1 "$3 could not be fetched from the manager" "$detail"
-  fi
+  said="$trial_dir/.trialkit/fetch.out"
+  "$python" "$scripts_dir/fetch.py" "$1" "$2" >"$said" 2>&1 &
+  child=$!
+  code=0
+  wait "$child" || code=$?
+  child=
+  detail=$(cat "$said")
+  rm -f "$said"
+  [ "$code" -eq 0 ] || give_up 1 "$3 could not be fetched from the manager" "$detail"
 }
 
 if [ -n "${TRIALKIT_TRIALSIDE_DIGEST:-}" ]; then

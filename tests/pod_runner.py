@@ -43,7 +43,12 @@ Every 0.1 s the runner looks at the API server's objects and plays:
   and a headless Service (clusterIP None) of the subdomain's name selects
   it, and a TrainJob's `<job>-node-0-<i>.<job>` (JobSet's pods in the
   headless Service JobSet makes of the job's name); nothing else resolves.
-  A pod's hostname is its spec's, else its name.
+  A pod's hostname is its spec's, else its name. The runner makes the
+  network's bridge itself (its gateway address, a MAC address set once and
+  a port of its own that keeps it): a bridge that netavark makes (1.4, Debian 12's) takes
+  the lowest MAC of its ports, so a pod that ended changed the gateway's
+  MAC under the pods still running, and their packets to the manager went
+  unanswered until their ARP entries expired (keepers' TimeoutError).
 - the kubelet: each pod's first container runs under podman on that
   network, with the pod's image mapped to
   `image`, its command, args, workingDir and env (values, the downward API's
@@ -61,7 +66,7 @@ Every 0.1 s the runner looks at the API server's objects and plays:
   its text (up to the kubelet's 4096 bytes) read when the container ends.
   (terminationMessagePolicy FallbackToLogsOnError is not played: trialkit's
   templates do not set it.) A pod the platform deletes (delete_collection with a grace)
-  runs its preStop hook, then podman stop with what is left of the grace.
+  runs its preStop hook, then SIGTERM, and SIGKILL once its grace is out.
 
 Only what trialkit's templates use is played: one container per pod (the
 first), no init containers, no scheduling, no resources (a GPU request
@@ -74,6 +79,7 @@ import base64
 import ipaddress
 import json
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -141,10 +147,18 @@ class Pod:
     names: List[str] = field(default_factory=list)  # what the cluster's DNS resolves to it
     hosts: Dict[str, str] = field(default_factory=dict)  # its job's pods' names -> addresses (its hosts file)
     group: int = 0  # the job's group it belongs to: AdaptDL's restart, a suspended job's resumption
+    cleaned: bool = False  # stopped after its job succeeded (cleanPodPolicy: Running; the job deleted)
 
     @property
     def phase(self) -> str:
         return self.obj["status"]["phase"]
+
+    @property
+    def ended_well(self) -> bool:
+        """Exit 0, or 143 where it was stopped after its job succeeded: a PyTorchJob succeeds with its master,
+        and a worker still leaving the process group then is stopped (cleanPodPolicy: Running), or goes with
+        the job when the user stops the experiment, its keeper ending it within its grace, as on a cluster."""
+        return self.exit_code == 0 or (self.cleaned and self.exit_code == 143)
 
 
 # --- the operators: a job's pods, and its status from them ----------------------------
@@ -322,6 +336,12 @@ OPERATORS: Dict[str, tuple] = {
 FINAL = {"Succeeded", "Failed", "Completed"}
 
 
+def _failed(status: dict) -> bool:
+    conditions = [c["type"] for c in status.get("conditions", [])]
+    completion = (((status.get("attemptStatus") or {}).get("completionStatus") or {}).get("type") or {}).get("name")
+    return "Failed" in conditions or status.get("phase") == "Failed" or completion == "Failed"
+
+
 def _finished(status: dict) -> bool:
     conditions = [c["type"] for c in status.get("conditions", [])]
     return bool(FINAL.intersection(conditions)) or status.get("phase") in FINAL or status.get("state") == "Completed"
@@ -398,20 +418,24 @@ class PodRunner:
         self.history: List[Pod] = []  # every pod, in the order made (a job made again reuses its pods' names)
         self.jobs: Dict[str, int] = {}  # job uid -> its current group (AdaptDL restarts, resumptions)
         self.idle: set = set()  # uids of suspended jobs whose pods were deleted: resumed, they get a new group
+        self.succeeded: set = set()  # uids of jobs that ended well
         self.kueue = kueue  # kueue_play.KueuePlay, or None: no job waits for admission
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
         self._threads: List[threading.Thread] = []
         self.error = ""  # why the runner's loop stopped, if it did
         self.network = f"tk-pods-{uuid.uuid4().hex[:10]}"  # the pods' own network: an address each
+        self._bridge = ""  # its interface, made here (see the module's doc)
+        self._holder = f"tkh{uuid.uuid4().hex[:10]}"  # a veth end that holds the bridge while no pod runs
         self._addresses: Optional[Iterator[str]] = None
         self._supervisor = Supervisor(self)
 
     def __enter__(self) -> "PodRunner":
         podman("network", "create", "--disable-dns", "--label", f"trialkit.test={self.containers.tag}", self.network)
-        subnet = json.loads(podman("network", "inspect", self.network).stdout)[0]["subnets"][0]["subnet"]
-        gateway = ipaddress.ip_network(subnet)[1]
-        self._addresses = (str(a) for a in ipaddress.ip_network(subnet).hosts() if a != gateway)
+        network = json.loads(podman("network", "inspect", self.network).stdout)[0]
+        subnet, gateway = network["subnets"][0]["subnet"], network["subnets"][0]["gateway"]
+        self._make_bridge(network["network_interface"], f"{gateway}/{ipaddress.ip_network(subnet).prefixlen}")
+        self._addresses = (str(a) for a in ipaddress.ip_network(subnet).hosts() if str(a) != gateway)
         self._supervisor.start()
         self._thread.start()
         return self
@@ -427,6 +451,22 @@ class PodRunner:
             thread.join(timeout=30)
         self._supervisor.stop()
         podman("network", "rm", "-f", self.network, check=False)
+        for link in (self._holder, self._bridge):
+            if link:
+                subprocess.run(["ip", "link", "del", link], capture_output=True, timeout=30)
+
+    def _make_bridge(self, name: str, gateway: str) -> None:
+        """The network's bridge, with its gateway address, before netavark would make it (it uses one that
+        exists, as it is): its MAC set, so that it never changes with its ports, and held by a port of the
+        runner's, so that netavark, which deletes a bridge left without ports, keeps it between pods."""
+        self._bridge = name
+        mac = "02:" + ":".join(uuid.uuid4().hex[i:i + 2] for i in range(0, 10, 2))  # locally administered
+        for args in (["link", "add", "name", name, "type", "bridge"], ["link", "set", "dev", name, "address", mac],
+                     ["addr", "add", gateway, "dev", name],
+                     ["link", "add", "name", self._holder, "type", "veth", "peer", "name", f"{self._holder}p"],
+                     ["link", "set", "dev", self._holder, "master", name], ["link", "set", "dev", name, "up"]):
+            done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+            assert done.returncode == 0, f"ip {' '.join(args)}: {done.stderr.strip()}"
 
     # --- what a test does -------------------------------------------------------------
 
@@ -584,6 +624,8 @@ class PodRunner:
         if _finished(status):
             # cleanPodPolicy Running; FrameworkController's completed attempt; AdaptDL's controller at the job's
             # end (it keeps failed pods): the pods still running go.
+            if not _failed(status):
+                self.succeeded.add(uid)
             for pod in pods:
                 if not pod.done.is_set() and not pod.deleted:
                     self._remove(pod, None)
@@ -654,6 +696,7 @@ class PodRunner:
     def _delete(self, pod: Pod, grace: Optional[int]) -> None:
         """The kubelet's deletion: the preStop hook within the grace, then SIGTERM, then SIGKILL at its end."""
         pod.deleted = True
+        pod.cleaned = pod.uid in self.succeeded
         if grace is None:
             grace = pod.obj["spec"].get("terminationGracePeriodSeconds", 30)
         self._spawn(self._stop_pod, pod, grace)
@@ -681,8 +724,11 @@ class PodRunner:
                 podman("exec", pod.container, *hook["command"], check=False, timeout=grace)
             except Exception:  # the hook outran the grace: the kubelet goes on to stop the container
                 pass
-        left = max(0, int(deadline - time.monotonic()))
-        podman("stop", "-t", str(left), pod.container, check=False, timeout=grace + 30)
+        # SIGTERM, then SIGKILL once the grace is out, as the kubelet does. Not `podman stop -t`: podman 4.3's
+        # waits out its whole timeout even when the container is removed meanwhile (at the runner's end).
+        podman("kill", "-s", "TERM", pod.container, check=False)
+        if not pod.done.wait(max(0.0, deadline - time.monotonic())):
+            podman("kill", "-s", "KILL", pod.container, check=False)
 
     @staticmethod
     def _started(pod: Pod, timeout: float) -> bool:

@@ -114,7 +114,7 @@ def test_pytorchjob_master_and_worker_over_gloo(cluster, containers, torch_image
         assert sorted(name.rsplit("-", 2)[-2] for name in runner.pods) == ["master", "worker"]
         # The trial ends with its master; the worker's keeper may still be flushing.
         runner.wait_for(lambda pods: all(pod.done.is_set() for pod in pods.values()), TIMEOUT, "every pod to end")
-        assert all(pod.exit_code == 0 for pod in runner.pods.values())
+        assert all(pod.ended_well for pod in runner.pods.values()), runner.describe()
         assert "rank 0 of 2: sum 3.0" in logs(trial, 0)
         worker = next(name for name in runner.pods if name.endswith("-worker-0"))
         assert "rank 1 of 2: sum 3.0" in runner.logs(worker)

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from containers_util import ended, needs_podman, podman  # its fixtures (containers, image) come from conftest
+from containers_util import ROOT, ended, needs_podman, podman  # its fixtures (containers, image) come from conftest
 from pod_runner import PodRunner, host_address
 from test_containers_k8s import TIMEOUT, cluster, logs, metric_values, run_to_the_end  # noqa: F401 (fixtures)
 from experiment_util import cli, experiment_id, start_cli, stored, trial_status
+from harness import wait_until
 from trialkit.web import queries
 
 pytestmark = [pytest.mark.containers, needs_podman]
@@ -30,6 +31,28 @@ x = trialkit.get_next_parameter()["x"]
 print(f"trialkit from {trialkit.__file__} in {os.getcwd()}", flush=True)
 trialkit.report_intermediate_result(x)
 trialkit.report_final_result(x * 2)
+"""
+# A PyTorchJob's ranks end together, as a distributed trainer's do (its last collective): the master waits for
+# every worker to connect and exit before it does, since training-operator stops the workers still running once
+# the master has succeeded (cleanPodPolicy: Running), and the job's end ends the experiment, and its manager.
+TOGETHER = TRAIN + """
+import socket, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+if rank == 0:
+    with socket.create_server(("", address[1])) as server:
+        for peer in [server.accept()[0] for _ in range(world - 1)]:
+            peer.recv(1)  # b"": the worker exited
+else:
+    deadline = time.monotonic() + 60
+    while True:  # until the master listens
+        try:
+            joined = socket.create_connection(address, timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 """
 SIDE = "/var/lib/trialkit/trial/.trialkit/trialside/"
 
@@ -57,11 +80,11 @@ def no_python_image(plain_image, tmp_path_factory) -> str:
     return name
 
 
-def project(tmp_path: Path, script_name: str, config: dict) -> Path:
+def project(tmp_path: Path, script_name: str, config: dict, script: str = TRAIN) -> Path:
     """The user's folder: the training script beside the config (NNI's examples keep them together)."""
     folder = tmp_path / "project"
     folder.mkdir()
-    (folder / script_name).write_text(textwrap.dedent(TRAIN))
+    (folder / script_name).write_text(textwrap.dedent(script))
     (folder / "search_space.json").write_text('{"x": {"_type": "choice", "_value": [3]}}')
     path = folder / "config.yml"
     path.write_text(yaml.safe_dump(config))
@@ -73,7 +96,7 @@ def ran_well(config: Path, runner: PodRunner, home: Path) -> str:
     exp = run_to_the_end(config, runner)
     trial = f"{exp}-00000"
     assert trial_status(home, trial) == "SUCCEEDED", runner.describe()
-    assert metric_values(home, trial) == [6]
+    assert metric_values(home, trial) == [6], runner.describe()
     shipped = cli("trial", "logs", trial).stdout
     assert f"trialkit from {SIDE}" in shipped and "in /var/lib/trialkit/trial/code" in shipped, runner.describe()
     runner.wait_for(lambda pods: all(pod.done.is_set() for pod in pods.values()), TIMEOUT, "every pod to end")
@@ -90,7 +113,8 @@ def test_kubeflow_seed_config_runs_its_code_dir_in_a_plain_image(cluster, contai
         "maxTrialNumber": 1, "trialConcurrency": 1,
         "trainingService": {"platform": "kubeflow", "operator": "pytorch-operator", "apiVersion": "v1alpha2",
                             "managerAddress": host_address(),
-                            "master": {"replicas": 1, "gpuNumber": 0, **role}, "worker": {"replicas": 2, **role}}})
+                            "master": {"replicas": 1, "gpuNumber": 0, **role}, "worker": {"replicas": 2, **role}}},
+                     script=TOGETHER)
     with PodRunner(cluster, containers, plain_image, tmp_path / "kubelet") as runner:
         exp = ran_well(config, runner, tmp_path / "home")
         assert sorted(name.rsplit("-", 2)[-2] for name in runner.pods) == ["master", "worker", "worker"]
@@ -158,3 +182,17 @@ def test_an_image_without_python_fails_the_trial_with_the_reason(cluster, contai
         page = queries.trials_page(db, exp, queries.TrialQuery())
         detail = queries.trial(db, exp, trial)
     assert why in page["rows"][0]["reason"] and why in detail["reason"], (page["rows"], detail)
+
+
+def test_a_pod_stopped_while_run_sh_fetches_ends_at_its_sigterm(containers, plain_image):
+    # Until run.sh execs the keeper it is the container's PID 1, which gets no signal it has no handler for:
+    # a pod deleted while it fetched waited out its whole grace and ended by SIGKILL (137). Here fetch.py keeps
+    # retrying (no network: the manager cannot answer) when `podman stop` sends its SIGTERM.
+    env = {"TRIALKIT_TRIALSIDE_DIGEST": "0" * 64, "TRIALKIT_MANAGER_URL": "http://192.0.2.1:9", "TRIALKIT_TOKEN": "t",
+           "TRIALKIT_TRIAL_ID": "e-00000", "TRIALKIT_COMMAND": "true"}
+    container = containers.start(plain_image, "--network", "none", "-v", f"{ROOT / 'scripts'}:/scripts:ro",
+                                 "--entrypoint", '["/bin/sh", "/scripts/run.sh"]', env=env)
+    wait_until(lambda: "fetch.py" in podman("top", container, "args", check=False).stdout, TIMEOUT,
+               "run.sh to start fetch.py")
+    podman("stop", "-t", "30", container, timeout=60)
+    assert containers.wait(container) == 143  # its SIGTERM, not the SIGKILL at the end of the 30 s

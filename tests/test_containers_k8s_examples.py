@@ -76,7 +76,7 @@ def test_an_example_runs_as_written_with_its_host_names_changed(name, cluster, c
         assert 0.1 < value <= 1.0  # an accuracy, better than chance over ten classes
         first = [pod for pod in runner.history if pod.obj["metadata"]["labels"]["trialkit.io/trial"] == trial]
         runner.wait_for(lambda _: all(pod.done.is_set() for pod in first), TIMEOUT, "the first trial's pods to end")
-        assert len(first) == pods and all(pod.exit_code == 0 for pod in first), runner.describe()
+        assert len(first) == pods and all(pod.ended_well for pod in first), runner.describe()
         if pods > 1:  # one world across the pods: each says so in its output, shipped by rank
             for rank in range(pods):
                 assert f"rank {rank} of {pods} on " in logs(trial, rank), runner.describe()

@@ -54,7 +54,7 @@ def test_every_mode_trains_one_world_across_its_pods(mode, cluster, containers, 
         assert metric_values(home, trial) == [total]  # one final result, from rank 0 only
         # The trial ends with its chief pod; the others' keepers may still be flushing.
         runner.wait_for(lambda made: all(pod.done.is_set() for pod in made.values()), TIMEOUT, "every pod to end")
-        assert len(runner.pods) == pods and all(pod.exit_code == 0 for pod in runner.pods.values()), runner.describe()
+        assert len(runner.pods) == pods and all(pod.ended_well for pod in runner.pods.values()), runner.describe()
         for rank in range(pods):  # every pod's output, shipped by its keeper, says it was in the whole world
             assert f"rank {rank} of {pods}: sum {total}" in logs(trial, rank), runner.describe()
 

@@ -19,7 +19,7 @@ from typing import Dict, List
 
 import pytest
 
-from steps import Day, WAIT, User, experiment_id, needs_chromium, page  # noqa: F401 (page: a fixture)
+from journey import Day, WAIT, User, experiment_id, needs_chromium, page  # noqa: F401 (page: a fixture)
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "fixtures" / "determined"
 

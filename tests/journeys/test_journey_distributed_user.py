@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from harness import wait_until
-from steps import Day, WAIT, User, experiment_id
+from journey import Day, WAIT, User, experiment_id
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (an extra)")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from steps import Day, User, experiment_id, needs_chromium, page  # noqa: F401 (page: a fixture)
+from journey import Day, User, experiment_id, needs_chromium, page  # noqa: F401 (page: a fixture)
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 TRIALS = 4

@@ -20,7 +20,7 @@ from typing import Dict, List
 import pytest
 
 from harness import wait_until
-from steps import (Day, WAIT, User, experiment_id, max_at_once, needs_chromium,
+from journey import (Day, WAIT, User, experiment_id, max_at_once, needs_chromium,
                    page, printed_page)  # noqa: F401 (page: a fixture)
 
 EPOCHS = 5
