@@ -7,6 +7,7 @@ torch): the machine is small and shared.
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -90,3 +91,23 @@ def reported(home: Path, trial_id: str) -> int:
     """How many intermediate results a trial has delivered."""
     return stored(home, trial_id.rpartition("-")[0], "SELECT COUNT(*) FROM records WHERE trial=? AND type=?",
                   trial_id, "PERIODICAL")[0][0]
+
+
+def interrupted_after(config: Path, ended: int, status: str = "SUCCEEDED") -> str:
+    """`trialkit run CONFIG`, Ctrl-C (SIGINT) once `ended` trials ended as `status`; the experiment's id."""
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        seen = 0
+        for line in proc.stdout:
+            if line.startswith("trial ") and f" {status} " in line:
+                seen += 1
+                if seen == ended:
+                    proc.send_signal(signal.SIGINT)
+                    break
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return exp

@@ -22,7 +22,7 @@ from trialkit import schema
 from trialkit.control.assessors import check_assessor
 from trialkit.control import determined
 from trialkit.control.searchspace import SearchSpace, parse_space
-from trialkit.control.tuners import check_tuner
+from trialkit.control.tuners import TUNERS, check_tuner
 from trialkit.env import DEFAULT_GRACE_SECONDS, check_grace
 from trialkit.errors import UserError
 from trialkit.platforms.pools import DEFAULT_PRIORITY
@@ -447,6 +447,9 @@ def _assessor(section: Any, tuner: AlgorithmConfig) -> Optional[AlgorithmConfig]
     if section is None:
         return None
     name, args = _algorithm(section, "assessor")
+    if not TUNERS[tuner.name].TAKES_ASSESSOR:
+        raise UserError(f"{tuner.name} decides itself which trials go on (NNI refuses an assessor beside it too)",
+                        "assessor", "remove the assessor")
     name, args = check_assessor(name, args)
     # Judging trials the other way round from the tuner is always a slip.
     mode = args.setdefault("optimize_mode", tuner.class_args["optimize_mode"])
