@@ -260,3 +260,19 @@ def test_bohb_with_random_fraction_one_draws_as_hyperband_does():
     trials = serially(tuner, 60, lambda p: -bowl(p))
     later = [p for pid, p in trials if tuner.slot(pid)[0] >= 3 and tuner.slot(pid)[1] == 0]
     assert later and statistics.mean(bowl(p) for p in later) > 10  # the bowl's mean over the square is about 20
+
+
+def test_bohb_learns_imported_results_as_nnis_and_hyperband_ignores_them_as_nnis():
+    """`trialkit experiment import`: NNI's BOHB feeds its model (on the result's TRIAL_BUDGET, else max_budget);
+    NNI's Hyperband does nothing with them."""
+    grid = [{"x": x / 2, "y": y / 2} for x in range(-10, 11, 2) for y in range(-10, 11, 2)]  # 121 points
+    args = {"min_budget": 1, "max_budget": 9, "optimize_mode": "minimize", "random_fraction": 0.0}
+    taught = build_tuner("BOHB", args, PLANE, 3)
+    taught.import_results([(p, bowl(p)) for p in grid])
+    cold = build_tuner("BOHB", args, PLANE, 3)
+    first = {name: [bowl(tuner.ask()[1]) for _ in range(9)] for name, tuner in (("taught", taught), ("cold", cold))}
+    assert statistics.mean(first["taught"]) < statistics.mean(first["cold"]) / 4, first
+    hyperband = build_tuner("Hyperband", {"R": 9}, PLANE, 3)
+    hyperband.import_results([(p, bowl(p)) for p in grid])
+    plain = build_tuner("Hyperband", {"R": 9}, PLANE, 3)
+    assert [hyperband.ask() for _ in range(3)] == [plain.ask() for _ in range(3)]

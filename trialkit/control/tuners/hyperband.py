@@ -264,6 +264,7 @@ class BohbTuner(HyperbandTuner):
 
         self.settings = KdeSettings.from_args(class_args, len(space.params))
         self._models: Dict[int, Any] = {}  # bracket -> the model its configurations come from
+        self._imported: List[Tuple[Dict[str, Any], float, float]] = []  # (parameters, value, budget) from elsewhere
 
     @classmethod
     def check_space(cls, space: SearchSpace) -> None:
@@ -286,9 +287,16 @@ class BohbTuner(HyperbandTuner):
         if bracket not in self._models:
             # The results of the brackets before this one: every one of them ended before it opened.
             observations = [(self._params[pid], value, self._params[pid][BUDGET]) for pid, value in self._finals.items()
-                            if self._slot[pid][0] < bracket]
+                            if self._slot[pid][0] < bracket] + self._imported
             self._models[bracket] = bohb.fit(self.space, observations, self.optimize_mode, self.settings)
         return bohb.sample(self.space, self._models[bracket], self.settings, rng)
+
+
+    def import_results(self, results: List[Tuple[Dict[str, Any], float]]) -> None:
+        """As NNI's BOHB: the model learns them, each on its TRIAL_BUDGET, else on max_budget; the brackets do not
+        (they are not trials of this experiment). Brackets that open from now on draw from them."""
+        self._imported += [({k: v for k, v in params.items() if k != BUDGET}, float(value),
+                            params.get(BUDGET, self.max_budget)) for params, value in results]
 
 
 def _refuse_config_space(where: str) -> None:
