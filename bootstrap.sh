@@ -58,7 +58,7 @@ plotly and matplotlib (the page, plots), pathspec, tensorboardX"
     n=3
   fi
   if [ "$want" = full ]; then
-    step $((n += 1)) $total "the engines and platforms (deepspeed, adaptdl, ray, kubernetes), the docs and test tools"
+    step $((n += 1)) $total "the engines and platforms (deepspeed, adaptdl, ray, kubernetes, object storage), the docs and test tools"
     venv_pip -e "$root[all,test]"
     step $((n += 1)) $total "horovod 0.28.1 for this torch (built from source once, a few minutes; then cached in $cache)"
     local whl; whl=$(bash tools/build_horovod.sh "$venv/bin/python" "$cache")

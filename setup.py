@@ -14,6 +14,7 @@ PACKAGES = [
     "trialkit",
     "trialkit.adaptdl",
     "trialkit.adaptdl.boot",
+    "trialkit.checkpoints",
     "trialkit.shims",
     "trialkit.shims.boot",
     "trialkit.shims.nni",
@@ -83,6 +84,9 @@ EXTRAS = {
     "search": ["statsmodels>=0.15", "scikit-learn>=1.3", "cmaes>=0.10"],
     # The manager's GET /metrics in Prometheus' text format (trialkit/manager/metrics.py).
     "metrics": ["prometheus_client>=0.17"],
+    # Checkpoints in object storage (S3 and S3-compatible, GCS, Azure Blob: trialkit/checkpoints/store.py): one
+    # wheel with no dependencies (the demo installs `control` alone, so neither this nor the others).
+    "checkpoints": ["obstore>=0.12"],
     # The user guide (docs/, mkdocs.yml): built in strict mode by tests/test_docs.py.
     "docs": ["mkdocs>=1.6", "mkdocstrings[python]>=0.26"],
 }
@@ -95,6 +99,8 @@ EXTRAS["test"] = [
     "jsonschema>=4",
     "selenium>=4.20",
     "numpy",
+    # The checkpoint tests' S3 server (tests/s3_server.py): moto's standalone server, on loopback.
+    "moto[server]>=5",
 ]
 
 setup(

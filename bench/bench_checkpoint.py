@@ -1,6 +1,8 @@
-"""The cost of trialkit's periodic AdaptDL checkpoints on the training loop.
+"""The cost of trialkit's periodic AdaptDL checkpoints on the training loop; and of a checkpoint's trip to an
+object store against the library's own copy of the same files.
 
     python bench/bench_checkpoint.py [--runs 5] [--steps 600]
+    python bench/bench_checkpoint.py --object-store [--gigabytes 1] [--samples 3]
 
 One small AdaptDL training job (an MLP of 1.3 M parameters, one replica, CPU,
 gloo), run as the keeper runs a trial's Python: checkpoints off
@@ -18,12 +20,22 @@ Printed, medians over the runs:
     time plus the checkpoints' share. Goal: under 1% (MET/MISSED);
   - AdaptDL's start-up (its reducer connecting to rank 0): without the hook its
     rank 0 usually loses the race against its own server thread and sleeps 5 s.
+
+--object-store: a checkpoint of --gigabytes (one big file, the model, and four
+of a sixteenth each, the optimizer's shards) saved to and restored from an S3
+server on loopback (moto's, the checkpoint-tests extra) by trialkit's store
+(trialkit/checkpoints/store.py: the files, then the manifest; restored beside
+its place, sizes checked, moved in) against obstore's own put and get of the
+same files, one after another with the library's defaults. Alternating which
+goes first, --samples times; medians of each, and the ratio for the save and for
+the restore. Goal: within 1.2x (MET/MISSED).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -39,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from trialkit import env  # noqa: E402
 
 GOAL = 0.01  # of step time, at the default interval
+STORE_GOAL = 1.2  # trialkit's save (and restore) of a checkpoint against the library's own copy of its files
 SAVED = re.compile(r"trialkit: checkpoint at step \d+ \(epoch \S+\) in ([0-9.]+) s")
 
 WORKLOAD = '''
@@ -124,11 +137,107 @@ def run(kind: str, every: float, steps: int, workdir: Path) -> Dict[str, object]
             "saves": [float(s) for s in SAVED.findall(result.stderr)]}
 
 
+def make_checkpoint(root: Path, size: int) -> None:
+    """The model (3/4 of `size`) and four optimizer shards (1/16 each), of random bytes (nothing compresses)."""
+    root.mkdir(parents=True)
+    parts = {"model.pt": size * 3 // 4, **{f"optimizer-{i}.pt": size // 16 for i in range(4)}}
+    block = os.urandom(1 << 20)
+    for name, length in parts.items():
+        with open(root / name, "wb") as out:
+            for _ in range(length >> 20):
+                out.write(block)
+
+
+def object_store_race(gigabytes: float, samples: int) -> int:
+    import obstore
+    import requests
+
+    from trialkit.checkpoints.store import ObjectStore
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                requests.put(f"{url}/bench-ckpts", timeout=5).raise_for_status()
+                break
+            except requests.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        ours = ObjectStore({"type": "s3", "bucket": "bench-ckpts", "endpoint_url": url, "prefix": "ours"})
+        from obstore.store import S3Store
+
+        theirs = S3Store("bench-ckpts", prefix="theirs", config={"endpoint": url}, client_options={"allow_http": True})
+        times: Dict[str, List[float]] = {key: [] for key in ("ours save", "theirs save", "ours restore",
+                                                             "theirs restore")}
+        with tempfile.TemporaryDirectory(prefix="tkbench-store-") as tmp:
+            src = Path(tmp) / "checkpoint"
+            make_checkpoint(src, int(gigabytes * (1 << 30)))
+            files = sorted(p.name for p in src.iterdir())
+            size = sum((src / name).stat().st_size for name in files)
+
+            def ours_trip(n: int) -> None:
+                started = time.perf_counter()
+                ckpt = ours.upload(src, "bench", "bench-00000", f"sample-{n}", 0, "dir", {})
+                times["ours save"].append(time.perf_counter() - started)
+                started = time.perf_counter()
+                ours.download(ckpt, Path(tmp) / f"ours-{n}")
+                times["ours restore"].append(time.perf_counter() - started)
+                ours.delete(ckpt)
+
+            def theirs_trip(n: int) -> None:
+                started = time.perf_counter()
+                for name in files:
+                    obstore.put(theirs, f"sample-{n}/{name}", src / name)
+                times["theirs save"].append(time.perf_counter() - started)
+                dest = Path(tmp) / f"theirs-{n}"
+                dest.mkdir()
+                started = time.perf_counter()
+                for name in files:
+                    with open(dest / name, "wb") as out:
+                        for chunk in obstore.get(theirs, f"sample-{n}/{name}"):
+                            out.write(chunk)
+                times["theirs restore"].append(time.perf_counter() - started)
+                obstore.delete(theirs, [f"sample-{n}/{name}" for name in files])
+
+            for n in range(samples):
+                for trip in ((ours_trip, theirs_trip) if n % 2 == 0 else (theirs_trip, ours_trip)):
+                    trip(n)
+                for kind in ("ours", "theirs"):
+                    shutil.rmtree(Path(tmp) / f"{kind}-{n}", ignore_errors=True)
+                print(f"sample {n + 1}: " + "  ".join(f"{key} {values[-1]:.2f} s" for key, values in times.items()),
+                      flush=True)
+    finally:
+        server.kill()
+        server.wait()
+    median = {key: statistics.median(values) for key, values in times.items()}
+    print(f"\nmedians of {samples} samples, a checkpoint of {size / (1 << 30):.2f} GiB in {len(files)} files")
+    met = True
+    for what in ("save", "restore"):
+        ratio = median[f"ours {what}"] / median[f"theirs {what}"]
+        met = met and ratio <= STORE_GOAL
+        print(f"  {what}: trialkit {median[f'ours {what}']:.2f} s ({size / median[f'ours {what}'] / (1 << 20):.0f} MiB/s),"
+              f" obstore's own {median[f'theirs {what}']:.2f} s: {ratio:.2f}x (goal <= {STORE_GOAL}x): "
+              f"{'MET' if ratio <= STORE_GOAL else 'MISSED'}")
+    return 0 if met else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each kind (default %(default)s)")
     parser.add_argument("--steps", type=int, default=600, help="steps a run (default %(default)s)")
+    parser.add_argument("--object-store", action="store_true",
+                        help="race a checkpoint's save and restore through trialkit's store against obstore's own")
+    parser.add_argument("--gigabytes", type=float, default=1.0, help="--object-store: the checkpoint's size")
+    parser.add_argument("--samples", type=int, default=3, help="--object-store: samples of each (default %(default)s)")
     opts = parser.parse_args()
+    if opts.object_store:
+        return object_store_race(opts.gigabytes, opts.samples)
     default = env.DEFAULT_CHECKPOINT_EVERY
     kinds = {"off": 0.0, f"every {default:g} s": default, "every 1 s": 1.0}
     results: Dict[str, List[Dict[str, object]]] = {kind: [] for kind in kinds}

@@ -12,10 +12,13 @@ that load on the shared machine falls on all alike:
           script, no chart), served from loopback: what a browser needs at least.
 Each is timed by the DOM from navigation start: the page marks when its table
 is built and when table and curves are drawn; the floor marks the end of its
-table. Goal (issue 40): the cold page with table and curves within 3x the
-static table (with plotly drawing the curves: 1.0-1.05 s, 5.3x; uPlot draws
-them now). The manager's answers the view needs are timed too (issue 9: under
-50 ms).
+table. The bench waits for those marks without polling the page (a poll is a
+task on the page's main thread). Goal (issue 40): the cold page with table and
+curves within 3x the static table, as the ratio of the medians and as the
+median of each round's ratio (load on the shared machine drifts within a run);
+with plotly drawing the curves it took 1.0-1.05 s, 5.3x; uPlot draws them now,
+from a page that comes whole in one answer. The manager's answers the view
+needs are timed too (issue 9: under 50 ms).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
@@ -120,13 +123,24 @@ def serve_floor(body: bytes) -> ThreadingHTTPServer:
     return server
 
 
+# Waits without polling: a poll is a task on the page's main thread, which the page's own work would wait behind.
+WAIT_READY = """
+const [ready, done] = [new Function(arguments[0]), arguments[arguments.length - 1]];
+if (ready()) { done(true); return; }
+new MutationObserver((_, seen) => { if (ready()) { seen.disconnect(); done(true); } })
+  .observe(document.documentElement, {attributes: true, subtree: true});
+"""
+
+
 def wait_ready(driver, script: str) -> None:
-    deadline = time.monotonic() + 60
-    while not driver.execute_script(script):
-        if time.monotonic() > deadline:
-            problem = driver.execute_script("const p = document.getElementById('problem'); return p && p.textContent")
-            raise RuntimeError(f"the page did not get ready in 60 s: {problem}")
-        time.sleep(0.005)
+    from selenium.common.exceptions import TimeoutException
+
+    driver.set_script_timeout(60)
+    try:
+        driver.execute_async_script(WAIT_READY, script)
+    except TimeoutException:
+        problem = driver.execute_script("const p = document.getElementById('problem'); return p && p.textContent")
+        raise RuntimeError(f"the page did not get ready in 60 s: {problem}") from None
 
 
 def open_page(driver, url: str, cold: bool) -> Dict[str, float]:
@@ -177,9 +191,13 @@ def report(found: Dict[str, Dict[str, List[float]]], samples: int) -> bool:
           "trials, no script)")
     cold, warm, floor = med["cold"]["table and curves"], med["warm"]["table and curves"], med["floor"]["table"]
     print(f"  cold/warm {cold / warm:5.2f}x   cold/floor {cold / floor:5.2f}x   warm/floor {warm / floor:5.2f}x")
-    met = cold < PAGE_GOAL * floor
+    # Load on the shared machine drifts within a run: each round's cold page against that round's floor too.
+    rounds = sorted(page / base for page, base in zip(found["cold"]["table and curves"], found["floor"]["table"]))
+    paired = statistics.median(rounds)
+    print(f"  cold/floor round by round: median {paired:.2f}x (from {rounds[0]:.2f}x to {rounds[-1]:.2f}x)")
+    met = cold < PAGE_GOAL * floor and paired < PAGE_GOAL
     print(f"  goal: cold page with table and curves within {PAGE_GOAL:.0f}x the static table: {cold / floor:.2f}x "
-          f"({cold * 1e3:.0f} against {floor * 1e3:.0f} ms), {verdict(met)}")
+          f"({cold * 1e3:.0f} against {floor * 1e3:.0f} ms), {paired:.2f}x round by round, {verdict(met)}")
     return met
 
 

@@ -66,7 +66,8 @@ trap 'rm -rf "$context"' EXIT
 (cd "$root" && cp -r "${SOURCES[@]}" images "$context/")
 find "$context" -name __pycache__ -prune -exec rm -rf {} +
 # Wheels of everything the image installs, from this machine's indexes, for an offline build.
-"$pip" -m pip download -q -c "$root/constraints.txt" -d "$context/wheels" "$context" 'setuptools<81' wheel ${torch:+"$torch"} \
+"$pip" -m pip download -q -c "$root/constraints.txt" -d "$context/wheels" "$context[checkpoints]" 'setuptools<81' wheel \
+  ${torch:+"$torch"} \
   2>"$context/pip.log" || { cat "$context/pip.log" >&2; exit 1; }
 rm -f "$context/wheels/trialkit-"*
 "$podman" build -q --network none -f "$context/images/Dockerfile.cpu" -t "$tag" \

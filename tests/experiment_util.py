@@ -14,9 +14,11 @@ import sys
 import textwrap
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import yaml
+
+from harness import wait_until
 
 PYTHON = sys.executable
 TIMEOUT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -111,3 +113,56 @@ def interrupted_after(config: Path, ended: int, status: str = "SUCCEEDED") -> st
             proc.kill()
             proc.wait()
     return exp
+
+
+def paused_and_activated(home: Path, run_args: List[Any], reports: int = 2,
+                         while_paused: Callable[[str, str], Any] = lambda exp, trial: None,
+                         timeout: float = TIMEOUT) -> Tuple[str, Any]:
+    """`trialkit run RUN_ARGS` in the background; its trial 0 paused (`trialkit trial pause`) once it delivered
+    `reports` intermediate results, and stopped with its checkpoint (PREEMPTED); `while_paused(experiment, trial)`;
+    the trial activated and the run to its end (exit 0). Returns (the experiment's id, what while_paused
+    returned)."""
+    proc = start_cli("run", *run_args)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= reports, timeout, f"{reports} intermediate results")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", timeout, "the trial to stop with its checkpoint")
+        seen = while_paused(exp, trial)
+        assert cli("trial", "activate", trial).returncode == 0
+        out, err = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, out + err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return exp, seen
+
+
+# Counts steps from its checkpoint dir (trialkit.checkpoint_dir()); on SIGTERM saves the step there and exits 143
+# (AdaptDL's convention). A first run holds at step 10 until it is stopped; a resumed one goes on to 30 and reports
+# x. It prints where each run starts: "restart N from step S".
+RESUMABLE = """
+import os, pathlib, signal, sys, time, trialkit
+saved = pathlib.Path(trialkit.checkpoint_dir()) / "step"
+step = int(saved.read_text()) if saved.exists() else 0
+print(f"restart {os.environ.get('ADAPTDL_NUM_RESTARTS', os.environ.get('TRIALKIT_RESTART_COUNT'))} from step {step}",
+      flush=True)
+def checkpoint(signum, frame):
+    saved.write_text(str(step))
+    print(f"checkpoint at step {step}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, checkpoint)
+x = trialkit.get_next_parameter()["x"]
+resumed = saved.exists()
+while step < 30:
+    if step == 10 and not resumed:
+        time.sleep(0.1)
+        continue
+    step += 1
+    if step % 5 == 0:
+        trialkit.report_intermediate_result(step)
+    time.sleep(0.05)
+trialkit.report_final_result(x)
+"""

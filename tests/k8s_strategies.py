@@ -36,7 +36,7 @@ commands = st.text(
     min_size=1,
     max_size=120,
 ).filter(lambda s: s.strip())
-images = st.from_regex(r"[a-z0-9]{1,12}(/[a-z0-9-]{1,12}){0,2}:[0-9][0-9.]{0,6}", fullmatch=True)
+images = st.from_regex(r"[a-z0-9]{1,12}(/[a-z0-9]([a-z0-9-]{0,10}[a-z0-9])?){0,2}:[0-9][0-9.]{0,6}", fullmatch=True)  # the reference grammar: a component neither starts nor ends with -
 dns_labels = st.from_regex(r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
 addresses = st.ip_addresses(v=4).filter(lambda a: not (a.is_loopback or a.is_unspecified or a.is_link_local)).map(str)
 units = st.sampled_from(["", "k", "kb", "m", "mb", "Mi", "g", "gb", "Gi", "G", "t"])

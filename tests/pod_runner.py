@@ -12,26 +12,45 @@
 
 Every 0.1 s the runner looks at the API server's objects and plays:
 - the operators: for each PyTorchJob/TFJob (training-operator), Framework
-  (FrameworkController), AdaptDLJob and TrainJob (Kubeflow Trainer v2, played by
-  trainer_play.py: JobSet's pod names, the torch plugin's PET_*, which the pods
-  resolve to this machine through --add-host) it makes the pods their operator makes
-  (names, labels, the variables it sets: MASTER_ADDR/PORT (this machine's
-  address, not the master's Service name), RANK, WORLD_SIZE;
-  FC_*; ADAPTDL_*), and writes the job's status as that operator does
-  (conditions; state and completion status; phase). An AdaptDLJob pod that
-  exits 143 (checkpointed) is restarted in a new group with
-  ADAPTDL_NUM_RESTARTS one higher, as AdaptDL's controller does on a rescale.
-  A deleted job's pods are deleted (the garbage collector). A suspended job
-  (a TrainJob's spec.suspend, a PyTorchJob's runPolicy.suspend: Kueue's hold)
-  has no pods: suspending a running one deletes them with their grace (an
-  eviction), resuming it makes them again (a new group).
+  (FrameworkController), AdaptDLJob and TrainJob (Kubeflow Trainer v2, played
+  by trainer_play.py) it makes the pods their operator makes (names, labels,
+  annotations, the variables it sets: a PyTorchJob's MASTER_ADDR (the
+  master's Service name), MASTER_PORT (the pytorchjob-port), RANK,
+  WORLD_SIZE, PET_NNODES, PET_NODE_RANK; a TFJob's TF_CONFIG; FC_* and the
+  FrameworkController placeholders ({{FC_TASK_INDEX}}, ...) filled in the
+  pod template; ADAPTDL_* with no master address: the replicas ask the
+  runner's AdaptDL supervisor (ADAPTDL_SUPERVISOR_URL, /discover) for rank
+  0's; a TrainJob's JobSet pods <job>-node-0-<i> with the torch plugin's
+  PET_*, PET_MASTER_ADDR <job>-node-0-0.<job>), and writes the job's status
+  as that operator does (conditions; state and completion status; phase),
+  an ended job's as it ended.
+  An AdaptDLJob pod that exits 143 (checkpointed) is restarted in a new
+  group with ADAPTDL_NUM_RESTARTS one higher, as AdaptDL's controller does
+  on a rescale. A finished job (PyTorchJob/TFJob: cleanPodPolicy Running; a
+  completed Framework; an AdaptDLJob; a failed TrainJob) stops its pods
+  that still run. A deleted job's pods are deleted (the garbage collector).
+  A suspended job (a TrainJob's spec.suspend, a PyTorchJob's
+  runPolicy.suspend: Kueue's hold) has no pods: suspending a running one
+  deletes them with their grace (an eviction; listed Terminating until
+  their containers stop), resuming it makes them again (a new group).
 - Kueue, when given one (kueue_play.KueuePlay): its turn comes first in each look.
-- the kubelet: each pod's first container runs under podman on the host's
-  network (every address is 127.0.0.1), with the pod's image mapped to
+- the network: the runner makes a podman network of its own (a bridge, no
+  DNS server) and gives each pod an address on it (`status.podIP`); a pod
+  reaches this machine (the manager) at host_address(). The names the
+  cluster's DNS would answer for a job's pods go into each of its pods'
+  hosts file: training-operator's per-replica Services (`<job>-<type>-<i>`,
+  also `.<namespace>.svc`), `hostname.subdomain` where a pod names both
+  and a headless Service (clusterIP None) of the subdomain's name selects
+  it, and a TrainJob's `<job>-node-0-<i>.<job>` (JobSet's pods in the
+  headless Service JobSet makes of the job's name); nothing else resolves.
+  A pod's hostname is its spec's, else its name.
+- the kubelet: each pod's first container runs under podman on that
+  network, with the pod's image mapped to
   `image`, its command, args, workingDir and env (values, the downward API's
-  fieldRefs, Secret and ConfigMap keys), its volumes as host directories
+  fieldRefs, Secret and ConfigMap keys; envFrom's Secrets and ConfigMaps), its volumes as host directories
   under `workdir` (emptyDir per pod, a claim per claim name, so a claim
-  outlives its job; ConfigMap and Secret files), and `mounts` (container
+  outlives its job; an NFS volume per server and path, shared by every pod
+  that mounts it; ConfigMap and Secret files), and `mounts` (container
   path -> host path, read-only) added to every pod, for code that a test
   keeps on the host. restartPolicy OnFailure/Always restart the container.
   The pod's phase and container statuses (running, terminated with exit
@@ -45,49 +64,49 @@ Every 0.1 s the runner looks at the API server's objects and plays:
   runs its preStop hook, then podman stop with what is left of the grace.
 
 Only what trialkit's templates use is played: one container per pod (the
-first), no init containers, no scheduling, no Services (host network).
-Containers are started through containers_util.Containers, so the test's
-`containers` fixture sees that nothing is left.
+first), no init containers, no scheduling, no resources (a GPU request
+runs on the CPU). Containers are started through containers_util.Containers,
+so the test's `containers` fixture sees that nothing is left.
 """
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import socket
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import trainer_play
 from containers_util import Containers, podman
 
 POLL_SECONDS = 0.1
-LOOPBACK = "127.0.0.1"
-# Peers reach each other at this machine's address (host network): trialkit refuses a loopback
-# chief for more than one node, as it would be a mistake on a real cluster.
 JOB_KINDS = ("PyTorchJob", "TFJob", "Framework", "AdaptDLJob", "TrainJob")
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"  # a container's terminationMessagePath unless it sets one
 TERMINATION_MESSAGE_BYTES = 4096  # the kubelet keeps no more of it
 
 
+# Bridges that container networks make (podman's, a runner's own): their addresses come and go with them.
+BRIDGES = ("podman", "cni", "veth", "docker", "br-")
+
+
 def host_address() -> str:
-    """A non-loopback IPv4 address of this machine: the pods' managerAddress (the platform refuses loopback)."""
+    """A non-loopback IPv4 address of this machine, not a container bridge's: the pods' managerAddress (the
+    platform refuses loopback)."""
     import psutil
 
-    for addresses in psutil.net_if_addrs().values():
+    for interface, addresses in psutil.net_if_addrs().items():
+        if interface.startswith(BRIDGES):
+            continue
         for address in addresses:
             if address.family == socket.AF_INET and not address.address.startswith("127."):
                 return address.address
     raise AssertionError("this machine has no non-loopback IPv4 address for the pods to reach the manager at")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -99,8 +118,8 @@ class Replica:
     labels: Dict[str, str] = field(default_factory=dict)
     env: Dict[str, str] = field(default_factory=dict)
     role: str = ""
+    names: List[str] = field(default_factory=list)  # what the cluster's DNS resolves to this pod (its Services)
     annotations: Dict[str, str] = field(default_factory=dict)
-    hosts: Dict[str, str] = field(default_factory=dict)  # name -> address the pod resolves (the cluster's DNS)
 
 
 @dataclass
@@ -118,6 +137,9 @@ class Pod:
     error: str = ""  # why the runner could not run it (podman's complaint)
     deleted: bool = False
     done: threading.Event = field(default_factory=threading.Event)
+    ip: str = ""  # its address on the runner's network
+    names: List[str] = field(default_factory=list)  # what the cluster's DNS resolves to it
+    hosts: Dict[str, str] = field(default_factory=dict)  # its job's pods' names -> addresses (its hosts file)
     group: int = 0  # the job's group it belongs to: AdaptDL's restart, a suspended job's resumption
 
     @property
@@ -127,26 +149,51 @@ class Pod:
 
 # --- the operators: a job's pods, and its status from them ----------------------------
 
+PYTORCH_PORT = 23456  # training-operator's default for the container port named pytorchjob-port
+TF_PORT = 2222  # and for tfjob-port
+
+
+def _container_port(spec: dict, name: str, default: int) -> int:
+    ports = [port for container in spec["template"]["spec"].get("containers", []) for port in container.get("ports", [])]
+    return next((port["containerPort"] for port in ports if port.get("name") == name), default)
+
 
 def _kubeflow_replicas(job: dict, group: int) -> List[Replica]:
+    """training-operator's pods: <job>-<type>-<index>, each behind a Service of its name; a PyTorchJob's get
+    MASTER_ADDR (the master's Service), MASTER_PORT, WORLD_SIZE, RANK, PET_NNODES and PET_NODE_RANK; a TFJob's
+    TF_CONFIG (every replica's Service address by type, and its own task)."""
+    name, namespace = job["metadata"]["name"], job["metadata"].get("namespace", "default")
+    pytorch = job["kind"] == "PyTorchJob"
     specs = job["spec"].get("pytorchReplicaSpecs") or job["spec"].get("tfReplicaSpecs") or {}
     world = sum(spec.get("replicas", 1) for spec in specs.values())
-    port = str(free_port())
+    order = sorted(specs, key=lambda t: (t not in ("Master", "Chief"), t != "Worker", t))
+    cluster = {kind.lower(): [f"{name}-{kind.lower()}-{i}.{namespace}.svc:{_container_port(specs[kind], 'tfjob-port', TF_PORT)}"
+                              for i in range(specs[kind].get("replicas", 1))] for kind in order}
     replicas, rank = [], 0
-    for replica_type in sorted(specs, key=lambda t: (t not in ("Master", "Chief"), t)):
+    for replica_type in order:
         spec = specs[replica_type]
         for index in range(spec.get("replicas", 1)):
             kind = replica_type.lower()
             # The operator gives each pod its replica type's restartPolicy (ExitCode: its own, so Never).
             template = {**spec["template"], "spec": {**spec["template"]["spec"], "restartPolicy": {
                 "ExitCode": "Never"}.get(spec.get("restartPolicy", "Never"), spec.get("restartPolicy", "Never"))}}
+            pod = f"{name}-{kind}-{index}"
+            if pytorch:
+                master = "Master" if "Master" in specs else order[0]
+                env = {"MASTER_ADDR": f"{name}-{master.lower()}-0",
+                       "MASTER_PORT": str(_container_port(specs[master], "pytorchjob-port", PYTORCH_PORT)),
+                       "WORLD_SIZE": str(world), "RANK": str(rank), "PET_NNODES": str(world),
+                       "PET_NODE_RANK": str(rank), "PYTHONUNBUFFERED": "1"}
+            else:
+                env = {"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": kind, "index": index},
+                                                "environment": "cloud"})}
             replicas.append(Replica(
-                f"{job['metadata']['name']}-{kind}-{index}", template,
+                pod, template,
                 {"training.kubeflow.org/replica-index": str(index), "training.kubeflow.org/replica-type": kind,
-                 "training.kubeflow.org/job-name": job["metadata"]["name"]},
-                {"MASTER_ADDR": host_address(), "MASTER_PORT": port, "WORLD_SIZE": str(world), "RANK": str(rank),
-                 "PYTHONUNBUFFERED": "1"},
-                role=replica_type))
+                 "training.kubeflow.org/job-name": name},
+                env, role=replica_type,
+                # The operator makes a Service per replica, named as its pod.
+                names=[pod, f"{pod}.{namespace}.svc", f"{pod}.{namespace}.svc.cluster.local"]))
             rank += 1
     return replicas
 
@@ -171,17 +218,33 @@ def _kubeflow_status(job: dict, pods: List[Pod]) -> dict:
     return {"conditions": [{"type": kind_, "status": "True", "reason": reason, "message": message}]}
 
 
+def _fill_placeholders(node, values: Dict[str, str]):
+    """FrameworkController's pod template placeholders ({{FC_TASK_INDEX}}, ...) filled in every string."""
+    if isinstance(node, dict):
+        return {key: _fill_placeholders(value, values) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_fill_placeholders(value, values) for value in node]
+    if isinstance(node, str):
+        for key, value in values.items():
+            node = node.replace("{{" + key + "}}", value)
+    return node
+
+
 def _framework_replicas(job: dict, group: int) -> List[Replica]:
-    name = job["metadata"]["name"]
+    """FrameworkController's pods: <framework>-<role>-<index>, labelled with the framework and role (what a
+    headless Service selects), their template's placeholders filled, FC_* in their environment."""
+    name, namespace = job["metadata"]["name"], job["metadata"].get("namespace", "default")
     replicas = []
     for role in job["spec"]["taskRoles"]:
         for index in range(role["taskNumber"]):
+            pod = f"{name}-{role['name']}-{index}"
+            values = {"FC_FRAMEWORK_NAMESPACE": namespace, "FC_FRAMEWORK_NAME": name, "FC_TASKROLE_NAME": role["name"],
+                      "FC_TASK_INDEX": str(index), "FC_FRAMEWORK_ATTEMPT_ID": "0", "FC_TASK_ATTEMPT_ID": "0",
+                      "FC_POD_NAME": pod}
             replicas.append(Replica(
-                f"{name}-{role['name']}-{index}", role["task"]["pod"], {},
-                {"FC_FRAMEWORK_NAMESPACE": job["metadata"].get("namespace", "default"), "FC_FRAMEWORK_NAME": name,
-                 "FC_TASKROLE_NAME": role["name"], "FC_TASK_INDEX": str(index), "FC_FRAMEWORK_ATTEMPT_ID": "0",
-                 "FC_TASK_ATTEMPT_ID": "0", "FC_POD_NAME": f"{name}-{role['name']}-{index}"},
-                role=role["name"]))
+                pod, _fill_placeholders(role["task"]["pod"], values),
+                {"FC_FRAMEWORK_NAME": name, "FC_TASKROLE_NAME": role["name"], "FC_TASK_INDEX": str(index)},
+                values, role=role["name"]))
     return replicas
 
 
@@ -199,17 +262,22 @@ def _framework_status(job: dict, pods: List[Pod]) -> dict:
     return {"state": "AttemptRunning" if running else "AttemptCreationRequested"}
 
 
+ADAPTDL_SCHED_VERSION = "0.2.11"
+ADAPTDL_BASE_PORT = 47000  # AdaptDL's controller: each restart group's master port is this plus the group
+
+
 def _adaptdl_replicas(job: dict, group: int) -> List[Replica]:
-    name = job["metadata"]["name"]
+    """AdaptDL's controller: minReplicas pods (its allocation here) named <job>-<group>-<rank>, with no master
+    address: the replicas ask its supervisor (the runner's, ADAPTDL_SUPERVISOR_URL) for rank 0's."""
+    name, namespace = job["metadata"]["name"], job["metadata"].get("namespace", "default")
     count = max(job["spec"].get("minReplicas") or 1, 1)
-    port = str(free_port())
     template = {**job["spec"]["template"], "spec": {**job["spec"]["template"]["spec"], "restartPolicy": "Never"}}
     return [Replica(
         f"{name}-{group}-{rank}", template,
         {"adaptdl/job": name, "adaptdl/group": str(group), "adaptdl/replica": str(rank)},
-        {"ADAPTDL_JOB_ID": f"{job['metadata'].get('namespace', 'default')}/{name}", "ADAPTDL_NUM_RESTARTS": str(group),
+        {"ADAPTDL_JOB_ID": f"{namespace}/{name}", "ADAPTDL_NUM_RESTARTS": str(group),
          "ADAPTDL_NUM_REPLICAS": str(count), "ADAPTDL_REPLICA_RANK": str(rank), "ADAPTDL_NUM_NODES": "1",
-         "ADAPTDL_MASTER_ADDR": host_address(), "ADAPTDL_MASTER_PORT": port},
+         "ADAPTDL_MASTER_PORT": str(ADAPTDL_BASE_PORT + group), "ADAPTDL_SCHED_VERSION": ADAPTDL_SCHED_VERSION},
         role="main") for rank in range(count)]
 
 
@@ -225,12 +293,12 @@ def _adaptdl_status(job: dict, pods: List[Pod]) -> dict:
 
 
 def _trainjob_replicas(job: dict, group: int) -> List[Replica]:
-    """Trainer's pods; node 0's JobSet name resolves to this machine, and its port is a free one rather than
-    29500 (the pods share this machine's network, and other tests' with it)."""
-    address, port = host_address(), str(free_port())
-    return [Replica(pod.name, pod.template, pod.labels, {**pod.env, "PET_MASTER_PORT": port} if pod.env else {},
-                    pod.replicated_job, pod.annotations,
-                    {f"{job['metadata']['name']}-node-0-0.{job['metadata']['name']}": address})
+    """Trainer's pods, as JobSet makes them: each one's host <job>-node-0-<i> in the subdomain <job>, a headless
+    Service of the job's name (so <host>.<job> resolves to the pod, node 0's being PET_MASTER_ADDR)."""
+    name, namespace = job["metadata"]["name"], job["metadata"].get("namespace", "default")
+    return [Replica(pod.name, pod.template, pod.labels, pod.env, pod.replicated_job,
+                    [f"{pod.name}.{name}", f"{pod.name}.{name}.{namespace}.svc",
+                     f"{pod.name}.{name}.{namespace}.svc.cluster.local"], pod.annotations)
             for pod in trainer_play.node_pods(job)]
 
 
@@ -259,6 +327,61 @@ def _finished(status: dict) -> bool:
     return bool(FINAL.intersection(conditions)) or status.get("phase") in FINAL or status.get("state") == "Completed"
 
 
+# --- AdaptDL's supervisor ----------------------------------------------------------------
+
+
+class Supervisor:
+    """AdaptDL's supervisor, its /discover endpoint: the addresses of a job's restart group, by rank, once
+    every replica of the group has one (a JSON list, as adaptdl 0.2 reads it); 408 when its wait runs out."""
+
+    WAIT_SECONDS = 30
+
+    def __init__(self, runner: "PodRunner"):
+        supervisor = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def do_GET(self):
+                parts = self.path.strip("/").split("/")
+                addresses = supervisor.discover(*parts[1:]) if len(parts) == 4 and parts[0] == "discover" else None
+                body = json.dumps(addresses).encode()
+                self.send_response(200 if addresses else 408 if len(parts) == 4 else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.runner = runner
+        self._server = ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{host_address()}:{self._server.server_address[1]}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def discover(self, namespace: str, name: str, group: str) -> Optional[List[str]]:
+        deadline = time.monotonic() + self.WAIT_SECONDS
+        while time.monotonic() < deadline:
+            pods = [p for p in list(self.runner.history) if not p.deleted and p.obj["metadata"]["namespace"] == namespace
+                    and p.obj["metadata"]["labels"].get("adaptdl/job") == name
+                    and p.obj["metadata"]["labels"].get("adaptdl/group") == group]
+            if pods:
+                return [p.ip for p in sorted(pods, key=lambda p: int(p.obj["metadata"]["labels"]["adaptdl/replica"]))]
+            time.sleep(0.1)
+        return None
+
+
 # --- the runner -------------------------------------------------------------------------
 
 
@@ -280,8 +403,16 @@ class PodRunner:
         self._thread = threading.Thread(target=self._loop, name="pod-runner", daemon=True)
         self._threads: List[threading.Thread] = []
         self.error = ""  # why the runner's loop stopped, if it did
+        self.network = f"tk-pods-{uuid.uuid4().hex[:10]}"  # the pods' own network: an address each
+        self._addresses: Optional[Iterator[str]] = None
+        self._supervisor = Supervisor(self)
 
     def __enter__(self) -> "PodRunner":
+        podman("network", "create", "--disable-dns", "--label", f"trialkit.test={self.containers.tag}", self.network)
+        subnet = json.loads(podman("network", "inspect", self.network).stdout)[0]["subnets"][0]["subnet"]
+        gateway = ipaddress.ip_network(subnet)[1]
+        self._addresses = (str(a) for a in ipaddress.ip_network(subnet).hosts() if a != gateway)
+        self._supervisor.start()
         self._thread.start()
         return self
 
@@ -294,6 +425,8 @@ class PodRunner:
                 podman("rm", "-f", "-t", "0", pod.container, check=False)
         for thread in self._threads:
             thread.join(timeout=30)
+        self._supervisor.stop()
+        podman("network", "rm", "-f", self.network, check=False)
 
     # --- what a test does -------------------------------------------------------------
 
@@ -307,7 +440,10 @@ class PodRunner:
 
     def delete_pod(self, name: str, grace: Optional[int] = None) -> None:
         """As `kubectl delete pod NAME`: gone from the API server, then stopped gracefully."""
-        pod = self.pods[name]
+        self._remove(self.pods[name], grace)
+
+    def _remove(self, pod: Pod, grace: Optional[int]) -> None:
+        """A pod deleted through the API server: gone from its list, then stopped gracefully."""
         with self.api._lock:
             self.api.pods = [p for p in self.api.pods if p is not pod.obj]
         self._delete(pod, grace)
@@ -384,7 +520,10 @@ class PodRunner:
         return None
 
     def _create_pods(self, path: str, job: dict) -> None:
+        """The job's pods, each with an address of its own; then every name the cluster's DNS would give them
+        (the operator's Services, hostname.subdomain under a headless Service) goes into each one's hosts file."""
         make, _ = OPERATORS[job["kind"]]
+        made = []
         for replica in make(job, self.jobs[job["metadata"]["uid"]]):
             template = replica.template
             labels = {**template.get("metadata", {}).get("labels", {}), **job["metadata"].get("labels", {}),
@@ -393,21 +532,47 @@ class PodRunner:
                    "metadata": {"name": replica.name, "namespace": job["metadata"].get("namespace", "default"),
                                 "labels": labels, "annotations": dict(replica.annotations), "uid": uuid.uuid4().hex},
                    "spec": json.loads(json.dumps(template["spec"])), "status": {"phase": "Pending"}}
-            pod = Pod(replica.name, path, job["metadata"]["uid"], replica.role, obj,
+            pod = Pod(replica.name, path, job["metadata"]["uid"], replica.role, obj, ip=next(self._addresses),
                       group=self.jobs[job["metadata"]["uid"]])
-            self.pods[replica.name] = pod
+            obj["status"]["podIP"] = pod.ip
+            pod.names = replica.names + self._subdomain_names(obj)
+            made.append((pod, replica.env))
+        hosts = {name: pod.ip for pod, _ in made for name in pod.names}
+        for pod, _ in made:  # all of them listed before any starts: a peer asks for the others
+            pod.hosts = hosts
+            self.pods[pod.name] = pod
             self.history.append(pod)
             with self.api._lock:
-                self.api.pods.append(obj)
-            self._spawn(self._run_pod, pod, replica.env, replica.hosts)
+                self.api.pods.append(pod.obj)
+        for pod, env in made:
+            if job["kind"] == "AdaptDLJob":
+                env = {**env, "ADAPTDL_SUPERVISOR_URL": self._supervisor.url}
+            self._spawn(self._run_pod, pod, env)
+
+    def _subdomain_names(self, obj: dict) -> List[str]:
+        """hostname.subdomain, where the pod names both and a headless Service of the subdomain's name selects it
+        (as cluster DNS answers: without the Service, nothing)."""
+        spec, meta = obj["spec"], obj["metadata"]
+        hostname, subdomain = spec.get("hostname"), spec.get("subdomain")
+        with self.api._lock:
+            service = self.api.objects.get(f"/api/v1/namespaces/{meta['namespace']}/services/{subdomain}")
+        if not (hostname and subdomain and service) or service["spec"].get("clusterIP") != "None":
+            return []
+        selector = service["spec"].get("selector") or {}
+        if not selector or any(meta["labels"].get(key) != value for key, value in selector.items()):
+            return []
+        name = f"{hostname}.{subdomain}"
+        return [name, f"{name}.{meta['namespace']}.svc", f"{name}.{meta['namespace']}.svc.cluster.local"]
 
     def _operate(self, path: str, job: dict) -> None:
-        """The operator's turn: the job's status from its pods; AdaptDL's restart after a checkpoint."""
+        """The operator's turn: the job's status from its pods, until it has ended (an operator writes a job's end
+        once: the pods it stops then, exiting 143, do not change its reason); AdaptDL's restart after a checkpoint."""
         _, status_of = OPERATORS[job["kind"]]
         uid = job["metadata"]["uid"]
         group = self.jobs.get(uid, 0)  # a job held suspended from its creation has no pods yet
         pods = [p for p in self.history if p.uid == uid and p.group == group]
-        status = status_of(job, pods)
+        ended = job.get("status") or {}
+        status = ended if _finished(ended) else status_of(job, pods)
         if job["kind"] == "AdaptDLJob" and status["phase"] == "Stopping" and all(p.done.is_set() for p in pods):
             self.jobs[uid] = group + 1
             with self.api._lock:
@@ -416,10 +581,12 @@ class PodRunner:
                 pod.deleted = True
             self._create_pods(path, job)
             status = {"phase": "Starting"}
-        if _finished(status) and job["kind"] in ("PyTorchJob", "TFJob"):
-            for pod in pods:  # cleanPodPolicy Running: the job is done, workers still running go
+        if _finished(status):
+            # cleanPodPolicy Running; FrameworkController's completed attempt; AdaptDL's controller at the job's
+            # end (it keeps failed pods): the pods still running go.
+            for pod in pods:
                 if not pod.done.is_set() and not pod.deleted:
-                    self._delete(pod, None)
+                    self._remove(pod, None)
         with self.api._lock:
             if self.api.objects.get(path) is job:
                 job["status"] = status
@@ -431,18 +598,19 @@ class PodRunner:
         self._threads.append(thread)
         thread.start()
 
-    def _run_pod(self, pod: Pod, operator_env: Dict[str, str], hosts: Dict[str, str]) -> None:
+    def _run_pod(self, pod: Pod, operator_env: Dict[str, str]) -> None:
         try:
-            self._run_containers(pod, operator_env, hosts)
+            self._run_containers(pod, operator_env)
         except Exception as err:  # a test equipment fault: shown by describe(), the pod stays Pending
             pod.error = str(err)
             pod.done.set()
 
-    def _run_containers(self, pod: Pod, operator_env: Dict[str, str], hosts: Dict[str, str]) -> None:
+    def _run_containers(self, pod: Pod, operator_env: Dict[str, str]) -> None:
         spec = pod.obj["spec"]
         container = spec["containers"][0]
-        options = ["--network", "host", "--hostname", pod.name, *self._volumes(pod, container)]
-        options += [option for name, address in hosts.items() for option in ("--add-host", f"{name}:{address}")]
+        options = ["--network", self.network, "--ip", pod.ip, "--hostname", spec.get("hostname") or pod.name,
+                   *(f"--add-host={name}:{ip}" for name, ip in sorted(pod.hosts.items())),
+                   *self._volumes(pod, container)]
         if container.get("command"):
             options += ["--entrypoint", json.dumps(container["command"])]
         if container.get("workingDir"):
@@ -538,6 +706,8 @@ class PodRunner:
             name = volume["name"]
             if "persistentVolumeClaim" in volume:
                 path = self.workdir / "claims" / volume["persistentVolumeClaim"]["claimName"]
+            elif "nfs" in volume:  # one export, whoever mounts it
+                path = self.workdir / "nfs" / volume["nfs"]["server"] / volume["nfs"]["path"].strip("/")
             else:
                 path = self._pod_dir(pod) / name
             path.mkdir(parents=True, exist_ok=True)
@@ -572,6 +742,11 @@ class PodRunner:
     def _env(self, pod: Pod, container: dict) -> Dict[str, str]:
         ns = pod.obj["metadata"]["namespace"]
         out = {}
+        for source in container.get("envFrom", []):  # every key of each, before `env`, which wins over them
+            if "secretRef" in source:
+                out.update(self._data(ns, "secret", source["secretRef"]["name"]))
+            elif "configMapRef" in source:
+                out.update(self._data(ns, "configMap", source["configMapRef"]["name"]))
         for item in container.get("env", []):
             if "value" in item:
                 out[item["name"]] = str(item["value"])
@@ -595,5 +770,5 @@ class PodRunner:
             if path.startswith(prefix):
                 return mapping.get(path[len(prefix):-2], "")
         simple = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
-                  "status.podIP": LOOPBACK, "status.hostIP": LOOPBACK, "spec.nodeName": "localhost"}
+                  "status.podIP": pod.ip, "status.hostIP": host_address(), "spec.nodeName": "localhost"}
         return simple[path]

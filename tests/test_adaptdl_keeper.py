@@ -48,6 +48,23 @@ def test_the_trial_gets_adaptdls_environment(trial_env, tmp_path):
     assert (home / "checkpoint").is_dir() and (home / "share").is_dir()
 
 
+def test_the_job_keeps_the_name_adaptdls_scheduler_gave_it(trial_env):
+    # In an AdaptDLJob's pod the scheduler's controller sets ADAPTDL_JOB_ID to the job's namespace/name: the
+    # supervisor finds replica 0 and takes the trainer's hints by it, so the keeper must pass it on.
+    env = {**trial_env, "TRIALKIT_EXPERIMENT_ID": "exp", "TRIALKIT_TRIAL_ID": "t3", "ADAPTDL_JOB_ID": "team/tk-exp-t3"}
+    show = py("""
+        import os
+        print(os.environ["ADAPTDL_JOB_ID"])
+    """)
+    k = keeper(show, {**env, "TRIALKIT_PLATFORM": "adaptdl"})
+    assert k.wait() == 0
+    assert k.stdout.strip() == b"team/tk-exp-t3"
+    # Elsewhere the name is trialkit's (adaptdl-ray's supervisor knows its trainers by it), whatever was inherited.
+    k = keeper(show, {**env, "TRIALKIT_PLATFORM": "local"})
+    assert k.wait() == 0
+    assert k.stdout.strip() == b"exp/t3"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("adaptdl") is None, reason="needs the adaptdl extra")
 def test_preempted_by_cleanup_then_resumed_from_the_checkpoint(trial_env):

@@ -101,12 +101,23 @@ def test_render_prints_a_clusters_objects_without_the_token(tmp_path):
         "  platform: kubeflow\n"
         "  managerAddress: 10.0.0.5\n"
         "  master: {replicas: 1, command: python3 train.py, image: example/train:1}\n")
-    done = cli("render", config, "--trial", "1", "-o", tmp_path)
+    done = cli("render", config, "--trial", "1", "-o", tmp_path / "out" / "k8s")  # made, as a user expects
     assert done.returncode == 0, done.stderr
-    text = (tmp_path / "render-00001.yaml").read_text()
+    text = (tmp_path / "out" / "k8s" / "render-00001.yaml").read_text()
     assert "kind: PyTorchJob" in text and "http://10.0.0.5:" in text
     assert "<redacted>" not in text  # the token travels by Secret reference only
     assert "secretKeyRef" in text
+
+
+def test_render_into_what_cannot_be_a_directory_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    config = tmp_path / "kubeflow.yml"
+    config.write_text("searchSpace: {lr: {_type: choice, _value: [0.1]}}\ntuner: {name: Random}\n"
+                      "trainingService: {platform: kubeflow, managerAddress: 10.0.0.5, "
+                      "master: {replicas: 1, command: python3 train.py, image: example/train:1}}\n")
+    done = cli("render", config, "-o", tmp_path / "file" / "out")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "-o: cannot make the directory" in done.stderr
 
 
 def test_experiment_list_with_none():

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from containers_util import ended, needs_podman, running
-from experiment_util import cli, experiment_id, reported, start_cli, stored, trial_status
+from experiment_util import RESUMABLE, cli, experiment_id, reported, start_cli, stored, trial_status
 from harness import wait_until
 from k8s_fake_api import FakeApiServer
 from pod_runner import PodRunner, host_address
@@ -110,6 +110,8 @@ def test_pytorchjob_master_and_worker_over_gloo(cluster, containers, torch_image
         assert trial_status(home, trial) == "SUCCEEDED"
         assert metric_values(home, trial) == [3.0]
         assert sorted(name.rsplit("-", 2)[-2] for name in runner.pods) == ["master", "worker"]
+        # The trial ends with its master; the worker's keeper may still be flushing.
+        runner.wait_for(lambda pods: all(pod.done.is_set() for pod in pods.values()), TIMEOUT, "every pod to end")
         assert all(pod.exit_code == 0 for pod in runner.pods.values())
         assert "rank 0 of 2: sum 3.0" in logs(trial, 0)
         worker = next(name for name in runner.pods if name.endswith("-worker-0"))
@@ -141,33 +143,6 @@ def test_frameworkcontroller_with_two_task_roles(cluster, containers, image, tmp
         assert shipped.returncode == 0 and "task worker-0 runs" in shipped.stdout, shipped.stdout + shipped.stderr
         ps = next(name for name in runner.pods if "-ps-" in name)
         assert "task ps-0 runs" in runner.logs(ps)  # not shipped: only the reporting task's keeper ships today
-
-
-# Counts steps from its checkpoint; on SIGTERM saves the step and exits 143 (AdaptDL's convention).
-# A first run holds at step 10 until it is stopped; a resumed one goes on to 30 and reports.
-RESUMABLE = """
-import os, pathlib, signal, sys, time, trialkit
-saved = pathlib.Path(trialkit.checkpoint_dir()) / "step"
-step = int(saved.read_text()) if saved.exists() else 0
-print(f"restart {os.environ.get('ADAPTDL_NUM_RESTARTS', os.environ.get('TRIALKIT_RESTART_COUNT'))} from step {step}",
-      flush=True)
-def checkpoint(signum, frame):
-    saved.write_text(str(step))
-    print(f"checkpoint at step {step}", flush=True)
-    sys.exit(143)
-signal.signal(signal.SIGTERM, checkpoint)
-x = trialkit.get_next_parameter()["x"]
-resumed = saved.exists()
-while step < 30:
-    if step == 10 and not resumed:
-        time.sleep(0.1)
-        continue
-    step += 1
-    if step % 5 == 0:
-        trialkit.report_intermediate_result(step)
-    time.sleep(0.05)
-trialkit.report_final_result(x)
-"""
 
 
 def progress(home: Path, trial: str) -> int:

@@ -76,6 +76,7 @@ def ran_well(config: Path, runner: PodRunner, home: Path) -> str:
     assert metric_values(home, trial) == [6]
     shipped = cli("trial", "logs", trial).stdout
     assert f"trialkit from {SIDE}" in shipped and "in /var/lib/trialkit/trial/code" in shipped, runner.describe()
+    runner.wait_for(lambda pods: all(pod.done.is_set() for pod in pods.values()), TIMEOUT, "every pod to end")
     assert all(pod.exit_code == 0 for pod in runner.pods.values()), runner.describe()
     return exp
 

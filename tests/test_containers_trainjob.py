@@ -17,6 +17,7 @@ from pod_runner import PodRunner
 from pools_util import pools_yml
 from test_containers_k8s import (CODE, DISTRIBUTED, RESUMABLE, TIMEOUT, cluster, experiment_config,  # noqa: F401
                                  finish_run, logs, metric_values, progress, run_to_the_end)
+from test_containers_k8s_multinode import UNREACHABLE
 from trialkit.platforms.kubernetes.client import KubeClient
 
 pytestmark = [pytest.mark.containers, needs_podman]
@@ -114,3 +115,45 @@ def test_a_waiting_jobs_priority_class_changes_and_an_admitted_ones_is_refused(c
             wait_until(lambda: progress(home, waiting) >= 1, TIMEOUT, "the raised trial to run")
             cli("experiment", "stop", exp)
             proc.communicate(timeout=TIMEOUT)
+
+
+# Runs until the test releases its trial, reporting nothing it could deliver.
+UNTIL_RELEASED = f"""
+import os, time
+while not os.path.exists("{CODE}/release-" + os.environ["TRIALKIT_TRIAL_ID"]):
+    time.sleep(0.2)
+"""
+
+
+def test_a_trial_kueue_held_then_admitted_runs_by_the_clusters_word_though_its_keeper_is_unheard(
+        cluster, containers, image, tmp_path):
+    """Both lines of issue 41 at once: Kueue held the trial (WAITING with its words), admits it, and its pod
+    runs; its keeper cannot reach the manager, so only the cluster says it runs: the trial is RUNNING, and no
+    longer counted as waiting for Kueue."""
+    home = tmp_path / "home"
+    home.mkdir()
+    pools_yml(home, "  gpu: {kueue: {namespace: default, localQueue: lq}}\n")
+    kueue = KueuePlay(cluster, "default", "lq", pods=1)
+    section = {"platform": "kubeflow", "operator": "trainjob", "worker": {"replicas": 1},
+               "managerAddress": UNREACHABLE}
+    config, code = experiment_config(tmp_path, UNTIL_RELEASED, section, trialConcurrency=2, maxTrialNumber=2,
+                                     searchSpace={"x": {"_type": "choice", "_value": [3, 4]}})
+    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}, kueue=kueue) as runner:
+        with running(config) as (proc, exp):
+            trials = (f"{exp}-00000", f"{exp}-00001")
+            wait_until(lambda: "RUNNING" in [trial_status(home, trial) for trial in trials], TIMEOUT,
+                       "a trial to run", every=0.5)
+            first, second = trials if trial_status(home, trials[0]) == "RUNNING" else trials[::-1]
+            wait_until(lambda: any("queued in Kueue's LocalQueue lq" in (reason or "")
+                                   for _, reason in statuses(home, exp, second)), TIMEOUT, "the second to wait")
+            kueue.pods = 2  # the ClusterQueue's quota grows: Kueue admits the second
+            wait_until(lambda: trial_status(home, second) == "RUNNING", TIMEOUT, "the second trial to run",
+                       every=0.5)
+            (code / f"release-{first}").write_text("")
+            wait_until(lambda: trial_status(home, first) == "SUCCEEDED", TIMEOUT, "the first trial to end")
+            (code / f"release-{second}").write_text("")
+            out, err = proc.communicate(timeout=TIMEOUT)
+        assert proc.returncode == 0, out + err + runner.describe()
+    # The line of the first trial's end counts the second as running, not as held by Kueue.
+    [line] = [line for line in out.splitlines() if line.startswith(f"trial {first} SUCCEEDED")]
+    assert "1 done, 1 running, 0 failed" in line and "waiting" not in line, line

@@ -159,8 +159,13 @@ def test_a_resource_pool_and_priority_are_the_local_platform_s_pool_and_the_job_
     ({"resources": {"shm_size": 4096}}, "resources.shm_size"),
     ({"searcher": {"name": "pbt", "metric": "l"}}, "searcher.name"),
     ({"searcher": {"name": "single", "metric": "l", "source_trial_id": 3}}, "searcher.source_trial_id"),
-    ({"checkpoint_storage": {"type": "s3", "bucket": "b"}}, "checkpoint_storage.type"),
-    ({"checkpoint_storage": {"type": "shared_fs", "host_path": "/tmp", "save_trial_best": 2}},
+    ({"checkpoint_storage": {"type": "directory", "container_path": "/ckpt"}}, "checkpoint_storage.type"),
+    ({"checkpoint_storage": {"type": "s3", "bucket": "b", "secret_key": "kept"}}, "checkpoint_storage.secret_key"),
+    ({"checkpoint_storage": {"type": "azure", "container": "c", "connection_string": "k"}},
+     "checkpoint_storage.connection_string"),
+    ({"checkpoint_storage": {"type": "gcs", "bucket": "b", "endpoint_url": "http://x"}},
+     "checkpoint_storage.endpoint_url"),
+    ({"checkpoint_storage": {"type": "shared_fs", "host_path": "/tmp", "save_trial_best": -1}},
      "checkpoint_storage.save_trial_best"),
     ({"environment": {"image": "det:latest"}}, "environment.image"),
     ({"environment": {"pod_spec": {}}}, "environment.pod_spec"),
@@ -207,8 +212,8 @@ def test_every_problem_in_a_determined_config_is_refused_at_once_in_one_line_exi
                   searcher={"name": "single", "metric": "x", "source_trial_id": 3},
                   resources={"shm_size": 4096, "slots_per_trial": 1},
                   hyperparameters={"lr": {"type": "double", "minval": 1, "maxval": 0}},
-                  checkpoint_storage={"type": "shared_fs", "host_path": str(tmp_path), "save_trial_best": 1,
-                                      "save_trial_latest": 1, "save_experiment_best": 0},
+                  checkpoint_storage={"type": "s3", "bucket": "b", "access_key": "AK", "secret_key": "SK",
+                                      "save_trial_latest": "one"},
                   environment={"pod_spec": {}}, workspace="research")
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -216,12 +221,13 @@ def test_every_problem_in_a_determined_config_is_refused_at_once_in_one_line_exi
     assert done.returncode == 2 and done.stdout == "", done.stdout
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     wheres = ["checkpoint_policy", "profiling", "searcher.source_trial_id", "hyperparameters.lr.maxval",
-              "resources.shm_size", "environment.pod_spec", "checkpoint_storage.save_trial_best",
-              "checkpoint_storage.save_trial_latest", "checkpoint_storage.save_experiment_best"]
+              "resources.shm_size", "environment.pod_spec", "checkpoint_storage.access_key",
+              "checkpoint_storage.secret_key", "checkpoint_storage.save_trial_latest"]
     assert f"{len(wheres)} problems: " in done.stderr, done.stderr
     for where in wheres:
         assert f"{where}: " in done.stderr, (where, done.stderr)
     assert "workspace" not in done.stderr  # taken, with its note
+    assert "SK" not in done.stderr and "AK" not in done.stderr  # a credential is named by its key, never shown
 
 
 def test_a_context_dir_is_only_for_a_determined_config(tmp_path):

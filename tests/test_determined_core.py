@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from experiment_util import by_sequence, cli, experiment_id, export, reported, start_cli, trial_status
-from harness import ROOT, channel_records, wait_until
+from experiment_util import by_sequence, cli, experiment_id, export, paused_and_activated
+from harness import ROOT, channel_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "determined"
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -66,14 +66,9 @@ def test_metrics_are_stored_and_the_validation_is_the_final_result():
 def pause_and_resume(home: Path, config: str) -> tuple:
     """Run `config`, pause its trial after 20 batches, check it left by itself through should_preempt()
     (exit 143, the keeper's own verdict PREEMPTED: no death by SIGTERM), activate it, run to the end.
-    Returns (the latest checkpoint's dir as it was paused, the last step run 0 reported, each run's row)."""
-    proc = start_cli("run", FIXTURES / config, FIXTURES)
-    try:
-        exp = experiment_id(proc.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 2, WAIT, "two checkpoints (20 batches)")
-        assert cli("trial", "pause", trial).returncode == 0
-        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to stop with its checkpoint")
+    Returns (the state file of the latest checkpoint as it was paused, the last step run 0 reported, each run's
+    row). Read while paused: Determined's retention (the latest and the best) deletes it once the trial goes on."""
+    def while_paused(exp: str, trial: str) -> tuple:
         paused = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)[0]
         kept = json.loads((Path(paused["trial_dir"]) / ".trialkit" / "status.json").read_text())
         assert paused["exit_code"] == 143 and kept["status"] == "PREEMPTED", kept
@@ -83,21 +78,17 @@ def pause_and_resume(home: Path, config: str) -> tuple:
         latest = checkpoints / (checkpoints / "latest").read_text()
         # The checkpoint stored at the last report before should_preempt() said yes.
         assert json.loads((latest / "metadata.json").read_text()) == {"steps_completed": stopped_at}
-        assert cli("trial", "activate", trial).returncode == 0
-        out, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode == 0, out + err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        return (latest / "state").read_text() if (latest / "state").exists() else None, stopped_at
+
+    exp, (state, stopped_at) = paused_and_activated(home, [FIXTURES / config, FIXTURES], 2, while_paused)
     runs = {row["run"]: row for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
     assert sorted(runs) == [0, 1] and runs[1]["status"] == "SUCCEEDED" and runs[1]["restart_count"] == 1
-    return latest, stopped_at, runs
+    return state, stopped_at, runs
 
 
 def test_a_pause_reaches_should_preempt_and_the_trial_resumes_from_its_stored_checkpoint(home):
-    latest, stopped_at, runs = pause_and_resume(home, "2_checkpoints.yaml")
-    assert (latest / "state").read_text() == f"{stopped_at},{stopped_at},0"  # x, steps, trial id
+    state, stopped_at, runs = pause_and_resume(home, "2_checkpoints.yaml")
+    assert state == f"{stopped_at},{stopped_at},0"  # x, steps, trial id
     # Run 1 began where the checkpoint left off: no batch trained twice, x carried on.
     assert [n for n, _ in metrics(runs[0], "training")] == list(range(10, stopped_at + 1, 10))
     assert metrics(runs[1], "training") == [(n, {"x": n}) for n in range(stopped_at + 10, 101, 10)]
@@ -223,8 +214,8 @@ def test_a_pause_stops_every_torch_distributed_rank_at_one_step_and_the_trial_re
     """Two workers of determined.launch.torch_distributed: rank 0 hears the pause, every rank stops at the
     same step through should_preempt(), the trial resumes from rank 0's checkpoint and reports once."""
     pytest.importorskip("torch", reason="torch is one of trialkit's extras")
-    latest, stopped_at, runs = pause_and_resume(home, "trialkit_torch_pause.yaml")
-    assert (latest / "state").read_text() == f"{3 * stopped_at},{stopped_at}"
+    state, stopped_at, runs = pause_and_resume(home, "trialkit_torch_pause.yaml")
+    assert state == f"{3 * stopped_at},{stopped_at}"
     out = (Path(runs[0]["trial_dir"]) / "stdout.log").read_text().splitlines()
     assert sorted(line for line in out if "preempted" in line) == [
         f"[rank={r}] preempted after step {stopped_at}" for r in (0, 1)]

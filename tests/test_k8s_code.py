@@ -256,6 +256,17 @@ def test_a_pod_without_trialkit_fetches_code_and_trial_side_and_reports(tmp_path
     assert again.returncode == 0, again.stderr
 
 
+def test_a_pod_without_trialkit_asked_for_an_object_store_fails_before_training_saying_why(tmp_path, manager, client,  # noqa: F811
+                                                                                            bare_python):
+    env = {**submitted_env(tmp_path, manager, client),
+           "TRIALKIT_CHECKPOINT_STORE": json.dumps({"type": "s3", "bucket": "ckpts", "prefix": "p"})}
+    done = run_pod(env, tmp_path, bare_python)
+    assert done.returncode == 1, done.stderr
+    assert "needs trialkit in the image, with its checkpoints extra" in done.stderr
+    assert "Traceback" not in done.stderr and "trialkit from" not in done.stdout  # training never started
+    assert manager.store.records_for("a1", "PERIODICAL") == []
+
+
 def test_bytes_that_do_not_match_the_digest_are_refused(tmp_path, manager, client, bare_python):  # noqa: F811
     env = submitted_env(tmp_path, manager, client)
     kept = archives.archive_path(manager.store.path.parent, "expA", env["TRIALKIT_CODE_DIGEST"])

@@ -124,12 +124,15 @@ def test_removing_the_experiment_leaves_no_object_behind(api, client, tmp_path, 
     assert platform.remove_experiment("exp1", ["t1", "t2"]) == []  # twice: nothing left, no error
 
 
-def test_the_end_of_the_experiment_gives_back_the_claims_but_keeps_the_jobs(api, client, tmp_path):
+def test_the_end_of_the_experiment_gives_back_the_checkpoint_claims_but_keeps_the_jobs_and_tensorboard(
+        api, client, tmp_path):
     platform = platform_of(adaptdljob, {**KINDS[2][1], **STORAGE}, tmp_path, client)
     platform.submit(spec("t1"))
     assert len(claims(api)) == 3
     platform.experiment_ended("exp1", ["t1"])
-    assert claims(api) == {} and len(job_paths(api)) == 1, "a finished job goes with its retention"
+    # The TensorBoard data stays until `experiment delete`: it can be served after the experiment.
+    assert list(claims(api)) == [adaptdljob.tensorboard_name("exp1")]
+    assert len(job_paths(api)) == 1, "a finished job goes with its retention"
 
 
 # --- through the command line, against the stand-in API server -----------------
@@ -191,8 +194,9 @@ def test_run_stop_then_delete_leaves_nothing_on_the_cluster(api, tmp_path, monke
             proc.kill()
             proc.wait()
     assert job_paths(api) == [] and claims(api) == {}, "stopped: jobs stopped, claims given back"
-    left = sorted(api.objects)  # the ConfigMaps and Secrets the jobs owned (no garbage collector here)
-    assert left and all("/configmaps/" in path or "/secrets/" in path for path in left)
+    # The ConfigMaps and Secrets the jobs owned (no garbage collector here), the pods' account until the delete.
+    left = sorted(api.objects)
+    assert left and all(any(kind in path for kind in ("/configmaps/", "/secrets/", "/serviceaccounts/")) for path in left)
     refused = cli("experiment", "delete", exp)
     assert refused.returncode == 2 and "--yes" in refused.stderr
     deleted = cli("experiment", "delete", exp, "--yes")

@@ -98,6 +98,14 @@ def check_contract(objects, config, spec: TrialSpec) -> None:
         assert env["TRIALKIT_PARAMETERS"] == spec.env["TRIALKIT_PARAMETERS"]
         assert env["TRIALKIT_PLATFORM"] == config.platform
         assert env["TRIALKIT_TRIAL_DIR"] == k8s.POD_TRIAL_DIR
+        # Its own account with no rights (no token mounted), unless the config names one.
+        accounts = [o for o in objects if o["kind"] == "ServiceAccount"]
+        if config.common.service_account:
+            assert template["spec"]["serviceAccountName"] == config.common.service_account and not accounts
+        else:
+            [account] = accounts
+            assert template["spec"]["serviceAccountName"] == account["metadata"]["name"]
+            assert account["automountServiceAccountToken"] is False
         # The store's count, but never over AdaptDL's own (ADAPTDL_NUM_RESTARTS, one higher at each rescale).
         assert env.get("TRIALKIT_RESTART_COUNT") == (None if config.platform == "adaptdl" else "0"), config.platform
         url = urlsplit(env["TRIALKIT_MANAGER_URL"])
@@ -143,10 +151,23 @@ def test_frameworkcontroller_renders_valid_objects(section, spec):
     check_contract(objects, config, spec)
     job = job_of(objects)
     assert [r["name"] for r in job["spec"]["taskRoles"]] == [t.role.name for t in config.task_roles]
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
     for rendered, task_role in zip(job["spec"]["taskRoles"], config.task_roles):
         assert rendered["taskNumber"] == task_role.role.count
-        assert rendered["task"]["pod"]["spec"]["restartPolicy"] == "Never"
+        pod = rendered["task"]["pod"]
+        assert pod["spec"]["restartPolicy"] == "Never"
         assert rendered["task"]["podGracefulDeletionTimeoutSec"] > config.common.termination_grace_seconds
+        # Its tasks are found by name, {role}-{index}.{framework}-{role}, and know how many they are.
+        assert pod["spec"]["hostname"] == "{{FC_TASKROLE_NAME}}-{{FC_TASK_INDEX}}"
+        service = services[pod["spec"]["subdomain"]]
+        assert pod["spec"]["subdomain"] == f"{job['metadata']['name']}-{rendered['name']}"
+        assert k8s_schemas.DNS_LABEL.match(pod["spec"]["subdomain"]) and len(pod["spec"]["subdomain"]) <= 63
+        assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+        assert service["spec"]["selector"] == {"FC_FRAMEWORK_NAME": job["metadata"]["name"],
+                                               "FC_TASKROLE_NAME": rendered["name"]}
+        [container] = [c for c in pod["spec"]["containers"] if c["name"] == "trial"]
+        assert env_of(container)["TRIALKIT_NUM_NODES"] == str(task_role.role.count)
+    assert len(services) == len(config.task_roles)
     # FrameworkController sets no defaults: every field it reads is there.
     assert job["spec"]["executionType"] == "Start" and set(job["spec"]["retryPolicy"]) == {"fancyRetryPolicy", "maxRetryCount"}
 
@@ -160,7 +181,9 @@ def test_adaptdl_renders_valid_objects(section, spec):
     job = job_of(objects)
     assert len(job["metadata"]["name"]) <= adaptdl.NAME_BUDGET
     assert job["spec"]["preemptible"] is config.preemptible
-    assert [o["kind"] for o in objects] == ["Secret", "ConfigMap"] + ["PersistentVolumeClaim"] * 3 + ["AdaptDLJob"]
+    account = [] if config.common.service_account else ["ServiceAccount"]
+    assert [o["kind"] for o in objects] == ["Secret", *account, "ConfigMap"] + ["PersistentVolumeClaim"] * 3 + \
+        ["AdaptDLJob"]
 
 
 @settings(max_examples=60, deadline=None)
@@ -203,6 +226,10 @@ def test_examples_render_cleanly(path, monkeypatch):
     command = config_file.get("trialCommand") or config_file["trial"].get("command") or "python3 train.py"
     objects = k8s.render_trial(config, spec_for(command))
     check_contract(objects, config, spec_for(command))
+    for template, container in containers(objects):
+        # Pods put on GPU nodes (tolerating their taint) ask for a GPU: else they hold a GPU node and use none.
+        if any(t.get("key") == k8s.GPU_RESOURCE for t in template["spec"].get("tolerations", [])):
+            assert int(container.get("resources", {}).get("limits", {}).get(k8s.GPU_RESOURCE, 0)) >= 1, path.name
 
 
 V1_SEEDS = {
@@ -440,6 +467,24 @@ def test_user_template_keeps_what_trialkit_does_not_set(tmp_path):
     assert job_of(k8s.render_trial(parse(section), spec_for())) == job
 
 
+def test_the_trial_pods_account_is_the_configs_else_the_templates_else_one_with_no_rights(tmp_path):
+    template = yaml.safe_load((EXAMPLES / "pytorchjob-gpu-nodes.yaml").read_text())
+    template["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["serviceAccountName"] = "team-reader"
+    path = tmp_path / "template.yaml"
+    path.write_text(yaml.safe_dump(template))
+    base = {"platform": "kubeflow", "managerAddress": "10.0.0.2", "dockerImage": "img:1", "master": {"replicas": 1}}
+
+    def accounts(section):
+        objects = k8s.render_trial(parse(section), spec_for())
+        pods = [t["spec"]["serviceAccountName"] for t in k8s_schemas.pod_templates(job_of(objects))]
+        return pods, [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
+
+    own = k8s.trial_service_account_name(k8s.trial_names(spec_for()))
+    assert accounts(base) == ([own], [own])
+    assert accounts({**base, "trialTemplate": str(path)})[0] == ["team-reader"]
+    assert accounts({**base, "trialTemplate": str(path), "serviceAccountName": "trainer"}) == (["trainer"], [])
+
+
 def test_secret_values_are_filled_only_for_submission():
     spec = spec_for()
     objects = k8s.render_trial(parse(adl()), spec)
@@ -499,6 +544,10 @@ def test_a_role_without_image_is_refused_when_the_config_loads_naming_the_key():
         parse(section)
 
 
+def first(objects, kind: str) -> dict:
+    return next(o for o in objects if o["kind"] == kind)
+
+
 def test_strict_validation_has_teeth():
     """The checks reject what a strict API server rejects: the render tests mean something."""
     objects = k8s.render_trial(parse(adl()), spec_for())
@@ -516,8 +565,10 @@ def test_strict_validation_has_teeth():
          AssertionError, "-bad-"),  # label syntax
         (lambda o: o[-1]["spec"]["template"]["spec"]["volumes"].pop(),
          AssertionError, "adaptdl-tensorboard"),  # a mount without its volume
-        (lambda o: o[2]["spec"].update(storage="1Gi"),
+        (lambda o: first(o, "PersistentVolumeClaim")["spec"].update(storage="1Gi"),
          schema_error, "'storage' was unexpected"),  # not a PVC spec field
+        (lambda o: first(o, "ServiceAccount").update(automountToken=False),
+         schema_error, "'automountToken' was unexpected"),  # not a ServiceAccount field
     ):
         broken = json.loads(json.dumps(objects))
         mutate(broken)

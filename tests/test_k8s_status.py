@@ -151,6 +151,13 @@ CREATING = {"waiting": {"reason": "ContainerCreating"}}
 RUN = {"running": {"startedAt": T0}}
 
 
+def running_pod(name: str) -> dict:
+    """A pod whose trial container the kubelet has started (phase Running)."""
+    out = pod(name, RUN)
+    out["status"]["phase"] = "Running"
+    return out
+
+
 def ended(code: int) -> dict:
     return {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": T0, "finishedAt": T0}}
 
@@ -164,6 +171,10 @@ PODS = [
     ("an init container's image too", PlatformStatus(WAITING), [pod("p0", CREATING, init_state=PULL_BACKOFF)],
      PlatformStatus(FAILED, 'p0: ImagePullBackOff: Back-off pulling image "registry.example.com/nope:1"')),
     ("running", PlatformStatus(RUNNING), [pod("p0", RUN)], PlatformStatus(RUNNING)),
+    # The operator says Running only once all its pods run (training-operator) or not at all (its pods still
+    # come up): one running pod is a running trial, whether or not its keeper has reached the manager.
+    ("one pod runs, the job not yet", PlatformStatus(WAITING), [running_pod("p0"), pod("p1", CREATING)],
+     PlatformStatus(RUNNING)),
     ("failed: the trial's exit code", PlatformStatus(FAILED, "PodFailure"), [pod("p0", ended(0)), pod("p1", ended(3))], PlatformStatus(FAILED, "PodFailure", 3)),
     ("succeeded: exit code 0", PlatformStatus(SUCCEEDED), [pod("p0", ended(0))], PlatformStatus(SUCCEEDED, "", 0)),
     ("a sidecar's exit code is not the trial's", PlatformStatus(SUCCEEDED), [pod("p0", ended(0), sidecar_state=ended(2))], PlatformStatus(SUCCEEDED, "", 0)),

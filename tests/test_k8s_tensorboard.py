@@ -2,8 +2,9 @@
 
 `trialkit experiment tensorboard ID` makes a Deployment and a Service over the
 experiment's TensorBoard claim (the one every trial's pods mount) against
-the fake API server, prints how to reach it, and they go when the experiment
-ends. Every object is validated against the real schemas.
+the fake API server, prints how to reach it; they go when the experiment
+ends, the claim when it is deleted. Every object is validated against the
+real schemas.
 """
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def experiment(tmp_path, monkeypatch):
     return "expA"
 
 
-def test_made_on_request_kept_when_asked_again_and_gone_with_the_experiment(experiment, api, client, capsys):  # noqa: F811
+def test_made_on_request_kept_when_asked_again_and_its_data_outlives_the_experiment(experiment, api, client,  # noqa: F811
+                                                                                       capsys):
     assert cli.main(["experiment", "tensorboard", experiment]) == 0
     said = capsys.readouterr().out
     name = adaptdl.tensorboard_name(experiment)
@@ -74,9 +76,17 @@ def test_made_on_request_kept_when_asked_again_and_gone_with_the_experiment(expe
     assert made == [("Deployment", name), ("PersistentVolumeClaim", name), ("Service", name)]
     assert cli.main(["experiment", "tensorboard", experiment]) == 0  # asked again: what runs is kept
     assert len(api.objects) == 3
+    claim = next(o for o in api.objects.values() if o["kind"] == "PersistentVolumeClaim")
     platform = adaptdl.Platform(load_config_of(experiment), paths.experiment_dir(experiment), client=client)
     platform.experiment_ended(experiment, [])
-    assert api.objects == {}
+    # What served it goes; the claim with the trials' TensorBoard data stays (seed 000: read after the jobs).
+    assert [o["kind"] for o in api.objects.values()] == ["PersistentVolumeClaim"]
+    assert cli.main(["experiment", "tensorboard", experiment]) == 0  # an ended experiment's data, served again
+    again = {o["kind"]: o for o in api.objects.values()}
+    assert again["PersistentVolumeClaim"]["metadata"]["uid"] == claim["metadata"]["uid"]  # the same claim, not a new one
+    volume = again["Deployment"]["spec"]["template"]["spec"]["volumes"][0]
+    assert volume["persistentVolumeClaim"]["claimName"] == name
+    assert name in platform.remove_experiment(experiment, [])[0] and api.objects == {}  # `experiment delete`
 
 
 def load_config_of(experiment_id: str):

@@ -113,6 +113,27 @@ def test_the_runtime_key_names_the_runtime():
     assert objects[-1]["spec"]["runtimeRef"]["name"] == "torch-distributed"
 
 
+def test_the_nodes_account_is_the_configs_else_the_templates_patch_else_one_with_no_rights(tmp_path):
+    def accounts(section):
+        _, objects = rendered(section)
+        pods = {template["spec"].get("serviceAccountName") for template, _ in trainer_play.templates(objects[-1]).values()}
+        return pods, [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
+
+    own = k8s.trial_service_account_name(k8s.trial_names(trial()))
+    unnamed = {key: value for key, value in SECTION.items() if key != "serviceAccountName"}
+    assert accounts(unnamed) == ({own}, [own])
+    assert accounts(SECTION) == ({"trials"}, [])
+    # A trialTemplate's own patch that names one keeps it (as a PyTorchJob template's pod does).
+    template = {"apiVersion": trainjob.API_VERSION, "kind": "TrainJob", "metadata": {"name": "t"},
+                "spec": {"runtimeRef": {"name": "torch-distributed"}, "runtimePatches": [
+                    {"manager": "example.com/team", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+                        {"name": "node", "template": {"spec": {"template": {
+                            "spec": {"serviceAccountName": "team-reader"}}}}}]}}}}]}}
+    path = tmp_path / "trainjob.yaml"
+    path.write_text(yaml.safe_dump(template))
+    assert accounts({**unnamed, "trialTemplate": str(path)})[0] == {"team-reader"}
+
+
 def test_code_in_the_image_is_run_from_there():
     _, objects = rendered({**SECTION, "workingDir": "/workspace"})
     assert {"name": "TRIALKIT_CODE_DIR", "value": "/workspace"} in objects[-1]["spec"]["trainer"]["env"]

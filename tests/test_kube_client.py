@@ -180,6 +180,7 @@ def test_submit_creates_needs_first_then_the_job_then_ownership(api, client, tmp
     core, crd = "/api/v1/namespaces/team", "/apis/adaptdl.petuum.com/v1/namespaces/team"
     assert api.calls() == [
         ("POST", f"{core}/secrets"),
+        ("POST", f"{core}/serviceaccounts"),
         ("POST", f"{core}/configmaps"),
         ("POST", f"{core}/persistentvolumeclaims"),
         ("POST", f"{core}/persistentvolumeclaims"),
@@ -190,8 +191,11 @@ def test_submit_creates_needs_first_then_the_job_then_ownership(api, client, tmp
     ]
     job = api.objects[f"{crd}/adaptdljobs/{job_name}"]
     owner = {"apiVersion": "adaptdl.petuum.com/v1", "kind": "AdaptDLJob", "name": job_name, "uid": job["metadata"]["uid"]}
-    for request in api.requests[6:]:
+    for request in api.requests[7:]:
         assert request.body == {"metadata": {"ownerReferences": [owner]}}
+    # The pods' account is the experiment's, nobody's: it serves every trial, with no rights.
+    account = next(v for k, v in api.objects.items() if "/serviceaccounts/" in k)
+    assert "ownerReferences" not in account["metadata"] and account["automountServiceAccountToken"] is False
     # Claims are nobody's: the trial's checkpoint outlives its job (pause), the TensorBoard claim every trial.
     claims = [v for k, v in api.objects.items() if "/persistentvolumeclaims/" in k]
     assert len(claims) == 3 and all("ownerReferences" not in claim["metadata"] for claim in claims)
@@ -215,12 +219,12 @@ def test_submit_is_idempotent(api, client, tmp_path):
 
 def test_a_refused_job_leaves_nothing_of_the_trial_behind(api, client, tmp_path):
     platform = adaptdl_platform(tmp_path, client)
-    api.faults = [None] * 5 + ["403"]  # the five needs are created; the job is refused
+    api.faults = [None] * 6 + ["403"]  # the six needs are created; the job is refused
     with pytest.raises(ClusterError) as caught:
         platform.submit(spec())
     assert caught.value.status == 403
     left = sorted(k.rsplit("/", 2)[-2] for k in api.objects)
-    assert left == ["persistentvolumeclaims"]  # only the experiment's TensorBoard claim
+    assert left == ["persistentvolumeclaims", "serviceaccounts"]  # only the experiment's: TensorBoard claim, account
     assert [m for m, _ in api.calls()[-4:]] == ["DELETE"] * 4
 
 

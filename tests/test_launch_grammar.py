@@ -1,6 +1,7 @@
 """The launchers' shared grammar, their exact command lines, and the topology they read."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 from launch_support import ROOT, launch_env
 from trialkit import env
 from trialkit.errors import UserError
-from trialkit.launch import deepspeed, grammar, horovod, launcher, torch_distributed
+from trialkit.launch import deepspeed, discover, grammar, horovod, launcher, torch_distributed
 from trialkit.launch.grammar import Launch
 
 PY = "/py"
@@ -134,6 +135,10 @@ def test_horovod_command():
 
 # -- topology from each platform's variables -----------------------------------
 
+TF_CONFIG = ('{"cluster": {"ps": ["j-ps-0.ns.svc:2222"], "worker": ["j-worker-0.ns.svc:2222", "j-worker-1.ns.svc:2222"]},'
+             ' "task": {"type": "%s", "index": %d}, "environment": "cloud"}')
+
+
 @pytest.mark.parametrize("environ, expected", [
     ({}, (1, 0, 1, "127.0.0.1", None, ())),
     ({"TRIALKIT_SLOTS_PER_NODE": "2"}, (1, 0, 2, "127.0.0.1", None, ())),
@@ -158,6 +163,11 @@ def test_horovod_command():
      (2, 1, 1, "worker-0.t1-worker", 29500, ("worker-0.t1-worker", "worker-1.t1-worker"))),
     ({"ADAPTDL_NUM_REPLICAS": "2", "ADAPTDL_REPLICA_RANK": "1", "ADAPTDL_MASTER_ADDR": "10.1.1.1",
       "ADAPTDL_MASTER_PORT": "47001", "ADAPTDL_NUM_NODES": "1"}, (2, 1, 1, "10.1.1.1", 47001, ())),
+    # A TFJob's pods: TF_CONFIG's tasks are the nodes, the workers first here (no chief), the ps last.
+    ({"TF_CONFIG": TF_CONFIG % ("ps", 0)},
+     (3, 2, 1, "j-worker-0.ns.svc", 2222, ("j-worker-0.ns.svc", "j-worker-1.ns.svc", "j-ps-0.ns.svc"))),
+    ({"TF_CONFIG": '{"cluster": {"worker": ["w0:2222"], "chief": ["c0:2000"]}, "task": {"type": "worker"}}'},
+     (2, 1, 1, "c0", 2000, ("c0", "w0"))),
     # trialkit's names win over a platform's.
     ({"PET_NNODES": "2", "PET_NODE_RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "1",
       "TRIALKIT_NUM_NODES": "1", "TRIALKIT_NODE_RANK": "0", "TRIALKIT_CHIEF_ADDR": "127.0.0.1",
@@ -182,6 +192,8 @@ def test_topology_round_trips_through_the_workers_environment():
     ({"TRIALKIT_NUM_NODES": "2"}, "no chief address"),
     ({"FC_TASKROLE_NAME": "w", "FC_TASK_INDEX": "1"}, "node rank 1 is outside 0..0"),
     ({"TRIALKIT_NUM_NODES": "0"}, "no worker at all"),
+    ({"TF_CONFIG": TF_CONFIG % ("evaluator", 0)}, "TF_CONFIG names no task of its cluster's chief, workers or ps"),
+    ({"TF_CONFIG": "{not json"}, "TF_CONFIG names no task"),
 ])
 def test_topology_errors(environ, says):
     with pytest.raises(UserError) as caught:
@@ -195,3 +207,72 @@ def test_launchers_start_without_heavy_imports():
             "print(sorted(heavy))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+# -- AdaptDL: node 0's address from its supervisor -------------------------------------
+
+class Supervisor:
+    """AdaptDL's supervisor's /discover: 408 for the first `late` asks (not every replica has an address yet)."""
+
+    def __init__(self, answer, late: int = 0):
+        import http.server
+        import threading
+
+        self.asked = []
+        supervisor = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                supervisor.asked.append(self.path)
+                body = json.dumps(answer).encode() if len(supervisor.asked) > late else b""
+                self.send_response(200 if body else 408)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+ADAPTDL_POD = {"ADAPTDL_NUM_REPLICAS": "2", "ADAPTDL_REPLICA_RANK": "1", "ADAPTDL_MASTER_PORT": "47003",
+               "ADAPTDL_NUM_RESTARTS": "3", "ADAPTDL_JOB_ID": "team/job"}
+
+
+@pytest.mark.parametrize("answer", [["10.0.0.5", "10.0.0.6"], {"pod_ip_list": ["10.0.0.5", "10.0.0.6"], "version": "0.2.11"}])
+def test_adaptdl_replicas_find_replica_zero_through_the_supervisor(answer):
+    supervisor = Supervisor(answer, late=1)
+    with supervisor as url:
+        environ = discover.with_chief({**ADAPTDL_POD, "ADAPTDL_SUPERVISOR_URL": url})
+    assert supervisor.asked == ["/discover/team/job/3"] * 2  # asked again after its 408
+    assert env.topology(environ)[:5] == (2, 1, 1, "10.0.0.5", 47003)
+
+
+def test_adaptdl_asks_only_where_nobody_named_replica_zero():
+    with Supervisor(["10.0.0.5"]) as url:
+        for environ in ({**ADAPTDL_POD, "ADAPTDL_SUPERVISOR_URL": url, "ADAPTDL_MASTER_ADDR": "10.1.1.1"},
+                        {**ADAPTDL_POD, "ADAPTDL_SUPERVISOR_URL": url, "TRIALKIT_CHIEF_ADDR": "10.1.1.1"},
+                        {**ADAPTDL_POD, "ADAPTDL_SUPERVISOR_URL": url, "ADAPTDL_NUM_REPLICAS": "1"},
+                        ADAPTDL_POD):
+            assert discover.with_chief(environ) is environ
+
+
+def test_an_adaptdl_supervisor_that_does_not_answer_is_one_line(monkeypatch):
+    monkeypatch.setattr(discover, "ATTEMPTS", 2)
+    with Supervisor([]) as url:
+        pass  # gone: its port refuses
+    with pytest.raises(UserError) as caught:
+        discover.with_chief({**ADAPTDL_POD, "ADAPTDL_SUPERVISOR_URL": url})
+    assert caught.value.line().startswith(f"ADAPTDL_SUPERVISOR_URL: cannot ask AdaptDL's supervisor at {url}/discover")
+    with Supervisor([]) as url, pytest.raises(UserError, match="named no address"):
+        discover.with_chief({**ADAPTDL_POD, "ADAPTDL_SUPERVISOR_URL": url})

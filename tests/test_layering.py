@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "trialkit"
 
 CONTRACT = {"env", "records", "statuses", "layout", "errors", "process", "channel", "schema", "gpus"}
-TRIAL = {"", "sdk", "keeper", "launch", "trial", "adaptdl", "shims"}  # "" is the SDK face, trialkit/__init__.py
+TRIAL = {"", "sdk", "keeper", "launch", "trial", "adaptdl", "shims", "checkpoints"}  # "" is the SDK face, trialkit/__init__.py
 FACES = {"cli", "experiment"}
 
 # Which layers each layer may import (itself included).

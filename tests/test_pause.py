@@ -98,7 +98,7 @@ def assert_resumed(exp: str, home: Path) -> dict:
     rows = by_sequence(export(exp))
     held, other = rows[0], rows[1]
     assert held["status"] == "SUCCEEDED" and held["restart_count"] == 1
-    assert held["run"] == 1 and held["intermediate"] == [3, 4, 5]  # the export shows the latest run
+    assert held["run"] == 1 and held["intermediate"] == [0, 1, 2, 3, 4, 5]  # the export: both runs, one series
     runs = [(row["run"], row["intermediate"]) for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)
             if row["sequence"] == 0]
     assert runs == [(0, [0, 1, 2]), (1, [3, 4, 5])]  # steps continued from the checkpoint, none repeated

@@ -121,6 +121,42 @@ def test_determined_groups_are_drawn_against_batches_and_every_run_is_one_curve(
     assert done.returncode == 0, done.stderr
 
 
+def test_a_name_two_groups_share_is_refused_with_the_names_that_tell_them_apart(home, monkeypatch):
+    exp = determined_trial(home)
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    done = cli("experiment", "plot", exp, "-o", home.parent / "det.png", "--metric", "loss")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "report 'loss' in 2 groups" in done.stderr
+    assert "name one of: validation.x, validation.loss, training.x, training.loss" in done.stderr
+
+
+def test_determined_metrics_are_named_as_their_user_wrote_them(home, monkeypatch):
+    """report_training_metrics(metrics={"loss": ...}), report_validation_metrics(metrics={"accuracy": ...}): the
+    names are loss and accuracy (each in one group), on the plot and in --metric; GROUP.NAME works too."""
+    store = Store.in_dir(home / "experiments" / "mine")
+    store.create_experiment("mine", {"searchSpace": {}})
+    store.add_trial("mine", "mine-00000", sequence=0, parameters={}, token=None)
+    reports = [("training", 25, "loss", 0.8), ("training", 50, "loss", 0.6), ("validation", 50, "accuracy", 0.4)]
+    store.add_records("mine-00000", [{"seq": seq, "type": "PERIODICAL", "run": 0, "value": {
+        "group": group, "steps_completed": step, "metrics": {name: value}}}
+        for seq, (group, step, name, value) in enumerate(reports, 1)])
+    store.close()
+    axes = [ax for ax in draw(rows_of(home, "mine"), "mine").axes if ax.get_visible()]
+    # The name as written, its group beside it as Determined's UI marks it.
+    assert [ax.get_title() for ax in axes] == ["accuracy (validation)", "loss (training)"]
+    assert [ax.get_ylabel() for ax in axes] == ["accuracy", "loss"]
+    (loss,) = draw(rows_of(home, "mine"), "mine", ["loss"]).axes[0].lines
+    assert (list(loss.get_xdata()), list(loss.get_ydata())) == ([25, 50], [0.8, 0.6])
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    for name in ("loss", "accuracy", "training.loss"):
+        done = cli("experiment", "plot", "mine", "-o", home.parent / f"{name}.png", "--metric", name)
+        assert done.returncode == 0, done.stderr
+    assert (home.parent / "loss.png").read_bytes() == (home.parent / "training.loss.png").read_bytes()
+    assert (home.parent / "loss.png").read_bytes() != (home.parent / "accuracy.png").read_bytes()
+    done = cli("experiment", "plot", "mine", "-o", home.parent / "x.png", "--metric", "acc")
+    assert done.returncode == 2 and "name one of: accuracy, loss" in done.stderr, done.stderr
+
+
 def test_an_experiment_that_ended_in_error_says_why_in_the_words_of_its_run(tmp_path, home):
     config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}}, "raise SystemExit(3)\n",
                         maxTrialNumber=4, trialConcurrency=1)

@@ -233,6 +233,16 @@ def test_a_curve_and_the_parallel_coordinates_render_with_data(site, browser):
     assert browser.execute_script("return document.querySelectorAll('#curves canvas').length") == 1  # drawn
     assert browser.execute_script("return document.getElementById('curves').uplot.data[0]") == [1, 2, 3, 4, 5]
     assert plotly_scripts(browser) == []  # uPlot draws the curves: no plotly on this view
+    # The chart is as wide as its place, and follows it when the window is resized.
+    widths = "const n = document.getElementById('curves'); return [n.uplot.width, n.clientWidth]"
+    drawn, room = browser.execute_script(widths)
+    assert drawn == room > 0
+    try:
+        browser.set_window_size(900, 1000)
+        wait_for(browser, f"const n = document.getElementById('curves'); return n.clientWidth < {room} && "
+                          "n.uplot.width === n.clientWidth", "the chart to follow the narrower window")
+    finally:
+        browser.set_window_size(1400, 1000)  # web_util.CHROMIUM_FLAGS' size, for the tests after this one
     shot(browser, "curves")
 
     open_view(browser, site, f"#/exp/{EXPERIMENT}/params", "params")
@@ -416,12 +426,13 @@ ENDED_WHY = "the first 3 trials all failed the same way: exit code 1"
 
 def views_store(root: Path) -> Store:
     """An ERROR experiment, as a read-only page finds it: an NNI trial with dict metrics (its stdout empty), a
-    Determined trial paused at 20 batches and resumed from 10, and a trial that failed before reporting."""
+    Determined trial paused at 20 batches and resumed from 10, a trial that failed before reporting, and a
+    Determined trial that reported its training loss and its validation accuracy (then canceled)."""
     store = Store.in_dir(root / "viewsexp")
     store.create_experiment("viewsexp", {"experimentName": "views", "searchSpace": VIEWS_SPACE,
                                          "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}})
     for sequence, params in enumerate([{"lr": 0.001, "batch": 16}, {"lr": 0.01, "batch": 64},
-                                       {"lr": 0.0001, "batch": 32}]):
+                                       {"lr": 0.0001, "batch": 32}, {"lr": 0.05, "batch": 16}]):
         trial_dir = root / f"trial{sequence}"
         trial_dir.mkdir()
         (trial_dir / "stdout.log").write_text("")
@@ -437,6 +448,12 @@ def views_store(root: Path) -> Store:
                                          det(3, 1, "training", 20, 2.5), det(4, 1, "training", 30, 3.5),
                                          det(5, 1, "validation", 30, 3.4), {"seq": 6, "type": "FINAL", "run": 1,
                                                                             "value": 3.4}])
+    store.add_records("viewsexp-00003", [{"seq": seq, "type": "PERIODICAL", "run": 0, "value": {
+        "group": group, "steps_completed": step, "metrics": {name: value}}} for seq, (group, step, name, value)
+        in enumerate([("training", 10, "loss", 0.9), ("training", 20, "loss", 0.8), ("validation", 20, "accuracy",
+                                                                                    0.6)], 1)])
+    store.set_status("viewsexp-00003", "RUNNING")
+    store.set_status("viewsexp-00003", USER_CANCELED, exit_code=143)
     for trial_id, status in (("viewsexp-00000", SUCCEEDED), ("viewsexp-00001", SUCCEEDED), ("viewsexp-00002", "FAILED")):
         store.set_status(trial_id, "RUNNING")
         store.set_status(trial_id, status, exit_code=0 if status == SUCCEEDED else 1)
@@ -490,6 +507,30 @@ def test_each_metric_is_selectable_and_determined_groups_draw_against_batches(vi
     wait_for(browser, "return location.hash.includes('curve=loss') && document.body.dataset.ready === 'trials'"
                       " && document.getElementById('curves').uplot.series.length === 2", "the loss curves")
     assert curve(browser, "curves") == {"labels": ["step", "viewsexp-00000"], "data": [[1, 2, 3], [1.0, 0.5, 1 / 3]]}
+
+
+def test_a_determined_metric_is_named_as_its_user_wrote_it_with_its_group_marked(views_site, browser):
+    open_read_only(browser, views_site, "/trial/viewsexp-00003", "trial")
+    # Each name in one group only: as the user wrote it (not validation.accuracy, training.loss).
+    assert picker(browser, "trial-metric") == ["accuracy", "loss"]
+    mark = "const m = document.querySelector('.group-mark'); return [m.hidden, m.textContent, m.title]"
+    assert browser.execute_script(mark) == [False, "V", "a validation metric"]
+    browser.execute_script("const s = document.getElementById('trial-metric'); s.value = 'loss';"
+                           "s.dispatchEvent(new Event('change'))")
+    wait_for(browser, "const u = document.getElementById('trial-curve').uplot; return u && u.data[0].length === 2",
+             "the loss curve")
+    assert curve(browser, "trial-curve")["data"] == [[10, 20], [0.9, 0.8]]
+    assert browser.execute_script(mark) == [False, "T", "a training metric"]
+    assert browser.execute_script("return document.getElementById('trial-curve').uplot.axes[1].label") == \
+        "loss (training)"
+    shot(browser, "determined-names")
+    # The API takes either name; it answers with the one shown.
+    token = page_url(views_site, "views-token").split("token=")[1]
+    base = f"{views_site.url}/api/ui/experiments/viewsexp/curves?trials=viewsexp-00003&metric="
+    for asked in ("loss", "training.loss"):
+        answer = requests.get(base + asked, headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+        assert (answer["metric"], answer["groups"], answer["series"][0]["values"]) == (
+            "loss", {"accuracy": "validation", "loss": "training"}, [0.9, 0.8])
 
 
 def test_an_ended_experiments_page_says_why_and_what_is_empty_in_words(views_site, browser):

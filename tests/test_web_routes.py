@@ -7,7 +7,9 @@ the URL it prints, the real action table behind the page's kill button.
 """
 from __future__ import annotations
 
+import base64
 import gzip
+import hashlib
 import os
 import re
 import signal
@@ -129,13 +131,26 @@ def test_a_read_only_page_has_no_action_route_even_beside_a_loop(tmp_path):
     assert loop.calls == []
 
 
+def test_the_page_comes_whole_and_its_policy_runs_only_its_own_inline_script(served):
+    """One answer holds the page's styles and script (no round of requests before it asks for its data); the
+    Content-Security-Policy admits that script by its hash, and no other inline script."""
+    answer = requests.get(served.url + "/", timeout=10)
+    inline = re.findall(r"<script>(.*?)</script>", answer.text, re.S)
+    assert len(inline) == 1 and "function askToken" in inline[0]
+    assert inline[0] == requests.get(served.url + "/static/app.js", timeout=10).text
+    digest = base64.b64encode(hashlib.sha256(inline[0].encode()).digest()).decode()
+    scripts = answer.headers["Content-Security-Policy"].split("script-src ")[1].split(";")[0].split()
+    assert scripts == ["'self'", "'unsafe-eval'", f"'sha256-{digest}'"]
+    assert ".u-legend" in answer.text and "--accent" in answer.text  # uPlot's styles and the page's
+    assert "stylesheet" not in answer.text
+
+
 def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
     page = requests.get(served.url + "/", timeout=10).text
     basic, full = re.search(r'data-basic="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
                             page).groups()
-    uplot = re.search(r'href="(/static/uplot-[0-9a-f]+\.min\.js)"', page).group(1)
-    uplot_css = re.search(r'href="(/static/uplot-[0-9a-f]+\.min\.css)"', page).group(1)
-    for path in ("/", "/static/app.js", uplot, uplot_css, basic, full):
+    uplot = re.search(r'<script id="uplot" src="(/static/uplot-[0-9a-f]+\.min\.js)" defer>', page).group(1)
+    for path in ("/", "/static/app.js", uplot, basic, full):
         plain = requests.get(served.url + path, headers={"Accept-Encoding": "identity"}, timeout=10)
         packed = requests.get(served.url + path, headers={"Accept-Encoding": "gzip"}, stream=True, timeout=10)
         raw = packed.raw.read(decode_content=False)
@@ -211,25 +226,6 @@ def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-
-
-def test_nnis_page_addresses_lead_to_the_matching_views(tmp_path):
-    """NNI prints, and its users bookmark, /oview (the overview) and /detail (the trials)."""
-    store = Store.in_dir(tmp_path / "exp")
-    fill(store, "exp1", trials=2, steps=2)
-    server = ManagerServer(store).start()
-    try:
-        install(server, store, admin_token="tok", read_only=True)
-        for path, view in (("/oview", "#/exp/exp1"), ("/detail", "#/exp/exp1/trials")):
-            answer = requests.get(server.url + path, allow_redirects=False, timeout=10)
-            assert (answer.status_code, answer.headers["Location"]) == (302, "/" + view)
-            token = requests.get(server.url + path, params={"token": "t0k"}, allow_redirects=False, timeout=10)
-            assert token.headers["Location"] == "/?token=t0k" + view  # the page's token goes along
-            landed = requests.get(server.url + path, timeout=10)
-            assert landed.status_code == 200 and "<html" in landed.text.lower()
-    finally:
-        server.stop()
-        store.close()
 
 
 def test_numbers_too_large_to_hold_answer_400_with_the_reason_never_500(running):

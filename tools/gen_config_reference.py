@@ -92,6 +92,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "top.managerTls": "trialkit: `{certFile, keyFile}`, PEM files: the manager serves HTTPS only, to trials and "
     "the page (`trialkit run --tls-cert/--tls-key` does the same); trials must trust the certificate "
     "([TLS](../platforms.md#the-manager-over-tls)).",
+    "top.checkpointStorage": "trialkit: where the trials' checkpoints are kept besides their checkpoint dirs and "
+    "which stay: `{type: local|s3|gcs|azure, bucket, container, prefix, endpointUrl, region, accountUrl, secretName, "
+    "saveTrialLatest, saveTrialBest, saveExperimentBest}` (Determined's `checkpoint_storage` and retention: "
+    "[checkpoints](../checkpoints.md)). Without it every checkpoint stays in its trial's dir.",
     # local
     "local.platform": "`local`.",
     "local.useActiveGpu": "`false`: a GPU that runs a process this experiment did not start (as nvidia-smi "
@@ -138,7 +142,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "each pod fetches it from the manager (AdaptDL: NNI v1's `trial.codeDir` is this key).",
     "k8s.trialCodeDirectory": "The top-level `trialCodeDirectory`, passed down: shipped to every pod unless "
     "`workingDir` is set.",
-    "k8s.serviceAccountName": "The pods' service account.",
+    "k8s.serviceAccountName": "The trial pods' service account (default: the experiment's own, `tk-<experiment>-trial`, "
+    "bound to no role and with no token in the pods; a trialTemplate's pods keep theirs). Not FrameworkController's "
+    "own account, which NNI's FrameworkController page puts here: the training code would get the controller's "
+    "rights.",
     "k8s.imagePullSecrets": "Secrets to pull the image: `- name: SECRET`.",
     "k8s.priorityClasses": "Trial priorities mapped to the cluster's PriorityClass names (`{1: high, 42: normal}`): "
     "a trial's pods run as the class of the smallest priority at or above its own (smaller goes first, as in "
@@ -200,8 +207,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "none, and that first container runs the trial's keeper.",
     "frameworkcontroller.reportingRole": "The task role whose task 0 ships the trial's records (default: the role named "
     "`chief`, `master` or `worker`, in that order, else the first). Every task runs a keeper; only this one reports.",
-    "frameworkcontroller.taskRoles[].name": "The role's name: 1 to 63 lowercase letters and digits.",
-    "frameworkcontroller.taskRoles[].taskNumber": "How many pods of this role.",
+    "frameworkcontroller.taskRoles[].name": "The role's name: 1 to 30 lowercase letters and digits (its tasks' "
+    "headless Service is `<framework>-<name>`).",
+    "frameworkcontroller.taskRoles[].taskNumber": "How many pods of this role: the nodes of a launcher that its "
+    "command runs (`TRIALKIT_NUM_NODES`), task i at `<name>-<i>.<framework>-<name>`.",
     "frameworkcontroller.taskRoles[].command": "This role's command (default: trialCommand).",
     "frameworkcontroller.taskRoles[].dockerImage": "This role's image (default: the section's).",
     "frameworkcontroller.taskRoles[].cpuNumber": "CPUs per pod.",
@@ -735,7 +744,8 @@ def render_statuses(platform: str) -> str:
         lines += [f"| `{phase}` | `{status}` |" for phase, status in adaptdl.PHASES.items()]
     failures = ", ".join(f"`{reason}`" for reason in sorted(k8s_platform.IMAGE_FAILURES))
     lines += ["", f"Before the job ends, a pod waiting with {failures} fails the trial at once, with the pod's "
-              "message as the reason."]
+              "message as the reason; a job still `WAITING` whose pod runs is `RUNNING` (its keeper need not have "
+              "reached the manager yet)."]
     return "\n".join(lines) + "\n"
 
 

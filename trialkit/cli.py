@@ -13,6 +13,7 @@
                  | update TRIAL_ID (--priority N | --ahead-of TRIAL_ID | --behind-of TRIAL_ID)
                  | update EXPERIMENT_ID (--priority N | --ahead-of EXPERIMENT_ID | --behind-of EXPERIMENT_ID)
                  | update-batch TRIAL_ID.priority=N|TRIAL_ID.ahead-of=ID|TRIAL_ID.behind-of=ID ...
+    trialkit checkpoint list ID [--json] | show ID UUID | download ID UUID [-o DIR] | delete ID UUID...
     trialkit ui [EXPERIMENT_ID] [--port P] [--host H]
 
 Each subcommand is one function of the parsed options returning the exit
@@ -41,7 +42,7 @@ import sys
 import time
 from contextlib import closing
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from trialkit import gpus, records
 from trialkit.manager import paths
@@ -119,6 +120,10 @@ def cmd_render(opts: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         out = Path(opts.output) / f"{spec.trial_id}.yaml"
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)  # as `helm template --output-dir` does
+        except OSError as err:
+            raise UserError(f"cannot make the directory {opts.output!r}: {err.strerror}", "-o", "check the path") from None
         _write(out, text, "-o")
         print(out)
     return 0
@@ -326,8 +331,8 @@ def cmd_experiment_delete(opts: argparse.Namespace) -> int:
         if not sys.stdin.isatty():
             raise UserError("deleting asks for a confirmation and there is no terminal to ask on", "--yes",
                             "add --yes to delete without asking")
-        answer = input(f"delete experiment {opts.experiment_id}: its store, its dir {experiment_dir} and what its "
-                       f"platform made for it (jobs, claims)? [y/N] ")
+        answer = input(f"delete experiment {opts.experiment_id}: its store, its dir {experiment_dir}, its "
+                       f"checkpoints and what its platform made for it (jobs, claims)? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")
             return 1
@@ -376,6 +381,7 @@ def cmd_experiment_export(opts: argparse.Namespace) -> int:
 def cmd_experiment_plot(opts: argparse.Namespace) -> int:
     try:
         from trialkit.control.plot import nothing_to_plot, plot_experiment, reported_metrics
+        from trialkit.control.results import find_metric
         import matplotlib  # noqa: F401 - said here, where the fix can be named
     except ImportError:
         raise UserError("plotting needs matplotlib", "plot", "pip install 'trialkit[control]'") from None
@@ -388,9 +394,12 @@ def cmd_experiment_plot(opts: argparse.Namespace) -> int:
                         f"`trialkit trial list {opts.experiment_id}` shows each trial's status and reason")
     known = reported_metrics(rows)
     for name in opts.metric or ():
-        if name not in known:
-            raise UserError(f"experiment {opts.experiment_id}'s trials report no metric {name!r}", "--metric",
-                            f"name one of: {', '.join(known)}" if known else "its trials reported final results only")
+        if find_metric(known, name) is None:
+            groups = [metric.name for metric in known if metric.group and metric.name.endswith(f".{name}")]
+            raise UserError(f"experiment {opts.experiment_id}'s trials report {name!r} in {len(groups)} groups"
+                            if len(groups) > 1 else f"experiment {opts.experiment_id}'s trials report no metric {name!r}",
+                            "--metric", f"name one of: {', '.join(metric.shown for metric in known)}" if known
+                            else "its trials reported final results only")
     output = Path(opts.output)
     try:  # is_dir() raises for a name too long, as the write does
         if output.is_dir():
@@ -405,6 +414,116 @@ def cmd_experiment_plot(opts: argparse.Namespace) -> int:
         raise UserError(f"cannot write {str(output)!r}: {err.strerror}", "-o", "check the path") from None
     print(output)
     return 0
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+
+
+def _checkpoint_scope(ident: str) -> Tuple[str, Optional[str]]:
+    """(experiment id, trial id or None) of an experiment's or a trial's id (<experiment id>-<sequence>)."""
+    try:
+        return paths.experiment_of(ident), ident
+    except UserError:
+        return ident, None
+
+
+def _catalog(ident: str) -> Tuple[Dict[str, Any], List[Any]]:
+    """The experiment's config and the catalog of its (or its trial's) checkpoints."""
+    from trialkit.control import checkpoints
+
+    experiment_id, trial_id = _checkpoint_scope(ident)
+    with _store(paths.experiment_dir(experiment_id)) as store:
+        config = _experiment(store, experiment_id)["config"]
+        if trial_id is not None:
+            _trial(store, trial_id)
+        return config, checkpoints.catalog(store, experiment_id, config, trial_id)
+
+
+def _one_checkpoint(ident: str, uuid: str) -> Tuple[Dict[str, Any], Any]:
+    """The checkpoint whose uuid is `uuid` or begins with it (at least 4 characters), as `list` shows them."""
+    config, entries = _catalog(ident)
+    found = [e for e in entries if e.checkpoint.uuid == uuid] or [
+        e for e in entries if len(uuid) >= 4 and e.checkpoint.uuid.startswith(uuid)]
+    if len(found) != 1:
+        what = "no checkpoint" if not found else f"{len(found)} checkpoints begin with"
+        raise UserError(f"{what} {uuid!r} in {ident}", "UUID", f"see `trialkit checkpoint list {ident}`")
+    return config, found[0]
+
+
+def _kept_by(rules: List[str]) -> str:
+    return " + ".join(rules) if rules else "nothing (deleted once its trial stops)"
+
+
+def cmd_checkpoint_list(opts: argparse.Namespace) -> int:
+    _, entries = _catalog(opts.id)
+    if opts.json:
+        print(json.dumps([{**e.checkpoint.manifest(), "where": e.checkpoint.where, "metric": e.metric,
+                           "kept_by": e.rules} for e in entries], indent=2))
+        return 0
+    if not entries:
+        print(f"{opts.id} has no checkpoints")
+        return 0
+    rows = [[e.checkpoint.uuid, e.checkpoint.trial, "-" if e.checkpoint.steps is None else str(e.checkpoint.steps),
+             number(e.metric) if e.metric is not None else "-", _size(e.checkpoint.size), _kept_by(e.rules),
+             e.checkpoint.where] for e in entries]
+    print(table(["uuid", "trial", "steps", "metric", "size", "kept by", "where"], rows))
+    return 0
+
+
+def cmd_checkpoint_show(opts: argparse.Namespace) -> int:
+    _, entry = _one_checkpoint(opts.id, opts.uuid)
+    ckpt = entry.checkpoint
+    lines = [
+        f"uuid       {ckpt.uuid}",
+        f"trial      {ckpt.trial} (run {ckpt.run})",
+        f"steps      {'-' if ckpt.steps is None else ckpt.steps}",
+        f"metric     {'-' if entry.metric is None else number(entry.metric)}",
+        f"saved      {when(ckpt.time)}",
+        f"size       {_size(ckpt.size)} in {len(ckpt.files)} files",
+        f"where      {ckpt.where}",
+        f"kept by    {_kept_by(entry.rules)}",
+        f"metadata   {records.dumps(ckpt.metadata)}",
+        "files:",
+        *(f"  {size:>12,}  {name}" for name, size in sorted(ckpt.files.items())),
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_checkpoint_download(opts: argparse.Namespace) -> int:
+    from trialkit.control import checkpoints
+
+    config, entry = _one_checkpoint(opts.id, opts.uuid)
+    ckpt = entry.checkpoint
+    dest = Path(opts.output or ckpt.uuid).absolute()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise UserError(f"{dest} exists and is not an empty directory", "--output",
+                        "name a new directory (or an empty one)")
+    checkpoints.download(checkpoints.storage_of(config), ckpt, dest)
+    print(f"checkpoint {ckpt.uuid} ({_size(ckpt.size)}) -> {dest}")
+    return 0
+
+
+def cmd_checkpoint_delete(opts: argparse.Namespace) -> int:
+    from trialkit.control import checkpoints
+
+    chosen = [_one_checkpoint(opts.id, uuid) for uuid in opts.uuids]  # every uuid checked before any goes
+    experiment_id, _ = _checkpoint_scope(opts.id)
+    with _store(paths.experiment_dir(experiment_id)) as store:
+        dirs = {t["id"]: t.get("trial_dir") for t in store.trials(experiment_id)}
+    for config, entry in chosen:
+        ckpt = entry.checkpoint
+        checkpoints.delete(checkpoints.storage_of(config), ckpt, dirs.get(ckpt.trial))
+        print(f"deleted checkpoint {ckpt.uuid} of {ckpt.trial}")
+    return 0
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:,.0f} {unit}" if unit == "B" else f"{count:,.1f} {unit}"
+        count /= 1024
+    return str(count)
 
 
 # -- trials -----------------------------------------------------------------------------
@@ -944,7 +1063,7 @@ def build_parser() -> ArgumentParser:
     render.add_argument("config", metavar="CONFIG", help="the experiment's config file")
     render.add_argument("--trial", type=_count, default=0, metavar="N",
                         help="which trial to render: 0 for the first (default), 1 for the second, ...")
-    render.add_argument("-o", "--output", metavar="DIR", help="write DIR/<trial id>.yaml instead of printing")
+    render.add_argument("-o", "--output", metavar="DIR", help="write DIR/<trial id>.yaml instead of printing (DIR is made if missing)")
 
     experiment = _command(commands, "experiment", None, "list, inspect, stop, resume, export or plot experiments",
                           "Commands on experiments, found by id under $TRIALKIT_HOME/experiments.")
@@ -987,8 +1106,9 @@ def build_parser() -> ArgumentParser:
     imports.add_argument("-f", "--file", required=True, metavar="FILE", help="the results, a JSON list")
     delete = _experiment_id(_command(sub, "delete", cmd_experiment_delete, "delete a stopped experiment",
                                      "Remove what the experiment's platform made for it (a cluster's jobs, "
-                                     "ConfigMaps, Secrets, checkpoint and TensorBoard claims), then its dir and "
-                                     "store. Asks first; a running experiment is refused."))
+                                     "ConfigMaps, Secrets, checkpoint and TensorBoard claims), its checkpoints "
+                                     "in an object store (checkpointStorage), then its dir and store. Asks first; "
+                                     "a running experiment is refused."))
     delete.add_argument("--yes", action="store_true", help="delete without asking")
     _experiment_id(_command(sub, "tensorboard", cmd_experiment_tensorboard, "serve an AdaptDL experiment's TensorBoard",
                             "Start TensorBoard (a Deployment and a Service) over the experiment's TensorBoard claim, "
@@ -1012,9 +1132,10 @@ def build_parser() -> ArgumentParser:
     plot.add_argument("-o", "--output", metavar="FILE.png", required=True,
                       help="the PNG file to write (a directory: <experiment id>.png inside it)")
     plot.add_argument("--metric", action="append", metavar="NAME",
-                      help=f"a metric to draw, by name: default, a key of a dict metric (loss), a Determined "
-                           f"group's metric (validation.loss, training.loss); again for more (default: the first "
-                           f"{CURVE_PANELS} the trials report, default or the first validation metric first)")
+                      help=f"a metric to draw, by the name the trials report it: default, a key of a dict "
+                           f"metric (loss), a Determined metric (accuracy; validation.loss or training.loss where "
+                           f"two groups report loss); again for more (default: the first {CURVE_PANELS} the trials "
+                           f"report, default or the first validation metric first)")
 
     trial = _command(commands, "trial", None, "list, inspect, follow or kill trials",
                      "Commands on trials, found by id (<experiment id>-<sequence>).")
@@ -1091,6 +1212,34 @@ def build_parser() -> ArgumentParser:
                        help="ID.priority=N, ID.ahead-of=ID2 or ID.behind-of=ID2; an experiment's ID.weight=W, "
                             "ID.resource-pool=NAME")
 
+    checkpoint = _command(commands, "checkpoint", None, "list, inspect, fetch or delete checkpoints",
+                          "The checkpoints of an experiment or of one trial (ID: either id), wherever the "
+                          "experiment keeps them (checkpointStorage: the trials' checkpoint dirs, or an object "
+                          "store, read with the credentials of this environment). A checkpoint is listed once "
+                          "whole. UUID may be the first characters of one (at least 4).")
+    sub = checkpoint.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
+    listing = _checkpoint_id(_command(sub, "list", cmd_checkpoint_list, "list checkpoints",
+                                      "One line per checkpoint, oldest first: uuid, trial, steps (Determined's "
+                                      "steps_completed), the metric it is judged by, size, the retention rules "
+                                      "that keep it (checkpointStorage's saveTrialLatest, saveTrialBest, "
+                                      "saveExperimentBest) and where it lives.", aliases=["ls"]))
+    listing.add_argument("--json", action="store_true", help="print JSON: each checkpoint's manifest, metric, "
+                         "where and kept_by")
+    _checkpoint_uuid(_checkpoint_id(_command(sub, "show", cmd_checkpoint_show, "show one checkpoint",
+                                             "Its trial and run, steps, metric, when it was saved, size, where "
+                                             "it lives, what keeps it, its metadata and its files.",
+                                             aliases=["describe"])))
+    download = _checkpoint_uuid(_checkpoint_id(_command(sub, "download", cmd_checkpoint_download,
+                                                        "copy a checkpoint's files to a directory",
+                                                        "Every file of the checkpoint, sizes checked, into a new "
+                                                        "directory (made whole beside it, then moved there).")))
+    download.add_argument("-o", "--output", metavar="DIR", help="where to put it (default: ./UUID)")
+    delete = _checkpoint_id(_command(sub, "delete", cmd_checkpoint_delete, "delete checkpoints",
+                                     "Delete checkpoints from where they are kept (and a trial's local copy on "
+                                     "this machine); their manifest goes first, so none is ever half listed. "
+                                     "Every UUID is checked before any is deleted."))
+    delete.add_argument("uuids", nargs="+", metavar="UUID", help="the checkpoints to delete")
+
     ui = _command(commands, "ui", cmd_ui, "serve the web page over stored experiments",
                   "Serve the page (read-only) over one experiment or every one under $TRIALKIT_HOME, after their "
                   "managers ended; prints its URL with a token. A running experiment's manager serves its own page "
@@ -1141,6 +1290,16 @@ def _experiment_id(parser: ArgumentParser) -> ArgumentParser:
 
 def _trial_id(parser: ArgumentParser) -> ArgumentParser:
     parser.add_argument("trial_id", metavar="TRIAL_ID", help="the trial's id, like abcd1234-00003 (see `trialkit trial list`)")
+    return parser
+
+
+def _checkpoint_id(parser: ArgumentParser) -> ArgumentParser:
+    parser.add_argument("id", metavar="ID", help="an experiment's id, or a trial's (abcd1234-00003) for its own")
+    return parser
+
+
+def _checkpoint_uuid(parser: ArgumentParser) -> ArgumentParser:
+    parser.add_argument("uuid", metavar="UUID", help="the checkpoint's uuid (see `trialkit checkpoint list ID`)")
     return parser
 
 

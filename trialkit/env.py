@@ -36,6 +36,14 @@ SEQUENCE = "TRIALKIT_SEQUENCE"
 PLATFORM = "TRIALKIT_PLATFORM"
 OUTPUT_DIR = "TRIALKIT_OUTPUT_DIR"
 CHECKPOINT_DIR = "TRIALKIT_CHECKPOINT_DIR"
+# The experiment's object store of checkpoints (JSON: type, bucket or container, prefix, endpoint_url, region,
+# account_url; never a credential): the keeper uploads the trial's checkpoints there and fetches the latest
+# before the trial starts (trialkit/checkpoints). Unset: the checkpoint dir is the store.
+CHECKPOINT_STORE = "TRIALKIT_CHECKPOINT_STORE"
+# Seconds the keeper waits, after the trial's end, for its checkpoints to be uploaded (and, before its start,
+# for the latest to be fetched).
+CHECKPOINT_TRANSFER_SECONDS = "TRIALKIT_CHECKPOINT_TRANSFER_SECONDS"
+DEFAULT_CHECKPOINT_TRANSFER_SECONDS = 600.0
 SHARE_DIR = "TRIALKIT_SHARE_DIR"
 TENSORBOARD_DIR = "TRIALKIT_TENSORBOARD_DIR"
 RESTART_COUNT = "TRIALKIT_RESTART_COUNT"
@@ -101,6 +109,7 @@ ADAPTDL = {
     "master_port": "ADAPTDL_MASTER_PORT",
 }
 ADAPTDL_OLD_TENSORBOARD = "ADAPTDLCTL_TENSORBOARD_LOGDIR"  # the name NNI's docs use
+ADAPTDL_PLATFORM = "adaptdl"  # TRIALKIT_PLATFORM in an AdaptDLJob's pods
 # Seconds of training between AdaptDL checkpoints that trialkit takes (0: none;
 # then AdaptDL checkpoints on SIGTERM only). The default, 10 minutes, is what a
 # crash costs at most; a checkpoint that takes 6 s (a 1 GB model on network
@@ -234,16 +243,17 @@ def _grace(environ: Mapping[str, str]) -> float:
 class TrialEnv(namedtuple("TrialEnv", (
         "experiment_id trial_id sequence platform manager_url token parameters_json parameters_file "
         "parameter_id trial_dir output_dir checkpoint_dir share_dir tensorboard_dir code_dir restart_count "
-        "grace_seconds rank report_all_ranks under_keeper channel stop_file checkpoint_every rank_problem"),
-        defaults=(DEFAULT_CHECKPOINT_EVERY, None))):
+        "grace_seconds rank report_all_ranks under_keeper channel stop_file checkpoint_every rank_problem "
+        "checkpoint_store checkpoint_transfer_seconds"),
+        defaults=(DEFAULT_CHECKPOINT_EVERY, None, None, DEFAULT_CHECKPOINT_TRANSFER_SECONDS))):
     """What the environment says about a trial.
 
     str: experiment_id, trial_id, platform; str or None: manager_url, token,
-    parameters_json, parameters_file, parameter_id; Path: trial_dir, output_dir,
+    parameters_json, parameters_file, parameter_id, checkpoint_store; Path: trial_dir, output_dir,
     checkpoint_dir, share_dir, channel, stop_file; Path or None: tensorboard_dir,
-    code_dir; int: sequence, restart_count, rank; float: grace_seconds, checkpoint_every; bool:
-    report_all_ranks, under_keeper; str or None: rank_problem (why the rank variable's value was no rank:
-    the rank reads 0, and the SDK says so).
+    code_dir; int: sequence, restart_count, rank; float: grace_seconds, checkpoint_every,
+    checkpoint_transfer_seconds; bool: report_all_ranks, under_keeper; str or None: rank_problem (why the rank
+    variable's value was no rank: the rank reads 0, and the SDK says so).
     """
 
     __slots__ = ()
@@ -296,9 +306,13 @@ class TrialEnv(namedtuple("TrialEnv", (
         }
         if self.code_dir:
             nni[NNI["code_dir"]] = str(self.code_dir)
+        # In an AdaptDLJob's pod, AdaptDL's scheduler names the job (namespace/name): its supervisor knows it so.
+        scheduled = out.get(ADAPTDL["job_id"]) if self.platform == ADAPTDL_PLATFORM else None
         out.update(own)
         out.update(nni)
         out.update(self.adaptdl_environ())
+        if scheduled:
+            out[ADAPTDL["job_id"]] = scheduled
         boots = ([str(ADAPTDL_BOOT_DIR)] if self.checkpoint_every > 0 else []) + [str(SHIMS_BOOT_DIR)]
         # Each once, in this order, however the environment came (a keeper's own, inherited).
         # (an empty entry stays: it means the working directory)
@@ -468,6 +482,9 @@ def read(environ: Optional[Mapping[str, str]] = None) -> TrialEnv:
         stop_file=Path(_first(e, STOP_FILE) or trial_dir / layout.HOME / layout.STOP),
         checkpoint_every=max(0.0, _number(e, CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_EVERY, float)),
         rank_problem=rank_problem,
+        checkpoint_store=_first(e, CHECKPOINT_STORE),
+        checkpoint_transfer_seconds=max(0.0, _number(e, CHECKPOINT_TRANSFER_SECONDS,
+                                                     DEFAULT_CHECKPOINT_TRANSFER_SECONDS, float)),
     )
 
 
@@ -589,6 +606,8 @@ def _platform_topology(e: Mapping[str, str]) -> Dict[str, Any]:
         }
         out["hosts"] = _kubeflow_hosts(master, out["num_nodes"]) if out["num_nodes"] else ()
         return out
+    if e.get("TF_CONFIG"):
+        return _tfjob_topology(e)
     if e.get("FC_TASK_INDEX") and e.get("FC_TASKROLE_NAME"):
         # FrameworkController injects no peer list and no task count: the task
         # count comes from TRIALKIT_NUM_NODES (the platform sets it), and peers
@@ -627,6 +646,38 @@ def _kubeflow_hosts(master: str, count: int) -> tuple:
     if host.endswith("-0-0"):
         return tuple(f"{host[:-1]}{i}{dot}{domain}" for i in range(count))
     return ()
+
+
+# The task types of a TFJob's TF_CONFIG that run the trial's pods, in node-rank order: the chief's (or
+# master's) pod is node 0, as trialkit's renderer ranks a TFJob's roles (TRIALKIT_RANK_OFFSET).
+TF_NODE_TYPES = ("chief", "master", "worker", "ps")
+
+
+def _tfjob_topology(e: Mapping[str, str]) -> Dict[str, Any]:
+    """A TFJob's pods as nodes: training-operator gives each pod only TF_CONFIG, the cluster's
+    `host:port` by task type and the pod's own task; node 0's port is the one it opened."""
+    from trialkit.errors import UserError
+
+    try:
+        config = json.loads(e["TF_CONFIG"])
+        cluster, task = config.get("cluster") or {}, config.get("task") or {}
+        nodes = [(kind, index, address) for kind in TF_NODE_TYPES
+                 for index, address in enumerate(cluster.get(kind) or [])]
+        rank = next(i for i, (kind, index, _) in enumerate(nodes)
+                    if kind == task.get("type") and index == int(task.get("index", 0)))
+        hosts = [address.rpartition(":") for address in (address for _, _, address in nodes)]
+    except (ValueError, TypeError, AttributeError, StopIteration):
+        raise UserError("TF_CONFIG names no task of its cluster's chief, workers or ps", "TF_CONFIG",
+                        "let the TFJob's operator set it, or set TRIALKIT_NUM_NODES and TRIALKIT_NODE_RANK") from None
+    chief_host, _, chief_port = hosts[0]
+    return {
+        "source": "TFJob",
+        "num_nodes": len(nodes),
+        "node_rank": rank,
+        "chief_addr": chief_host,
+        "chief_port": _topology_int({"TF_CONFIG": chief_port}, "TF_CONFIG"),
+        "hosts": tuple(host for host, _, _ in hosts),
+    }
 
 
 def visible_device_count(environ: Mapping[str, str]) -> int:

@@ -219,22 +219,29 @@ def report_step(value: Any) -> Optional[Tuple[str, int]]:
 def scalars(value: Any) -> Iterator[Tuple[str, float]]:
     """The numeric parts of a metric, named: ("default", x) for a number; each numeric key of a dict, "default"
     first; each metric of a Determined report as GROUP.NAME (`validation.loss`), the searcher's first."""
+    for group, key, number in grouped_scalars(value):
+        yield (key if group is None else f"{group}.{key}"), number
+
+
+def grouped_scalars(value: Any) -> Iterator[Tuple[Optional[str], str, float]]:
+    """scalars' parts as (group, the name as its user wrote it, number): the group of a Determined report
+    (training, validation), None for the rest."""
     if report_step(value) is not None:
         metrics, searched = value["metrics"], value.get("default")
         keys = sorted(metrics, key=lambda key: searched is None or metrics[key] != searched)  # stable: as written
         for key in keys:
             number = metric_number(metrics[key])
             if number is not None:
-                yield f"{value['group']}.{key}", number
+                yield value["group"], str(key), number
     elif isinstance(value, dict):
         for key in sorted(value, key=lambda key: key != "default"):
             number = metric_number(value[key])
             if number is not None:
-                yield str(key), number
+                yield None, str(key), number
     else:
         number = metric_number(value)
         if number is not None:
-            yield "default", number
+            yield None, "default", number
 
 
 def in_int64(value: Any) -> bool:

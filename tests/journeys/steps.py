@@ -22,6 +22,7 @@ import re
 import signal
 import subprocess
 import threading
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -56,7 +57,7 @@ class User:
         self.notes = base / "notes"
         self.notes.mkdir()
         self.home = base / "trialkit-home"
-        self.tag = "journey-" + base.name
+        self.tag = f"journey-{base.name}-{uuid.uuid4().hex}"  # unique: two sessions on one machine share base names
 
     def env(self) -> Dict[str, str]:
         """The environment of the user's shell, now (the running test's process tag included)."""

@@ -177,15 +177,11 @@ def test_the_plot_is_a_picture(day):
     day.user.plot(day.mine, "my-model.png")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: `experiment plot` has no way to choose a metric (no --metric)")
 def test_the_plot_draws_each_metric_name_chosen(day):
     loss = day.user.plot(day.mine, "loss.png", "--metric", "loss")
     assert loss != day.user.plot(day.mine, "accuracy.png", "--metric", "accuracy")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.5: `job list --resource-pool` (Determined's flag) is refused")
 def test_job_list_takes_determineds_resource_pool_flag(day):
     done = day.user.trialkit("job", "list", "--resource-pool", "default")
     assert done.returncode == 0, done.stderr
@@ -215,8 +211,6 @@ def test_the_page_draws_the_metrics_against_batches(day, page, view, ready, char
 
 
 @needs_chromium()
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.3: no metric name to choose on the page; the training loss is never drawn")
 def test_each_metric_name_can_be_chosen_on_the_trial_page(day, page):
     with day.user.viewing(page, day.mine, f"trial/{day.mine}-00000", "trial"):
         for name, values in (("loss", LOSSES), ("accuracy", ACCURACIES)):

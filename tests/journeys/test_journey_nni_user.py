@@ -145,8 +145,6 @@ def test_the_run_prints_its_experiment_and_its_page(day):
     assert printed_page(day.first).startswith("http://127.0.0.1:")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.5: the default pool has one slot per CPU: 2 trials run at once")
 def test_four_trials_run_at_once_with_no_pools_yml(day):
     # A trial started twice (resumed) counts from each start to the end that followed it.
     intervals = []
@@ -168,8 +166,6 @@ def test_some_trials_were_training_when_ctrl_c_came_and_saved_their_epoch(day):
     assert interrupted_with_a_checkpoint(day), day.first.text
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.4: a trial that exits 143 with a checkpoint after Ctrl-C is USER_CANCELED")
 def test_a_trial_that_saved_its_checkpoint_on_ctrl_c_is_preempted(day):
     saved = interrupted_with_a_checkpoint(day)
     assert saved  # (never true by having nothing to judge)
@@ -184,8 +180,6 @@ def test_the_resumed_experiment_runs_to_its_end(day):
     assert len(day.trials) >= TRIALS
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.4: resume does not continue a trial stopped with a checkpoint")
 def test_resume_continues_each_preempted_trial_from_its_checkpoint(day):
     saved = interrupted_with_a_checkpoint(day)
     assert saved
@@ -194,16 +188,11 @@ def test_resume_continues_each_preempted_trial_from_its_checkpoint(day):
         assert day.trials[trial]["status"] in ("SUCCEEDED", "EARLY_STOPPED"), day.trials[trial]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.1: a resumed TPE search proposes the first trials' parameters again, bit for bit")
 def test_a_resumed_search_tries_nothing_twice(day):
     tried = [json.dumps(row["parameters"], sort_keys=True) for row in day.user.export(day.experiment)]
     assert len(set(tried)) == len(tried), tried
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 39.4: Medianstop's verdict on the last step stops a trial that had reported its "
-                          "final result (EARLY_STOPPED, exit 143)")
 def test_medianstop_never_stops_a_trial_that_reported_its_final_result(day):
     finished = [trial for trial, log in day.logs.items() if "final result reported" in log]
     assert finished

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 from trialkit import platforms
 from trialkit import schema
 from trialkit.control.assessors import check_assessor
+from trialkit.control.checkpoints import CheckpointStorage, parse_storage
 from trialkit.control import determined
 from trialkit.control.searchspace import SearchSpace, parse_space
 from trialkit.control.tuners import TUNERS, check_tuner
@@ -31,7 +32,7 @@ LOG_LEVELS = ("fatal", "error", "warning", "info", "debug", "trace")
 
 TRIALKIT_KEYS = (
     "trialGraceSeconds", "trialCheckpointEvery", "experimentWorkingDirectory", "trialTemplate", "priority",
-    "maxTrialRestarts", "managerTls", "stopWhenFirstTrialsFail",
+    "maxTrialRestarts", "managerTls", "stopWhenFirstTrialsFail", "checkpointStorage",
 )
 V2_KEYS = (
     "experimentName", "experimentType", "searchSpace", "searchSpaceFile", "trialCommand", "trialCodeDirectory",
@@ -113,6 +114,9 @@ class ExperimentConfig:
     trial_template: Optional[str] = None  # absolute
     priority: int = DEFAULT_PRIORITY  # the trials' in the job queue: smaller first, as the pool's jobs
     manager_tls: Optional[Dict[str, str]] = None  # {"certFile", "keyFile"}, absolute: the manager serves HTTPS
+    # Where the trials' checkpoints are kept and which (control/checkpoints.py); None: each trial's own
+    # checkpoint dir, every checkpoint kept.
+    checkpoint_storage: Optional[CheckpointStorage] = None
     # One line each on options NNI accepts and trialkit reads but does not act on (NNI's manager's
     # log level, reuseMode): said when the experiment starts, never refused. Not config: not in to_dict.
     notes: Tuple[str, ...] = field(default=(), compare=False)
@@ -134,7 +138,7 @@ class ExperimentConfig:
                 continue
             if item.name == "training_service_section":
                 out["trainingService"] = copy.deepcopy(value)
-            elif isinstance(value, (SearchSpace, AlgorithmConfig)):
+            elif isinstance(value, (SearchSpace, AlgorithmConfig, CheckpointStorage)):
                 out[schema.camel(item.name)] = value.to_dict()
             else:
                 out[schema.camel(item.name)] = value
@@ -237,6 +241,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
         stop_when_first_trials_fail=_optional(c, "stopWhenFirstTrialsFail",
                                               lambda v, w: schema.as_int(v, w, 0, 1_000_000), 3),
         manager_tls=_optional(c, "managerTls", lambda v, w: manager_tls(v, base, w)),
+        checkpoint_storage=_optional(c, "checkpointStorage", parse_storage),
         trial_template=template,
         priority=DEFAULT_PRIORITY if priority is None else priority,
         notes=tuple(notes),

@@ -50,6 +50,13 @@ V2_WHERE = (("searchSpace", "hyperparameters"), ("trialCommand", "entrypoint"), 
             ("maxTrialRestarts", "max_restarts"), ("experimentName", "name"), ("maxTrialNumber", "searcher.max_trials"),
             ("trialConcurrency", "searcher.max_concurrent_trials"),
             ("experimentWorkingDirectory", "checkpoint_storage.host_path"), ("assessor.classArgs", "searcher"),
+            ("checkpointStorage.endpointUrl", "checkpoint_storage.endpoint_url"),
+            ("checkpointStorage.accountUrl", "checkpoint_storage.account_url"),
+            ("checkpointStorage.secretName", "checkpoint_storage.secret_name"),
+            ("checkpointStorage.saveExperimentBest", "checkpoint_storage.save_experiment_best"),
+            ("checkpointStorage.saveTrialBest", "checkpoint_storage.save_trial_best"),
+            ("checkpointStorage.saveTrialLatest", "checkpoint_storage.save_trial_latest"),
+            ("checkpointStorage", "checkpoint_storage"),
             ("tuner", "searcher"))
 _FAILED = object()  # a part whose problem is reported: nothing is built from it
 
@@ -100,8 +107,9 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
     if name is not _FAILED:
         v2["experimentName"] = name
     schema.attempt(_apply_searcher, v2, searcher, resources)
-    if storage is not None:
-        v2["experimentWorkingDirectory"] = storage
+    working_dir, v2["checkpointStorage"] = storage
+    if working_dir is not None:
+        v2["experimentWorkingDirectory"] = working_dir
     v2["trialCommand"] = schema.attempt(_command, entry, resources["slots_per_trial"],
                                         {"searcher": searcher, "data": user_data}, variables)
     return v2, ([f"{', '.join(noted)}: taken, not used: they describe the experiment in Determined's WebUI or pace "
@@ -519,25 +527,58 @@ def _bind_mounts(mounts: Any, local: bool) -> None:
                             "remove it (the trial runs as you, with your permissions)")
 
 
-def _checkpoint_storage(section: Any, local: bool) -> Optional[str]:
-    """shared_fs: the experiment (its trials' checkpoint dirs among it) is made under host_path/storage_path."""
+STORAGE_KEYS = {  # Determined's keys of each storage type -> trialkit's checkpointStorage key (None: refused)
+    "shared_fs": {"host_path": None, "storage_path": None, "propagation": None},
+    "s3": {"bucket": "bucket", "prefix": "prefix", "endpoint_url": "endpointUrl", "region": "region",
+           "secret_name": "secretName"},
+    "gcs": {"bucket": "bucket", "prefix": "prefix", "secret_name": "secretName"},
+    "azure": {"container": "container", "account_url": "accountUrl", "secret_name": "secretName"},
+}
+SAVE_KEYS = {"save_experiment_best": "saveExperimentBest", "save_trial_best": "saveTrialBest",
+             "save_trial_latest": "saveTrialLatest"}
+# Credentials written into the config: trialkit keeps configs (`experiment show` prints them), so refused.
+CREDENTIAL_KEYS = {
+    "access_key": "AWS_ACCESS_KEY_ID", "secret_key": "AWS_SECRET_ACCESS_KEY",
+    "connection_string": "AZURE_STORAGE_CONNECTION_STRING", "credential": "AZURE_STORAGE_ACCOUNT_KEY",
+}
+
+
+def _checkpoint_storage(section: Any, local: bool) -> Tuple[Optional[str], Dict[str, Any]]:
+    """(the experiment's dir for shared_fs, else None; trialkit's checkpointStorage). shared_fs: the
+    experiment (its trials' checkpoint dirs among it) is made under host_path/storage_path; s3, gcs, azure:
+    each checkpoint uploaded there. The save keys default as Determined's (0, 1, 1) even without a section."""
     if section is None:
-        return None
+        return None, {"type": "local"}
     sec = schema.mapping(section, "checkpoint_storage")
-    kind = sec.get("type")
+    kind = schema.as_choice(sec.get("type"), list(STORAGE_KEYS), "checkpoint_storage.type")
+    out: Dict[str, Any] = {"type": "local" if kind == "shared_fs" else kind}
+    for key, value in sec.items():
+        where = schema.path("checkpoint_storage", key)
+        if key == "type" or value is None:
+            continue
+        if key in SAVE_KEYS:
+            out[SAVE_KEYS[key]] = schema.attempt(schema.as_int, value, where, 0)
+        elif key in CREDENTIAL_KEYS:
+            schema.report(UserError(f"a credential in the config would be kept with the experiment (and shown by "
+                                    f"`trialkit experiment show`)", where,
+                                    f"remove it; set {CREDENTIAL_KEYS[key]} in the environment trialkit runs in, or "
+                                    f"name a Kubernetes Secret with secret_name; {GUIDE}"))
+        elif key not in STORAGE_KEYS[kind]:
+            schema.report(UserError(f"checkpoint_storage.{key} is not a key of {kind} storage", where,
+                                    f"use {', '.join(list(STORAGE_KEYS[kind]) + list(SAVE_KEYS))}; {GUIDE}"))
+        elif STORAGE_KEYS[kind][key] is not None:
+            out[STORAGE_KEYS[kind][key]] = value
     if kind != "shared_fs":
-        raise UserError(f"checkpoint_storage type {schema.show(kind)} is not supported", "checkpoint_storage.type",
-                        "use type: shared_fs (or leave checkpoint_storage out: the trial's own dir)")
-    for key in sec:
-        if key not in ("type", "host_path", "storage_path"):
-            schema.report(UserError(f"checkpoint_storage.{key} is not supported by trialkit",
-                                    schema.path("checkpoint_storage", key),
-                                    f"remove it: trialkit keeps every checkpoint; {GUIDE}"))
+        return None, out
+    if sec.get("propagation") is not None:
+        schema.as_str(sec["propagation"], "checkpoint_storage.propagation")  # a container's mount option: noted
     if not local:
         raise UserError("shared_fs checkpoint storage is applied on the local platform only", "checkpoint_storage",
-                        "on a cluster, mount shared storage with trainingService's nfs")
+                        "on a cluster, use type: s3 (or gcs, azure), or mount shared storage with trainingService's "
+                        "nfs")
     host = schema.as_str(sec.get("host_path"), "checkpoint_storage.host_path")
     if not os.path.isabs(host):
         raise UserError(f"host_path {host!r} is not absolute", "checkpoint_storage.host_path", "give an absolute path")
     storage = sec.get("storage_path")
-    return os.path.join(host, schema.as_str(storage, "checkpoint_storage.storage_path")) if storage else host
+    where = os.path.join(host, schema.as_str(storage, "checkpoint_storage.storage_path")) if storage else host
+    return where, out

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 from trialkit import __version__, records, statuses
 from trialkit.control.assessors import build_assessor
+from trialkit.control.checkpoints import Collector
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, JobQueue, goes_before, label
@@ -66,6 +67,8 @@ if TYPE_CHECKING:
     from trialkit.control.manager_http import Manager
 
 BACKSTOP_SECONDS = 5.0
+# A trial its platform says runs, whose keeper has not reached the manager this long, is said to be unheard.
+KEEPER_SILENCE_SECONDS = 30
 CALL_TIMEOUT = 10.0  # an action waits this long for the loop
 MAX_SUBMIT_FAILURES = 3  # in a row: the platform cannot start trials at all
 
@@ -80,6 +83,7 @@ ERROR = "ERROR"
 ASSESSOR_STOP = (EARLY_STOPPED, "stopped early by the assessor")
 TIMEOUT_STOP = (FAILED, "timeout: ran past maxTrialDuration")
 DURATION_STOP = (SYS_CANCELED, "maxExperimentDuration reached")
+UNHEARD = "its keeper has not reached the manager"
 
 
 @dataclass
@@ -103,6 +107,9 @@ class Trial:
     has_final: bool = False
     retries: int = 0  # restarts after failures not its own (maxTrialRestarts)
     note: str = ""  # a warning that stays with it as its reason when nothing else explains its end
+    running_since: Optional[float] = None  # monotonic: when its platform first said it runs, this start
+    heard: bool = False  # its keeper has reached the manager since this start
+    shown_running: bool = False  # the store says RUNNING on its platform's word, its keeper unheard
 
     @property
     def ended(self) -> bool:
@@ -160,6 +167,9 @@ class Loop:
         self.started = time.monotonic()
         self.best: Optional[Trial] = None
         self.unseeded_said = False  # the note that this platform cannot copy checkpoints was given
+        # Which checkpoints stay (checkpointStorage's retention), applied as each trial run ends.
+        self.retention = (Collector(store, experiment_id, config.to_dict(), self.progress.say)
+                          if config.checkpoint_storage is not None else None)
         # Set by trialkit.control.run before serve(): the manager listens first, then the platform starts.
         self.manager: Manager
         self.platform: Platform
@@ -297,6 +307,8 @@ class Loop:
         if trial is None:
             return
         final_here = any(rec["type"] == records.FINAL for rec in fresh)
+        if fresh and not trial.heard and trial.id in self.active:
+            self._heard(trial)
         for rec in fresh:
             if rec["type"] == records.FINAL and not trial.has_final:
                 trial.final, trial.has_final = rec["value"], True
@@ -317,10 +329,44 @@ class Loop:
             elif rec["type"] == records.STATUS and rec["value"].get("status") == statuses.RUNNING:
                 trial.held = ""  # it got its place: the platform called on_waiting before it started it
                 self._check_keeper_version(trial, rec["value"].get("keeper_version"))
-                if self.config.max_trial_duration is not None:
-                    # maxTrialDuration counts from the start, not the submission: a trial may wait for its GPUs
-                    # (or a pod for its node) first.
-                    trial.deadline = time.monotonic() + self.config.max_trial_duration
+                self._started(trial)
+
+    def _started(self, trial: Trial) -> None:
+        """maxTrialDuration counts from the start (its keeper's word or its platform's, the first), not the
+        submission: a trial may wait for its GPUs (or a pod for its node) first."""
+        if self.config.max_trial_duration is not None and trial.deadline is None:
+            trial.deadline = time.monotonic() + self.config.max_trial_duration
+
+    def _heard(self, trial: Trial) -> None:
+        """Its keeper reached the manager: a warning that it had not goes from its reason."""
+        trial.heard = True
+        if trial.note.startswith(UNHEARD):
+            trial.note = ""
+            self.progress.say(f"trial {trial.id}: its keeper reached the manager")
+            self.store.set_status(trial.id, statuses.RUNNING, reason="")
+
+    def _runs(self, trial: Trial) -> None:
+        """Its platform says it runs: so does the store, whether or not its keeper has reached the manager (from
+        the next look on: a keeper that starts with its process says so itself first); one that has not within
+        KEEPER_SILENCE_SECONDS is said, with the address it was told, in the trial's reason (`trial show`, the
+        page) and the progress lines."""
+        now = time.monotonic()
+        trial.held = ""  # it got its place, said or not by its keeper
+        if trial.running_since is None:
+            trial.running_since = now
+            self._started(trial)
+            return
+        ran = now - trial.running_since
+        if trial.heard or trial.note.startswith(UNHEARD):
+            return
+        if ran >= KEEPER_SILENCE_SECONDS:
+            url = self.platform.manager_url_told(trial.handle) or self.manager.url
+            trial.note = f"{UNHEARD} at {url} in {int(ran)} s of running: check that its pods reach that address (managerAddress)"
+            self.progress.say(f"trial {trial.id}: warning: {trial.note}")
+            self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note, source="platform")
+        elif not trial.shown_running:
+            trial.shown_running = True
+            self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note, source="platform")
 
     def _check_keeper_version(self, trial: Trial, theirs: Any) -> None:
         """A keeper of another trialkit (an image built long ago) may speak an older record format:
@@ -352,7 +398,9 @@ class Loop:
         except Exception as err:  # noqa: BLE001 - a platform's hiccup (an API call) waits for the next sweep
             self.progress.say(f"warning: cannot read the status of {trial.id}: {err}")
             return
-        if status.status in FINAL_STATUSES:
+        if status.status == statuses.RUNNING:
+            self._runs(trial)
+        elif status.status in FINAL_STATUSES:
             self.collect_undelivered(trial)
             if not self._retried(trial, status):
                 self.finish(trial, status.status, status.reason, status.exit_code)
@@ -386,11 +434,13 @@ class Loop:
         elif status == PREEMPTED and not self._checkpointed(trial, status):  # a pod deleted, a pool's preemption
             reason = f"{reason}; {NO_CHECKPOINT}" if reason else NO_CHECKPOINT
         if status == SUCCEEDED and not trial.has_final and not reason:
-            reason = "ended without reporting a final result"
+            reason = "; ".join(filter(None, ("ended without reporting a final result", trial.note)))
         reason = reason or trial.note
         self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
         trial.status, trial.reason, trial.exit_code = status, reason, exit_code
         self.active.pop(trial.id, None)
+        if self.retention is not None:
+            self.retention.request()
         self.manager.save(self.elapsed())
         self.progress.trial_ended(trial.id, label(status), trial.final, reason, self.snapshot())
         if trial.paused:
@@ -583,8 +633,11 @@ class Loop:
         trial.handle = handle
         self.by_handle[handle] = trial
         self.active[trial.id] = trial
-        trial.deadline = None
+        # One an earlier control plane started (elapsed) was heard by it: its keeper may have nothing to say now.
         trial.held = ""
+        trial.deadline, trial.running_since, trial.heard, trial.shown_running = None, None, elapsed is not None, False
+        if trial.note.startswith(UNHEARD):
+            trial.note = ""
         if self.config.max_trial_duration is not None and elapsed is not None:
             trial.deadline = time.monotonic() + self.config.max_trial_duration - elapsed
 

@@ -1,8 +1,9 @@
 """`trialkit experiment plot`: an experiment's metrics in one PNG.
 
-First one panel per metric (results.metric_names: "default", each key of an
-NNI dict metric, each GROUP.NAME of a Determined report; the first few, or
-those asked for) draws each trial's values against their step: the step a
+First one panel per metric (results.metrics_of: "default", each key of
+an NNI dict metric, each metric of a Determined report by the name its user
+wrote, GROUP.NAME where two groups share it; the first few, or those asked
+for, by either name) draws each trial's values against their step: the step a
 report names (Determined's steps_completed: batches), else its place in the
 trial's series; every run of a trial is one series. Then one panel per
 parameter draws the final metric against that parameter's value, on the axis
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import records
-from trialkit.control.results import flat_parameters, metric_names, metric_points, metric_value
+from trialkit.control.results import Metric, find_metric, flat_parameters, metric_points, metric_value, metrics_of
 
 COLUMNS = 3
 CURVE_PANELS = 4  # metrics drawn when none is asked for: the first ones (`--metric NAME` picks others)
@@ -35,14 +36,14 @@ def nothing_to_plot(rows: List[Dict[str, Any]]) -> Optional[str]:
             + ": see why with `trialkit trial list`")
 
 
-def reported_metrics(rows: List[Dict[str, Any]]) -> List[str]:
-    """The names of the metrics these trials' intermediate results hold, the one looked at first first."""
-    return metric_names(value for row in rows for value in row["intermediate"])
+def reported_metrics(rows: List[Dict[str, Any]]) -> List[Metric]:
+    """The metrics these trials' intermediate results hold, the one looked at first first."""
+    return metrics_of(value for row in rows for value in row["intermediate"])
 
 
 def step_title(values: Iterable[Any], name: str) -> str:
-    """What the x axis of metric `name`'s curves counts: batches where the reports holding it name their step
-    (Determined's), else steps."""
+    """What the x axis of metric `name`'s curves (records.scalars' name) counts: batches where the reports
+    holding it name their step (Determined's), else steps."""
     named = any(records.report_step(value) and name in dict(records.scalars(value)) for value in values)
     return BATCH_TITLE if named else STEP_TITLE
 
@@ -87,14 +88,14 @@ def plot_experiment(rows: List[Dict[str, Any]], title: str, path: Path, metrics:
 
 def draw(rows: List[Dict[str, Any]], title: str, metrics: Sequence[str] = (),
          search_space: Optional[Mapping[str, Any]] = None) -> Any:
-    """The figure: curves of `metrics` (default: the first CURVE_PANELS reported), then final vs each parameter
-    on its search space's axis."""
+    """The figure: curves of `metrics` (by either name; default: the first CURVE_PANELS reported), then final vs
+    each parameter on its search space's axis."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display is needed or wanted
     import matplotlib.pyplot as plt
 
-    curves = list(metrics) or reported_metrics(rows)[:CURVE_PANELS] or ["default"]
+    curves = list(metrics) or [metric.shown for metric in reported_metrics(rows)[:CURVE_PANELS]] or ["default"]
     params: List[str] = []
     for row in rows:
         params += [key for key in flat_parameters(row["parameters"]) if key not in params]
@@ -115,9 +116,11 @@ def draw(rows: List[Dict[str, Any]], title: str, metrics: Sequence[str] = (),
 
 
 def _curves(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
+    """Metric `name` (either of its names) of each trial against its steps."""
+    metric = find_metric(reported_metrics(rows), name) or Metric(name, name, None)
     drawn = False
     for row in rows:
-        points = metric_points(row["intermediate"], name)
+        points = metric_points(row["intermediate"], metric.name)
         if points:
             drawn = True
             ax.plot(*zip(*points), marker=".", linewidth=1, label=row["trial_id"].rsplit("-", 1)[-1])
@@ -126,10 +129,12 @@ def _curves(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
     elif not any(row["intermediate"] for row in rows):
         _empty(ax, "no intermediate results:\nthe trials reported final results only")
     elif not drawn:
-        _empty(ax, f"no trial reported {name}")
-    ax.set_title("intermediate results" if name == "default" else name)
-    ax.set_xlabel(step_title((value for row in rows for value in row["intermediate"]), name))
-    ax.set_ylabel("metric" if name == "default" else name)
+        _empty(ax, f"no trial reported {metric.shown}")
+    # A Determined metric shown by its own name carries its group beside it, as Determined's UI marks it.
+    marked = f"{metric.shown} ({metric.group})" if metric.group and metric.shown != metric.name else metric.shown
+    ax.set_title("intermediate results" if metric.name == "default" else marked)
+    ax.set_xlabel(step_title((value for row in rows for value in row["intermediate"]), metric.name))
+    ax.set_ylabel("metric" if metric.name == "default" else metric.shown)
     if drawn and len(rows) <= 12:
         ax.legend(fontsize="x-small")
 

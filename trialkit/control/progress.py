@@ -185,10 +185,12 @@ def trials_table(rows: List[Dict[str, Any]]) -> str:
 
 
 def status_text(row: Dict[str, Any], limit: int = 72) -> str:
-    """A trial's status as tables show it; a waiting trial says what it waits for, a failed one why."""
-    if not (row["status"] in EXPLAINED and row.get("reason")):
+    """A trial's status as tables show it; a waiting trial says what it waits for, a failed one why (a reason
+    that only repeats the status, a paused trial's "paused", is left out)."""
+    reason = (row.get("reason") or "").strip()
+    if row["status"] not in EXPLAINED or reason.lower() in ("", label(row["status"]).lower()):
         return label(row["status"])
-    text = f"{label(row['status'])}: {row['reason']}"
+    text = f"{label(row['status'])}: {reason}"
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -134,18 +134,49 @@ def last_step(values: List[Any]) -> int:
     return max(step for _, step in named) if named else len(values)
 
 
-def metric_names(values: Iterable[Any]) -> List[str]:
-    """Every metric these values hold, by name (records.scalars: "default", a dict's keys, GROUP.NAME), each
-    once, as first seen but the one a user looks at first first ("default", else the first validation metric:
-    the searcher's) and Determined's validation metrics before the other groups'."""
-    names = list(dict.fromkeys(name for value in values for name, _ in records.scalars(value)))
+class Metric(NamedTuple):
+    """A metric the trials report, by the names a user knows it by."""
+
+    shown: str  # what a user sees and types: the name they wrote ("loss"), GROUP.NAME where two groups share it
+    name: str  # records.scalars' name: "default", a dict's key, a Determined report's GROUP.NAME ("training.loss")
+    group: Optional[str]  # a Determined report's group (training, validation); None for NNI's metrics
+
+
+def metrics_of(values: Iterable[Any]) -> List[Metric]:
+    """Every metric these values hold, each once, the one a user looks at first first (`ordered_names`).
+
+    A Determined metric is shown by the name its user wrote (`report_training_metrics(metrics={"loss": ...})`:
+    "loss"), as Determined's own UI lists it, unless another group or an NNI key has that name too: then
+    by GROUP.NAME, which tells them apart.
+    """
+    key_of: Dict[str, Tuple[Optional[str], str]] = {}
+    for value in values:
+        for group, key, _ in records.grouped_scalars(value):
+            key_of.setdefault(key if group is None else f"{group}.{key}", (group, key))
+    taken: Dict[str, int] = {}
+    for _, key in key_of.values():
+        taken[key] = taken.get(key, 0) + 1
+    return [Metric(key_of[name][1] if taken[key_of[name][1]] == 1 else name, name, key_of[name][0])
+            for name in ordered_names(key_of)]
+
+
+def ordered_names(names: Iterable[str]) -> List[str]:
+    """Metric names (records.scalars') as first seen, but the one a user looks at first first ("default", else
+    the first validation metric: the searcher's) and Determined's validation metrics before the other groups'."""
+    names = list(names)
     first = next((name for name in names if name == "default"), None) or next(
         (name for name in names if name.startswith("validation.")), None)
     return sorted(names, key=lambda name: (name != first, not name.startswith("validation.")))
 
 
+def find_metric(metrics: Iterable[Metric], asked: str) -> Optional[Metric]:
+    """The metric a user names, by the name shown or by its full GROUP.NAME; None when there is no such one."""
+    metrics = list(metrics)
+    return next((m for m in metrics if m.shown == asked), None) or next((m for m in metrics if m.name == asked), None)
+
+
 def metric_points(values: List[Any], name: str) -> List[Tuple[int, float]]:
-    """(step, number) of metric `name` in each value that holds it as a number."""
+    """(step, number) of metric `name` (records.scalars') in each value that holds it as a number."""
     points = []
     for step, value in zip(step_numbers(values), values):
         number = dict(records.scalars(value)).get(name)
@@ -246,7 +277,7 @@ def to_csv(rows: List[Dict[str, Any]]) -> str:
     params = _columns(flat_parameters(row["parameters"]) for row in rows)
     final_keys = _columns(_extra_keys(row["final"]) for row in rows)
     latest = [_latest_cells(row["intermediate"]) for row in rows]
-    latest_names = metric_names({name: 0} for cells in latest for name in cells)
+    latest_names = ordered_names(dict.fromkeys(name for cells in latest for name in cells))
     import csv  # here, not at the top: the store's readers (`trialkit trial list`) start without it
     import io
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import List, Optional, TextIO, Tuple
 
 from trialkit import platforms, records
-from trialkit.control import admin
+from trialkit.control import admin, checkpoints
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop, Trial
 from trialkit.control.manager_http import Manager, PageHook
@@ -30,6 +30,8 @@ from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.platforms.base import Platform
+
+RETENTION_SECONDS = 120.0  # the experiment's end waits this long for the last retention pass
 
 
 def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experiment_id: Optional[str] = None,
@@ -107,15 +109,20 @@ def done_already(experiment_id: str) -> str:
 
 
 def delete_experiment(experiment_id: str) -> List[str]:
-    """Remove a stopped experiment: the objects its platform made for it (a cluster's jobs and claims),
-    then its dir and store. What the platform deleted, by name."""
+    """Remove a stopped experiment: the objects its platform made for it (a cluster's jobs and claims), its
+    checkpoints in an object store, then its dir and store. What was deleted besides the dir, by name."""
     experiment_dir, _, store, _, config = _stopped_experiment(experiment_id)
     try:
         trial_ids = [row["id"] for row in store.trials(experiment_id)]
+        stored = checkpoints.checkpoints(store, experiment_id, config.checkpoint_storage) \
+            if config.checkpoint_storage is not None and config.checkpoint_storage.store is not None else []
     finally:
         store.close()
     platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
     removed = platform.remove_experiment(experiment_id, trial_ids) if platform.remove_experiment else []
+    for ckpt in stored:
+        checkpoints.delete(config.checkpoint_storage, ckpt, None)
+        removed.append(f"checkpoint {ckpt.uuid} ({ckpt.where})")
     shutil.rmtree(experiment_dir)
     return removed
 
@@ -165,6 +172,8 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
                 loop.progress.say(f"note: {capacity}")
             resume_trials(loop, running)
             loop.serve()
+            if loop.retention is not None:
+                loop.retention.close(RETENTION_SECONDS)
             status = loop.final_status()
             if status in (DONE, STOPPED):
                 platform.experiment_ended(loop.experiment_id, list(loop.trials))

@@ -34,6 +34,9 @@ def build_spec(config: ExperimentConfig, experiment_id: str, sequence: int, para
         contract[env.COMMAND] = config.trial_command
     if config.trial_checkpoint_every is not None:
         contract[env.CHECKPOINT_EVERY] = f"{config.trial_checkpoint_every:g}"
+    storage = config.checkpoint_storage
+    if storage is not None and storage.store is not None:
+        contract[env.CHECKPOINT_STORE] = records.dumps(storage.store)
     return TrialSpec(
         experiment_id=experiment_id,
         trial_id=trial,
@@ -42,4 +45,5 @@ def build_spec(config: ExperimentConfig, experiment_id: str, sequence: int, para
         env=contract,
         code_dir=config.trial_code_directory,
         priority=config.priority,
+        env_from_secrets=(storage.secret_name,) if storage is not None and storage.secret_name else (),
     )

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from trialkit import __version__, env, layout, records
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, explain_failure
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import PROG, warn
-from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, pipes_output, signal_group
+from trialkit.process import (STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, pipes_output, signal_group,
+                              spawn)
 from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
 
 
@@ -41,7 +43,10 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
                         command=list(opts.command), keeper_version=__version__)
         warn_about_the_stop(opts, trial)
         captures = capture_output(opts, trial, loop, reporter, out_r, err_r)
-        code = keep_to_end(opts, trial, loop, reporter, loop.watch(child), captures)
+        # One pod of a multi-pod trial stores its checkpoints (the one that reports: rank 0's saves); every pod
+        # fetched the latest before it started.
+        uploads = Uploads(trial, loop) if trial.checkpoint_store and env.is_reporting_replica() else None
+        code = keep_to_end(opts, trial, loop, reporter, loop.watch(child), captures, uploads)
     reporter.finish(time.monotonic() + opts.flush_seconds)
     return code
 
@@ -100,9 +105,12 @@ def _reader(loop: EventLoop, capture: Capture):
 
 
 def keep_to_end(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, reporter: Reporter,
-                child: Child, captures: List[Capture]) -> int:
-    """Keep the running command to its end and record how it ended; returns its exit code."""
+                child: Child, captures: List[Capture], uploads: Optional[Uploads]) -> int:
+    """Keep the running command to its end and record how it ended (once its checkpoints are stored: a
+    PREEMPTED trial may start again elsewhere at once); returns its exit code."""
     stop_asked = supervise(loop, child, captures, trial)
+    if uploads is not None:
+        uploads.finish(loop, time.monotonic() + trial.checkpoint_transfer_seconds)
     status, reason = final_status(child, stop_asked), ""
     if status == FAILED:
         reason, hint = explain_failure(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
@@ -112,6 +120,39 @@ def keep_to_end(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, 
     reporter.trial_ended()
     reporter.status(status, exit_code=child.exit_code, ended=time.time(), reason=reason)
     return child.exit_code
+
+
+class Uploads:
+    """The uploader beside the trial (trialkit/checkpoints/sync.py): its own process and session, so the cloud
+    library never loads here nor in training, and a stop of the trial's group leaves it uploading."""
+
+    def __init__(self, trial: env.TrialEnv, loop: EventLoop):
+        read, self._end = os.pipe()
+        try:
+            self.child: Optional[Child] = loop.watch(spawn([sys.executable, "-m", "trialkit.checkpoints.sync"],
+                                                           env=trial.child_environ(), stdin=read, name="uploader"))
+        except LaunchError as err:
+            warn(f"cannot start the checkpoint uploader ({err}); checkpoints stay in {trial.checkpoint_dir}")
+            self.child = None
+        finally:
+            os.close(read)
+
+    def finish(self, loop: EventLoop, deadline: float) -> None:
+        """Tell it the trial ended and wait (to the deadline) until it has stored what is left."""
+        try:
+            os.write(self._end, b"end\n")
+        except OSError:
+            pass  # it is gone already: its exit code says how it went
+        os.close(self._end)
+        child = self.child
+        if child is None:
+            return
+        if not loop.run_until(lambda: not child.running, deadline):
+            signal_group(child.pgid, signal.SIGKILL)
+            warn(f"the checkpoint uploader did not finish within {env.CHECKPOINT_TRANSFER_SECONDS}; what it had "
+                 "not stored is only in the trial's checkpoint dir")
+        elif child.exit_code != 0:
+            warn("some checkpoints were not stored (said above); they are only in the trial's checkpoint dir")
 
 
 def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env.TrialEnv) -> bool:

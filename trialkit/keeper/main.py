@@ -251,6 +251,27 @@ def start_command(command: Sequence[str], trial: env.TrialEnv) -> Tuple[Child, i
     return child, out_r, err_r
 
 
+def restore_checkpoint(trial: env.TrialEnv) -> None:
+    """With an object store of checkpoints, fetch the trial's latest before it starts (a new node or pod has
+    none): in a process of its own (trialkit/checkpoints/restore.py), so the keeper never loads the cloud
+    library. LaunchError when it cannot: a trial started without its checkpoint would lose its progress."""
+    if not trial.checkpoint_store:
+        return
+    from importlib.util import find_spec
+    if find_spec("obstore") is None:  # an image without trialkit runs the keeper from its archive
+        raise LaunchError("an object store of checkpoints needs trialkit in the image, with its checkpoints extra "
+                          "(obstore is not importable here); build the image from images/Dockerfile.cpu or .gpu", 1)
+    argv = [sys.executable, "-m", "trialkit.checkpoints.restore"]
+    try:
+        done = subprocess.run(argv, env=trial.child_environ(), stdin=subprocess.DEVNULL,
+                              timeout=trial.checkpoint_transfer_seconds)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"the trial's checkpoint was not restored within {trial.checkpoint_transfer_seconds:g} s "
+                          f"({env.CHECKPOINT_TRANSFER_SECONDS})", 1) from None
+    if done.returncode != 0:
+        raise LaunchError("the trial's checkpoint could not be restored from its store (said above)", 1)
+
+
 def run(argv: Sequence[str]) -> int:
     """The keeper's whole life; returns its exit code."""
     try:
@@ -265,6 +286,7 @@ def run(argv: Sequence[str]) -> int:
     loop.install_signal_handlers()
     started = time.time()
     try:
+        restore_checkpoint(trial)
         launched: Any = start_command(command_argv(opts, trial), trial)
     except LaunchError as err:
         launched = err

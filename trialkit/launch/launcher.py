@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 from trialkit import env
 from trialkit import trial as trials
 from trialkit.errors import UserError, report_and_exit
-from trialkit.launch import grammar
+from trialkit.launch import discover, grammar
 from trialkit.launch.supervisor import Supervisor
 
 WRAP_RANK = "trialkit.launch.wrap_rank"
@@ -31,7 +31,7 @@ def setup(prog: str, engine: str, argv: Optional[Sequence[str]]) -> Tuple[gramma
         launch = grammar.parse(argv, engine)
         if launch.trial:
             trials.check_spec(launch.trial)
-        topo = env.topology()
+        topo = env.topology(discover.with_chief(os.environ))
         if topo.chief_port is None:
             topo = topo._replace(chief_port=free_port(topo.chief_addr))
     except UserError as err:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from trialkit import layout
 from trialkit.env import SECRETS
@@ -35,6 +35,9 @@ class TrialSpec:
     code_dir: Optional[str] = None
     image: Optional[str] = None
     priority: int = 0
+    # Kubernetes Secrets whose every key the trial's containers get as a variable (a checkpoint store's
+    # credentials, checkpointStorage.secretName): named here, never read by trialkit.
+    env_from_secrets: Tuple[str, ...] = ()
 
     def public_env(self) -> Dict[str, str]:
         return {k: v for k, v in self.env.items() if k not in self.secret_env}
@@ -94,6 +97,10 @@ class Platform(Protocol):
     holds_checkpoint: Optional[Callable[[str], bool]]
     """For a trial that ended: whether it left a checkpoint to go on from (it exited 143 after a stop, or its
     checkpoint dir holds one). None: the platform cannot see; the loop then takes exit 143 alone as one."""
+
+    def manager_url_told(self, handle: str) -> Optional[str]:
+        """The manager's URL as the trial's keeper was told it (a cluster's pods reach it at another address);
+        None: the manager's own. Named when its keeper has not reached the manager."""
     on_waiting: Callable[[str, str], None]
     """The loop sets it; a platform that holds a submitted trial back (local: until its GPUs are free) calls
     it from submit() with the trial's id and why, before the trial can start."""
@@ -129,6 +136,10 @@ class PlatformBase:
 
     def check_ready(self) -> None:
         """Ready as soon as it exists."""
+
+    def manager_url_told(self, handle: str) -> Optional[str]:
+        """The manager's URL as the trial's keeper was told it; None: the manager's own."""
+        return None
 
 
 def copy_checkpoint(experiment_dir: Path, source: str, trial_id: str) -> None:

@@ -21,8 +21,10 @@ from typing import List
 import trialkit
 
 # Top-level modules of the trial side: the SDK face and the contract below it.
-MODULES = ("__init__.py", "sdk.py", "channel.py", "env.py", "errors.py", "layout.py", "process.py", "records.py",
-           "statuses.py", "trial.py")
+# checkpoints/__init__.py alone: the Core API shim reads its names; its uploader and restore need obstore, which
+# an image without trialkit lacks (an object store of checkpoints asks for trialkit in the image).
+MODULES = ("__init__.py", "sdk.py", "channel.py", "checkpoints/__init__.py", "env.py", "errors.py", "layout.py",
+           "process.py", "records.py", "statuses.py", "trial.py")
 # Packages taken whole (.py files only): the keeper, the launchers, AdaptDL's wiring, NNI's fallback package.
 PACKAGES = ("keeper", "launch", "adaptdl", "shims")
 

@@ -1,7 +1,12 @@
 """The page's files: index.html, app.js and app.css from trialkit/web/static, uPlot and two plotly.js bundles.
 
-The curves are drawn by uPlot (50 KB, vendored in trialkit/web/vendor with
-its README naming the source and version): on a cold page plotly's basic
+The page comes whole in one answer: index.html with app.css and uPlot's
+styles in its <style> and app.js in its <script> (allowed by the script's
+hash in the page's Content-Security-Policy), so that the first view's data
+is asked for as soon as the page is parsed rather than after one more round
+of requests (bench/bench_web.py). The curves are drawn by uPlot (50 KB,
+vendored in trialkit/web/vendor with its README naming the source and
+version), a deferred script of the page: on a cold page plotly's basic
 bundle (1.2 MB) was half the time to the curves, its drawing a third more.
 A trial's GPU chart uses plotly's basic bundle (scatter, bar, pie; 0.4 MB
 gzipped, vendored too), fetched only by a trial view that has GPU samples;
@@ -9,12 +14,13 @@ parallel coordinates need the full bundle (4.8 MB), which comes from the
 installed plotly package and is fetched only by the view that draws them.
 
 Read once when the page is installed. A vendored file is served under a name
-holding its hash, cached by the browser for good; the page's own files are
-revalidated by ETag (a 304 when unchanged), so a new trialkit shows at once.
+holding its hash, cached by the browser for good; the page is revalidated by
+ETag (a 304 when unchanged), so a new trialkit shows at once.
 Every file goes out gzipped to a browser that accepts it.
 """
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import importlib.util
@@ -25,18 +31,20 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from trialkit.manager.server import HttpError, Raw
 
-UPLOT_PLACEHOLDER, UPLOT_CSS_PLACEHOLDER = b"{{uplot}}", b"{{uplot-css}}"  # the curves
+UPLOT_PLACEHOLDER = b"{{uplot}}"  # the curves
+STYLES_PLACEHOLDER, SCRIPT_PLACEHOLDER = b"{{styles}}", b"{{script}}"  # the page's own, inline
 PLOTLY_PLACEHOLDER = b"{{plotly}}"  # the basic bundle: enough for a trial's GPU chart
 PLOTLY_FULL_PLACEHOLDER = b"{{plotly-full}}"  # every trace type: parallel coordinates
 PLOTLY_MISSING = "/static/plotly-missing.js"  # 404: the page then says how to install plotly
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8"}
 _FOREVER = "public, max-age=31536000, immutable"
-# The page's scripts are its own files; plotly needs eval (its WebGL code) and inline styles.
+# The page's scripts are its own: its inline one by its hash (SCRIPT_HASH), the rest its files; plotly needs eval
+# (its WebGL code) and inline styles.
+CSP = ("default-src 'self'; script-src 'self' 'unsafe-eval' 'sha256-{SCRIPT_HASH}'; style-src 'self' 'unsafe-inline'; "
+       "img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+       "frame-ancestors 'none'")
 PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
-                               "img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-                               "form-action 'none'; frame-ancestors 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
@@ -90,6 +98,9 @@ class _File:
                 self._plain = gzip.decompress(self._gzipped)
             return self._gzipped if gzip_it else self._plain
 
+    def body(self) -> bytes:
+        return self._body(False)
+
     def answer(self, request_headers: Mapping[str, str], extra: Optional[Dict[str, str]] = None) -> Tuple[int, Raw]:
         gzip_it = accepts_gzip(request_headers)
         # Each form has its own tag: a cache must not answer one with the other.
@@ -111,8 +122,6 @@ class Assets:
         places = {
             UPLOT_PLACEHOLDER: self._vendored("uplot", ".js", _File(_TYPES[".js"], _FOREVER,
                                                                      plain=(vendor / "uplot.min.js").read_bytes())),
-            UPLOT_CSS_PLACEHOLDER: self._vendored("uplot", ".css", _File(
-                _TYPES[".css"], _FOREVER, plain=(vendor / "uplot.min.css").read_bytes())),
             PLOTLY_PLACEHOLDER: self._vendored("plotly-basic", ".js", _File(
                 _TYPES[".js"], _FOREVER, gzipped=(vendor / "plotly-basic.min.js.gz").read_bytes())),
         }
@@ -126,6 +135,14 @@ class Assets:
                 for placeholder, url in places.items():
                     body = body.replace(placeholder, url.encode())
                 self._files[item.name] = _File(_TYPES[suffix], "no-cache", plain=body)
+        script = self._files["app.js"].body()
+        if b"</script" in script.lower() or b"<!--" in script:  # would end the inline script early
+            raise ValueError("app.js holds '</script' or '<!--': it cannot be put inline")
+        page = self._files["index.html"].body().replace(
+            STYLES_PLACEHOLDER, self._files["app.css"].body() + b"\n" + (vendor / "uplot.min.css").read_bytes())
+        self._files["index.html"] = _File(_TYPES[".html"], "no-cache", plain=page.replace(SCRIPT_PLACEHOLDER, script))
+        digest = base64.b64encode(hashlib.sha256(script).digest()).decode()
+        self._page_headers = {"Content-Security-Policy": CSP.replace("{SCRIPT_HASH}", digest), **PAGE_HEADERS}
 
     def _vendored(self, stem: str, suffix: str, content: _File) -> str:
         """Serve a vendored file under a name holding its hash; returns its URL."""
@@ -134,7 +151,7 @@ class Assets:
         return f"/static/{name}"
 
     def page(self, request_headers: Mapping[str, str]) -> Tuple[int, Raw]:
-        return self._files["index.html"].answer(request_headers, PAGE_HEADERS)
+        return self._files["index.html"].answer(request_headers, self._page_headers)
 
     def file(self, name: str, request_headers: Mapping[str, str]) -> Tuple[int, Raw]:
         found = self._files.get(name)

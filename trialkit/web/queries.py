@@ -22,8 +22,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from trialkit import gpus
 from trialkit.control import results
 from trialkit.control.plot import parameter_scale, step_title
-from trialkit.manager.server import HttpError
-from trialkit.records import INT64_MAX, BadRecord, loads, metric_number
+from trialkit.manager.server import HttpError, decode
+from trialkit.records import INT64_MAX, BadRecord, metric_number
 from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
 
 # Experiment statuses (NNI's names) whose clock still runs; any other ended at its last update.
@@ -41,7 +41,7 @@ def register(db: sqlite3.Connection) -> None:
 
 def _metric_of_json(text: Optional[str]) -> Optional[float]:
     try:
-        return metric_number(loads(text)) if text is not None else None
+        return metric_number(decode(text.encode())) if text is not None else None
     except BadRecord:
         return None
 
@@ -94,9 +94,11 @@ def parameter_names(db: sqlite3.Connection, experiment_id: str, config: Mapping[
 
 
 def _best(db: sqlite3.Connection, experiment_id: str, mode: str, limit: int = 1) -> List[sqlite3.Row]:
+    # MATERIALIZED: each trial's metric is taken once (a flattened subquery takes it for the filter and the order).
     return db.execute(
-        f"SELECT * FROM (SELECT t.id, t.parameters, {FINAL} AS metric FROM trials t WHERE t.experiment=?) "
-        f"WHERE metric IS NOT NULL ORDER BY metric {_order(mode)} LIMIT ?", (experiment_id, limit)).fetchall()
+        f"WITH m AS MATERIALIZED (SELECT t.id, t.parameters, {FINAL} AS metric FROM trials t WHERE t.experiment=?) "
+        f"SELECT * FROM m WHERE metric IS NOT NULL ORDER BY metric {_order(mode)} LIMIT ?",
+        (experiment_id, limit)).fetchall()
 
 
 def _duration(created: float, updated: float, status: str, now: float) -> float:
@@ -158,7 +160,7 @@ def _number(value: Any) -> Optional[float]:
 
 def _json(text: Optional[str]) -> Any:
     try:
-        return loads(text) if text is not None else None
+        return decode(text.encode()) if text is not None else None
     except ValueError:
         return None
 
@@ -297,8 +299,8 @@ def _trial_row(row: sqlite3.Row, now: float) -> Dict[str, Any]:
 def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str], top: int = CURVE_TOP,
            metric: str = "") -> Dict[str, Any]:
     """One metric of the given trials (else the `top` best) over their steps, every run of a trial as one series
-    (results.series), with final metrics: `metric` by name (results.metric_names), else the one a user looks at
-    first; `metrics` lists every name these trials report."""
+    (results.series), with final metrics: `metric` by either of its names (results.metrics_of), else the one a
+    user looks at first; `metrics` lists every metric these trials report, by the name shown."""
     exp = _experiment_row(db, experiment_id)
     mode = results.optimize_mode(exp["config"])
     if trial_ids:
@@ -312,11 +314,11 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
                           f"WHERE t.experiment=?) ORDER BY metric {_order(mode)} NULLS LAST, sequence DESC LIMIT ?",
                           (experiment_id, top)).fetchall()
     reports = {row["id"]: _reports(db, row["id"]) for row in rows}
-    names = results.metric_names(value for values in reports.values() for value in values)
-    name = metric if metric in names else (names[0] if names else "default")
+    known = results.metrics_of(value for values in reports.values() for value in values)
+    shown = results.find_metric(known, metric) or (known[0] if known else results.Metric("default", "default", None))
     series = []
     for row in rows:
-        points = results.metric_points(reports[row["id"]], name)
+        points = results.metric_points(reports[row["id"]], shown.name)
         stride = max(1, -(-len(points) // CURVE_POINTS))
         series.append({"id": row["id"], "metric": row["metric"], "steps": [step for step, _ in points[::stride]],
                        "values": [value for _, value in points[::stride]],
@@ -325,8 +327,11 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
         best = rows[:1] if rows and rows[0]["metric"] is not None else []
     else:
         best = _best(db, experiment_id, mode)
-    return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series, "metrics": names,
-            "metric": name, "x": step_title((value for values in reports.values() for value in values), name)}
+    return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series,
+            "metrics": [m.shown for m in known], "metric": shown.shown,
+            # The group of a Determined metric shown by its own name ("loss": training), for its mark.
+            "groups": {m.shown: m.group for m in known if m.group and m.shown != m.name},
+            "x": step_title((value for values in reports.values() for value in values), shown.name)}
 
 
 def _has_runs(db: sqlite3.Connection) -> bool:

@@ -42,8 +42,9 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Tuple, Union
 from urllib.parse import quote, urlencode
 
-from trialkit.control import actions
+from trialkit.control import actions, checkpoints
 from trialkit.control.actions import Performer
+from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.server import HttpError, ManagerServer, Raw, Request, Stream
 from trialkit.manager.store import DB_NAME, Store
@@ -107,6 +108,7 @@ class _Routes:
             ("GET", exp + "/pool", self._pool),
             ("GET", exp + "/trials/<trial>", self._trial),
             ("GET", exp + "/trials/<trial>/log", self._log),
+            ("GET", exp + "/trials/<trial>/checkpoints", self._checkpoints),
         ] + ([] if self.read_only else [("POST", exp + "/trials/<trial>/<action>", self._action),
                                          ("POST", exp + "/pool", self._pool)]):
             add(method, pattern, self._answered(handler), lambda request: guard.check(request, self.token))
@@ -197,6 +199,25 @@ class _Routes:
 
     def _trial(self, request: Request) -> Any:
         return self._read(request, queries.trial, request.params["trial"])
+
+    def _checkpoints(self, request: Request) -> Any:
+        """The trial's checkpoints wherever its experiment keeps them, with the rules that keep each (what
+        `trialkit checkpoint list TRIAL` prints); an object store that cannot be read is 502, saying why."""
+        experiment_id, trial_id = request.params["exp"], request.params["trial"]
+        with self._reading(experiment_id) as db:
+            queries.trial(db, experiment_id, trial_id)  # 404 unless it is this experiment's trial
+        store = Store.reader(self.catalog.database(experiment_id).path)
+        try:
+            config = store.experiment(experiment_id)["config"]
+            entries = checkpoints.catalog(store, experiment_id, config, trial_id)
+        except UserError as err:
+            raise HttpError(502, err.what) from None
+        finally:
+            store.close()
+        return {"where": checkpoints.where_kept(checkpoints.storage_of(config)),
+                "checkpoints": [{"uuid": e.checkpoint.uuid, "run": e.checkpoint.run, "steps": e.checkpoint.steps,
+                                 "metric": e.metric, "size": e.checkpoint.size, "time": e.checkpoint.time,
+                                 "where": e.checkpoint.where, "kept_by": e.rules} for e in entries]}
 
     def _log(self, request: Request) -> Any:
         """The trial's log file where this machine has it, else what its keeper shipped (cluster trials)."""

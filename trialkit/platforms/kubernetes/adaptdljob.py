@@ -35,7 +35,7 @@ from trialkit.platforms.kubernetes.config import (
 )
 from trialkit.platforms.kubernetes.platform import KubePlatform
 
-PLATFORM = "adaptdl"
+PLATFORM = envnames.ADAPTDL_PLATFORM  # its pods say so in TRIALKIT_PLATFORM: the keeper keeps the scheduler's job name
 KIND = "AdaptDLJob"
 CONTAINER = "main"
 CHECKPOINT_DIR = "/adaptdl/checkpoint"
@@ -219,9 +219,14 @@ class Platform(KubePlatform):
     def experiment_objects(self, experiment_id: str) -> List[dict]:
         return render_tensorboard(self.config, experiment_id)
 
+    def kept_objects(self, experiment_id: str) -> List[dict]:
+        """The TensorBoard claim: its data can be served after the experiment (seed 000's promise)."""
+        return [obj for obj in render_tensorboard(self.config, experiment_id) if obj["kind"] == "PersistentVolumeClaim"]
+
     def start_tensorboard(self, experiment_id: str) -> str:
         """Serve the experiment's TensorBoard claim (made once: asked again, what runs is kept); how to reach it.
-        It goes when the experiment ends, with the claim."""
+        What serves it goes when the experiment ends; the claim stays until `trialkit experiment delete`, and
+        asked again, the experiment's data is served from it."""
         for obj in render_tensorboard(self.config, experiment_id):
             self.client.create(obj, on_conflict="keep")
         name, namespace = tensorboard_name(experiment_id), self.config.common.namespace

@@ -34,7 +34,7 @@ CUSTOM_KINDS = {
 CLUSTER_KINDS = {"WorkloadPriorityClass": ("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses")}
 # Built-in kinds: kind -> the CoreV1Api method suffix.
 CORE_KINDS = {"ConfigMap": "config_map", "Secret": "secret", "PersistentVolumeClaim": "persistent_volume_claim",
-              "Service": "service"}
+              "Service": "service", "ServiceAccount": "service_account"}
 APPS_KINDS = {"Deployment": "deployment"}  # AppsV1Api: an AdaptDL experiment's TensorBoard
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 TIMEOUT = (10, 60)  # seconds to connect, to read an answer

@@ -40,6 +40,15 @@ PLATFORM = "frameworkcontroller"
 KIND = "Framework"
 CONTAINER = "trial"
 NAME = re.compile(r"^[a-z0-9]{1,63}$")  # FrameworkController's rule for every name
+# A task role's headless Service is named {framework}-{role}, a DNS label: a role name this long
+# leaves the framework's name 32 characters.
+MAX_ROLE_NAME = 30
+# What FrameworkController fills in a pod template before it makes each task's pod; pods of a role are
+# found at {role}-{index}.{framework}-{role} (its own examples' scheme, which the launchers read).
+TASK_HOSTNAME = "{{FC_TASKROLE_NAME}}-{{FC_TASK_INDEX}}"
+# The labels FrameworkController puts on every pod it makes.
+POD_LABEL_FRAMEWORK = "FC_FRAMEWORK_NAME"
+POD_LABEL_TASK_ROLE = "FC_TASKROLE_NAME"
 # FrameworkController force-deletes a pod this long after its own grace ran
 # out: the kubelet has had the whole termination grace to stop it by then.
 FORCE_DELETE_AFTER_SECONDS = 30
@@ -74,8 +83,9 @@ def _threshold(policy: Section, key: str, default: int, task_number: int) -> int
 
 def parse_task_role(sec: Section) -> TaskRole:
     name = sec.text("name")
-    if name is None or not NAME.match(name):
-        raise UserError(f"task role name {name!r} is not valid", sec.at("name"), "use 1 to 63 lowercase letters and digits")
+    if name is None or not NAME.match(name) or len(name) > MAX_ROLE_NAME:
+        raise UserError(f"task role name {name!r} is not valid", sec.at("name"),
+                        f"use 1 to {MAX_ROLE_NAME} lowercase letters and digits (it names the role's Service)")
     role = parse_role(sec, name, ("taskNumber", "taskNum"))
     policy = sec.section("frameworkAttemptCompletionPolicy") or Section({}, sec.at("frameworkAttemptCompletionPolicy"))
     task_role = TaskRole(
@@ -121,13 +131,14 @@ def from_v1(v1_config: dict) -> dict:
 
 
 def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
-    names = k8s.trial_names(spec, separator="")
+    longest_role = max(len(item.role.name) for item in config.task_roles)
+    names = k8s.trial_names(spec, k8s.MAX_NAME - 1 - longest_role, separator="")
     job = k8s.job_object(config.common, "framework.yaml", names)
     job_spec = job.setdefault("spec", {})
     job_spec.setdefault("executionType", "Start")
     job_spec.setdefault("retryPolicy", {"fancyRetryPolicy": True, "maxRetryCount": 0})
     entries = {entry.get("name"): entry for entry in job_spec.get("taskRoles") or []}
-    task_roles = []
+    task_roles, services = [], []
     claims, mounts, checkpoint_env = k8s.checkpoint_storage(config.common, names, config.storage)
     offset = 0  # the rank of the role's first task: the task roles' pods in order
     for item in config.task_roles:
@@ -146,17 +157,42 @@ def render(config: FrameworkConfig, spec: TrialSpec) -> List[dict]:
             config.common, spec, names, PLATFORM,
             image=role.image, command=role.command, res=role.resources, where=f"trainingService.taskRoles.{role.name}",
             # Every task runs a keeper with the trial's token: only task 0 of the reporting role ships.
-            extra_env={envnames.CHIEF_ROLE: config.reporting_role, envnames.RANK_OFFSET: str(offset), **checkpoint_env},
+            # FrameworkController tells a task its index but not how many there are: a launcher's node count.
+            extra_env={envnames.CHIEF_ROLE: config.reporting_role, envnames.RANK_OFFSET: str(offset),
+                       envnames.NUM_NODES: str(role.count), **checkpoint_env},
             extra_mounts=mounts, code_dir=role.code_dir,
         )
         pod = k8s.fill_pod(task.get("pod"), plan, CONTAINER)
         # FrameworkController retries tasks itself; the kubelet must not.
         pod["spec"]["restartPolicy"] = "Never"
+        # Each task is reachable by name: {role}-{index}.{framework}-{role} (the Service below).
+        pod["spec"]["hostname"] = TASK_HOSTNAME
+        pod["spec"]["subdomain"] = task_service_name(names, role.name)
         task["pod"] = pod
         task_roles.append(entry)
+        services.append(task_service(names, role.name, config.common.namespace))
         offset += role.count
     job_spec["taskRoles"] = task_roles
-    return k8s.trial_objects(config.common, spec, names, job, claims)
+    return k8s.trial_objects(config.common, spec, names, job, [*services, *claims])
+
+
+def task_service_name(names: k8s.TrialNames, role: str) -> str:
+    return f"{names.job}-{role}"
+
+
+def task_service(names: k8s.TrialNames, role: str, namespace: str) -> dict:
+    """The role's headless Service: DNS names for its tasks' pods (hostname.subdomain), ready or not, so that
+    the first task can be found while the others still start."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": k8s.metadata(task_service_name(names, role), namespace, names.labels),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {POD_LABEL_FRAMEWORK: names.job, POD_LABEL_TASK_ROLE: role},
+        },
+    }
 
 
 # status.state while the Framework is not Completed. The Attempt* states after

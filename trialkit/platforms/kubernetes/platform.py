@@ -25,7 +25,7 @@ import yaml
 from trialkit import env as envnames
 from trialkit.platforms.kubernetes import render as k8s
 from trialkit.platforms.kubernetes import kueue, pool_leases, shipping
-from trialkit.statuses import FAILED, FINAL_STATUSES, SUCCEEDED, SYS_CANCELED, USER_CANCELED, WAITING
+from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, SUCCEEDED, SYS_CANCELED, USER_CANCELED, WAITING
 from trialkit.errors import UserError
 from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
 
@@ -94,10 +94,15 @@ def termination_message(pods: Sequence[dict]) -> Optional[str]:
 
 
 def trial_status(job_status: PlatformStatus, pods: Sequence[dict]) -> PlatformStatus:
-    """The job's status, with what only its pods tell: image failures, exit codes, run.sh's reasons."""
+    """The job's status, with what only its pods tell: image failures, exit codes, run.sh's reasons, and
+    that the trial runs once a pod of it does (an operator says Running only when all of them do)."""
     if job_status.status not in FINAL_STATUSES:
         failure = image_failure(pods)
-        return PlatformStatus(FAILED, failure) if failure else job_status
+        if failure:
+            return PlatformStatus(FAILED, failure)
+        if job_status.status == WAITING and any((pod.get("status") or {}).get("phase") == "Running" for pod in pods):
+            return PlatformStatus(RUNNING)
+        return job_status
     if job_status.exit_code is None:
         job_status = dataclasses.replace(job_status, exit_code=trial_exit_code(pods))
     said = termination_message(pods) if job_status.status == FAILED else None
@@ -108,6 +113,9 @@ def trial_status(job_status: PlatformStatus, pods: Sequence[dict]) -> PlatformSt
         reason = f"{cause}; {job_status.reason}" if job_status.reason else cause
         return dataclasses.replace(job_status, reason=reason, retryable=True)
     return job_status
+
+
+KEPT_KINDS = frozenset({"PersistentVolumeClaim", "ServiceAccount"})  # created once, never overwritten
 
 
 class KubePlatform(PlatformBase):
@@ -127,6 +135,7 @@ class KubePlatform(PlatformBase):
         self._leased: dict = {}  # handle -> trial id: its slots are leased from the pool
         self._unstarted: dict = {}  # handle -> PlatformStatus: stopped while it waited
         self._admissions: Any = _UNREAD  # the namespace's Kueue pool (pools.yml, kubernetes/kueue.py) or None
+        self._told: dict = {}  # handle -> the manager's URL as its pods were told it
 
     @property
     def checkpoint_survives_stop(self) -> bool:
@@ -154,6 +163,8 @@ class KubePlatform(PlatformBase):
         handle = str(ObjectRef.of(objects[-1]))
         if self.admissions is not None:
             self.admissions.submitted(handle, spec.trial_id)
+        told = spec.env.get(envnames.MANAGER_URL)
+        self._told[handle] = told and k8s.pod_manager_url(told, self.config.common.manager_address)
         pool = self.pool
         if pool is None:
             self._create(spec, objects)
@@ -212,11 +223,12 @@ class KubePlatform(PlatformBase):
 
         *needs, job = k8s.with_secrets(objects, spec, self._storage_secret())
         # A ConfigMap or Secret left by an earlier attempt holds stale scripts or
-        # an old token: replace it. A claim keeps its data (a checkpoint to resume).
+        # an old token: replace it. A claim keeps its data (a checkpoint to resume);
+        # the experiment's ServiceAccount is made once for all its trials.
         created = []
         try:
             for obj in needs:
-                on_conflict = "keep" if obj["kind"] == "PersistentVolumeClaim" else "replace"
+                on_conflict = "keep" if obj["kind"] in KEPT_KINDS else "replace"
                 self.client.create(obj, on_conflict=on_conflict)
                 created.append(obj)
             submitted = self.client.create(job, on_conflict="keep")
@@ -303,19 +315,26 @@ class KubePlatform(PlatformBase):
         return self._delete_all(self._objects(experiment_id, trial_ids))
 
     def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
-        """Done or stopped: the checkpoint claims (and the TensorBoard one) go; finished jobs go with their
-        retention, or with `trialkit experiment delete`."""
+        """Done or stopped: the checkpoint claims go, and what serves the experiment (an AdaptDL experiment's
+        TensorBoard); what it keeps for later (kept_objects) stays until `trialkit experiment delete`;
+        finished jobs go with their retention."""
         from trialkit.platforms.kubernetes.client import ObjectRef
 
+        kept = {ObjectRef.of(obj) for obj in self.kept_objects(experiment_id)}
         claims = [ref for ref in self._objects(experiment_id, trial_ids) if ref.kind == "PersistentVolumeClaim"]
-        # What serves a claim goes with it (an AdaptDL experiment's TensorBoard).
         served = [ObjectRef.of(obj) for obj in self.experiment_objects(experiment_id)]
-        removed = self._delete_all(list(dict.fromkeys(served + claims)))
+        removed = self._delete_all([ref for ref in dict.fromkeys(served + claims) if ref not in kept])
         if removed:
-            log.info("removed %d claims of experiment %s", len(removed), experiment_id)
+            log.info("removed %d objects of experiment %s", len(removed), experiment_id)
 
     def experiment_objects(self, experiment_id: str) -> List[dict]:
-        """Objects of the experiment rather than of a trial, made on request; deleted when it ends."""
+        """Objects of the experiment rather than of a trial, made on request; deleted when it ends, but for
+        kept_objects."""
+        return []
+
+    def kept_objects(self, experiment_id: str) -> List[dict]:
+        """The experiment's objects that outlive its end, until `trialkit experiment delete`: data it can
+        still serve (AdaptDL's TensorBoard claim)."""
         return []
 
     def _objects(self, experiment_id: str, trial_ids: Sequence[str]) -> list:
@@ -332,6 +351,9 @@ class KubePlatform(PlatformBase):
 
     def _delete_all(self, refs: Sequence[Any]) -> List[str]:
         return [str(ref) for ref in refs if self.client.delete(ref)]
+
+    def manager_url_told(self, handle: str) -> Optional[str]:
+        return self._told.get(handle)
 
     def check_ready(self) -> None:
         """Before the manager starts: a kubeconfig that cannot be read, or an API server that does not

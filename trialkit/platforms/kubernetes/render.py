@@ -181,6 +181,19 @@ def azure_secret_name(names: TrialNames) -> str:
     return object_name(["tk", names.experiment_label, "azure-storage"])
 
 
+def trial_service_account_name(names: TrialNames) -> str:
+    """The experiment's ServiceAccount for its trial pods: one for all its trials, bound to no role."""
+    return object_name(["tk", names.experiment_label, "trial"])
+
+
+def trial_service_account(names: TrialNames, namespace: str) -> dict:
+    """A ServiceAccount with no rights, and no token in the pods: training code needs no API access, and must
+    not borrow the namespace's default account (or an operator's, as NNI's FrameworkController docs suggest)."""
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": metadata(trial_service_account_name(names), namespace, names.experiment_labels),
+            "automountServiceAccountToken": False}
+
+
 def azure_mount(azure: AzureStorage, names: TrialNames) -> Mount:
     volume = {"name": "trialkit-azure", "azureFile": {"secretName": azure_secret_name(names), "shareName": azure.share,
                                                       "readOnly": False}}
@@ -286,10 +299,12 @@ class PodPlan:
     resources: dict
     mounts: List[Mount]
     termination_grace_seconds: int
-    service_account: Optional[str]
+    service_account: Optional[str]  # the config's serviceAccountName
+    default_service_account: str  # without one in the config or the template: trialkit's own (trial_service_account)
     image_pull_secrets: Tuple[str, ...]
     priority_class: Optional[str]  # from the trial's priority, where priorityClasses maps it
     working_dir: Optional[str] = None  # the code's place in the image, when it is not shipped
+    env_from_secrets: Tuple[str, ...] = ()  # Secrets whose keys become variables (a checkpoint store's credentials)
 
 
 def pod_plan(
@@ -340,9 +355,11 @@ def pod_plan(
         mounts=mounts,
         termination_grace_seconds=common.termination_grace_seconds,
         service_account=common.service_account,
+        default_service_account=trial_service_account_name(names),
         image_pull_secrets=common.image_pull_secrets,
         priority_class=priority_class(common.priority_classes, spec.priority),
         working_dir=None if code_dir else common.working_dir,
+        env_from_secrets=spec.env_from_secrets,
     )
 
 
@@ -359,8 +376,7 @@ def fill_pod(template: Optional[dict], plan: PodPlan, container_name: str) -> di
     meta["labels"] = {**meta.get("labels", {}), **plan.labels}
     spec = pod.setdefault("spec", {})
     spec["terminationGracePeriodSeconds"] = plan.termination_grace_seconds
-    if plan.service_account:
-        spec["serviceAccountName"] = plan.service_account
+    spec["serviceAccountName"] = plan.service_account or spec.get("serviceAccountName") or plan.default_service_account
     if plan.priority_class:
         spec["priorityClassName"] = plan.priority_class
     if plan.image_pull_secrets:
@@ -379,6 +395,9 @@ def fill_pod(template: Optional[dict], plan: PodPlan, container_name: str) -> di
     container["command"] = list(RUN_COMMAND)
     container.pop("args", None)  # run.sh would take them for the trial's command
     container["env"] = _replace_named(container.get("env", []), plan.env)
+    if plan.env_from_secrets:
+        ours = [{"secretRef": {"name": name}} for name in plan.env_from_secrets]
+        container["envFrom"] = [item for item in container.get("envFrom", []) if item not in ours] + ours
     if plan.resources:
         current = container.get("resources", {})
         container["resources"] = {part: {**current.get(part, {}), **plan.resources[part]} for part in ("requests", "limits")}
@@ -443,6 +462,8 @@ def trial_objects(
 ) -> List[dict]:
     """Everything to submit, in order: what the job's pods need first, the job last."""
     objects = [secret_object(names, common.namespace)] if secret_env_names(spec) else []
+    if common.service_account is None:
+        objects.append(trial_service_account(names, common.namespace))
     if common.azure:
         objects.append(azure_secret(common.azure, names, common.namespace))
     return objects + [scripts_configmap(names, common.namespace), *extra, job]

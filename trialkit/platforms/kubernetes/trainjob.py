@@ -13,8 +13,9 @@ What goes where (Trainer takes no pod template from a TrainJob):
   token by reference to the trial's Secret), numNodes, resourcesPerNode;
 - `runtimePatches` (per replicated job of the runtime): the trial's labels,
   volumes and mounts (scripts, the keeper's home, checkpoint claim, NFS or
-  Azure File), serviceAccountName, imagePullSecrets and
-  terminationGracePeriodSeconds.
+  Azure File), serviceAccountName (the config's, else the experiment's own
+  with no rights, unless the trialTemplate's own patches name one),
+  imagePullSecrets and terminationGracePeriodSeconds.
 No TrainingRuntime of trialkit's own is needed: patches cannot carry the
 preStop hook (cleanup.sh), but run.sh execs the keeper, so the keeper is the
 container's PID 1 and gets the kubelet's SIGTERM itself, within the patched
@@ -127,20 +128,33 @@ def render(config: TrainJobConfig, spec: TrialSpec) -> List[dict]:
         trainer["resourcesPerNode"] = plan.resources
     job_spec["trainer"] = trainer
     patches = [patch for patch in job_spec.get("runtimePatches") or [] if patch.get("manager") != PATCH_MANAGER]
-    job_spec["runtimePatches"] = patches + [runtime_patch(plan, RUNTIME_JOBS.get(runtime, ("node",)))]
+    account = plan.service_account or (None if _names_account(patches) else plan.default_service_account)
+    job_spec["runtimePatches"] = patches + [runtime_patch(plan, RUNTIME_JOBS.get(runtime, ("node",)), account)]
     return k8s.trial_objects(config.common, spec, names, job, claims)
 
 
-def runtime_patch(plan: k8s.PodPlan, jobs: Sequence[str]) -> dict:
-    """trialkit's patch of the runtime: every pod of `jobs` gets the trial's labels, volumes and pod settings; the
-    trainer's container (`node`) its mounts."""
+def _names_account(patches: Sequence[dict]) -> bool:
+    """Whether a patch of the trialTemplate's own gives a pod its serviceAccountName."""
+    for patch in patches:
+        runtime = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
+        for entry in runtime.get("replicatedJobs") or []:
+            pod = ((entry.get("template") or {}).get("spec") or {}).get("template") or {}
+            if (pod.get("spec") or {}).get("serviceAccountName"):
+                return True
+    return False
+
+
+def runtime_patch(plan: k8s.PodPlan, jobs: Sequence[str], account: Optional[str]) -> dict:
+    """trialkit's patch of the runtime: every pod of `jobs` gets the trial's labels, volumes and pod settings
+    (`account`: its serviceAccountName, None: the runtime's or the template's patch's); the trainer's container
+    (`node`) its mounts."""
     pod_spec: Dict[str, object] = {
         "volumes": [mount.volume for mount in plan.mounts],
         "containers": [{"name": CONTAINER, "volumeMounts": [mount.volume_mount() for mount in plan.mounts]}],
         "terminationGracePeriodSeconds": plan.termination_grace_seconds,
     }
-    if plan.service_account:
-        pod_spec["serviceAccountName"] = plan.service_account
+    if account:
+        pod_spec["serviceAccountName"] = account
     if plan.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in plan.image_pull_secrets]
     pod = {"metadata": {"labels": dict(plan.labels)}, "spec": pod_spec}

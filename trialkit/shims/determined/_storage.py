@@ -9,6 +9,11 @@ a pause and a restart, so the checkpoint stored before a stop is the one
 `latest_checkpoint` names after it. A checkpoint counts once its metadata is
 written; `latest` moves only then, so a stop in the middle of a store leaves
 the previous one latest.
+
+With an object store (checkpoint_storage s3, gcs, azure) the keeper's
+uploader copies each whole checkpoint there and keeps only the latest here;
+one asked for that is not here is fetched back by trialkit.checkpoints.restore,
+in a process of its own (the training process never loads the cloud library).
 """
 import json
 import os
@@ -16,24 +21,42 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-METADATA = "metadata.json"
-LATEST = "latest"
+from trialkit import env
+from trialkit.checkpoints import DETERMINED_LATEST as LATEST
+from trialkit.checkpoints import DETERMINED_METADATA as METADATA
+from trialkit.checkpoints import set_latest
 
 
 def path(root: Path, storage_id: str) -> Path:
-    """The directory of `storage_id`; a FileNotFoundError when this trial stored no such checkpoint."""
-    where = root / storage_id
-    if os.sep in storage_id or storage_id in ("", ".", "..") or not (where / METADATA).is_file():
+    """The directory of `storage_id`, fetched from the experiment's object store when it is only there; a
+    FileNotFoundError when this trial stored no such checkpoint."""
+    where = _where(root, storage_id)
+    if not (where / METADATA).is_file() and os.environ.get(env.CHECKPOINT_STORE):
+        _in_store(storage_id, str(where))
+    if not (where / METADATA).is_file():
         raise FileNotFoundError(f"no checkpoint {storage_id!r} in this trial's checkpoint dir {root}")
     return where
+
+
+def _where(root: Path, storage_id: str) -> Path:
+    if os.sep in storage_id or storage_id in ("", ".", ".."):
+        raise FileNotFoundError(f"no checkpoint {storage_id!r} in this trial's checkpoint dir {root}")
+    return root / storage_id
+
+
+def _in_store(*argv: str) -> int:
+    """trialkit.checkpoints.restore ARGV in a process of its own (it loads the cloud library); its exit code."""
+    import subprocess  # here: only the store needs it
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "trialkit.checkpoints.restore", *argv],
+                          stdin=subprocess.DEVNULL).returncode
 
 
 def finish(root: Path, storage_id: str, metadata: Dict[str, Any]) -> None:
     """Write the metadata that makes a checkpoint whole, then make it the latest."""
     (root / storage_id / METADATA).write_text(json.dumps(metadata, default=str))
-    tmp = root / f".{LATEST}.{os.getpid()}"
-    tmp.write_text(storage_id)
-    os.replace(tmp, root / LATEST)
+    set_latest(root, storage_id)
 
 
 def latest(root: Path) -> Optional[str]:
@@ -49,7 +72,13 @@ def metadata(root: Path, storage_id: str) -> Dict[str, Any]:
 
 
 def delete(root: Path, storage_id: str) -> None:
-    where = path(root, storage_id)
+    """The checkpoint gone from this trial's dir and from the experiment's object store, if it has one."""
+    where = _where(root, storage_id)
+    stored = os.environ.get(env.CHECKPOINT_STORE) and _in_store("--delete", storage_id) == 0
+    if not (where / METADATA).is_file():
+        if stored:
+            return
+        raise FileNotFoundError(f"no checkpoint {storage_id!r} in this trial's checkpoint dir {root}")
     if latest(root) == storage_id:
         (root / LATEST).unlink()
     shutil.rmtree(where)

@@ -20,20 +20,19 @@
   const statusLabel = (status) => (status === 'PREEMPTED' ? 'PAUSED' : status);
 
   // ---------------------------------------------------------------- token, API
-  // The printed URL carries the page's token (?token=...) for its first use only: keep it for this tab
-  // (sessionStorage: a reload keeps it, closing the tab forgets it), then take it out of the address
-  // and of the history entry. It opens the page's routes only, never the admin ones.
-  function takeToken() {
+  // The printed URL carries the page's token (?token=...) for its first use only: it is used at once, then,
+  // once the first view is shown (keepToken: storage and history would cost the browser a round of messages
+  // before it), kept for this tab (sessionStorage: a reload keeps it, closing the tab forgets it) and taken out
+  // of the address and of the history entry. It opens the page's routes only, never the admin ones.
+  const given = new URL(location.href).searchParams.get('token');
+  const token = given || sessionStorage.getItem(TOKEN_KEY) || '';
+  function keepToken() {
+    if (!given) return;
+    sessionStorage.setItem(TOKEN_KEY, given);
     const url = new URL(location.href);
-    const given = url.searchParams.get('token');
-    if (given) {
-      sessionStorage.setItem(TOKEN_KEY, given);
-      url.searchParams.delete('token');
-      history.replaceState(null, '', url.pathname + url.search + url.hash);
-    }
-    return sessionStorage.getItem(TOKEN_KEY) || '';
+    url.searchParams.delete('token');
+    history.replaceState(null, '', url.pathname + url.search + url.hash);
   }
-  const token = takeToken();
 
   class ApiError extends Error {
     constructor(status, message) { super(message); this.status = status; }
@@ -84,6 +83,12 @@
     if (v === null || v === undefined) return '—';
     if (typeof v === 'object') return JSON.stringify(v);
     return typeof v === 'number' ? fmtNumber(v) : String(v);
+  }
+  function fmtBytes(n) {
+    const units = ['B', 'KiB', 'MiB', 'GiB'];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return i ? `${n.toFixed(1)} ${units[i]}` : `${n} B`;
   }
   function fmtDuration(s) {
     if (s === null || s === undefined) return '—';
@@ -147,19 +152,15 @@
   }
   const PLOT_CONFIG = {displaylogo: false, responsive: true};
 
-  // uPlot: run once the first view has asked for its data (start()), so that its evaluation overlaps
-  // the answers instead of delaying the questions (bench/bench_web.py: ~50 ms of a cold page).
-  let uplotReady = null;
-  function loadUplot() {
-    uplotReady = uplotReady || new Promise((resolve, reject) => {
-      const script = document.createElement('script');
-      script.addEventListener('load', () => (window.uPlot ? resolve(window.uPlot) : reject(new Error('uPlot did not load'))));
-      script.addEventListener('error', () => reject(new Error('uPlot did not load')));
-      script.src = $('uplot').href;
-      document.head.append(script);
-    });
-    return uplotReady;
-  }
+  // uPlot draws the curves: a deferred script of the page, compiled as it downloads and run once the page is
+  // parsed, that is once this script (inline, at the page's end) has asked for the first view's data: its
+  // evaluation overlaps the answers instead of delaying the questions (bench/bench_web.py).
+  const uplotReady = new Promise((resolve, reject) => {
+    const script = $('uplot');
+    script.addEventListener('load', () => (window.uPlot ? resolve(window.uPlot) : reject(new Error('uPlot did not load'))));
+    script.addEventListener('error', () => reject(new Error('uPlot did not load')));
+  });
+  uplotReady.catch(() => {});  // said where curves are drawn; a view without curves does not need it
 
   async function plot(node, traces, layout) {
     const Plotly = await loadPlotly(traces.some((t) => !BASIC_TRACES.has(t.type)));
@@ -168,16 +169,20 @@
   }
 
   // ---------------------------------------------------------------- info, actions
-  // Asked at once, beside the first view's data: only the action buttons wait for it.
+  // Asked after the first view's data (infoReady() in start()): only the action buttons wait for it.
   let info = {read_only: true, actions: []};
-  const infoReady = api('/api/ui/info').then((got) => {
-    info = got;
-    $('mode').hidden = !got.read_only;
-    $('live').hidden = got.read_only;  // a read-only page serves what was stored: nothing on it is live
-    showDisk(got.disk);
-    // A disk that refuses writes commits nothing, so no change event tells of it: ask now and then.
-    if (!got.read_only) setInterval(() => api('/api/ui/info').then((now) => showDisk(now.disk), () => {}), DISK_POLL_MS);
-  }).catch((err) => showProblem(problemFrom(err)));
+  let infoAsked = null;
+  function infoReady() {
+    infoAsked = infoAsked || api('/api/ui/info').then((got) => {
+      info = got;
+      $('mode').hidden = !got.read_only;
+      $('live').hidden = got.read_only;  // a read-only page serves what was stored: nothing on it is live
+      showDisk(got.disk);
+      // A disk that refuses writes commits nothing, so no change event tells of it: ask now and then.
+      if (!got.read_only) setInterval(() => api('/api/ui/info').then((now) => showDisk(now.disk), () => {}), DISK_POLL_MS);
+    }).catch((err) => showProblem(problemFrom(err)));
+    return infoAsked;
+  }
 
   const diskBadge = Object.assign(document.createElement('span'), {id: 'disk', className: 'badge', hidden: true});
   document.querySelector('header').append(diskBadge);
@@ -328,7 +333,7 @@
       this.size = el('select', {'aria-label': 'page size', onchange: choose('limit')},
         [25, 50, 100, 200].map((n) => el('option', {value: n}, `${n} a page`)));
       this.curveTitle = el('h2', {}, 'Curves');
-      this.metricPick = el('select', {id: 'curve-metric', 'aria-label': 'metric', hidden: true});
+      this.metricPick = new MetricPicker('curve-metric');
       this.chart = el('div', {class: 'chart', id: 'curves'});
       main.replaceChildren(
         ...experimentHeader(this.exp, 'trials'),
@@ -336,9 +341,10 @@
           el('button', {onclick: () => this.clearFilters()}, 'Clear filters'), el('span', {class: 'spacer'}),
           this.pager),
         el('div', {class: 'table-wrap'}, el('table', {id: 'trials'}, this.head, this.body)),
-        el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, this.curveTitle, this.metricPick,
+        el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, this.curveTitle, this.metricPick.node,
           el('span', {class: 'spacer'}), el('button', {onclick: () => this.set({sel: null})}, 'Clear selection')),
         this.chart));
+      followWidth(this.chart);
     }
 
     query() { return new URLSearchParams(location.hash.split('?')[1] || ''); }
@@ -468,7 +474,7 @@
       if (table) await table.catch(() => {});  // its failure is reported by load()
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
         : `Curves: the ${data.series.length} best`;
-      metricPicker(this.metricPick, data, (name) => this.set({curve: name}));
+      this.metricPick.show(data, (name) => this.set({curve: name}));
       await drawCurves(this.chart, data);
     }
   }
@@ -479,7 +485,7 @@
   const COLORS = ['#2f6fdb', '#e4572e', '#17a398', '#f3a712', '#8f5bd6', '#5c946e', '#d1495b', '#00798c',
     '#7d7d7d', '#b5651d'];
   async function drawCurves(node, data) {
-    const uPlot = await loadUplot();
+    const uPlot = await uplotReady;
     const sign = data.optimize_mode === 'minimize' ? 1 : -1;
     const ranked = data.series.filter((s) => s.metric !== null).sort((a, b) => sign * (a.metric - b.metric));
     const top = ranked.length ? ranked[0].id : null;
@@ -506,22 +512,47 @@
     const series = drawn.map((s, i) => ({label: s.id + (s.id === data.best ? ' (best)' : ''), spanGaps: true,
       stroke: COLORS[i % COLORS.length], width: s.id === top ? 3 : 1.5, alpha: s.id === top || !top ? 1 : 0.7,
       points: {show: s.steps.length < 2 || undefined}}));
-    const y = data.metric === 'default' ? 'intermediate result' : data.metric;
-    node.uplot = new uPlot({width: node.clientWidth || 800, height: CHART_HEIGHT, scales: {x: {time: false}},
+    const group = (data.groups || {})[data.metric];
+    const y = data.metric === 'default' ? 'intermediate result' : group ? `${data.metric} (${group})` : data.metric;
+    node.uplot = new uPlot({width: widths.get(node) || node.clientWidth || 800, height: CHART_HEIGHT,
+      scales: {x: {time: false}},
       series: [{label: data.x}, ...series], axes: [{label: data.x}, {label: y, size: 60}]}, [xs, ...ys], node);
   }
   const CHART_HEIGHT = 320;
-  window.addEventListener('resize', () => {
-    for (const node of document.querySelectorAll('.chart')) if (node.uplot) node.uplot.setSize({width: node.clientWidth, height: CHART_HEIGHT});
+  // A curves chart's width, as a ResizeObserver tells it after each layout (the first, the page's first frame,
+  // comes while the view waits for its data; then a window resized, a scrollbar come): reading it from the node
+  // would lay out the tables around it again first (bench/bench_web.py: ~20 ms of a cold page).
+  const widths = new WeakMap();
+  const resized = new ResizeObserver((entries) => {
+    for (const {target, contentRect} of entries) {
+      const width = Math.round(contentRect.width);
+      widths.set(target, width);
+      if (target.uplot && width && target.uplot.width !== width) target.uplot.setSize({width, height: CHART_HEIGHT});
+    }
   });
+  const followWidth = (node) => resized.observe(node);
 
-  // A choice of the metric the curves show: every name the trials report (default, a dict's keys,
-  // Determined's GROUP.NAME), the one shown selected.
-  function metricPicker(node, data, choose) {
-    node.replaceChildren(...data.metrics.map((name) => el('option', {value: name, selected: name === data.metric},
-      name)));
-    node.hidden = data.metrics.length < 2;
-    node.onchange = (e) => choose(e.target.value);
+  // A choice of the metric the curves show: every metric the trials report by the name a user knows it by
+  // (default, a dict's keys, a Determined metric by the name its user wrote: GROUP.NAME only where two groups
+  // share it), the one shown selected; beside it, a Determined metric's group as a mark (T, V), as
+  // Determined's own page tells training and validation apart.
+  class MetricPicker {
+    constructor(id) {
+      this.select = el('select', {id, 'aria-label': 'metric', hidden: true});
+      this.mark = el('span', {class: 'group-mark', hidden: true});
+      this.node = el('span', {class: 'metric-pick'}, this.select, this.mark);
+    }
+    show(data, choose) {
+      const groups = data.groups || {};
+      this.select.replaceChildren(...data.metrics.map((name) => el('option', {value: name,
+        selected: name === data.metric, title: groups[name] ? `${groups[name]} metric` : null}, name)));
+      this.select.hidden = data.metrics.length < 2;
+      this.select.onchange = (e) => choose(e.target.value);
+      const group = groups[data.metric];
+      this.mark.textContent = group ? group[0].toUpperCase() : '';
+      this.mark.title = group ? `a ${group} metric` : '';
+      this.mark.hidden = !group;
+    }
   }
 
   // A trial's GPUs over time (trialkit.gpus samples): utilization and memory used, one pair of lines per GPU.
@@ -630,7 +661,7 @@
     }
     unmount() { clearTimeout(this.timer); }
     async load() {
-      const [rows] = await Promise.all([api(`${expPath(this.exp)}/queue`), infoReady, this.loadPool()]);
+      const [rows] = await Promise.all([api(`${expPath(this.exp)}/queue`), infoReady(), this.loadPool()]);
       this.body.replaceChildren(...rows.map((t) => el('tr', {'data-trial': t.id},
         el('td', {class: 'num'}, t.position),
         el('td', {}, el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`}, t.id)),
@@ -737,9 +768,14 @@
       this.actions = el('div', {class: 'actions'});
       this.params = el('div');
       this.chart = el('div', {class: 'chart', id: 'trial-curve'});
-      this.metricPick = el('select', {id: 'trial-metric', 'aria-label': 'metric', hidden: true});
+      this.metricPick = new MetricPicker('trial-metric');
       this.gpuChart = el('div', {class: 'chart', id: 'trial-gpus'});
       this.gpuPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'GPU use'), this.gpuChart);
+      this.checkpoints = el('tbody');
+      this.checkpointsWhere = el('p', {class: 'muted', id: 'checkpoints-where'});
+      this.checkpointsPanel = el('div', {class: 'panel'}, el('h2', {}, 'Checkpoints'), this.checkpointsWhere,
+        el('table', {id: 'checkpoints'}, headRow('UUID', 'Run', 'Steps', 'Metric', 'Size', 'Kept by', 'Where'),
+          this.checkpoints));
       this.elastic = el('dl', {class: 'facts', id: 'elastic'});
       this.elasticPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'Elastic sizing'), this.elastic);
       this.history = el('tbody');
@@ -752,17 +788,18 @@
         el('div', {class: 'two'}, el('div', {class: 'panel'}, el('h2', {}, 'Trial'), this.facts),
           el('div', {class: 'panel'}, el('h2', {}, 'Parameters'), this.params)), this.elasticPanel,
         el('div', {class: 'panel'}, el('div', {class: 'toolbar'}, el('h2', {}, 'Intermediate results'),
-          this.metricPick), this.chart), this.gpuPanel,
+          this.metricPick.node), this.chart), this.gpuPanel, this.checkpointsPanel,
         el('div', {class: 'panel'}, el('h2', {}, 'Status history'), el('table', {id: 'history'},
           headRow('Time', 'Status', 'Exit code', 'Reason', 'Source'), this.history)),
         el('div', {class: 'panel'}, el('h2', {}, 'Log'), this.logTabs, this.log));
+      followWidth(this.chart);
     }
     unmount() { clearTimeout(this.timer); }
 
     async load() {
       const path = `${expPath(this.exp)}/trials/${enc(this.trial)}`;
       const curvesPath = `${expPath(this.exp)}/curves?trials=${enc(this.trial)}&metric=${enc(this.metric)}`;
-      const [t, curves] = await Promise.all([api(path), api(curvesPath), infoReady]);
+      const [t, curves] = await Promise.all([api(path), api(curvesPath), infoReady()]);
       this.data = t;
       // A failed trial's why (its traceback) is on stderr: show that first, unless a tab was chosen.
       if (!this.logChosen && t.status === 'FAILED') this.logName = 'stderr';
@@ -795,10 +832,30 @@
         el('td', {}, h.reason || ''), el('td', {}, h.source))));
       if (!t.history.length) this.history.append(el('tr', {}, el('td', {colspan: 5, class: 'muted empty'}, 'no status yet')));
       this.gpuPanel.hidden = !t.gpu_samples.length;
-      metricPicker(this.metricPick, curves, (name) => { this.metric = name; this.load(); });
+      this.metricPick.show(curves, (name) => { this.metric = name; this.load(); });
+      // Read from the store (maybe an object store): when the trial's status or restarts change, not at each record.
+      const seen = `${t.status}:${t.restarts}`;
+      if (this.checkpointsSeen !== seen) { this.checkpointsSeen = seen; await this.loadCheckpoints(); }
       await Promise.all([drawCurves(this.chart, curves), this.pollLog(),
         t.gpu_samples.length ? drawGpuUse(this.gpuChart, t.gpu_samples) : null]);
       markReady('trial');
+    }
+
+    async loadCheckpoints() {
+      const row = (...cells) => el('tr', {}, ...cells.map((c) => el('td', {}, c)));
+      try {
+        const found = await api(`${expPath(this.exp)}/trials/${enc(this.trial)}/checkpoints`);
+        this.checkpointsWhere.textContent = `Kept in ${found.where}.`;
+        this.checkpoints.replaceChildren(...found.checkpoints.map((c) => row(c.uuid, c.run, fmtValue(c.steps),
+          fmtValue(c.metric), fmtBytes(c.size), c.kept_by.join(' + ') || 'nothing: deleted once the trial stops',
+          c.where)));
+        if (!found.checkpoints.length) {
+          this.checkpoints.append(el('tr', {}, el('td', {colspan: 7, class: 'muted empty'}, 'no checkpoint stored')));
+        }
+      } catch (err) {
+        this.checkpointsWhere.textContent = `The checkpoints cannot be read: ${problemFrom(err)}`;
+        this.checkpoints.replaceChildren();
+      }
     }
 
     showBlank(words) { this.log.textContent = words; this.blank = true; this.log.classList.add('empty'); }
@@ -856,6 +913,7 @@
     const next = viewFor(location.hash);
     if (!current || next.key !== current.key) {
       if (current && current.unmount) current.unmount();
+      resized.disconnect();  // the charts it followed went with their view
       current = next;
       delete document.body.dataset.ready;
       delete document.body.dataset.tableAt;
@@ -937,9 +995,10 @@
   async function start() {
     if (!token) { askToken(); return; }
     window.addEventListener('hashchange', () => show(false));
-    const shown = show(false);  // its questions are asked before this returns
-    loadUplot();
+    const shown = show(false);  // its questions are asked first, then the page's own
+    infoReady();
     await shown;
+    keepToken();
     follow();
   }
 

@@ -1,0 +1,81 @@
+"""A paused and activated trial's metrics in TensorBoard are one series, as every other view shows them.
+
+Real experiments (`trialkit run`, `trial pause`, `trial activate`) with
+TRIALKIT_TENSORBOARD_DIR set, read back from the event files the keepers
+wrote (each run its own file) with tensorboardX's own Event protobuf: a
+Determined trial's reports at their steps_completed, an NNI trial's after
+the earlier run's, never over them from step 0 again.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+
+from experiment_util import cli, experiment, export, paused_and_activated
+from test_delivery import tensorboard_scalars
+
+pytest.importorskip("tensorboardX", reason="the keeper writes TensorBoard scalars with tensorboardX (control extra)")
+
+FIXTURES = Path(__file__).parent / "fixtures" / "determined"
+
+# NNI's way: no step in the report; a checkpoint on SIGTERM (exit 143), the next run going on from it.
+NNI_TRIAL = """
+import json, os, pathlib, signal, sys, time
+import trialkit
+
+trialkit.get_next_parameter()
+state = pathlib.Path(os.environ["TRIALKIT_CHECKPOINT_DIR"]) / "state.json"
+start = json.loads(state.read_text())["step"] + 1 if state.exists() else 0
+asked = []
+signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
+for step in range(start, 30):
+    trialkit.report_intermediate_result(step)
+    if asked:
+        state.parent.mkdir(parents=True, exist_ok=True)
+        state.write_text(json.dumps({"step": step}))
+        sys.exit(143)
+    time.sleep(0.05 if start else 1)  # the first run waits for its pause
+trialkit.report_final_result(29)
+"""
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TRIALKIT_TENSORBOARD_DIR", str(tmp_path / "tensorboard"))
+    return tmp_path / "home"
+
+
+def two_runs(home: Path, *run: object) -> str:
+    """The experiment `trialkit run RUN...` runs, its trial paused and activated, both runs' ends as they were."""
+    exp, _ = paused_and_activated(home, list(run))
+    runs = json.loads(cli("experiment", "export", exp, "--all-runs").stdout)
+    assert [row["status"] for row in runs] == ["PREEMPTED", "SUCCEEDED"]
+    return exp
+
+
+def series(logdir: Path, tag: str) -> List[Tuple[int, float]]:
+    """(step, value) of one tag, as the event files hold them in the order they were written."""
+    return [(step, value) for name, step, value in tensorboard_scalars(logdir) if name == tag]
+
+
+def test_a_determined_trials_runs_are_written_at_their_steps_completed(home, tmp_path):
+    exp = two_runs(home, FIXTURES / "2_checkpoints.yaml", FIXTURES)
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2  # a file per run
+    # Each batch once (the paused run stopped at its checkpoint, the next went on from it); x counts batches.
+    assert series(tmp_path / "tensorboard", "metric/training.x") == [(n, n) for n in range(10, 101, 10)]
+    assert series(tmp_path / "tensorboard", "metric/validation.x") == [(100, 100)]
+    assert [report["steps_completed"] for report in export(exp)[0]["intermediate"]] == [*range(10, 101, 10), 100]
+
+
+def test_an_nni_trials_next_run_goes_on_after_the_last_step_written(home, tmp_path):
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, NNI_TRIAL, maxTrialNumber=1,
+                        trialConcurrency=1, trialGraceSeconds=10)
+    exp = two_runs(home, config)
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    # The report of step N (its value) at step N: run 1 went on from run 0's checkpoint and its last step.
+    assert series(tmp_path / "tensorboard", "metric/default") == [(n, n) for n in range(30)]
+    assert export(exp)[0]["intermediate"] == list(range(30))
