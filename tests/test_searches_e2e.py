@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from experiment_util import cli, experiment, experiment_id, export, interrupted_after
+from s3_server import s3, s3_server  # noqa: F401 - fixtures: moto's S3 server on loopback
 from test_nni_compat import nni_python  # noqa: F401 - the fixture: the real nni 3.0's python
 
 EXAMPLES = Path(__file__).parent / "fixtures" / "nni"
@@ -344,6 +345,30 @@ def test_pbt_goes_on_from_the_better_trials_checkpoint_through_the_trials_own_ch
             heir = next(row for row in generation if Path(row["parameters"]["save_checkpoint_dir"]).parent ==
                         Path(worst["parameters"]["save_checkpoint_dir"]).parent)
             assert state_of(home, heir)["line"][:-1] == state_of(home, best)["line"]
+
+
+@pytest.mark.parametrize("trial", [TRIALKIT_PBT_TRIAL, DETERMINED_PBT_TRIAL], ids=["trialkit", "determined"])
+def test_pbt_with_an_object_store_copies_the_better_checkpoint_there_and_each_heir_restores_it(tmp_path, home, s3,
+                                                                                                 trial):
+    """With checkpointStorage in S3, the exploit is a copy inside the store, which the heir's keeper fetches
+    before it starts: the way it works where no trial dir is shared (Kubernetes pods on other nodes)."""
+    bucket = s3.bucket()
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    config = experiment(tmp_path, space, trial, maxTrialNumber=8, trialConcurrency=2,
+                        tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25}},
+                        checkpointStorage={"type": "s3", "bucket": bucket, "endpointUrl": s3.url})
+    rows = run(config)
+    first, second = generations(rows, 4)
+    by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
+    for row in second:
+        source = by_save[row["parameters"]["load_checkpoint_dir"]]
+        assert state_of(home, row)["line"] == [source["trial_id"], row["trial_id"]]
+        log = (home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" / row["trial_id"] /
+               "trial.log").read_text()
+        assert "restored checkpoint" in log and f"/{row['trial_id']}/" in log, log
+    for row in first:  # nothing to go on from: the first generation starts empty
+        assert "restored checkpoint" not in (home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" /
+                                             row["trial_id"] / "trial.log").read_text()
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 
 from trialkit import __version__, records, statuses
 from trialkit.control.assessors import build_assessor
-from trialkit.control.checkpoints import Collector
+from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, JobQueue, goes_before, label
@@ -167,6 +167,7 @@ class Loop:
         self.started = time.monotonic()
         self.best: Optional[Trial] = None
         self.unseeded_said = False  # the note that this platform cannot copy checkpoints was given
+        self.checkpoint_store: Any = None  # the object store of checkpoints, opened for a first copy (_seed_in_store)
         # Which checkpoints stay (checkpointStorage's retention), applied as each trial run ends.
         self.retention = (Collector(store, experiment_id, config.to_dict(), self.progress.say)
                           if config.checkpoint_storage is not None else None)
@@ -597,6 +598,13 @@ class Loop:
         source = self.tuner.continues_from(trial.parameter_id)
         if source is None:
             return
+        origin = next(t for t in self.trials.values() if t.parameter_id == source)
+        storage = self.config.checkpoint_storage
+        if storage is not None and storage.store is not None:
+            # The store is where a trial's keeper fetches its checkpoint from before it starts, on any platform
+            # (a pod on a node that never held the source's dir).
+            self._seed_in_store(origin.id, trial.id)
+            return
         if self.platform.seed_checkpoint is None:
             if not self.unseeded_said:
                 self.unseeded_said = True
@@ -605,8 +613,20 @@ class Loop:
                                   "configuration Hyperband sends on) starts with an empty one; PBT's "
                                   "load_checkpoint_dir works on a volume every trial mounts (all_checkpoint_dir)")
             return
-        origin = next(t for t in self.trials.values() if t.parameter_id == source)
         self.platform.seed_checkpoint(origin.id, trial.id)
+
+    def _seed_in_store(self, source: str, trial_id: str) -> None:
+        from trialkit.checkpoints.store import StoreError
+
+        try:
+            if self.checkpoint_store is None:
+                self.checkpoint_store = open_store(self.config.checkpoint_storage)
+            copied = self.checkpoint_store.copy_latest(self.experiment_id, source, trial_id)
+        except (StoreError, UserError) as err:
+            self.progress.say(f"trial {trial_id} starts without {source}'s checkpoint: {err}")
+            return
+        if copied is None:
+            self.progress.say(f"trial {trial_id} starts without a checkpoint: {source} stored none")
 
     def submit(self, trial: Trial) -> None:
         token = new_token()  # each start its own: a keeper of an earlier start can no longer deliver
