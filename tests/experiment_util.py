@@ -115,6 +115,19 @@ def interrupted_after(config: Path, ended: int, status: str = "SUCCEEDED") -> st
     return exp
 
 
+def runs_as_stored(home: Path, trial_id: str) -> Tuple[List[Tuple[int, str]], List[Tuple[Any, ...]]]:
+    """A trial's (run, status) of each STATUS record in the store's order, and `experiment export --all-runs`'s
+    (run, status, intermediate results, final result) of each run: every run's records, as the store kept them."""
+    exp = trial_id.rpartition("-")[0]
+    statuses = [(run, json.loads(value)["status"]) for value, run in stored(
+        home, exp, "SELECT value, run FROM records WHERE trial=? AND type='STATUS' ORDER BY seq", trial_id)]
+    done = cli("experiment", "export", exp, "--all-runs")
+    assert done.returncode == 0, done.stderr
+    runs = [(row["run"], row["status"], row["intermediate"], row["final"])
+            for row in json.loads(done.stdout) if row["trial_id"] == trial_id]
+    return statuses, runs
+
+
 def paused_and_activated(home: Path, run_args: List[Any], reports: int = 2,
                          while_paused: Callable[[str, str], Any] = lambda exp, trial: None,
                          timeout: float = TIMEOUT) -> Tuple[str, Any]:

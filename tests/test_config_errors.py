@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from experiment_util import cli
@@ -109,3 +110,59 @@ def test_rendering_names_every_roles_problem_at_once(tmp_path):
     assert "2 problems: " in done.stderr
     assert "trainingService.worker.command: no command to run" in done.stderr
     assert "trainingService.ps.command: no command to run" in done.stderr
+
+
+def run_config(tmp_path: Path, config: dict):
+    """`trialkit run` of `config` written as YAML; refused before anything runs."""
+    (tmp_path / "config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+    done = cli("run", tmp_path / "config.yml")
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+    return done.stderr
+
+
+def test_an_nni_configs_mistakes_of_every_kind_are_listed_in_one_run(tmp_path):
+    line = run_config(tmp_path, {
+        "searchSpace": {"lr": {"_type": "uniform", "_value": [1, 0]}, "act": {"_type": "choice", "_value": []}},
+        "trialCommand": "python3 train.py", "trialConcurrency": -1, "maxExperimentDuration": "10 minutes",
+        "tuner": {"name": "TPE"}, "trainingService": {"platform": "local"}})
+    assert "4 problems: " in line, line
+    for fragment in ("searchSpace.lr._value: low (1) must be less than high (0)",
+                     "searchSpace.act._value: choice needs a non-empty list of options",
+                     "trialConcurrency: -1 is too small", "maxExperimentDuration: cannot read duration '10 minutes'"):
+        assert fragment in line, (fragment, line)
+
+
+def test_an_nni_configs_typos_are_each_named_with_a_did_you_mean_and_nothing_they_cause(tmp_path):
+    line = run_config(tmp_path, {
+        "searchSpace": {"lr": {"_type": "choice", "_value": [0.1]}}, "trialCommand": "python3 train.py",
+        "maxTrialNumbr": 10, "trialConcurrency": 0, "tunr": {"name": "TPE"}})
+    assert "3 problems: " in line, line
+    for fragment in ("maxTrialNumbr: unknown key 'maxTrialNumbr' (did you mean 'maxTrialNumber'?)",
+                     "trialConcurrency: 0 is too small", "tunr: unknown key 'tunr' (did you mean 'tuner'?)"):
+        assert fragment in line, (fragment, line)
+    assert "the tuner is missing" not in line  # the typo's consequence, not a problem of its own
+
+
+def test_a_v1_configs_typo_is_listed_with_its_other_problems(tmp_path):
+    (tmp_path / "space.json").write_text(json.dumps({"lr": {"_type": "uniform", "_value": [1, 0]}}))
+    line = run_config(tmp_path, {
+        "authorName": "default", "trialConcurrency": -1, "maxTrialNumbr": 3, "trainingServicePlatform": "local",
+        "searchSpacePath": "space.json", "tunr": {"builtinTunerName": "TPE"},
+        "trial": {"command": "python3 train.py", "codeDir": "."}})
+    assert "4 problems: " in line, line
+    for fragment in ("maxTrialNumbr: unknown key 'maxTrialNumbr' (did you mean 'maxTrialNum'?)",
+                     "tunr: unknown key 'tunr' (did you mean 'tuner'?)", "trialConcurrency: -1 is too small",
+                     "searchSpacePath.lr._value: low (1) must be less than high (0)"):
+        assert fragment in line, (fragment, line)
+
+
+@pytest.mark.parametrize("text, said", [("trialConcurrency: [\n", "cannot parse it at line 2, column 1: "),
+                                        (None, "cannot read it: No such file")])
+def test_a_config_file_that_cannot_be_read_is_named_once(tmp_path, text, said):
+    path = tmp_path / "config.yml"
+    if text is not None:
+        path.write_text(text)
+    done = cli("run", path)
+    assert (done.returncode, done.stderr.count(str(path))) == (2, 1), done.stderr
+    assert f"{path}: {said}" in done.stderr, done.stderr

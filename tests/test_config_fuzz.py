@@ -158,11 +158,11 @@ def test_every_mutated_config_loads_or_says_which_key_is_wrong(data):
     try:
         loaded = parse_config(config, NNI)
     except UserError as err:
-        line = err.line()
-        assert "\n" not in line and "\r" not in line
-        # The line starts with the key's path as the user reads it: a path past a long word's length (a
+        assert "\n" not in err.line() and "\r" not in err.line()
+        # Each problem starts with the key's path as the user reads it: a path past a long word's length (a
         # choice nested 60 deep) is shown by its ends, as every long word of a line is.
-        assert err.where and line.startswith(UserError("", err.where).line().rstrip(":") + ": ")
+        for one in err.problems if isinstance(err, ConfigProblems) else [err]:
+            assert one.where and one.line().startswith(UserError("", one.where).line().rstrip(":") + ": ")
         return
     stored = json.loads(json.dumps(loaded.to_dict()))
     assert parse_config(stored, "/") == loaded

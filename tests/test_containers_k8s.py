@@ -21,7 +21,9 @@ import pytest
 import yaml
 
 from containers_util import ended, needs_podman, running
-from experiment_util import RESUMABLE, cli, experiment_id, reported, start_cli, stored, trial_status
+from experiment_util import (
+    RESUMABLE, cli, experiment_id, reported, runs_as_stored, start_cli, stored, trial_status,
+)
 from harness import wait_until
 from k8s_fake_api import FakeApiServer
 from pod_runner import PodRunner, host_address
@@ -201,6 +203,10 @@ def test_pause_then_activate_keeps_progress(cluster, containers, image, tmp_path
         assert "restart 0 from step 0" in runner.logs(first), runner.logs(first)
         assert "restart 1 from step 10" in runner.logs(again), runner.logs(again)
         assert trial_status(home, trial) == "SUCCEEDED" and metric_values(home, trial) == [3]
+        # The new pod's keeper numbered a fresh spool from 1: the first run's records are kept too, each once.
+        statuses, runs = runs_as_stored(home, trial)
+        assert statuses == [(0, "RUNNING"), (0, "PREEMPTED"), (1, "RUNNING"), (1, "SUCCEEDED")], statuses
+        assert runs == [(0, "PREEMPTED", [5, 10], None), (1, "SUCCEEDED", [15, 20, 25, 30], 3)], runs
 
 
 HOLD = """

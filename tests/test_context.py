@@ -355,14 +355,16 @@ def test_a_determined_detignore_is_read_and_a_trialignore_overrides_it(tmp_path)
     assert set(collect(tmp_path)) == {"train.py", ".detignore", IGNORE_FILE, "keep.log"}
 
 
-@pytest.mark.parametrize("line", ["!", "data\\", "[z-a]"])
+@pytest.mark.parametrize("line, shown", [("!", "'!'"), ("data\\", "'data\\'"), ("[z-a]", "'[z-a]'"),
+                                         ("a\x1bb\\", "'a\\x1bb\\\\'")])  # as written; a control character escaped
 @pytest.mark.parametrize("ignore_name, rel_dir", [(".detignore", ""), (IGNORE_FILE, "sub")])
-def test_an_ignore_line_gitignore_rejects_is_one_line_naming_the_file_and_line(tmp_path, line, ignore_name, rel_dir):
+def test_an_ignore_line_gitignore_rejects_is_one_line_naming_the_file_and_line(tmp_path, line, shown, ignore_name,
+                                                                                rel_dir):
     build(tmp_path, ["train.py", "sub/x.py"], {rel_dir: ["# a comment", "*.log", line]}, ignore_name)
     with pytest.raises(UserError) as caught:
         collect(tmp_path)
     assert caught.value.where == f"{tmp_path / rel_dir / ignore_name}:3", caught.value.line()
-    assert caught.value.what.startswith(f"{line!r} is not a pattern gitignore takes"), caught.value.line()
+    assert caught.value.what.startswith(f"{shown} is not a pattern gitignore takes"), caught.value.line()
 
 
 def test_a_determined_run_with_a_bad_detignore_line_stops_before_any_trial(tmp_path):

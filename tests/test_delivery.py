@@ -16,8 +16,10 @@ import psutil
 import pytest
 
 from harness import (
-    PYTHON, Manager, assert_delivered_once, channel_records, start_keeper, train_command, wait_until,
+    PYTHON, Manager, assert_delivered_once, channel_records, child_environ, start_keeper, train_command,
+    wait_until,
 )
+from trialkit import records
 
 
 @pytest.fixture
@@ -69,24 +71,103 @@ def test_manager_restarted_in_the_middle(tmp_path, manager):
                           ["RUNNING", "SUCCEEDED"])
 
 
-def test_keeper_killed_mid_trial_and_started_again_on_the_same_dir(tmp_path, manager):
-    manager.start()
-    command = train_command(tmp_path)
-    keeper = start_keeper(tmp_path / "trial", command, manager=manager,
-                          **run_env(tmp_path, T_COUNT="1000", T_GATE="500", T_HOLD="1"))
-    wait_until(lambda: manager.store.acked_seq("t1") >= 501, 30, "the first half to arrive")
-    manager.kill()  # the rest stays spooled (or not yet read) when the keeper dies
+def killed_with_half_delivered(tmp_path, manager, keeper, half_arrived) -> None:
+    """A gated run (T_GATE, T_HOLD) of `keeper`: once `half_arrived()`, the manager killed, the second half
+    reported and the keeper SIGKILLed with it undelivered (spooled or not yet read); the manager started again."""
+    wait_until(half_arrived, 30, "the first half to arrive")
+    manager.kill()
     (tmp_path / "go").touch()
     wait_until(lambda: (tmp_path / "wrote-0").exists(), 30, "the second half to be reported", every=0.002)
     keeper.send_signal(signal.SIGKILL)
     keeper.communicate(timeout=30)
     manager.start()
+
+
+def test_keeper_killed_mid_trial_and_started_again_on_the_same_dir(tmp_path, manager):
+    manager.start()
+    command = train_command(tmp_path)
+    keeper = start_keeper(tmp_path / "trial", command, manager=manager,
+                          **run_env(tmp_path, T_COUNT="1000", T_GATE="500", T_HOLD="1"))
+    killed_with_half_delivered(tmp_path, manager, keeper, lambda: manager.store.acked_seq("t1") >= 501)
     again = start_keeper(tmp_path / "trial", command, manager=manager, **run_env(tmp_path, T_COUNT="1000"))
     code, err = finished(again)
     assert code == 0, err
     written = channel_records(tmp_path / "trial" / ".trialkit" / "channel")
     assert len(written) == 2001  # 1000 from the killed run, 1000 and a final one from the restarted run
     assert_delivered_once(manager, "t1", written, ["RUNNING", "RUNNING", "SUCCEEDED"])
+
+
+def stored_metrics(manager, trial_id="t1"):
+    """(type, value) of the trial's stored metrics, in the store's order (by seq)."""
+    return [(r["type"], r["value"]) for r in manager.store.records_for(trial_id) if r["type"] != records.STATUS]
+
+
+def stored_statuses(manager, trial_id="t1"):
+    return [r["value"]["status"] for r in manager.store.records_for(trial_id) if r["type"] == records.STATUS]
+
+
+@pytest.mark.parametrize("second_count", [1, 0])
+def test_a_run_whose_keeper_starts_on_a_fresh_trial_dir_keeps_every_record_of_the_run_before(tmp_path, manager,
+                                                                                               second_count):
+    """A trial started again where its spool is not (a new pod, another node) numbers a fresh spool from 1: the
+    manager keeps both runs' records, each once and in order. Restart count 0 twice: AdaptDL's count, which each
+    new AdaptDLJob starts again, or a keeper started by hand."""
+    manager.start()
+    written = []
+    for count, node in ((0, "node-a"), (second_count, "node-b")):
+        keeper = start_keeper(tmp_path / node, train_command(tmp_path), manager=manager,
+                              **run_env(tmp_path, T_COUNT="40", TRIALKIT_RESTART_COUNT=str(count)))
+        code, err = finished(keeper)
+        assert code == 0, err
+        written += channel_records(tmp_path / node / ".trialkit" / "channel")
+    assert len(written) == 82
+    assert stored_metrics(manager) == [(r["type"], r["value"]) for r in written]
+    assert stored_statuses(manager) == ["RUNNING", "SUCCEEDED", "RUNNING", "SUCCEEDED"]
+    assert_delivered_once(manager, "t1", written, ["RUNNING", "SUCCEEDED", "RUNNING", "SUCCEEDED"])
+
+
+def test_a_second_runs_keeper_killed_and_started_again_on_its_dir_stores_nothing_twice(tmp_path, manager):
+    """The second run's spool (not the trial's first) dedupes what its restarted keeper sends again."""
+    manager.start()
+    command = train_command(tmp_path)
+    first = start_keeper(tmp_path / "node-a", command, manager=manager,
+                         **run_env(tmp_path, T_COUNT="30", TRIALKIT_RESTART_COUNT="5"))
+    code, err = finished(first)
+    assert code == 0, err
+    # Run "0" again (T_GATE and T_HOLD act in run 0): a count that did not rise, on another node.
+    keeper = start_keeper(tmp_path / "node-b", command, manager=manager,
+                          **run_env(tmp_path, T_COUNT="1000", T_GATE="500", T_HOLD="1"))
+    killed_with_half_delivered(tmp_path, manager, keeper, lambda: len(stored_metrics(manager)) >= 31 + 500)
+    again = start_keeper(tmp_path / "node-b", command, manager=manager,
+                         **run_env(tmp_path, T_COUNT="1000", TRIALKIT_RESTART_COUNT="1"))
+    code, err = finished(again)
+    assert code == 0, err
+    written = channel_records(tmp_path / "node-a" / ".trialkit" / "channel")
+    written += channel_records(tmp_path / "node-b" / ".trialkit" / "channel")
+    assert len(written) == 31 + 2001
+    assert stored_metrics(manager)[:31] == [(r["type"], r["value"]) for r in written[:31]]  # the first run first
+    assert_delivered_once(manager, "t1", written, ["RUNNING", "SUCCEEDED", "RUNNING", "RUNNING", "SUCCEEDED"])
+
+
+def test_a_channel_no_spool_holds_is_numbered_by_the_collector_as_the_next_keeper_numbers_it(tmp_path, manager):
+    """A keeper that died before it spooled anything leaves the channel only: the control plane's reader
+    (keeper/leftover.py) numbers its records in a spool whose id it puts on disk, and the next keeper on the dir
+    goes on with that spool: each record is stored once."""
+    from trialkit.keeper import leftover
+
+    trial = tmp_path / "trial"
+    report = "import trialkit\nfor i in range(3): trialkit.report_intermediate_result(i)"
+    done = subprocess.run([PYTHON, "-c", report], env=child_environ(TRIALKIT_TRIAL_DIR=str(trial)), timeout=60)
+    assert done.returncode == 0
+    left = leftover.undelivered(trial)
+    assert [(r["seq"], r["value"]) for r in left] == [(1, 0), (2, 1), (3, 2)]
+    assert leftover.undelivered(trial) == left  # read again: the same spool and seqs
+    assert manager.store.add_records("t1", left) == left
+    manager.start()
+    code, err = finished(start_keeper(trial, [PYTHON, "-c", "pass"], manager=manager))
+    assert code == 0, err
+    assert stored_metrics(manager) == [("PERIODICAL", 0), ("PERIODICAL", 1), ("PERIODICAL", 2)]
+    assert_delivered_once(manager, "t1", channel_records(trial / ".trialkit" / "channel"), ["RUNNING", "SUCCEEDED"])
 
 
 def test_unsent_records_stay_spooled_and_the_next_keeper_delivers_them(tmp_path, manager):
@@ -240,6 +321,44 @@ def test_spool_reads_across_segments_and_drops_acknowledged_ones(tmp_path):
     again.close()
 
 
+def test_a_spool_keeps_its_id_and_numbering_through_a_failed_rotation_an_ack_and_a_restart(tmp_path, monkeypatch):
+    """The newest segment holds the latest cursor and the spool's id; while its first batch is not written (a
+    full disk), an ack keeps the segment before it, so a keeper started again goes on with the same spool."""
+    import errno
+
+    from trialkit.keeper import spool as spool_module
+
+    spool = spool_module.Spool(tmp_path, segment_records=2)
+    spool.append(spool_records(2), {"channel": [1, 2]})
+    ident = spool.id
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(spool_module.os, "fdatasync", full)
+    with pytest.raises(OSError):
+        spool.append(spool_records(1, 2), {"channel": [1, 3]})  # a new segment, its first batch not written
+    monkeypatch.undo()
+    spool.ack(2)
+    spool.close()
+    again = spool_module.Spool(tmp_path)
+    assert (again.id, again.next_seq, again.cursor) == (ident, 3, {"channel": [1, 2]})
+    again.close()
+
+
+def test_a_spool_from_before_spools_had_ids_keeps_none(tmp_path):
+    from trialkit.keeper.spool import Spool
+
+    (tmp_path / "000000000001.log").write_bytes(
+        b'\x1e{"seq":1,"type":"PERIODICAL","value":1}\n\x1e{"cursor":{"channel":[1,9]},"next":2}\n')
+    spool = Spool(tmp_path)
+    assert (spool.id, spool.next_seq) == ("", 2)
+    spool.append(spool_records(1), {"channel": [1, 20]})  # the batches it writes name none either
+    spool.close()
+    assert (Spool(tmp_path).id, Spool(tmp_path).next_seq) == ("", 3)
+    assert Spool(tmp_path / "fresh").id != Spool(tmp_path / "other").id  # a fresh one's is its own
+
+
 @pytest.mark.parametrize("inotify", [True, False])
 def test_dir_watch_wakes_the_loop_with_inotify_or_a_timer(tmp_path, monkeypatch, inotify):
     from trialkit.keeper import watch
@@ -332,3 +451,24 @@ def test_a_keeper_killed_right_after_its_trial_wrote_loses_and_doubles_nothing(t
     assert rows == expected  # every record once, in order
     seqs = [seq for (seq,) in stored(home, exp, "SELECT seq FROM records ORDER BY seq")]
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_a_paused_trial_activated_on_an_empty_trial_dir_keeps_the_first_runs_records(tmp_path, monkeypatch):
+    """A paused trial activated where its keeper's home is not (a new pod, another node: here it is moved away
+    while the trial is paused; the checkpoint stays) keeps its first run's RUNNING status and results, and the
+    second run's, each once."""
+    from experiment_util import RESUMABLE, experiment, paused_and_activated, runs_as_stored
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [7]}}, RESUMABLE, maxTrialNumber=1,
+                        trialConcurrency=1, trialGraceSeconds=10, tuner={"name": "GridSearch"})
+
+    def to_a_new_node(exp, trial):
+        keeper_home = home / "experiments" / exp / "trials" / trial / ".trialkit"
+        keeper_home.rename(keeper_home.with_name(".trialkit-of-the-old-node"))
+
+    exp, _ = paused_and_activated(home, [config], 2, to_a_new_node)
+    statuses, runs = runs_as_stored(home, f"{exp}-00000")
+    assert statuses == [(0, "RUNNING"), (0, "PREEMPTED"), (1, "RUNNING"), (1, "SUCCEEDED")]
+    assert runs == [(0, "PREEMPTED", [5, 10], None), (1, "SUCCEEDED", [15, 20, 25, 30], 7)]

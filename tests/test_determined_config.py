@@ -230,6 +230,40 @@ def test_every_problem_in_a_determined_config_is_refused_at_once_in_one_line_exi
     assert "SK" not in done.stderr and "AK" not in done.stderr  # a credential is named by its key, never shown
 
 
+def test_a_typo_is_an_unknown_key_with_a_did_you_mean_and_determineds_own_keys_are_not_supported(tmp_path):
+    """Told "not supported (remove it)" of `hyperparamters`, a user deleted their hyperparameters."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump({
+        "entrypoint": "python3 train.py", "hyperparamters": {"lr": {"type": "double", "minval": 0, "maxval": 1}},
+        "searcher": {"name": "randm", "metric": "loss", "max_trials": 4}, "resources": {"slots_per_trail": 2},
+        "profiling": {"enabled": True}}, sort_keys=False))
+    done = cli("run", path, tmp_path)
+    assert (done.returncode, done.stdout) == (2, "") and done.stderr.count("\n") == 1, done.stderr
+    assert "4 problems: " in done.stderr, done.stderr
+    for fragment in ("hyperparamters: unknown key 'hyperparamters' (did you mean 'hyperparameters'?)",
+                     "searcher.name: unknown searcher 'randm' (did you mean 'random'?)",
+                     "resources.slots_per_trail: unknown key 'slots_per_trail' (did you mean 'slots_per_trial'?)",
+                     "profiling: Determined's 'profiling' is not supported by trialkit (remove it"):
+        assert fragment in done.stderr, (fragment, done.stderr)
+    assert done.stderr.count("not supported") == 1, done.stderr
+
+
+@pytest.mark.parametrize("config, where, meant", [
+    ({"entrypoint": "python3 train.py", "serarcher": {"name": "single", "metric": "loss"}}, "serarcher", "searcher"),
+    ({"searcher": {"name": "single", "metric": "loss"}, "entrypiont": "python3 train.py"}, "entrypiont", "entrypoint"),
+    ({"entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "loss"},
+      "bind_mounts": [{"host_pth": "/tmp", "container_path": "/tmp"}]}, "bind_mounts[0].host_pth", "host_path"),
+    ({"entrypoint": "python3 train.py", "searcher": {"name": "random", "metric": "loss", "max_trail": 3}},
+     "searcher.max_trail", "max_trials"),
+    ({"entrypoint": "python3 train.py", "searcher": {"name": "single", "metric": "loss"},
+      "hyperparameters": {"lr": {"type": "double", "minvl": 0, "maxval": 1}}}, "hyperparameters.lr.minvl", "minval"),
+])
+def test_a_misspelt_key_is_the_one_problem_not_the_key_it_leaves_missing(tmp_path, config, where, meant):
+    with pytest.raises(UserError) as caught:
+        parse_config(config, tmp_path)
+    assert (caught.value.where, caught.value.fix) == (where, f"did you mean {meant!r}?"), caught.value.line()
+
+
 def test_a_context_dir_is_only_for_a_determined_config(tmp_path):
     with pytest.raises(UserError, match="Determined"):
         parse_config({"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true",
@@ -343,10 +377,15 @@ GRID = {"name": "grid", "metric": "loss"}
     ({"hyperparameters": {"lr": {"type": "log", "base": 2, "minval": 1, "maxval": 2000, "count": 3}},
       "searcher": GRID}, "hyperparameters.lr.maxval", "2**2000 is past a float's range"),
     ({"hyperparameters": {"x": {"type": "double", "minval": 0, "maxval": 1, "count": 10**9}, "y": 3},
-      "searcher": GRID}, "hyperparameters.x", "the grid has 1,000,000,000 points"),
+      "searcher": GRID}, "hyperparameters.x", "1,000,000,000 values of this hyperparameter alone"),
     ({"hyperparameters": {"opt": {"n": {"type": "int", "minval": 0, "maxval": 10**9, "count": 10**8}},
                           "act": {"type": "categorical", "vals": ["relu", "tanh"]}},
-      "searcher": GRID}, "hyperparameters.opt.n", "the grid has 200,000,000 points (100,000,000 values of this one)"),
+      "searcher": GRID}, "hyperparameters.opt.n", "100,000,000 values of this hyperparameter alone"),
+    ({"hyperparameters": {"opt": {"n": {"type": "int", "minval": 1, "maxval": 1000, "count": 1000}},
+                          "m": {"type": "double", "minval": 0, "maxval": 1, "count": 200}},
+      "searcher": GRID}, "hyperparameters.opt.n", "the grid has 200,000 points (1,000 values of this one)"),
+    ({"hyperparameters": {"n": {"type": "int", "minval": 0, "maxval": 10**9}}, "searcher": GRID},
+     "hyperparameters.n", "1,000,000,001 values of this hyperparameter alone"),  # no count: every integer
     ({"hyperparameters": {"": 1}}, "hyperparameters.''", "bad parameter name ''"),
     ({"hyperparameters": {5: 1}}, "hyperparameters.5", "bad parameter name 5"),
     ({"data": {"blob": "x" * 100_000}}, "data", "bytes once packed into the trial's command"),
@@ -356,6 +395,45 @@ def test_a_determined_input_is_one_line_in_the_users_own_keys(tmp_path, config, 
     with pytest.raises(UserError) as caught:
         parse(tmp_path, **config)
     assert (caught.value.where, said in caught.value.what) == (where, True), caught.value.line()
+
+
+HUGE = {"type": "int", "minval": 1, "maxval": 10**9, "count": 10**9}
+EMPTY = {"type": "categorical", "vals": []}
+THOUSAND = {"type": "double", "minval": 0, "maxval": 1, "count": 1000}
+
+
+@pytest.mark.parametrize("hyperparameters, problems", [
+    # An empty list's grid has 0 values: the size of the grid once passed as 0, and the billion were built.
+    ({"n": HUGE, "c": EMPTY}, {"hyperparameters.n": "1,000,000,000 values of this hyperparameter alone",
+                               "hyperparameters.c.vals": "vals must be a non-empty list"}),
+    ({"c": EMPTY, "a": THOUSAND, "b": THOUSAND}, {"hyperparameters.c.vals": "vals must be a non-empty list",
+                                                  "hyperparameters.a": "the grid has 1,000,000 points"}),
+    ({"n": HUGE, "m": {**HUGE, "maxval": 10**6}}, {"hyperparameters.n": "1,000,000,000 values",
+                                                   "hyperparameters.m": "1,000,000 values"}),
+])
+@pytest.mark.timeout(15)  # a grid built would take minutes and gigabytes: fail fast instead
+def test_a_grid_too_large_is_refused_unbuilt_with_every_other_problem(tmp_path, hyperparameters, problems):
+    with pytest.raises(UserError) as caught:
+        parse(tmp_path, searcher={"name": "grid", "metric": "loss", "max_length": 1}, hyperparameters=hyperparameters)
+    found = {one.where: one.what for one in getattr(caught.value, "problems", [caught.value])}
+    assert set(found) == set(problems), caught.value.line()
+    for where, said in problems.items():
+        assert said in found[where], (where, found[where])
+
+
+def test_a_users_grid_with_two_mistakes_is_refused_at_once_not_built(tmp_path):
+    """A new user's config: a billion-point count and an empty categorical. It once printed nothing for 30 s
+    and grew to 2.2 GB."""
+    path = tmp_path / "hp.yaml"
+    path.write_text("entrypoint: python3 train.py\n"
+                    "hyperparameters:\n"
+                    "  n: {type: int, minval: 1, maxval: 1000000000, count: 1000000000}\n"
+                    "  c: {type: categorical, vals: []}\n"
+                    "searcher: {name: grid, metric: loss, max_length: 1}\n")
+    done = cli("run", path, tmp_path, timeout=20)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout
+    assert done.stderr.count("\n") == 1 and "2 problems: " in done.stderr, done.stderr
+    assert "hyperparameters.n: 1,000,000,000 values" in done.stderr and "hyperparameters.c.vals: " in done.stderr
 
 
 @pytest.mark.parametrize("value, kind", [("!!timestamp 2024-05-01", "date"), ("!!binary aGVsbG8=", "bytes"),

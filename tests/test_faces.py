@@ -100,6 +100,14 @@ def test_the_csv_export_writes_readable_times(done_experiment):
     assert all(isinstance(row["started"], float) for row in export(exp))
 
 
+def test_nnictls_spelling_of_the_export_writes_the_same_file(done_experiment, tmp_path):
+    exp, _ = done_experiment
+    ours = cli("experiment", "export", exp, "--format", "csv").stdout
+    done = cli("experiment", "export", exp, "--filename", tmp_path / "e.csv", "--type", "csv")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "e.csv").read_text() == ours and ours.startswith("trial_id,")
+
+
 def test_the_progress_line_has_its_limits_and_keeps_the_best_trial_within_80_columns(done_experiment):
     exp, output = done_experiment
     ends = [line for line in output.splitlines() if line.startswith(f"trial {exp}-")]

@@ -52,7 +52,7 @@ def poison(store: Store, sql: str) -> None:
 async def stored(commits: GroupCommit, trial_id: str, batch: list):
     """commits.submit's outcome, awaited: Stored, or what storing the batch raised, raised here."""
     outcome = asyncio.get_running_loop().create_future()
-    commits.submit(trial_id, batch, [], outcome.set_result)
+    commits.submit(trial_id, "", batch, [], outcome.set_result)
     result = await outcome
     if isinstance(result, Exception):
         raise result
@@ -90,9 +90,9 @@ def test_an_answer_that_fails_keeps_none_of_its_groups_others_waiting(tmp_path, 
         raise RuntimeError("a bug in one answer")
 
     async def together():
-        commits.submit("t0", [metric(1)], [], broken)
+        commits.submit("t0", "", [metric(1)], [], broken)
         for n in (1, 2):
-            commits.submit(f"t{n}", [metric(1)], [], answered.append)
+            commits.submit(f"t{n}", "", [metric(1)], [], answered.append)
         await asyncio.sleep(0.1)
 
     asyncio.run(together())

@@ -93,9 +93,9 @@ def test_the_page_and_the_export_agree_on_the_number_a_metric_stands_for(tmp_pat
 
 def post_to(store: Store, trial_id: str, body: str):
     """The records route's own steps (parse, split, store), as the manager runs them, without a socket."""
-    batch, rejected = records.split_batch(records.loads(body))
-    fresh, refused = store.add_batch(trial_id, batch, rejected)
-    return {"acked": store.acked_seq(trial_id), "inserted": len(fresh)}
+    spool, batch, rejected = records.split_batch(records.loads(body))
+    fresh, refused = store.add_batch(trial_id, batch, rejected, spool)
+    return {"acked": store.acked_seq(trial_id, spool), "inserted": len(fresh)}
 
 
 def test_numbers_json_allows_are_kept_without_loss_and_are_no_tuner_number():

@@ -51,6 +51,7 @@ def test_import_teaches_the_tuner_results_from_an_earlier_export(tmp_path):
     # A grid of two points: the second, imported as already tried, is never run.
     exp = gated_experiment(tmp_path, max_trial_number=2)
     exp.config.tuner.name = "GridSearch"
+    exp.config.search_space = {"x": {"_type": "choice", "_value": [1, 2]}}
     exp.start(free_port())
     try:
         until("the first trial", lambda: statuses(exp) == ["RUNNING"])

@@ -210,3 +210,24 @@ def test_trialkit_ui_serves_on_ipv6_loopback(home):
         proc.wait(timeout=10)
         proc.stdout.close()
         proc.stderr.close()
+
+
+ENGINE_CASES = [("kubernetes", "examples/kubernetes/kubeflow-pytorch.yml", "kubeflow"),
+                ("ray", None, "ray")]
+
+
+@pytest.mark.parametrize("engine, example, platform", ENGINE_CASES, ids=[case[0] for case in ENGINE_CASES])
+def test_a_platform_whose_engine_is_not_installed_names_the_extra(tmp_path, engine, example, platform):
+    # The demo installs neither the cluster's client nor Ray: a user's first Kubernetes or Ray config must say so.
+    root = Path(__file__).resolve().parent.parent
+    if example is None:
+        config = tmp_path / "ray.yml"
+        config.write_text(config_text(trainingService={"platform": "ray", "address": "127.0.0.1:6379"}))
+    else:
+        config = root / example
+    hidden = f"import sys; sys.modules[{engine!r}] = None; from trialkit.cli import main; main()"
+    done = subprocess.run([PYTHON, "-c", hidden, "run", str(config)], capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=root, env=child_environ(TRIALKIT_HOME=str(tmp_path / "home")))
+    assert_one_line(done, f"the {platform} platform needs the {engine!r} package")
+    assert f"pip install 'trialkit[{engine}]'" in done.stderr
+    assert not (tmp_path / "home" / "experiments").exists() or not any((tmp_path / "home" / "experiments").iterdir())

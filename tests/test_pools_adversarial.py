@@ -344,6 +344,17 @@ def test_a_pool_or_key_given_twice_is_refused_naming_the_line_of_the_second(tmp_
         refused(done, "pools.yml", f"at line {line}", f"the key '{key}' is given twice")
 
 
+@pytest.mark.parametrize("text, said", [
+    ("pool:\n  default: {slots: 1}\n", "pools.yml: unknown key 'pool' (did you mean 'pools'?)"),  # not pools.yml.pool
+    ("- default\n", "pools.yml: expected a mapping of keys to values, got ['default']"),
+    ("pools:\n  default: {slots: 1\n", "pools.yml: cannot parse it at line 3, column 1: "),
+])
+def test_pools_yml_is_named_once_then_what_is_wrong_in_it(tmp_path, text, said):
+    (tmp_path / "pools.yml").write_text(text)
+    err = refused(run_cli(tmp_path, "job", "list", "--pool"), said)
+    assert err.count("pools.yml") == 1, err
+
+
 # -- pools.db faults said as pools.db's, a lock held past the wait waited out ---------------------------------
 
 

@@ -68,9 +68,9 @@ def test_the_other_replicas_output_is_kept_by_rank_and_read_after_the_pods(trial
     assert (reporting.returncode, reporting.stdout) == (0, "worker says hi\n"), reporting.stderr
 
 
-def post(manager, trial_id: str, token: str, batch: list) -> tuple:
+def post(manager, trial_id: str, token: str, batch: list, **spool: str) -> tuple:
     request = urllib.request.Request(f"{manager.url}/api/v1/trials/{trial_id}/replicas/2/records",
-                                     data=json.dumps({"records": batch}).encode(), method="POST",
+                                     data=json.dumps({**spool, "records": batch}).encode(), method="POST",
                                      headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
@@ -93,6 +93,19 @@ def test_a_batch_sent_again_is_kept_once_and_only_with_the_trials_token(trial):
     assert post(manager, trial_id, "other", [log(5, "x\n")])[0] == 403
     assert post(manager, trial_id, "nope", [log(5, "x\n")])[0] == 401
     assert replica_logs.read(experiment_dir, trial_id, 2) == "a\nb\nc\n"
+
+
+def test_a_replica_restarted_on_a_fresh_spool_keeps_its_output_after_the_earlier_runs(trial):
+    """A replica's pod started again (a new pod: its spool numbers from 1 again) is not taken for a resend."""
+    manager, experiment_dir, trial_id = trial
+    assert post(manager, trial_id, "tok", [log(1, "run 0\n"), log(2, "ends\n")], spool="a1") == (
+        200, {"acked": 2, "inserted": 2})
+    assert post(manager, trial_id, "tok", [log(1, "run 1\n")], spool="b2") == (200, {"acked": 1, "inserted": 1})
+    assert post(manager, trial_id, "tok", [log(1, "run 1\n"), log(2, "goes on\n")], spool="b2") == (
+        200, {"acked": 2, "inserted": 1})
+    assert post(manager, trial_id, "tok", [log(2, "ends\n")], spool="a1")[1] == {"acked": 2, "inserted": 0}
+    assert replica_logs.read(experiment_dir, trial_id, 2) == "run 0\nends\nrun 1\ngoes on\n"
+    assert post(manager, trial_id, "tok", [log(3, "x\n")], spool="../x")[0] == 400
 
 
 def test_the_renderers_give_each_pod_its_rank(tmp_path):

@@ -9,6 +9,7 @@ import queue
 import pytest
 import requests
 
+from trialkit import records
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store, new_token
 
@@ -177,3 +178,43 @@ def test_the_ack_moves_over_every_record_stored_ahead_of_a_gap(tmp_path):
     assert [r["seq"] for r in store.add_records("a", [metric(1), metric(3)])] == [1]  # 3 was stored: once
     assert store.acked_seq("a") == ahead and store.count_records("a") == ahead + 1
     store.close()
+
+
+def test_each_spool_of_a_trial_is_kept_apart_and_acknowledged_in_its_own_seqs(tmp_path):
+    """A trial restarted where its spool is not numbers a fresh spool from 1: the store keeps each spool's seqs
+    in a range of their own, above the trial's earlier ones, and answers in the spool's seqs."""
+    span = records.SPOOL_SEQS
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e")
+    store.add_trial("e", "a", sequence=0, parameters={}, token=None)
+    assert len(store.add_batch("a", [metric(1), metric(2)], (), "first")[0]) == 2
+    fresh, refused = store.add_batch("a", [metric(1, 10.0), metric(3, 30.0)], [(metric(2, 20.0), "refused")], "second")
+    assert (len(fresh), refused) == (2, [{"seq": 2, "reason": "refused"}])  # in the spool's seqs
+    assert store.add_batch("a", [metric(1, 10.0)], (), "second") == ([], [])  # sent again: stored once
+    assert (store.acked_seq("a", "first"), store.acked_seq("a", "second"), store.acked_seq("a")) == (2, 3, 3)
+    # The control plane's reader of what a dead keeper left: each record names its spool.
+    left = [{**metric(4, 40.0), "spool": "second"}, {**metric(1, 50.0), "spool": "third"}]
+    assert store.add_records("a", left) == left and store.add_records("a", left) == []
+    assert (store.acked_seq("a", "second"), store.acked_seq("a", "third"), store.acked_seq("a")) == (4, 1, 1)
+    assert [(r["seq"], r["value"]) for r in store.records_for("a") if r["type"] != "REJECTED"] == [
+        (1, 0.5), (2, 0.5), (span + 1, 10.0), (span + 3, 30.0), (span + 4, 40.0), (2 * span + 1, 50.0)]
+    store.close()
+
+
+def test_an_older_store_gets_spools_and_its_trials_go_on_where_they_were(tmp_path):
+    import sqlite3
+
+    store = Store.in_dir(tmp_path)
+    store.create_experiment("e")
+    store.add_trial("e", "a", sequence=0, parameters={}, token=None)
+    store.add_records("a", [metric(1), metric(2)])  # as a keeper from before spools had ids sent them
+    store.close()
+    with sqlite3.connect(tmp_path / "trialkit.db") as db:
+        db.execute("DROP TABLE spools")  # the store as that version made it
+    again = Store.in_dir(tmp_path)
+    assert again.acked_seq("a") == 2
+    assert again.add_batch("a", [metric(2), metric(3)], ())[0] == [metric(3)]  # that keeper goes on: once each
+    assert len(again.add_batch("a", [metric(1)], (), "new")[0]) == 1  # a new keeper's spool: above them
+    assert [r["seq"] for r in again.records_for("a")] == [1, 2, 3, records.SPOOL_SEQS + 1]
+    assert (again.acked_seq("a", ""), again.acked_seq("a")) == (3, 1)
+    again.close()

@@ -354,7 +354,7 @@ def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
     if stored is None:
         raise UserError(f"the store in {experiment_dir} holds no experiment {opts.experiment_id}", "EXPERIMENT_ID")
     config = parse_config(stored["config"], experiment_dir, source=f"experiment {opts.experiment_id}'s stored config")
-    platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
+    platform = platforms.create(config.platform, config.training_service, experiment_dir)
     start = getattr(platform, "start_tensorboard", None)
     if start is None:
         raise UserError(f"experiment {opts.experiment_id} runs on {config.platform}: TensorBoard is served for adaptdl "
@@ -1118,8 +1118,11 @@ def build_parser() -> ArgumentParser:
                                      "Every trial with its parameters, status, exit code, steps, intermediate and "
                                      "final metrics, as JSON (a list of trials) or CSV (a line per trial, flat: a "
                                      "column per metric of its latest reports, latest.NAME)."))
-    export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
-    export.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of standard output")
+    # nnictl's spellings too (--type, -f/--filename): an NNI user's muscle memory works as written.
+    export.add_argument("--format", "--type", choices=("json", "csv"), default="json",
+                        help="output format (default json; --type is nnictl's spelling)")
+    export.add_argument("-o", "--output", "-f", "--filename", metavar="FILE",
+                        help="write to FILE instead of standard output (-f/--filename: nnictl's spelling)")
     export.add_argument("--all-runs", action="store_true",
                         help="a row per run of each trial (a restarted trial starts a new run), each with that run's "
                              "own status and reports as they came; default: a row per trial, its runs as one series "

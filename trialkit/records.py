@@ -9,7 +9,10 @@ the metric dumped to a string again. A status record is `{"type": "STATUS",
 "value": {"status", ...}}`; an ELASTIC record (an elastic job's sizing
 decision) is shaped as a metric but shown, never fed to tuners, assessors or
 metric views. On the way to the manager the keeper adds `seq`,
-its own sequence number, which the manager dedupes on.
+its spool's sequence number, and names the spool in the batch
+(`{"spool": id, "records": [...]}`): the manager dedupes on (trial, spool,
+seq), so a fresh spool numbering from 1 again (a trial restarted on a new
+pod or node) never meets the seqs of an earlier one.
 
 Three framings reach the keeper:
 - trialkit's channel and spool: RFC 7464 JSON text sequences, each record
@@ -78,6 +81,10 @@ LF = b"\n"
 NNI_STDOUT_PREFIX = b"NNISDK_MEb'"
 MAX_FRAME = 1 << 20  # NNI refuses metrics of 1,000,000 bytes or more; so do we
 MAX_DEPTH = 64  # nesting of a value: every JSON reader on the way (keeper, manager, SQLite) can parse it
+# A spool numbers its records from 1 to below SPOOL_SEQS: the store keeps each spool of a trial in a range of seqs
+# this wide (manager/store.py).
+SPOOL_SEQS = 1 << 40
+MAX_SPOOL_ID = 64
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # SQLite's INTEGER
 
 
@@ -448,17 +455,31 @@ def seq_problem(rec: Any) -> Optional[str]:
     return None
 
 
-def split_batch(body: Any) -> Tuple[List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]:
-    """A keeper's `{"records": [...]}` as (records to store, [(record, why it is refused)]).
+def spool_problem(spool: Any) -> Optional[str]:
+    """Why a batch's spool id is unusable, or None. It names files of the manager's (replica_logs.py)."""
+    if type(spool) is not str or not 0 < len(spool) <= MAX_SPOOL_ID or not (spool.isascii() and spool.isalnum()):
+        return f"spool {spool!r:.40} is not 1 to {MAX_SPOOL_ID} ASCII letters and digits"
+    return None
 
-    Raises BadRecord when the batch as a whole is unusable: not that shape, or
-    a record without a seq to acknowledge it by.
+
+def split_batch(body: Any) -> Tuple[str, List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]:
+    """A keeper's `{"spool": id, "records": [...]}` as (its spool id, records to store, [(record, why it is
+    refused)]). The id is "" where the batch names none (a keeper from before spools had ids).
+
+    Raises BadRecord when the batch as a whole is unusable: not that shape, a
+    spool id that is no id, or a record without a seq to acknowledge it by.
     """
     if type(body) is not dict or type(body.get("records")) is not list:
         raise BadRecord('expected {"records": [...]}')
+    spool = body.get("spool", "")
+    problem = spool_problem(spool) if spool != "" else None
+    if problem:
+        raise BadRecord(problem)
     good, refused = [], []
     for rec in body["records"]:
         problem = seq_problem(rec)
+        if not problem and spool and rec["seq"] >= SPOOL_SEQS:
+            problem = f"seq {rec['seq']} is past a spool's last ({SPOOL_SEQS - 1})"
         if problem:
             raise BadRecord(problem)
         problem = record_problem(rec)
@@ -466,7 +487,7 @@ def split_batch(body: Any) -> Tuple[List[Dict[str, Any]], List[Tuple[Dict[str, A
             refused.append((rec, problem))
         else:
             good.append(rec)
-    return good, refused
+    return spool, good, refused
 
 
 def wire_problem(rec: Any) -> Optional[str]:

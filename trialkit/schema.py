@@ -77,21 +77,41 @@ def mapping(value: Any, where: str) -> Mapping:
     return value
 
 
+class Misspelt(UserError):
+    """An unknown key close to a known one that the mapping lacks: a problem later found at the known key's
+    place (it is missing) is this one's consequence, left out where problems are collected (every_problem)."""
+
+    def __init__(self, err: UserError, meant: str):
+        super().__init__(err.what, err.where, err.fix)
+        self.meant = meant
+
+
+def unknown_key(key: Any, known: Sequence[str], section: Mapping, where: str, hint: str = "") -> UserError:
+    """The error for `key` of the mapping `section` (at `where`), which is none of `known`: a did-you-mean,
+    a Misspelt when the key it resembles is not in `section`."""
+    err = unknown("key", key, known, path(where, key), hint)
+    near = suggest(key, known) if isinstance(key, str) else None
+    if near is None or any(isinstance(k, str) and fold(k) == fold(near) for k in section):
+        return err
+    return Misspelt(err, path(where, near))
+
+
 def normalize_keys(section: Any, known: Sequence[str], where: str, hint: str = "") -> Dict[str, Any]:
     """Return `section` keyed by the names in `known` (camelCase) whatever the spelling.
 
-    Unknown keys and two spellings of one key are errors; `hint` leads the fix
-    when no known key is close.
+    Unknown keys and two spellings of one key are reported (report): left
+    out, the rest checked on; `hint` leads the fix when no known key is close.
     """
     by_fold = {fold(k): k for k in known}
     out: Dict[str, Any] = {}
     for key, value in mapping(section, where).items():
         name = by_fold.get(fold(key)) if isinstance(key, str) else None
         if name is None:
-            raise unknown("key", key, known, path(where, key), hint)
-        if name in out:
-            raise UserError(f"{key!r} is given twice (as {name!r} too)", path(where, key), "keep one spelling")
-        out[name] = value
+            report(unknown_key(key, known, section, where, hint))
+        elif name in out:
+            report(UserError(f"{key!r} is given twice (as {name!r} too)", path(where, key), "keep one spelling"))
+        else:
+            out[name] = value
     return out
 
 
@@ -222,7 +242,8 @@ def every_problem() -> Iterator[None]:
     """Collect what report() is given inside, and a UserError raised there; then raise them as one.
 
     A raised error at the place of one already reported is left out: it is
-    most likely that one's consequence (a placeholder, then "server missing").
+    most likely that one's consequence (a placeholder, then "server missing"),
+    as is one at the place of the key a reported typo resembles (Misspelt).
     """
     problems: List[UserError] = []
     token = _problems.set(problems)
@@ -232,6 +253,10 @@ def every_problem() -> Iterator[None]:
         _add(problems, err)
     finally:
         _problems.reset(token)
+    _raise(problems)
+
+
+def _raise(problems: List[UserError]) -> None:
     if len(problems) == 1:
         raise problems[0]
     if problems:
@@ -259,6 +284,25 @@ def attempt(check: Callable[..., T], *args: Any, default: Optional[T] = None) ->
         return default
 
 
+def raise_reported() -> None:
+    """Raise what every_problem has collected so far: the step after this needs every part before it sound."""
+    _raise(list(_problems.get() or []))
+
+
+def each(check: Callable[..., T], items: Iterable[Sequence[Any]]) -> List[T]:
+    """`[check(*item) for item in items]`, every item checked though one fails: their UserErrors raised together
+    (as every_problem raises them), wherever this is called."""
+    results: List[T] = []
+    problems: List[UserError] = []
+    for item in items:
+        try:
+            results.append(check(*item))
+        except UserError as err:
+            _add(problems, err)
+    _raise(problems)
+    return results
+
+
 def renamed(err: UserError, prefixes: Sequence[Tuple[str, str]]) -> UserError:
     """`err` (each of its problems) with its place renamed by rename_path: a config translated into another
     format is refused in the keys its user wrote."""
@@ -271,7 +315,8 @@ def renamed(err: UserError, prefixes: Sequence[Tuple[str, str]]) -> UserError:
 
 def _add(problems: List[UserError], err: UserError) -> None:
     for one in err.problems if isinstance(err, ConfigProblems) else [err]:
-        if not any(known.where == one.where for known in problems):
+        if not any(known.where == one.where or (isinstance(known, Misspelt) and known.meant == one.where)
+                   for known in problems):
             problems.append(one)
 
 
@@ -291,17 +336,18 @@ def read_data_file(path: Path, where: str) -> Any:
     itself), a whole number longer than Python reads; and what check_shape
     refuses (aliases of aliases).
     """
+    named = "it" if where == str(path) else show(str(path), 160)  # the file, once: "X: cannot read it: ..."
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang the read, /dev/zero never end it
-            raise UserError(f"{show(str(path), 160)} is not a regular file", where, "give the path of a config file")
+            raise UserError(f"{named} is not a regular file", where, "give the path of a config file")
         with open(path, "rb") as f:
             data = f.read(MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
-            raise UserError(f"{show(str(path), 160)} is over {MAX_FILE_BYTES >> 20} MiB", where, "give a config file")
+            raise UserError(f"{named} is over {MAX_FILE_BYTES >> 20} MiB", where, "give a config file")
         text = data.decode("utf-8")
     except (OSError, ValueError) as err:  # ValueError: a NUL in the path, or text that is not UTF-8
         reason = getattr(err, "strerror", None) or str(err)
-        raise UserError(f"cannot read {show(str(path), 160)}: {reason}", where, "check the path") from None
+        raise UserError(f"cannot read {named}: {reason}", where, "check the path") from None
     try:
         data = json.loads(text, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError):
@@ -312,7 +358,7 @@ def read_data_file(path: Path, where: str) -> Any:
             mark = getattr(err, "problem_mark", None)
             place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(err, "problem", None) or "not valid YAML"
-            raise UserError(f"cannot parse {str(path)!r}{place}: {problem}", where, "fix the file there") from None
+            raise UserError(f"cannot parse {named}{place}: {problem}", where, "fix the file there") from None
     check_shape(data, where)
     return data
 

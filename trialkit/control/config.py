@@ -166,7 +166,8 @@ def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "con
     if determined.is_determined(data):
         v2, notes = determined.to_v2(data, base, context_dir)
         try:
-            config = _parse_v2(v2, base)
+            with schema.every_problem():
+                config = _parse_v2(v2, base)
         except UserError as err:
             raise schema.renamed(err, determined.V2_WHERE) from None
         return replace(config, notes=config.notes + tuple(notes))
@@ -185,67 +186,96 @@ def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "con
 
 
 def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
+    """Each part is checked though another failed (schema.attempt: every_problem lists them all); a part built
+    from others is checked once they are sound."""
+    check = schema.attempt
     for key in data:
         if isinstance(key, str) and schema.fold(key) in _UNSUPPORTED_FOLDS:
-            raise UserError(f"NNI's {key!r} is not supported", schema.path("", key), _UNSUPPORTED_FOLDS[schema.fold(key)])
+            schema.report(UserError(f"NNI's {key!r} is not supported", schema.path("", key),
+                                    _UNSUPPORTED_FOLDS[schema.fold(key)]))
     c = schema.normalize_keys(data, V2_KEYS, "", hint="platform options go under trainingService; the top level can ")
-    _only_false(c, "useAnnotation", "useAnnotation", "annotations are not supported; use a searchSpace")
+    check(_only_false, c, "useAnnotation", "useAnnotation", "annotations are not supported; use a searchSpace")
     if c.get("experimentType") is not None:
-        schema.as_choice(c["experimentType"], ("hpo",), "experimentType")
+        check(schema.as_choice, c["experimentType"], ("hpo",), "experimentType")
 
-    space = _search_space(c, base)
-    tuner = _tuner(c, space)
-    service, ignored = _nni_section(c)
-    template = _optional(c, "trialTemplate", lambda v, w: _file(v, base, w))
-    manager_ip = _optional(c, "nniManagerIp", schema.as_str)
-    code_dir = _directory(_optional(c, "trialCodeDirectory", schema.as_str, "."), base, "trialCodeDirectory")
-    section, platform_config, module = _training_service(
-        service, base, {"managerAddress": manager_ip, "trialTemplate": template, "trialCodeDirectory": code_dir})
-    gpus = _optional(c, "trialGpuNumber", lambda v, w: schema.as_int(v, w, minimum=0))
-    platform_config = _with_trial_gpus(module, platform_config, gpus)
-    with_code_dir = getattr(module, "with_code_dir", None)  # a platform that ships the code before any trial
-    if with_code_dir is not None:
-        platform_config = with_code_dir(platform_config, code_dir)
-    priority = _optional(c, "priority", schema.as_int)
-    with_priority = getattr(module, "with_priority", None)  # a platform whose experiments are jobs of a pool
-    if with_priority is not None:  # the experiment's one priority: the config's, else the platform's own key's
-        platform_config, priority = with_priority(platform_config, priority, DEFAULT_PRIORITY)
-    command = _optional(c, "trialCommand", _trial_command)
-    if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
-        raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
-    notes = _check_manager_keys(c, module, section["platform"], manager_ip, template) + ignored
-    if gpus is None and getattr(platform_config, "use_active_gpu", False):
-        notes.append("useActiveGpu: true without trialGpuNumber: no GPU is scheduled, as in NNI (each trial "
-                     "sees this machine's GPUs as they are); add trialGpuNumber to give each trial its own")
+    space = check(_search_space, c, base, default=_FAILED)
+    tuner = check(_tuner, c, None if space is _FAILED else space, default=_FAILED)
+    assessor = check(_assessor, c.get("assessor"), None if tuner is _FAILED else tuner, default=_FAILED)
+    service, ignored = check(_nni_section, c, default=(_FAILED, []))  # before the keys it lifts to the top are read
+    template = check(_optional, c, "trialTemplate", lambda v, w: _file(v, base, w), default=_FAILED)
+    manager_ip = check(_optional, c, "nniManagerIp", schema.as_str, default=_FAILED)
+    code_dir = check(lambda: _directory(_optional(c, "trialCodeDirectory", schema.as_str, "."), base,
+                                        "trialCodeDirectory"), default=_FAILED)
+    gpus = check(_optional, c, "trialGpuNumber", lambda v, w: schema.as_int(v, w, minimum=0), default=_FAILED)
+    priority = check(_optional, c, "priority", schema.as_int, default=_FAILED)
+    command = check(_optional, c, "trialCommand", _trial_command, default=_FAILED)
+    plain = {name: check(_optional, c, key, value_check, default, default=_FAILED)
+             for name, key, value_check, default in _plain_keys(base)}
+    inputs = (service, template, manager_ip, code_dir, gpus, priority, command)
+    platform = _FAILED if _FAILED in inputs else check(_platform, c, base, *inputs, default=_FAILED)
+    schema.raise_reported()
+    section, platform_config, priority, notes = platform
     return ExperimentConfig(
         search_space=space,
         trial_command=command,
         trial_code_directory=code_dir,
-        trial_concurrency=_optional(c, "trialConcurrency", _positive_int, 1),
         tuner=tuner,
         training_service=platform_config,
         training_service_section=section,
-        experiment_name=_optional(c, "experimentName", schema.as_str),
-        assessor=_assessor(c.get("assessor"), tuner),
+        assessor=assessor,
         trial_gpu_number=gpus,
-        max_trial_number=_optional(c, "maxTrialNumber", _positive_int),
-        max_experiment_duration=_optional(c, "maxExperimentDuration", schema.as_duration),
-        max_trial_duration=_optional(c, "maxTrialDuration", schema.as_duration),
         nni_manager_ip=manager_ip,
-        experiment_working_directory=_optional(c, "experimentWorkingDirectory", lambda v, w: _working_directory(v, base, w)),
-        trial_grace_seconds=_optional(c, "trialGraceSeconds",
-                                      lambda v, w: check_grace(schema.as_number(v, w, minimum=0), w),
-                                      DEFAULT_GRACE_SECONDS),
-        trial_checkpoint_every=_optional(c, "trialCheckpointEvery", lambda v, w: schema.as_number(v, w, minimum=0)),
-        max_trial_restarts=_optional(c, "maxTrialRestarts", lambda v, w: schema.as_int(v, w, 0, 1000), 0),
-        stop_when_first_trials_fail=_optional(c, "stopWhenFirstTrialsFail",
-                                              lambda v, w: schema.as_int(v, w, 0, 1_000_000), 3),
-        manager_tls=_optional(c, "managerTls", lambda v, w: manager_tls(v, base, w)),
-        checkpoint_storage=_optional(c, "checkpointStorage", parse_storage),
         trial_template=template,
         priority=DEFAULT_PRIORITY if priority is None else priority,
-        notes=tuple(notes),
+        notes=tuple(notes + ignored),
+        **plain,
     )
+
+
+_FAILED = object()  # a part whose problem is reported: nothing is built from it
+
+
+def _plain_keys(base: Path) -> Tuple[Tuple[str, str, Callable[[Any, str], Any], Any], ...]:
+    """(field, key, check, default) of the keys that stand alone: each checked by itself."""
+    return (
+        ("trial_concurrency", "trialConcurrency", _positive_int, 1),
+        ("experiment_name", "experimentName", schema.as_str, None),
+        ("max_trial_number", "maxTrialNumber", _positive_int, None),
+        ("max_experiment_duration", "maxExperimentDuration", schema.as_duration, None),
+        ("max_trial_duration", "maxTrialDuration", schema.as_duration, None),
+        ("experiment_working_directory", "experimentWorkingDirectory", lambda v, w: _working_directory(v, base, w),
+         None),
+        ("trial_grace_seconds", "trialGraceSeconds", lambda v, w: check_grace(schema.as_number(v, w, minimum=0), w),
+         DEFAULT_GRACE_SECONDS),
+        ("trial_checkpoint_every", "trialCheckpointEvery", lambda v, w: schema.as_number(v, w, minimum=0), None),
+        ("max_trial_restarts", "maxTrialRestarts", lambda v, w: schema.as_int(v, w, 0, 1000), 0),
+        ("stop_when_first_trials_fail", "stopWhenFirstTrialsFail", lambda v, w: schema.as_int(v, w, 0, 1_000_000), 3),
+        ("manager_tls", "managerTls", lambda v, w: manager_tls(v, base, w), None),
+        ("checkpoint_storage", "checkpointStorage", parse_storage, None),
+    )
+
+
+def _platform(c: Mapping[str, Any], base: Path, service: Any, template: Optional[str], manager_ip: Optional[str],
+              code_dir: str, gpus: Optional[int], priority: Optional[int],
+              command: Optional[str]) -> Tuple[Dict[str, Any], Any, Optional[int], List[str]]:
+    """(the section as written, the platform's config object with the top-level keys it applies, the
+    experiment's priority, notes on keys taken without use)."""
+    section, platform_config, module = _training_service(
+        service, base, {"managerAddress": manager_ip, "trialTemplate": template, "trialCodeDirectory": code_dir})
+    platform_config = _with_trial_gpus(module, platform_config, gpus)
+    with_code_dir = getattr(module, "with_code_dir", None)  # a platform that ships the code before any trial
+    if with_code_dir is not None:
+        platform_config = with_code_dir(platform_config, code_dir)
+    with_priority = getattr(module, "with_priority", None)  # a platform whose experiments are jobs of a pool
+    if with_priority is not None:  # the experiment's one priority: the config's, else the platform's own key's
+        platform_config, priority = with_priority(platform_config, priority, DEFAULT_PRIORITY)
+    if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
+        raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
+    notes = _check_manager_keys(c, module, section["platform"], manager_ip, template)
+    if gpus is None and getattr(platform_config, "use_active_gpu", False):
+        notes.append("useActiveGpu: true without trialGpuNumber: no GPU is scheduled, as in NNI (each trial "
+                     "sees this machine's GPUs as they are); add trialGpuNumber to give each trial its own")
+    return section, platform_config, priority, notes
 
 
 _UNSUPPORTED_FOLDS = {schema.fold(k): why for k, why in UNSUPPORTED.items()}
@@ -437,7 +467,8 @@ def _algorithm(section: Any, where: str) -> Tuple[Any, Any]:
     return sec["name"], sec.get("classArgs")
 
 
-def _tuner(c: Mapping[str, Any], space: SearchSpace) -> AlgorithmConfig:
+def _tuner(c: Mapping[str, Any], space: Optional[SearchSpace]) -> AlgorithmConfig:
+    """The tuner; with no space (it was refused), its name and classArgs are checked against an empty one."""
     # NNI took an advisor (BOHB, Hyperband) in the tuner's place.
     if c.get("tuner") is not None and c.get("advisor") is not None:
         raise UserError("both tuner and advisor are given", "advisor", "keep the tuner")
@@ -445,10 +476,11 @@ def _tuner(c: Mapping[str, Any], space: SearchSpace) -> AlgorithmConfig:
     if c.get(where) is None:
         raise UserError("the tuner is missing", "tuner", "add tuner: {name: TPE, classArgs: {optimize_mode: maximize}}")
     name, args = _algorithm(c[where], where)
-    return AlgorithmConfig(*check_tuner(name, args, space, where))
+    return AlgorithmConfig(*check_tuner(name, args, space or SearchSpace({}, {}), where))
 
 
-def _assessor(section: Any, tuner: AlgorithmConfig) -> Optional[AlgorithmConfig]:
+def _assessor(section: Any, tuner: Optional[AlgorithmConfig]) -> Optional[AlgorithmConfig]:
+    """The assessor; with no tuner (it was refused), checked by itself."""
     if section is None:
         return None
     name, args = _algorithm(section, "assessor")
@@ -456,6 +488,8 @@ def _assessor(section: Any, tuner: AlgorithmConfig) -> Optional[AlgorithmConfig]
         raise UserError(f"{tuner.name} decides itself which trials go on (NNI refuses an assessor beside it too)",
                         "assessor", "remove the assessor")
     name, args = check_assessor(name, args)
+    if tuner is None:
+        return AlgorithmConfig(name, args)
     # Judging trials the other way round from the tuner is always a slip.
     mode = args.setdefault("optimize_mode", tuner.class_args["optimize_mode"])
     if mode != tuner.class_args["optimize_mode"]:
@@ -525,9 +559,10 @@ def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) ->
 
 
 def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
-    v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
+    v1: Dict[str, Any] = {}
     try:
-        with schema.every_problem():  # a refusal lists every problem it found
+        with schema.every_problem():  # a refusal lists every problem it found, an unknown key's with the rest
+            v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
             return _parse_v2(convert_v1(v1), base)
     except schema.ConfigProblems as err:
         raise schema.ConfigProblems([_in_v1(one, v1) for one in err.problems]) from None

@@ -39,6 +39,18 @@ SEARCHER_KEYS = {
     "adaptive_asha": ("name", "metric", "smaller_is_better", "max_length", "max_trials", "max_concurrent_trials",
                       "time_metric", "max_time", "max_rungs", "divisor", "mode", "bracket_rungs"),
 }
+# Determined's own keys (its expconf schema, 0.38) and searchers that trialkit does not take: refused as not
+# supported; any other key is a typo, refused as unknown with the key it is closest to.
+DETERMINED_TOP_KEYS = ("checkpoint_policy", "data_layer", "debug", "integrations", "internal", "log_policies",
+                       "optimizations", "pbs", "preemption_timeout", "profiling", "reproducibility",
+                       "retention_policy", "security", "slurm", "tensorboard_storage")
+DETERMINED_RESOURCE_KEYS = ("agent_label", "devices", "is_single_node", "native_parallel", "shm_size")
+DETERMINED_ENVIRONMENT_KEYS = ("add_capabilities", "drop_capabilities", "force_pull_image", "pod_spec", "ports",
+                               "proxy_ports", "registry_auth")
+DETERMINED_SEARCHER_KEYS = ("budget", "explore_function", "length_per_round", "num_rounds", "num_rungs",
+                            "population_size", "replace_function", "source_checkpoint_uuid", "source_trial_id",
+                            "stop_once", "unit")
+DETERMINED_SEARCHERS = ("adaptive", "adaptive_simple", "async_halving", "custom", "manual", "pbt", "sync_halving")
 LENGTH_UNITS = ("batches", "epochs", "records")
 DEFAULT_CONCURRENCY = 16  # Determined's max_concurrent_trials for random and grid
 DEFAULT_MAX_RESTARTS = 5  # Determined's
@@ -80,8 +92,8 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
             if data[key] is not None:
                 schema.attempt(NOTED_KEYS[key], data[key], key)
         elif key not in TOP_KEYS:
-            schema.report(UserError(f"Determined's {key!r} is not supported by trialkit", schema.path("", key),
-                                    f"remove it; {GUIDE}"))
+            schema.report(_refused_key(key, data, "", TOP_KEYS + tuple(NOTED_KEYS), DETERMINED_TOP_KEYS,
+                                       f"Determined's {key!r} is not supported by trialkit"))
     code_dir = schema.attempt(_context_dir, context_dir, base, default=_FAILED)
     entry = schema.attempt(_entrypoint, data.get("entrypoint"), default=_FAILED)
     searcher = schema.attempt(_searcher, data.get("searcher"), default=_FAILED)
@@ -115,6 +127,16 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
     return v2, ([f"{', '.join(noted)}: taken, not used: they describe the experiment in Determined's WebUI or pace "
                  f"the training loop of its Trial APIs, which trialkit does not run (a Core API script paces "
                  f"itself)"] if noted else [])
+
+
+def _refused_key(key: Any, section: Mapping[str, Any], where: str, taken: Tuple[str, ...],
+                 determineds: Tuple[str, ...], unsupported: str) -> UserError:
+    """The error for a key of `section` (at `where`) that is none of `taken`: one of Determined's own keys
+    (`determineds`) is `unsupported` (remove it); any other is an unknown key with the taken key it is closest
+    to (told to remove a misspelt `hyperparameters`, a user deleted them)."""
+    if key in determineds:
+        return UserError(unsupported, schema.path(where, key), f"remove it; {GUIDE}")
+    return schema.unknown_key(key, taken, section, where)
 
 
 def _default(data: Mapping[str, Any], key: str, default: Any) -> Any:
@@ -232,14 +254,18 @@ def _json_only(value: Any, where: str) -> None:
 
 
 def _search_space(hparams: Any, grid: bool) -> Dict[str, Any]:
-    """NNI's search space of Determined's hyperparameters; a grid's size is checked before any point is made."""
+    """NNI's search space of Determined's hyperparameters. A grid's values are made per hyperparameter once its
+    own count is checked (_hparam); their product is counted, never made, and checked after."""
+    space = _space(hparams, "hyperparameters", grid)
     if grid:
-        points, values, where = _grid_size(schema.mapping(hparams, "hyperparameters"), "hyperparameters")
+        points, values, where = _grid_size(hparams, "hyperparameters")
         if points > MAX_GRID_POINTS:
             raise UserError(f"the grid has {points:,} points ({values:,} values of this one), over the "
-                            f"{MAX_GRID_POINTS:,} trials trialkit runs of one grid", where,
-                            "give it a smaller count: Determined's grid runs a trial at every point")
-    return _space(hparams, "hyperparameters", grid)
+                            f"{MAX_GRID_POINTS:,} trials trialkit runs of one grid", where, _GRID_FIX)
+    return space
+
+
+_GRID_FIX = "give it a smaller count: Determined's grid runs a trial at every point"
 
 
 def _space(hparams: Any, where: str, grid: bool) -> Dict[str, Any]:
@@ -276,12 +302,13 @@ def _whole(value: Any) -> Optional[int]:
 
 
 def _grid_values(spec: Any) -> int:
-    """The values a grid takes of one hyperparameter; 1 where the spec is wrong (refused on its own)."""
+    """The values a grid takes of one hyperparameter; 1 where the spec is wrong (refused on its own: an empty
+    list counted as 0 would make any grid beside it look empty)."""
     if not isinstance(spec, dict):
         return 1
     kind = spec.get("type")
     if kind == "categorical":
-        return len(spec["vals"]) if isinstance(spec.get("vals"), list) else 1
+        return len(spec["vals"]) or 1 if isinstance(spec.get("vals"), list) else 1
     count = _whole(spec.get("count"))
     count = count if count is not None and count > 0 else None
     if kind == "int":
@@ -300,14 +327,17 @@ HPARAM_KEYS = {
 }
 
 
+_HPARAM_ALL_KEYS = tuple(sorted({key for keys in HPARAM_KEYS.values() for key in keys}))
+
+
 def _hparam(spec: Any, where: str, grid: bool) -> Dict[str, Any]:
     if not isinstance(spec, dict):
         return {"_type": "choice", "_value": [spec]}  # a bare value is a const
     kind = schema.as_choice(spec["type"], list(HPARAM_KEYS), schema.path(where, "type"))
     for key in spec:
         if key not in HPARAM_KEYS[kind]:
-            schema.report(UserError(f"{key!r} is not a key of a {kind} hyperparameter", schema.path(where, key),
-                                    f"use {', '.join(HPARAM_KEYS[kind][1:])}"))
+            schema.report(_refused_key(key, spec, where, HPARAM_KEYS[kind], _HPARAM_ALL_KEYS,
+                                       f"{key!r} is not a key of a {kind} hyperparameter"))
     if kind == "const":
         return {"_type": "choice", "_value": [spec.get("val")]}
     if kind == "categorical":
@@ -323,6 +353,10 @@ def _hparam(spec: Any, where: str, grid: bool) -> Dict[str, Any]:
     if kind == "log":  # the ends as numbers, before a grid's points between them
         ends = [_power(base, low, schema.path(where, "minval")), _power(base, high, schema.path(where, "maxval"))]
     if grid:
+        values = _grid_values(spec)
+        if values > MAX_GRID_POINTS:  # before a list of them is made
+            raise UserError(f"{values:,} values of this hyperparameter alone, over the {MAX_GRID_POINTS:,} trials "
+                            "trialkit runs of one grid", where, _GRID_FIX)
         if spec.get("count") is None and kind != "int":
             raise UserError(f"a grid needs count for a {kind} hyperparameter", schema.path(where, "count"),
                             "add count: the number of values to try")
@@ -363,18 +397,23 @@ def _grid_points(kind: str, low: float, high: float, base: float, count: int) ->
 # ---------------------------------------------------------------- searcher
 
 
+_SEARCHER_ALL_KEYS = DETERMINED_SEARCHER_KEYS + tuple(sorted({key for keys in SEARCHER_KEYS.values() for key in keys}))
+
+
 def _searcher(section: Any) -> Dict[str, Any]:
     if section is None:
         raise UserError("searcher is missing", "searcher", "add searcher: {name: single, metric: validation_loss}")
     sec = dict(schema.mapping(section, "searcher"))
     name = schema.as_str(sec.get("name"), "searcher.name")
+    if name not in SEARCHERS and name not in DETERMINED_SEARCHERS:
+        raise schema.unknown("searcher", name, SEARCHERS, "searcher.name")
     if name not in SEARCHERS:
         raise UserError(f"Determined's {name!r} searcher is not supported by trialkit", "searcher.name",
                         f"use {', '.join(SEARCHERS)}; {GUIDE}")
     for key in sec:
         if key not in SEARCHER_KEYS[name]:
-            schema.report(UserError(f"{key!r} is not supported for the {name} searcher", schema.path("searcher", key),
-                                    f"remove it; {GUIDE}"))
+            schema.report(_refused_key(key, sec, "searcher", SEARCHER_KEYS[name], _SEARCHER_ALL_KEYS,
+                                       f"{key!r} is not supported for the {name} searcher"))
     if sec.get("metric") is None:
         raise UserError("metric is missing", "searcher.metric", "add metric: the validation metric to search on")
     sec["metric"] = schema.as_str(sec["metric"], "searcher.metric")
@@ -444,8 +483,8 @@ def _resources(section: Any, local: bool, training_service: Dict[str, Any]) -> D
     sec = schema.mapping(section, "resources")
     for key in sec:
         if key not in RESOURCE_KEYS:
-            schema.report(UserError(f"Determined's resources.{key} is not supported by trialkit",
-                                    schema.path("resources", key), f"remove it; {GUIDE}"))
+            schema.report(_refused_key(key, sec, "resources", RESOURCE_KEYS, DETERMINED_RESOURCE_KEYS,
+                                       f"Determined's resources.{key} is not supported by trialkit"))
     out = {"slots_per_trial": schema.as_int(_default(sec, "slots_per_trial", 1), "resources.slots_per_trial",
                                             minimum=1)}
     if sec.get("max_slots") is not None:
@@ -482,8 +521,8 @@ def _environment(section: Any, platform: str, training_service: Dict[str, Any]) 
     for key in sec:
         if key not in ENVIRONMENT_KEYS:
             why = "; a pod spec goes in trialTemplate" if key == "pod_spec" else ""
-            schema.report(UserError(f"Determined's environment.{key} is not supported by trialkit{why}",
-                                    schema.path("environment", key), f"remove it; {GUIDE}"))
+            schema.report(_refused_key(key, sec, "environment", ENVIRONMENT_KEYS, DETERMINED_ENVIRONMENT_KEYS,
+                                       f"Determined's environment.{key} is not supported by trialkit{why}"))
     if sec.get("image") is not None:
         image = schema.as_str(sec["image"], "environment.image")  # a {cpu, cuda} mapping is refused here
         if not hasattr(platforms.load(platform), "render"):
@@ -501,6 +540,9 @@ def _environment(section: Any, platform: str, training_service: Dict[str, Any]) 
     return variables
 
 
+BIND_MOUNT_KEYS = ("host_path", "container_path", "read_only")
+
+
 def _bind_mounts(mounts: Any, local: bool) -> None:
     """A local trial sees this machine's files: a mount of a path at the same path is what it has already;
     anything else would need a container."""
@@ -510,9 +552,9 @@ def _bind_mounts(mounts: Any, local: bool) -> None:
         where = f"bind_mounts[{i}]"
         sec = schema.mapping(mount, where)
         for key in sec:
-            if key not in ("host_path", "container_path", "read_only"):
-                schema.report(UserError(f"{key!r} is not supported in a bind mount", schema.path(where, key),
-                                        f"remove it; {GUIDE}"))
+            if key not in BIND_MOUNT_KEYS:
+                schema.report(_refused_key(key, sec, where, BIND_MOUNT_KEYS, ("propagation",),
+                                           f"{key!r} is not supported in a bind mount"))
         if not local:
             raise UserError("bind_mounts are applied on the local platform only", where,
                             "mount volumes through trainingService (nfs) or trialTemplate")

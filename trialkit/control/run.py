@@ -118,7 +118,7 @@ def delete_experiment(experiment_id: str) -> List[str]:
             if config.checkpoint_storage is not None and config.checkpoint_storage.store is not None else []
     finally:
         store.close()
-    platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
+    platform = platforms.create(config.platform, config.training_service, experiment_dir)
     removed = platform.remove_experiment(experiment_id, trial_ids) if platform.remove_experiment else []
     for ckpt in stored:
         checkpoints.delete(config.checkpoint_storage, ckpt, None)
@@ -148,7 +148,7 @@ def _stopped_experiment(experiment_id: str) -> Tuple[Path, Optional[admin.Manage
 
 def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
     """The platform, ready to take trials (a cluster platform checked its cluster answers)."""
-    platform = platforms.load(config.platform).Platform(config.training_service, experiment_dir)
+    platform = platforms.create(config.platform, config.training_service, experiment_dir)
     platform.check_ready()
     return platform
 

@@ -303,14 +303,16 @@ def _largest_point(space: "SearchSpace") -> int:
 
 
 def _parse_params(raw: Mapping, where: str) -> SearchSpace:
-    params: Dict[str, Param] = {}
-    for key, spec in raw.items():
-        here = schema.path(where, key)
-        if not isinstance(key, str) or not key or key.startswith("_"):
-            raise UserError(f"bad parameter name {schema.show(key)}", here,
-                            "use a non-empty string that does not start with '_'")
-        params[key] = _parse_param(spec, here)
-    return SearchSpace(params, raw, where)
+    """The space of `raw`; every parameter's problem is refused together with the others'."""
+    return SearchSpace(dict(schema.each(_parse_named, [(key, spec, where) for key, spec in raw.items()])), raw, where)
+
+
+def _parse_named(key: Any, spec: Any, where: str) -> Tuple[str, Param]:
+    here = schema.path(where, key)
+    if not isinstance(key, str) or not key or key.startswith("_"):
+        raise UserError(f"bad parameter name {schema.show(key)}", here,
+                        "use a non-empty string that does not start with '_'")
+    return key, _parse_param(spec, here)
 
 
 def _parse_param(spec: Any, where: str) -> Param:

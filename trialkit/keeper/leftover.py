@@ -4,13 +4,16 @@ A keeper that ended without a manager to answer (or was SIGKILLed) leaves two
 kinds of records behind: those it spooled and never had acknowledged, and
 those the trial wrote to its followed files (the channel, NNI's metrics file)
 past the spool's cursor, which it had not read yet. `undelivered` gives both,
-the second numbered on from the spool's next seq exactly as the next keeper
-on the same trial dir would number them (same files, same cursor, same
-decoders, same order). So whoever delivers a record, this reader or a
-restarted keeper, it carries the same seq, and the store, which keeps each
-(trial, seq) once, stores it once. Nothing is written to the trial dir but
-what the spool's own recovery does (cutting a torn batch, as the next keeper
-would).
+each with its spool's id (`spool`), the second numbered on from the spool's
+next seq exactly as the next keeper on the same trial dir would number them
+(same files, same cursor, same decoders, same order, same spool). So whoever
+delivers a record, this reader or a restarted keeper, it carries the same
+spool and seq, and the store, which keeps each (trial, spool, seq) once,
+stores it once. Nothing is written to the trial dir but what the spool's own
+recovery does (cutting a torn batch, as the next keeper would), and, where the
+followed files hold records and no spool holds an id yet (the keeper died
+before it spooled anything), a batch of no records that puts the id on disk
+for the next keeper (Spool.claim).
 """
 from __future__ import annotations
 
@@ -27,22 +30,27 @@ def undelivered(trial_dir: Path) -> List[Dict[str, Any]]:
     """Every record an ended keeper on `trial_dir` was given and the manager may not hold, each with its seq."""
     trial_dir = Path(trial_dir)
     spool_dir = layout.spool_dir(trial_dir)
-    out: List[Dict[str, Any]] = []
-    cursor: Dict[str, Any] = {}
-    seq = 1
-    if spool_dir.is_dir():  # none when the keeper died before its reporting side started
-        spool = Spool(spool_dir)
-        try:
-            out = read_unacknowledged(spool)
-            cursor, seq = spool.cursor, spool.next_seq
-        finally:
+    # None when the keeper died before its reporting side started; made below only if there is something to number.
+    spool = Spool(spool_dir) if spool_dir.is_dir() else None
+    try:
+        out = read_unacknowledged(spool) if spool else []
+        previous = StatusFile.previous(layout.status_path(trial_dir)) or {}
+        run = previous.get("restart_count") if type(previous.get("restart_count")) is int else None
+        unread = _unread(trial_dir, spool.cursor if spool else {}, run)
+        if unread:
+            spool = spool or Spool(spool_dir)
+            spool.claim()
+            seq = spool.next_seq
+            for rec in unread:
+                out.append({"seq": seq, **rec})
+                seq += 1
+        ident = spool.id if spool else ""
+        for rec in out:
+            rec["spool"] = ident
+        return out
+    finally:
+        if spool:
             spool.close()
-    previous = StatusFile.previous(layout.status_path(trial_dir)) or {}
-    run = previous.get("restart_count") if type(previous.get("restart_count")) is int else None
-    for rec in _unread(trial_dir, cursor, run):
-        out.append({"seq": seq, **rec})
-        seq += 1
-    return out
 
 
 def _unread(trial_dir: Path, cursor: Dict[str, Any], run: Optional[int]) -> List[Dict[str, Any]]:

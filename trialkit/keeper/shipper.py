@@ -1,9 +1,10 @@
 """Sends the spool's records to the manager from a thread of its own.
 
-POST /api/v1/trials/<trial id>/records with `{"records": [...]}` (each record
-carries its spool seq) and the trial's bearer token; the manager answers
-`{"acked": N}`, the highest seq up to which it holds every record, and the
-spool forgets them. One batch is in flight at a time, always starting just
+POST /api/v1/trials/<trial id>/records with `{"spool": ID, "records": [...]}`
+(each record carries its spool seq; ID tells this spool from the trial's
+others) and the trial's bearer token; the manager answers `{"acked": N}`, the
+highest seq up to which it holds every record of this spool, and the spool
+forgets them. One batch is in flight at a time, always starting just
 after the last ack, so a lost answer or a keeper restart only resends what
 the manager then stores once. Failures (manager down, 5xx, refused token)
 are retried with exponential backoff and jitter; nothing is ever dropped.
@@ -60,6 +61,7 @@ class Shipper:
         self._deadline: Optional[float] = None  # set by close(): give up at this monotonic time
         self._stopped = False
         self._failing: Optional[str] = None
+        self._head = b'{"spool":"%s","records":[' % spool.id.encode() if spool.id else b'{"records":['
         self._thread = threading.Thread(target=self._run, name="trialkit-shipper", daemon=True)
 
     def start(self) -> "Shipper":
@@ -123,7 +125,7 @@ class Shipper:
             return not self._stopped and not self._past_deadline()
 
     def _post(self, connection: http.client.HTTPConnection, batch: List[Tuple[int, bytes]]):
-        body = b'{"records":[' + b",".join(line for _, line in batch) + b"]}"
+        body = self._head + b",".join(line for _, line in batch) + b"]}"
         connect_timeout, read_timeout = self._timeout()
         if connection.sock is None:
             connection.timeout = connect_timeout

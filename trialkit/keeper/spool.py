@@ -3,18 +3,28 @@
 Layout, in `<trial dir>/.trialkit/spool/`:
 - segment files `<first seq>.log`, RFC 7464 JSON text sequences of
   `{"seq": N, ...record}` lines; each batch of records ends with a line
-  `{"cursor": {...}, "next": N}` saying how far the collectors had read their
-  files and which seq comes next. A batch is one write and one fsync; it
-  counts only once its cursor line is there, so a keeper killed mid-write
-  leaves a torn batch that the next keeper cuts off, and its records are read
-  again from the channel they came from: nothing lost, nothing twice.
+  `{"cursor": {...}, "next": N, "spool": ID}` saying how far the collectors
+  had read their files, which seq comes next and the spool's id. A batch is
+  one write and one fsync; it counts only once its cursor line is there, so a
+  keeper killed mid-write leaves a torn batch that the next keeper cuts off,
+  and its records are read again from the channel they came from: nothing
+  lost, nothing twice.
 - `acked`: the highest seq the manager acknowledged. It may lag (a crash
   right after an ack): then a few records are sent again and the manager,
   which dedupes on seq, stores them once.
 
+Seqs start at 1 in every spool, so they say nothing of the trial's other
+runs: a trial restarted where this spool is not (a new pod, another node)
+numbers a fresh one from 1 too. The id, random, made as the spool is and
+kept in its cursor lines, tells the spools apart: the manager stores each
+(trial, spool, seq) once (manager/store.py). A keeper started again on the
+same dir goes on with the same spool, id and numbering. A spool written
+before spools had ids has the id "" (its batches name none) and keeps it.
+
 Segments entirely acknowledged are deleted, except the newest, which always
-holds the latest cursor. Memory stays bounded: records are read back from
-disk batch by batch, never held all at once.
+holds the latest cursor (and the one before it while the newest holds no
+whole batch yet). Memory stays bounded: records are read back from disk
+batch by batch, never held all at once.
 
 Threads: the keeper's loop appends; the shipper thread reads and acks. They
 share `cond` (a Condition) for the few fields both touch.
@@ -36,6 +46,7 @@ RESERVE_BYTES = 64 << 10  # a final status, the held statuses, the followed file
 _RECORD = records.RS + b'{"seq":'  # the seq first: read back without decoding the record
 _CURSOR = records.RS + b'{"cursor":'
 _SUFFIX = ".log"
+ID_BYTES = 8  # random bytes of a spool's id: two spools of one trial never meet
 
 
 class Spool:
@@ -48,6 +59,7 @@ class Spool:
         self._segments: List[int] = sorted(int(p.stem) for p in directory.glob("*" + _SUFFIX) if p.stem.isdigit())
         self.next_seq = 1
         self.cursor: Dict[str, Any] = {}
+        self.id = os.urandom(ID_BYTES).hex()  # a fresh spool's; _recover reads an older one's
         self._active_records = 0
         self._committed = 0  # bytes of the newest segment that hold whole batches
         self._recover()
@@ -95,6 +107,7 @@ class Spool:
                 os.truncate(path, end)
             self.cursor = last_cursor["cursor"]
             self.next_seq = last_cursor["next"]
+            self.id = last_cursor.get("spool", "")
             self._committed = end
             return
 
@@ -109,6 +122,16 @@ class Spool:
         """Give each record the next seq, write the batch and its cursor, fsync. Raises OSError."""
         if not recs and cursor == self.cursor:
             return
+        self._write(recs, cursor)
+
+    def claim(self) -> None:
+        """Put a fresh spool's id on disk (a batch of no records), for a reader that numbers records as this
+        spool's next ones (keeper/leftover.py): the next keeper on the dir then goes on with the same id.
+        Raises OSError."""
+        if not self._segments:
+            self._write([], self.cursor)
+
+    def _write(self, recs: List[Dict[str, Any]], cursor: Dict[str, Any]) -> None:
         rotate = bool(recs) and self._active_records >= self.segment_records
         if self._fd is None or rotate:
             self._open_segment(new=rotate or not self._segments)
@@ -117,7 +140,8 @@ class Spool:
         for rec in recs:
             lines.append(records.frame('{"seq":%d,%s' % (seq, records.dumps(rec)[1:])))
             seq += 1
-        lines.append(records.frame('{"cursor":%s,"next":%d}' % (records.dumps(cursor), seq)))
+        spool = ',"spool":"%s"' % self.id if self.id else ""
+        lines.append(records.frame('{"cursor":%s,"next":%d%s}' % (records.dumps(cursor), seq, spool)))
         data = b"".join(lines)
         try:
             view = memoryview(data)
@@ -207,7 +231,10 @@ class Spool:
                 tmp = self.dir / "acked.tmp"
                 tmp.write_text(str(seq))
                 os.replace(tmp, self.dir / "acked")
-                while len(self._segments) > 1 and self._segments[1] - 1 <= seq:
+                # The newest segment holds the latest cursor and id; while it holds no whole batch (its first
+                # write failed), the one before it does.
+                keep = 1 if self._committed else 2
+                while len(self._segments) > keep and self._segments[1] - 1 <= seq:
                     self._path(self._segments[0]).unlink(missing_ok=True)
                     self._segments.pop(0)
             except OSError:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Tuple, Union
 
 from trialkit.manager.store import Store, Stored
 
-Batch = Tuple[str, List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]
+Batch = Tuple[str, str, List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]  # (trial, spool id, records, refused)
 Done = Callable[[Union[Stored, Exception]], None]
 
 
@@ -34,14 +34,14 @@ class GroupCommit:
         self._store = store
         self._pending: List[Tuple[Batch, Done]] = []
 
-    def submit(self, trial_id: str, batch: List[Dict[str, Any]], rejected: List[Tuple[Dict[str, Any], str]],
-               done: Done) -> None:
+    def submit(self, trial_id: str, spool: str, batch: List[Dict[str, Any]],
+               rejected: List[Tuple[Dict[str, Any], str]], done: Done) -> None:
         """From the server's loop: store a batch with the others of this turn; `done` gets its outcome (Stored,
         or what storing it raised) once the commit is over. A callback, not a future: the keepers' route
         answers from it without a task per request."""
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._pending.append(((trial_id, batch, rejected), done))
+        self._pending.append(((trial_id, spool, batch, rejected), done))
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []

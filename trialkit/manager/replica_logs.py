@@ -1,8 +1,8 @@
 """The output of a multi-pod trial's other replicas, by rank, kept beside the trial.
 
 Only one keeper of a trial ships its records to the store (the reporting
-replica: env.is_reporting_replica); the others number their records from 1
-too, so they ship to a route of their own rank instead:
+replica: env.is_reporting_replica); the others' spools number their records
+from 1 too, so they ship to a route of their own rank instead:
 
     POST /api/v1/trials/<trial_id>/replicas/<rank>/records   (a keeper's batch, as for /records)
         -> 200 {"acked": N, "inserted": K}
@@ -12,8 +12,9 @@ order and each seq once, to trials/<trial_id>/replicas/rank-<rank>.log in the
 experiment dir, which outlives the trial's job and pods (`trialkit trial logs
 --rank N` reads it); their other records (metrics, status changes) are
 acknowledged and dropped: the reporting replica's count. The highest seq
-taken is kept beside the log, written after the log's bytes are on disk, so
-a manager killed between the two may repeat a chunk, never lose one.
+taken from each spool (a replica restarted in a new pod numbers a fresh one)
+is kept beside the log, written after the log's bytes are on disk, so a
+manager killed between the two may repeat a chunk, never lose one.
 """
 from __future__ import annotations
 
@@ -66,18 +67,19 @@ def add_route(router: Router, store: "Store", trial_check: Check) -> None:
         if not rank.isdigit():
             raise HttpError(400, f"{rank!r} is not a replica's rank")
         try:
-            batch, rejected = records.split_batch(records.loads(request.body))
+            spool, batch, rejected = records.split_batch(records.loads(request.body))
         except records.BadRecord as err:
             raise HttpError(400, str(err)) from None
         path = log_path(store.path.parent, request.params["trial_id"], int(rank))
         with lock:
-            return 200, _take(path, sorted(batch + [rec for rec, _ in rejected], key=lambda rec: rec["seq"]))
+            return 200, _take(path, spool, sorted(batch + [rec for rec, _ in rejected], key=lambda rec: rec["seq"]))
 
     router.add("POST", ROUTE, post, trial_check)
 
 
-def _take(path: Path, batch: list) -> dict:
-    acked_path = path.with_suffix(".acked")
+def _take(path: Path, spool: str, batch: list) -> dict:
+    # The spool that names none keeps the name it had before spools had ids.
+    acked_path = path.with_name(f"{path.stem}.{spool}.acked" if spool else f"{path.stem}.acked")
     acked = int(acked_path.read_text()) if acked_path.exists() else 0
     text, taken = [], 0
     for rec in batch:

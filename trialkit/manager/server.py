@@ -1,10 +1,13 @@
 """The manager's HTTP side: where keepers deliver their trials' records.
 
 Routes (JSON in and out, errors as `{"error": reason}`):
-    POST /api/v1/trials/<trial_id>/records   {"records": [{"seq": 1, "type": ..., "value": ...}, ...]}
+    POST /api/v1/trials/<trial_id>/records
+         {"spool": ID, "records": [{"seq": 1, "type": ..., "value": ...}, ...]}
         -> 200 {"acked": N, "inserted": K[, "rejected": [{"seq": S, "reason": R}, ...]]}:
-           N is the highest seq up to which the trial's records are all stored
-           or refused; a record sent again is stored once. A record with a
+           seqs are the spool's (ID, the keeper's spool: keeper/spool.py;
+           a batch without one is of the trial's spool that names none);
+           N is the highest seq up to which that spool's records are all
+           stored or refused; a record sent again is stored once. A record with a
            usable seq that cannot be stored (records.record_problem: a wrong
            type, a number out of SQLite's range, ...) is refused alone: kept
            as a REJECTED row with its reason, named once in "rejected", and
@@ -193,7 +196,7 @@ class ManagerServer:
         """A batch stored with the others of this turn of the loop (commits.py); `answer(status, body)` is called
         once the commit that holds it is done (or at once, for a body that is no batch)."""
         started = time.monotonic() if self.meter is not None else 0.0
-        parts: Tuple[List[Any], List[Any]] = ([], [])
+        parts: Tuple[str, List[Any], List[Any]] = ("", [], [])
 
         def done(outcome: Union[Stored, Exception]) -> None:
             if isinstance(outcome, Exception):
@@ -201,7 +204,7 @@ class ManagerServer:
             else:
                 answer(*self._stored(trial_id, outcome))
                 if self.meter is not None:
-                    self.meter.batch(trial_id, len(parts[0]) + len(parts[1]), len(outcome.fresh), started)
+                    self.meter.batch(trial_id, len(parts[1]) + len(parts[2]), len(outcome.fresh), started)
 
         try:
             parts = _split(body)
@@ -352,8 +355,9 @@ class ManagerServer:
         return response
 
 
-def _split(body: bytes) -> Tuple[List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]:
-    """A keeper's batch as (records to store, [(record, why refused)]); HttpError 400 when it is unusable."""
+def _split(body: bytes) -> Tuple[str, List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]:
+    """A keeper's batch as (its spool id, records to store, [(record, why refused)]); HttpError 400 when it is
+    unusable."""
     try:
         return records.split_batch(decode(body))
     except records.BadRecord as err:

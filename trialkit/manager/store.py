@@ -6,8 +6,8 @@
     store.add_trial("exp1", "trial-1", sequence=0, parameters={"lr": 0.1}, token=token)
     ...  # the platform starts the trial with TRIALKIT_TOKEN=token
     new = store.add_records("trial-1", batch)       # newly stored records (len = inserted count)
-    new, refused = store.add_batch("trial-1", batch, rejected)  # the manager's route: refused records too
-    store.acked_seq("trial-1")                      # highest seq up to which all are stored
+    new, refused = store.add_batch("trial-1", batch, rejected, spool=spool_id)  # the manager's route
+    store.acked_seq("trial-1", spool_id)            # the spool's highest seq up to which all are stored
     store.records_for("trial-1", type="PERIODICAL") # [{seq, type, sequence, value, time, ...}]
     store.set_status("trial-1", "EARLY_STOPPED", reason="assessor")
     store.trials("exp1", status="RUNNING")
@@ -22,7 +22,9 @@ Tables:
   not queued (trialkit.control.queue).
 - records(trial, seq, type, sequence, parameter_id, value JSON, time,
   received, source, reason, run), unique on (trial, seq): a batch sent twice is
-  stored once. NaN and infinities are kept (as JSON's NaN/Infinity, which
+  stored once. A keeper's seq is its spool's (see spools); stored, it is
+  the spool's base plus that seq, so the trial's records read in the order
+  of its spools, each spool's in its own order. NaN and infinities are kept (as JSON's NaN/Infinity, which
   json.loads reads); so is any number JSON allows (records.loads). A record
   the manager refused is kept as type REJECTED, its value the whole record
   as sent and `reason` why: it counts for the ack (the keeper moves on) and
@@ -30,6 +32,14 @@ Tables:
   trial's run (restart count) the record was reported in; NULL in records
   from before runs were counted, which read as run 0.
 - statuses(trial, status, exit_code, reason, time, source): every change.
+- spools(trial, id, base, acked): each spool that delivered records of the
+  trial, by the id its batches name (records.split_batch), with the base its
+  seqs are stored above and its ack (as stored: base + the spool's seq). A
+  trial's first spool gets base 0, so that a trial run once stores seqs 1..N;
+  each later one the next multiple of records.SPOOL_SEQS above every seq the
+  trial holds. Batches that name no spool (keepers from before spools had
+  ids; the control plane's own add_records) are one spool of base 0 whose ack
+  is trials.acked_seq.
 
 Tokens are stored as SHA-256 hashes; `trial_for_token` finds a trial by its
 token, until the control plane records the trial's end (`set_status` to a
@@ -49,7 +59,7 @@ import stat
 import threading
 import time
 import urllib.parse
-from itertools import chain
+from itertools import chain, groupby
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -116,6 +126,13 @@ CREATE TABLE IF NOT EXISTS statuses (
     source TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS statuses_by_trial ON statuses(trial, id);
+CREATE TABLE IF NOT EXISTS spools (
+    trial TEXT NOT NULL REFERENCES trials(id),
+    id TEXT NOT NULL,
+    base INTEGER NOT NULL,
+    acked INTEGER NOT NULL,
+    PRIMARY KEY (trial, id)
+) WITHOUT ROWID;
 """
 
 # Columns added after a store's first version: (table, column, type), added where missing.
@@ -363,26 +380,35 @@ class Store:
 
     # -- records ---------------------------------------------------------------------
     def add_records(self, trial_id: str, batch: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        """Store records not stored before (by seq); return those newly stored, in order.
+        """Store records not stored before (by spool and seq); return those newly stored, in order.
 
-        Records must be valid (records.wire_problem is None). Applies STATUS records to the trial.
+        Records must be valid (records.wire_problem is None). A record's `spool` names the spool that numbered
+        it (keeper/leftover.py gives it); a record without one is of the spool that names none. Applies STATUS
+        records to the trial.
         """
-        return self.add_batch(trial_id, batch, ())[0]
+        fresh: List[Dict[str, Any]] = []
+        for spool, recs in groupby(batch, key=lambda rec: rec.get("spool", "")):
+            fresh += self.add_batch(trial_id, recs, (), spool)[0]
+        return fresh
 
     def add_batch(self, trial_id: str, batch: Iterable[Dict[str, Any]],
-                  rejected: Iterable[Tuple[Dict[str, Any], str]]) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
-        """add_records, and records refused with their reason (each with a usable seq) as REJECTED rows.
+                  rejected: Iterable[Tuple[Dict[str, Any], str]],
+                  spool: str = "") -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]]]:
+        """add_records for one spool's batch, and records refused with their reason (each with a usable seq) as
+        REJECTED rows.
 
-        Returns the newly stored records and the newly refused ones as `{"seq", "reason"}`, in seq order.
+        Returns the newly stored records and the newly refused ones as `{"seq", "reason"}` (the spool's seq), in
+        seq order.
         """
-        outcome = self.add_batches([(trial_id, batch, rejected)])[0]
+        outcome = self.add_batches([(trial_id, spool, batch, rejected)])[0]
         if isinstance(outcome, Exception):
             raise outcome
         return outcome.fresh, outcome.refused
 
-    def add_batches(self, batches: Sequence[Tuple[str, Iterable[Dict[str, Any]], Iterable[Tuple[Dict[str, Any], str]]]]
+    def add_batches(self, batches: Sequence[Tuple[str, str, Iterable[Dict[str, Any]],
+                                                  Iterable[Tuple[Dict[str, Any], str]]]]
                     ) -> List[Union["Stored", Exception]]:
-        """Several batches (trial, records, refused records) in one transaction: a group commit.
+        """Several batches (trial, spool id, records, refused records) in one transaction: a group commit.
 
         One commit for all of them is most of what a batch costs the store
         (bench/bench_manager.py). Each batch is its own savepoint: one that
@@ -392,17 +418,18 @@ class Store:
         commit that fails raises, and no batch of the group is stored.
         """
         now = time.time()
-        # Each row as stored, made before the lock is taken: the store is held for SQL only.
-        prepared = [(trial_id, sorted([(rec["seq"], rec, None, _record_row(trial_id, rec, now)) for rec in batch]
-                                      + [(rec["seq"], rec, why, _refused_row(trial_id, rec, why, now))
-                                         for rec, why in rejected], key=lambda row: row[0]))
-                    for trial_id, batch, rejected in batches]
+        # Each row as stored, made before the lock is taken: the store is held for SQL only. The seqs are the
+        # spool's: where its base is not 0, _add_rows moves them up.
+        prepared = [(trial_id, spool, sorted([(rec["seq"], rec, None, _record_row(trial_id, rec, now)) for rec in batch]
+                                             + [(rec["seq"], rec, why, _refused_row(trial_id, rec, why, now))
+                                                for rec, why in rejected], key=lambda row: row[0]))
+                    for trial_id, spool, batch, rejected in batches]
         outcomes: List[Union[Stored, Exception]] = []
         with self._tx() as db:
-            for trial_id, rows in prepared:
+            for trial_id, spool, rows in prepared:
                 db.execute("SAVEPOINT batch")
                 try:
-                    outcomes.append(_add_rows(db, trial_id, rows, now))
+                    outcomes.append(_add_rows(db, trial_id, spool, rows, now))
                 except Exception as err:  # noqa: BLE001 - this batch's answer; the rest of the group goes on
                     if not db.in_transaction:
                         raise  # SQLite undid the whole transaction (a full disk, an I/O error): the group fails
@@ -411,11 +438,17 @@ class Store:
                 db.execute("RELEASE batch")
         return outcomes
 
-    def acked_seq(self, trial_id: str) -> int:
-        """The highest seq such that every record 1..seq of the trial is stored."""
+    def acked_seq(self, trial_id: str, spool: Optional[str] = None) -> int:
+        """The highest seq such that every record 1..seq of the trial's spool is stored, in the spool's numbers.
+        Spool None: the trial's latest (the one given the highest base), else the one that names none."""
         with self._lock:
-            row = self._db.execute("SELECT acked_seq FROM trials WHERE id=?", (trial_id,)).fetchone()
-        return row["acked_seq"] if row else 0
+            if spool is None:
+                row = self._db.execute("SELECT base, acked FROM spools WHERE trial=? ORDER BY base DESC LIMIT 1",
+                                       (trial_id,)).fetchone()
+                if row is not None:
+                    return row["acked"] - row["base"]
+                spool = ""
+            return _spool_ack(self._db, trial_id, spool, make=False)[2]
 
     def records_for(self, trial_id: str, type: Optional[str] = None, after_seq: int = 0) -> List[Dict[str, Any]]:
         """The trial's records after `after_seq`, in order: of one type, or every type but the
@@ -540,18 +573,22 @@ def _as_sent(rec: Any) -> str:
 
 
 class Stored(NamedTuple):
-    """One batch's outcome: the records newly stored, those newly refused ({"seq", "reason"}), the trial's ack."""
+    """One batch's outcome: the records newly stored, those newly refused ({"seq", "reason"}), the spool's ack (the
+    seqs in the spool's numbers)."""
 
     fresh: List[Dict[str, Any]]
     refused: List[Dict[str, Any]]
     acked: int
 
 
-def _add_rows(db: sqlite3.Connection, trial_id: str, rows: List[Tuple[Any, ...]], now: float) -> Stored:
-    """add_batch's work inside a transaction: rows are (seq, record, why refused or None, the row as stored)."""
-    acked = _acked(db, trial_id)
+def _add_rows(db: sqlite3.Connection, trial_id: str, spool: str, rows: List[Tuple[Any, ...]], now: float) -> Stored:
+    """add_batch's work inside a transaction: rows are (the spool's seq, record, why refused or None, the row as
+    stored)."""
+    base, acked, _ = _spool_ack(db, trial_id, spool, make=bool(rows))
     if not rows:
-        return Stored([], [], acked)
+        return Stored([], [], acked - base)
+    if base:
+        rows = [(seq + base, rec, why, (row[0], row[1] + base) + row[2:]) for seq, rec, why, row in rows]
     if rows[0][0] == acked + 1 and rows[-1][0] - rows[0][0] + 1 == len(rows):
         # The usual batch: the next seqs after the ack, each once (sorted, so no gap means no repeat).
         # None of them is stored unless a batch with a gap came before: then the insert finds one
@@ -563,7 +600,7 @@ def _add_rows(db: sqlite3.Connection, trial_id: str, rows: List[Tuple[Any, ...]]
             db.execute("ROLLBACK TO next")
         else:
             db.execute("RELEASE next")
-            return _stored(db, trial_id, rows, rows[-1][0], now)  # stored to the last: the ack moves on from it
+            return _stored(db, trial_id, spool, base, rows, rows[-1][0], now)  # stored to the last: the ack moves on
         db.execute("RELEASE next")
     stored = _seqs(db, "SELECT group_concat(seq) FROM records WHERE trial=? AND seq BETWEEN ? AND ?",
                    (trial_id, rows[0][0], rows[-1][0]))
@@ -573,15 +610,16 @@ def _add_rows(db: sqlite3.Connection, trial_id: str, rows: List[Tuple[Any, ...]]
             stored.add(item[0])  # a seq twice in one batch is stored once too
             new.append(item)
     _insert_records(db, [row for _, _, _, row in new])
-    return _stored(db, trial_id, new, acked, now)
+    return _stored(db, trial_id, spool, base, new, acked, now)
 
 
-def _stored(db: sqlite3.Connection, trial_id: str, new: List[Tuple[Any, ...]], acked: int, now: float) -> Stored:
-    """What follows the insert of `new` rows: keepers' statuses applied, the ack moved on from `acked`."""
+def _stored(db: sqlite3.Connection, trial_id: str, spool: str, base: int, new: List[Tuple[Any, ...]], acked: int,
+            now: float) -> Stored:
+    """What follows the insert of `new` rows: keepers' statuses applied, the spool's ack moved on from `acked`."""
     fresh, refused = [], []
-    for seq, rec, why, _ in new:
+    for _, rec, why, _ in new:
         if why is not None:
-            refused.append({"seq": seq, "reason": why})
+            refused.append({"seq": rec["seq"], "reason": why})
             continue
         fresh.append(rec)
         if rec["type"] == records.STATUS:
@@ -589,8 +627,8 @@ def _stored(db: sqlite3.Connection, trial_id: str, new: List[Tuple[Any, ...]], a
             _set_status(db, trial_id, value["status"], value.get("exit_code"), value.get("reason") or "",
                         value.get("restart_count"), rec.get("time") or now, "keeper")
     if new:
-        acked = _advance_ack(db, trial_id, acked)
-    return Stored(fresh, refused, acked)
+        acked = _advance_ack(db, trial_id, spool, acked)
+    return Stored(fresh, refused, acked - base)
 
 
 def _record_row(trial_id: str, rec: Dict[str, Any], now: float) -> Tuple[Any, ...]:
@@ -634,13 +672,30 @@ def _insert_sql(rows: int) -> str:
     return f"INSERT INTO records({_RECORD_COLUMNS}) VALUES {','.join(['(?,?,?,?,?,?,?,?,?,?,?)'] * rows)}"
 
 
-def _acked(db: sqlite3.Connection, trial_id: str) -> int:
-    row = db.execute("SELECT acked_seq FROM trials WHERE id=?", (trial_id,)).fetchone()
-    return row[0] if row else 0
+def _spool_ack(db: sqlite3.Connection, trial_id: str, spool: str, make: bool) -> Tuple[int, int, int]:
+    """(base, ack as stored, ack in the spool's numbers) of the trial's spool. A spool not seen before is given its
+    base when `make` (see the module's doc), else is (0, 0, 0)."""
+    if not spool:
+        row = db.execute("SELECT acked_seq FROM trials WHERE id=?", (trial_id,)).fetchone()
+        return (0, row[0], row[0]) if row else (0, 0, 0)
+    row = db.execute("SELECT base, acked FROM spools WHERE trial=? AND id=?", (trial_id, spool)).fetchone()
+    if row is not None:
+        return row[0], row[1], row[1] - row[0]
+    if not make:
+        return 0, 0, 0
+    # Above every seq the trial holds (those of the spool that names none too), and above every base given: the
+    # spools read in the order the manager first heard of them. One statement: the hot path's first batch of a run.
+    (base,) = db.execute(
+        "SELECT CASE WHEN m IS NULL THEN 0 ELSE (m / ? + 1) * ? END FROM (SELECT MAX(top) AS m FROM ("
+        "SELECT MAX(seq) AS top FROM records WHERE trial=? UNION ALL SELECT MAX(base) FROM spools WHERE trial=?))",
+        (records.SPOOL_SEQS, records.SPOOL_SEQS, trial_id, trial_id)).fetchone()
+    db.execute("INSERT INTO spools(trial, id, base, acked) VALUES (?,?,?,?)", (trial_id, spool, base, base))
+    return base, base, 0
 
 
-def _advance_ack(db: sqlite3.Connection, trial_id: str, acked: int) -> int:
-    """Move the trial's ack (now `acked`) to the end of the run of stored seqs that follows it; return it."""
+def _advance_ack(db: sqlite3.Connection, trial_id: str, spool: str, acked: int) -> int:
+    """Move the spool's ack (now `acked`, as stored) to the end of the run of stored seqs that follows it; return
+    it."""
     while True:  # a window at a time: behind a gap that stays, the records above it are not all read again
         start = acked
         above = _seqs(db, "SELECT group_concat(seq) FROM records WHERE trial=? AND seq>? AND seq<=?",
@@ -649,5 +704,8 @@ def _advance_ack(db: sqlite3.Connection, trial_id: str, acked: int) -> int:
             acked += 1
         if acked < start + _ACK_WINDOW:
             break
-    db.execute("UPDATE trials SET acked_seq=? WHERE id=?", (acked, trial_id))
+    if spool:
+        db.execute("UPDATE spools SET acked=? WHERE trial=? AND id=?", (acked, trial_id, spool))
+    else:
+        db.execute("UPDATE trials SET acked_seq=? WHERE id=?", (acked, trial_id))
     return acked

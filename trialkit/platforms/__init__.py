@@ -20,10 +20,16 @@ experiment_dir): a dir it cannot take is refused before the experiment starts.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from trialkit import schema
 from trialkit.errors import UserError
+
+if TYPE_CHECKING:
+    from trialkit.platforms.base import Platform
 
 MODULES = {
     "local": "trialkit.platforms.local",
@@ -42,5 +48,23 @@ def canonical_name(name: str, where: str = "trainingService.platform") -> str:
     return key
 
 
+# The engine package each platform drives, and trialkit's extra that installs it; the demo installs neither.
+ENGINES = {"kubeflow": "kubernetes", "frameworkcontroller": "kubernetes", "adaptdl": "kubernetes", "ray": "ray"}
+
+
 def load(name: str) -> ModuleType:
     return importlib.import_module(MODULES[canonical_name(name)])
+
+
+def create(platform: str, training_service: object, experiment_dir: Path) -> Platform:
+    """The experiment's platform (its config's trainingService as parsed), ready to be driven; UserError when
+    its engine package is not installed (a cluster's client or Ray: the modules import them only when they
+    first talk to it, so without this a first call would end in a traceback)."""
+    name = canonical_name(platform)
+    engine = ENGINES.get(name)
+    if engine is not None and importlib.util.find_spec(engine) is None:
+        raise UserError(f"the {name} platform needs the {engine!r} package, which is not installed here",
+                        "trainingService.platform",
+                        f"install trialkit's {engine} extra: pip install 'trialkit[{engine}]', or "
+                        f".venv/bin/pip install -e '.[{engine}]' in a checkout")
+    return load(name).Platform(training_service, experiment_dir)

@@ -211,7 +211,8 @@ def _refuse_bad_line(folder: Path) -> None:
                 _compile([line])
             except (ValueError, re.error) as err:
                 why = f" ({err.msg})" if isinstance(err, re.error) else ""  # re's says where: a range backwards
-                raise UserError(f"{line!r} is not a pattern gitignore takes{why}", f"{path}:{number}",
+                shown = f"'{line}'" if line.isprintable() else repr(line)  # as written: `foo\`, not 'foo\\'
+                raise UserError(f"{shown} is not a pattern gitignore takes{why}", f"{path}:{number}",
                                 "fix the line or remove it") from None
 
 

@@ -132,7 +132,10 @@ def read_config(home: Path) -> Dict[str, PoolSpec]:
     # The one reader of trialkit's YAML: a key or a pool given twice, a number longer than Python reads, a FIFO,
     # a file that is no text: each one line naming the file (and the line).
     data = schema.read_data_file(path, str(path)) or {}
-    pools = schema.normalize_keys(data, ("pools",), str(path)).get("pools") or {}
+    try:
+        pools = schema.normalize_keys(data, ("pools",), "").get("pools") or {}
+    except UserError as err:  # a key of the top level: named by the file alone ("pools.yml: unknown key 'pool'")
+        raise UserError(err.what, str(path), err.fix) from None
     if not isinstance(pools, Mapping):
         raise UserError(f"pools in {path} is not a mapping", str(path), "write pools: {NAME: {slots: N}}")
     out = {}
