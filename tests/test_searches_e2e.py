@@ -371,6 +371,52 @@ def test_pbt_with_an_object_store_copies_the_better_checkpoint_there_and_each_he
                                              row["trial_id"] / "trial.log").read_text()
 
 
+@pytest.mark.containers
+def test_pbt_on_kubernetes_goes_on_from_the_better_trials_checkpoint_through_s3(tmp_path, home, s3, monkeypatch,
+                                                                               containers, image):
+    """PyTorchJob trials whose pods share no volume, checkpoints in S3: each heir's pod restores the copy of
+    its source's checkpoint and goes on from it. The pods are real containers of the trial image
+    (tests/pod_runner.py), reaching moto at this machine's address on their bridge."""
+    from containers_util import ended, running
+    from k8s_fake_api import FakeApiServer
+    from pod_runner import PodRunner, host_address
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRIALKIT_PBT_TRIAL + 'print("line", json.dumps(state["line"]), flush=True)\n')
+    config = {"searchSpace": {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}, "trialConcurrency": 2,
+              "maxTrialNumber": 4, "tuner": {"name": "PBT", "classArgs": {"population_size": 2, "fraction": 0.5}},
+              "trialCommand": "python3 /code/train.py",
+              "trainingService": {"platform": "kubeflow", "namespace": "default", "managerAddress": host_address(),
+                                  "dockerImage": "trainer:1", "workingDir": "/code", "master": {"replicas": 1}},
+              "checkpointStorage": {"type": "s3", "bucket": s3.bucket(), "endpointUrl": s3.reachable_at(host_address()),
+                                    "secretName": "team-s3"}}
+    path = tmp_path / "project" / "config.yml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(config))
+    with FakeApiServer() as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
+        with api._lock:  # `kubectl create secret generic team-s3 --from-literal=...`
+            api.objects["/api/v1/namespaces/default/secrets/team-s3"] = {
+                "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "team-s3", "namespace": "default"},
+                "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+                               "AWS_REGION": "us-east-1"}}
+        with PodRunner(api, containers, image, tmp_path / "kubelet", mounts={"/code": code}) as runner:
+            with running(path) as (proc, exp):
+                out, err = ended(proc, runner, WAIT)
+                assert proc.returncode == 0, out + err + runner.describe()
+            logs = "\n".join(runner.logs(pod) for pod in runner.history)
+    rows = export(exp)
+    first, second = generations(rows, 2)
+    by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
+    assert logs.count("restored checkpoint") == 2, logs
+    for row in first:
+        assert f'line {json.dumps([row["trial_id"]])}' in logs, logs
+    for row in second:  # its pod had none of the source's files but what it fetched from S3
+        source = by_save[row["parameters"]["load_checkpoint_dir"]]
+        assert f'line {json.dumps([source["trial_id"], row["trial_id"]])}' in logs, logs
+
+
 @pytest.mark.slow
 def test_pbt_on_the_ray_platform_copies_the_better_checkpoint_too(ray_cluster, tmp_path, home):
     space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
