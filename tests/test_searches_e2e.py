@@ -14,13 +14,13 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import yaml
 
 from experiment_util import cli, experiment, experiment_id, export, interrupted_after
-from s3_server import s3, s3_server  # noqa: F401 - fixtures: moto's S3 server on loopback
+from s3_server import create_secret, kubeflow_config, s3, s3_server  # noqa: F401 - s3 fixtures: moto on loopback
 from test_nni_compat import nni_python  # noqa: F401 - the fixture: the real nni 3.0's python
 
 EXAMPLES = Path(__file__).parent / "fixtures" / "nni"
@@ -242,6 +242,12 @@ def generations(rows: List[Dict[str, Any]], size: int) -> List[List[Dict[str, An
     return [rows[g:g + size] for g in range(0, len(rows), size)]
 
 
+def heirs(rows: List[Dict[str, Any]], size: int) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """(trial, the trial it goes on from) of PBT's second generation: the one whose save dir it was given to load."""
+    by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
+    return [(row, by_save[row["parameters"]["load_checkpoint_dir"]]) for row in generations(rows, size)[1]]
+
+
 def test_nnis_pbt_example_trains_each_generation_from_the_checkpoints_pbt_gives(tmp_path, home):
     rows = run(example(tmp_path, "mnist-pbt-tuner-pytorch", "config.yml", maxTrialNum=30, **{"trial.gpuNum": 0}))
     assert {row["status"] for row in rows} == {"SUCCEEDED"}
@@ -358,15 +364,12 @@ def test_pbt_with_an_object_store_copies_the_better_checkpoint_there_and_each_he
                         tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25}},
                         checkpointStorage={"type": "s3", "bucket": bucket, "endpointUrl": s3.url})
     rows = run(config)
-    first, second = generations(rows, 4)
-    by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
-    for row in second:
-        source = by_save[row["parameters"]["load_checkpoint_dir"]]
+    for row, source in heirs(rows, 4):
         assert state_of(home, row)["line"] == [source["trial_id"], row["trial_id"]]
         log = (home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" / row["trial_id"] /
                "trial.log").read_text()
         assert "restored checkpoint" in log and f"/{row['trial_id']}/" in log, log
-    for row in first:  # nothing to go on from: the first generation starts empty
+    for row in generations(rows, 4)[0]:  # nothing to go on from: the first generation starts empty
         assert "restored checkpoint" not in (home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" /
                                              row["trial_id"] / "trial.log").read_text()
 
@@ -384,36 +387,23 @@ def test_pbt_on_kubernetes_goes_on_from_the_better_trials_checkpoint_through_s3(
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text(TRIALKIT_PBT_TRIAL + 'print("line", json.dumps(state["line"]), flush=True)\n')
-    config = {"searchSpace": {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}, "trialConcurrency": 2,
-              "maxTrialNumber": 4, "tuner": {"name": "PBT", "classArgs": {"population_size": 2, "fraction": 0.5}},
-              "trialCommand": "python3 /code/train.py",
-              "trainingService": {"platform": "kubeflow", "namespace": "default", "managerAddress": host_address(),
-                                  "dockerImage": "trainer:1", "workingDir": "/code", "master": {"replicas": 1}},
-              "checkpointStorage": {"type": "s3", "bucket": s3.bucket(), "endpointUrl": s3.reachable_at(host_address()),
-                                    "secretName": "team-s3"}}
-    path = tmp_path / "project" / "config.yml"
-    path.parent.mkdir()
-    path.write_text(yaml.safe_dump(config))
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    path = kubeflow_config(tmp_path, s3, host_address(), searchSpace=space, trialConcurrency=2, maxTrialNumber=4,
+                           trialCommand="python3 /code/train.py",
+                           tuner={"name": "PBT", "classArgs": {"population_size": 2, "fraction": 0.5}})
     with FakeApiServer() as api:
         monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
-        with api._lock:  # `kubectl create secret generic team-s3 --from-literal=...`
-            api.objects["/api/v1/namespaces/default/secrets/team-s3"] = {
-                "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "team-s3", "namespace": "default"},
-                "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-                               "AWS_REGION": "us-east-1"}}
+        create_secret(api, s3, "team-s3")
         with PodRunner(api, containers, image, tmp_path / "kubelet", mounts={"/code": code}) as runner:
             with running(path) as (proc, exp):
                 out, err = ended(proc, runner, WAIT)
                 assert proc.returncode == 0, out + err + runner.describe()
             logs = "\n".join(runner.logs(pod) for pod in runner.history)
     rows = export(exp)
-    first, second = generations(rows, 2)
-    by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
     assert logs.count("restored checkpoint") == 2, logs
-    for row in first:
+    for row in generations(rows, 2)[0]:
         assert f'line {json.dumps([row["trial_id"]])}' in logs, logs
-    for row in second:  # its pod had none of the source's files but what it fetched from S3
-        source = by_save[row["parameters"]["load_checkpoint_dir"]]
+    for row, source in heirs(rows, 2):  # its pod had none of the source's files but what it fetched from S3
         assert f'line {json.dumps([source["trial_id"], row["trial_id"]])}' in logs, logs
 
 
@@ -425,9 +415,6 @@ def test_pbt_on_the_ray_platform_copies_the_better_checkpoint_too(ray_cluster, t
                         tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25}},
                         trainingService={"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 1})
     rows = run(config)
-    first, second = generations(rows, 4)
-    by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
-    for row in second:
-        source = by_save[row["parameters"]["load_checkpoint_dir"]]
+    for row, source in heirs(rows, 4):
         assert state_of(home, row)["line"] == [source["trial_id"], row["trial_id"]]
     ray_cluster.wait_clean()
