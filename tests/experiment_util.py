@@ -41,10 +41,10 @@ def cli(*args: Any, timeout: float = TIMEOUT, env: Optional[Dict[str, str]] = No
                           timeout=timeout, env=env)
 
 
-def start_cli(*args: Any) -> subprocess.Popen:
+def start_cli(*args: Any, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
     """`trialkit ARGS...` in the background, its stdout a pipe of text lines."""
     return subprocess.Popen([PYTHON, "-m", "trialkit.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def experiment(tmp_path: Path, space: Dict[str, Any], script: str, name: str = "exp", **keys: Any) -> Path:
@@ -95,9 +95,11 @@ def reported(home: Path, trial_id: str) -> int:
                   trial_id, "PERIODICAL")[0][0]
 
 
-def interrupted_after(config: Path, ended: int, status: str = "SUCCEEDED") -> str:
-    """`trialkit run CONFIG`, Ctrl-C (SIGINT) once `ended` trials ended as `status`; the experiment's id."""
-    proc = start_cli("run", config)
+def interrupted_after(config: Path, ended: int, status: str = "SUCCEEDED", env: Optional[Dict[str, str]] = None,
+                      out: Optional[list] = None) -> str:
+    """`trialkit run CONFIG`, Ctrl-C (SIGINT) once `ended` trials ended as `status`; the experiment's id. `out`
+    gets the lines printed after the Ctrl-C."""
+    proc = start_cli("run", config, env=env)
     try:
         exp = experiment_id(proc.stdout.readline())
         seen = 0
@@ -107,7 +109,9 @@ def interrupted_after(config: Path, ended: int, status: str = "SUCCEEDED") -> st
                 if seen == ended:
                     proc.send_signal(signal.SIGINT)
                     break
-        proc.communicate(timeout=60)
+        rest, _ = proc.communicate(timeout=60)
+        if out is not None:
+            out.extend(rest.splitlines())
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -98,6 +98,27 @@ def test_a_paused_core_api_trial_resumes_from_the_object_store_with_its_local_co
     assert_no_credentials(s3, bucket, home)
 
 
+def test_a_checkpoint_names_the_run_that_saved_it_in_the_trials_own_dir(tmp_path, home):
+    """The tutorial's stage 2 with its checkpoints in the trial's dir (no checkpoint_storage): one saved before the
+    pause is run 0's, the one saved after activate run 1's, in `checkpoint list/show` and on the trial page, as
+    the export numbers the runs."""
+    folder = context(tmp_path, yaml.safe_load((FIXTURES / "2_checkpoints.yaml").read_text()),
+                     (FIXTURES / "2_checkpoints.py").read_text())
+
+    def while_paused(exp: str, trial: str) -> list:
+        return [c["run"] for c in json.loads(cli("checkpoint", "list", trial, "--json").stdout)]
+
+    exp, paused = paused_and_activated(home, [folder / "exp.yaml", folder], 2, while_paused)
+    trial = f"{exp}-00000"
+    assert paused and set(paused) == {0}
+    runs = {row["run"]: training(row) for row in json.loads(cli("experiment", "export", exp, "--all-runs").stdout)}
+    (left,) = json.loads(cli("checkpoint", "list", exp, "--json").stdout)  # the latest, also the best
+    assert left["steps"] == runs[1][-1] == 100 and left["run"] == 1
+    assert f"trial      {trial} (run 1)" in cli("checkpoint", "show", exp, left["uuid"]).stdout
+    (row,) = trial_page_checkpoints(exp, trial, "Kept in the trials' checkpoint dirs.")
+    assert row[:3] == [left["uuid"], "1", "100"]
+
+
 def assert_no_credentials(s3, bucket: str, home: Path) -> None:
     """Neither key is in any file trialkit wrote (the store, logs, status files, spools) nor in the bucket."""
     secrets = (s3.access_key.encode(), s3.secret_key.encode())
@@ -208,7 +229,12 @@ def test_retention_keeps_exactly_what_determineds_policy_says(tmp_path, s3):
     kept = {f"team/runs/{exp}/{c['trial']}/{c['uuid']}{tail}" for c in left
             for tail in (".checkpoint.json", "/metadata.json", "/state")}
     assert set(s3.objects(bucket)) == kept
-    assert "checkpoints: " in done.stdout and "deleted (no retention rule keeps them" in done.stdout
+    # Said once, at the experiment's end, not a line per round of deletions (the details: `checkpoint list`).
+    said = [line for line in done.stdout.splitlines() if line.startswith("checkpoints: ")]
+    assert said == [f"checkpoints: 8 deleted over the run, of 2 trials (no retention rule kept them: "
+                    f"`trialkit checkpoint list {exp}` shows what is kept)"], done.stdout
+    lines = done.stdout.splitlines()
+    assert lines.index(said[0]) < next(i for i, line in enumerate(lines) if line.startswith(f"experiment {exp} DONE"))
     # The uploads went on beside training, in the keeper's uploader: the training process never loaded obstore.
     for row in export(exp):
         assert "cloud library in training: False" in (Path(row["trial_dir"]) / "stdout.log").read_text()
@@ -269,6 +295,20 @@ def one_line_error(done: subprocess.CompletedProcess, *words: str) -> None:
     assert all(word in done.stderr for word in words), done.stderr
 
 
+def answered(answer: str, *args) -> subprocess.CompletedProcess:
+    """`trialkit ARGS...` on a terminal (a pty its stdin), `answer` typed when it asks."""
+    import pty
+
+    main, tty = pty.openpty()
+    try:
+        os.write(main, answer.encode() + b"\n")
+        return subprocess.run([sys.executable, "-m", "trialkit.cli", *map(str, args)], stdin=tty,
+                              capture_output=True, text=True, timeout=WAIT)
+    finally:
+        os.close(main)
+        os.close(tty)
+
+
 def test_checkpoint_list_show_download_delete(tmp_path, s3):
     """What `det checkpoint list/describe/download/delete` give, on checkpoints in S3; mistakes in one line."""
     bucket = s3.bucket()
@@ -305,10 +345,16 @@ def test_checkpoint_list_show_download_delete(tmp_path, s3):
         "steps_completed": 4}
     one_line_error(cli("checkpoint", "download", exp, best, "-o", target), "--output", "not an empty directory")
     one_line_error(cli("checkpoint", "show", exp, "nope-nope"), "UUID", "no checkpoint 'nope-nope'")
+    one_line_error(cli("checkpoint", "show", exp, best[:2]), "UUID", "give at least 4 characters")
     one_line_error(cli("checkpoint", "list", "zzzzzzzz"), "no experiment")
-    one_line_error(cli("checkpoint", "delete", exp, best, "nope-nope"), "no checkpoint")  # nothing deleted
+    one_line_error(cli("checkpoint", "delete", exp, best, "nope-nope", "--yes"), "no checkpoint")  # nothing deleted
+    # It asks first, as `experiment delete` does: without a terminal to ask on and without --yes, it refuses.
+    one_line_error(cli("checkpoint", "delete", exp, best), "--yes", "no terminal to ask on")
+    declined = answered("n", "checkpoint", "delete", exp, best[:8])
+    assert declined.returncode == 1 and f"delete checkpoint {best} of {trial} from s3://{bucket}/team/runs? [y/N]" \
+        in declined.stdout and "nothing deleted" in declined.stdout, declined.stdout
     assert len(manifests(s3, bucket)) == 3
-    deleted = cli("checkpoint", "delete", exp, best)
+    deleted = cli("checkpoint", "delete", exp, best, "--yes")
     assert deleted.returncode == 0 and f"deleted checkpoint {best}" in deleted.stdout, deleted.stderr
     assert len(manifests(s3, bucket)) == 2 and not any(best in key for key in s3.objects(bucket))
     assert best not in cli("checkpoint", "list", exp).stdout
@@ -383,7 +429,7 @@ def test_a_kubernetes_trial_gets_the_store_and_the_secrets_name_and_no_credentia
         assert container["envFrom"] == [{"secretRef": {"name": "team-s3-credentials"}}]
 
 
-def trial_page_checkpoints(exp: str, trial: str) -> list:
+def trial_page_checkpoints(exp: str, trial: str, where: str = "Kept in s3://") -> list:
     """The Checkpoints section of the trial's page (`trialkit ui`, headless Chromium): each row's cells."""
     from web_util import CHROMEDRIVER, CHROMIUM, Browser
 
@@ -400,7 +446,7 @@ def trial_page_checkpoints(exp: str, trial: str) -> list:
                   "rows.map(r => [...r.cells].map(c => c.textContent)) : null")
         wait_until(lambda: driver.execute_script(script), WAIT, "the trial page's checkpoints")
         assert driver.execute_script("return document.getElementById('checkpoints-where').textContent").startswith(
-            "Kept in s3://")
+            where)
         return driver.execute_script(script)
     finally:
         assert not browser.close()

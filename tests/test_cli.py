@@ -77,6 +77,8 @@ def bad_config(tmp_path):
     (["trial", "show", "nodash"], "not a trial id"),
     (["trial", "logs", "nosuchid-00001"], "no experiment"),
     (["trial", "kill", "x"], "not a trial id"),
+    (["trial", "show", "nosuch-00000"], "TRIAL_ID: no experiment 'nosuch'"),  # the argument the user gave
+    (["job", "update", "nosuch", "--priority", "3"], "'nosuch' is neither a trial id nor an experiment id"),
 ])
 def test_mistakes_give_one_line_and_exit_2(tmp_path, args, says):
     done = cli(*[a(tmp_path) if callable(a) else a for a in args])

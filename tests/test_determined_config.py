@@ -459,3 +459,13 @@ def test_an_empty_entrypoint_or_context_dir_is_refused_before_anything_runs(tmp_
     assert done.stderr.startswith("trialkit: error: CONTEXT_DIR: the context directory is an empty path"), done.stderr
     done = cli("run", path, tmp_path / "absent")
     assert done.returncode == 2 and done.stderr.startswith("trialkit: error: CONTEXT_DIR: "), done.stderr
+
+
+def test_a_searchers_key_written_at_the_top_says_where_it_belongs(tmp_path):
+    """A new user put max_concurrent_trials at the top and was told it was not supported: it is, in the searcher."""
+    config = {"entrypoint": "python3 train.py", "max_concurrent_trials": 2,
+              "searcher": {"name": "random", "metric": "loss", "max_trials": 2}}
+    with pytest.raises(UserError) as caught:
+        parse_config(config, tmp_path)
+    assert (caught.value.where, caught.value.fix) == ("max_concurrent_trials", "move it under searcher:")
+    assert "not supported" not in caught.value.line()

@@ -53,7 +53,11 @@ def metrics(row: dict, group: str) -> list:
 
 
 def test_metrics_are_stored_and_the_validation_is_the_final_result():
-    exp = run("1_metrics.yaml")
+    done = cli("run", FIXTURES / "1_metrics.yaml", FIXTURES, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    # A trial of no parameters is named alone as the best: no empty ": " after it.
+    assert f"| best 100 ({exp}-00000)\n" in done.stdout, done.stdout
     row = export(exp)[0]
     assert row["status"] == "SUCCEEDED" and row["parameters"] == {}
     assert metrics(row, "training") == [(n, {"x": n}) for n in range(10, 101, 10)]
@@ -126,6 +130,111 @@ def test_adaptive_asha_stops_the_worse_trials_at_a_rung():
     # Smaller x is better: a stopped trial never beat every trial that went on at its rung.
     best_done = min(r["parameters"]["increment_by"] for r in done)
     assert all(r["parameters"]["increment_by"] >= best_done for r in stopped)
+
+
+# A script written for the legacy searcher, as the tutorial's stage 3 was before Determined 0.38: it trains to each
+# operation's length and validates only when the operation completes.
+LEGACY_TRAIN = """
+import time
+import determined as det
+
+
+def main(core, increment_by):
+    x = batch = 0
+    for op in core.searcher.operations():
+        while batch < op.length:
+            batch += 1
+            x += increment_by
+            time.sleep(0.03)  # a trial ASHA stops at 25 hears it long before 100, on a loaded machine too
+            if batch % 5 == 0 and core.preempt.should_preempt():
+                return
+        core.train.report_validation_metrics(steps_completed=batch, metrics={"x": x})
+        op.report_completed(x)
+
+
+with det.core.init() as core:
+    main(core, det.get_cluster_info().trial.hparams["increment_by"])
+"""
+LEGACY_CONFIG = """
+name: legacy-asha
+entrypoint: python3 train.py
+hyperparameters: {increment_by: {type: int, minval: 1, maxval: 8}}
+searcher: {name: adaptive_asha, metric: x, max_length: {batches: 100}, max_trials: 8, mode: aggressive, divisor: 4,
+           max_concurrent_trials: 2}
+max_restarts: 0
+"""
+
+
+def test_adaptive_asha_on_max_length_gives_an_operation_per_rung_so_a_legacy_script_is_stopped_early(tmp_path):
+    """max_length 100, divisor 4, aggressive: one bracket, rungs at 25 and 100 batches. The script validates only
+    when an operation completes; with one operation of 100 no trial could be stopped early. Each trial validates
+    at 25, and those ASHA stops there end EARLY_STOPPED long before 100."""
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "train.py").write_text(LEGACY_TRAIN)
+    (context / "exp.yaml").write_text(LEGACY_CONFIG)
+    exp = run(context / "exp.yaml", context)
+    rows = by_sequence(export(exp))
+    stopped = [r for r in rows.values() if r["status"] == "EARLY_STOPPED"]
+    done = [r for r in rows.values() if r["status"] == "SUCCEEDED"]
+    assert len(rows) == 8 and len(stopped) + len(done) == 8, rows
+    assert stopped and done  # the first trial is alone at each rung: it goes on; 7 that never beat the best: 1/2600
+    for row in rows.values():
+        step = row["parameters"]["increment_by"]
+        seen = [(25, {"x": 25 * step})] + ([(100, {"x": 100 * step})] if row in done else [])
+        assert metrics(row, "validation") == seen, row
+        assert row["final"] == (100 * step if row in done else None)
+
+
+# The legacy script again, with checkpoints: trial 0's first run holds at batch 30 (its first operation, to 25,
+# completed) until it is paused.
+LEGACY_CHECKPOINTED = """
+import json
+import time
+import determined as det
+
+
+def main(core, info):
+    x = batch = 0
+    if info.latest_checkpoint is not None:
+        with core.checkpoint.restore_path(info.latest_checkpoint) as path:
+            x, batch = json.loads((path / "state").read_text())
+    hold = info.trial.trial_id == 0 and info.trial.trial_run_id == 0
+    for op in core.searcher.operations():
+        while batch < op.length:
+            batch += 1
+            x += 1
+            if batch % 5 == 0:
+                core.train.report_training_metrics(steps_completed=batch, metrics={"x": x})
+                with core.checkpoint.store_path({"steps_completed": batch}) as (path, _):
+                    (path / "state").write_text(json.dumps([x, batch]))
+                while hold and batch == 30 and not core.preempt.should_preempt():
+                    time.sleep(0.05)
+                if core.preempt.should_preempt():
+                    return
+        core.train.report_validation_metrics(steps_completed=batch, metrics={"x": x})
+        op.report_completed(x)
+
+
+with det.core.init() as core:
+    main(core, det.get_cluster_info())
+"""
+
+
+def test_a_legacy_script_resumed_from_its_checkpoint_gets_only_the_operations_it_has_not_completed(tmp_path, home):
+    """Rungs at 25 and 100: paused at batch 30, after it completed the operation to 25, the trial goes on from its
+    checkpoint with the operation to 100 alone (Determined gives a completed operation once): it validates at 25
+    and 100, not again at 30 for an operation it already completed."""
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "train.py").write_text(LEGACY_CHECKPOINTED)
+    # One at a time: trial 0 is alone at rung 25, and goes on.
+    (context / "exp.yaml").write_text(LEGACY_CONFIG.replace("max_trials: 8", "max_trials: 4")
+                                      .replace("max_concurrent_trials: 2", "max_concurrent_trials: 1"))
+    exp, _ = paused_and_activated(home, [context / "exp.yaml", context], 7)  # 6 training reports, 1 validation
+    row = by_sequence(export(exp))[0]
+    assert metrics(row, "validation") == [(25, {"x": 25}), (100, {"x": 100})], row
+    assert (row["status"], row["final"], row["restart_count"]) == ("SUCCEEDED", 100, 1)
 
 
 def test_a_distributed_script_starts_its_workers_from_the_cluster_info_and_all_stop_for_a_pause(home):

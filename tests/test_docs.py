@@ -6,7 +6,7 @@ carries an HTML comment on the line before it saying how it is tested:
     <!-- test: run -->              bash: run in the page's workspace; `exit=N` expects status N,
                                     `cwd=repo` runs at the top of the checkout (read-only use)
     <!-- test: output -->           text: each line appears, in order, in the last run's output
-                                    ("…" matches anything)
+                                    ("…" matches anything); `exact`: the output is these lines, no others
     <!-- test: file=PATH -->        any: written to PATH in the workspace (add `config` to validate it)
     <!-- test: config -->           yaml: trialkit.control.config.parse_config accepts it; a cluster
                                     platform's config is also rendered as `trialkit render` does;
@@ -263,7 +263,7 @@ def test_generated_parts_of_the_page_are_current(page):
 
 @pytest.mark.parametrize("page", own_pages())
 def test_every_block_says_how_it_is_tested(page):
-    known = {"run", "output", "config", "python", "parse", "skip", "fragment"}
+    known = {"run", "output", "exact", "config", "python", "parse", "skip", "fragment"}
     bad = []
     for block in blocks(page):
         if block.marker is None:
@@ -514,6 +514,9 @@ def test_examples(page, tmp_path):
             missing = _output_matches(block.body, ws.last_output)
             assert missing is None, (f"{block.where}: {missing!r} is not in the output of the block before it:\n"
                                      f"{ws.last_output[-4000:]}")
+            if "exact" in flags:  # no line left out either: the example shows all there is
+                assert ws.last_output.split() == block.body.split(), (
+                    f"{block.where}: the output of the block before it is not exactly this:\n{ws.last_output[-4000:]}")
         elif "parse" in flags:
             for line in logical_lines(block.body):
                 parse_command(line, cwd, block.where)

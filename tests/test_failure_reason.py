@@ -36,7 +36,9 @@ def test_the_first_trials_failing_alike_stop_the_experiment_and_every_face_says_
     rows = export(exp)
     assert [row["status"] for row in rows] == ["FAILED"] * 3  # 3 of 20 ran
     listed = cli("trial", "list", exp).stdout
-    assert listed.count(f"FAILED: {MISSING}") == 3, listed
+    # The table's status column is cut (STATUS_WIDTH: 48 characters, "…" the last); `trial show` has it whole.
+    assert listed.count("FAILED: ModuleNotFoundError: No module named 'n…") == 3, listed
+    assert max(len(line) for line in listed.splitlines()) < 14 + 2 + 48 + 40, listed
     trial = rows[0]["trial_id"]
     shown = cli("trial", "show", trial).stdout.splitlines()
     assert f"status         FAILED: {MISSING}" in "\n".join(shown)
@@ -76,3 +78,23 @@ def test_a_trial_that_dies_silently_says_how(tmp_path):
     done = cli("run", config)
     (row,) = export(experiment_id(done.stdout.splitlines()[0]))
     assert (row["status"], row["reason"]) == ("FAILED", "signal SIGKILL (exit 137), nothing on stderr")
+
+
+# Trials 0-2 fail at once; trial 3 runs on until the experiment stops it.
+FAILS_FIRST = """
+import os, time
+if int(os.environ["TRIALKIT_SEQUENCE"]) >= 3:
+    time.sleep(60)
+raise SystemExit(3)
+"""
+
+
+def test_a_trial_that_the_experiments_error_canceled_says_why_in_the_trial_table(tmp_path, home):
+    config = experiment(tmp_path, X, FAILS_FIRST, maxTrialNumber=20, trialConcurrency=2)
+    done = cli("run", config)
+    assert done.returncode == 1, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    canceled = [row for row in export(exp) if row["status"] == "SYS_CANCELED"]
+    assert [row["reason"] for row in canceled] == ["experiment stopped: its first 3 trials all failed"], canceled
+    listed = cli("trial", "list", exp).stdout
+    assert f"{canceled[0]['trial_id']}  SYS_CANCELED: experiment stopped: its first 3 t…" in listed, listed

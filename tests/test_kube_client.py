@@ -228,6 +228,20 @@ def test_a_refused_job_leaves_nothing_of_the_trial_behind(api, client, tmp_path)
     assert [m for m, _ in api.calls()[-4:]] == ["DELETE"] * 4
 
 
+def test_where_the_account_may_not_make_service_accounts_the_refusal_names_it(api, client, tmp_path):
+    """docs/platforms.md, what the cluster needs: the trial fails at submission with the server's refusal;
+    with serviceAccountName the experiment makes none."""
+    platform = adaptdl_platform(tmp_path, client)
+    api.faults = [None, "403"]  # the trial's Secret is made; its experiment's ServiceAccount is refused
+    with pytest.raises(ClusterError) as caught:
+        platform.submit(spec())
+    assert caught.value.status == 403 and str(caught.value).startswith("create ServiceAccount/team/tk-exp1-trial: 403")
+    named = adaptdl.Platform(adaptdl.parse_section({**ADAPTDL, "serviceAccountName": "trainer"}, "trainingService"),
+                             tmp_path / "named", client=client)
+    named.submit(spec("t2"))
+    assert not [key for key in api.objects if "/serviceaccounts/" in key]
+
+
 def pod_of(objects, name: str, state: dict) -> dict:
     """A pod made from the rendered template, as the kubelet reports it."""
     template = next(k8s_schemas.pod_templates(objects[-1]))

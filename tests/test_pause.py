@@ -113,7 +113,9 @@ def test_a_paused_trial_frees_its_slot_and_resumes_from_its_checkpoint(tmp_path,
                         tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}})
     proc, exp, held, other = start(config)
     wait_until(lambda: reported(home, held) == 3, WAIT, "trial 0 to train three steps")
-    ok("trial", "pause", held)
+    # It saves its checkpoint only as it stops: the pause says what happens if it does not.
+    assert f"it holds none yet: if it saves none, its progress restarts from the beginning when `trialkit trial " \
+           f"activate {held}` runs it again" in ok("trial", "pause", held)
     wait_until(lambda: trial_status(home, other) == "SUCCEEDED", WAIT, "trial 1 to run in the freed slot")
     assert trial_status(home, held) == "PREEMPTED"
     assert "status         PAUSED" in ok("trial", "show", held)

@@ -84,7 +84,7 @@ def test_a_lease_whose_holder_was_sigkilled_is_given_again(home):
     try:
         pool = pools.open_pool()
         assert not pool.take("next-00000", "next", 1)  # the holder runs: its 2 slots are the pool's 2
-        assert pool.waiting_reason(1) == "waiting for 1 slot of pool default: 0 of 2 free"
+        assert pool.waiting_reason("next", 1) == "waiting for 1 slot of pool default: 0 of 2 free"
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
@@ -165,6 +165,32 @@ def test_a_later_experiment_moved_ahead_gets_the_next_free_slots(tmp_path, home,
     assert pool_jobs() == []  # both control planes ended, and every lease with them
     starts = [span["name"] for span in sorted(spans(log), key=lambda span: span["start"])]
     assert starts == ["a", "a", "b", "b", "a", "a"]  # a submitted first, but b's trials took the slots a's freed
+
+
+def test_a_trial_held_back_by_a_job_ahead_says_which_job_it_waits_behind(tmp_path, home):
+    """One of 2 slots free and experiment c (priority 1) waiting for 2: a's trial would fit, but waits behind c,
+    and its waiting reason names c, not only the free count."""
+    pool_of(home, 2)
+    log = tmp_path / "spans"
+    holder = start_holder(SLOTS_HOLDER, "1")
+    first = second = None
+    try:
+        second = start_cli("run", timed(tmp_path, "c", log, hold=0.0, trials=1, trialConcurrency=1, priority=1,
+                                        trainingService={"platform": "local", "slotsPerTrial": 2}))
+        c = experiment_id(second.stdout.readline())
+        wait_until(lambda: "WAITING: waiting for 2 slots" in cli("trial", "list", c).stdout, TIMEOUT, "c to wait")
+        first = start_cli("run", timed(tmp_path, "a", log, hold=0.0, trials=1, trialConcurrency=1))
+        a = experiment_id(first.stdout.readline())
+        behind = f"waiting behind experiment {c}, priority 1, in pool default: 1 of 2 slots free"
+        wait_until(lambda: f"WAITING: {behind}" in cli("trial", "show", f"{a}-00000").stdout, TIMEOUT,
+                   "a to say it waits behind c")
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        for proc in (second, first):
+            if proc is not None:
+                finish(proc)
+    assert [span["name"] for span in sorted(spans(log), key=lambda span: span["start"])] == ["c", "a"]
 
 
 def pool_jobs() -> list:

@@ -119,7 +119,7 @@ def test_a_gpu_is_shared_only_by_shares_that_fit_across_experiments_and_pools(ho
         assert one.grant("a-1", "a", 0.5, ask(0, share=0.5)) == (0,)
         assert one.grant("b-1", "b", 0.5, ask(0, share=0.5)) == (0,)
         assert one.grant("c-1", "c", 0.5, ask(0, share=0.5)) is None  # the third half does not fit
-        assert one.waiting_reason(0.5, ask(0, share=0.5)) == \
+        assert one.waiting_reason("c", 0.5, ask(0, share=0.5)) == \
             "waiting for 1 GPU: GPU 0 leased to other trials of this home (0 of 1 free)"
         one.release("a-1")
         assert one.grant("d-1", "d", 1, ask(0)) is None  # a whole GPU while b's half runs

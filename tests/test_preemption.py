@@ -334,3 +334,54 @@ def test_the_seeds_job_queue_example_plays_out_as_printed(tmp_path, home):
     assert [(run["first"], run["last"]) for run in found] == [(0, HOLD), (HOLD, STEPS)], found
     b_run = next(run for run in runs(log) if run["name"] == "b")
     assert found[0]["end"] <= b_run["start"] and b_run["end"] <= found[1]["start"], runs(log)
+
+
+# run.sh's interpreter for the keeper (TRIALKIT_PYTHON): it starts the keeper only once the gate file exists, as a
+# keeper slow to start on a busy machine would; until then the trial has not started and says nothing.
+SLOW_KEEPER = """#!{python}
+import os, sys, time
+while not os.path.exists({gate!r}):
+    time.sleep(0.02)
+os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+"""
+# The trial of the job ahead opens the gate when it starts.
+OPENS_THE_GATE = """
+import trialkit
+open({gate!r}, "w").close()
+trialkit.report_final_result(trialkit.get_next_parameter()["x"])
+"""
+
+
+def test_a_trial_preempted_before_it_started_waits_again_without_a_run(tmp_path, home):
+    """A trial's slots came free, and before its keeper started the command a job ahead of it came to wait for
+    them: it gives them back, but it never ran, so no run ended: no PREEMPTED, no restart; it waits again."""
+    import os
+    import sys
+
+    pool_of(home, 1)
+    gate = tmp_path / "gate"
+    slow = tmp_path / "slow-python"
+    slow.write_text(SLOW_KEEPER.format(python=sys.executable, gate=str(gate)))
+    slow.chmod(0o755)
+    low = start_cli("run", experiment(tmp_path, SPACE, UNCHECKPOINTED.replace("120", "0"), name="a",
+                                      maxTrialNumber=1, trialConcurrency=1),
+                    env={**os.environ, "TRIALKIT_PYTHON": str(slow)})
+    high = None
+    try:
+        a = experiment_id(low.stdout.readline())
+        trial = f"{a}-00000"
+        # Its slot leased and run.sh started (trial.log opened for it): the keeper waits for the gate.
+        wait_until(lambda: (home / "experiments" / a / "trials" / trial / "trial.log").exists(), TIMEOUT,
+                   "a's trial to be started")
+        high = start_cli("run", experiment(tmp_path, SPACE, OPENS_THE_GATE.format(gate=str(gate)), name="c",
+                                           maxTrialNumber=1, trialConcurrency=1, priority=1))
+        c = experiment_id(high.stdout.readline())
+        out = finish(low)
+        finish(high)
+    finally:
+        gate.touch()
+        stop_all(low, high)
+    shown = cli("trial", "show", trial).stdout
+    assert "PREEMPTED" not in shown and "restarts       0" in shown and "status         SUCCEEDED" in shown, shown
+    assert "PAUSED" not in out, out
+    assert stored(home, c, "SELECT status FROM trials") == [("SUCCEEDED",)]

@@ -9,6 +9,8 @@ space with fewer points than maxTrialNumber ends when each point was tried.
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 
@@ -60,3 +62,49 @@ def test_a_search_of_a_small_space_ends_when_each_point_was_tried(tmp_path):
     assert "search space exhausted: each of its 4 points was tried; no new trial starts" in done.stdout
     rows = export(experiment_id(done.stdout.splitlines()[0]))
     assert sorted((row["parameters"]["x"], row["parameters"]["y"]) for row in rows) == [(1, -2), (1, 0), (2, -2), (2, 0)]
+
+
+# run.sh's interpreter for the keeper (TRIALKIT_PYTHON): the first FREE keepers start at once; the later ones
+# never get to their command (a keeper slow to start on a busy machine, as Ctrl-C finds it).
+SLOW_KEEPER = """#!{python}
+import os, sys, time
+index = 0
+while True:
+    try:
+        os.close(os.open(os.path.join({folder!r}, f"keeper-{{index}}"), os.O_CREAT | os.O_EXCL))
+        break
+    except FileExistsError:
+        index += 1
+while index >= {free}:
+    time.sleep(1)
+os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+"""
+
+
+def test_trials_that_had_not_started_at_ctrl_c_run_on_resume_with_their_parameters(tmp_path):
+    """TPE, 2 at once, 8 trials, Ctrl-C after 4 ended while the next two keepers had not started their commands:
+    those two did nothing, so they end neither USER_CANCELED nor with an exit code: they wait, with the
+    parameters the tuner gave them, and `experiment resume` runs them and the rest: all 8 run."""
+    slow = tmp_path / "slow-python"
+    slow.write_text(SLOW_KEEPER.format(python=sys.executable, folder=str(tmp_path), free=4))
+    slow.chmod(0o755)
+    config = experiment(tmp_path, PLANE, TRIAL, maxTrialNumber=8, trialConcurrency=2,
+                        tuner={"name": "TPE", "classArgs": {"optimize_mode": "minimize"}})
+    said: list = []
+    exp = interrupted_after(config, 4, env={**os.environ, "TRIALKIT_PYTHON": str(slow)}, out=said)
+    before = {row["sequence"]: row for row in export(exp)}
+    waiting = [row for row in before.values() if row["status"] != "SUCCEEDED"]
+    # The fifth trial was submitted when the third ended, the sixth when the fourth did unless Ctrl-C came first.
+    assert [(row["sequence"], row["status"], row["exit_code"]) for row in waiting] in \
+        ([(4, "WAITING", None)], [(4, "WAITING", None), (5, "WAITING", None)]), before
+    ids = ", ".join(row["trial_id"] for row in waiting)
+    assert any(line.startswith(f"{len(waiting)} trial") and f"({ids}): `trialkit experiment resume {exp}` runs"
+               in line for line in said), said
+    shown = cli("trial", "show", f"{exp}-00004").stdout
+    assert "WAITING: the experiment stopped before it started: `trialkit experiment resume` starts it" in shown, shown
+    done = cli("experiment", "resume", exp)
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = {row["sequence"]: row for row in export(exp)}
+    assert [row["status"] for row in after.values()] == ["SUCCEEDED"] * 8, after
+    assert [after[row["sequence"]]["parameters"] for row in waiting] == [row["parameters"] for row in waiting]
+    assert [after[row["sequence"]]["restart_count"] for row in waiting] == [0] * len(waiting), after

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
-from experiment_util import by_sequence, cli, experiment, experiment_id, export, reported, start_cli, trial_status
+from experiment_util import (by_sequence, cli, experiment, experiment_id, export, paused_and_activated, reported,
+                             start_cli, trial_status)
 from harness import wait_until
+from trialkit.web import queries
 
 WAIT = 60.0  # an upper bound for a loaded machine; never waited for on success
 X = {"x": {"_type": "choice", "_value": [1]}}
@@ -128,6 +132,42 @@ def test_a_paused_trial_without_a_checkpoint_says_its_progress_restarts(tmp_path
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+# NNI's usual trial: twenty steps, no checkpoint. Its first run holds at step 6 (reported 0..5) until the pause's
+# SIGTERM ends it; run again, it starts over at 0.
+STARTS_OVER = """
+import os, time, trialkit
+trialkit.get_next_parameter()
+for step in range(20):
+    trialkit.report_intermediate_result(step)
+    while step == 5 and os.environ["TRIALKIT_RESTART_COUNT"] == "0":
+        time.sleep(0.05)
+trialkit.report_final_result(1.0)
+"""
+
+
+def test_a_run_that_started_over_replaces_the_earlier_runs_reports(tmp_path, home):
+    """Paused without a checkpoint and activated, the trial trained 20 steps, once: every view shows 0..19 and 20
+    steps (not 26 steps, 0..5 then 0..19 as one sawtooth); --all-runs keeps both runs' reports as they came."""
+    config = experiment(tmp_path, X, STARTS_OVER, trialConcurrency=1, maxTrialNumber=1)
+    exp, _ = paused_and_activated(home, [config], reports=6)
+    trial = f"{exp}-00000"
+    row = export(exp)[0]
+    assert (row["status"], row["restart_count"]) == ("SUCCEEDED", 1)
+    assert row["intermediate"] == list(range(20)) and row["steps"] == 20
+    assert f"intermediate   {json.dumps(list(range(20)), separators=(',', ':'))}" in ok("trial", "show", trial)
+    listed = ok("trial", "list", exp).splitlines()[2].split()
+    assert listed[:4] == [trial, "SUCCEEDED", "1", "20"]  # trial, status, final, steps
+    runs = [(r["run"], r["intermediate"]) for r in json.loads(ok("experiment", "export", exp, "--all-runs"))]
+    assert runs == [(0, list(range(6))), (1, list(range(20)))]
+    # The page: the trial's facts and its curve.
+    with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db:
+        db.row_factory = sqlite3.Row
+        queries.register(db)
+        assert (queries.trial(db, exp, trial)["intermediate"], queries.trial(db, exp, trial)["steps"]) == (20, 20)
+        (curve,) = queries.curves(db, exp, [trial])["series"]
+        assert (curve["steps"], curve["values"]) == (list(range(1, 21)), list(range(20)))
 
 
 # The bad trial (x=0.1) reports every step below the good ones' median, and its final result either with them

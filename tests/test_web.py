@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from conftest import ROOT, TAG, tagged_processes
-from experiment_util import experiment, experiment_id, reported, start_cli, trial_status
+from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
 from harness import wait_until
 from trialkit.control.config import parse_config
 from trialkit.control.actions import Action
@@ -189,7 +189,8 @@ def wait_for(driver, script: str, what: str, timeout: float = 60) -> Any:
         wait_until(check, timeout, what, every=0.1)
     except AssertionError:
         shot(driver, "failed-" + "".join(c if c.isalnum() else "-" for c in what))
-        problem = driver.execute_script("return document.getElementById('problem').textContent")
+        problem = driver.execute_script("const p = document.getElementById('problem'); "
+                                        "return p ? p.textContent : 'no page: ' + location.href")
         raise AssertionError(f"timed out waiting for {what}; the page says: {problem!r}") from None
     return answer[0]
 
@@ -442,6 +443,10 @@ def views_store(root: Path) -> Store:
            for i in range(3)]
     nni.append({"seq": 4, "type": "FINAL", "run": 0, "value": {"default": 0.5, "loss": 0.1}})
     store.add_records("viewsexp-00000", nni)
+    saved = root / "trial1" / "checkpoint" / "0b5e3c1e-7d0c-4c55-9a39-4d1f3e0c8a21"  # a Core API checkpoint
+    saved.mkdir(parents=True)
+    (saved / "metadata.json").write_text(json.dumps({"steps_completed": 30}))
+    (saved / "state").write_text("30")
     det = lambda seq, run, group, step, x: {"seq": seq, "type": "PERIODICAL", "run": run, "value": {  # noqa: E731
         "group": group, "steps_completed": step, "metrics": {"x": x, "loss": 1.0 / step}, "default": x}}
     store.add_records("viewsexp-00001", [det(1, 0, "training", 10, 1), det(2, 0, "training", 20, 2),
@@ -471,9 +476,9 @@ def views_site(tmp_path_factory):
     store.close()
 
 
-def open_read_only(driver, server, view: str, ready: str) -> None:
+def open_read_only(driver, server, view: str, ready: str, token: str = "views-token", exp: str = "viewsexp") -> None:
     driver.get("about:blank")
-    driver.get(page_url(server, "views-token", "viewsexp") + view)
+    driver.get(page_url(server, token, exp) + view)
     wait_for(driver, f"return document.body.dataset.ready === {json.dumps(ready)}", f"the {ready} view")
 
 
@@ -570,3 +575,94 @@ def test_a_refused_token_is_said_once(views_site, browser):
     browser.get(f"{views_site.url}/?token=not-the-token#/")
     said = wait_for(browser, "return document.getElementById('problem').textContent", "the refusal")
     assert said == "wrong token: open the page at the URL trialkit printed"
+
+
+@pytest.fixture(scope="module")
+def ties_site(tmp_path_factory):
+    """Three finished trials of three steps each, 1 and 2 tied on the best final metric (stored newest first, so no
+    view gets the rule by the order rows come in), in a home of their own, and a read-only page over them."""
+    home = tmp_path_factory.mktemp("ties") / "home"
+    store = Store.in_dir(home / "experiments" / "ties")
+    store.create_experiment("ties", {"experimentName": "ties", "searchSpace": VIEWS_SPACE,
+                                     "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}})
+    for sequence, final in reversed(list(enumerate([0.5, 0.9, 0.9]))):
+        trial_id = f"ties-{sequence:05d}"
+        store.add_trial("ties", trial_id, sequence=sequence, parameters={"lr": 0.01, "batch": 16}, token=None)
+        store.add_records(trial_id, [{"seq": step, "type": "PERIODICAL", "value": final * step / 4}
+                                     for step in (1, 2, 3)] + [{"seq": 4, "type": "FINAL", "value": final}])
+        store.set_status(trial_id, "RUNNING")
+        store.set_status(trial_id, SUCCEEDED, exit_code=0)
+    store.set_experiment_status("ties", "DONE")
+    server = ManagerServer(None).start()
+    install(server, store, admin_token="ties-token", read_only=True)
+    yield home, server
+    server.stop()
+    store.close()
+
+
+def test_trials_tied_on_the_final_metric_have_one_best_in_every_view(ties_site, browser):
+    """The CLI, the Overview, the Trials view's curve legend and its bold line all call trial 1 (the earlier of
+    the two tied) the best."""
+    home, server = ties_site
+    shown = cli("experiment", "show", "ties", env=dict(os.environ, TRIALKIT_HOME=str(home)))
+    assert re.search(r"^best +ties-00001 final=0\.9 ", shown.stdout, re.M), shown.stdout + shown.stderr
+    open_read_only(browser, server, "", "overview", "ties-token", "ties")
+    assert cell_texts(browser, ".card a[href*='/trial/']") == ["ties-00001"]
+    open_read_only(browser, server, "/trials", "trials", "ties-token", "ties")
+    drawn = wait_for(browser, "const u = document.getElementById('curves').uplot; "
+                              "return u && u.series.slice(1).map(s => [s.label, s.width])", "the curves")
+    assert sorted(drawn) == [["ties-00000", 1.5], ["ties-00001 (best)", 3], ["ties-00002", 1.5]]
+
+
+def test_whole_steps_tick_at_whole_numbers(ties_site, browser):
+    _, server = ties_site
+    for view, ready, node in (("/trials", "trials", "curves"), ("/trial/ties-00000", "trial", "trial-curve")):
+        open_read_only(browser, server, view, ready, "ties-token", "ties")
+        ticks = wait_for(browser, f"const u = document.getElementById({json.dumps(node)}).uplot; "
+                                  "return u && u.axes[0]._values", f"the {node} chart's step ticks")
+        assert ticks == ["1", "2", "3"], (view, ticks)
+
+
+def test_an_address_that_names_no_view_says_so_and_links_the_views(views_site, browser):
+    for view in ("/hyperparameters", "/trial", "/trials/extra"):
+        open_read_only(browser, views_site, view, "not-found")
+        said = browser.execute_script("return document.getElementById('not-found').textContent")
+        assert said.startswith(f"The page has no view at #/exp/viewsexp{view}. An experiment's views: Overview, "
+                               "Trials, Hyperparameters, Queue"), said
+        links = browser.execute_script("return [...document.querySelectorAll('#not-found a')].map(a => a.hash)")
+        assert links == ["#/exp/viewsexp", "#/exp/viewsexp/trials", "#/exp/viewsexp/params", "#/exp/viewsexp/queue"]
+        assert browser.execute_script("return document.getElementById('ended-why')") is None  # not the Overview
+    shot(browser, "not-found")
+    browser.get("about:blank")
+    browser.get(page_url(views_site, "views-token") + "#/nowhere")
+    wait_for(browser, "return document.body.dataset.ready === 'not-found'", "the not-found view")
+    assert browser.execute_script("return document.getElementById('not-found').textContent") == \
+        "The page has no view at #/nowhere: open the experiments list."
+
+
+def test_the_checkpoints_table_fits_in_its_panel(views_site, browser):
+    """A checkpoint's uuid and its path (tens of characters each) in a window of 1000 pixels: the table stays
+    inside its panel and the page does not scroll sideways."""
+    try:
+        browser.set_window_size(1000, 1000)
+        open_read_only(browser, views_site, "/trial/viewsexp-00001", "trial")
+        wait_for(browser, "return document.querySelectorAll('#checkpoints tbody tr td').length === 7", "the checkpoint")
+        table, panel, page = browser.execute_script(
+            "const t = document.getElementById('checkpoints'); const p = t.closest('.panel');"
+            "return [t.getBoundingClientRect().right, p.getBoundingClientRect().right - parseFloat("
+            "getComputedStyle(p).paddingRight), [document.documentElement.scrollWidth, window.innerWidth]]")
+        assert table <= panel, (table, panel)
+        assert page[0] <= page[1], page
+        browser.execute_script("document.getElementById('checkpoints').scrollIntoView()")
+        shot(browser, "checkpoints-table")
+    finally:
+        browser.set_window_size(1400, 1000)  # web_util.CHROMIUM_FLAGS' size, for the tests after this one
+
+
+def test_a_page_left_lets_go_of_its_event_stream(views_site, browser):
+    """A browser holds six connections to a host. Each load of the page kept its event stream open after the page
+    was left (about:blank, another address), so the seventh load waited for a connection for good."""
+    for _ in range(8):
+        browser.get("about:blank")
+        browser.get(page_url(views_site, "views-token", "viewsexp"))
+        wait_for(browser, "return document.body.dataset.ready === 'overview'", "the overview", timeout=15)

@@ -330,3 +330,47 @@ def test_the_page_address_the_run_printed_answers_again_through_the_command_it_n
     finally:
         ui.send_signal(signal.SIGINT)
         assert ui.wait(timeout=30) == 0
+
+
+def test_the_first_runs_page_address_opens_the_resumed_experiments_page_and_trialkit_ui(tmp_path, monkeypatch):
+    """Brief 8: a page address a user kept from the first run (its token) opens the page of the experiment's
+    resume, and `trialkit ui` after it serves that same token."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TRIALKIT_HOME", str(home))
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2, 3]}}, HOLD, maxTrialNumber=3,
+                        trialConcurrency=1, trialGraceSeconds=5)
+
+    def page_of(proc: subprocess.Popen) -> str:
+        """The page URL a starting `trialkit run`/`resume` prints, once its trial runs."""
+        for line in proc.stdout:
+            if line.startswith("page: http"):
+                return line.split()[1]
+        raise AssertionError("no page line")
+
+    first = start_cli("run", config)
+    try:
+        exp = experiment_id(first.stdout.readline())
+        url = page_of(first)
+        wait_until(lambda: reported(home, f"{exp}-00000") > 0, 60, "the first trial to run")
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    base, token = url.split("/?token=")[0], url.split("token=")[1].split("#")[0]
+    ask = lambda: requests.get(f"{base}/api/ui/experiments/{exp}", headers={"Authorization": f"Bearer {token}"},  # noqa: E731
+                               timeout=10)
+    resumed = start_cli("experiment", "resume", exp)
+    try:
+        assert page_of(resumed) == url  # the same port, the same token
+        answer = ask()
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["status"] == "RUNNING"
+    finally:
+        resumed.send_signal(signal.SIGINT)
+        resumed.communicate(timeout=60)
+    ui = start_cli("ui", exp)
+    try:
+        assert ui.stdout.readline().strip() == f"trialkit ui: {url}"
+        assert ask().status_code == 200
+    finally:
+        ui.send_signal(signal.SIGINT)
+        assert ui.wait(timeout=30) == 0

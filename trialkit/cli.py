@@ -1,7 +1,7 @@
 """The `trialkit` command.
 
     trialkit run CONFIG [CONTEXT_DIR] [--port P] [--detach]
-    trialkit render CONFIG [--trial N] [-o DIR]
+    trialkit render CONFIG [CONTEXT_DIR] [--port P] [--tls-cert F --tls-key F] [--trial N] [-o DIR]
     trialkit experiment list | show ID | stop ID | resume ID [--port P] [--detach] | pause ID | activate ID
                         | export ID [--format json|csv] [-o FILE] [--all-runs] | plot ID -o FILE.png [--metric NAME]
                         | update ID [--trial-concurrency N] [--max-trial-number N] [--max-experiment-duration D]
@@ -60,26 +60,34 @@ STOP_WAIT_MARGIN = 30.0  # `experiment stop`: past the trials' grace and flush, 
 REDACTED = "<redacted>"
 RENDER_EXPERIMENT_ID = "render"  # `trialkit render` names trials as a real run would, under this id
 RENDER_LIMIT = 1000  # `render --trial N` asks the tuner N+1 times (TPE: ~20 ms each here)
+RENDER_PORT = 8080  # the manager's port in what render prints, where --port does not give the run's
 
 
 # -- run and render ---------------------------------------------------------------------
 
 
-def cmd_run(opts: argparse.Namespace) -> int:
-    from trialkit.control.config import load_config, manager_tls
+def _load_for_run(opts: argparse.Namespace):
+    """The config as `run` (and `render`, showing what a run sends) reads it with the run's options."""
     import dataclasses
 
-    from trialkit.control.run import run_experiment
+    from trialkit.control.config import load_config, manager_tls
     from trialkit.manager.server import tls_pair
-    from trialkit.web import attach_page
 
-    if opts.experiment_id is not None:  # a detached run's, chosen by its parent: a name, never a path
-        paths.check_experiment_id(opts.experiment_id, "--experiment-id")
     config = load_config(opts.config, opts.context_dir)  # a Determined config's: `""` is refused there
     tls = tls_pair(opts.tls_cert, opts.tls_key)
     if tls is not None:
         config = dataclasses.replace(config, manager_tls=manager_tls(
             {"certFile": tls[0], "keyFile": tls[1]}, Path.cwd(), "--tls-cert/--tls-key"))
+    return config
+
+
+def cmd_run(opts: argparse.Namespace) -> int:
+    from trialkit.control.run import run_experiment
+    from trialkit.web import attach_page
+
+    if opts.experiment_id is not None:  # a detached run's, chosen by its parent: a name, never a path
+        paths.check_experiment_id(opts.experiment_id, "--experiment-id")
+    config = _load_for_run(opts)
     if opts.detach:
         experiment_id = paths.new_experiment_id()
         experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
@@ -96,12 +104,12 @@ def cmd_render(opts: argparse.Namespace) -> int:
     import yaml
 
     from trialkit import platforms
-    from trialkit.control.config import load_config
     from trialkit.control.specs import build_spec
     from trialkit.control.tuners import build_tuner
-    from trialkit.platforms.kubernetes.render import render_trial
+    from trialkit.platforms.kubernetes import kueue
+    from trialkit.platforms.kubernetes.render import render_notes, render_trial
 
-    config = load_config(opts.config)
+    config = _load_for_run(opts)
     if not hasattr(platforms.load(config.platform), "render"):
         raise UserError(f"platform {config.platform} runs processes, not Kubernetes objects: there is nothing to render",
                         "trainingService.platform", "render a config for kubeflow, frameworkcontroller or adaptdl")
@@ -114,8 +122,18 @@ def cmd_render(opts: argparse.Namespace) -> int:
         asked = tuner.ask()
         if asked is None:
             raise UserError(f"the tuner proposes fewer than {opts.trial + 1} trials", "--trial", "pick a lower number")
-    spec = build_spec(config, RENDER_EXPERIMENT_ID, opts.trial, asked[0], asked[1], "http://127.0.0.1:8080", REDACTED)
-    text = yaml.safe_dump_all(render_trial(config.training_service, spec), sort_keys=False)
+    port = opts.port or RENDER_PORT
+    url = f"{'https' if config.manager_tls else 'http'}://127.0.0.1:{port}"  # its host: managerAddress, in the pods
+    spec = build_spec(config, RENDER_EXPERIMENT_ID, opts.trial, asked[0], asked[1], url, REDACTED)
+    queue = kueue.for_namespace(config.training_service.common.namespace)  # the pool a run's jobs join
+    objects = kueue.into_queue(render_trial(config.training_service, spec), queue)
+    notes = [f"trial {opts.trial} as a run submits it, but for these placeholders:",
+             f"  experiment id {RENDER_EXPERIMENT_ID!r}: a run's own id, so its objects are tk-<experiment id>-<trial id>",
+             "  the trial's token: a run puts it in the trial's Secret",
+             *([] if opts.port else [f"  manager port {RENDER_PORT}: a run listens on any free port unless given "
+                                     "--port (render --port P shows that one)"]),
+             *render_notes(config.training_service), *([kueue.note(queue)] if queue else [])]
+    text = "".join(f"# {note}\n" for note in notes) + yaml.safe_dump_all(objects, sort_keys=False)
     if opts.output is None:
         sys.stdout.write(text)
     else:
@@ -327,20 +345,26 @@ def cmd_experiment_delete(opts: argparse.Namespace) -> int:
     from trialkit.control.run import delete_experiment
 
     experiment_dir = paths.experiment_dir(opts.experiment_id)
-    if not opts.yes:
-        if not sys.stdin.isatty():
-            raise UserError("deleting asks for a confirmation and there is no terminal to ask on", "--yes",
-                            "add --yes to delete without asking")
-        answer = input(f"delete experiment {opts.experiment_id}: its store, its dir {experiment_dir}, its "
-                       f"checkpoints and what its platform made for it (jobs, claims)? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            print("nothing deleted")
-            return 1
+    if not opts.yes and not _confirmed(f"delete experiment {opts.experiment_id}: its store, its dir "
+                                       f"{experiment_dir}, its checkpoints and what its platform made for it "
+                                       "(jobs, claims)?"):
+        return 1
     removed = delete_experiment(opts.experiment_id)
     for name in removed:
         print(f"deleted {name}")
     print(f"experiment {opts.experiment_id} deleted")
     return 0
+
+
+def _confirmed(question: str) -> bool:
+    """The user's yes to deleting (y/N on the terminal); UserError without a terminal to ask on."""
+    if not sys.stdin.isatty():
+        raise UserError("deleting asks for a confirmation and there is no terminal to ask on", "--yes",
+                        "add --yes to delete without asking")
+    if input(f"{question} [y/N] ").strip().lower() in ("y", "yes"):
+        return True
+    print("nothing deleted")
+    return False
 
 
 def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
@@ -442,8 +466,11 @@ def _catalog(ident: str) -> Tuple[Dict[str, Any], List[Any]]:
 def _one_checkpoint(ident: str, uuid: str) -> Tuple[Dict[str, Any], Any]:
     """The checkpoint whose uuid is `uuid` or begins with it (at least 4 characters), as `list` shows them."""
     config, entries = _catalog(ident)
-    found = [e for e in entries if e.checkpoint.uuid == uuid] or [
-        e for e in entries if len(uuid) >= 4 and e.checkpoint.uuid.startswith(uuid)]
+    found = [e for e in entries if e.checkpoint.uuid == uuid]
+    if not found and len(uuid) < 4:
+        raise UserError(f"{uuid!r} is too short to name a checkpoint", "UUID",
+                        f"give at least 4 characters of its uuid (see `trialkit checkpoint list {ident}`)")
+    found = found or [e for e in entries if e.checkpoint.uuid.startswith(uuid)]
     if len(found) != 1:
         what = "no checkpoint" if not found else f"{len(found)} checkpoints begin with"
         raise UserError(f"{what} {uuid!r} in {ident}", "UUID", f"see `trialkit checkpoint list {ident}`")
@@ -509,6 +536,10 @@ def cmd_checkpoint_delete(opts: argparse.Namespace) -> int:
 
     chosen = [_one_checkpoint(opts.id, uuid) for uuid in opts.uuids]  # every uuid checked before any goes
     experiment_id, _ = _checkpoint_scope(opts.id)
+    listed = ", ".join(f"{entry.checkpoint.uuid} of {entry.checkpoint.trial}" for _, entry in chosen)
+    where = checkpoints.where_kept(checkpoints.storage_of(chosen[0][0]))
+    if not opts.yes and not _confirmed(f"delete checkpoint{'s' * (len(chosen) > 1)} {listed} from {where}?"):
+        return 1
     with _store(paths.experiment_dir(experiment_id)) as store:
         dirs = {t["id"]: t.get("trial_dir") for t in store.trials(experiment_id)}
     for config, entry in chosen:
@@ -679,8 +710,17 @@ def cmd_trial_pause(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
 
     answer = admin.act(paths.experiment_of(opts.trial_id), "trial", "pause", opts.trial_id)
-    print(f"pausing trial {opts.trial_id}: it checkpoints and stops; `trialkit trial activate {opts.trial_id}` "
-          "resumes it")
+    activate = f"`trialkit trial activate {opts.trial_id}`"
+    checkpoint = answer.get("checkpoint") if isinstance(answer, dict) else None
+    if checkpoint:
+        print(f"pausing trial {opts.trial_id}: it stops, and {activate} goes on from its latest checkpoint")
+    elif checkpoint is False:
+        print(f"pausing trial {opts.trial_id}: it is asked to save a checkpoint as it stops; it holds none yet: if it "
+              f"saves none, its progress restarts from the beginning when {activate} runs it again")
+    else:
+        print(f"pausing trial {opts.trial_id}: it is asked to save a checkpoint and stop; {activate} goes on from "
+              f"it, or restarts it from the beginning if it saved none (`trialkit trial show {opts.trial_id}` "
+              "says which)")
     _warn(answer)
     return 0
 
@@ -828,6 +868,13 @@ def cmd_job_update(opts: argparse.Namespace) -> int:
         return _kueue_priority(opts)
     if _names_experiment(opts.trial_id):
         return _update_experiment_job(opts)
+    try:
+        paths.experiment_of(opts.trial_id)
+    except UserError:
+        shown = repr(opts.trial_id) if len(opts.trial_id) <= 40 else repr(opts.trial_id[:37]) + "..."
+        raise UserError(f"{shown} is neither a trial id nor an experiment id of this home", "TRIAL_ID",
+                        f"give an id that `trialkit job list` shows, a trial's like abcd1234-00003 or an "
+                        f"experiment's like abcd1234, from this home: {paths.home()}") from None
     if opts.weight is not None or opts.resource_pool is not None:
         raise UserError(f"a trial's job has no {'weight' if opts.weight is not None else 'resource pool'} of its "
                         "own", opts.trial_id, "update its experiment's job: `trialkit job update EXPERIMENT_ID`")
@@ -1045,22 +1092,15 @@ def build_parser() -> ArgumentParser:
     run = _command(commands, "run", cmd_run, "run an experiment from its config until it ends",
                    "Start the manager, run the experiment's trials and show their progress; a summary table at the "
                    "end. The first line of output ends with the experiment id.")
-    run.add_argument("config", metavar="CONFIG", help="the experiment's config file (NNI's v2 or v1 YAML, or "
-                     "a Determined experiment config)")
-    run.add_argument("context_dir", metavar="CONTEXT_DIR", nargs="?",
-                     help="a Determined config's context directory, as `det experiment create CONFIG CONTEXT_DIR` "
-                     "takes it (default: the config's directory)")
-    _port_option(run)
+    _run_options(run)
     _detach_option(run)
     run.add_argument("--experiment-id", help=argparse.SUPPRESS)  # the detached run's id, chosen by its parent
-    run.add_argument("--tls-cert", metavar="FILE", help="serve the manager over HTTPS with this PEM certificate "
-                     "(chain), for trials and the page (config: managerTls.certFile); needs --tls-key")
-    run.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert (managerTls.keyFile)")
 
     render = _command(commands, "render", cmd_render, "print the objects one trial would create on a cluster",
-                      "Render what submitting a trial creates on the config's Kubernetes platform, as YAML. "
-                      "Tokens are left out; parameters are what the tuner would propose.")
-    render.add_argument("config", metavar="CONFIG", help="the experiment's config file")
+                      "Render what submitting a trial creates on the config's Kubernetes platform, as YAML, "
+                      "read as `run` reads it with the same options. Tokens are left out; parameters are what the "
+                      "tuner would propose; comments above the objects say what a run fills in otherwise.")
+    _run_options(render)
     render.add_argument("--trial", type=_count, default=0, metavar="N",
                         help="which trial to render: 0 for the first (default), 1 for the second, ...")
     render.add_argument("-o", "--output", metavar="DIR", help="write DIR/<trial id>.yaml instead of printing (DIR is made if missing)")
@@ -1240,8 +1280,9 @@ def build_parser() -> ArgumentParser:
     delete = _checkpoint_id(_command(sub, "delete", cmd_checkpoint_delete, "delete checkpoints",
                                      "Delete checkpoints from where they are kept (and a trial's local copy on "
                                      "this machine); their manifest goes first, so none is ever half listed. "
-                                     "Every UUID is checked before any is deleted."))
+                                     "Every UUID is checked before any is deleted. Asks first (y/N), unless --yes."))
     delete.add_argument("uuids", nargs="+", metavar="UUID", help="the checkpoints to delete")
+    delete.add_argument("--yes", action="store_true", help="delete without asking")
 
     ui = _command(commands, "ui", cmd_ui, "serve the web page over stored experiments",
                   "Serve the page (read-only) over one experiment or every one under $TRIALKIT_HOME, after their "
@@ -1254,7 +1295,7 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-ENGINES = ("torch", "deepspeed", "horovod", "adaptdl", "ray", "kubernetes", "optuna")
+ENGINES = ("torch", "deepspeed", "horovod", "adaptdl", "ray", "kubernetes", "optuna", "obstore")
 
 
 def version_text() -> str:
@@ -1308,6 +1349,19 @@ def _checkpoint_uuid(parser: ArgumentParser) -> ArgumentParser:
 
 def _port_option(parser: ArgumentParser, text: str = "the manager's port (default: any free one)") -> None:
     parser.add_argument("--port", type=_port, metavar="P", help=text)
+
+
+def _run_options(parser: ArgumentParser) -> None:
+    """The config and the manager's address options: `run`'s, and `render`'s to show what that run sends."""
+    parser.add_argument("config", metavar="CONFIG", help="the experiment's config file (NNI's v2 or v1 YAML, or "
+                        "a Determined experiment config)")
+    parser.add_argument("context_dir", metavar="CONTEXT_DIR", nargs="?",
+                        help="a Determined config's context directory, as `det experiment create CONFIG CONTEXT_DIR` "
+                        "takes it (default: the config's directory)")
+    _port_option(parser)
+    parser.add_argument("--tls-cert", metavar="FILE", help="serve the manager over HTTPS with this PEM certificate "
+                        "(chain), for trials and the page (config: managerTls.certFile); needs --tls-key")
+    parser.add_argument("--tls-key", metavar="FILE", help="the PEM private key of --tls-cert (managerTls.keyFile)")
 
 
 def _detach_option(parser: ArgumentParser) -> None:

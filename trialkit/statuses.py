@@ -12,5 +12,6 @@ EARLY_STOPPED = "EARLY_STOPPED"
 PREEMPTED = "PREEMPTED"
 FINAL_STATUSES = frozenset({SUCCEEDED, FAILED, USER_CANCELED, SYS_CANCELED, EARLY_STOPPED, PREEMPTED})
 # Statuses whose reason a one-line view (a table row, the progress line, the page) shows beside them:
-# what a waiting trial waits for, why a failed one failed, why a trial is paused and whether it lost its progress.
-EXPLAINED = frozenset({WAITING, FAILED, PREEMPTED})
+# what a waiting trial waits for, why a failed one failed, why a trial is paused and whether it lost its progress,
+# why trialkit canceled one (an experiment in ERROR, maxExperimentDuration).
+EXPLAINED = frozenset({WAITING, FAILED, PREEMPTED, SYS_CANCELED})

@@ -10,7 +10,8 @@ checks end, and written to $OUT/gpu_check.txt with the checks' output in
 $OUT/gpu_check.log when OUT is set. On a machine without nvidia-smi (or whose
 nvidia-smi lists no GPU) every line is NO-GPU and the exit status 0; else it
 is 1 when a line FAILs. `--device cpu` rehearses the checks on the CPU (gloo,
-the trials on the CPU) under a stand-in nvidia-smi: the plumbing, not the GPU.
+the trials on the CPU) under a stand-in nvidia-smi first on PATH (the tests'):
+the plumbing, not the GPU.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cuda (the check); cpu rehearses it without a GPU, under a stand-in nvidia-smi")
+                        help="cuda (the check); cpu rehearses it without a GPU, under a stand-in nvidia-smi that "
+                             "must be first on PATH (tests/gpu_util.py's: ./bootstrap.sh test tests/test_gpu_check.py)")
     parser.add_argument("--only", metavar="NAME,...", help=f"only these checks (of {', '.join(NAMES)})")
     parser.add_argument("--budget", type=float, metavar="SECONDS",
                         help=f"time for all the checks (default {BUDGET:g} on cuda, none on cpu)")

@@ -40,6 +40,10 @@ MANIFEST_SUFFIX = ".checkpoint.json"
 DETERMINED_METADATA = "metadata.json"  # a Core API checkpoint's own file (shims/determined/_storage.py)
 DETERMINED_LATEST = "latest"
 FORMAT = 1
+# The keeper's exit code when the trial's checkpoint could not be restored for a reason of the store (no
+# credentials, no answer, no bucket), not of the trial: it ends PREEMPTED, to resume once the store is fixed,
+# and the experiment stops saying why (EX_TEMPFAIL of sysexits.h).
+STORE_FAILED_EXIT = 75
 
 
 CORE = "core"  # a Core API checkpoint: <checkpoint dir>/<uuid>/
@@ -106,9 +110,10 @@ def determined_layout(checkpoint_dir: Path) -> bool:
         return False
 
 
-def local_checkpoints(checkpoint_dir: Path, experiment: str, trial: str, run: int = 0) -> List[Checkpoint]:
+def local_checkpoints(checkpoint_dir: Path, experiment: str, trial: str) -> List[Checkpoint]:
     """The whole Core API checkpoints in a trial's checkpoint dir, oldest first (by when their metadata was
-    written: the moment each became whole)."""
+    written: the moment each became whole). Their run is 0: the dir does not say which run saved each (the
+    control plane tells it from the trial's runs; the uploader names its own)."""
     found = []
     try:
         entries = list(os.scandir(checkpoint_dir))
@@ -124,7 +129,7 @@ def local_checkpoints(checkpoint_dir: Path, experiment: str, trial: str, run: in
         except (OSError, ValueError):
             continue  # not whole yet (no metadata), or not a checkpoint
         files = dir_files(Path(entry.path))
-        found.append(Checkpoint(uuid=entry.name, experiment=experiment, trial=trial, run=run, kind=CORE,
+        found.append(Checkpoint(uuid=entry.name, experiment=experiment, trial=trial, run=0, kind=CORE,
                                 metadata=metadata if isinstance(metadata, dict) else {},
                                 steps=steps_of(metadata), files=files, size=sum(files.values()), time=written,
                                 where=entry.path))
@@ -141,6 +146,29 @@ def dir_files(root: Path) -> Dict[str, int]:
             if os.path.isfile(path) and not os.path.islink(path):
                 out[os.path.relpath(path, root).replace(os.sep, "/")] = os.path.getsize(path)
     return out
+
+
+# In the trial dir: what this run's uploader stored (one uuid a line, WHOLE_DIR for the whole dir), rewritten
+# as it stores, so the keeper can say what was not stored when the uploader fails or runs out of time.
+STORED_LIST = "checkpoints-stored"
+
+
+def write_stored(trial_dir: Path, stored: List[str]) -> None:
+    tmp = trial_dir / f".{STORED_LIST}.{os.getpid()}"
+    tmp.write_text("".join(f"{uuid}\n" for uuid in stored))
+    os.replace(tmp, trial_dir / STORED_LIST)
+
+
+def unstored(trial_dir: Path, checkpoint_dir: Path) -> List[str]:
+    """The trial's local checkpoints its uploader did not store this run (paths): Core API ones by uuid, else
+    the whole checkpoint dir when it holds files and was not stored."""
+    try:
+        stored = set((trial_dir / STORED_LIST).read_text().split())
+    except OSError:
+        stored = set()
+    if determined_layout(checkpoint_dir):
+        return [c.where for c in local_checkpoints(checkpoint_dir, "", "") if c.uuid not in stored]
+    return [str(checkpoint_dir)] if WHOLE_DIR not in stored and dir_files(checkpoint_dir) else []
 
 
 def set_latest(checkpoint_dir: Path, uuid: str) -> None:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import uuid as uuids
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -35,15 +37,33 @@ CHUNK = 8 << 20
 # A request (one part of a big file) that stalls ends with an error and is retried by obstore, rather than
 # hold an upload, and so a stopping trial's keeper, to its TRIALKIT_CHECKPOINT_TRANSFER_SECONDS.
 CLIENT = {"connect_timeout": "10s", "read_timeout": "60s"}
+# The check at an experiment's start: one listing, one retry, a few seconds at most (a store that does not
+# answer is said at once, rather than after obstore's three minutes of retries).
+CHECK_CLIENT = {"connect_timeout": "3s", "timeout": "5s"}
+CHECK_RETRY = {"max_retries": 1, "retry_timeout": timedelta(seconds=5),
+               "backoff": {"init_backoff": timedelta(milliseconds=200), "max_backoff": timedelta(seconds=1), "base": 2}}
+# Where each cloud's credential chain ends when nothing in the environment names one: its metadata service.
+METADATA_HOSTS = ("169.254.169.254", "metadata.google.internal", "169.254.170.2")
+NO_CREDENTIALS = {
+    "s3": "no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or run "
+          "where an instance role or web identity gives them)",
+    "gcs": "no Google Cloud credentials found (set GOOGLE_APPLICATION_CREDENTIALS to a service account's key "
+           "file, or run where the metadata server gives them)",
+    "azure": "no Azure credentials found (set AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY, or "
+             "AZURE_STORAGE_SAS_TOKEN, or run where a managed identity gives them)",
+}
 
 
 class StoreError(Exception):
     """The store refused or could not be reached: one line saying which store and why."""
 
 
-def _store(spec: Mapping[str, str]) -> Any:
+def _store(spec: Mapping[str, str], quick: bool = False) -> Any:
+    """obstore's store for spec; `quick`: with the check's short time limits."""
     from obstore.store import AzureStore, GCSStore, S3Store
 
+    client = CHECK_CLIENT if quick else CLIENT
+    retry = {"retry_config": CHECK_RETRY} if quick else {}
     prefix = spec.get("prefix", "").strip("/") or None
     kind = spec["type"]
     if kind == "s3":
@@ -54,11 +74,11 @@ def _store(spec: Mapping[str, str]) -> Any:
             config["region"] = spec["region"]
         http = spec.get("endpoint_url", "").startswith("http://")  # an S3-compatible store on a plain address
         return S3Store(spec["bucket"], prefix=prefix, config=config or None,
-                       client_options={**CLIENT, "allow_http": True} if http else CLIENT)
+                       client_options={**client, "allow_http": True} if http else client, **retry)
     if kind == "gcs":
-        return GCSStore(spec["bucket"], prefix=prefix, client_options=CLIENT)
+        return GCSStore(spec["bucket"], prefix=prefix, client_options=client, **retry)
     config = {"account_name": _azure_account(spec["account_url"])} if spec.get("account_url") else None
-    return AzureStore(spec["container"], prefix=prefix, config=config, client_options=CLIENT)
+    return AzureStore(spec["container"], prefix=prefix, config=config, client_options=client, **retry)
 
 
 def _azure_account(url: str) -> str:
@@ -74,7 +94,16 @@ class ObjectStore:
         try:
             self._store = _store(spec)
         except Exception as err:  # noqa: BLE001 - obstore's configuration errors have no common type
-            raise StoreError(f"cannot open the checkpoint store {self.url}: {_why(err)}") from None
+            raise StoreError(f"cannot open the checkpoint store {self.url}: {_why(err, self.spec)}") from None
+
+    def check(self) -> None:
+        """One listing within a few seconds: credentials found, the bucket there, the store reachable.
+        StoreError saying which is not."""
+        try:
+            quick = _store(self.spec, quick=True)
+            obstore.list_with_delimiter(quick, "")
+        except Exception as err:  # noqa: BLE001 - obstore raises its own and the OS's errors
+            raise StoreError(f"the checkpoint store {self.url} cannot be used: {_why(err, self.spec)}") from None
 
     # -- where things are ------------------------------------------------------------------------
     @staticmethod
@@ -186,11 +215,11 @@ class ObjectStore:
         try:
             return call(self._store, *args, **kwargs)
         except NotFoundError as err:
-            raise StoreError(f"not found in the checkpoint store {self.url}: {_why(err)}") from None
+            raise StoreError(f"not found in the checkpoint store {self.url}: {_why(err, self.spec)}") from None
         except StoreError:
             raise
         except Exception as err:  # noqa: BLE001 - obstore raises its own and the OS's errors
-            raise StoreError(f"the checkpoint store {self.url} failed: {_why(err)}") from None
+            raise StoreError(f"the checkpoint store {self.url} failed: {_why(err, self.spec)}") from None
 
 
 def place(src: Path, dest: Path) -> None:
@@ -205,7 +234,25 @@ def place(src: Path, dest: Path) -> None:
     os.replace(src, dest)
 
 
-def _why(err: BaseException) -> str:
-    """obstore's messages run to many lines (with its debug dump): the first, bounded."""
-    text = str(err).strip().splitlines()
-    return (text[0] if text else type(err).__name__)[:300]
+def _why(err: BaseException, spec: Mapping[str, str]) -> str:
+    """What went wrong, in one line: obstore's messages run to many lines (the store's XML answer, a debug dump)
+    and name the cause last; a credential chain that found nothing ends at the cloud's metadata service."""
+    text = str(err).strip()
+    if any(f"//{host}" in text for host in METADATA_HOSTS):
+        return NO_CREDENTIALS[spec["type"]]
+    code = re.search(r"<Code>([^<]+)</Code>", text)
+    if code is not None:
+        if code.group(1) in ("NoSuchBucket", "ContainerNotFound"):
+            return f"{'container' if spec['type'] == 'azure' else 'bucket'} " \
+                   f"{spec.get('bucket') or spec.get('container')!r} does not exist"
+        if code.group(1) in ("NoSuchKey", "BlobNotFound"):
+            where = re.search(r"(?:location|performing [A-Z]+) (\S+)", text)
+            return f"{where.group(1) if where else 'an object'} does not exist ({code.group(1)})"
+        message = re.search(r"<Message>([^<]+)</Message>", text)
+        return f"{code.group(1)}: {message.group(1) if message else 'refused'}"[:300]
+    lines = text.splitlines()
+    first = lines[0] if lines else type(err).__name__
+    cause = re.search(r'message: "([^"]+)"', text) or re.search(r'ConnectError\(\s*"([^"]+)"', text)
+    if cause is not None and cause.group(1) not in first:
+        first = f"{first} ({cause.group(1)})"
+    return first[:400]

@@ -32,6 +32,7 @@ from trialkit.checkpoints import (
     dir_files,
     local_checkpoints,
     store_spec,
+    write_stored,
 )
 from trialkit.checkpoints.store import ObjectStore, StoreError
 from trialkit.keeper.watch import DirWatch
@@ -54,6 +55,8 @@ class Uploader:
         # the store (core.checkpoint.restore_path of an older one) is the trial's to read.
         self.uploaded_here: Set[str] = set()
         self.failed = False
+        self.dir_stored = False  # this run's whole checkpoint dir
+        self._note()
 
     def upload_saved(self) -> None:
         """Each whole Core API checkpoint not in the store yet, oldest first; then local copies but the latest go."""
@@ -70,7 +73,8 @@ class Uploader:
         if self.core or determined_layout(self.root):
             self.upload_saved()
         elif dir_files(self.root):
-            self._upload(self.root, str(uuids.uuid4()), WHOLE_DIR, {})
+            self.dir_stored = self._upload(self.root, str(uuids.uuid4()), WHOLE_DIR, {})
+            self._note()
 
     def _upload(self, src: Path, uuid: str, kind: str, metadata: dict) -> bool:
         try:
@@ -81,8 +85,16 @@ class Uploader:
             say(f"checkpoint {uuid} was not stored: {err}")
             return False
         self.stored.add(uuid)
+        self._note()
         say(f"checkpoint {uuid} stored: {ckpt.where} ({ckpt.size:,} bytes)")
         return True
+
+    def _note(self) -> None:
+        """What is stored, where the keeper reads it (checkpoints.unstored) should this process not finish."""
+        try:
+            write_stored(self.trial.trial_dir, sorted(self.stored) + [WHOLE_DIR] * self.dir_stored)
+        except OSError as err:  # uploads go on: the keeper then counts every local one as not stored
+            say(f"cannot note what is stored in {self.trial.trial_dir}: {err}")
 
     def _prune(self) -> None:
         """The local copies this uploader stored, but the latest's."""

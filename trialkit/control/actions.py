@@ -143,6 +143,9 @@ def kill_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
 def pause_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     """A running trial stops with a checkpoint (PREEMPTED) and frees its slot; a waiting one leaves the queue."""
     trial = _known(loop, trial_id)
+    holds = loop.platform.holds_checkpoint
+    # Whether it holds a checkpoint as the pause finds it (None: its platform cannot tell): what `trial pause` says.
+    checkpoint = holds(trial.handle or trial.id) if holds is not None else None
     if trial.id in loop.active:
         if trial.stop is not None:
             raise HttpError(409, f"trial {trial_id} is already stopping")
@@ -153,7 +156,7 @@ def pause_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
         loop.finish(trial, *PAUSE_STOP, None)
     else:
         raise HttpError(409, f"trial {trial_id} is {_state(loop, trial)}: only a running or waiting trial pauses")
-    return {"pausing": trial.id, **_progress_warning(loop)}
+    return {"pausing": trial.id, "checkpoint": checkpoint, **_progress_warning(loop)}
 
 
 def _progress_warning(loop: "Loop") -> dict:

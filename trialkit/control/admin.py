@@ -54,11 +54,15 @@ class ManagerInfo:
         return f"ManagerInfo(experiment_id={self.experiment_id!r}, pid={self.pid}, url={self.url!r})"  # no token
 
     @classmethod
-    def for_this_process(cls, experiment_id: str, url: str, port: int, elapsed: float) -> "ManagerInfo":
+    def for_this_process(cls, experiment_id: str, url: str, port: int, elapsed: float,
+                         token: Optional[str] = None) -> "ManagerInfo":
+        """This process's manager; `token`: the experiment's earlier run's (a resume keeps it: the page's token
+        comes from it, so the page address a user kept from any run opens the experiment's page again)."""
         import secrets
 
         pid = os.getpid()
-        return cls(experiment_id, pid, process.start_ticks(pid), url, port, secrets.token_urlsafe(32), elapsed)
+        return cls(experiment_id, pid, process.start_ticks(pid), url, port, token or secrets.token_urlsafe(32),
+                   elapsed)
 
     def to_json(self) -> dict:
         return {name: getattr(self, name) for name in self.FIELDS}

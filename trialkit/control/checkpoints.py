@@ -19,10 +19,11 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from trialkit import records, schema
 from trialkit.checkpoints import OBJECT_TYPES, Checkpoint, local_checkpoints, store_url
+from trialkit.control.results import run_starts
 from trialkit.errors import UserError
 from trialkit.statuses import RUNNING, WAITING
 
@@ -34,6 +35,7 @@ NEEDS = {"s3": "bucket", "gcs": "bucket", "azure": "container"}
 ALLOWED = {"local": (), "s3": ("bucket", "prefix", "endpointUrl", "region"), "gcs": ("bucket", "prefix"),
            "azure": ("container", "prefix", "accountUrl")}
 KEEP_ALL = "kept: no retention policy"
+LOCAL_ONLY = "not stored: only in its trial's checkpoint dir"
 
 
 class Retention(NamedTuple):
@@ -172,23 +174,55 @@ def open_store(storage: Optional[CheckpointStorage]) -> Any:
         raise UserError(str(err), SECTION, "check the store's address and the credentials in the environment")
 
 
+def check_store(storage: Optional[CheckpointStorage]) -> None:
+    """Refuse, before anything starts, an object store this machine cannot use (no credentials, no such
+    bucket, no answer): trials would each fail to restore or store their checkpoints. A store whose
+    credentials come from secretName's Secret is the pods' to read, not this machine's: not checked."""
+    if storage is None or storage.store is None or storage.secret_name:
+        return
+    from trialkit.checkpoints.store import StoreError
+
+    try:
+        open_store(storage).check()
+    except StoreError as err:
+        raise UserError(str(err), SECTION, "fix the store's address, its bucket or the credentials in this "
+                        "environment, then run again") from None
+
+
 def checkpoints(db: Any, experiment_id: str, storage: Optional[CheckpointStorage],
                 trial_id: Optional[str] = None) -> List[Checkpoint]:
     """The experiment's (or one trial's) whole checkpoints, wherever they are kept, oldest first."""
+    found: List[Checkpoint] = []
+    for trial in db.trials(experiment_id):
+        if trial_id is not None and trial["id"] != trial_id or not trial.get("trial_dir"):
+            continue
+        here = local_checkpoints(Path(trial["trial_dir"]) / "checkpoint", experiment_id, trial["id"])
+        if here:
+            starts = sorted(run_starts(db.records_for(trial["id"], type=records.STATUS)).items(), key=lambda rs: rs[1])
+            found += [ckpt._replace(run=_run_at(ckpt.time, starts)) for ckpt in here]
     store = open_store(storage)
     if store is not None:
         from trialkit.checkpoints.store import StoreError
 
         try:
-            return store.checkpoints(experiment_id, trial_id)
+            stored = store.checkpoints(experiment_id, trial_id)
         except StoreError as err:
             raise UserError(str(err), SECTION, "check the store's address and the credentials in the environment")
-    found: List[Checkpoint] = []
-    for trial in db.trials(experiment_id):
-        if trial_id is not None and trial["id"] != trial_id or not trial.get("trial_dir"):
-            continue
-        found += local_checkpoints(Path(trial["trial_dir"]) / "checkpoint", experiment_id, trial["id"])
+        # Besides the stored ones: those its uploader never stored (it failed, or ran out of time), still here.
+        uuids = {c.uuid for c in stored}
+        found = stored + [c for c in found if c.uuid not in uuids]
     return sorted(found, key=lambda c: (c.time, c.uuid))
+
+
+def _run_at(when: float, starts: List[Tuple[int, float]]) -> int:
+    """The run that was going at `when` (a checkpoint in a trial's own dir says only when it became whole): the
+    last to start before it, by its keeper's first status (an uploaded one's manifest names its run itself)."""
+    return next((run for run, begin in reversed(starts) if begin <= when), 0)
+
+
+def local_only(storage: Optional[CheckpointStorage], ckpt: Checkpoint) -> bool:
+    """Whether an experiment with an object store has this checkpoint only in its trial's dir (never stored)."""
+    return storage is not None and storage.store is not None and not ckpt.where.startswith(store_url(storage.store))
 
 
 def catalog(db: Any, experiment_id: str, config: Mapping[str, Any],
@@ -206,13 +240,16 @@ def catalog(db: Any, experiment_id: str, config: Mapping[str, Any],
     if storage is None:
         rules = {c.uuid: [KEEP_ALL] for c in every}
     else:
-        rules = kept(every, lambda c: scores[c.uuid], storage.retention, smaller)
+        # One never stored is the user's only copy: no rule weighs it, and nothing deletes it but the user.
+        rules = kept([c for c in every if not local_only(storage, c)], lambda c: scores[c.uuid], storage.retention,
+                     smaller)
+        rules.update({c.uuid: [LOCAL_ONLY] for c in every if local_only(storage, c)})
     return [Entry(c, scores[c.uuid], rules[c.uuid]) for c in every if trial_id is None or c.trial == trial_id]
 
 
 def delete(storage: Optional[CheckpointStorage], ckpt: Checkpoint, trial_dir: Optional[str]) -> None:
     """One checkpoint gone from its store, and its local copy in a trial dir on this machine."""
-    store = open_store(storage)
+    store = None if local_only(storage, ckpt) else open_store(storage)
     if store is not None:
         store.delete(ckpt)
     if trial_dir:
@@ -223,7 +260,7 @@ def delete(storage: Optional[CheckpointStorage], ckpt: Checkpoint, trial_dir: Op
 
 def download(storage: Optional[CheckpointStorage], ckpt: Checkpoint, dest: Path) -> None:
     """A copy of the checkpoint's files in dest, a new or empty dir."""
-    store = open_store(storage)
+    store = None if local_only(storage, ckpt) else open_store(storage)
     if store is not None:
         from trialkit.checkpoints.store import StoreError
 
@@ -263,6 +300,7 @@ class Collector:
         import threading
 
         self._db, self._experiment_id, self._config, self._say = db, experiment_id, dict(config), say
+        self._gone: List[Checkpoint] = []  # said once, at the end: a line per pass would flood the run's terminal
         self._wanted = threading.Event()
         self._closing = False
         self._thread = threading.Thread(target=self._serve, name="checkpoint-retention", daemon=True)
@@ -284,12 +322,16 @@ class Collector:
             self._wanted.clear()
             closing = self._closing
             try:
-                gone = collect(self._db, self._experiment_id, self._config)
-                if gone:
-                    trials = sorted({ckpt.trial for ckpt in gone})
-                    self._say(f"checkpoints: {len(gone)} of {', '.join(trials)} deleted (no retention rule keeps "
-                              f"them: `trialkit checkpoint list {self._experiment_id}` shows what is kept)")
+                self._gone += collect(self._db, self._experiment_id, self._config)
             except Exception as err:  # noqa: BLE001 - a store that fails (UserError, OSError, ...) is said, not raised
                 self._say(f"warning: checkpoints were not collected: {getattr(err, 'line', lambda: err)()}")
             if closing:
+                self._said_gone()
                 return
+
+    def _said_gone(self) -> None:
+        if self._gone:
+            trials = len({ckpt.trial for ckpt in self._gone})
+            self._say(f"checkpoints: {len(self._gone)} deleted over the run, of {trials} trial"
+                      f"{'' if trials == 1 else 's'} (no retention rule kept them: "
+                      f"`trialkit checkpoint list {self._experiment_id}` shows what is kept)")

@@ -91,6 +91,8 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
         if key in NOTED_KEYS:
             if data[key] is not None:
                 schema.attempt(NOTED_KEYS[key], data[key], key)
+        elif key not in TOP_KEYS and key in _SEARCHER_ALL_KEYS and key not in DETERMINED_TOP_KEYS:
+            schema.report(UserError("a searcher's key, not a top-level one", key, "move it under searcher:"))
         elif key not in TOP_KEYS:
             schema.report(_refused_key(key, data, "", TOP_KEYS + tuple(NOTED_KEYS), DETERMINED_TOP_KEYS,
                                        f"Determined's {key!r} is not supported by trialkit"))
@@ -118,12 +120,12 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
                           "trainingService": section}
     if name is not _FAILED:
         v2["experimentName"] = name
-    schema.attempt(_apply_searcher, v2, searcher, resources)
+    operations = schema.attempt(_apply_searcher, v2, searcher, resources, default=[])
     working_dir, v2["checkpointStorage"] = storage
     if working_dir is not None:
         v2["experimentWorkingDirectory"] = working_dir
-    v2["trialCommand"] = schema.attempt(_command, entry, resources["slots_per_trial"],
-                                        {"searcher": searcher, "data": user_data}, variables)
+    settings = {"searcher": searcher, "data": user_data, **({"operations": operations} if operations else {})}
+    v2["trialCommand"] = schema.attempt(_command, entry, resources["slots_per_trial"], settings, variables)
     return v2, ([f"{', '.join(noted)}: taken, not used: they describe the experiment in Determined's WebUI or pace "
                  f"the training loop of its Trial APIs, which trialkit does not run (a Core API script paces "
                  f"itself)"] if noted else [])
@@ -425,8 +427,11 @@ def _searcher(section: Any) -> Dict[str, Any]:
     return sec
 
 
-def _apply_searcher(v2: Dict[str, Any], searcher: Dict[str, Any], resources: Dict[str, Any]) -> None:
+def _apply_searcher(v2: Dict[str, Any], searcher: Dict[str, Any], resources: Dict[str, Any]) -> List[int]:
+    """The tuner, assessor, trial count and concurrency the searcher means; the lengths of the Core API's
+    searcher operations when they are not one of the whole length (_operations)."""
     name = searcher["name"]
+    operations: List[int] = []
     mode = "minimize" if searcher["smaller_is_better"] else "maximize"
     # Determined's random and adaptive_asha sample with replacement: max_trials trials, however small the space.
     v2["tuner"] = {"name": "GridSearch", "classArgs": {"optimize_mode": mode}} if name == "grid" else \
@@ -440,15 +445,28 @@ def _apply_searcher(v2: Dict[str, Any], searcher: Dict[str, Any], resources: Dic
         concurrency = schema.as_int(concurrency, "searcher.max_concurrent_trials", minimum=0) or None
     if name == "adaptive_asha":
         v2["assessor"] = {"name": "ASHA", "classArgs": _asha_args(searcher, mode)}
+        _, args = check_assessor("ASHA", v2["assessor"]["classArgs"], "searcher")
         if concurrency is None:
-            _, args = check_assessor("ASHA", v2["assessor"]["classArgs"], "searcher")
             concurrency = min(sum(b.max_concurrent_trials for b in asha_brackets(args)), args["max_trials"])
+        operations = _operations(searcher, args)
     elif name == "single":
         concurrency = 1
     concurrency = concurrency or DEFAULT_CONCURRENCY
     if resources.get("max_slots") is not None:
         concurrency = min(concurrency, max(resources["max_slots"] // resources["slots_per_trial"], 1))
     v2["trialConcurrency"] = concurrency
+    return operations
+
+
+def _operations(searcher: Dict[str, Any], args: Dict[str, Any]) -> List[int]:
+    """adaptive_asha on max_length is the legacy searcher's form: its operations end at the rungs (each op's
+    length the next rung's), and scripts written for it (Determined's Core API tutorial, stage 3) validate only
+    when an operation completes; so the operations are every rung's length, lowest first, and each validation
+    meets a rung. On time_metric and max_time (Determined 0.38) there is one operation of max_time, and a script
+    reports its validations when it likes: [] (the shim's one operation)."""
+    if searcher.get("time_metric") is not None:
+        return []
+    return sorted({units for bracket in asha_brackets(args) for units in bracket.units})
 
 
 def _asha_args(searcher: Dict[str, Any], mode: str) -> Dict[str, Any]:

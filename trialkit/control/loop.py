@@ -18,7 +18,7 @@ priority or a smaller one, a new trial from the tuner. A tuner that runs in roun
 generations) may have nothing until a running trial ends: it is asked again then. A paused experiment
 starts nothing and asks the tuner nothing. The experiment ends when nothing runs, waits or is paused
 and the tuner has nothing more (or it was stopped: paused trials then stay
-paused).
+paused, and after a user's stop waiting ones wait, for `experiment resume`).
 
 Named for what it is, the loop alone: the manager's HTTP is
 trialkit.control.manager_http, what users can do is trialkit.control.actions,
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, TextIO, Tuple
 
 from trialkit import __version__, records, statuses
+from trialkit.checkpoints import STORE_FAILED_EXIT
 from trialkit.control.assessors import build_assessor
 from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config
@@ -84,6 +85,8 @@ ASSESSOR_STOP = (EARLY_STOPPED, "stopped early by the assessor")
 TIMEOUT_STOP = (FAILED, "timeout: ran past maxTrialDuration")
 DURATION_STOP = (SYS_CANCELED, "maxExperimentDuration reached")
 UNHEARD = "its keeper has not reached the manager"
+# The reason of a trial that waited when a user stopped the experiment: it ran nothing, and waits still.
+UNSTARTED_AT_STOP = "the experiment stopped before it started: `trialkit experiment resume` starts it"
 
 
 @dataclass
@@ -219,10 +222,12 @@ class Loop:
         return STOPPED if self.stopping is not None and self.stopping[0] == USER_CANCELED else DONE
 
     def _over(self) -> bool:
-        if self.active or self.queue:
+        if self.active:
             return False
         if self.stopping is not None:
-            return True
+            return True  # what is still queued waits for `experiment resume` (stop_experiment)
+        if self.queue:
+            return False
         # A paused experiment or trial waits for `activate`.
         return not self.paused and not any(t.paused for t in self.trials.values()) and not self._may_create()
 
@@ -403,7 +408,11 @@ class Loop:
             self._runs(trial)
         elif status.status in FINAL_STATUSES:
             self.collect_undelivered(trial)
-            if not self._retried(trial, status):
+            if not status.started and self._waits_for_resume(trial):
+                self.active.pop(trial.id, None)
+                trial.ran = False  # this start did nothing: not a restart
+                self.requeue(trial, UNSTARTED_AT_STOP)
+            elif not self._retried(trial, status):
                 self.finish(trial, status.status, status.reason, status.exit_code)
 
     def _retried(self, trial: Trial, status: PlatformStatus) -> bool:
@@ -429,8 +438,14 @@ class Loop:
             self.on_records(trial.id, self.store.add_records(trial.id, batch))
 
     def finish(self, trial: Trial, status: str, reason: str, exit_code: Optional[int]) -> None:
+        # Its checkpoint could not be restored for a reason of the store (STORE_FAILED_EXIT): it keeps its
+        # place, for `experiment resume` once the store is fixed, and the experiment stops (below) saying why.
+        store_failed = status == PREEMPTED and exit_code == STORE_FAILED_EXIT
+        why_store = reason
+        if store_failed:
+            reason = f"{reason}; {RESUMABLE}"
         # A stop that came too late to matter (the trial finished with its result) changes nothing.
-        if trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
+        elif trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
             status, reason = self._stopped(trial, status)
         elif status == PREEMPTED and not self._checkpointed(trial, status):  # a pod deleted, a pool's preemption
             reason = f"{reason}; {NO_CHECKPOINT}" if reason else NO_CHECKPOINT
@@ -445,7 +460,12 @@ class Loop:
         self.manager.save(self.elapsed())
         self.progress.trial_ended(trial.id, label(status), trial.final, reason, self.snapshot())
         if trial.paused:
-            if trial.stop is None and self.stopping is None:
+            if store_failed:
+                if self.stopping is None:
+                    self.error = (f"trial {trial.id}: {why_store} (fix the store, then `trialkit experiment resume "
+                                  f"{self.experiment_id}`: every trial goes on where it was)")
+                    self.stop_experiment((USER_CANCELED, "experiment stopped: its checkpoint store failed"))
+            elif trial.stop is None and self.stopping is None:
                 # Stopped by someone else (a pod deleted, a spot notice, a job of higher priority): it resumes.
                 lost = f"; {NO_CHECKPOINT}" if reason.endswith(NO_CHECKPOINT) else ""
                 self.requeue(trial, f"preempted: queued to resume{lost}")
@@ -508,13 +528,21 @@ class Loop:
 
     # -- stopping ----------------------------------------------------------------------
     def stop_experiment(self, why: Tuple[str, str]) -> None:
-        """End early: running trials stop gracefully, waiting ones end; `why` is (their status, the reason)."""
+        """End early: running trials stop gracefully, waiting ones end; `why` is (their status, the reason).
+        A user's stop (Ctrl-C, SIGTERM, `experiment stop`) ends only what runs: a trial that waits (queued, or
+        submitted and not started: _check_ended) keeps waiting, with its parameters, for `experiment resume`,
+        as NNI's resume runs the rest of maxTrialNumber."""
         if self.stopping is None:
             self.stopping = why
         for trial in list(self.active.values()):
             self.stop_trial(trial, why)
         for trial_id in self.queue.order():
-            self.cancel(self.trials[trial_id], why)
+            if not self._waits_for_resume(self.trials[trial_id]):
+                self.cancel(self.trials[trial_id], why)
+
+    def _waits_for_resume(self, trial: Trial) -> bool:
+        """Whether a trial that is not running keeps waiting through the experiment's stop: a user's stop."""
+        return self.stopping is not None and self.stopping[0] == USER_CANCELED and trial.stop in (None, self.stopping)
 
     def cancel(self, trial: Trial, why: Tuple[str, str]) -> None:
         """End a trial that holds no slot (waiting or paused)."""

@@ -61,8 +61,10 @@ class Manager:
         self.page = page
 
     @classmethod
-    def start(cls, loop: "Loop", port: Optional[int], page: Optional[PageHook] = None) -> "Manager":
-        """Listen (UserError when the port is taken), wire the routes to the loop, write manager.json."""
+    def start(cls, loop: "Loop", port: Optional[int], page: Optional[PageHook] = None,
+              token: Optional[str] = None) -> "Manager":
+        """Listen (UserError when the port is taken), wire the routes to the loop, write manager.json; `token`:
+        the admin token of the experiment's earlier run, kept (ManagerInfo.for_this_process)."""
         local = loop.config.platform == "local"
         host = "127.0.0.1" if local else "0.0.0.0"
         try:
@@ -72,7 +74,7 @@ class Manager:
                             "pick a free port, or leave --port out for any free one") from None
         bound = server.url.rsplit(":", 1)[1]
         url = server.url if local else f"{server.scheme}://{_advertised_host(loop.config)}:{bound}"
-        info = ManagerInfo.for_this_process(loop.experiment_id, url, int(bound), loop.elapsed_before)
+        info = ManagerInfo.for_this_process(loop.experiment_id, url, int(bound), loop.elapsed_before, token)
         install_admin_routes(server, info.token, loop)
         attached = page(server, loop.store, info, loop) if page is not None else None
         metrics.install(server, loop.store, [info.token, attached and attached.token, os.environ.get(METRICS_TOKEN)])

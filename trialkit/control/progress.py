@@ -55,11 +55,14 @@ class Snapshot(NamedTuple):
         if self.best_value is None:
             return f"{head} {tally}"
         best = f"best {number(self.best_value)} ({self.best_trial}"
+        if not self.best_parameters:  # a trial of no parameters (Determined's single searcher): no empty ": "
+            line = f"{head} {tally} | {best})"
+            return line if width is None or len(line) < width else f"{head} {best}) | {tally}"
         if width is None:
-            return f"{head} {tally} | {best}: {parameters_text(self.best_parameters or {})})"
+            return f"{head} {tally} | {best}: {parameters_text(self.best_parameters)})"
         room = width - len(head) - len(tally) - len(best) - 7  # " ", " | ", ": ", ")" and the cursor
         if room >= 12:
-            return f"{head} {tally} | {best}: {parameters_text(self.best_parameters or {}, limit=room)})"
+            return f"{head} {tally} | {best}: {parameters_text(self.best_parameters, limit=room)})"
         return f"{head} {best}) | {tally}"
 
 
@@ -184,9 +187,14 @@ def trials_table(rows: List[Dict[str, Any]]) -> str:
     )
 
 
-def status_text(row: Dict[str, Any], limit: int = 72) -> str:
+# The widest a trial table's status cell gets: a long reason would widen the column for every row (and push the
+# parameters off the terminal); the table shows its start, `trialkit trial show` the whole of it.
+STATUS_WIDTH = 48
+
+
+def status_text(row: Dict[str, Any], limit: int = STATUS_WIDTH) -> str:
     """A trial's status as tables show it; a waiting trial says what it waits for, a failed one why (a reason
-    that only repeats the status, a paused trial's "paused", is left out)."""
+    that only repeats the status, a paused trial's "paused", is left out), cut to `limit` characters."""
     reason = (row.get("reason") or "").strip()
     if row["status"] not in EXPLAINED or reason.lower() in ("", label(row["status"]).lower()):
         return label(row["status"])

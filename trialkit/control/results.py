@@ -2,7 +2,7 @@
 
     rows = trial_rows(store, experiment_id)   # one dict per trial, in sequence order
     trial_rows(store, experiment_id, all_runs=True)  # one per run of each trial (export --all-runs)
-    best_row(rows, "maximize")
+    best_row(rows, "maximize")                # rank(metric, sequence, mode): the order "best" means
     to_json(rows) / to_csv(rows)
 
 A row holds the trial's id, sequence, parameter id, parameters, status, exit
@@ -19,7 +19,11 @@ runs; its row holds them all as one series (`series`): a report that names
 its step (Determined's) replaces an earlier run's report of the same group at
 that step, as Determined forgets what came after the checkpoint it restarted
 from; reports that name no step (NNI's) go on from where the earlier run's
-stopped, in the order they came, as NNI's page shows them. With all_runs a
+stopped, in the order they came, as NNI's page shows them. A run that started
+over (the stop before it found no checkpoint: the control plane's end said
+NO_CHECKPOINT, as `trial show` does) replaces every intermediate report of
+the runs before it: their progress was lost, and its own steps count from
+the beginning again. With all_runs a
 row is one run's reports as they came, with that run's own status, exit
 code, reason, start and end (a paused run is PREEMPTED though the trial later
 succeeded).
@@ -32,6 +36,7 @@ import json
 from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from trialkit import gpus, records
+from trialkit.control.queue import NO_CHECKPOINT
 from trialkit.manager.store import Store
 from trialkit.statuses import FINAL_STATUSES, SUCCEEDED
 
@@ -74,10 +79,11 @@ def trial_rows(store: Store, experiment_id: str, all_runs: bool = False) -> List
         }
         mine = [rec for rec in reported if rec["type"] in _RUN_TYPES]
         runs = sorted({rec["run"] for rec in mine})
+        history = store.status_history(trial["id"])
         if not all_runs:
-            rows.append({**row, **_metrics(series(mine), runs[-1] if runs else None)})
+            rows.append({**row, **_metrics(series(mine, history), runs[-1] if runs else None)})
             continue
-        ends = _run_ends(trial, mine, store.status_history(trial["id"])) if runs else {None: {}}
+        ends = _run_ends(trial, mine, history) if runs else {None: {}}
         for run, end in ends.items():
             rows.append({**row, **end, **_metrics([rec for rec in mine if rec["run"] == run], run)})
     return rows
@@ -90,10 +96,13 @@ def _duration(started: Optional[float], ended: Optional[float]) -> Optional[floa
     return ended - started if started is not None and ended is not None else None
 
 
-def series(reported: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """The trial's records over all its runs as one series (see the module's doc): every record but the
-    PERIODICAL ones a later run reported again at the same group and step, in the order the runs reported them."""
-    ordered = sorted(reported, key=lambda rec: (rec["run"], rec["seq"]))
+def series(reported: List[Dict[str, Any]], history: Iterable[Dict[str, Any]] = ()) -> List[Dict[str, Any]]:
+    """The trial's records over all its runs as one series (see the module's doc), given its status history:
+    every record but the PERIODICAL ones a later run reported again at the same group and step, and those of the
+    runs before the last one that started over, in the order the runs reported them."""
+    over = started_over(reported, history)
+    ordered = sorted((rec for rec in reported if over is None or rec["run"] >= over or rec["type"] != records.PERIODICAL),
+                     key=lambda rec: (rec["run"], rec["seq"]))
     kept: List[Optional[Dict[str, Any]]] = []
     at: Dict[Any, int] = {}  # (group, step) -> its latest report's place in `kept`
     for rec in ordered:
@@ -105,6 +114,25 @@ def series(reported: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             at[named] = len(kept)
         kept.append(rec)
     return [rec for rec in kept if rec is not None]
+
+
+def started_over(reported: List[Dict[str, Any]], history: Iterable[Dict[str, Any]]) -> Optional[int]:
+    """The latest run that started from the beginning: the first to start after an end whose reason says the
+    trial held no checkpoint (NO_CHECKPOINT: a pause or a preemption that found none); None when every run went
+    on from the one before it."""
+    lost = [h["time"] for h in history if h["status"] in FINAL_STATUSES and (h["reason"] or "").endswith(NO_CHECKPOINT)]
+    starts = run_starts(reported)
+    after = [min((run for run, begin in starts.items() if begin > when), default=None) for when in lost]
+    return max((run for run in after if run is not None), default=None)
+
+
+def run_starts(reported: List[Dict[str, Any]]) -> Dict[int, float]:
+    """When each run began, by run: its first record's time (the keeper's, else when the manager received it)."""
+    starts: Dict[int, float] = {}
+    for rec in reported:
+        when = rec["time"] if rec["time"] is not None else rec["received"]
+        starts[rec["run"]] = min(when, starts.get(rec["run"], when))
+    return starts
 
 
 def _metrics(reported: List[Dict[str, Any]], run: Optional[int]) -> Dict[str, Any]:
@@ -195,10 +223,7 @@ def _run_ends(trial: Dict[str, Any], reported: List[Dict[str, Any]],
     none), else the keeper's own last status of that run. The latest run's end
     is the trial's.
     """
-    starts: Dict[int, float] = {}
-    for rec in reported:
-        when = rec["time"] if rec["time"] is not None else rec["received"]
-        starts[rec["run"]] = min(when, starts.get(rec["run"], when))
+    starts = run_starts(reported)
     runs = sorted(starts)
     out = {}
     for run, later in zip(runs, runs[1:] + [None]):
@@ -241,14 +266,21 @@ def optimize_mode(config: Dict[str, Any]) -> str:
     return str(setting(config, "tuner", "classArgs", "optimize_mode") or MAXIMIZE)
 
 
+def rank(metric: Optional[float], sequence: int, optimize_mode: str) -> Tuple[int, float, int]:
+    """A trial's sort key by its final metric (a finite number or None), the best first. Of trials tied on the
+    metric the earliest (smallest sequence) comes first: the one rule for "best" in every view (best_row for the
+    CLI and the run's summary, the page's Overview and its curves' "(best)"). Trials without one come last, the
+    newest first (the page shows what is running)."""
+    if metric is None:
+        return (1, 0.0, -sequence)
+    return (0, -metric if optimize_mode == MAXIMIZE else metric, sequence)
+
+
 def best_row(rows: Iterable[Dict[str, Any]], optimize_mode: str) -> Optional[Dict[str, Any]]:
-    """The row with the best finite final metric, None when no trial has one."""
-    scored = [(metric_value(row["final"]), row) for row in rows]
-    scored = [(value, row) for value, row in scored if value is not None]
-    if not scored:
-        return None
-    pick = max if optimize_mode == "maximize" else min
-    return pick(scored, key=lambda pair: pair[0])[1]
+    """The row with the best finite final metric (rank's rule for ties), None when no trial has one."""
+    ranked = [(rank(metric_value(row["final"]), row["sequence"], optimize_mode), row) for row in rows]
+    first = min(ranked, key=lambda pair: pair[0], default=None)
+    return first[1] if first is not None and first[0][0] == 0 else None
 
 
 def flat_parameters(parameters: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:

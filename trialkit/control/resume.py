@@ -8,7 +8,7 @@ The tuner is told every trial as the store holds it (the same seed makes it
 the same tuner), the assessor every ended trial's curve. A trial that the
 stop of the experiment found saving a checkpoint (PREEMPTED, its reason ending
 in queue.RESUMABLE) queues again, to go on from it; one a user paused waits for
-`activate`. A trial that was
+`activate`; one the stop found waiting is still queued, and starts first. A trial that was
 running when the manager went away is watched again where the platform can
 find it (`Platform.reattach`), given its status and undelivered records when
 it ended meanwhile, and otherwise started again with its restart count + 1.

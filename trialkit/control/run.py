@@ -30,6 +30,7 @@ from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.platforms.base import Platform
+from trialkit.statuses import WAITING
 
 RETENTION_SECONDS = 120.0  # the experiment's end waits this long for the last retention pass
 
@@ -40,6 +41,7 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
     experiment_id = experiment_id or paths.new_experiment_id()
     planned_dir = paths.experiments_root(config.experiment_working_directory) / experiment_id
     _check_context(config, planned_dir)
+    checkpoints.check_store(config.checkpoint_storage)
     platform = _platform(config, planned_dir)
     experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
     try:
@@ -80,7 +82,8 @@ def forget_unstarted(experiment_dir: Path) -> None:
 
 def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optional[TextIO] = None,
                       page: Optional[PageHook] = None) -> ExperimentResult:
-    """Go on with an interrupted experiment: same id, same store, same manager port unless told otherwise.
+    """Go on with an interrupted experiment: same id, same store, same manager port unless told otherwise, same
+    admin token (and so the same page token: the page address of any run works again).
     A DONE one has nothing left to run: it is said, and nothing starts or changes."""
     experiment_dir, info, store, stored, config = _stopped_experiment(experiment_id)
     try:
@@ -88,6 +91,7 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
             print(done_already(experiment_id), file=out or sys.stdout, flush=True)
             return ExperimentResult(experiment_id, DONE, config.optimize_mode, trial_rows(store, experiment_id))
         _check_context(config, experiment_dir)
+        checkpoints.check_store(config.checkpoint_storage)
         platform = _platform(config, experiment_dir)
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
         loop.paused = stored["status"] == PAUSED  # it stays paused until activated
@@ -97,7 +101,7 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
             except sqlite3.OperationalError as err:  # the first write: a disk that takes none is one line
                 raise store.refusing(err) from None
         running = restore(loop)
-        manager = Manager.start(loop, port or (info.port if info else None), page)
+        manager = Manager.start(loop, port or (info.port if info else None), page, info.token if info else None)
         return _run(loop, manager, platform, "resumed", running)
     finally:
         store.close()
@@ -203,6 +207,11 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
             f"parameters={records.dumps(best['parameters'])}")
     if loop.error is not None:
         say(f"error: {loop.error}")
+    waiting = [trial.id for trial in sorted(loop.trials.values(), key=lambda t: t.sequence) if trial.status == WAITING]
+    if result.status == STOPPED and waiting:  # a user's stop leaves them waiting (Loop.stop_experiment)
+        one = len(waiting) == 1
+        say(f"{len(waiting)} trial{'' if one else 's'} still wait{'s' if one else ''} ({', '.join(waiting)}): "
+            f"`trialkit experiment resume {loop.experiment_id}` runs {'it' if one else 'them'}")
 
 
 def _check_context(config: ExperimentConfig, experiment_dir: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from trialkit import __version__, env, layout, records
+from trialkit.checkpoints import STORE_FAILED_EXIT, STORED_LIST, unstored
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, explain_failure
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import PROG, warn
@@ -34,7 +35,9 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
     reporter.attach(loop)
     if isinstance(launched, LaunchError):
         print(f"{PROG}: {launched}", file=sys.stderr, flush=True)
-        reporter.status(FAILED, exit_code=launched.code, reason=str(launched), restart_count=trial.restart_count)
+        # A store that failed the restore is not the trial's fault: it waits, PREEMPTED, for the store's repair.
+        status = PREEMPTED if launched.code == STORE_FAILED_EXIT else FAILED
+        reporter.status(status, exit_code=launched.code, reason=str(launched), restart_count=trial.restart_count)
         code = launched.code
     else:
         child, out_r, err_r = launched
@@ -112,14 +115,16 @@ def keep_to_end(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, 
     """Keep the running command to its end and record how it ended (once its checkpoints are stored: a
     PREEMPTED trial may start again elsewhere at once); returns its exit code."""
     stop_asked = supervise(loop, child, captures, trial)
+    unstored = None
     if uploads is not None:
-        uploads.finish(loop, time.monotonic() + trial.checkpoint_transfer_seconds)
+        unstored = uploads.finish(loop, time.monotonic() + trial.checkpoint_transfer_seconds)
     status, reason = final_status(child, stop_asked), ""
     if status == FAILED:
         reason, hint = explain_failure(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
         reason = reason or f"{describe_exit(child.exit_code)}, nothing on stderr"  # a silent death says how
         if hint is not None:
             print(f"{PROG}: {hint}", file=sys.stderr, flush=True)
+    reason = "; ".join(filter(None, (reason, unstored)))
     reporter.trial_ended()
     reporter.status(status, exit_code=child.exit_code, ended=time.time(), reason=reason)
     return child.exit_code
@@ -130,6 +135,11 @@ class Uploads:
     library never loads here nor in training, and a stop of the trial's group leaves it uploading."""
 
     def __init__(self, trial: env.TrialEnv, loop: EventLoop):
+        self.trial = trial
+        try:
+            os.unlink(trial.trial_dir / STORED_LIST)  # an earlier run's: this run's uploader writes its own
+        except OSError:
+            pass
         read, self._end = os.pipe()
         try:
             self.child: Optional[Child] = loop.watch(spawn([sys.executable, "-m", "trialkit.checkpoints.sync"],
@@ -140,22 +150,30 @@ class Uploads:
         finally:
             os.close(read)
 
-    def finish(self, loop: EventLoop, deadline: float) -> None:
-        """Tell it the trial ended and wait (to the deadline) until it has stored what is left."""
+    def finish(self, loop: EventLoop, deadline: float) -> Optional[str]:
+        """Tell it the trial ended and wait (to the deadline) until it has stored what is left; what it did not
+        store, said for the trial's reason (None when everything is stored)."""
         try:
             os.write(self._end, b"end\n")
         except OSError:
             pass  # it is gone already: its exit code says how it went
         os.close(self._end)
         child = self.child
-        if child is None:
-            return
-        if not loop.run_until(lambda: not child.running, deadline):
+        if child is not None and not loop.run_until(lambda: not child.running, deadline):
             signal_group(child.pgid, signal.SIGKILL)
-            warn(f"the checkpoint uploader did not finish within {env.CHECKPOINT_TRANSFER_SECONDS}; what it had "
-                 "not stored is only in the trial's checkpoint dir")
-        elif child.exit_code != 0:
-            warn("some checkpoints were not stored (said above); they are only in the trial's checkpoint dir")
+            why = (f"the uploader did not finish within {self.trial.checkpoint_transfer_seconds:g} s "
+                   f"({env.CHECKPOINT_TRANSFER_SECONDS})")
+        elif child is None or child.exit_code != 0:
+            why = "the uploader failed (its lines in trial.log say why)"
+        else:
+            return None
+        left = unstored(self.trial.trial_dir, self.trial.checkpoint_dir)
+        if not left:
+            return None
+        note = (f"{len(left)} checkpoint{'s' * (len(left) > 1)} not stored in the object store: {why}; kept in "
+                f"{self.trial.checkpoint_dir}")
+        warn(note)
+        return note
 
 
 def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env.TrialEnv) -> bool:

@@ -253,23 +253,33 @@ def start_command(command: Sequence[str], trial: env.TrialEnv) -> Tuple[Child, i
 
 def restore_checkpoint(trial: env.TrialEnv) -> None:
     """With an object store of checkpoints, fetch the trial's latest before it starts (a new node or pod has
-    none): in a process of its own (trialkit/checkpoints/restore.py), so the keeper never loads the cloud
-    library. LaunchError when it cannot: a trial started without its checkpoint would lose its progress."""
+    none; a pod its operator made again keeps its restart count, so every start asks): in a process of its
+    own (trialkit/checkpoints/restore.py), so the keeper never loads the cloud library. LaunchError when it
+    cannot: a trial started without its checkpoint would lose its progress; a store that fails exits
+    STORE_FAILED_EXIT (the trial resumes later)."""
     if not trial.checkpoint_store:
         return
     from importlib.util import find_spec
+
+    from trialkit.checkpoints import STORE_FAILED_EXIT
     if find_spec("obstore") is None:  # an image without trialkit runs the keeper from its archive
         raise LaunchError("an object store of checkpoints needs trialkit in the image, with its checkpoints extra "
                           "(obstore is not importable here); build the image from images/Dockerfile.cpu or .gpu", 1)
     argv = [sys.executable, "-m", "trialkit.checkpoints.restore"]
     try:
-        done = subprocess.run(argv, env=trial.child_environ(), stdin=subprocess.DEVNULL,
-                              timeout=trial.checkpoint_transfer_seconds)
+        done = subprocess.run(argv, env=trial.child_environ(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True, errors="replace", timeout=trial.checkpoint_transfer_seconds)
     except subprocess.TimeoutExpired:
-        raise LaunchError(f"the trial's checkpoint was not restored within {trial.checkpoint_transfer_seconds:g} s "
-                          f"({env.CHECKPOINT_TRANSFER_SECONDS})", 1) from None
-    if done.returncode != 0:
-        raise LaunchError("the trial's checkpoint could not be restored from its store (said above)", 1)
+        raise LaunchError(f"its checkpoint was not restored within {trial.checkpoint_transfer_seconds:g} s "
+                          f"({env.CHECKPOINT_TRANSFER_SECONDS}): the store is too slow or does not answer",
+                          STORE_FAILED_EXIT) from None
+    said = done.stderr.strip().splitlines()
+    if done.returncode == 0:
+        sys.stderr.writelines(line + "\n" for line in said)
+        return
+    sys.stderr.writelines(line + "\n" for line in said[:-1])  # its last line, why, is said once: in the reason
+    why = said[-1].split(": cannot restore: ", 1)[-1] if said else f"exit {done.returncode}"
+    raise LaunchError(f"its checkpoint could not be restored: {why}", STORE_FAILED_EXIT)
 
 
 def run(argv: Sequence[str]) -> int:

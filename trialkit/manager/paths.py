@@ -62,10 +62,13 @@ def trial_id(experiment_id: str, sequence: int) -> str:
 
 
 def experiment_of(trial: str) -> str:
+    """The experiment of a trial id the user gave: its part before the last '-', an experiment of this home;
+    UserError at TRIAL_ID (the argument they gave) when it is not a trial id or no such experiment is here."""
     experiment, _, sequence = trial.rpartition("-")
     if not experiment or not (sequence.isascii() and sequence.isdigit()) or not _ID.fullmatch(experiment):
         shown = repr(trial) if len(trial) <= 40 else repr(trial[:37]) + "..."
         raise UserError(f"{shown} is not a trial id", "TRIAL_ID", "trial ids look like abcd1234-00003 (see `trialkit trial list EXP`)")
+    experiment_dir(experiment, "TRIAL_ID")
     return experiment
 
 
@@ -86,12 +89,12 @@ def create_experiment_dir(experiment_id: str, working_directory: Optional[str] =
     return path
 
 
-def experiment_dir(experiment_id: str) -> Path:
-    """The dir of an existing experiment; UserError if there is none."""
+def experiment_dir(experiment_id: str, where: str = "EXPERIMENT_ID") -> Path:
+    """The dir of an existing experiment; UserError at `where` (the argument the user gave) if there is none."""
     path = experiments_root() / check_experiment_id(experiment_id)
     if (path / DB_NAME).exists():
         return path
-    raise UserError(f"no experiment {experiment_id!r} under {home() / 'experiments'}", "EXPERIMENT_ID",
+    raise UserError(f"no experiment {experiment_id!r} under {home() / 'experiments'}", where,
                     "see `trialkit experiment list`, or set TRIALKIT_HOME to where it was run")
 
 

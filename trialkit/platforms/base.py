@@ -51,6 +51,9 @@ class PlatformStatus:
     # FAILED for a cause that is not the trial's own exit code (its node lost, its
     # pod evicted or OOM-killed, its keeper gone): maxTrialRestarts may start it again.
     retryable: bool = False
+    # False for a final status of a run whose command never started (stopped while it waited, or before its
+    # keeper got to it): the run did nothing, so a stop of the experiment leaves the trial waiting for resume.
+    started: bool = True
 
 
 class Platform(Protocol):

@@ -234,6 +234,10 @@ class _Keeper:
     exit_code: Optional[int] = None
     ended: bool = False
     kill_timer: Optional[threading.Timer] = None
+    # The trial as submitted and its status file as the keeper found it (_identity), when we started it; None for
+    # one a control plane before us started. A keeper that leaves the file as it found it said nothing of this run.
+    submitted: Optional["_Held"] = None
+    status_before: Optional[Tuple[int, ...]] = None
 
 
 @dataclass
@@ -243,6 +247,15 @@ class _Held:
     spec: TrialSpec
     code: Optional[Path]
     reason: str
+
+
+def _identity(path: Path) -> Tuple[int, ...]:
+    """Which status file is there: the keeper replaces it whole at each write (a new inode); () when none is."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return ()
+    return found.st_ino, found.st_mtime_ns, found.st_size
 
 
 class Platform(PlatformBase):
@@ -293,14 +306,22 @@ class Platform(PlatformBase):
             if taken is not None:
                 self._launch(spec, code, taken, found)
                 return spec.trial_id
-            held = self._held[spec.trial_id] = _Held(spec, code, reason)
-            if self._pool is not None:
-                gpus.forget_assignment(trial_dir)
-                self._watch_gpus()
-            self._watch_slots()
-            self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
-            self.on_waiting(spec.trial_id, held.reason)
+            self._hold(_Held(spec, code, reason))
         return spec.trial_id
+
+    def _hold(self, held: _Held, first: bool = False) -> None:
+        """The trial waits for its slots (and GPUs), after those held before it, or before them all (`first`);
+        it says why (called under the lock)."""
+        trial_id = held.spec.trial_id
+        self._held[trial_id] = held
+        if first:
+            self._held = {trial_id: held, **self._held}
+        if self._pool is not None:
+            gpus.forget_assignment(paths.trial_dir(self.experiment_dir, trial_id))
+            self._watch_gpus()
+        self._watch_slots()
+        self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
+        self.on_waiting(trial_id, held.reason)
 
     def _take(self, trial_id: str, found: Optional[List[gpus.Gpu]] = None
               ) -> Tuple[Optional[Tuple[int, ...]], List[gpus.Gpu], str]:
@@ -316,7 +337,8 @@ class Platform(PlatformBase):
             ask = pools.GpuAsk(self._pool.gpus_per_trial, 1 / self.config.max_trial_number_per_gpu, tuple(free))
         indices = self._slots.grant(trial_id, self.experiment_dir.name, self.config.pool_slots, ask)
         if indices is None:
-            return None, found or [], self._slots.waiting_reason(self.config.pool_slots, ask)
+            return None, found or [], self._slots.waiting_reason(self.experiment_dir.name, self.config.pool_slots,
+                                                                 ask)
         if self._pool is not None:
             self._pool.hold(trial_id, indices)
         return indices, found or [], ""
@@ -325,6 +347,7 @@ class Platform(PlatformBase):
                 found: Sequence[gpus.Gpu] = ()) -> None:
         """Start the trial's keeper with these GPUs (the pool already counts them as the trial's)."""
         trial_dir = paths.trial_dir(self.experiment_dir, spec.trial_id)
+        status_before = _identity(layout.status_path(trial_dir))
         try:
             if self._pool is not None:
                 gpus.write_assignment(trial_dir, indices)  # before the keeper: a restarted control plane reads it
@@ -345,7 +368,8 @@ class Platform(PlatformBase):
             raise
         # Not reaped before our waiter thread does it: the pid is still this child's.
         self._watch(_Keeper(spec.trial_id, trial_dir, child.pid, os.pidfd_open(child.pid),
-                            float(spec.env.get(env.GRACE_SECONDS, env.DEFAULT_GRACE_SECONDS)), child.popen))
+                            float(spec.env.get(env.GRACE_SECONDS, env.DEFAULT_GRACE_SECONDS)), child.popen,
+                            submitted=_Held(spec, code, ""), status_before=status_before))
 
     def reattach(self, handle: str) -> bool:
         """Watch the trial's keeper again if it still runs (a control plane before us started it)."""
@@ -423,7 +447,8 @@ class Platform(PlatformBase):
             keeper = self._keepers.get(handle)
         if keeper is not None and not keeper.ended:
             return PlatformStatus(RUNNING)
-        data = StatusFile.previous(layout.status_path(paths.trial_dir(self.experiment_dir, handle))) or {}
+        data = self._this_run(keeper) if keeper is not None else \
+            StatusFile.previous(layout.status_path(paths.trial_dir(self.experiment_dir, handle))) or {}
         exit_code = data.get("exit_code", keeper.exit_code if keeper else None)
         if data.get("status") in FINAL_STATUSES:
             return PlatformStatus(data["status"], data.get("reason") or "", exit_code)
@@ -433,11 +458,20 @@ class Platform(PlatformBase):
             # The keeper exits with the trial's code: its status file lags (a full disk refused it).
             return PlatformStatus(SUCCEEDED, "", 0)
         how = process.describe_exit(keeper.exit_code) if keeper.exit_code is not None else "an unknown status"
+        if not data:  # it wrote nothing of this run: its command never started
+            return PlatformStatus(FAILED, f"the keeper ended ({how}) before it started the trial's command",
+                                  retryable=True, started=False)
         return PlatformStatus(FAILED, f"the keeper ended ({how}) before the trial did", keeper.exit_code,
                               retryable=True)
 
     def stop(self, handle: str, grace: float) -> None:
-        """SIGTERM to the keeper (it stops the trial within its grace and flushes); SIGKILL past that."""
+        """SIGTERM to the keeper (it stops the trial within its grace and flushes); SIGKILL past that. The
+        experiment's stop ends the trial, preempted or not: it does not wait again."""
+        with self._lock:
+            self._preempted.pop(handle, None)
+        self._stop(handle, grace)
+
+    def _stop(self, handle: str, grace: float) -> None:
         if self._drop_held(handle):
             return
         with self._lock:
@@ -453,6 +487,8 @@ class Platform(PlatformBase):
 
     def kill(self, handle: str) -> None:
         """SIGKILL the trial's process group, then its keeper."""
+        with self._lock:
+            self._preempted.pop(handle, None)
         if self._drop_held(handle):
             return
         with self._lock:
@@ -461,10 +497,19 @@ class Platform(PlatformBase):
                 return
             # The keeper is alive, so the trial it started (its pid is the
             # trial's group) has not been reaped: the group is still the trial's.
-            data = StatusFile.previous(layout.status_path(keeper.trial_dir)) or {}
+            data = self._this_run(keeper)
             if isinstance(data.get("pid"), int):
                 process.signal_group(data["pid"], signal.SIGKILL)
             _send(keeper, signal.SIGKILL)
+
+    @staticmethod
+    def _this_run(keeper: _Keeper) -> Dict[str, Any]:
+        """The status file as the keeper left it; {} while it holds what an earlier run left (the keeper has
+        said nothing yet: stopped before it got to its command)."""
+        path = layout.status_path(keeper.trial_dir)
+        if keeper.status_before is not None and _identity(path) == keeper.status_before:
+            return {}
+        return StatusFile.previous(path) or {}
 
     def _drop_held(self, handle: str) -> bool:
         """A stop for a trial still waiting for GPUs: it ends without starting."""
@@ -472,7 +517,8 @@ class Platform(PlatformBase):
             if self._held.pop(handle, None) is None:
                 return False
             self._slots.set_queued(self.experiment_dir.name, len(self._held) * self.config.pool_slots)
-            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for its slots or GPUs")
+            self._unstarted[handle] = PlatformStatus(USER_CANCELED, "stopped while it waited for its slots or GPUs",
+                                                     started=False)
         self.on_end(handle)
         return True
 
@@ -505,8 +551,22 @@ class Platform(PlatformBase):
                 # The keeper's children die with it (parent-death signal): its GPUs are free,
                 # however it ended (kill -9 included).
                 self._pool.release(keeper.trial_id)
+            waits_again = self._wait_again(keeper)
         self._start_held()
-        self.on_end(keeper.trial_id)
+        if not waits_again:
+            self.on_end(keeper.trial_id)
+
+    def _wait_again(self, keeper: _Keeper) -> bool:
+        """A trial preempted before its keeper said a word of this run (its slots came free for a moment, the job
+        they were owed to took them back before the command started) never ran: no run ended, no restart to
+        count. It waits again, before the others held, as it was submitted (called under the lock)."""
+        if keeper.trial_id not in self._preempted or keeper.submitted is None or self._this_run(keeper):
+            return False
+        del self._preempted[keeper.trial_id]
+        spec, code = keeper.submitted.spec, keeper.submitted.code
+        self._hold(_Held(spec, code, self._slots.waiting_reason(self.experiment_dir.name, self.config.pool_slots)),
+                   first=True)
+        return True
 
     # -- slots and GPUs ----------------------------------------------------------------------
     def _start_held(self, found: Optional[List[gpus.Gpu]] = None) -> None:
@@ -600,7 +660,7 @@ class Platform(PlatformBase):
             for trial_id in preempt.choose([k.trial_id for k in running if k.kill_timer is None],
                                            self.config.pool_slots, due):
                 self._preempted[trial_id] = why
-                self.stop(trial_id, self._keepers[trial_id].grace)
+                self._stop(trial_id, self._keepers[trial_id].grace)
 
     def _watch_gpus(self) -> None:
         """Start the watcher unless it runs (called under the lock)."""

@@ -340,7 +340,7 @@ class Pool:
                 self._drop_dead()
                 chosen = () if gpus is None else self._choose(gpus, excluding=holder)
                 if chosen is None or self._used(excluding=holder) + slots > self.slots + ROUNDING \
-                        or self._waits_behind(experiment):
+                        or self._waiting_ahead(experiment) is not None:
                     started = self._db.execute("UPDATE jobs SET waiting = ? WHERE experiment = ? AND waiting = 0",
                                                (slots, experiment)).rowcount
                     self._db.execute("UPDATE jobs SET waiting = ? WHERE experiment = ?", (slots, experiment))
@@ -414,7 +414,7 @@ class Pool:
         if self.free() + ROUNDING < slots:
             return False
         with self._lock:
-            return not self._waits_behind(experiment)
+            return self._waiting_ahead(experiment) is None
 
     def claims(self) -> List["Claim"]:
         """The pool's jobs whose control plane runs, as preemption weighs them (platforms/preempt.py)."""
@@ -432,8 +432,9 @@ class Pool:
                 for experiment, priority, submitted, pid, ticks, waiting, queued, preemptible, place in rows
                 if Holder(pid, ticks).alive()]
 
-    def waiting_reason(self, slots: float, gpus: Optional[GpuAsk] = None) -> str:
-        """Why a refused trial waits: its GPUs when other trials of this home hold them, else its slots."""
+    def waiting_reason(self, experiment: str, slots: float, gpus: Optional[GpuAsk] = None) -> str:
+        """Why a refused trial of `experiment` waits: its GPUs when other trials of this home hold them, else the
+        job ahead of it that waits (the pool's order gives that job the free slots first), else its slots."""
         if gpus is not None:
             with self._lock:
                 free = self._free_gpus(gpus, excluding="")
@@ -442,7 +443,13 @@ class Pool:
                 return f"waiting for {gpus.count} GPU{'s' if gpus.count != 1 else ''}: GPU " \
                        f"{','.join(map(str, taken))} leased to other trials of this home ({len(free)} of " \
                        f"{len(gpus.candidates)} free)"
-        if self.slots == UNLIMITED:  # refused only for a job ahead of it that waits
+        with self._lock:
+            ahead = self._waiting_ahead(experiment)
+        free = "" if self.slots == UNLIMITED else f": {self.free():g} of {self.slots} slots free"
+        if ahead is not None:
+            job, priority = ahead
+            return f"waiting behind experiment {job}, priority {priority}, in pool {self.name}{free}"
+        if self.slots == UNLIMITED:  # refused only for a job ahead of it, which has just stopped waiting
             return f"waiting for a job ahead of it in pool {self.name}"
         return f"waiting for {slots:g} slot{'s' if slots != 1 else ''} of pool {self.name}: {self.free():g} of " \
                f"{self.slots} free"
@@ -493,18 +500,19 @@ class Pool:
                                    (self.name, excluding)).fetchone()
         return used
 
-    def _waits_behind(self, experiment: str) -> bool:
-        """Whether a live job ahead of `experiment` in its pool's order (the scheduler's) waits for slots."""
+    def _waiting_ahead(self, experiment: str) -> Optional[Tuple[str, int]]:
+        """(experiment, priority) of the first live job ahead of `experiment` in its pool's order (the scheduler's)
+        that waits for slots; None when none does."""
         rows = self._db.execute(f"SELECT experiment, priority, weight, {_PLACE}, pid, ticks, waiting FROM jobs "
                                 "WHERE pool = ?", (self.name,)).fetchall()
         held = _acquired(self._db, self.name) if self.scheduler == FAIR_SHARE else {}
         mine = next((_order(self.scheduler, priority, weight, place, held.get(job, 0.0))
                      for job, priority, weight, place, *_ in rows if job == experiment),
                     _order(self.scheduler, DEFAULT_PRIORITY, DEFAULT_WEIGHT, float("inf"), held.get(experiment, 0.0)))
-        return any(_order(self.scheduler, priority, weight, place, held.get(job, 0.0)) < mine
-                   and Holder(pid, ticks).alive()
-                   for job, priority, weight, place, pid, ticks, waiting in rows
-                   if job != experiment and waiting > 0)
+        ahead = sorted((_order(self.scheduler, priority, weight, place, held.get(job, 0.0)), job, priority)
+                       for job, priority, weight, place, pid, ticks, waiting in rows
+                       if job != experiment and waiting > 0 and Holder(pid, ticks).alive())
+        return next(((job, priority) for order, job, priority in ahead if order < mine), None)
 
     def _follow(self, experiment: str) -> None:
         """Take the pool the experiment's job is in now (`job update --resource-pool` moved it), under the lock."""

@@ -23,7 +23,7 @@ from trialkit import gpus
 from trialkit.control import results
 from trialkit.control.plot import parameter_scale, step_title
 from trialkit.manager.server import HttpError, decode
-from trialkit.records import INT64_MAX, BadRecord, metric_number
+from trialkit.records import INT64_MAX, PERIODICAL, BadRecord, metric_number
 from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
 
 # Experiment statuses (NNI's names) whose clock still runs; any other ended at its last update.
@@ -49,10 +49,6 @@ def _metric_of_json(text: Optional[str]) -> Optional[float]:
 # The trial's last FINAL record: the primary key (trial, seq) walked backwards stops at it.
 FINAL = ("(SELECT metric_number(r.value) FROM records r WHERE r.trial = t.id AND r.type = 'FINAL' "
          "ORDER BY r.seq DESC LIMIT 1)")
-
-
-def _order(mode: str) -> str:
-    return "DESC" if mode == results.MAXIMIZE else "ASC"
 
 
 def _experiment_row(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any]:
@@ -93,12 +89,16 @@ def parameter_names(db: sqlite3.Connection, experiment_id: str, config: Mapping[
     return list(params) if isinstance(params, dict) else []
 
 
-def _best(db: sqlite3.Connection, experiment_id: str, mode: str, limit: int = 1) -> List[sqlite3.Row]:
-    # MATERIALIZED: each trial's metric is taken once (a flattened subquery takes it for the filter and the order).
-    return db.execute(
-        f"WITH m AS MATERIALIZED (SELECT t.id, t.parameters, {FINAL} AS metric FROM trials t WHERE t.experiment=?) "
-        f"SELECT * FROM m WHERE metric IS NOT NULL ORDER BY metric {_order(mode)} LIMIT ?",
-        (experiment_id, limit)).fetchall()
+def _ranked(db: sqlite3.Connection, experiment_id: str, mode: str) -> List[sqlite3.Row]:
+    """The experiment's trials with their final metrics, the best first by results.rank (the CLI's rule for ties)."""
+    rows = db.execute(f"SELECT t.id, t.sequence, t.parameters, {FINAL} AS metric FROM trials t WHERE t.experiment=?",
+                      (experiment_id,)).fetchall()
+    return sorted(rows, key=lambda row: results.rank(row["metric"], row["sequence"], mode))
+
+
+def _best(db: sqlite3.Connection, experiment_id: str, mode: str) -> Optional[sqlite3.Row]:
+    ranked = _ranked(db, experiment_id, mode)
+    return ranked[0] if ranked and ranked[0]["metric"] is not None else None
 
 
 def _duration(created: float, updated: float, status: str, now: float) -> float:
@@ -122,7 +122,7 @@ def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = N
         "trials": sum(counts.values()),
         "counts": counts,
         "optimize_mode": mode,
-        "best": {"id": best[0]["id"], "metric": best[0]["metric"], "parameters": _json(best[0]["parameters"])}
+        "best": {"id": best["id"], "metric": best["metric"], "parameters": _json(best["parameters"])}
         if best else None,
     }
 
@@ -305,14 +305,11 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
     mode = results.optimize_mode(exp["config"])
     if trial_ids:
         chosen = list(trial_ids[:CURVE_TRIALS])
-        rows = db.execute(f"SELECT t.id, {FINAL} AS metric FROM trials t WHERE t.experiment=? "
+        rows = db.execute(f"SELECT t.id, t.sequence, {FINAL} AS metric FROM trials t WHERE t.experiment=? "
                           f"AND t.id IN ({','.join('?' * len(chosen))}) ORDER BY t.sequence",
                           [experiment_id, *chosen]).fetchall()
     else:
-        # The best first; while nothing has finished, the newest.
-        rows = db.execute(f"SELECT * FROM (SELECT t.id, t.sequence, {FINAL} AS metric FROM trials t "
-                          f"WHERE t.experiment=?) ORDER BY metric {_order(mode)} NULLS LAST, sequence DESC LIMIT ?",
-                          (experiment_id, top)).fetchall()
+        rows = _ranked(db, experiment_id, mode)[:top]  # the best first; while nothing has finished, the newest
     reports = {row["id"]: _reports(db, row["id"]) for row in rows}
     known = results.metrics_of(value for values in reports.values() for value in values)
     shown = results.find_metric(known, metric) or (known[0] if known else results.Metric("default", "default", None))
@@ -323,11 +320,11 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
         series.append({"id": row["id"], "metric": row["metric"], "steps": [step for step, _ in points[::stride]],
                        "values": [value for _, value in points[::stride]],
                        "reports": len(reports[row["id"]])})
-    if not trial_ids:
-        best = rows[:1] if rows and rows[0]["metric"] is not None else []
-    else:
-        best = _best(db, experiment_id, mode)
-    return {"optimize_mode": mode, "best": best[0]["id"] if best else None, "series": series,
+    best = _best(db, experiment_id, mode)
+    leader = min(rows, key=lambda row: results.rank(row["metric"], row["sequence"], mode), default=None)
+    return {"optimize_mode": mode, "best": best["id"] if best else None, "series": series,
+            # The best of these trials (drawn bold), by the same rule.
+            "top": leader["id"] if leader is not None and leader["metric"] is not None else None,
             "metrics": [m.shown for m in known], "metric": shown.shown,
             # The group of a Determined metric shown by its own name ("loss": training), for its mark.
             "groups": {m.shown: m.group for m in known if m.group and m.shown != m.name},
@@ -398,12 +395,15 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
 
 
 def _reports(db: sqlite3.Connection, trial_id: str) -> List[Any]:
-    """The trial's intermediate values over all its runs, as one series (results.series)."""
+    """The trial's intermediate values over all its runs, as one series (results.series: its STATUS records and
+    status history tell when each run began and which started over)."""
     run = "COALESCE(run, 0)" if _has_runs(db) else "0"
-    found = [{"seq": seq, "run": run_of, "type": "PERIODICAL", "value": _json(value)} for seq, run_of, value in
-             db.execute(f"SELECT seq, {run}, value FROM records WHERE trial=? AND type='PERIODICAL' ORDER BY seq",
-                        (trial_id,))]
-    return [rec["value"] for rec in results.series(found)]
+    found = [{"seq": seq, "run": run_of, "type": kind, "value": _json(value) if kind == PERIODICAL else None,
+              "time": at, "received": received} for seq, run_of, kind, value, at, received in
+             db.execute(f"SELECT seq, {run}, type, value, time, received FROM records WHERE trial=? "
+                        f"AND type IN ('PERIODICAL', 'STATUS') ORDER BY seq", (trial_id,))]
+    history = [dict(row) for row in db.execute("SELECT status, reason, time FROM statuses WHERE trial=?", (trial_id,))]
+    return [rec["value"] for rec in results.series(found, history) if rec["type"] == PERIODICAL]
 
 
 def _steps(db: sqlite3.Connection, trial_id: str) -> Dict[str, int]:

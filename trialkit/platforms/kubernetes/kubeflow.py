@@ -110,14 +110,18 @@ def parse_section(section: dict, where: str) -> Any:
         role_sec.finish()
     if name == trainjob.OPERATOR and not roles:
         raise UserError("a TrainJob needs its nodes", where, "add worker: {replicas: 2, command: ...}")
+    common = parse_common(sec, [trainjob.KIND if name == trainjob.OPERATOR else operator.kind])
     if name != trainjob.OPERATOR and operator.required_role not in [role.name for role in roles]:
         role = operator.required_role
-        raise UserError(f"{name} needs a {role} role", where, f"add {role}: {{replicas: 1, command: ...}}")
+        fix = f"add {role}: {{replicas: 1, command: ...}}"
+        if chosen is None and common.template is None and _is_trainjob(roles, common, runtime, where):
+            raise UserError(f"{name} needs a {role} role (operator is unset: a PyTorchJob is assumed)", where,
+                            f"{fix}, or set operator: trainjob: Kubeflow Trainer v2 runs this section as it is")
+        raise UserError(f"{name} needs a {role} role", where, fix)
     by_name = {role.name: role for role in roles}
     if name == "pytorch-operator" and by_name["master"].count != 1:
         schema.report(UserError("a PyTorchJob has exactly one master", f"{where}.master.replicas",
                                 "use replicas: 1 and add workers"))
-    common = parse_common(sec, [trainjob.KIND if name == trainjob.OPERATOR else operator.kind])
     check_images(roles, common, where)
     reporter = reporting_role(sec, [role.name for role in roles])
     storage = parse_storage(sec)
@@ -203,6 +207,15 @@ def job_status(job: dict) -> PlatformStatus:
             reason = ": ".join(part for part in (condition.get("reason"), condition.get("message")) if part)
             return PlatformStatus(status, reason if status == FAILED else "")
     return PlatformStatus(WAITING)
+
+
+def _is_trainjob(roles: List[Role], common: KubeCommon, runtime: Optional[str], where: str) -> bool:
+    """Whether the section's roles make a valid TrainJob (`operator: trainjob`)."""
+    try:
+        trainjob.from_roles(roles, common, None, runtime, where)
+    except UserError:
+        return False
+    return True
 
 
 class Platform(KubePlatform):

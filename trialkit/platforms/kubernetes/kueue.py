@@ -4,7 +4,7 @@
       team: {kueue: {namespace: team, localQueue: team-queue, priorityClass: research}}
 
     queue = for_namespace("team")          # that pool, or None: the namespace is not queued by Kueue
-    job = queued(job, queue)               # the job labelled into the queue (pure; render's output, then this)
+    objects = into_queue(objects, queue)   # the job (the last) labelled into the queue (pure; submit and render)
     admissions = Admissions(queue)         # what a platform learns of its jobs' admission
     admissions.status(handle, job, pods, status, workloads)   # QUEUED with Kueue's words; an eviction
 
@@ -96,6 +96,19 @@ def queued(job: dict, queue: Queue) -> dict:
     job["metadata"]["labels"] = {**job["metadata"].get("labels", {}), **labels}
     _suspension(job)["suspend"] = True
     return job
+
+
+def into_queue(objects: List[dict], queue: Optional[Queue]) -> List[dict]:
+    """A trial's objects as they are submitted: the job (the last) labelled into `queue`, where there is one
+    (submission and `trialkit render` alike)."""
+    return objects if queue is None else [*objects[:-1], queued(objects[-1], queue)]
+
+
+def note(queue: Queue) -> str:
+    """The line `trialkit render` says of the pool its jobs join."""
+    priority = f", priority class {queue.priority_class}" if queue.priority_class else ""
+    return (f"namespace {queue.namespace} is pool {queue.pool} of pools.yml: the job joins Kueue's LocalQueue "
+            f"{queue.local_queue}{priority}, held (suspended, or its pods gated) until Kueue admits it")
 
 
 def _suspension(job: dict) -> dict:

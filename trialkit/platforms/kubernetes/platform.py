@@ -155,9 +155,8 @@ class KubePlatform(PlatformBase):
         until then the trial waits, in submission order."""
         from trialkit.platforms.kubernetes.client import ObjectRef
 
-        objects = self.renderer(self.config, spec)
-        if self.admissions is not None:  # the job joins Kueue's LocalQueue: Kueue, not a lease, starts it
-            objects[-1] = kueue.queued(objects[-1], self.admissions.queue)
+        # In a Kueue pool the job joins its LocalQueue: Kueue, not a lease, starts it.
+        objects = kueue.into_queue(self.renderer(self.config, spec), self.admissions and self.admissions.queue)
         self._record(spec, objects)
         shipping.keep(objects, self.experiment_dir, spec.experiment_id)  # what the pods fetch, served by the manager
         handle = str(ObjectRef.of(objects[-1]))

@@ -487,9 +487,22 @@ def azure_values(azure: AzureStorage, key: str) -> Dict[str, str]:
 
 
 def render_trial(platform_config, spec: TrialSpec) -> List[dict]:
-    """Every object that submitting `spec` on this platform creates (`trialkit render`); a refusal names
-    every problem found."""
+    """Every object that submitting `spec` on this platform creates (`trialkit render`; in a Kueue pool,
+    kueue.into_queue then labels the job); a refusal names every problem found."""
     from trialkit.platforms import load
 
     with schema.every_problem():
         return load(platform_config.platform).render(platform_config, spec)
+
+
+def render_notes(platform_config) -> List[str]:
+    """What a run decides that `render` can only assume: the operator, where the section leaves it to the
+    cluster."""
+    notes = []
+    alternative = getattr(platform_config, "trainjob", None)  # kubeflow with `operator` unset (kubeflow.py)
+    if alternative is not None:
+        where_v2 = (f"fails, as this section is no TrainJob ({alternative.what})" if isinstance(alternative, UserError)
+                    else "submits a TrainJob instead (render it with operator: trainjob)")
+        notes.append("operator is unset: rendered as a PyTorchJob (training-operator), as a run submits where the "
+                     f"cluster serves PyTorchJob; where it serves only Kubeflow Trainer v2, a run {where_v2}")
+    return notes

@@ -486,9 +486,7 @@
     '#7d7d7d', '#b5651d'];
   async function drawCurves(node, data) {
     const uPlot = await uplotReady;
-    const sign = data.optimize_mode === 'minimize' ? 1 : -1;
-    const ranked = data.series.filter((s) => s.metric !== null).sort((a, b) => sign * (a.metric - b.metric));
-    const top = ranked.length ? ranked[0].id : null;
+    const top = data.top;
     const drawn = data.series.filter((s) => s.steps.length);
     const one = data.series.length === 1;
     const note = !data.series.length ? 'no trial has reported yet'
@@ -516,8 +514,12 @@
     const y = data.metric === 'default' ? 'intermediate result' : group ? `${data.metric} (${group})` : data.metric;
     node.uplot = new uPlot({width: widths.get(node) || node.clientWidth || 800, height: CHART_HEIGHT,
       scales: {x: {time: false}},
-      series: [{label: data.x}, ...series], axes: [{label: data.x}, {label: y, size: 60}]}, [xs, ...ys], node);
+      series: [{label: data.x}, ...series],
+      axes: [{label: data.x, incrs: xs.every(Number.isInteger) ? WHOLE_STEPS : undefined}, {label: y, size: 60}]},
+    [xs, ...ys], node);
   }
+  // Whole steps tick at whole numbers only (uPlot's own steps would put 1.5, 2.5 between 1, 2 and 3).
+  const WHOLE_STEPS = Array.from({length: 16}, (_, e) => [1, 2, 5].map((m) => m * 10 ** e)).flat();
   const CHART_HEIGHT = 320;
   // A curves chart's width, as a ResizeObserver tells it after each layout (the first, the page's first frame,
   // comes while the view waits for its data; then a window resized, a scrollbar come): reading it from the node
@@ -774,8 +776,8 @@
       this.checkpoints = el('tbody');
       this.checkpointsWhere = el('p', {class: 'muted', id: 'checkpoints-where'});
       this.checkpointsPanel = el('div', {class: 'panel'}, el('h2', {}, 'Checkpoints'), this.checkpointsWhere,
-        el('table', {id: 'checkpoints'}, headRow('UUID', 'Run', 'Steps', 'Metric', 'Size', 'Kept by', 'Where'),
-          this.checkpoints));
+        el('div', {class: 'fits'}, el('table', {id: 'checkpoints'},
+          headRow('UUID', 'Run', 'Steps', 'Metric', 'Size', 'Kept by', 'Where'), this.checkpoints)));
       this.elastic = el('dl', {class: 'facts', id: 'elastic'});
       this.elasticPanel = el('div', {class: 'panel', hidden: true}, el('h2', {}, 'Elastic sizing'), this.elastic);
       this.history = el('tbody');
@@ -900,13 +902,38 @@
 
   function viewFor(hash) {
     const parts = hash.replace(/^#/, '').split('?')[0].split('/').filter(Boolean).map(decodeURIComponent);
-    if (parts[0] !== 'exp' || !parts[1]) return new ExperimentsView();
+    if (!parts.length || (parts[0] === 'exp' && parts.length === 1)) return new ExperimentsView();
+    if (parts[0] !== 'exp') return new NotFoundView(null, parts);
     const exp = parts[1];
-    if (parts[2] === 'trials') return new TrialsView(exp);
-    if (parts[2] === 'params') return new HyperView(exp);
-    if (parts[2] === 'queue') return new QueueView(exp);
-    if (parts[2] === 'trial' && parts[3]) return new TrialView(exp, parts[3]);
-    return new OverviewView(exp);
+    const [view, ...rest] = parts.slice(2);
+    if (view === undefined) return new OverviewView(exp);
+    if (view === 'trials' && !rest.length) return new TrialsView(exp);
+    if (view === 'params' && !rest.length) return new HyperView(exp);
+    if (view === 'queue' && !rest.length) return new QueueView(exp);
+    if (view === 'trial' && rest.length === 1) return new TrialView(exp, rest[0]);
+    return new NotFoundView(exp, parts);
+  }
+
+  // An address that names no view (a mistyped or an old bookmark) says so and links the views there are,
+  // rather than show another view as if it were the one asked for.
+  class NotFoundView {
+    constructor(exp, parts) { this.exp = exp; this.parts = parts; this.key = 'not-found:' + parts.join('/'); }
+    mount(main) {
+      const asked = el('code', {}, '#/' + this.parts.join('/'));
+      if (this.exp === null) {
+        crumbs(el('a', {href: '#/'}, 'experiments'));
+        main.replaceChildren(el('h1', {}, 'No such view'), el('p', {id: 'not-found'}, 'The page has no view at ',
+          asked, ': open the ', el('a', {href: '#/'}, 'experiments'), ' list.'));
+      } else {
+        const at = `#/exp/${enc(this.exp)}`;
+        main.replaceChildren(...experimentHeader(this.exp, null), el('p', {id: 'not-found'},
+          'The page has no view at ', asked, '. An experiment\'s views: ',
+          el('a', {href: at}, 'Overview'), ', ', el('a', {href: `${at}/trials`}, 'Trials'), ', ',
+          el('a', {href: `${at}/params`}, 'Hyperparameters'), ', ', el('a', {href: `${at}/queue`}, 'Queue'),
+          ', and a trial\'s page at ', el('code', {}, `${at}/trial/TRIAL_ID`), '.'));
+      }
+    }
+    async load() { markReady('not-found'); }
   }
 
   async function show(live) {
@@ -941,12 +968,19 @@
     }, wait);
   }
 
-  // Server-sent events through fetch (EventSource cannot send the token header).
+  // Server-sent events through fetch (EventSource cannot send the token header). A page left (another address,
+  // the back/forward cache) lets go of its stream: a browser holds six connections to a host, and the streams of
+  // pages no longer shown kept them all, so the seventh load of the page waited for good.
+  let following = null;
+  window.addEventListener('pagehide', () => { if (following) following.abort(); });
+  window.addEventListener('pageshow', (e) => { if (e.persisted && token) follow(); });
   async function follow() {
     const live = $('live');
+    const stop = new AbortController();
+    following = stop;
     for (;;) {
       try {
-        const resp = await fetch('/api/ui/events', {headers: {Authorization: 'Bearer ' + token}});
+        const resp = await fetch('/api/ui/events', {headers: {Authorization: 'Bearer ' + token}, signal: stop.signal});
         if (resp.status === 401 || resp.status === 403) return;
         live.textContent = 'live';
         live.classList.add('on');
@@ -966,6 +1000,7 @@
       } catch (err) {
         // the manager went away: try again below
       }
+      if (stop.signal.aborted) return;  // the page was left; pageshow follows again if it comes back
       live.textContent = 'offline';
       live.classList.remove('on');
       await new Promise((r) => setTimeout(r, 2000));

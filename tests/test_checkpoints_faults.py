@@ -1,0 +1,202 @@
+"""An object store that fails, as a user meets it: no credentials, no bucket, no answer, a checkpoint the
+store lost. Against moto's real S3 server on loopback (tests/s3_server.py), the real CLI and keeper.
+
+Nothing the user did may be lost for the store's sake: a store that cannot be used is refused at the start
+in one line (exit 2) with everything left as it was, and a trial whose checkpoint the store cannot give back
+waits (PREEMPTED) while the experiment stops saying why, to be resumed once the store is fixed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import obstore
+import pytest
+from obstore.store import S3Store
+import yaml
+
+from experiment_util import cli, experiment_id, export, reported, start_cli, stored, trial_status
+from harness import wait_until
+from s3_server import s3, s3_server  # noqa: F401 - fixtures
+from test_checkpoints import NNI_TRIAL, one_line_error
+
+WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def no_credentials() -> dict:
+    """This environment as a fresh shell has it: no AWS variables at all."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+
+
+def nni_config(tmp_path: Path, storage: dict) -> Path:
+    folder = tmp_path / "nni"
+    folder.mkdir(exist_ok=True)
+    (folder / "trial.py").write_text(NNI_TRIAL)
+    path = folder / "config.yml"
+    path.write_text(yaml.safe_dump({
+        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 trial.py",
+        "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "Random"},
+        "trainingService": {"platform": "local"}, "checkpointStorage": storage}))
+    return path
+
+
+def experiment_status(home: Path, exp: str) -> str:
+    return stored(home, exp, "SELECT status FROM experiments WHERE id=?", exp)[0][0]
+
+
+def interrupted(home: Path, config: Path) -> str:
+    """`trialkit run CONFIG`, Ctrl-C once its trial reported 3 steps: it stops with its checkpoint stored."""
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        wait_until(lambda: reported(home, f"{exp}-00000") >= 3, WAIT, "3 intermediate results")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert trial_status(home, f"{exp}-00000") == "PREEMPTED", out + err
+    return exp
+
+
+def test_resuming_with_a_store_that_fails_leaves_the_experiment_resumable(tmp_path, home, s3):
+    """The user's Ctrl-C, then `experiment resume` from a shell without the store's credentials: refused in one
+    line, nothing changed. Then with credentials but the stored checkpoint damaged (a file of it gone): the trial
+    waits PREEMPTED and the experiment stops (ERROR, saying why), not DONE. Its file back: resume finishes it."""
+    bucket = s3.bucket()
+    exp = interrupted(home, nni_config(tmp_path, {"type": "s3", "bucket": bucket, "endpointUrl": s3.url}))
+    trial = f"{exp}-00000"
+    before = experiment_status(home, exp)
+
+    refused = cli("experiment", "resume", exp, env=no_credentials())
+    one_line_error(refused, "checkpointStorage", "no AWS credentials found", "AWS_ACCESS_KEY_ID")
+    assert (trial_status(home, trial), experiment_status(home, exp)) == ("PREEMPTED", before)
+    listed = cli("checkpoint", "list", exp, env=no_credentials())
+    one_line_error(listed, "no AWS credentials found")
+    assert "169.254" not in listed.stderr
+
+    # The store lost a file of the checkpoint, and this node has no copy: the restore fails for the store's sake.
+    [ckpt] = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    key = f"{exp}/{trial}/{ckpt['uuid']}/model/state.txt"
+    bucket_store = S3Store(bucket, config={"endpoint": s3.url}, client_options={"allow_http": True})
+    saved = bytes(obstore.get(bucket_store, key).bytes())
+    obstore.delete(bucket_store, key)
+    shutil.rmtree(Path(export(exp)[0]["trial_dir"]) / "checkpoint")
+    failed = cli("experiment", "resume", exp, timeout=WAIT)
+    assert failed.returncode != 0, failed.stdout + failed.stderr
+    assert trial_status(home, trial) == "PREEMPTED" and experiment_status(home, exp) != "DONE"
+    assert "checkpoint could not be restored" in failed.stdout and "model/state.txt" in failed.stdout, failed.stdout
+    assert f"trialkit experiment resume {exp}" in failed.stdout
+    log = (Path(export(exp)[0]["trial_dir"]) / "trial.log").read_text()
+    assert log.count("does not exist (NoSuchKey)") == 1, log  # said once, not echoed
+
+    obstore.put(bucket_store, key, saved)
+    done = cli("experiment", "resume", exp, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = export(exp)[0]
+    assert row["status"] == "SUCCEEDED" and row["final"] == 30 and row["intermediate"] == list(range(1, 31))
+
+
+@pytest.mark.parametrize("fault", ["no bucket", "no answer", "no credentials"])
+def test_run_refuses_a_store_it_cannot_use_before_anything_starts(tmp_path, home, s3, fault):
+    """`trialkit run` checks the store once (a listing, a few seconds at most): one line, exit 2, saying what is
+    wrong in the user's words; no experiment is made."""
+    storage = {"type": "s3", "bucket": s3.bucket(), "endpointUrl": s3.url}
+    env = None
+    if fault == "no bucket":
+        storage["bucket"] = "no-such-bucket-here"
+        words = ("bucket 'no-such-bucket-here' does not exist",)
+    elif fault == "no answer":
+        storage["endpointUrl"] = "http://127.0.0.1:9"  # the discard port: nothing listens
+        words = ("s3://", "Connection refused")
+    else:
+        env = no_credentials()
+        words = ("no AWS credentials found",)
+    started = time.monotonic()
+    done = cli("run", nni_config(tmp_path, storage), env=env)
+    one_line_error(done, "checkpointStorage", *words)
+    assert time.monotonic() - started < 30
+    assert "<?xml" not in done.stderr and "169.254" not in done.stderr
+    assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
+
+
+def test_version_lists_the_cloud_library_beside_the_engines():
+    """A user reporting a store's fault says which obstore spoke: `trialkit --version` lists it."""
+    from importlib import metadata
+
+    done = cli("--version")
+    assert done.returncode == 0, done.stderr
+    assert ["obstore", metadata.version("obstore")] in [line.split() for line in done.stdout.splitlines()]
+
+
+STALLED_TRIAL = """
+import pathlib, time
+import determined as det
+go = pathlib.Path({go!r})
+with det.core.init() as core:
+    for step in range(1, 4):
+        core.train.report_validation_metrics(steps_completed=step, metrics={{"x": step}})
+        with core.checkpoint.store_path({{"steps_completed": step}}) as (path, uuid):
+            (path / "state").write_text(str(step))
+        while step == 1 and not go.exists():  # the test freezes the store meanwhile
+            time.sleep(0.05)
+"""
+
+
+def test_checkpoints_the_store_never_got_are_said_kept_and_listed(tmp_path, home, s3, monkeypatch):
+    """The store frozen (SIGSTOP of moto) after the first of three Core API checkpoints is stored, with
+    TRIALKIT_CHECKPOINT_TRANSFER_SECONDS=3: the trial's reason and the run's output say that 2 were not stored
+    and where they are; both stay in the trial's checkpoint dir, and `checkpoint list` shows them as such, kept
+    by no retention pass."""
+    bucket = s3.bucket()
+    go = tmp_path / "go"
+    config = {"name": "stalled", "entrypoint": "python3 train.py", "max_restarts": 0,
+              "hyperparameters": {"table": 0}, "searcher": {"name": "single", "metric": "x"},
+              "checkpoint_storage": {"type": "s3", "bucket": bucket, "endpoint_url": s3.url}}
+    folder = tmp_path / "context"
+    folder.mkdir()
+    (folder / "train.py").write_text(STALLED_TRIAL.format(go=str(go)))
+    (folder / "exp.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("TRIALKIT_CHECKPOINT_TRANSFER_SECONDS", "3")
+    proc = start_cli("run", folder / "exp.yaml", folder)
+    frozen = False
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: any(k.endswith(".checkpoint.json") for k in s3.objects(bucket)), WAIT,
+                   "the first checkpoint stored")
+        s3.proc.send_signal(signal.SIGSTOP)
+        frozen = True
+        go.touch()
+        wait_until(lambda: trial_status(home, trial) not in (None, "WAITING", "RUNNING"), WAIT, "the trial's end")
+        s3.proc.send_signal(signal.SIGCONT)
+        frozen = False
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if frozen:
+            s3.proc.send_signal(signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    row = export(exp)[0]
+    checkpoint_dir = Path(row["trial_dir"]) / "checkpoint"
+    said = "2 checkpoints not stored in the object store: the uploader did not finish within 3 s"
+    assert row["status"] == "SUCCEEDED" and said in row["reason"] and str(checkpoint_dir) in row["reason"], row
+    assert said in out, out
+    listed = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+    local = [c for c in listed if c["where"].startswith(str(checkpoint_dir))]
+    assert [c["steps"] for c in local] == [2, 3], listed
+    assert all(c["kept_by"] == ["not stored: only in its trial's checkpoint dir"] for c in local)
+    assert all((Path(c["where"]) / "state").read_text() == str(c["steps"]) for c in local)
+    assert [c["steps"] for c in listed if c["where"].startswith(f"s3://{bucket}/")] == [1]
