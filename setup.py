@@ -78,6 +78,10 @@ EXTRAS = {
     # 6.0 removes those deprecated in 4.9, and a major version no test here has run may change more.
     "control": ["optuna>=4,<6", "matplotlib>=3.8", "pathspec>=0.12", "tensorboardX>=2.6", "plotly>=5", "aiohttp>=3.9",
                 "orjson>=3.9"],
+    # The searches that model results (trialkit/control/tuners): BOHB's kernel densities (statsmodels, as NNI's BOHB),
+    # GP's Gaussian process (scikit-learn, as NNI's GPTuner), CMA-ES (cmaes, what optuna's CmaEsSampler runs). A config
+    # naming one of them without it installed says to install this extra. statsmodels 0.15 takes the KDE's rng.
+    "search": ["statsmodels>=0.15", "scikit-learn>=1.3", "cmaes>=0.10"],
     # The manager's GET /metrics in Prometheus' text format (trialkit/manager/metrics.py).
     "metrics": ["prometheus_client>=0.17"],
     # Checkpoints in object storage (S3 and S3-compatible, GCS, Azure Blob: trialkit/checkpoints/store.py): one

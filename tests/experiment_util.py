@@ -7,6 +7,7 @@ torch): the machine is small and shared.
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -92,6 +93,30 @@ def reported(home: Path, trial_id: str) -> int:
     """How many intermediate results a trial has delivered."""
     return stored(home, trial_id.rpartition("-")[0], "SELECT COUNT(*) FROM records WHERE trial=? AND type=?",
                   trial_id, "PERIODICAL")[0][0]
+
+
+def interrupted_after(config: Path, ended: int, status: str = "SUCCEEDED", env: Optional[Dict[str, str]] = None,
+                      out: Optional[list] = None) -> str:
+    """`trialkit run CONFIG`, Ctrl-C (SIGINT) once `ended` trials ended as `status`; the experiment's id. `out`
+    gets the lines printed after the Ctrl-C."""
+    proc = start_cli("run", config, env=env)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        seen = 0
+        for line in proc.stdout:
+            if line.startswith("trial ") and f" {status} " in line:
+                seen += 1
+                if seen == ended:
+                    proc.send_signal(signal.SIGINT)
+                    break
+        rest, _ = proc.communicate(timeout=60)
+        if out is not None:
+            out.extend(rest.splitlines())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return exp
 
 
 def runs_as_stored(home: Path, trial_id: str) -> Tuple[List[Tuple[int, str]], List[Tuple[Any, ...]]]:

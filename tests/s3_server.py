@@ -13,10 +13,12 @@ import os
 import secrets
 import subprocess
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 import requests
+import yaml
 
 from conftest import PYTHON, TAG
 from harness import free_port, wait_until
@@ -82,3 +84,27 @@ def s3(s3_server: S3Server, monkeypatch) -> S3Server:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     return s3_server
+
+
+def create_secret(api, server: S3Server, name: str, namespace: str = "default") -> None:
+    """`kubectl create secret generic NAME --from-literal=...` of the server's credentials, on a FakeApiServer
+    (tests/k8s_fake_api.py): what a config's checkpointStorage.secretName names."""
+    with api._lock:
+        api.objects[f"/api/v1/namespaces/{namespace}/secrets/{name}"] = {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
+            "stringData": {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key,
+                           "AWS_REGION": "us-east-1"}}
+
+
+def kubeflow_config(tmp_path: Path, server: S3Server, address: str, **keys) -> Path:
+    """tmp_path/project/config.yml: a PyTorchJob trial (one master, the trial image, its code at /code) whose
+    checkpoints go to a new bucket of the server, reached at `address` (pod_runner.host_address()), with the
+    credentials of the Secret team-s3 (create_secret); `keys` complete it (search space, tuner, command...)."""
+    config = {"trainingService": {"platform": "kubeflow", "namespace": "default", "managerAddress": address,
+                                  "dockerImage": "trainer:1", "workingDir": "/code", "master": {"replicas": 1}},
+              "checkpointStorage": {"type": "s3", "bucket": server.bucket(), "secretName": "team-s3",
+                                    "endpointUrl": server.reachable_at(address)}, **keys}
+    path = tmp_path / "project" / "config.yml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(config))
+    return path

@@ -21,7 +21,7 @@ import yaml
 
 from experiment_util import RESUMABLE, cli, experiment_id, export, paused_and_activated, reported, start_cli
 from harness import wait_until
-from s3_server import s3, s3_server  # noqa: F401 - fixtures
+from s3_server import create_secret, kubeflow_config, s3, s3_server  # noqa: F401 - fixtures
 
 FIXTURES = Path(__file__).parent / "fixtures" / "determined"
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -490,26 +490,15 @@ def test_a_paused_kubernetes_trial_resumes_from_s3_in_a_new_pod_without_a_volume
     from k8s_fake_api import FakeApiServer
     from pod_runner import PodRunner, host_address
 
-    bucket = s3.bucket()
     code = tmp_path / "code"
     code.mkdir()
     (code / "train.py").write_text(RESUMABLE)
-    config = {"searchSpace": {"x": {"_type": "choice", "_value": [3]}}, "trialConcurrency": 1, "maxTrialNumber": 1,
-              "tuner": {"name": "GridSearch"}, "trialCommand": "python3 /code/train.py",
-              "trainingService": {"platform": "kubeflow", "namespace": "default", "managerAddress": host_address(),
-                                  "dockerImage": "trainer:1", "workingDir": "/code", "master": {"replicas": 1}},
-              "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.reachable_at(host_address()),
-                                    "secretName": "team-s3"}}
-    path = tmp_path / "project" / "config.yml"
-    path.parent.mkdir()
-    path.write_text(yaml.safe_dump(config))
+    path = kubeflow_config(tmp_path, s3, host_address(), searchSpace={"x": {"_type": "choice", "_value": [3]}},
+                           trialConcurrency=1, maxTrialNumber=1, tuner={"name": "GridSearch"},
+                           trialCommand="python3 /code/train.py")
     with FakeApiServer() as api:
         monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
-        with api._lock:  # `kubectl create secret generic team-s3 --from-literal=...`
-            api.objects["/api/v1/namespaces/default/secrets/team-s3"] = {
-                "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "team-s3", "namespace": "default"},
-                "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-                               "AWS_REGION": "us-east-1"}}
+        create_secret(api, s3, "team-s3")
         with PodRunner(api, containers, image, tmp_path / "kubelet", mounts={"/code": code}) as runner:
             with running(path) as (proc, exp):
                 trial = f"{exp}-00000"

@@ -150,6 +150,15 @@ def test_yaml_scientific_notation_is_a_number(tmp_path):
     assert config.experiment_name == "2024-01-01"  # a string, not a date
 
 
+@pytest.mark.parametrize("section", ["advisor", "tuner"])
+@pytest.mark.parametrize("name, args", [("Hyperband", {"R": 27, "eta": 3, "exec_mode": "serial"}),
+                                        ("BOHB", {"min_budget": 1, "max_budget": 9, "eta": 3, "top_n_percent": 20})])
+def test_nnis_advisors_are_taken_as_advisor_or_tuner_in_a_v2_config(section, name, args):
+    data = {**minimal(tuner=None), section: {"name": name, "classArgs": {"optimize_mode": "maximize", **args}}}
+    config = parse_config(data, NNI)
+    assert config.tuner.name == name and {k: config.tuner.class_args[k] for k in args} == args
+
+
 def test_no_training_service_means_local():
     assert parse_config(minimal(), NNI).platform == "local"
 
@@ -169,7 +178,9 @@ def test_no_training_service_means_local():
         (minimal(tuner=None), "tuner", "missing"),
         (minimal(tuner="TPE"), "tuner", "mapping"),
         (minimal(advisor={"name": "BOHB"}), "advisor", "both"),
-        ({**minimal(tuner=None), "advisor": {"name": "Hyperband"}}, "advisor.name", "not available"),
+        ({**minimal(tuner=None), "advisor": {"name": "SMAC"}}, "advisor.name", "not available"),
+        ({**minimal(tuner=None), "advisor": {"name": "Hyperband"}, "assessor": {"name": "Medianstop"}}, "assessor",
+         "Hyperband decides itself which trials go on"),
         (minimal(trialCommand=None), "trialCommand", "missing"),
         (minimal(trialCommand=""), "trialCommand", "non-empty"),
         (minimal(trialConcurrency=0), "trialConcurrency", "too small"),

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-from typing import Dict, Optional
 
 import pytest
 
-from experiment_util import cli, experiment, experiment_id, export, start_cli
+from experiment_util import cli, experiment, experiment_id, export, interrupted_after
 
 PLANE = {"x": {"_type": "uniform", "_value": [-5, 5]}, "y": {"_type": "uniform", "_value": [-5, 5]}}
 # GridSearch enumerates only what is discrete: the plane quantized (9 x 9 points).
@@ -34,29 +32,6 @@ trialkit.report_final_result((p["x"] - 1.5) ** 2 + (p["y"] + 2) ** 2)
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
-
-
-def interrupted_after(config, ended: int, env: Optional[Dict[str, str]] = None, out: Optional[list] = None) -> str:
-    """`trialkit run CONFIG`, Ctrl-C (SIGINT) once `ended` trials ended; the experiment's id. `out` gets the lines
-    printed after the Ctrl-C."""
-    proc = start_cli("run", config, env=env)
-    try:
-        exp = experiment_id(proc.stdout.readline())
-        seen = 0
-        for line in proc.stdout:
-            if line.startswith("trial ") and " SUCCEEDED " in line:
-                seen += 1
-                if seen == ended:
-                    proc.send_signal(signal.SIGINT)
-                    break
-        rest, _ = proc.communicate(timeout=60)
-        if out is not None:
-            out.extend(rest.splitlines())
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return exp
 
 
 @pytest.mark.parametrize("tuner, space", [("TPE", PLANE), ("Anneal", PLANE), ("Evolution", PLANE),

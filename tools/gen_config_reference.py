@@ -66,7 +66,7 @@ DESCRIPTIONS: Dict[str, str] = {
     "top.logLevel": "Only `info`, the manager's one level (NNI's other levels are refused).",
     "top.tuner": "`{name, classArgs}`: which tuner proposes parameters (see [tuners](#tuners)).",
     "top.assessor": "`{name, classArgs}`: which assessor stops poor trials early (see [assessors](#assessors)).",
-    "top.advisor": "NNI's name for a tuner that also assesses; taken as the tuner.",
+    "top.advisor": "NNI's advisors (Hyperband, BOHB) in the tuner's place: the same as `tuner`.",
     "top.trainingService": "Where trials run: `platform:` local, kubeflow, frameworkcontroller, adaptdl or ray, "
     "and that platform's keys (below).",
     "top.maxTrialRestarts": "trialkit (Determined's `max_restarts`): how many times a trial that failed for a cause "
@@ -457,16 +457,18 @@ def _outer_first(keys: List[Key]) -> List[Key]:
 # ---------------------------------------------------------------- tuners, assessors, search space
 
 
-def tuner_rows() -> List[Tuple[str, str, str]]:
+def tuner_rows() -> List[Tuple[str, str, str, str]]:
     from trialkit.control import tuners
 
-    return [(name, ", ".join(f"`{a}`" for a in cls.ARGS), cls.DEFAULT_MODE) for name, cls in tuners.TUNERS.items()]
+    aliases = {real: alias for alias, real in tuners.ALIASES.items()}
+    return [(name, f"`{aliases[name]}`" if name in aliases else "", ", ".join(f"`{a}`" for a in cls.ARGS),
+             cls.DEFAULT_MODE) for name, cls in tuners.TUNERS.items()]
 
 
 def tpe_args() -> List[str]:
-    from trialkit.control import tuners
+    from trialkit.control.tuners import classic
 
-    return list(tuners._TPE_ARGS)
+    return list(classic._TPE_ARGS)
 
 
 def assessor_rows() -> List[Tuple[str, str]]:
@@ -606,8 +608,8 @@ def render_top() -> str:
 def render_tuners() -> str:
     from trialkit.control import assessors, tuners
 
-    lines = ["| tuner | classArgs | optimize_mode default |", "| --- | --- | --- |"]
-    lines += [f"| `{name}` | {args} | `{mode}` |" for name, args, mode in tuner_rows()]
+    lines = ["| tuner | also named | classArgs | optimize_mode default |", "| --- | --- | --- | --- |"]
+    lines += [f"| `{name}` | {alias} | {args} | `{mode}` |" for name, alias, args, mode in tuner_rows()]
     lines += ["", "`tpe_args` (TPE) takes " + ", ".join(f"`{a}`" for a in tpe_args()) + ".", "",
               "TPE is optuna's TPESampler, univariate as NNI's TPE is: trialkit passes `multivariate=False` and "
               "the constant liar (on unless `constant_liar_type: null`) to optuna, whose defaults for both changed "
@@ -621,8 +623,13 @@ def render_tuners() -> str:
               "searchers do (a Determined config's tuner is that). A resumed experiment's "
               "tuner is rebuilt from its stored trials and goes on as the uninterrupted one would: each proposal "
               "draws from a random state of its own, derived from the seed and its parameter id.", "",
-              "NNI tuners trialkit does not carry (the error says so): "
-              + ", ".join(f"`{n}`" for n in tuners.NNI_ONLY) + ".", "",
+              "Hyperband, BOHB, PBT and the samplers are described in [Searches](../searches.md): their budgets, "
+              "rounds, generations, models, and what a resumed one does. An assessor beside Hyperband, BOHB or PBT "
+              "is refused, as NNI refuses it.", "",
+              "NNI tuners trialkit does not carry, with what the error says instead:", "",
+              "| NNI's tuner | why not | use |", "| --- | --- | --- |"]
+    lines += [f"| `{name}` | {why} | {instead} |" for name, (why, instead) in tuners.NNI_ONLY.items()]
+    lines += ["",
               "| assessor | classArgs |", "| --- | --- |"]
     lines += [f"| `{name}` | {args} |" for name, args in assessor_rows()]
     lines += ["", "The `Pruner` assessor's `pruner` is one of "
@@ -678,11 +685,12 @@ def render_v1(platform: str) -> str:
 NNI_V2_NOTES: Dict[str, str] = {
     "trainingService": "platforms `local`, `kubeflow`, `frameworkcontroller`, `adaptdl` (also `adl`) and `ray`; "
     "NNI's remote, openpai, aml, dlc and hybrid (a list) are not available",
-    "tuner": "built-in tuners by name (see the config reference); custom tuner classes are not supported; TPE is "
-    "univariate as NNI's; no tuner proposes a point twice, a resumed search included",
+    "tuner": "NNI's built-in tuners by name and by NNI 3.0's aliases (the table below); custom tuner classes are not "
+    "supported; TPE is univariate as NNI's; no tuner proposes a point twice, a resumed search included",
     "assessor": "`Medianstop`, `Curvefitting` (NNI's classArgs), `ASHA`, or `Pruner` (optuna's pruners)",
     "useAnnotation": "must be false",
-    "advisor": "taken as the tuner; NNI's advisors (BOHB, Hyperband) are not available",
+    "advisor": "taken as the tuner, as NNI 3.0 takes it: Hyperband and BOHB with NNI's classArgs, each trial's "
+    "budget among its parameters as `TRIAL_BUDGET`; an assessor beside one is refused, as in NNI",
     "nniManagerIp": "for cluster platforms, the address pods reach the manager at (`managerAddress`); on local "
     "accepted and not used, as in NNI (a note says so at the start)",
     "trialGpuNumber": "local: a trial waits for that many free GPUs and gets exactly them, as in NNI's local mode; "
@@ -741,11 +749,46 @@ def render_statuses(platform: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# NNI 3.0's built-in tuners and advisors (its builtin_algorithms.yml), each with what trialkit makes of it.
+NNI_TUNERS = ("TPE", "Random", "Anneal", "Evolution", "GridSearch", "Batch", "GP", "PBT", "Hyperband", "BOHB", "SMAC",
+              "Metis", "DNGO", "PPO", "NetworkMorphism", "RegularizedEvolutionTuner", "TPE_legacy")
+
+
+def render_nni_tuners() -> str:
+    from trialkit.control import tuners
+
+    aliases = {real: alias for alias, real in {**tuners.ALIASES, **tuners.NNI_ONLY_ALIASES}.items()}
+    lines = ["| NNI's tuner | in trialkit |", "| --- | --- |"]
+    for name in NNI_TUNERS:
+        spelled = f"`{name}`" + (f" (`{aliases[name]}`)" if name in aliases else "")
+        if name in tuners.NNI_ONLY:
+            why, instead = tuners.NNI_ONLY[name]
+            lines.append(f"| {spelled} | refused: {why}; use {instead} |")
+        else:
+            lines.append(f"| {spelled} | the same name and classArgs: {SEARCH_NOTES[name]} |")
+    return "\n".join(lines) + "\n"
+
+
+SEARCH_NOTES = {
+    "TPE": "optuna's TPESampler, univariate as NNI's",
+    "Random": "as NNI's; `deduplicate: false` samples with replacement",
+    "Anneal": "hyperopt's anneal, written out",
+    "Evolution": "tournaments over the latest `population_size` results",
+    "GridSearch": "the grid of the discrete types; a continuous one is refused",
+    "Batch": "each option of its one choice, in order",
+    "GP": "scikit-learn's Gaussian process, NNI's utilities and acquisition search",
+    "PBT": "NNI's `load_checkpoint_dir`/`save_checkpoint_dir`, and trialkit's own checkpoint dir copied",
+    "Hyperband": "NNI's brackets and rounds, `TRIAL_BUDGET`; `exec_mode` serial or parallelism",
+    "BOHB": "NNI's brackets, its KDE model through statsmodels as NNI's",
+}
+
+
 GENERATED: Dict[str, Callable[[], str]] = {
     "status-kubeflow": lambda: render_statuses("kubeflow"),
     "status-frameworkcontroller": lambda: render_statuses("frameworkcontroller"),
     "status-adaptdl": lambda: render_statuses("adaptdl"),
     "nni-v2": render_nni_v2,
+    "nni-tuners": render_nni_tuners,
     "config-top": render_top,
     "config-tuners": render_tuners,
     "config-search-space": render_search_space,

@@ -5,6 +5,7 @@
     store.checkpoints(experiment[, trial])         # whole ones only (those with a manifest), oldest first
     store.download(ckpt, dest)                     # every file, sizes checked, renamed into place
     store.delete(ckpt)                             # the manifest first: never half listed
+    store.copy_latest(experiment, source, trial)   # another trial's latest made this one's (PBT's exploit)
 
 obstore wraps the Rust object_store crate: one wheel without dependencies for
 the three clouds, each read with its own credential chain (S3: AWS_* variables,
@@ -20,6 +21,7 @@ import os
 import re
 import shutil
 import time
+import uuid as uuids
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -121,6 +123,23 @@ class ObjectStore:
         ckpt = Checkpoint(uuid=uuid, experiment=experiment, trial=trial, run=run, kind=kind, metadata=dict(metadata),
                           steps=steps_of(metadata), files=files, size=sum(files.values()), time=time.time(),
                           where=self.where(experiment, trial, uuid))
+        self._call(obstore.put, f"{base}{MANIFEST_SUFFIX}", json.dumps(ckpt.manifest()).encode())
+        return ckpt
+
+    def copy_latest(self, experiment: str, source: str, trial: str) -> Optional[Checkpoint]:
+        """The source trial's latest checkpoint copied, inside the store (no byte comes through here), as one of
+        `trial` under a new uuid, manifest last: the checkpoint the trial's keeper restores before it starts.
+        None when the source has none."""
+        stored = self.checkpoints(experiment, source)
+        if not stored:
+            return None
+        latest = stored[-1]
+        src = f"{self.trial_key(experiment, source)}/{latest.uuid}"
+        uuid = str(uuids.uuid4())
+        base = f"{self.trial_key(experiment, trial)}/{uuid}"
+        self._each(lambda rel: self._call(obstore.copy, f"{src}/{rel}", f"{base}/{rel}"), latest.files)
+        ckpt = latest._replace(uuid=uuid, trial=trial, run=0, time=time.time(),
+                               where=self.where(experiment, trial, uuid))
         self._call(obstore.put, f"{base}{MANIFEST_SUFFIX}", json.dumps(ckpt.manifest()).encode())
         return ckpt
 

@@ -23,7 +23,7 @@ from trialkit.control.assessors import check_assessor
 from trialkit.control.checkpoints import CheckpointStorage, parse_storage
 from trialkit.control import determined
 from trialkit.control.searchspace import SearchSpace, parse_space
-from trialkit.control.tuners import check_tuner
+from trialkit.control.tuners import TUNERS, check_tuner
 from trialkit.env import DEFAULT_GRACE_SECONDS, check_grace
 from trialkit.errors import UserError
 from trialkit.platforms.pools import DEFAULT_PRIORITY
@@ -484,6 +484,9 @@ def _assessor(section: Any, tuner: Optional[AlgorithmConfig]) -> Optional[Algori
     if section is None:
         return None
     name, args = _algorithm(section, "assessor")
+    if not TUNERS[tuner.name].TAKES_ASSESSOR:
+        raise UserError(f"{tuner.name} decides itself which trials go on (NNI refuses an assessor beside it too)",
+                        "assessor", "remove the assessor")
     name, args = check_assessor(name, args)
     if tuner is None:
         return AlgorithmConfig(name, args)

@@ -14,8 +14,9 @@ a backstop, for platforms that cannot tell and for a lost notice.
 Slots: trialConcurrency trials run at once. When one frees, the next to start
 is the job queue's head (trialkit.control.queue: activated and preempted
 trials, smaller priority first) or, when none waits at the experiment's
-priority or a smaller one, a new trial from the tuner. A paused experiment starts nothing and asks
-the tuner nothing. The experiment ends when nothing runs, waits or is paused
+priority or a smaller one, a new trial from the tuner. A tuner that runs in rounds (Hyperband's, PBT's
+generations) may have nothing until a running trial ends: it is asked again then. A paused experiment
+starts nothing and asks the tuner nothing. The experiment ends when nothing runs, waits or is paused
 and the tuner has nothing more (or it was stopped: paused trials then stay
 paused, and after a user's stop waiting ones wait, for `experiment resume`).
 
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional,
 from trialkit import __version__, records, statuses
 from trialkit.checkpoints import STORE_FAILED_EXIT
 from trialkit.control.assessors import build_assessor
-from trialkit.control.checkpoints import Collector
+from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, JobQueue, goes_before, label
@@ -104,6 +105,7 @@ class Trial:
     reason: str = ""  # why it ended as it did
     exit_code: Optional[int] = None
     intermediate: List[Any] = field(default_factory=list)  # what the assessor judges of each (step_value)
+    latest: Optional[float] = None  # the number of its latest intermediate result (the tuner's, for Hyperband)
     final: Any = None
     has_final: bool = False
     retries: int = 0  # restarts after failures not its own (maxTrialRestarts)
@@ -149,7 +151,7 @@ class Loop:
         self.progress = Progress(out)
         self.events: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()  # put() is safe in a signal handler
         self.tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
-                                 seed=experiment_seed(experiment_id))
+                                 seed=experiment_seed(experiment_id), experiment_dir=str(self.experiment_dir))
         self.assessor = build_assessor(config.assessor.name, config.assessor.class_args) if config.assessor else None
         # What a trial's steps hold: what its assessor judges of each intermediate result.
         self.step_value = self.assessor.step_value if self.assessor else metric_value
@@ -167,6 +169,8 @@ class Loop:
         self.elapsed_before = elapsed
         self.started = time.monotonic()
         self.best: Optional[Trial] = None
+        self.unseeded_said = False  # the note that this platform cannot copy checkpoints was given
+        self.checkpoint_store: Any = None  # the object store of checkpoints, opened for a first copy (_seed_in_store)
         # Which checkpoints stay (checkpointStorage's retention), applied as each trial run ends.
         self.retention = (Collector(store, experiment_id, config.to_dict(), self.progress.say)
                           if config.checkpoint_storage is not None else None)
@@ -320,6 +324,10 @@ class Loop:
                     self.note_best(trial, value)
             elif rec["type"] == records.PERIODICAL:
                 trial.intermediate.append(self.step_value(rec["value"]))
+                number = metric_value(rec["value"])
+                if number is not None:
+                    trial.latest = number
+                    self.tuner.tell_intermediate(trial.parameter_id, number)
                 self._assess(trial, final_here)
             elif rec["type"] == records.STATUS and trial.id not in self.active:
                 # A keeper's late word (delivered after its exit was seen) must not undo ours.
@@ -590,9 +598,10 @@ class Loop:
             asked = self.tuner.ask()
             if asked is not None:
                 return self._create(*asked)
-            self.exhausted = True
-            self.progress.say(f"search space exhausted: each of its {self.tuner.points_tried} points was tried; "
-                              "no new trial starts")
+            if not self.tuner.waiting:  # else it proposes again once a running trial ends (a round, a generation)
+                self.exhausted = True
+                self.progress.say(f"search space exhausted: each of its {self.tuner.points_tried} points was "
+                                  "tried; no new trial starts")
         if head is None:
             return None
         self.queue.remove(head)
@@ -608,7 +617,44 @@ class Loop:
                              stdout_path=str(trial_dir / "stdout.log"), stderr_path=str(trial_dir / "stderr.log"))
         self.trials[trial.id] = trial
         self.queue.track(trial.id, self.config.priority)
+        self._seed_checkpoint(trial)
         return trial
+
+    def _seed_checkpoint(self, trial: Trial) -> None:
+        """A trial the tuner continues from another's checkpoint (PBT's exploit, a configuration Hyperband sends
+        on) starts with a copy of it."""
+        source = self.tuner.continues_from(trial.parameter_id)
+        if source is None:
+            return
+        origin = next(t for t in self.trials.values() if t.parameter_id == source)
+        storage = self.config.checkpoint_storage
+        if storage is not None and storage.store is not None:
+            # The store is where a trial's keeper fetches its checkpoint from before it starts, on any platform
+            # (a pod on a node that never held the source's dir).
+            self._seed_in_store(origin.id, trial.id)
+            return
+        if self.platform.seed_checkpoint is None:
+            if not self.unseeded_said:
+                self.unseeded_said = True
+                self.progress.say(f"note: the {self.config.platform} platform cannot copy one trial's checkpoint dir "
+                                  "into another's: a trial the tuner continues from another's checkpoint (PBT, a "
+                                  "configuration Hyperband sends on) starts with an empty one; PBT's "
+                                  "load_checkpoint_dir works on a volume every trial mounts (all_checkpoint_dir)")
+            return
+        self.platform.seed_checkpoint(origin.id, trial.id)
+
+    def _seed_in_store(self, source: str, trial_id: str) -> None:
+        from trialkit.checkpoints.store import StoreError
+
+        try:
+            if self.checkpoint_store is None:
+                self.checkpoint_store = open_store(self.config.checkpoint_storage)
+            copied = self.checkpoint_store.copy_latest(self.experiment_id, source, trial_id)
+        except (StoreError, UserError) as err:
+            self.progress.say(f"trial {trial_id} starts without {source}'s checkpoint: {err}")
+            return
+        if copied is None:
+            self.progress.say(f"trial {trial_id} starts without a checkpoint: {source} stored none")
 
     def submit(self, trial: Trial) -> None:
         token = new_token()  # each start its own: a keeper of an earlier start can no longer deliver
@@ -655,8 +701,11 @@ class Loop:
 
     # -- the tuner ---------------------------------------------------------------------------
     def replay(self, tuner: Any) -> None:
-        """Tell a fresh tuner every trial so far: results, running ones, failures."""
+        """Tell a fresh tuner every trial so far: results, latest intermediate results, running ones, failures."""
         tuner.replay([(t.parameter_id, t.parameters, metric_value(t.final)) for t in self.trials.values()])
+        for trial in self.trials.values():
+            if trial.latest is not None:
+                tuner.tell_intermediate(trial.parameter_id, trial.latest)
         for trial in self.trials.values():
             if trial.ended and not trial.paused:
                 tuner.tell_failed(trial.parameter_id)  # ignored when it has a final result
@@ -673,7 +722,7 @@ class Loop:
             raise HttpError(400, str(err)) from None
         if "searchSpace" in changes:
             tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
-                                seed=experiment_seed(self.experiment_id))
+                                seed=experiment_seed(self.experiment_id), experiment_dir=str(self.experiment_dir))
             self.replay(tuner)
             self.tuner, self.exhausted = tuner, False
         self.config = config

@@ -36,6 +36,8 @@ def restore(loop: Loop) -> List[Trial]:
         metrics = loop.store.records_for(trial.id)
         finals = [rec["value"] for rec in metrics if rec["type"] == records.FINAL]
         trial.intermediate = [loop.step_value(rec["value"]) for rec in metrics if rec["type"] == records.PERIODICAL]
+        numbers = [metric_value(rec["value"]) for rec in metrics if rec["type"] == records.PERIODICAL]
+        trial.latest = next((number for number in reversed(numbers) if number is not None), None)
         trial.final, trial.has_final = (finals[0], True) if finals else (None, False)
         loop.trials[trial.id] = trial
         loop.next_sequence = max(loop.next_sequence, trial.sequence + 1)

@@ -46,10 +46,13 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
                         command=list(opts.command), keeper_version=__version__)
         warn_about_the_stop(opts, trial)
         captures = capture_output(opts, trial, loop, reporter, out_r, err_r)
+        # Watched before the uploader starts: its start reaps every exited child, and a command that already
+        # ended, reaped unwatched, would leave the keeper waiting for it for ever.
+        loop.watch(child)
         # One pod of a multi-pod trial stores its checkpoints (the one that reports: rank 0's saves); every pod
         # fetched the latest before it started.
         uploads = Uploads(trial, loop) if trial.checkpoint_store and env.is_reporting_replica() else None
-        code = keep_to_end(opts, trial, loop, reporter, loop.watch(child), captures, uploads)
+        code = keep_to_end(opts, trial, loop, reporter, child, captures, uploads)
     reporter.finish(time.monotonic() + opts.flush_seconds)
     return code
 

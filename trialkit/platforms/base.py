@@ -7,10 +7,14 @@ overrides the hooks it can serve.
 """
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
+from trialkit import layout
 from trialkit.env import SECRETS
+from trialkit.manager import paths
 
 
 @dataclass
@@ -77,6 +81,10 @@ class Platform(Protocol):
     remove_experiment: Optional[Callable[[str, Sequence[str]], List[str]]]
     """(experiment id, trial ids) -> what it deleted: every object the platform made for the experiment
     (`trialkit experiment delete`). None: it leaves nothing behind the experiment dir holds."""
+    seed_checkpoint: Optional[Callable[[str, str], None]]
+    """(source trial id, trial id): before the trial's first start, its checkpoint dir gets a copy of the
+    source trial's (PBT's exploit: it goes on from a better trial's checkpoint). None: the platform cannot
+    reach one trial's checkpoint from another's (each pod's own claim)."""
 
     def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
         """The experiment is done or stopped: give back what only its trials' resumption needed (checkpoint claims)."""
@@ -118,6 +126,7 @@ class PlatformBase:
     undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]] = None
     remove_experiment: Optional[Callable[[str, Sequence[str]], List[str]]] = None
     holds_checkpoint: Optional[Callable[[str], bool]] = None
+    seed_checkpoint: Optional[Callable[[str, str], None]] = None
     checkpoint_survives_stop: bool = True  # the trial dir, checkpoint included, stays where the restart runs
 
     def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
@@ -134,3 +143,12 @@ class PlatformBase:
     def manager_url_told(self, handle: str) -> Optional[str]:
         """The manager's URL as the trial's keeper was told it; None: the manager's own."""
         return None
+
+
+def copy_checkpoint(experiment_dir: Path, source: str, trial_id: str) -> None:
+    """seed_checkpoint of a platform whose trials' dirs are in the experiment dir (local; Ray, whose nodes see
+    it): a copy, not links, since training may rewrite a checkpoint's files in place."""
+    origin = layout.checkpoint_dir(paths.trial_dir(experiment_dir, source))
+    if origin.is_dir():
+        shutil.copytree(origin, layout.checkpoint_dir(paths.trial_dir(experiment_dir, trial_id)), symlinks=True,
+                        dirs_exist_ok=True)

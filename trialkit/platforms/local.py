@@ -26,7 +26,7 @@ from trialkit.keeper import leftover
 from trialkit.keeper.status import StatusFile
 from trialkit.statuses import FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
 from trialkit.platforms import pool_events, pools, preempt
-from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
+from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec, copy_checkpoint
 
 # ---------------------------------------------------------------- config
 # The trainingService section (`platform: local`) and NNI v1's localConfig.
@@ -421,6 +421,9 @@ class Platform(PlatformBase):
         return (f"pool {self._slots.name} has {self._slots.slots:g} slots and each trial takes "
                 f"{self.config.pool_slots:g}: at most {int(at_once)} of the {trial_concurrency} trials trialConcurrency "
                 f"runs at once ({paths.home() / pools.CONFIG_NAME} sets its slots)")
+
+    def seed_checkpoint(self, source: str, trial_id: str) -> None:
+        copy_checkpoint(self.experiment_dir, source, trial_id)
 
     def holds_checkpoint(self, handle: str) -> bool:
         """Whether the ended trial left a checkpoint: it exited 143 after the stop (its keeper's PREEMPTED),

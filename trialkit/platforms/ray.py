@@ -64,7 +64,7 @@ from trialkit import schema
 from trialkit.errors import UserError
 from trialkit.statuses import FAILED, FINAL_STATUSES, RUNNING, USER_CANCELED, WAITING
 from trialkit.platforms import ray_pool
-from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec
+from trialkit.platforms.base import PlatformBase, PlatformStatus, TrialSpec, copy_checkpoint
 from trialkit.ray import cluster, connect
 from trialkit.ray.agent import NodeAgent
 
@@ -402,6 +402,9 @@ class Platform(PlatformBase):
             return False
         self._follow(trial)
         return True
+
+    def seed_checkpoint(self, source: str, trial_id: str) -> None:
+        copy_checkpoint(self.experiment_dir, source, trial_id)
 
     def undelivered_records(self, handle: str) -> List[Dict[str, Any]]:
         """What the ended trial's keeper spooled and could not deliver (its manager was away), once."""

@@ -1,0 +1,350 @@
+"""The search race: trialkit's Hyperband, BOHB, ASHA and PBT against Ray Tune's and Optuna's, in one run.
+
+    python bench/bench_search.py [--budget 300] [--seeds 3] [--concurrency 2] [--epoch-scale 1] [--quick]
+
+Every method searches the same small real training (bench/search_problem.py:
+a network learning the digits, one epoch a unit of budget, its held-out
+accuracy maximized, at most 27 epochs a configuration) with the same budget of
+trial-epochs and the same trials at once:
+
+  trialkit   `trialkit run` of a config on the local platform, each trial a process that
+             keeps its model in trialkit.checkpoint_dir():
+             Hyperband (R 27, eta 3), BOHB (1 to 27, eta 3), ASHA (the ASHA assessor,
+             Determined's adaptive_asha, aggressive: rungs at 1, 3, 9, 27 epochs, beside Random),
+             PBT (population 8, each trial 3 epochs from the checkpoint PBT gives it)
+  Ray Tune   Tuner.fit() of a function trainable with random search, on a local Ray cluster
+             started before the clock runs: ASHAScheduler (max_t 27, grace 1, factor 3),
+             HyperBandScheduler (max_t 27, factor 3), PopulationBasedTraining (8, every 3 epochs)
+  Optuna     study.optimize() with TPESampler and HyperbandPruner (1 to 27, factor 3), n_jobs threads
+
+Each method's clock starts when it is started (trialkit: its command, the
+manager's start included; Ray: fit(); Optuna: optimize()). Every epoch any
+trial trains is one unit of the budget: a method is stopped once it has
+reported `--budget` epochs, and only its first `--budget` reports (in time)
+count. Figures: the best accuracy among them, and the time of the first report
+that reached it. Seeds alternate which system goes first, so the load of a
+shared machine falls on each alike.
+
+MET/MISSED, per trialkit method, against the best of its peers (the highest
+mean best; Hyperband, BOHB: Ray's HyperBand and Optuna; ASHA: Ray's ASHA and
+Optuna; PBT: Ray's PBT): MET when its mean best is at least the peer's and, seed
+by seed, it reached the peer's best sooner than the peer did (the median over
+seeds of its time to the peer's best, never reached counting as forever, below
+the median of the peer's time to its own best).
+`--quick` runs every method once on a budget of 24 epochs: it checks the race
+runs (tests/test_bench_search.py), its figures mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+import search_problem as problem  # noqa: E402  (beside this file)
+
+R, ETA, POPULATION, INTERVAL = problem.MAX_EPOCHS, 3, 8, 3
+Reports = List[Tuple[float, float]]  # (seconds since the method started, held-out accuracy), one an epoch
+
+
+class Outcome(NamedTuple):
+    best: float
+    time_to_best: float
+    epochs: int
+    reports: Reports  # the first `budget` reports, in time
+
+
+def outcome(reports: Reports, budget: int) -> Outcome:
+    """The best of the first `budget` reports, and when it was first reached."""
+    first = sorted(reports)[:budget]
+    best = max(value for _, value in first)
+    return Outcome(best, reached(first, best), len(first), first)
+
+
+def reached(reports: Reports, value: float) -> float:
+    """When the reports first held `value` or better (infinity: never)."""
+    return min((t for t, v in reports if v >= value), default=float("inf"))
+
+
+# ---------------------------------------------------------------- trialkit
+
+TRIAL = """
+import os, sys, trialkit
+sys.path.insert(0, {bench!r})
+import search_problem as problem
+
+params = trialkit.get_next_parameter()
+data = problem.load_data({data!r})
+path = os.path.join(trialkit.checkpoint_dir(), "model.npz")
+state = problem.load(path) if os.path.exists(path) else problem.init(params)  # PBT's and Hyperband's copy
+mode = {mode!r}
+target = {{"budget": params.get("TRIAL_BUDGET"), "full": {r}, "step": state["epochs"] + {interval}}}[mode]
+accuracy = problem.accuracy(state, data)
+while state["epochs"] < target:
+    problem.train_epoch(state, params, data)
+    accuracy = problem.accuracy(state, data)
+    trialkit.report_intermediate_result(accuracy)
+problem.save(state, path)
+trialkit.report_final_result(accuracy)
+"""
+
+TRIALKIT_METHODS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "Hyperband": ("budget", {"tuner": {"name": "Hyperband", "classArgs": {"R": R, "eta": ETA}}}),
+    "BOHB": ("budget", {"tuner": {"name": "BOHB", "classArgs": {"min_budget": 1, "max_budget": R, "eta": ETA}}}),
+    "ASHA": ("full", {"tuner": {"name": "Random", "classArgs": {}},
+                      "assessor": {"name": "ASHA", "classArgs": {"max_time": R, "max_trials": 1000, "divisor": ETA,
+                                                                 "mode": "aggressive"}}}),
+    "PBT": ("step", {"tuner": {"name": "PBT", "classArgs": {"population_size": POPULATION, "fraction": 0.25}}}),
+}
+
+
+def run_trialkit(method: str, seed: int, budget: int, concurrency: int, data: Path, work: Path) -> Reports:
+    mode, keys = TRIALKIT_METHODS[method]
+    folder = work / f"trialkit-{method}-{seed}"
+    folder.mkdir()
+    (folder / "trial.py").write_text(textwrap.dedent(TRIAL.format(bench=str(BENCH), data=str(data), mode=mode, r=R,
+                                                                   interval=INTERVAL)))
+    keys = json.loads(json.dumps(keys))
+    keys["tuner"]["classArgs"].update(optimize_mode="maximize", seed=seed)
+    config = {"searchSpace": problem.PBT_SPACE if method == "PBT" else problem.SPACE,
+              "trialCommand": f"{sys.executable} trial.py", "trialConcurrency": concurrency,
+              "trainingService": {"platform": "local"}, **keys}
+    (folder / "config.yml").write_text(json.dumps(config))
+    home = work / f"home-{method}-{seed}"  # outside the code dir, which each trial gets a copy of
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "trialkit.cli", "run", "config.yml"], cwd=folder,
+                            env=dict(os.environ, TRIALKIT_HOME=str(home)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    first = proc.stdout.readline()
+    if not first.startswith("started experiment"):
+        raise RuntimeError(f"trialkit run did not start: {first}{proc.communicate()[0]}")
+    experiment = first.split()[-1]
+    store = home / "experiments" / experiment / "trialkit.db"
+    drain = threading.Thread(target=proc.stdout.read, daemon=True)  # its progress lines, unread
+    drain.start()
+    while proc.poll() is None and _epochs(store) < budget:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # the budget is spent: stop it as a user would (Ctrl-C)
+    proc.wait(timeout=120)
+    with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT COALESCE(time, received), value FROM records WHERE type='PERIODICAL'").fetchall()
+    return [(when - started, float(json.loads(value))) for when, value in rows]
+
+
+def _epochs(store: Path) -> int:
+    if not store.exists():
+        return 0
+    try:
+        with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT COUNT(*) FROM records WHERE type='PERIODICAL'").fetchone()[0]
+    except sqlite3.OperationalError:  # made but not yet holding its tables
+        return 0
+
+
+# ---------------------------------------------------------------- Ray Tune
+
+
+def ray_space(space: Dict[str, Any]) -> Dict[str, Any]:
+    from ray import tune
+
+    kinds = {"loguniform": tune.loguniform, "uniform": tune.uniform}
+    return {key: tune.choice(spec["_value"]) if spec["_type"] == "choice" else kinds[spec["_type"]](*spec["_value"])
+            for key, spec in space.items()}
+
+
+def ray_trainable(config: Dict[str, Any]) -> None:
+    """One configuration, epoch after epoch, each reported with its wall time and a checkpoint (HyperBand
+    resumes paused trials from it, PBT clones it)."""
+    from ray import tune
+
+    data = problem.load_data(Path(config["data"]))
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            state = problem.load(Path(folder) / "model.npz")
+    else:
+        state = problem.init(config)
+    while True:
+        problem.train_epoch(state, config, data)
+        with tempfile.TemporaryDirectory() as folder:
+            problem.save(state, Path(folder) / "model.npz")
+            tune.report({"accuracy": problem.accuracy(state, data), "wall": time.time()},
+                        checkpoint=tune.Checkpoint.from_directory(folder))
+
+
+def run_ray(method: str, seed: int, budget: int, concurrency: int, data: Path, work: Path) -> Reports:
+    import random
+
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler, PopulationBasedTraining
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    class Budget(tune.Stopper):
+        """Every trial's every epoch spends the budget; all stop once it is spent."""
+
+        def __init__(self) -> None:
+            self.left = budget
+
+        def __call__(self, trial_id: str, result: Dict[str, Any]) -> bool:
+            self.left -= 1
+            return False
+
+        def stop_all(self) -> bool:
+            return self.left <= 0
+
+    random.seed(seed)  # PBT's explore draws from `random`
+    space = ray_space(problem.PBT_SPACE if method == "PBT" else problem.SPACE)
+    samples = POPULATION if method == "PBT" else 10_000
+    scheduler = {
+        "ASHA": lambda: ASHAScheduler(max_t=R, grace_period=1, reduction_factor=ETA),
+        "HyperBand": lambda: HyperBandScheduler(max_t=R, reduction_factor=ETA),
+        "PBT": lambda: PopulationBasedTraining(perturbation_interval=INTERVAL, quantile_fraction=0.25,
+                                               hyperparam_mutations={k: v for k, v in space.items()}),
+    }[method]()
+    tuner = tune.Tuner(
+        ray_trainable, param_space={**space, "data": str(data)},
+        tune_config=tune.TuneConfig(metric="accuracy", mode="max", scheduler=scheduler, num_samples=samples,
+                                    max_concurrent_trials=concurrency,
+                                    search_alg=BasicVariantGenerator(random_state=seed)),
+        run_config=tune.RunConfig(storage_path=str(work / f"ray-{method}-{seed}"), stop=Budget(), verbose=0))
+    started = time.time()
+    results = tuner.fit()
+    reports: Reports = []
+    for result in results:
+        frame = result.metrics_dataframe
+        if frame is not None and "wall" in frame:
+            reports += [(wall - started, accuracy) for wall, accuracy in zip(frame["wall"], frame["accuracy"])]
+    return reports
+
+
+# ---------------------------------------------------------------- Optuna
+
+
+def run_optuna(method: str, seed: int, budget: int, concurrency: int, data: Path, work: Path) -> Reports:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    loaded = problem.load_data(data)
+    reports: Reports = []
+    lock = threading.Lock()
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed),
+                                pruner=optuna.pruners.HyperbandPruner(min_resource=1, max_resource=R,
+                                                                      reduction_factor=ETA))
+    started = time.time()
+
+    def objective(trial: Any) -> float:
+        params = {}
+        for key, spec in problem.SPACE.items():
+            if spec["_type"] == "choice":
+                params[key] = trial.suggest_categorical(key, spec["_value"])
+            else:
+                params[key] = trial.suggest_float(key, *spec["_value"], log=spec["_type"] == "loguniform")
+        state = problem.init(params)
+        accuracy = 0.0
+        for epoch in range(1, R + 1):
+            with lock:
+                if len(reports) >= budget:
+                    study.stop()
+                    raise optuna.TrialPruned()
+            problem.train_epoch(state, params, loaded)
+            accuracy = problem.accuracy(state, loaded)
+            with lock:
+                reports.append((time.time() - started, accuracy))
+            trial.report(accuracy, epoch)
+            if trial.should_prune():
+                raise optuna.TrialPruned()
+        return accuracy
+
+    study.optimize(objective, n_jobs=concurrency)
+    return reports
+
+
+# ---------------------------------------------------------------- the race
+
+Runner = Callable[[str, int, int, int, Path, Path], Reports]
+METHODS: List[Tuple[str, str, Runner]] = [
+    ("trialkit", "Hyperband", run_trialkit), ("trialkit", "BOHB", run_trialkit), ("trialkit", "ASHA", run_trialkit),
+    ("trialkit", "PBT", run_trialkit), ("Ray Tune", "ASHA", run_ray), ("Ray Tune", "HyperBand", run_ray),
+    ("Ray Tune", "PBT", run_ray), ("Optuna", "TPE+Hyperband", run_optuna),
+]
+PEERS = {"Hyperband": ["Ray Tune HyperBand", "Optuna TPE+Hyperband"],
+         "BOHB": ["Ray Tune HyperBand", "Optuna TPE+Hyperband"],
+         "ASHA": ["Ray Tune ASHA", "Optuna TPE+Hyperband"], "PBT": ["Ray Tune PBT"]}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=int, default=300, help="trial-epochs each method spends (default 300)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=2, help="trials at once, for every method")
+    parser.add_argument("--epoch-scale", type=int, default=1,
+                        help="train on this many noisy copies of the images: epochs that cost that much more")
+    parser.add_argument("--quick", action="store_true", help="every method once on 24 epochs: the race runs")
+    opts = parser.parse_args(argv)
+    if opts.quick:
+        opts.budget, opts.seeds = 24, 1
+    work = Path(tempfile.mkdtemp(prefix="bench-search-"))
+    # Ray 2.60 turns token authentication on for a new local cluster and writes a token to ~/.ray: this race's
+    # cluster is its own, on this machine; leave other clusters' settings alone.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    ray.init(address="local", num_cpus=opts.concurrency, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(BENCH)}})
+    try:
+        data = work / "digits.npz"
+        problem.prepare_data(data, opts.epoch_scale)
+        outcomes: Dict[str, List[Outcome]] = {f"{system} {name}": [] for system, name, _ in METHODS}
+        print(f"budget {opts.budget} trial-epochs, {opts.concurrency} at once, seeds {opts.seeds}, "
+              f"epoch scale {opts.epoch_scale}, "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+        for seed in range(opts.seeds):
+            for system, name, runner in (METHODS if seed % 2 == 0 else METHODS[::-1]):
+                reports = runner(name, seed, opts.budget, opts.concurrency, data, work)
+                result = outcome(reports, opts.budget)
+                outcomes[f"{system} {name}"].append(result)
+                print(f"seed {seed}  {system + ' ' + name:24s} best {result.best:.4f} at {result.time_to_best:6.1f} s"
+                      f"  ({result.epochs} epochs counted)", flush=True)
+        print(table(outcomes))
+        return 0
+    finally:
+        ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def table(outcomes: Dict[str, List[Outcome]]) -> str:
+    lines = ["", f"{'method':26s} {'best (mean)':>12s} {'time to best (mean s)':>22s}"]
+    means = {name: (statistics.mean(o.best for o in runs), statistics.mean(o.time_to_best for o in runs))
+             for name, runs in outcomes.items()}
+    lines += [f"{name:26s} {best:12.4f} {seconds:22.1f}" for name, (best, seconds) in means.items()]
+    lines.append("")
+    for method, peers in PEERS.items():
+        ours = outcomes[f"trialkit {method}"]
+        peer = max(peers, key=lambda name: means[name][0])
+        theirs = outcomes[peer]
+        to_their_best = statistics.median(reached(o.reports, p.best) for o, p in zip(ours, theirs))
+        their_time = statistics.median(p.time_to_best for p in theirs)
+        best, peer_best = means[f"trialkit {method}"][0], means[peer][0]
+        verdict = "MET" if best >= peer_best and to_their_best < their_time else "MISSED"
+        lines.append(f"trialkit {method} vs {peer}: best {best:.4f} vs {peer_best:.4f}; to the peer's best "
+                     f"{to_their_best:.1f} s vs its {their_time:.1f} s (ratio {to_their_best / max(their_time, 1e-9):.2f})"
+                     f": {verdict}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

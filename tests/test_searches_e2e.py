@@ -1,0 +1,420 @@
+"""NNI's own Hyperband, BOHB and PBT examples under `trialkit run`, and PBT through trialkit's checkpoint dir.
+
+The configs in tests/fixtures/nni/mnist-advisor and mnist-pbt-tuner-pytorch
+are NNI's as it ships them; their training scripts stand in for NNI's with
+the same calls (TRIAL_BUDGET, the checkpoint dirs) and a closed-form model.
+Each test reads what a user would: the budgets each trial got (its parameters,
+and the intermediate results its budget made it report), each round's results
+and which went on, which checkpoint each PBT trial loaded. Real processes, a
+real manager, the store on disk.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import pytest
+import yaml
+
+from experiment_util import cli, experiment, experiment_id, export, interrupted_after
+from s3_server import create_secret, kubeflow_config, s3, s3_server  # noqa: F401 - s3 fixtures: moto on loopback
+from test_nni_compat import nni_python  # noqa: F401 - the fixture: the real nni 3.0's python
+
+EXAMPLES = Path(__file__).parent / "fixtures" / "nni"
+BUDGET = "TRIAL_BUDGET"
+WAIT = 300.0
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def example(tmp_path: Path, folder: str, config: str, **cut: Any) -> Path:
+    """A copy of NNI's example with only `cut` changed (this machine is small and has no GPU)."""
+    copy = shutil.copytree(EXAMPLES / folder, tmp_path / folder)
+    data = yaml.safe_load((copy / config).read_text())
+    for key, value in cut.items():
+        holder, _, name = key.rpartition(".")
+        (data[holder] if holder else data)[name] = value
+    (copy / config).write_text(yaml.safe_dump(data))
+    return copy / config
+
+
+def run(config: Path) -> List[Dict[str, Any]]:
+    done = cli("run", config, timeout=WAIT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = export(experiment_id(done.stdout.splitlines()[0]))
+    assert [row["sequence"] for row in rows] == list(range(len(rows)))
+    return rows
+
+
+def configuration(row: Dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in row["parameters"].items() if k != BUDGET}, sort_keys=True)
+
+
+def result(row: Dict[str, Any]) -> Optional[float]:
+    """What NNI's advisors rank a trial by: its final result, else its latest intermediate one."""
+    if row["final"] is not None:
+        return row["final"]
+    return row["intermediate"][-1] if row["intermediate"] else None
+
+
+def rounds(rows: List[Dict[str, Any]], first_sizes: List[int]) -> List[List[List[Dict[str, Any]]]]:
+    """The trials by bracket and round, as a user reads them off the export: a configuration not seen before
+    joins the first round of the newest bracket (`first_sizes`: each bracket's, in the order they open) until it
+    is full, one seen before goes on from its round."""
+    brackets: List[List[List[Dict[str, Any]]]] = []
+    where: Dict[str, tuple] = {}
+    for row in rows:
+        config = configuration(row)
+        if config in where:
+            b, i = where[config]
+            while len(brackets[b]) <= i + 1:
+                brackets[b].append([])
+            brackets[b][i + 1].append(row)
+            where[config] = (b, i + 1)
+        else:
+            if not brackets or len(brackets[-1][0]) == first_sizes[(len(brackets) - 1) % len(first_sizes)]:
+                brackets.append([[]])
+            brackets[-1][0].append(row)
+            where[config] = (len(brackets) - 1, 0)
+    return brackets
+
+# NNI's own Bracket (hyperband_advisor.py): (n, r) of each round of each bracket, the order they open in.
+NNI_BRACKETS = """
+import json, math, sys
+from nni.algorithms.hpo.hyperband_advisor import Bracket
+R, eta = int(sys.argv[1]), int(sys.argv[2])
+s_max = math.floor(math.log(R, eta) + 1e-6)
+out = []
+for s in range(s_max, -1, -1):
+    bracket = Bracket("0-%d" % s, s, s_max, eta, R, "maximize")
+    rounds = []
+    while not bracket.is_completed():
+        rounds.append(list(bracket.get_n_r()))
+        bracket.increase_i()
+    out.append(rounds)
+print(json.dumps(out))
+"""
+
+
+def nni_brackets(nni_python: str, tmp_path: Path, r: int, eta: int) -> List[List[List[int]]]:
+    script = tmp_path / "nni_brackets.py"
+    script.write_text(NNI_BRACKETS)
+    done = subprocess.run([nni_python, str(script), str(r), str(eta)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def check_rounds(brackets: List[List[List[Dict[str, Any]]]], expected: List[List[List[int]]], maximize: bool) -> int:
+    """Each round ran NNI's budget; each full round after the first is the best of the round before. The
+    number of rounds that went on."""
+    checked = 0
+    for b, bracket in enumerate(brackets):
+        table = expected[b % len(expected)]
+        for i, trials in enumerate(bracket):
+            assert {row["parameters"][BUDGET] for row in trials} == {table[i][1]}, (b, i)
+            if i == 0:
+                continue
+            ranked = sorted((row for row in bracket[i - 1] if result(row) is not None),
+                            key=lambda row: (-result(row) if maximize else result(row), row["sequence"]))
+            best = [configuration(row) for row in ranked[:table[i][0]]]
+            assert [configuration(row) for row in trials] == best[:len(trials)], (b, i)
+            checked += len(trials) == table[i][0]
+    return checked
+
+
+def test_nnis_hyperband_example_gives_nnis_budgets_and_sends_each_rounds_best_on(tmp_path, nni_python):
+    expected = nni_brackets(nni_python, tmp_path, 100, 3)  # config_hyperband.yml: R 100, eta 3
+    assert [len(b) for b in expected] == [5, 4, 3, 2, 1] and expected[0][0] == [81, 1]
+    rows = run(example(tmp_path, "mnist-advisor", "config_hyperband.yml", maxTrialNum=160))
+    assert len(rows) == 160 and {row["status"] for row in rows} == {"SUCCEEDED"}
+    assert [row["parameters"][BUDGET] for row in rows[:81]] == [1] * 81
+    # Each trial trained its budget: TRIAL_BUDGET * 10 batches, a result every 10.
+    assert all(len(row["intermediate"]) == row["parameters"][BUDGET] for row in rows)
+    brackets = rounds(rows, [b[0][0] for b in expected])
+    # The first bracket ran to its last round (1 on budget 100) while the next ones started (parallelism).
+    assert [len(r) for r in brackets[0]] == [81, 27, 9, 3, 1] and len(brackets) >= 2
+    assert check_rounds(brackets, expected, maximize=True) >= 4
+
+
+def test_nnis_bohb_example_runs_its_first_bracket_as_nnis_bohb_does(tmp_path):
+    """config_bohb.yml: min_budget 1, max_budget 27, eta 3: NNI's BOHB opens s = 3, 27 configurations on
+    budget 1, the best 9 on 3, 3 on 9, 1 on 27 (n = ceil(4 * 3^s / (s + 1)), r = 27 / 3^s, one bracket at a
+    time, trialConcurrency 1)."""
+    rows = run(example(tmp_path, "mnist-advisor", "config_bohb.yml", maxTrialNum=40))
+    assert [row["parameters"][BUDGET] for row in rows] == [1] * 27 + [3] * 9 + [9] * 3 + [27]
+    assert all(len(row["intermediate"]) == row["parameters"][BUDGET] for row in rows)
+    assert check_rounds(rounds(rows, BOHB_FIRST), [[[27, 1], [9, 3], [3, 9], [1, 27]]], maximize=True) == 3
+
+
+BOHB_FIRST = [27, 12, 6, 4]  # n of NNI's BOHB brackets s = 3, 2, 1, 0 for max_budget 27, min_budget 1, eta 3
+
+
+def test_an_interrupted_bohb_experiment_resumes_in_the_bracket_it_was_in(tmp_path):
+    exp = interrupted_after(example(tmp_path, "mnist-advisor", "config_bohb.yml", maxTrialNum=40), 15)
+    before = export(exp)
+    assert 15 <= len(before) < 27, len(before)  # stopped in the first round
+    done = cli("experiment", "resume", exp, timeout=WAIT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = export(exp)
+    # The bracket went on where it was: its first round filled up to 27 new configurations (none drawn twice),
+    # then its best went on, those from before the interruption among them.
+    assert [row["parameters"][BUDGET] for row in rows] == [1] * 27 + [3] * 9 + [9] * 3 + [27]
+    assert len({configuration(row) for row in rows[:27]}) == 27
+    assert check_rounds(rounds(rows, BOHB_FIRST), [[[27, 1], [9, 3], [3, 9], [1, 27]]], maximize=True) == 3
+    assert any(row["sequence"] < len(before) for row in rows[:27] if configuration(row) in
+               {configuration(r) for r in rows[27:36]})
+
+
+# A trial that fails on its two best values after reporting an intermediate result (no final one).
+FAILS_AT_THE_TOP = """
+import sys, time, trialkit
+p = trialkit.get_next_parameter()
+trialkit.report_intermediate_result(p["x"])
+if p["x"] >= 0.8:
+    sys.exit(1)
+time.sleep(0.2)
+trialkit.report_final_result(p["x"])
+"""
+
+
+def test_a_trial_that_failed_after_reporting_goes_on_by_its_latest_result_across_a_resume(tmp_path):
+    """As NNI's advisors rank a round: by the final result, else the latest intermediate one; the first of the
+    two failures is told again by the resumed experiment's store, the second as it happens."""
+    space = {"x": {"_type": "choice", "_value": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]}}
+    config = experiment(tmp_path, space, FAILS_AT_THE_TOP, maxTrialNumber=12, trialConcurrency=1,
+                        tuner={"name": "Hyperband", "classArgs": {"R": 9, "eta": 3, "exec_mode": "serial"}})
+    exp = interrupted_after(config, 1, status="FAILED")
+    failed = [row for row in export(exp) if row["status"] == "FAILED"]
+    assert failed and failed[0]["final"] is None and failed[0]["intermediate"] == [failed[0]["parameters"]["x"]]
+    done = cli("experiment", "resume", exp, timeout=WAIT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = export(exp)
+    assert [row["parameters"][BUDGET] for row in rows] == [1] * 9 + [3] * 3
+    assert check_rounds(rounds(rows, [9]), [[[9, 1], [3, 3], [1, 9]]], maximize=True) == 1
+    assert failed[0]["parameters"]["x"] in [row["parameters"]["x"] for row in rows[9:]]  # it went on
+
+
+# A trial written for trialkit that keeps its epochs in trialkit.checkpoint_dir(): a configuration that goes on
+# finds its round before's checkpoint there and trains only the epochs its budget adds.
+CONTINUING_TRIAL = """
+import json, os, trialkit
+p = trialkit.get_next_parameter()
+path = os.path.join(trialkit.checkpoint_dir(), "state.json")
+state = json.load(open(path)) if os.path.exists(path) else {"epochs": 0, "trials": []}
+for epoch in range(state["epochs"], p["TRIAL_BUDGET"]):
+    trialkit.report_intermediate_result(p["x"] * (epoch + 1))
+state["epochs"] = p["TRIAL_BUDGET"]
+state["trials"].append(trialkit.get_trial_id())
+json.dump(state, open(path, "w"))
+trialkit.report_final_result(p["x"] * p["TRIAL_BUDGET"])
+"""
+
+
+def test_a_configuration_hyperband_sends_on_starts_from_its_round_befores_checkpoint(tmp_path, home):
+    space = {"x": {"_type": "uniform", "_value": [0, 1]}}
+    config = experiment(tmp_path, space, CONTINUING_TRIAL, maxTrialNumber=13, trialConcurrency=2,
+                        tuner={"name": "Hyperband", "classArgs": {"R": 9, "eta": 3, "exec_mode": "serial"}})
+    rows = run(config)
+    assert [row["parameters"][BUDGET] for row in rows] == [1] * 9 + [3] * 3 + [9]
+    by_config = {}
+    for row in rows:
+        line = by_config.setdefault(configuration(row), [])
+        line.append(row)
+        state = json.loads((home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" / row["trial_id"] /
+                            "checkpoint" / "state.json").read_text())
+        assert state["trials"] == [r["trial_id"] for r in line]  # each went on from the one before it
+        added = row["parameters"][BUDGET] - (line[-2]["parameters"][BUDGET] if len(line) > 1 else 0)
+        assert len(row["intermediate"]) == added  # it trained only the epochs its budget added
+    assert sorted(len(line) for line in by_config.values())[-1] == 3
+
+
+# ---------------------------------------------------------------- PBT
+
+
+def generations(rows: List[Dict[str, Any]], size: int) -> List[List[Dict[str, Any]]]:
+    return [rows[g:g + size] for g in range(0, len(rows), size)]
+
+
+def heirs(rows: List[Dict[str, Any]], size: int) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """(trial, the trial it goes on from) of PBT's second generation: the one whose save dir it was given to load."""
+    by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
+    return [(row, by_save[row["parameters"]["load_checkpoint_dir"]]) for row in generations(rows, size)[1]]
+
+
+def test_nnis_pbt_example_trains_each_generation_from_the_checkpoints_pbt_gives(tmp_path, home):
+    rows = run(example(tmp_path, "mnist-pbt-tuner-pytorch", "config.yml", maxTrialNum=30, **{"trial.gpuNum": 0}))
+    assert {row["status"] for row in rows} == {"SUCCEEDED"}
+    root = home / "experiments" / rows[0]["trial_id"].rpartition("-")[0] / "checkpoint"  # NNI's default place
+    population = generations(rows, 10)  # PBTTuner's default population_size
+    explored: List[str] = []  # the parameters the bottom members changed from the top ones they copied
+    for g, generation in enumerate(population):
+        members = sorted(int(Path(row["parameters"]["save_checkpoint_dir"]).parent.name) for row in generation)
+        assert members == list(range(10))
+        # A generation starts once the one before ended.
+        if g:
+            assert min(row["started"] for row in generation) >= max(row["ended"] for row in population[g - 1])
+        previous = {row["parameters"]["save_checkpoint_dir"]: row for row in population[g - 1]} if g else {}
+        ranked = sorted(population[g - 1], key=lambda row: -row["final"]) if g else []
+        tops = {row["parameters"]["save_checkpoint_dir"] for row in ranked[:2]}  # fraction 0.2 of 10 (NNI's)
+        bottoms = {int(Path(row["parameters"]["save_checkpoint_dir"]).parent.name) for row in ranked[-2:]}
+        for row in generation:
+            params = row["parameters"]
+            save, load = Path(params["save_checkpoint_dir"]), params["load_checkpoint_dir"]
+            assert save.parent.parent == root and save.name == str(g)
+            model = json.loads((save / "model.pth").read_text())  # what the trial saved
+            assert model["epochs"] == g + 1  # it went on from a checkpoint each generation
+            if g == 0:
+                assert load == str(save) and model["loaded_from"] == []
+                continue
+            assert model["loaded_from"][-1] == load  # the checkpoint it loaded is the one PBT gave
+            member = int(save.parent.name)
+            source = previous[load]
+            if member in bottoms:  # exploit a top member's checkpoint, explore its parameters
+                assert load in tops
+                assert params["batch_size"] in (16, 32, 64, 128) and 0 <= params["momentum"] <= 1
+                explored += [key for key in ("batch_size", "lr", "momentum")
+                             if params[key] != source["parameters"][key]]
+            else:  # its own checkpoint, its own parameters
+                assert load == str(save.parent / str(g - 1))
+                assert {k: params[k] for k in ("batch_size", "lr", "momentum")} == \
+                    {k: source["parameters"][k] for k in ("batch_size", "lr", "momentum")}
+    assert explored  # (each is resampled or moved a step; that none of them moved is below a chance in 10,000)
+    # The population got better: its best of the last generation beats the best of the first.
+    assert max(r["final"] for r in population[-1]) > max(r["final"] for r in population[0])
+
+
+# A trial written for trialkit: its state in trialkit.checkpoint_dir(), which PBT fills with the better trial's.
+TRIALKIT_PBT_TRIAL = """
+import json, os, trialkit
+p = trialkit.get_next_parameter()
+path = os.path.join(trialkit.checkpoint_dir(), "state.json")
+state = json.load(open(path)) if os.path.exists(path) else {"w": 0.0, "line": []}
+state["w"] += p["lr"] * (1.0 - state["w"])
+state["line"].append(trialkit.get_trial_id())
+json.dump(state, open(path, "w"))
+trialkit.report_final_result(state["w"])
+"""
+
+# The same, as Determined's Core API writes it: the checkpoint named by latest_checkpoint, restored and stored.
+DETERMINED_PBT_TRIAL = """
+import json, os
+import determined as det
+
+info = det.get_cluster_info()
+with det.core.init() as core:
+    state = {"w": 0.0, "line": []}
+    if info.latest_checkpoint is not None:
+        with core.checkpoint.restore_path(info.latest_checkpoint) as path:
+            state = json.loads((path / "state.json").read_text())
+    for op in core.searcher.operations():
+        state["w"] += info.trial.hparams["lr"] * (1.0 - state["w"])
+        state["line"].append(os.environ["TRIALKIT_TRIAL_ID"])
+        with core.checkpoint.store_path({"steps_completed": len(state["line"])}) as (path, storage_id):
+            (path / "state.json").write_text(json.dumps(state))
+        op.report_completed(state["w"])
+"""
+
+
+def state_of(home: Path, row: Dict[str, Any]) -> Dict[str, Any]:
+    """The trial's own saved state: in its checkpoint dir, or its latest Determined checkpoint there."""
+    checkpoint = home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" / row["trial_id"] / "checkpoint"
+    if (checkpoint / "latest").exists():
+        checkpoint = checkpoint / (checkpoint / "latest").read_text().strip()
+    return json.loads((checkpoint / "state.json").read_text())
+
+
+@pytest.mark.parametrize("trial", [TRIALKIT_PBT_TRIAL, DETERMINED_PBT_TRIAL], ids=["trialkit", "determined"])
+def test_pbt_goes_on_from_the_better_trials_checkpoint_through_the_trials_own_checkpoint_dir(tmp_path, home, trial):
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    config = experiment(tmp_path, space, trial, maxTrialNumber=12, trialConcurrency=2,
+                        tuner={"name": "PBTTuner", "classArgs": {"population_size": 4, "fraction": 0.25}})
+    rows = run(config)
+    population = generations(rows, 4)
+    by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
+    for g, generation in enumerate(population):
+        for row in generation:
+            line = state_of(home, row)["line"]
+            assert line[-1] == row["trial_id"] and len(line) == g + 1
+            if g:  # it started from the checkpoint of the trial whose save dir PBT gave it to load
+                source = by_save[row["parameters"]["load_checkpoint_dir"]]
+                assert line[:-1] == state_of(home, source)["line"]
+        if g:  # the worst of the generation before went on from the best one's checkpoint
+            worst = min(population[g - 1], key=lambda row: row["final"])
+            best = max(population[g - 1], key=lambda row: row["final"])
+            heir = next(row for row in generation if Path(row["parameters"]["save_checkpoint_dir"]).parent ==
+                        Path(worst["parameters"]["save_checkpoint_dir"]).parent)
+            assert state_of(home, heir)["line"][:-1] == state_of(home, best)["line"]
+
+
+@pytest.mark.parametrize("trial", [TRIALKIT_PBT_TRIAL, DETERMINED_PBT_TRIAL], ids=["trialkit", "determined"])
+def test_pbt_with_an_object_store_copies_the_better_checkpoint_there_and_each_heir_restores_it(tmp_path, home, s3,
+                                                                                                 trial):
+    """With checkpointStorage in S3, the exploit is a copy inside the store, which the heir's keeper fetches
+    before it starts: the way it works where no trial dir is shared (Kubernetes pods on other nodes)."""
+    bucket = s3.bucket()
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    config = experiment(tmp_path, space, trial, maxTrialNumber=8, trialConcurrency=2,
+                        tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25}},
+                        checkpointStorage={"type": "s3", "bucket": bucket, "endpointUrl": s3.url})
+    rows = run(config)
+    for row, source in heirs(rows, 4):
+        assert state_of(home, row)["line"] == [source["trial_id"], row["trial_id"]]
+        log = (home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" / row["trial_id"] /
+               "trial.log").read_text()
+        assert "restored checkpoint" in log and f"/{row['trial_id']}/" in log, log
+    for row in generations(rows, 4)[0]:  # nothing to go on from: the first generation starts empty
+        assert "restored checkpoint" not in (home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" /
+                                             row["trial_id"] / "trial.log").read_text()
+
+
+@pytest.mark.containers
+def test_pbt_on_kubernetes_goes_on_from_the_better_trials_checkpoint_through_s3(tmp_path, home, s3, monkeypatch,
+                                                                               containers, image):
+    """PyTorchJob trials whose pods share no volume, checkpoints in S3: each heir's pod restores the copy of
+    its source's checkpoint and goes on from it. The pods are real containers of the trial image
+    (tests/pod_runner.py), reaching moto at this machine's address on their bridge."""
+    from containers_util import ended, running
+    from k8s_fake_api import FakeApiServer
+    from pod_runner import PodRunner, host_address
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").write_text(TRIALKIT_PBT_TRIAL + 'print("line", json.dumps(state["line"]), flush=True)\n')
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    path = kubeflow_config(tmp_path, s3, host_address(), searchSpace=space, trialConcurrency=2, maxTrialNumber=4,
+                           trialCommand="python3 /code/train.py",
+                           tuner={"name": "PBT", "classArgs": {"population_size": 2, "fraction": 0.5}})
+    with FakeApiServer() as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
+        create_secret(api, s3, "team-s3")
+        with PodRunner(api, containers, image, tmp_path / "kubelet", mounts={"/code": code}) as runner:
+            with running(path) as (proc, exp):
+                out, err = ended(proc, runner, WAIT)
+                assert proc.returncode == 0, out + err + runner.describe()
+            logs = "\n".join(runner.logs(pod) for pod in runner.history)
+    rows = export(exp)
+    assert logs.count("restored checkpoint") == 2, logs
+    for row in generations(rows, 2)[0]:
+        assert f'line {json.dumps([row["trial_id"]])}' in logs, logs
+    for row, source in heirs(rows, 2):  # its pod had none of the source's files but what it fetched from S3
+        assert f'line {json.dumps([source["trial_id"], row["trial_id"]])}' in logs, logs
+
+
+@pytest.mark.slow
+def test_pbt_on_the_ray_platform_copies_the_better_checkpoint_too(ray_cluster, tmp_path, home):
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    config = experiment(tmp_path, space, TRIALKIT_PBT_TRIAL, maxTrialNumber=8, trialConcurrency=2,
+                        nniManagerIp="127.0.0.1",
+                        tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25}},
+                        trainingService={"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 1})
+    rows = run(config)
+    for row, source in heirs(rows, 4):
+        assert state_of(home, row)["line"] == [source["trial_id"], row["trial_id"]]
+    ray_cluster.wait_clean()

@@ -1,0 +1,138 @@
+"""BOHB's model: the kernel densities of good and bad configurations on the largest budget that has enough.
+
+This is the model NNI's BOHB builds (its config_generator.py, after HpBandSter,
+the BOHB authors' code) with the library it uses: statsmodels'
+KDEMultivariate, normal-reference bandwidths. statsmodels rather than optuna's
+TPE because BOHB's one multivariate density over all parameters, its
+bandwidth factor and its minimum bandwidth are what BOHB's classArgs tune, and
+optuna's sampler has no place for the last two. A configuration is a vector:
+a numeric parameter its unit coordinate (searchspace.Numeric.to_unit, so a
+log-uniform one is modelled on its log), a choice its option's index.
+
+For each budget, its results sorted by loss (the value, negated when
+maximizing): the best max(min_points_in_model, top_n_percent%) are good, the
+next max(min_points_in_model, the rest%) bad; a budget has a model when both
+sets hold more points than there are parameters. A new configuration is, with
+probability random_fraction or while no budget has a model, drawn from the
+space; otherwise the best of num_samples candidates by bad(x) / good(x), each a
+good point with every numeric coordinate moved by a normal of the good
+density's bandwidth times bandwidth_factor (truncated to [0, 1]) and each
+choice kept with probability 1 - bandwidth, else drawn anew. Bandwidths are at
+least min_bandwidth. NNI feeds the model with results on the budget its trial
+reported as the final record's sequence number; here the budget is the
+trial's TRIAL_BUDGET, the budget BOHB gave it.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+from trialkit.control.searchspace import Choice, SearchSpace
+
+
+class KdeSettings(NamedTuple):
+    min_points_in_model: int
+    top_n_percent: int
+    num_samples: int
+    random_fraction: float
+    bandwidth_factor: float
+    min_bandwidth: float
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any], dimensions: int) -> "KdeSettings":
+        """NNI's defaults; min_points_in_model is at least one more than the parameters, as NNI makes it."""
+        least = dimensions + 1
+        return cls(max(args.get("min_points_in_model") or least, least), args.get("top_n_percent", 15),
+                   args.get("num_samples", 64), args.get("random_fraction", 1 / 3), args.get("bandwidth_factor", 3.0),
+                   args.get("min_bandwidth", 1e-3))
+
+
+class Model(NamedTuple):
+    budget: float
+    good: Any  # statsmodels KDEMultivariate
+    bad: Any
+
+
+def vector(space: SearchSpace, params: Mapping[str, Any]) -> List[float]:
+    return [float(param.index_of(params[key])) if isinstance(param, Choice) else param.to_unit(params[key])
+            for key, param in space.params.items()]
+
+
+def point(space: SearchSpace, values: Sequence[float]) -> Dict[str, Any]:
+    out = {}
+    for (key, param), value in zip(space.params.items(), values):
+        if isinstance(param, Choice):
+            out[key] = param.value_at(min(max(int(round(value)), 0), len(param.options) - 1), lambda sub: {})
+        else:
+            out[key] = param.from_unit(min(max(float(value), 0.0), 1.0))
+    return out
+
+
+def _var_types(space: SearchSpace) -> str:
+    return "".join("u" if isinstance(param, Choice) else "c" for param in space.params.values())
+
+
+def fit(space: SearchSpace, observations: Sequence[Tuple[Mapping[str, Any], float, float]], optimize_mode: str,
+        settings: KdeSettings) -> Optional[Model]:
+    """The model of the largest budget that has one, from (parameters, value, budget) of finished trials."""
+    import numpy
+    from statsmodels.nonparametric.kernel_density import KDEMultivariate
+
+    sign = -1.0 if optimize_mode == "maximize" else 1.0
+    by_budget: Dict[float, List[Tuple[float, List[float]]]] = {}
+    for params, value, budget in observations:
+        if space.contains({k: v for k, v in params.items() if k in space.params}):
+            by_budget.setdefault(budget, []).append((sign * value, vector(space, params)))
+    dims = len(space.params)
+    for budget in sorted(by_budget, reverse=True):
+        # Sorted by loss, ties by the configuration: the model is a function of the results, not their order.
+        rows = sorted(by_budget[budget])
+        if len(rows) < settings.min_points_in_model:
+            continue
+        n_good = max(settings.min_points_in_model, settings.top_n_percent * len(rows) // 100)
+        n_bad = max(settings.min_points_in_model, (100 - settings.top_n_percent) * len(rows) // 100)
+        good = numpy.array([row for _, row in rows[:n_good]])
+        bad = numpy.array([row for _, row in rows[n_good:n_good + n_bad]])
+        if len(good) <= dims or len(bad) <= dims:
+            continue
+        # rng: the estimator's own numbers, which normal-reference bandwidths never draw (statsmodels 0.15 warns
+        # when none is given).
+        kdes = [KDEMultivariate(data=data, var_type=_var_types(space), bw="normal_reference", rng=0)
+                for data in (good, bad)]
+        for kde in kdes:
+            kde.bw = numpy.clip(kde.bw, settings.min_bandwidth, None)
+        return Model(budget, *kdes)
+    return None
+
+
+def sample(space: SearchSpace, model: Optional[Model], settings: KdeSettings, rng: random.Random) -> Dict[str, Any]:
+    """A configuration: from the space, or the model's best of num_samples candidates (see the module)."""
+    import numpy
+    from scipy.stats import truncnorm
+
+    if model is None or rng.random() < settings.random_fraction:
+        return space.sample(rng)
+    state = numpy.random.RandomState(rng.getrandbits(32))  # this proposal's own numbers, as numpy draws them
+    levels = [len(param.options) if isinstance(param, Choice) else 0 for param in space.params.values()]
+    best, best_score = None, numpy.inf
+    for _ in range(settings.num_samples):
+        datum = model.good.data[state.randint(len(model.good.data))]
+        candidate = []
+        for mean, bandwidth, options in zip(datum, model.good.bw, levels):
+            bandwidth = max(bandwidth, settings.min_bandwidth)
+            if options == 0:
+                bandwidth *= settings.bandwidth_factor
+                candidate.append(float(truncnorm.rvs(-mean / bandwidth, (1 - mean) / bandwidth, loc=mean,
+                                                     scale=bandwidth, random_state=state)))
+            else:
+                candidate.append(float(mean) if state.rand() < 1 - bandwidth else float(state.randint(options)))
+        good, bad = float(model.good.pdf(candidate)), float(model.bad.pdf(candidate))
+        score = max(1e-32, bad) / max(good, 1e-32)
+        if not numpy.isfinite(score):
+            if numpy.isfinite(good):
+                best = candidate
+                break
+            continue
+        if score < best_score:
+            best, best_score = candidate, score
+    return space.sample(rng) if best is None else point(space, best)

@@ -1,0 +1,194 @@
+"""Population-based training: NNI's PBTTuner, and its exploit through trialkit's own checkpoint dir.
+
+NNI's contract (pbt_tuner.py, NNI 3.0): a population of `population_size`
+members trains in generations; each trial is one member's step. Its
+parameters carry `load_checkpoint_dir` (the checkpoint to start from) and
+`save_checkpoint_dir` (where to leave its own), both
+`all_checkpoint_dir/<member>/<generation>`; in generation 0 both are the
+member's first dir (nothing to load yet). A generation starts once every trial
+of the one before ended; its trials are ranked by their final result (a trial
+without one is the worst). The bottom ceil(fraction * population_size) take a
+top one's parameters and checkpoint (a top picked at random) and perturb each
+parameter: resampled with probability resample_probability, else moved one
+step up or down (a choice's next option, a randint's next integer, a
+quantized one's next multiple; a uniform one by factor times its range, a
+log-uniform one by factor times its log range, a normal one by factor times
+sigma), within the parameter's bounds. The others go on from their own
+checkpoint with their own parameters. A generation's trials start in NNI's
+order: the worst of the generation before first.
+
+For code written for trialkit or Determined rather than NNI, the same exploit
+goes through the trial's checkpoint dir: `continues_from` names the trial whose
+checkpoint a new trial starts from, and the loop has the platform copy that
+trial's checkpoint dir into the new trial's before it starts, so
+`trialkit.checkpoint_dir()` (and Determined's `latest_checkpoint`) holds the
+better member's checkpoint.
+
+Which member and generation a trial is follows from its parameter id
+(generation = id // population_size, in NNI's order), so `replay` rebuilds the
+population of an interrupted experiment from the store.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from trialkit import schema
+from trialkit.control.searchspace import Choice, Numeric, SearchSpace, _sample_param
+from trialkit.control.tuners.base import Tuner, check_flat, check_fraction, check_mode, check_seed, derived_seed
+from trialkit.errors import UserError
+
+LOAD = "load_checkpoint_dir"
+SAVE = "save_checkpoint_dir"
+
+
+def _checkpoint_root(value: Any, where: str) -> str:
+    path = os.path.expanduser(schema.as_str(value, where))
+    if not os.path.isabs(path):
+        raise UserError(f"all_checkpoint_dir {value!r} is not an absolute path", where,
+                        "give an absolute path: every trial reads it from a directory of its own")
+    return path
+
+
+class PbtTuner(Tuner):
+    """NNI's PBTTuner: classArgs optimize_mode, all_checkpoint_dir, population_size, factor,
+    resample_probability, fraction (and trialkit's seed)."""
+
+    ARGS = {
+        "optimize_mode": check_mode,
+        "all_checkpoint_dir": _checkpoint_root,
+        "population_size": lambda v, w: schema.as_int(v, w, minimum=1, maximum=99999),
+        "factor": lambda v, w: schema.as_number(v, w, minimum=0),
+        "resample_probability": check_fraction,
+        "fraction": check_fraction,
+        "seed": check_seed,
+    }
+    TAKES_ASSESSOR = False
+
+    def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
+        super().__init__(space, optimize_mode, seed, class_args)
+        # NNI's default is its experiment's checkpoint directory (NNI_CHECKPOINT_DIRECTORY); build_tuner gives
+        # trialkit's, the experiment dir's.
+        self.root: str = class_args.get("all_checkpoint_dir") or os.path.abspath("checkpoint")
+        self.size: int = class_args.get("population_size", 10)  # NNI's defaults
+        self.factor: float = class_args.get("factor", 0.2)
+        self.resample_probability: float = class_args.get("resample_probability", 0.25)
+        self.fraction: float = class_args.get("fraction", 0.2)
+        self._scores: Dict[int, float] = {}  # parameter id -> final value, for those that have one
+        self._rankings: Dict[int, List[int]] = {}  # generation -> its members, best first
+
+    @classmethod
+    def check_space(cls, space: SearchSpace) -> None:
+        check_flat(space, "PBT", "Evolution")
+
+    def generation(self, parameter_id: int) -> Tuple[int, int]:
+        """(generation, position in it) of a trial."""
+        return divmod(parameter_id, self.size)
+
+    def member(self, parameter_id: int) -> int:
+        """The population member a trial trains (its checkpoints' folder under all_checkpoint_dir)."""
+        generation, position = self.generation(parameter_id)
+        return position if generation == 0 else self._ranking(generation - 1)[self.size - 1 - position]
+
+    def _ranking(self, generation: int) -> List[int]:
+        """The members of `generation`, best first (ties: the lower member first); asked only once each of its
+        trials ended, so it never changes and is kept."""
+        if generation in self._rankings:
+            return self._rankings[generation]
+        worst = -math.inf if self.optimize_mode == "maximize" else math.inf
+        sign = -1.0 if self.optimize_mode == "maximize" else 1.0
+        first = generation * self.size
+        scored = [(sign * self._scores.get(pid, worst), self.member(pid)) for pid in range(first, first + self.size)]
+        self._rankings[generation] = [member for _, member in sorted(scored)]
+        return self._rankings[generation]
+
+    def _trial_of(self, generation: int, member: int) -> int:
+        """The parameter id of `member`'s trial in `generation`."""
+        first = generation * self.size
+        if generation == 0:
+            return member
+        return first + self.size - 1 - self._ranking(generation - 1).index(member)
+
+    def _cutoff(self) -> int:
+        return math.ceil(self.fraction * self.size)
+
+    def continues_from(self, parameter_id: int) -> Optional[int]:
+        if self.generation(parameter_id)[0] == 0:
+            return None
+        return self._source(parameter_id, random.Random(derived_seed(self.seed, parameter_id)))[0]
+
+    def _source(self, parameter_id: int, rng: random.Random) -> Tuple[int, bool]:
+        """(the trial of the generation before whose checkpoint and parameters this trial goes on from, whether it
+        is one of the bottom members, which exploit a top one picked with `rng`'s first draw and explore)."""
+        generation, _ = self.generation(parameter_id)
+        member = self.member(parameter_id)
+        ranking = self._ranking(generation - 1)
+        tops, bottoms = ranking[:self._cutoff()], ranking[self.size - self._cutoff():]
+        if member in bottoms and tops:
+            return self._trial_of(generation - 1, tops[rng.randrange(len(tops))]), True
+        return self._trial_of(generation - 1, member), False
+
+    def _propose(self, parameter_id: int, rng: random.Random) -> Optional[Dict[str, Any]]:
+        generation, position = self.generation(parameter_id)
+        if generation == 0:
+            first = os.path.join(self.root, str(position), "0")
+            return {**self.space.sample(rng), LOAD: first, SAVE: first}
+        previous = range((generation - 1) * self.size, generation * self.size)
+        if not all(pid in self._finished for pid in previous):
+            return None  # the generation before is still training
+        member = self.member(parameter_id)
+        source, exploits = self._source(parameter_id, rng)  # the first draw of this proposal's numbers, as continues_from's
+        params = {key: self._params[source][key] for key in self.space.params}
+        if exploits:
+            params = perturb(self.space, params, self.factor, self.resample_probability, rng)
+        return {**params, LOAD: self._params[source][SAVE], SAVE: os.path.join(self.root, str(member), str(generation))}
+
+    def _completed(self, parameter_id: int, value: float) -> None:
+        self._scores[parameter_id] = value
+
+    @property
+    def waiting(self) -> bool:
+        return any(pid not in self._finished for pid in self._params)
+
+    def import_results(self, results: List[Tuple[Dict[str, Any], float]]) -> None:
+        """A population is its own trials' checkpoints: results from elsewhere have none, and are not taken."""
+
+
+def perturb(space: SearchSpace, params: Mapping[str, Any], factor: float, resample_probability: float,
+            rng: random.Random) -> Dict[str, Any]:
+    """Each parameter resampled (with probability resample_probability) or moved one step, as NNI's PBT."""
+    out = {}
+    for key, param in space.params.items():
+        if rng.random() < resample_probability:
+            out[key] = _sample_param(param, rng)
+            continue
+        up = rng.random() > 0.5
+        if isinstance(param, Choice):
+            index = param.index_of(params[key]) + (1 if up else -1)
+            out[key] = param.value_at(min(max(index, 0), len(param.options) - 1), lambda sub: {})
+        else:
+            out[key] = _step(param, params[key], factor, up)
+    return out
+
+
+def _step(param: Numeric, value: float, factor: float, up: bool) -> Any:
+    """The value one step up or down, within the bounds (NNI's perturbation table)."""
+    sign = 1 if up else -1
+    if param.kind == "randint":
+        return min(max(value + sign, int(param.a)), int(param.b) - 1)
+    if param.q is not None:
+        moved = (round(value / param.q) + sign) * param.q
+        if param.kind == "qlognormal":
+            moved = max(moved, 1e-10)
+        # from_unit quantizes and clips as sampling does: the step lands on a value the space holds.
+        return param.from_unit(param.to_unit(moved)) if param.bounded else moved
+    if param.kind == "uniform":
+        return min(max(value + sign * (param.b - param.a) * factor, param.a), param.b)
+    if param.kind == "loguniform":
+        moved = math.exp(math.log(value) + sign * (math.log(param.b) - math.log(param.a)) * factor)
+        return min(max(moved, param.a), param.b)  # clipped as a value: exp(log(b)) may come out a bit above b
+    if param.kind == "normal":
+        return value + sign * param.b * factor
+    return math.exp(math.log(value) + sign * param.b * factor)  # lognormal
