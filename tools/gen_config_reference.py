@@ -634,7 +634,8 @@ def render_tuners() -> str:
     lines += [f"| `{name}` | {args} |" for name, args in assessor_rows()]
     lines += ["", "The `Pruner` assessor's `pruner` is one of "
               + ", ".join(f"`{p}`" for p in assessors.PRUNERS) + " (optuna's pruners of those names). "
-              "NNI assessors trialkit does not carry: " + ", ".join(f"`{n}`" for n in assessors.NNI_ONLY) + "."]
+              + (("NNI assessors trialkit does not carry: " + ", ".join(f"`{n}`" for n in assessors.NNI_ONLY) + ".")
+                 if assessors.NNI_ONLY else "NNI's built-in assessors (`Medianstop`, `Curvefitting`) are all here.")]
     return "\n".join(lines) + "\n"
 
 
