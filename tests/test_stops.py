@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -87,6 +88,25 @@ def test_a_trial_that_checkpoints_when_the_experiment_stops_is_preempted_and_res
     assert row["status"] == "SUCCEEDED" and row["final"] == 8 and row["restart_count"] == 1, resumed
     runs = [r["intermediate"] for r in json.loads(ok("experiment", "export", exp, "--all-runs"))]
     assert runs == [[0, 1, 2], [3, 4, 5, 6, 7]]  # from its checkpoint, nothing again
+
+
+@pytest.mark.parametrize("gap, killed", [(0.05, False), (0.6, True)], ids=["delivered-twice", "again"])
+def test_a_sigterm_delivered_twice_at_once_is_one_stop_and_one_sent_again_kills(tmp_path, home, gap, killed):
+    # GNU timeout(1) passes a signal to its command and then to the command's process group: two SIGTERMs a
+    # moment apart (50 ms here, so that the kernel does not merge them), which must not read as "again: kill".
+    # A user's second one, later, does kill.
+    slow_save = CHECKPOINTING.replace("state.write_text(", "time.sleep(2); state.write_text(")  # a big checkpoint
+    config = experiment(tmp_path, X, slow_save, trialConcurrency=1, maxTrialNumber=1, trialGraceSeconds=10)
+    proc = start_cli("run", config)
+    exp = experiment_id(proc.stdout.readline())
+    wait_until(lambda: reported(home, f"{exp}-00000") >= 3, WAIT, "the trial to train three steps")
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(gap)  # the gap is the case under test
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=WAIT)
+    assert "SIGTERM: stopping the trials gracefully" in out, out + err
+    assert ("SIGTERM: killing the trials" in out) == killed, out + err
+    assert (export(exp)[0]["status"] == "PREEMPTED") != killed  # the first had its grace and saved its checkpoint
 
 
 def test_a_trial_killed_by_the_stop_without_a_checkpoint_is_canceled_and_stays_so(tmp_path, home):

@@ -86,6 +86,9 @@ TIMEOUT_STOP = (FAILED, "timeout: ran past maxTrialDuration")
 DURATION_STOP = (SYS_CANCELED, "maxExperimentDuration reached")
 UNHEARD = "its keeper has not reached the manager"
 # The reason of a trial that waited when a user stopped the experiment: it ran nothing, and waits still.
+# A second SIGINT/SIGTERM sooner than this is the first one delivered twice (no hand presses Ctrl-C twice so
+# fast); only a later one is "again": kill now.
+SAME_SIGNAL_SECONDS = 0.3
 UNSTARTED_AT_STOP = "the experiment stopped before it started: `trialkit experiment resume` starts it"
 
 
@@ -164,6 +167,7 @@ class Loop:
         self.exhausted = False  # the tuner has nothing more to propose
         self.stopping: Optional[Tuple[str, str]] = None  # the experiment ends early: (trial status, why)
         self.interrupts = 0
+        self.last_interrupt = 0.0  # time.monotonic() of the last counted signal
         self.submit_failures = 0
         self.error: Optional[str] = None  # why the experiment could not go on
         self.elapsed_before = elapsed
@@ -516,7 +520,11 @@ class Loop:
                 self._check_ended(trial)
 
     def _on_signal(self, signum: int) -> None:
+        now = time.monotonic()
+        if self.interrupts and now - self.last_interrupt < SAME_SIGNAL_SECONDS:
+            return  # one stop sent twice: GNU timeout signals its child, then the child's group
         self.interrupts += 1
+        self.last_interrupt = now
         name = signal.Signals(signum).name
         if self.interrupts == 1:
             self.progress.say(f"{name}: stopping the trials gracefully (again to kill them now)")
