@@ -484,7 +484,7 @@ def _assessor(section: Any, tuner: Optional[AlgorithmConfig]) -> Optional[Algori
     if section is None:
         return None
     name, args = _algorithm(section, "assessor")
-    if not TUNERS[tuner.name].TAKES_ASSESSOR:
+    if tuner is not None and not TUNERS[tuner.name].TAKES_ASSESSOR:
         raise UserError(f"{tuner.name} decides itself which trials go on (NNI refuses an assessor beside it too)",
                         "assessor", "remove the assessor")
     name, args = check_assessor(name, args)
