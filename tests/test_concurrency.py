@@ -66,7 +66,7 @@ def test_a_declared_pool_that_holds_trials_back_says_so_and_they_count_as_waitin
     assert proc.returncode == 0, err
     lines = out.splitlines()
     assert (f"note: pool default has 2 slots and each trial takes 1: at most 2 of the 4 trials trialConcurrency "
-            f"runs at once ({home / 'pools.yml'} sets its slots)") in head, head
+            f"asks for run at once ({home / 'pools.yml'} sets its slots)") in head, head
     progress = [line for line in lines if " ended: " in line and line.startswith("trial ")]
     running = [int(re.search(r"(\d+) running", line).group(1)) for line in progress]
     assert running and max(running) <= 2, progress  # never a waiting trial counted as running

@@ -418,9 +418,10 @@ class Platform(PlatformBase):
         at_once = self._slots.slots / self.config.pool_slots + pools.ROUNDING
         if at_once >= trial_concurrency:
             return ""
-        return (f"pool {self._slots.name} has {self._slots.slots:g} slots and each trial takes "
-                f"{self.config.pool_slots:g}: at most {int(at_once)} of the {trial_concurrency} trials trialConcurrency "
-                f"runs at once ({paths.home() / pools.CONFIG_NAME} sets its slots)")
+        slots = self._slots.slots
+        return (f"pool {self._slots.name} has {slots:g} slot{'' if slots == 1 else 's'} and each trial takes "
+                f"{self.config.pool_slots:g}: at most {int(at_once)} of the {trial_concurrency} trials "
+                f"trialConcurrency asks for run at once ({paths.home() / pools.CONFIG_NAME} sets its slots)")
 
     def seed_checkpoint(self, source: str, trial_id: str) -> None:
         copy_checkpoint(self.experiment_dir, source, trial_id)
