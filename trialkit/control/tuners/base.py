@@ -86,6 +86,10 @@ class Tuner:
     # False for a tuner that decides itself which trials go on (NNI's advisors, PBT): NNI refuses an assessor
     # beside one, and so does the config here.
     TAKES_ASSESSOR: ClassVar[bool] = True
+    # True for a tuner that ranks a round or generation once every trial of it has its final result (Hyperband,
+    # BOHB, PBT): a trial a user's stop of the experiment cut short without a checkpoint runs again on
+    # `experiment resume` (loop._stopped, queue.RERUN), rather than leaving its round ranked without it.
+    RERUNS_CUT_SHORT: ClassVar[bool] = False
     # Python packages the tuner needs beyond optuna (trialkit's `search` extra): the config says so when one is
     # missing, rather than the experiment failing at its first ask.
     NEEDS: ClassVar[Tuple[str, ...]] = ()
