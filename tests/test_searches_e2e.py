@@ -201,14 +201,14 @@ def test_a_trial_that_failed_after_reporting_goes_on_by_its_latest_result_across
     assert failed[0]["parameters"]["x"] in [row["parameters"]["x"] for row in rows[9:]]  # it went on
 
 
-# NNI-style trial code (no trialkit.checkpoint_dir()): the first trial on budget 3 writes MARKER after its first
+# NNI-style trial code (no trialkit.checkpoint_dir()): the first trial on budget CUT writes MARKER after its first
 # intermediate result and waits there for the Ctrl-C; every other trial runs straight through.
-CUT_SHORT_ON_BUDGET_3 = """
+CUT_SHORT_ON_A_BUDGET = """
 import os, time, trialkit
 p = trialkit.get_next_parameter()
 for epoch in range(p["TRIAL_BUDGET"]):
     trialkit.report_intermediate_result(p["x"] * (epoch + 1))
-    if p["TRIAL_BUDGET"] == 3 and not os.path.exists(MARKER):
+    if p["TRIAL_BUDGET"] == CUT and not os.path.exists(MARKER):
         time.sleep(1)  # its intermediate result reaches the manager first
         open(MARKER, "w").close()
         time.sleep(120)
@@ -216,26 +216,29 @@ trialkit.report_final_result(p["x"] * p["TRIAL_BUDGET"])
 """
 
 
-def test_a_hyperband_trial_cut_short_by_ctrl_c_runs_again_on_resume_and_its_round_ranks_its_final(tmp_path):
-    """The round on budget 3 waits for the trial the Ctrl-C stopped: `experiment resume` runs it again from the
-    start (it saved no checkpoint), and the round goes on by its final result, not the one intermediate result
-    it had reported."""
+@pytest.mark.parametrize("tuner, cut", [
+    ({"name": "Hyperband", "classArgs": {"R": 9, "eta": 3, "exec_mode": "serial"}}, 3),  # a promoted trial
+    ({"name": "BOHB", "classArgs": {"min_budget": 1, "max_budget": 9, "eta": 3}}, 9),  # the bracket's last round
+], ids=["hyperband", "bohb"])
+def test_a_trial_cut_short_by_ctrl_c_runs_again_on_resume_and_its_round_ranks_its_final(tmp_path, tuner, cut):
+    """The round waits for the trial the Ctrl-C stopped: `experiment resume` runs it again from the start (it
+    saved no checkpoint), and the round goes on by its final result, not the one intermediate result it had
+    reported."""
     marker = tmp_path / "cut"
     space = {"x": {"_type": "choice", "_value": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]}}
-    config = experiment(tmp_path, space, CUT_SHORT_ON_BUDGET_3.replace("MARKER", repr(str(marker))),
-                        maxTrialNumber=13, trialConcurrency=1,
-                        tuner={"name": "Hyperband", "classArgs": {"R": 9, "eta": 3, "exec_mode": "serial"}})
+    code = CUT_SHORT_ON_A_BUDGET.replace("MARKER", repr(str(marker))).replace("CUT", str(cut))
+    config = experiment(tmp_path, space, code, maxTrialNumber=13, trialConcurrency=1, tuner=tuner)
     exp = interrupted_after(config, 0, marker=marker)
-    cut = [row for row in export(exp) if row["final"] is None]
-    assert [(row["parameters"][BUDGET], row["status"], len(row["intermediate"])) for row in cut] == \
-        [(3, "PREEMPTED", 1)], cut
+    cut_short = [row for row in export(exp) if row["final"] is None]
+    assert [(row["parameters"][BUDGET], row["status"], len(row["intermediate"])) for row in cut_short] == \
+        [(cut, "PREEMPTED", 1)], cut_short
     done = cli("experiment", "resume", exp, timeout=WAIT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = export(exp)
     assert [row["parameters"][BUDGET] for row in rows] == [1] * 9 + [3] * 3 + [9]
     assert {row["status"] for row in rows} == {"SUCCEEDED"}
-    again = next(row for row in rows if row["trial_id"] == cut[0]["trial_id"])
-    assert again["final"] == pytest.approx(again["parameters"]["x"] * 3)
+    again = next(row for row in rows if row["trial_id"] == cut_short[0]["trial_id"])
+    assert again["final"] == pytest.approx(again["parameters"]["x"] * cut)
     assert check_rounds(rounds(rows, [9]), [[[9, 1], [3, 3], [1, 9]]], maximize=True) == 2
 
 
