@@ -185,7 +185,8 @@ def test_nnis_class_args_are_checked_and_defaulted():
     assert (tuner.max_budget, tuner.eta, tuner.exec_mode) == (60, 3, "parallelism")  # NNI's defaults
     for args, where, words in [({"R": 0}, "R", "too small"), ({"eta": 1}, "eta", "too small"),
                                ({"exec_mode": "parallel"}, "exec_mode", "did you mean 'parallelism'"),
-                               ({"etta": 3}, "etta", "did you mean 'eta'")]:
+                               ({"etta": 3}, "etta", "did you mean 'eta'"),
+                               ({"r": 9}, "r", "did you mean 'R'")]:  # NNI's Hyperband rejects r too
         with pytest.raises(UserError) as err:
             check_tuner("Hyperband", args, LINE)
         assert err.value.where == f"tuner.classArgs.{where}" and words in err.value.line()

@@ -201,6 +201,47 @@ def test_a_trial_that_failed_after_reporting_goes_on_by_its_latest_result_across
     assert failed[0]["parameters"]["x"] in [row["parameters"]["x"] for row in rows[9:]]  # it went on
 
 
+# NNI-style trial code (no trialkit.checkpoint_dir()): the first trial on budget CUT writes MARKER after its first
+# intermediate result and waits there for the Ctrl-C; every other trial runs straight through.
+CUT_SHORT_ON_A_BUDGET = """
+import os, time, trialkit
+p = trialkit.get_next_parameter()
+for epoch in range(p["TRIAL_BUDGET"]):
+    trialkit.report_intermediate_result(p["x"] * (epoch + 1))
+    if p["TRIAL_BUDGET"] == CUT and not os.path.exists(MARKER):
+        time.sleep(1)  # its intermediate result reaches the manager first
+        open(MARKER, "w").close()
+        time.sleep(120)
+trialkit.report_final_result(p["x"] * p["TRIAL_BUDGET"])
+"""
+
+
+@pytest.mark.parametrize("tuner, cut", [
+    ({"name": "Hyperband", "classArgs": {"R": 9, "eta": 3, "exec_mode": "serial"}}, 3),  # a promoted trial
+    ({"name": "BOHB", "classArgs": {"min_budget": 1, "max_budget": 9, "eta": 3}}, 9),  # the bracket's last round
+], ids=["hyperband", "bohb"])
+def test_a_trial_cut_short_by_ctrl_c_runs_again_on_resume_and_its_round_ranks_its_final(tmp_path, tuner, cut):
+    """The round waits for the trial the Ctrl-C stopped: `experiment resume` runs it again from the start (it
+    saved no checkpoint), and the round goes on by its final result, not the one intermediate result it had
+    reported."""
+    marker = tmp_path / "cut"
+    space = {"x": {"_type": "choice", "_value": [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]}}
+    code = CUT_SHORT_ON_A_BUDGET.replace("MARKER", repr(str(marker))).replace("CUT", str(cut))
+    config = experiment(tmp_path, space, code, maxTrialNumber=13, trialConcurrency=1, tuner=tuner)
+    exp = interrupted_after(config, 0, marker=marker)
+    cut_short = [row for row in export(exp) if row["final"] is None]
+    assert [(row["parameters"][BUDGET], row["status"], len(row["intermediate"])) for row in cut_short] == \
+        [(cut, "PREEMPTED", 1)], cut_short
+    done = cli("experiment", "resume", exp, timeout=WAIT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = export(exp)
+    assert [row["parameters"][BUDGET] for row in rows] == [1] * 9 + [3] * 3 + [9]
+    assert {row["status"] for row in rows} == {"SUCCEEDED"}
+    again = next(row for row in rows if row["trial_id"] == cut_short[0]["trial_id"])
+    assert again["final"] == pytest.approx(again["parameters"]["x"] * cut)
+    assert check_rounds(rounds(rows, [9]), [[[9, 1], [3, 3], [1, 9]]], maximize=True) == 2
+
+
 # A trial written for trialkit that keeps its epochs in trialkit.checkpoint_dir(): a configuration that goes on
 # finds its round before's checkpoint there and trains only the epochs its budget adds.
 CONTINUING_TRIAL = """
@@ -418,3 +459,46 @@ def test_pbt_on_the_ray_platform_copies_the_better_checkpoint_too(ray_cluster, t
     for row, source in heirs(rows, 4):
         assert state_of(home, row)["line"] == [source["trial_id"], row["trial_id"]]
     ray_cluster.wait_clean()
+
+
+# NNI-style PBT trial code: its state in load_checkpoint_dir, left in save_checkpoint_dir at its end. The first
+# trial of generation 1 writes MARKER and waits there for the Ctrl-C.
+PBT_CUT_SHORT = """
+import json, os, time, trialkit
+p = trialkit.get_next_parameter()
+load = os.path.join(p["load_checkpoint_dir"], "state.json")
+state = json.load(open(load)) if os.path.exists(load) else {"steps": 0}
+state["steps"] += 1
+if state["steps"] == 2 and not os.path.exists(MARKER):
+    open(MARKER, "w").close()
+    time.sleep(120)
+os.makedirs(p["save_checkpoint_dir"], exist_ok=True)
+json.dump(state, open(os.path.join(p["save_checkpoint_dir"], "state.json"), "w"))
+trialkit.report_final_result(p["lr"] * state["steps"])
+"""
+
+
+def test_a_pbt_generation_cut_short_by_ctrl_c_runs_its_members_again_on_resume(tmp_path):
+    """As NNI's PBTTuner resumes: the generation a Ctrl-C cut short runs its unfinished members again (from the
+    checkpoint of the generation before, which they had not replaced), and the next generation starts once it
+    ended, each member loading a checkpoint that exists: every trial of generation g trained g + 1 steps."""
+    marker = tmp_path / "cut"
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    config = experiment(tmp_path, space, PBT_CUT_SHORT.replace("MARKER", repr(str(marker))),
+                        maxTrialNumber=12, trialConcurrency=2,
+                        tuner={"name": "PBTTuner", "classArgs": {"population_size": 4, "fraction": 0.25}})
+    exp = interrupted_after(config, 0, marker=marker)
+    before = export(exp)
+    cut = [row["trial_id"] for row in before if row["final"] is None and row["status"] != "WAITING"]
+    assert cut and {row["status"] for row in before if row["trial_id"] in cut} == {"PREEMPTED"}, before
+    assert len(before) < 9  # generation 2 had not started
+    done = cli("experiment", "resume", exp, timeout=WAIT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = export(exp)
+    # (A trial the Ctrl-C found past its final result ended USER_CANCELED with it: its generation has it.)
+    assert len(rows) == 12 and all(row["final"] is not None for row in rows), rows
+    assert {row["status"] for row in rows if row["trial_id"] in cut} == {"SUCCEEDED"}
+    for g, generation in enumerate(generations(rows, 4)):
+        for row in generation:
+            saved = Path(row["parameters"]["save_checkpoint_dir"]) / "state.json"
+            assert json.loads(saved.read_text())["steps"] == g + 1, (g, row)

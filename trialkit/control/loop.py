@@ -43,7 +43,7 @@ from trialkit.control.assessors import build_assessor
 from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
-from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, JobQueue, goes_before, label
+from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE, JobQueue, goes_before, label
 from trialkit.control.results import metric_value
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -483,14 +483,17 @@ class Loop:
     def _stopped(self, trial: Trial, status: str) -> Tuple[str, str]:
         """(status, reason) of a trial that ended after the loop stopped it (trial.stop), given how the platform
         saw it end (`status`). A user's stop of the whole experiment (Ctrl-C, SIGTERM, `experiment stop`) that
-        finds it holding a checkpoint leaves it PREEMPTED, for `experiment resume`; a pause that finds it with
-        none says that its progress restarts; the assessor's stop met a trial whose final result was in
-        already: it succeeded."""
+        finds it holding a checkpoint leaves it PREEMPTED, for `experiment resume`, and so does one that finds
+        it without one when its tuner's round waits for its result (it runs again from the start); a pause
+        that finds it with none says that its progress restarts; the assessor's stop met a trial whose final
+        result was in already: it succeeded."""
         wanted, why = trial.stop
         if trial.stop == ASSESSOR_STOP and trial.has_final:
             return SUCCEEDED, "its final result came before the assessor's stop"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self._checkpointed(trial, status):
             return PREEMPTED, f"{why}; {RESUMABLE}"
+        if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.RERUNS_CUT_SHORT and not trial.has_final:
+            return PREEMPTED, f"{why}; {RERUN}"
         if wanted == PREEMPTED and trial.ran and not self._checkpointed(trial, status):
             return PREEMPTED, f"{why}; {NO_CHECKPOINT}"
         return wanted, why

@@ -41,6 +41,10 @@ LABELS = {PREEMPTED: "PAUSED"}
 RESUMABLE = "it saved a checkpoint: `trialkit experiment resume` continues it"
 # The end of the reason of a trial paused or preempted without a checkpoint.
 NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
+# The end of a PREEMPTED trial's reason when a user's stop of the whole experiment found it without a
+# checkpoint and its tuner's round or generation waits for its final result (Tuner.RERUNS_CUT_SHORT):
+# `experiment resume` queues it again, to run from the start (control.resume).
+RERUN = f"its round waits for its result: `trialkit experiment resume` runs it again; {NO_CHECKPOINT}"
 _FIELDS = {"priority": "priority", "ahead-of": "ahead_of", "behind-of": "behind_of"}
 _PRIORITY_RANGE = f"a priority is a whole number from {INT64_MIN} to {INT64_MAX}"
 

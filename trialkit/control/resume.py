@@ -7,7 +7,8 @@
 The tuner is told every trial as the store holds it (the same seed makes it
 the same tuner), the assessor every ended trial's curve. A trial that the
 stop of the experiment found saving a checkpoint (PREEMPTED, its reason ending
-in queue.RESUMABLE) queues again, to go on from it; one a user paused waits for
+in queue.RESUMABLE) queues again, to go on from it, and so does one its tuner's
+round waits for (queue.RERUN: it runs again from the start); one a user paused waits for
 `activate`; one the stop found waiting is still queued, and starts first. A trial that was
 running when the manager went away is watched again where the platform can
 find it (`Platform.reattach`), given its status and undelivered records when
@@ -20,7 +21,7 @@ from typing import List
 
 from trialkit import records
 from trialkit.control.loop import Loop, Trial
-from trialkit.control.queue import RESUMABLE
+from trialkit.control.queue import RERUN, RESUMABLE
 from trialkit.control.results import metric_value
 from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, WAITING
 
@@ -45,7 +46,7 @@ def restore(loop: Loop) -> List[Trial]:
             loop.note_best(trial, metric_value(trial.final))
         if not trial.ended and not queued:
             running.append(trial)
-        elif trial.paused and (row["reason"] or "").endswith(RESUMABLE):
+        elif trial.paused and (row["reason"] or "").endswith((RESUMABLE, RERUN)):
             resumable.append(trial)
     loop.replay(loop.tuner)
     for trial in loop.trials.values():

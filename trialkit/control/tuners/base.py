@@ -64,9 +64,17 @@ def check_fraction(value: Any, where: str) -> float:
 
 
 def check_args(args: Any, spec: Mapping[str, Checker], where: str) -> Dict[str, Any]:
-    """classArgs checked against `spec` (arg name -> checker); names as NNI spells them."""
+    """classArgs checked against `spec` (arg name -> checker); names as NNI spells them, or camelCased
+    (`start_step`, `startStep`). Another case is another arg: NNI's Hyperband rejects `r`, whose R it is not."""
     if args is None:
         return {}
+    spellings = {spelling for name in spec for spelling in (name, schema.camel(name))}
+    by_fold = {schema.fold(name): name for name in spec}
+    for key in schema.mapping(args, where):
+        meant = by_fold.get(schema.fold(key)) if isinstance(key, str) and key not in spellings else None
+        if meant is not None:
+            schema.report(UserError(f"unknown key {key!r}", schema.path(where, key),
+                                    f"did you mean {meant!r}? classArgs names are case-sensitive, as NNI's"))
     args = schema.normalize_keys(args, list(spec), where)
     return {key: spec[key](value, schema.path(where, key)) for key, value in args.items()}
 
@@ -86,6 +94,10 @@ class Tuner:
     # False for a tuner that decides itself which trials go on (NNI's advisors, PBT): NNI refuses an assessor
     # beside one, and so does the config here.
     TAKES_ASSESSOR: ClassVar[bool] = True
+    # True for a tuner that ranks a round or generation once every trial of it has its final result (Hyperband,
+    # BOHB, PBT): a trial a user's stop of the experiment cut short without a checkpoint runs again on
+    # `experiment resume` (loop._stopped, queue.RERUN), rather than leaving its round ranked without it.
+    RERUNS_CUT_SHORT: ClassVar[bool] = False
     # Python packages the tuner needs beyond optuna (trialkit's `search` extra): the config says so when one is
     # missing, rather than the experiment failing at its first ask.
     NEEDS: ClassVar[Tuple[str, ...]] = ()
