@@ -143,7 +143,7 @@ def test_the_keepers_file_names_are_spelled_only_in_layout():
 def test_the_shell_scripts_spell_the_same_layout(script):
     text = (ROOT / "scripts" / script).read_text()
     named = set(re.findall(r"/\.trialkit/([\w.]+)", text))
-    known = {layout.STATUS, layout.SPOOL, layout.PIDFILE, layout.CHANNEL, layout.STOP, layout.TRIALSIDE}
+    known = {layout.STATUS, layout.SPOOL, layout.PIDFILE, layout.CHANNEL, layout.STOP, layout.TRIALSIDE, layout.FETCH_OUT}
     assert named and named <= known, f"{script} names {named - known} that trialkit/layout.py does not"
     assert f"/{layout.HOME}" in text
 
