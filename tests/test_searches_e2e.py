@@ -343,6 +343,12 @@ json.dump(state, open(path, "w"))
 trialkit.report_final_result(state["w"])
 """
 
+# As NNI's mnist-pbt example orders it: the final result first, the checkpoint after (here a moment later, as a
+# big one would be): the trial that goes on from it must wait for it.
+SAVES_AFTER_RESULT_PBT_TRIAL = TRIALKIT_PBT_TRIAL.replace("json.dump(state, open(path, \"w\"))\n", "").replace(
+    "trialkit.report_final_result(state[\"w\"])\n",
+    "trialkit.report_final_result(state[\"w\"])\nimport time; time.sleep(0.5)\njson.dump(state, open(path, \"w\"))\n")
+
 # The same, as Determined's Core API writes it: the checkpoint named by latest_checkpoint, restored and stored.
 DETERMINED_PBT_TRIAL = """
 import json, os
@@ -371,7 +377,8 @@ def state_of(home: Path, row: Dict[str, Any]) -> Dict[str, Any]:
     return json.loads((checkpoint / "state.json").read_text())
 
 
-@pytest.mark.parametrize("trial", [TRIALKIT_PBT_TRIAL, DETERMINED_PBT_TRIAL], ids=["trialkit", "determined"])
+@pytest.mark.parametrize("trial", [TRIALKIT_PBT_TRIAL, DETERMINED_PBT_TRIAL, SAVES_AFTER_RESULT_PBT_TRIAL],
+                         ids=["trialkit", "determined", "saves-after-its-result"])
 def test_pbt_goes_on_from_the_better_trials_checkpoint_through_the_trials_own_checkpoint_dir(tmp_path, home, trial):
     space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
     config = experiment(tmp_path, space, trial, maxTrialNumber=12, trialConcurrency=2,

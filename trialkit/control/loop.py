@@ -596,6 +596,14 @@ class Loop:
             trial = self._next()
             if trial is None:
                 return
+            origin = self._origin(trial)
+            if origin is not None and origin.id in self.active:
+                # Its final result came (the tuner's cue) while it still runs: its last checkpoint may still be
+                # on its way (written after the result, or uploading). The copy waits for its end.
+                self.queue.push(trial.id)
+                return
+            if origin is not None:
+                self._seed_checkpoint(trial, origin)
             self.submit(trial)
 
     def _next(self) -> Optional[Trial]:
@@ -628,16 +636,18 @@ class Loop:
                              stdout_path=str(trial_dir / "stdout.log"), stderr_path=str(trial_dir / "stderr.log"))
         self.trials[trial.id] = trial
         self.queue.track(trial.id, self.config.priority)
-        self._seed_checkpoint(trial)
         return trial
 
-    def _seed_checkpoint(self, trial: Trial) -> None:
-        """A trial the tuner continues from another's checkpoint (PBT's exploit, a configuration Hyperband sends
-        on) starts with a copy of it."""
+    def _origin(self, trial: Trial) -> Optional[Trial]:
+        """The trial whose checkpoint this one starts from (PBT's exploit, a configuration Hyperband sends on),
+        for its first start only: a restart goes on from its own."""
+        if trial.ran or trial.restart_count:
+            return None
         source = self.tuner.continues_from(trial.parameter_id)
-        if source is None:
-            return
-        origin = next(t for t in self.trials.values() if t.parameter_id == source)
+        return None if source is None else next(t for t in self.trials.values() if t.parameter_id == source)
+
+    def _seed_checkpoint(self, trial: Trial, origin: Trial) -> None:
+        """A trial the tuner continues from another's checkpoint starts with a copy of it."""
         storage = self.config.checkpoint_storage
         if storage is not None and storage.store is not None:
             # The store is where a trial's keeper fetches its checkpoint from before it starts, on any platform
