@@ -868,6 +868,7 @@ def cmd_job_update(opts: argparse.Namespace) -> int:
         return _kueue_priority(opts)
     if _names_experiment(opts.trial_id):
         return _update_experiment_job(opts)
+    move = Move(opts.trial_id, priority=opts.priority, ahead_of=opts.ahead_of, behind_of=opts.behind_of)  # values first
     try:
         paths.experiment_of(opts.trial_id)
     except UserError:
@@ -878,7 +879,6 @@ def cmd_job_update(opts: argparse.Namespace) -> int:
     if opts.weight is not None or opts.resource_pool is not None:
         raise UserError(f"a trial's job has no {'weight' if opts.weight is not None else 'resource pool'} of its "
                         "own", opts.trial_id, "update its experiment's job: `trialkit job update EXPERIMENT_ID`")
-    move = Move(opts.trial_id, priority=opts.priority, ahead_of=opts.ahead_of, behind_of=opts.behind_of)
     _move([move])
     print(f"updated {opts.trial_id}")
     return 0

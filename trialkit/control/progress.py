@@ -189,7 +189,7 @@ def trials_table(rows: List[Dict[str, Any]]) -> str:
 
 # The widest a trial table's status cell gets: a long reason would widen the column for every row (and push the
 # parameters off the terminal); the table shows its start, `trialkit trial show` the whole of it.
-STATUS_WIDTH = 48
+STATUS_WIDTH = 64  # room for the part that says why: `FAILED: trialkit.launch.torch_distributed: rank 1 …`
 
 
 def status_text(row: Dict[str, Any], limit: int = STATUS_WIDTH) -> str:
