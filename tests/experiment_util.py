@@ -97,23 +97,22 @@ def reported(home: Path, trial_id: str) -> int:
 
 def interrupted_after(config: Path, ended: int, status: str = "SUCCEEDED", env: Optional[Dict[str, str]] = None,
                       out: Optional[list] = None, marker: Optional[Path] = None) -> str:
-    """`trialkit run CONFIG`, Ctrl-C (SIGINT) once `ended` trials ended as `status` (with `marker`: once that
-    file exists instead, a running trial's sign that it is where the test wants it stopped); the experiment's
-    id. `out` gets the lines printed after the Ctrl-C."""
+    """`trialkit run CONFIG`, Ctrl-C (SIGINT) once `ended` trials ended as `status` and then, with `marker`, once
+    that file exists (a trial's sign that it is where the test wants it stopped); the experiment's id. `out` gets
+    the lines printed after the Ctrl-C."""
     proc = start_cli("run", config, env=env)
     try:
         exp = experiment_id(proc.stdout.readline())
+        seen = 0
+        while seen < ended:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("trial ") and f" {status} " in line:
+                seen += 1
         if marker is not None:
             wait_until(lambda: marker.exists() or proc.poll() is not None, 120, f"{marker} (or the run's end)")
-            proc.send_signal(signal.SIGINT)
-        else:
-            seen = 0
-            for line in proc.stdout:
-                if line.startswith("trial ") and f" {status} " in line:
-                    seen += 1
-                    if seen == ended:
-                        proc.send_signal(signal.SIGINT)
-                        break
+        proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
         if out is not None:
             out.extend(rest.splitlines())

@@ -91,7 +91,10 @@ def test_trials_that_had_not_started_at_ctrl_c_run_on_resume_with_their_paramete
     config = experiment(tmp_path, PLANE, TRIAL, maxTrialNumber=8, trialConcurrency=2,
                         tuner={"name": "TPE", "classArgs": {"optimize_mode": "minimize"}})
     said: list = []
-    exp = interrupted_after(config, 4, env={**os.environ, "TRIALKIT_PYTHON": str(slow)}, out=said)
+    # Ctrl-C once 4 ended and the fifth trial's keeper started (it is held before its command: SLOW_KEEPER): two
+    # trials that end together could bring the Ctrl-C before the loop submitted the fifth.
+    exp = interrupted_after(config, 4, env={**os.environ, "TRIALKIT_PYTHON": str(slow)}, out=said,
+                            marker=tmp_path / "keeper-4")
     before = {row["sequence"]: row for row in export(exp)}
     waiting = [row for row in before.values() if row["status"] != "SUCCEEDED"]
     # The fifth trial was submitted when the third ended, the sixth when the fourth did unless Ctrl-C came first.
