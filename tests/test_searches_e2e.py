@@ -209,7 +209,7 @@ p = trialkit.get_next_parameter()
 for epoch in range(p["TRIAL_BUDGET"]):
     trialkit.report_intermediate_result(p["x"] * (epoch + 1))
     if p["TRIAL_BUDGET"] == CUT and not os.path.exists(MARKER):
-        open(MARKER, "w").close()  # its intermediate result is in the keeper's hands: delivered by the stop at the latest
+        open(MARKER, "w").close()  # its result is with the keeper: delivered by the stop at the latest
         time.sleep(120)
 trialkit.report_final_result(p["x"] * p["TRIAL_BUDGET"])
 """
