@@ -137,3 +137,19 @@ def assert_delivered_once(manager: Manager, trial_id: str, written: List[dict], 
     metrics = sorted((r["type"], r["value"]) for r in stored if r["type"] != records.STATUS)
     assert metrics == sorted((r["type"], r["value"]) for r in written)
     assert [r["value"]["status"] for r in stored if r["type"] == records.STATUS] == statuses
+
+
+def signal_and_wait(proc: subprocess.Popen, signum: int, timeout: float) -> int:
+    """Send `signum` and wait for the end; a process that outlives `timeout` is killed and the test fails
+    with its threads' stacks (py-spy) and its stderr: a hang seen once in CI must say where it hung."""
+    proc.send_signal(signum)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        spy = Path(sys.executable).with_name("py-spy")
+        stacks = subprocess.run([str(spy), "dump", "--pid", str(proc.pid)], capture_output=True, text=True,
+                                timeout=60).stdout if spy.exists() else "(no py-spy)"
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+        raise AssertionError(f"pid {proc.pid} still ran {timeout:g} s after signal {signum}:\n{stacks}\n"
+                             f"its stderr:\n{err}") from None

@@ -23,7 +23,7 @@ import requests
 
 from conftest import ROOT
 from experiment_util import experiment, experiment_id, reported, start_cli, trial_status
-from harness import wait_until
+from harness import signal_and_wait, wait_until
 from trialkit.control.actions import ADMIN_PREFIX, Action
 from trialkit.control.admin import read_info
 from trialkit.manager.server import ManagerServer
@@ -328,8 +328,7 @@ def test_the_page_address_the_run_printed_answers_again_through_the_command_it_n
         assert answer.status_code == 200 and answer.json()["status"] == "DONE"
         assert requests.get(url, timeout=10).status_code == 200  # the page itself
     finally:
-        ui.send_signal(signal.SIGINT)
-        assert ui.wait(timeout=30) == 0
+        assert signal_and_wait(ui, signal.SIGINT, 30) == 0
 
 
 def test_the_first_runs_page_address_opens_the_resumed_experiments_page_and_trialkit_ui(tmp_path, monkeypatch):
@@ -372,5 +371,4 @@ def test_the_first_runs_page_address_opens_the_resumed_experiments_page_and_tria
         assert ui.stdout.readline().strip() == f"trialkit ui: {url}"
         assert ask().status_code == 200
     finally:
-        ui.send_signal(signal.SIGINT)
-        assert ui.wait(timeout=30) == 0
+        assert signal_and_wait(ui, signal.SIGTERM, 30) == 0  # a service manager's stop ends it as Ctrl-C does
