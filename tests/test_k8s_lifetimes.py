@@ -226,3 +226,18 @@ def test_pause_says_when_progress_will_be_lost(api, tmp_path, monkeypatch, stora
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_retention_deletion_the_api_server_refuses_is_one_line_not_a_threads_traceback(api, client, tmp_path,
+                                                                                         capfd):
+    module, section = KINDS[0]
+    platform = platform_of(module, {**section, "keepFinishedJobs": {"succeeded": 0.2}}, tmp_path, client)
+    handle = platform.submit(spec("t1"))
+    finish(api, module, SUCCEEDED)
+    assert platform.status(handle).status == SUCCEEDED
+    api.faults.extend(["503"] * 8)  # more than the client's attempts: the timer's deletion fails
+    platform._expiring[handle].join(10)
+    err = capfd.readouterr().err
+    assert [line for line in err.splitlines() if line] == [
+        f"trialkit: the finished job is left in the cluster: get {handle}: 503 injected 503"], err
+    assert job_paths(api), "left, and said so"

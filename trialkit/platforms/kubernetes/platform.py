@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence
@@ -302,10 +303,19 @@ class KubePlatform(PlatformBase):
             return
         retention = self.config.common.retention
         delay = retention.succeeded_seconds if status == SUCCEEDED else retention.failed_seconds
-        timer = threading.Timer(delay, self._delete, (handle, None))
+        timer = threading.Timer(delay, self._delete_expired, (handle,))
         timer.daemon = True  # what outlives the control plane goes with remove_experiment
         self._expiring[handle] = timer
         timer.start()
+
+    def _delete_expired(self, handle: str) -> None:
+        """The retention timer's deletion: an API server out of reach then is one line, not a thread's traceback."""
+        from trialkit.platforms.kubernetes.client import ClusterError
+
+        try:
+            self._delete(handle, None)
+        except ClusterError as err:
+            print(f"trialkit: the finished job is left in the cluster: {err}", file=sys.stderr, flush=True)
 
     def remove_experiment(self, experiment_id: str, trial_ids: Sequence[str]) -> List[str]:
         """Delete every object the experiment's trials were made of, claims included; what was deleted."""
