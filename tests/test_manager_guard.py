@@ -178,11 +178,8 @@ def test_ctrl_c_ends_the_serving_in_the_main_thread(store):
         "from trialkit.manager.server import ManagerServer\n"
         "from trialkit.manager.store import Store\n"
         "server = ManagerServer(Store(sys.argv[1]))\n"
-        "print(server.url, flush=True)\n"
-        "try:\n"
-        "    server.serve_forever()\n"
-        "except KeyboardInterrupt:\n"
-        "    print('interrupted', flush=True)\n"
+        "signum = server.serve_until_signalled(lambda: print(server.url, flush=True))\n"
+        "print('interrupted' if signum == 2 else signum, flush=True)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, str(store.path)], stdout=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONPATH=str(ROOT)))

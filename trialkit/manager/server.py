@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import signal
 import sys
 import threading
 import time
@@ -277,9 +278,21 @@ class ManagerServer:
         self._transport.ready.wait()
         return self
 
-    def serve_forever(self) -> None:
-        """Serve in this thread until stop(), or until Ctrl-C, whose KeyboardInterrupt goes on up."""
-        self._transport.run()
+    def serve_until_signalled(self, ready: Callable[[], None] = lambda: None) -> int:
+        """Serve until Ctrl-C or SIGTERM, calling `ready` once serving; the signal that ended it.
+
+        The signals are waited for (sigwait), never raised into the server: a KeyboardInterrupt lands at any
+        bytecode, and one that landed inside the loop's machinery once left `trialkit ui` running for ever.
+        They are blocked before the server's threads start, which inherit the mask: only sigwait takes them."""
+        stops = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+        try:
+            self.start()
+            ready()
+            return signal.sigwait(stops)
+        finally:
+            self.stop()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -455,11 +468,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                tls=tls_pair(opts.tls_cert, opts.tls_key))
     except UserError as err:
         report_and_exit(parser.prog, err)
-    print(f"listening on {server.url}", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    server.serve_until_signalled(lambda: print(f"listening on {server.url}", flush=True))
     return 0
 
 

@@ -92,7 +92,7 @@ class Transport:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def run(self) -> None:
-        """Serve in this thread until stop(); a KeyboardInterrupt (Ctrl-C) ends it too and goes on up."""
+        """Serve in this thread until stop()."""
         loop = asyncio.new_event_loop()
         self.loop = loop
         server = None

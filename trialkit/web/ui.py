@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import secrets
-import signal
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -27,20 +26,15 @@ def serve_ui(experiment_id: Optional[str], port: int, host: str = "127.0.0.1") -
                         "run one first, or set TRIALKIT_HOME to where they were run")
     server, token, again = _listen(experiment_id, port, host)
     catalog = install(server, Catalog(lambda: _stores(experiment_id)), admin_token=token, read_only=True)
-    # Ctrl-C and SIGTERM are waited for here, never raised into the server: a KeyboardInterrupt lands at any
-    # bytecode, and one that landed inside the loop's machinery once left `trialkit ui` running for ever.
-    # Blocked before the server's threads start, so that they inherit the mask and only sigwait takes them.
-    stops = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-    try:
-        server.start()
+
+    def ready() -> None:
         print(f"trialkit ui: {page_url(server, token, experiment_id)}", flush=True)
         print(("the address its run printed, " if again else "") + "read-only, until Ctrl-C", flush=True)
-        signal.sigwait(stops)
+
+    try:
+        server.serve_until_signalled(ready)
     finally:
-        server.stop()
         catalog.close()
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     return 0
 
 
