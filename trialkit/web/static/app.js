@@ -509,15 +509,20 @@
     });
     const series = drawn.map((s, i) => ({label: s.id + (s.id === data.best ? ' (best)' : ''), spanGaps: true,
       stroke: COLORS[i % COLORS.length], width: s.id === top ? 3 : 1.5, alpha: s.id === top || !top ? 1 : 0.7,
-      points: {show: s.steps.length < 2 || undefined}}));
+      points: {show: s.steps.length < 2 || undefined}, value: legendValue}));
     const group = (data.groups || {})[data.metric];
     const y = data.metric === 'default' ? 'intermediate result' : group ? `${data.metric} (${group})` : data.metric;
     node.uplot = new uPlot({width: widths.get(node) || node.clientWidth || 800, height: CHART_HEIGHT,
       scales: {x: {time: false}},
-      series: [{label: data.x}, ...series],
-      axes: [{label: data.x, incrs: xs.every(Number.isInteger) ? WHOLE_STEPS : undefined}, {label: y, size: 60}]},
+      series: [{label: data.x, value: legendValue}, ...series],
+      axes: [{label: data.x, values: tickValues, incrs: xs.every(Number.isInteger) ? WHOLE_STEPS : undefined},
+        {label: y, size: 60, values: tickValues}]},
     [xs, ...ys], node);
   }
+  // Numbers on the chart read as in the table (fmtNumber), not through uPlot's Intl.NumberFormat: the first use of
+  // Intl costs a fresh renderer 15-60 ms (bench/bench_web.py), and the trials view needs it nowhere else.
+  const tickValues = (u, splits) => splits.map((v) => (v === null ? '' : fmtNumber(v)));
+  const legendValue = (u, v, seriesIdx, idx) => (idx === null ? '--' : v === null ? '' : fmtNumber(v));
   // Whole steps tick at whole numbers only (uPlot's own steps would put 1.5, 2.5 between 1, 2 and 3).
   const WHOLE_STEPS = Array.from({length: 16}, (_, e) => [1, 2, 5].map((m) => m * 10 ** e)).flat();
   const CHART_HEIGHT = 320;
