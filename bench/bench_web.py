@@ -17,7 +17,8 @@ task on the page's main thread). Goal (issue 40): the cold page with table and
 curves within 3x the static table, as the ratio of the medians and as the
 median of each round's ratio (load on the shared machine drifts within a run);
 with plotly drawing the curves it took 1.0-1.05 s, 5.3x; uPlot draws them now,
-from a page that comes whole in one answer. The manager's answers the view
+from a page that comes whole in one answer, and makes no Intl format as it loads
+(the first in a fresh renderer was 20-65 ms of the cold page). The manager's answers the view
 needs are timed too (issue 9: under 50 ms).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
