@@ -257,6 +257,17 @@ def test_a_curve_and_the_parallel_coordinates_render_with_data(site, browser):
     shot(browser, "hyperparameters")
 
 
+def test_a_live_update_gives_the_curves_their_new_points_in_the_same_chart(site, browser):
+    held = site.ids[HOLD]  # reports every 0.2 s until the module ends
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/trials?sel={held}", "trials")
+    seen = wait_for(browser, "const u = document.getElementById('curves').uplot; "
+                             "if (u) u.kept = true; return u && u.data[0].length", "the held trial's curve")
+    grown = wait_for(browser, "const u = document.getElementById('curves').uplot; "
+                              f"return u && u.data[0].length > {seen} && [u.kept === true, u.data[0].length]",
+                     "the curve to grow without a reload")
+    assert grown[0], f"the chart was made anew for {grown[1]} points (from {seen})"
+
+
 def plotly_scripts(driver) -> List[str]:
     """The plotly bundles the page has run, by name less their hash."""
     sources = driver.execute_script("return [...document.scripts].map(s => s.src)")
