@@ -239,11 +239,15 @@
     ];
   }
 
-  // When a view first showed all its parts (and the trials view its table): tests and bench/ read these.
+  // When a view first showed all its parts (and the trials view its table), and when the frame that paints them
+  // had run (paintedAt: its style, layout and paint are the browser's part): tests and bench/ read these.
   function markReady(name) {
     if (document.body.dataset.ready === name) return;
     document.body.dataset.ready = name;
     document.body.dataset.readyAt = String(performance.now());
+    requestAnimationFrame(() => setTimeout(() => {
+      if (document.body.dataset.ready === name) document.body.dataset.paintedAt = String(performance.now());
+    }));
   }
   function markTable() {
     if (!document.body.dataset.tableAt) document.body.dataset.tableAt = String(performance.now());
@@ -967,6 +971,7 @@
       current = next;
       delete document.body.dataset.ready;
       delete document.body.dataset.tableAt;
+      delete document.body.dataset.paintedAt;
       current.mount($('main'));
     }
     const view = current;
