@@ -257,6 +257,17 @@ def test_a_curve_and_the_parallel_coordinates_render_with_data(site, browser):
     shot(browser, "hyperparameters")
 
 
+def test_a_live_update_gives_the_curves_their_new_points_in_the_same_chart(site, browser):
+    held = site.ids[HOLD]  # reports every 0.2 s until the module ends
+    open_view(browser, site, f"#/exp/{EXPERIMENT}/trials?sel={held}", "trials")
+    seen = wait_for(browser, "const u = document.getElementById('curves').uplot; "
+                             "if (u) u.kept = true; return u && u.data[0].length", "the held trial's curve")
+    grown = wait_for(browser, "const u = document.getElementById('curves').uplot; "
+                              f"return u && u.data[0].length > {seen} && [u.kept === true, u.data[0].length]",
+                     "the curve to grow without a reload")
+    assert grown[0], f"the chart was made anew for {grown[1]} points (from {seen})"
+
+
 def plotly_scripts(driver) -> List[str]:
     """The plotly bundles the page has run, by name less their hash."""
     sources = driver.execute_script("return [...document.scripts].map(s => s.src)")
@@ -621,6 +632,42 @@ def test_whole_steps_tick_at_whole_numbers(ties_site, browser):
         ticks = wait_for(browser, f"const u = document.getElementById({json.dumps(node)}).uplot; "
                                   "return u && u.axes[0]._values", f"the {node} chart's step ticks")
         assert ticks == ["1", "2", "3"], (view, ticks)
+
+
+# Before any script of the page runs: every use of ICU's formats (Intl, toLocaleString, localeCompare) is noted.
+NOTE_INTL = """
+window.intlUsed = [];
+for (const name of ['NumberFormat', 'DateTimeFormat', 'Collator', 'PluralRules', 'RelativeTimeFormat']) {
+  const real = Intl[name];
+  const noted = (how) => function (target, self, args) { window.intlUsed.push(name); return how(target, self, args); };
+  Intl[name] = new Proxy(real, {construct: noted((t, _, args) => Reflect.construct(t, args)), apply: noted(Reflect.apply)});
+}
+for (const [proto, name] of [[Number.prototype, 'toLocaleString'], [Date.prototype, 'toLocaleString'],
+                             [String.prototype, 'localeCompare']]) {
+  const real = proto[name];
+  proto[name] = function (...args) { window.intlUsed.push(name); return real.apply(this, args); };
+}
+"""
+
+
+def test_the_trials_view_draws_its_table_and_curves_without_icu(ties_site, browser):
+    """The first use of Intl costs a fresh renderer 15-60 ms (bench/bench_web.py): the trials view, the page's
+    first on a big experiment, never makes one; its chart's numbers read as the table's."""
+    _, server = ties_site
+    hook = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": NOTE_INTL})["identifier"]
+    try:
+        open_read_only(browser, server, "/trials", "trials", "ties-token", "ties")
+        ticks = wait_for(browser, "const u = document.getElementById('curves').uplot; "
+                                  "return u && u.axes[1]._values", "the curves' metric ticks")
+        legend = browser.execute_script("const u = document.getElementById('curves').uplot; u.setCursor({left: "
+                                        "u.valToPos(2, 'x'), top: 10}); return [...u.root.querySelectorAll('.u-value')]"
+                                        ".map(v => v.textContent)")
+        used = browser.execute_script("return window.intlUsed")
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": hook})
+    assert used == [], used
+    assert ticks and all(re.fullmatch(r"-?\d+(\.\d+)?", tick) for tick in ticks), ticks
+    assert legend == ["2", "0.45", "0.45", "0.25"], legend  # at step 2: the step, then each trial's value, best first
 
 
 def test_an_address_that_names_no_view_says_so_and_links_the_views(views_site, browser):

@@ -239,11 +239,15 @@
     ];
   }
 
-  // When a view first showed all its parts (and the trials view its table): tests and bench/ read these.
+  // When a view first showed all its parts (and the trials view its table), and when the frame that paints them
+  // had run (paintedAt: its style, layout and paint are the browser's part): tests and bench/ read these.
   function markReady(name) {
     if (document.body.dataset.ready === name) return;
     document.body.dataset.ready = name;
     document.body.dataset.readyAt = String(performance.now());
+    requestAnimationFrame(() => setTimeout(() => {
+      if (document.body.dataset.ready === name) document.body.dataset.paintedAt = String(performance.now());
+    }));
   }
   function markTable() {
     if (!document.body.dataset.tableAt) document.body.dataset.tableAt = String(performance.now());
@@ -494,11 +498,12 @@
       : data.series.some((s) => s.metric !== null)
         ? `no intermediate results: ${one ? 'this trial' : 'these trials'} reported a final result only`
         : `no metrics: ${one ? 'this trial has' : 'these trials have'} reported none yet`;
-    if (node.uplot) node.uplot.destroy();
-    node.uplot = null;
     node.dataset.empty = note;
-    node.replaceChildren(...(note ? [el('p', {class: 'chart-note empty'}, note)] : []));
-    if (note) return;
+    if (note) {
+      forgetChart(node);
+      node.replaceChildren(el('p', {class: 'chart-note empty'}, note));
+      return;
+    }
     // uPlot takes one x array for every series: the steps of them all, a gap (null) where one has none.
     const xs = [...new Set(drawn.flatMap((s) => s.steps))].sort((a, b) => a - b);
     const at = new Map(xs.map((x, i) => [x, i]));
@@ -509,15 +514,37 @@
     });
     const series = drawn.map((s, i) => ({label: s.id + (s.id === data.best ? ' (best)' : ''), spanGaps: true,
       stroke: COLORS[i % COLORS.length], width: s.id === top ? 3 : 1.5, alpha: s.id === top || !top ? 1 : 0.7,
-      points: {show: s.steps.length < 2 || undefined}}));
+      points: {show: s.steps.length < 2 || undefined}, value: legendValue}));
     const group = (data.groups || {})[data.metric];
     const y = data.metric === 'default' ? 'intermediate result' : group ? `${data.metric} (${group})` : data.metric;
+    const whole = xs.every(Number.isInteger);
+    // A live update of the same curves (trials, metric, their looks) gives the chart its new points: the chart
+    // is made once, not anew each second while the experiment runs (and a legend being read stays put).
+    const shape = JSON.stringify([data.x, y, whole, series.map((s) => [s.label, s.stroke, s.width, s.alpha,
+      s.points.show])]);
+    if (node.uplot && node.uplotShape === shape) {
+      node.uplot.setData([xs, ...ys]);
+      return;
+    }
+    forgetChart(node);
+    node.replaceChildren();
     node.uplot = new uPlot({width: widths.get(node) || node.clientWidth || 800, height: CHART_HEIGHT,
       scales: {x: {time: false}},
-      series: [{label: data.x}, ...series],
-      axes: [{label: data.x, incrs: xs.every(Number.isInteger) ? WHOLE_STEPS : undefined}, {label: y, size: 60}]},
+      series: [{label: data.x, value: legendValue}, ...series],
+      axes: [{label: data.x, values: tickValues, incrs: whole ? WHOLE_STEPS : undefined},
+        {label: y, size: 60, values: tickValues}]},
     [xs, ...ys], node);
+    node.uplotShape = shape;
   }
+  function forgetChart(node) {
+    if (node.uplot) node.uplot.destroy();
+    node.uplot = null;
+    node.uplotShape = null;
+  }
+  // Numbers on the chart read as in the table (fmtNumber), not through uPlot's Intl.NumberFormat: the first use of
+  // Intl costs a fresh renderer 15-60 ms (bench/bench_web.py), and the trials view needs it nowhere else.
+  const tickValues = (u, splits) => splits.map((v) => (v === null ? '' : fmtNumber(v)));
+  const legendValue = (u, v, seriesIdx, idx) => (idx === null ? '--' : v === null ? '' : fmtNumber(v));
   // Whole steps tick at whole numbers only (uPlot's own steps would put 1.5, 2.5 between 1, 2 and 3).
   const WHOLE_STEPS = Array.from({length: 16}, (_, e) => [1, 2, 5].map((m) => m * 10 ** e)).flat();
   const CHART_HEIGHT = 320;
@@ -944,6 +971,7 @@
       current = next;
       delete document.body.dataset.ready;
       delete document.body.dataset.tableAt;
+      delete document.body.dataset.paintedAt;
       current.mount($('main'));
     }
     const view = current;
