@@ -196,7 +196,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         f"status      {background.status(experiment_dir, experiment)}"
         + (f": {experiment['reason']}" if experiment.get("reason") else ""),
         f"created     {when(experiment['created'])}",
-        f"elapsed     {duration(info.elapsed if info else None)}",
+        f"elapsed     {duration(info.ran() if info else None)}",
         f"dir         {experiment_dir}",
         f"platform    {setting(config, 'trainingService', 'platform') or '-'}",
         f"tuner       {setting(config, 'tuner', 'name') or '-'} ({mode})",

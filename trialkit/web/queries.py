@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import gpus
-from trialkit.control import results
+from trialkit.control import admin, results
 from trialkit.control.plot import parameter_scale, step_title
 from trialkit.manager.server import HttpError, decode
 from trialkit.records import INT64_MAX, PERIODICAL, BadRecord, metric_number
@@ -101,8 +101,14 @@ def _best(db: sqlite3.Connection, experiment_id: str, mode: str) -> Optional[sql
     return ranked[0] if ranked and ranked[0]["metric"] is not None else None
 
 
-def _duration(created: float, updated: float, status: str, now: float) -> float:
-    return max(0.0, (now if status in LIVE_EXPERIMENT else updated) - created)
+def _duration(db: sqlite3.Connection, exp: Mapping[str, Any], now: float) -> float:
+    """The time its runs ran, summed, as manager.json beside the store tells it (the CLI's figure); a store
+    without one (another program wrote it) from its creation to its last update, or to now while it runs."""
+    path = db.execute("PRAGMA database_list").fetchone()[2]
+    info = admin.read_info(Path(path).parent) if path else None
+    if info is not None:
+        return info.ran(now)
+    return max(0.0, (now if exp["status"] in LIVE_EXPERIMENT else exp["updated"]) - exp["created"])
 
 
 def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = None) -> Dict[str, Any]:
@@ -118,7 +124,7 @@ def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = N
         "status": exp["status"],
         "created": exp["created"],
         "updated": exp["updated"],
-        "elapsed": _duration(exp["created"], exp["updated"], exp["status"], now),
+        "elapsed": _duration(db, exp, now),
         "trials": sum(counts.values()),
         "counts": counts,
         "optimize_mode": mode,
