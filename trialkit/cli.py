@@ -169,14 +169,19 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
             rows.append((experiment_dir.name, "", f"DAMAGED ({paths.DB_NAME}: {getattr(err, 'reason', err)})",
                          "-", "-"))
             continue
-        done = sum(t["status"] == "SUCCEEDED" for t in trials)
         rows.append((experiment_dir.name, experiment["config"].get("experimentName") or "",
-                     background.status(experiment_dir, experiment), f"{done}/{len(trials)}", when(experiment["created"])))
+                     background.status(experiment_dir, experiment), _trials_made(trials), when(experiment["created"])))
     if not rows:
         print(f"no experiments under {paths.home() / 'experiments'}")
         return 0
-    print(table(("id", "name", "status", "succeeded", "created"), rows))
+    print(table(("id", "name", "status", "trials", "created"), rows))
     return 0
+
+
+def _trials_made(trials: List[Dict[str, Any]]) -> str:
+    """The trials the experiment made (the page's "Trials"), and how many succeeded: "4 (1 succeeded)"."""
+    done = sum(t["status"] == "SUCCEEDED" for t in trials)
+    return f"{len(trials)} ({done} succeeded)" if trials else "0"
 
 
 def cmd_experiment_show(opts: argparse.Namespace) -> int:
@@ -1109,7 +1114,7 @@ def build_parser() -> ArgumentParser:
                           "Commands on experiments, found by id under $TRIALKIT_HOME/experiments.")
     sub = experiment.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
-             "trials that succeeded, creation time. INTERRUPTED: its manager is gone; resume it.")
+             "trials (how many it made so far, and how many of them succeeded), creation time. INTERRUPTED: its manager is gone; resume it.")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
                             "The experiment's settings, status, best trial and a table of its trials."))
     _experiment_id(_command(sub, "stop", cmd_experiment_stop, "stop a running experiment",
