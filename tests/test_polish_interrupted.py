@@ -1,11 +1,13 @@
 """After the control plane is SIGKILLed, the read-only views stop saying RUNNING as if it were so: beside each
 trial the store last heard running, `trial list`, `trial show` and `experiment show` say the experiment is
 INTERRUPTED (`experiment list`'s word for it) and how to go on, and none of them writes the store. Real
-`trialkit run` with a local trial, killed outright.
+`trialkit run` with a local trial, killed outright; the page's data through its queries.
 """
 from __future__ import annotations
 
 import signal
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import psutil
@@ -14,6 +16,7 @@ import pytest
 from conftest import tagged_processes
 from experiment_util import cli, experiment, experiment_id, reported, start_cli, stored
 from harness import wait_until
+from trialkit.web import queries
 
 X = {"x": {"_type": "choice", "_value": [1]}}
 # Reports at every step and runs until stopped.
@@ -77,4 +80,17 @@ def views_of_a_killed_run(home: Path, exp: str, trial: str) -> None:
     assert "status         RUNNING (experiment INTERRUPTED: its manager is gone" in shown, shown
     table = cli("experiment", "show", exp).stdout.split("\n\n", 1)[1]
     assert status_cell(table, trial) == "RUNNING (experiment INTERRUPTED)", table
+    page = page_data(home, exp)  # the page (`trialkit ui`) says it alike: its status badge and the trial's reason
+    assert page["summary"]["status"] == "INTERRUPTED" and page["summary"]["elapsed"] > 0
+    assert (page["row"]["status"], page["row"]["reason"]) == ("RUNNING", "experiment INTERRUPTED")
+    assert page["trial"]["reason"] == "experiment INTERRUPTED" and page["queue"]["reason"] == "experiment INTERRUPTED"
     assert stored_state(home, exp) == before  # read, never written
+
+
+def page_data(home: Path, exp: str) -> dict:
+    with closing(sqlite3.connect(f"file:{home / 'experiments' / exp / 'trialkit.db'}?mode=ro", uri=True)) as db:
+        db.row_factory = sqlite3.Row
+        queries.register(db)
+        return {"summary": queries.summary(db, exp),
+                "row": queries.trials_page(db, exp, queries.TrialQuery())["rows"][0],
+                "trial": queries.trial(db, exp, f"{exp}-00000"), "queue": queries.queue(db, exp, None)[0]}
