@@ -10,20 +10,16 @@ import sqlite3
 import subprocess
 import time
 from contextlib import closing
-from pathlib import Path
 
 import pytest
 
 from experiment_util import cli, experiment, experiment_id, reported, start_cli
 from harness import wait_until
+from test_faces import SLOW, page_data
 from trialkit.control import admin
-from trialkit.web import queries
 
 HOUR = 3600.0
 X = {"x": {"_type": "uniform", "_value": [0, 1]}}
-# Reports at every step and runs until stopped.
-SLOW = "import time, trialkit\np = trialkit.get_next_parameter()\nfor i in range(100000):\n" \
-       "    trialkit.report_intermediate_result(i)\n    time.sleep(0.2)\n"
 
 
 @pytest.fixture(autouse=True)
@@ -41,13 +37,6 @@ def shown_elapsed(exp: str) -> float:
     for part in line.split()[1].split(":"):
         seconds = seconds * 60 + int(part)
     return float(seconds)
-
-
-def overview(home: Path, exp: str) -> dict:
-    with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db:
-        db.row_factory = sqlite3.Row
-        queries.register(db)
-        return queries.experiment(db, exp)
 
 
 def profile_duration(exp: str) -> int:
@@ -83,7 +72,7 @@ def test_the_hour_an_experiment_stood_stopped_counts_on_no_face(tmp_path, home):
         shown = shown_elapsed(exp)
         # Running: the first run and this one so far, read as it goes (not as of manager.json's last write).
         assert first_run + waited - 1 <= shown < HOUR, (first_run, waited, shown)
-        page = overview(home, exp)
+        page = page_data(home, exp)
         assert first_run + waited - 1 <= page["elapsed"] < HOUR, page
         assert page["remaining_duration"] > 30 * 60 - 30, page  # the hour stopped took none of it
         assert profile_duration(exp) < HOUR
@@ -100,5 +89,5 @@ def test_the_hour_an_experiment_stood_stopped_counts_on_no_face(tmp_path, home):
 
     ran = admin.read_info(home / "experiments" / exp).elapsed
     assert ran < HOUR
-    assert abs(shown_elapsed(exp) - ran) <= 1 and abs(overview(home, exp)["elapsed"] - ran) <= 1
+    assert abs(shown_elapsed(exp) - ran) <= 1 and abs(page_data(home, exp)["elapsed"] - ran) <= 1
     assert profile_duration(exp) == int(ran)

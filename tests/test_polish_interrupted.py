@@ -16,12 +16,10 @@ import pytest
 from conftest import tagged_processes
 from experiment_util import cli, experiment, experiment_id, reported, start_cli, stored
 from harness import wait_until
+from test_faces import SLOW
 from trialkit.web import queries
 
 X = {"x": {"_type": "choice", "_value": [1]}}
-# Reports at every step and runs until stopped.
-SLOW = "import time, trialkit\np = trialkit.get_next_parameter()\nfor i in range(100000):\n" \
-       "    trialkit.report_intermediate_result(i)\n    time.sleep(0.2)\n"
 
 
 @pytest.fixture(autouse=True)

@@ -181,8 +181,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "k8s.reuseMode": "Must be false: every trial is its own job.",
     # kubeflow
     "kubeflow.operator": "`pytorch-operator` (PyTorchJob), `tf-operator` (TFJob) or `trainjob` (Kubeflow Trainer v2's "
-                         "TrainJob); unset: a PyTorchJob, or a TrainJob on a cluster that serves only Trainer v2 (with a "
-                         "`trialTemplate`: a PyTorchJob, its kind, on any cluster).",
+                         "TrainJob); unset: a PyTorchJob, or a TrainJob on a cluster that serves only Trainer v2 "
+                         "(with a `trialTemplate`: a PyTorchJob, its kind, on any cluster).",
     "kubeflow.apiVersion": "Accepted for old NNI configs; objects are always rendered as `kubeflow.org/v1` "
                            "(a TrainJob as `trainer.kubeflow.org/v1alpha1`, which `v1alpha1` may name).",
     "kubeflow.runtime": "trialkit: a TrainJob's ClusterTrainingRuntime (default `torch-distributed`; "

@@ -1147,7 +1147,8 @@ def build_parser() -> ArgumentParser:
                           "Commands on experiments, found by id under $TRIALKIT_HOME/experiments.")
     sub = experiment.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
-             "trials (how many it made so far, and how many of them succeeded), creation time. INTERRUPTED: its manager is gone; resume it.")
+             "trials (how many it made so far, and how many of them succeeded), creation time. INTERRUPTED: its "
+             "manager is gone; resume it.")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
                             "The experiment's settings, status, best trial and a table of its trials."))
     _experiment_id(_command(sub, "stop", cmd_experiment_stop, "stop a running experiment",

@@ -182,7 +182,8 @@ def trials_table(rows: List[Dict[str, Any]], interrupted: bool = False) -> str:
     with_gpus = any(row.get("gpus") is not None for row in rows)
     return table(
         ("trial", "status") + (("gpus",) if with_gpus else ()) + ("final", "steps", "duration", "parameters"),
-        [(row["trial_id"], status_text(row, interrupted=interrupted)) + ((gpu_list(row.get("gpus")),) if with_gpus else ())
+        [(row["trial_id"], status_text(row, interrupted=interrupted))
+         + ((gpu_list(row.get("gpus")),) if with_gpus else ())
          + (number(metric_value(row["final"])), row["steps"], duration(row["duration"]),
             parameters_text(row["parameters"])) for row in rows],
     )
