@@ -74,7 +74,7 @@ def test_the_hour_an_experiment_stood_stopped_counts_on_no_face(tmp_path, home):
         assert first_run + waited - 1 <= shown < HOUR, (first_run, waited, shown)
         page = page_data(home, exp)
         assert first_run + waited - 1 <= page["elapsed"] < HOUR, page
-        assert page["remaining_duration"] > 30 * 60 - 30, page  # the hour stopped took none of it
+        assert page["remaining_duration"] > 30 * 60 - 300, page  # the hour stopped took none of it
         assert profile_duration(exp) < HOUR
         assert cli("experiment", "stop", exp).returncode == 0
         resumed.communicate(timeout=60)
