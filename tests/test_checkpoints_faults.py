@@ -119,7 +119,7 @@ def test_run_refuses_a_store_it_cannot_use_before_anything_starts(tmp_path, home
         words = ("bucket 'no-such-bucket-here' does not exist",)
     elif fault == "no answer":
         storage["endpointUrl"] = "http://127.0.0.1:9"  # the discard port: nothing listens
-        words = ("s3://", "Connection refused")
+        words = ("s3://", "http://127.0.0.1:9 refused the connection", "check the endpoint")
     else:
         env = no_credentials()
         words = ("no AWS credentials found",)

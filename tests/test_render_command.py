@@ -100,6 +100,18 @@ def test_an_unset_operator_is_said_to_be_assumed(tmp_path):
     assert "operator is unset" not in said
 
 
+def test_an_unset_operator_with_a_trial_template_is_said_to_be_assumed_too(tmp_path):
+    # A PyTorchJob trialTemplate: no TrainJob alternative, so it was the one case without the comment.
+    template = Path(__file__).resolve().parents[1] / "examples" / "kubernetes" / "pytorchjob-gpu-nodes.yaml"
+    with_template = PYTORCHJOB + f"  trialTemplate: {template}\n"
+    objects, said = render(tmp_path, with_template)
+    assert objects[-1]["kind"] == "PyTorchJob"
+    assert ("operator is unset: rendered as a PyTorchJob (training-operator), the kind of its trialTemplate, as a "
+            "run submits it on any cluster") in comments(said)
+    _, said = render(tmp_path, with_template.replace("  master:", "  operator: pytorch-operator\n  master:"))
+    assert "operator is unset" not in said
+
+
 def test_a_worker_only_section_with_operator_unset_is_told_of_trainjob(tmp_path):
     (tmp_path / "config.yml").write_text(KUBEFLOW + "  worker: {replicas: 2}\n")
     done = cli("render", tmp_path / "config.yml")

@@ -55,8 +55,9 @@ DESCRIPTIONS: Dict[str, str] = {
     "are free and runs with exactly those (`CUDA_VISIBLE_DEVICES`); `0` gives it none (an empty "
     "`CUDA_VISIBLE_DEVICES`); left out, trials see the GPUs the control plane sees. ray: the GPUs each trial's actor "
     "asks Ray for. Refused on the Kubernetes platforms: set `gpuNumber` per role.",
-    "top.maxExperimentDuration": "Stop the experiment after this long (`30m`, `2h`, `1d`, or seconds); "
-    "running trials end SYS_CANCELED.",
+    "top.maxExperimentDuration": "Stop the experiment once it has run this long (`30m`, `2h`, `1d`, or seconds): "
+    "the time its runs ran, summed, as NNI's execDuration (the time it stood stopped between a stop and "
+    "`experiment resume` counts not); running trials end SYS_CANCELED.",
     "top.maxTrialNumber": "Stop proposing trials after this many.",
     "top.maxTrialDuration": "Stop a trial that runs longer (graceful stop, then FAILED with a timeout reason).",
     "top.nniManagerIp": "The address trials reach the manager at (a name for `managerAddress` on the cluster "
@@ -180,7 +181,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "k8s.reuseMode": "Must be false: every trial is its own job.",
     # kubeflow
     "kubeflow.operator": "`pytorch-operator` (PyTorchJob), `tf-operator` (TFJob) or `trainjob` (Kubeflow Trainer v2's "
-                         "TrainJob); unset: a PyTorchJob, or a TrainJob on a cluster that serves only Trainer v2.",
+                         "TrainJob); unset: a PyTorchJob, or a TrainJob on a cluster that serves only Trainer v2 "
+                         "(with a `trialTemplate`: a PyTorchJob, its kind, on any cluster).",
     "kubeflow.apiVersion": "Accepted for old NNI configs; objects are always rendered as `kubeflow.org/v1` "
                            "(a TrainJob as `trainer.kubeflow.org/v1alpha1`, which `v1alpha1` may name).",
     "kubeflow.runtime": "trialkit: a TrainJob's ClusterTrainingRuntime (default `torch-distributed`; "

@@ -46,7 +46,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from trialkit import gpus, records
 from trialkit.manager import paths
-from trialkit.control.progress import duration, gpu_list, gpu_use, number, table, trials_table, when
+from trialkit.control.progress import (INTERRUPTED_NOTE, duration, gpu_list, gpu_use, number, table, trials_table,
+                                       when)
 from trialkit.control.queue import Move, jobs, label
 from trialkit.control.results import best_row, metric_value, optimize_mode, setting, to_csv, to_json, trial_rows
 from trialkit.manager.store import Store, StoreUnwritable
@@ -169,14 +170,19 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
             rows.append((experiment_dir.name, "", f"DAMAGED ({paths.DB_NAME}: {getattr(err, 'reason', err)})",
                          "-", "-"))
             continue
-        done = sum(t["status"] == "SUCCEEDED" for t in trials)
         rows.append((experiment_dir.name, experiment["config"].get("experimentName") or "",
-                     background.status(experiment_dir, experiment), f"{done}/{len(trials)}", when(experiment["created"])))
+                     background.status(experiment_dir, experiment), _trials_made(trials), when(experiment["created"])))
     if not rows:
         print(f"no experiments under {paths.home() / 'experiments'}")
         return 0
-    print(table(("id", "name", "status", "succeeded", "created"), rows))
+    print(table(("id", "name", "status", "trials", "created"), rows))
     return 0
+
+
+def _trials_made(trials: List[Dict[str, Any]]) -> str:
+    """The trials the experiment made (the page's "Trials"), and how many succeeded: "4 (1 succeeded)"."""
+    done = sum(t["status"] == "SUCCEEDED" for t in trials)
+    return f"{len(trials)} ({done} succeeded)" if trials else "0"
 
 
 def cmd_experiment_show(opts: argparse.Namespace) -> int:
@@ -196,7 +202,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         f"status      {background.status(experiment_dir, experiment)}"
         + (f": {experiment['reason']}" if experiment.get("reason") else ""),
         f"created     {when(experiment['created'])}",
-        f"elapsed     {duration(info.elapsed if info else None)}",
+        f"elapsed     {duration(info.ran() if info else None)}",
         f"dir         {experiment_dir}",
         f"platform    {setting(config, 'trainingService', 'platform') or '-'}",
         f"tuner       {setting(config, 'tuner', 'name') or '-'} ({mode})",
@@ -213,7 +219,9 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
                      f"parameters={records.dumps(best['parameters'])}")
     print("\n".join(lines))
     if rows:
-        print("\n" + trials_table(rows))
+        interrupted = _interrupted(experiment_dir, experiment)
+        print("\n" + trials_table(rows, interrupted))
+        _say_interrupted(opts.experiment_id, rows, interrupted)
     return 0
 
 
@@ -561,23 +569,53 @@ def _size(count: int) -> str:
 
 
 def cmd_trial_list(opts: argparse.Namespace) -> int:
-    with _store(paths.experiment_dir(opts.experiment_id)) as store:
-        _experiment(store, opts.experiment_id)
+    experiment_dir = paths.experiment_dir(opts.experiment_id)
+    with _store(experiment_dir) as store:
+        experiment = _experiment(store, opts.experiment_id)
         rows = trial_rows(store, opts.experiment_id)
-    print(trials_table(rows) if rows else f"experiment {opts.experiment_id} has no trials yet")
+    if not rows:
+        print(f"experiment {opts.experiment_id} has no trials yet")
+        return 0
+    interrupted = _interrupted(experiment_dir, experiment)
+    print(trials_table(rows, interrupted))
+    _say_interrupted(opts.experiment_id, rows, interrupted)
     return 0
 
 
+def _interrupted(experiment_dir: Path, experiment: Dict[str, Any]) -> bool:
+    """Whether the experiment's manager is gone while the store says it runs (`experiment list`'s INTERRUPTED):
+    what the store says of its unfinished trials is then no longer so."""
+    from trialkit.control import background
+
+    return background.status(experiment_dir, experiment) == background.INTERRUPTED
+
+
+def _say_interrupted(experiment_id: str, rows: List[Dict[str, Any]], interrupted: bool) -> None:
+    """Under a trials table: why some of them say INTERRUPTED, and how to go on."""
+    if interrupted and any(row["status"] not in FINAL_STATUSES for row in rows):
+        print(f"\n{INTERRUPTED_NOTE}: {_gone(experiment_id)}")
+
+
+def _gone(experiment_id: str) -> str:
+    return ("its manager is gone, so what the store says of its unfinished trials is what it last heard (they "
+            f"stopped, or run unwatched); `trialkit experiment resume {experiment_id}` takes them up")
+
+
 def cmd_trial_show(opts: argparse.Namespace) -> int:
-    with _store(paths.experiment_dir(paths.experiment_of(opts.trial_id))) as store:
+    experiment_dir = paths.experiment_dir(paths.experiment_of(opts.trial_id))
+    with _store(experiment_dir) as store:
         trial = _trial(store, opts.trial_id)
+        experiment = _experiment(store, trial["experiment"])
         row = next(r for r in trial_rows(store, trial["experiment"]) if r["trial_id"] == opts.trial_id)
         history = store.status_history(opts.trial_id)
         elastic = store.records_for(opts.trial_id, type=records.ELASTIC)[-1:]
         lost = _lost(store.records_for(opts.trial_id, type=records.STATUS))
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
-        f"status         {label(row['status'])}" + (f": {row['reason']}" if row["reason"] else ""),
+        f"status         {label(row['status'])}" + (
+            f" ({INTERRUPTED_NOTE}: {_gone(trial['experiment'])})"
+            if row["status"] not in FINAL_STATUSES and _interrupted(experiment_dir, experiment)
+            else f": {row['reason']}" if row["reason"] else ""),
         f"exit code      {'-' if row['exit_code'] is None else row['exit_code']}",
         f"restarts       {row['restart_count']}",
         f"started        {when(row['started'])}",
@@ -1109,7 +1147,8 @@ def build_parser() -> ArgumentParser:
                           "Commands on experiments, found by id under $TRIALKIT_HOME/experiments.")
     sub = experiment.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
-             "trials that succeeded, creation time. INTERRUPTED: its manager is gone; resume it.")
+             "trials (how many it made so far, and how many of them succeeded), creation time. INTERRUPTED: its "
+             "manager is gone; resume it.")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
                             "The experiment's settings, status, best trial and a table of its trials."))
     _experiment_id(_command(sub, "stop", cmd_experiment_stop, "stop a running experiment",

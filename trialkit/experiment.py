@@ -495,7 +495,7 @@ class Experiment:
         ended = stored["status"] not in ("RUNNING", "PAUSED")
         return {"id": self.id, "params": stored["config"], "startTime": _ms(stored["created"]),
                 "endTime": _ms(stored["updated"]) if ended else -1,
-                "execDuration": int(info.elapsed) if info else 0, "logDir": str(experiment_dir),
+                "execDuration": int(info.ran()) if info else 0, "logDir": str(experiment_dir),
                 "nextSequenceId": len(trials), "maxSequenceId": len(trials) - 1, "revision": 0}
 
     def get_experiment_metadata(self, exp_id: str) -> Dict[str, Any]:

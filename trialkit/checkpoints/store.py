@@ -54,8 +54,16 @@ NO_CREDENTIALS = {
 }
 
 
+REFUSED_FIX = "check the endpoint's host and port, and that the store runs there"
+
+
 class StoreError(Exception):
-    """The store refused or could not be reached: one line saying which store and why."""
+    """The store refused or could not be reached: one line saying which store and why, and how to fix it
+    where the error alone tells (a refused connection); else the caller's words say that."""
+
+    def __init__(self, what: str, fix: Optional[str] = None):
+        self.what, self.fix = what, fix
+        super().__init__(f"{what} ({fix})" if fix else what)
 
 
 def _store(spec: Mapping[str, str], quick: bool = False) -> Any:
@@ -94,7 +102,7 @@ class ObjectStore:
         try:
             self._store = _store(spec)
         except Exception as err:  # noqa: BLE001 - obstore's configuration errors have no common type
-            raise StoreError(f"cannot open the checkpoint store {self.url}: {_why(err, self.spec)}") from None
+            raise _failed(f"cannot open the checkpoint store {self.url}", err, self.spec) from None
 
     def check(self) -> None:
         """One listing within a few seconds: credentials found, the bucket there, the store reachable.
@@ -103,7 +111,7 @@ class ObjectStore:
             quick = _store(self.spec, quick=True)
             obstore.list_with_delimiter(quick, "")
         except Exception as err:  # noqa: BLE001 - obstore raises its own and the OS's errors
-            raise StoreError(f"the checkpoint store {self.url} cannot be used: {_why(err, self.spec)}") from None
+            raise _failed(f"the checkpoint store {self.url} cannot be used", err, self.spec) from None
 
     # -- where things are ------------------------------------------------------------------------
     @staticmethod
@@ -215,11 +223,11 @@ class ObjectStore:
         try:
             return call(self._store, *args, **kwargs)
         except NotFoundError as err:
-            raise StoreError(f"not found in the checkpoint store {self.url}: {_why(err, self.spec)}") from None
+            raise _failed(f"not found in the checkpoint store {self.url}", err, self.spec) from None
         except StoreError:
             raise
         except Exception as err:  # noqa: BLE001 - obstore raises its own and the OS's errors
-            raise StoreError(f"the checkpoint store {self.url} failed: {_why(err, self.spec)}") from None
+            raise _failed(f"the checkpoint store {self.url} failed", err, self.spec) from None
 
 
 def place(src: Path, dest: Path) -> None:
@@ -232,6 +240,17 @@ def place(src: Path, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(src, dest)
+
+
+def _failed(head: str, err: BaseException, spec: Mapping[str, str]) -> StoreError:
+    """`head: why`. A refused connection is its endpoint's (a wrong endpoint_url, a store that is down), said
+    in a few words: obstore's text for it is a paragraph of retries and a debug dump."""
+    text = str(err)
+    if "Connection refused" in text or "ConnectionRefused" in text:
+        url = re.search(r"performing [A-Z]+ ([a-z]+://[^/\s]+)", text)
+        endpoint = url.group(1) if url else spec.get("endpoint_url") or "its endpoint"
+        return StoreError(f"{head}: {endpoint} refused the connection", REFUSED_FIX)
+    return StoreError(f"{head}: {_why(err, spec)}")
 
 
 def _why(err: BaseException, spec: Mapping[str, str]) -> str:

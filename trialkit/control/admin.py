@@ -2,7 +2,9 @@
 
 A running manager writes `<experiment dir>/manager.json` (mode 0600): its
 pid and start time (which name the process for good), URL, port, the admin
-token, and how long the experiment has run over all its runs. The file stays
+token, and how long the experiment has run over all its runs (the time it
+stood stopped between them counts not, as NNI's execDuration) with the time of
+that write, so a reader adds what the running manager ran since. The file stays
 after the manager ends: `experiment resume` binds the same port again, so
 keepers still running deliver to the new manager at the URL they were given.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -38,10 +41,10 @@ class ManagerInfo:
     """What manager.json holds. A plain class, not a dataclass: dataclasses loads inspect, milliseconds of every
     `trialkit experiment list`."""
 
-    FIELDS = ("experiment_id", "pid", "start_ticks", "url", "port", "token", "elapsed")
+    FIELDS = ("experiment_id", "pid", "start_ticks", "url", "port", "token", "elapsed", "saved")
 
     def __init__(self, experiment_id: str, pid: int, start_ticks: int, url: str, port: int, token: str,
-                 elapsed: float = 0.0):
+                 elapsed: float = 0.0, saved: Optional[float] = None):
         self.experiment_id = experiment_id
         self.pid = pid
         self.start_ticks = start_ticks
@@ -49,6 +52,7 @@ class ManagerInfo:
         self.port = port
         self.token = token
         self.elapsed = elapsed  # seconds the experiment ran, over all its runs, as of the last write
+        self.saved = saved  # time.time() of that write; None in a file an older trialkit wrote
 
     def __repr__(self) -> str:
         return f"ManagerInfo(experiment_id={self.experiment_id!r}, pid={self.pid}, url={self.url!r})"  # no token
@@ -62,10 +66,17 @@ class ManagerInfo:
 
         pid = os.getpid()
         return cls(experiment_id, pid, process.start_ticks(pid), url, port, token or secrets.token_urlsafe(32),
-                   elapsed)
+                   elapsed, time.time())
 
     def to_json(self) -> dict:
         return {name: getattr(self, name) for name in self.FIELDS}
+
+    def ran(self, now: Optional[float] = None) -> float:
+        """Seconds the experiment's runs ran, summed (what `experiment show`, the page and NNI's execDuration
+        say): up to `now` while this manager runs; a run that is over counts up to its last write."""
+        if self.saved is None or not self.running():
+            return self.elapsed
+        return self.elapsed + max(0.0, (time.time() if now is None else now) - self.saved)
 
     def running(self) -> bool:
         """Whether the manager that wrote this still runs (a reused pid has another start time)."""

@@ -20,6 +20,7 @@ from trialkit import process
 from trialkit.control import admin
 from trialkit.manager import paths
 
+INTERRUPTED = "INTERRUPTED"  # an experiment stored as running or paused whose manager is gone
 _POLL = 0.05  # a one-off wait for the child to write manager.json: no event to wait on
 
 
@@ -59,7 +60,7 @@ def status(experiment_dir: Path, experiment: Dict[str, Any]) -> str:
     """The stored status; INTERRUPTED for one stored as running whose manager is gone."""
     if experiment["status"] not in ("RUNNING", "PAUSED"):
         return experiment["status"]
-    return experiment["status"] if manager_runs(experiment_dir) else "INTERRUPTED"
+    return experiment["status"] if manager_runs(experiment_dir) else INTERRUPTED
 
 
 def manager_runs(experiment_dir: Path) -> bool:

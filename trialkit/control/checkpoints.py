@@ -171,7 +171,12 @@ def open_store(storage: Optional[CheckpointStorage]) -> Any:
     try:
         return ObjectStore(storage.store)
     except StoreError as err:
-        raise UserError(str(err), SECTION, "check the store's address and the credentials in the environment")
+        raise _store_error(err, "check the store's address and the credentials in the environment")
+
+
+def _store_error(err: Any, fix: str) -> UserError:
+    """A store's StoreError for the user: its own fix where it has one (a refused endpoint), else `fix`."""
+    return UserError(err.what, SECTION, err.fix or fix)
 
 
 def check_store(storage: Optional[CheckpointStorage]) -> None:
@@ -185,8 +190,8 @@ def check_store(storage: Optional[CheckpointStorage]) -> None:
     try:
         open_store(storage).check()
     except StoreError as err:
-        raise UserError(str(err), SECTION, "fix the store's address, its bucket or the credentials in this "
-                        "environment, then run again") from None
+        raise _store_error(err, "fix the store's address, its bucket or the credentials in this "
+                           "environment, then run again") from None
 
 
 def checkpoints(db: Any, experiment_id: str, storage: Optional[CheckpointStorage],
@@ -207,7 +212,7 @@ def checkpoints(db: Any, experiment_id: str, storage: Optional[CheckpointStorage
         try:
             stored = store.checkpoints(experiment_id, trial_id)
         except StoreError as err:
-            raise UserError(str(err), SECTION, "check the store's address and the credentials in the environment")
+            raise _store_error(err, "check the store's address and the credentials in the environment")
         # Besides the stored ones: those its uploader never stored (it failed, or ran out of time), still here.
         uuids = {c.uuid for c in stored}
         found = stored + [c for c in found if c.uuid not in uuids]
@@ -267,7 +272,7 @@ def download(storage: Optional[CheckpointStorage], ckpt: Checkpoint, dest: Path)
         try:
             store.download(ckpt, dest)
         except StoreError as err:
-            raise UserError(str(err), SECTION, "check the store's address and the credentials in the environment")
+            raise _store_error(err, "check the store's address and the credentials in the environment")
         return
     shutil.copytree(ckpt.where, dest, dirs_exist_ok=True)
 

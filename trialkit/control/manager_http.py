@@ -22,6 +22,7 @@ from __future__ import annotations
 import hmac
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
@@ -91,7 +92,7 @@ class Manager:
     def save(self, elapsed: float) -> None:
         """manager.json with how long the experiment has run: kept current, so a manager killed outright
         resumes with the time it had."""
-        self.info.elapsed = elapsed
+        self.info.elapsed, self.info.saved = elapsed, time.time()
         write_info(self.experiment_dir, self.info, self.server.disk)
 
     def close(self) -> None:

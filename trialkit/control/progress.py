@@ -16,7 +16,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, TextIO
 from trialkit import records
 from trialkit.control.queue import label
 from trialkit.control.results import flat_parameters, metric_value
-from trialkit.statuses import EXPLAINED
+from trialkit.statuses import EXPLAINED, FINAL_STATUSES
 
 _CLEAR_LINE = "\r\x1b[K"
 TICK_SECONDS = 1.0  # how often a TTY's line is refreshed when nothing happens
@@ -175,13 +175,15 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def trials_table(rows: List[Dict[str, Any]]) -> str:
+def trials_table(rows: List[Dict[str, Any]], interrupted: bool = False) -> str:
     """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`); a gpus
-    column when GPUs were scheduled (the ones each trial's latest start was given)."""
+    column when GPUs were scheduled (the ones each trial's latest start was given). `interrupted`: the
+    experiment's manager is gone (status_text)."""
     with_gpus = any(row.get("gpus") is not None for row in rows)
     return table(
         ("trial", "status") + (("gpus",) if with_gpus else ()) + ("final", "steps", "duration", "parameters"),
-        [(row["trial_id"], status_text(row)) + ((gpu_list(row.get("gpus")),) if with_gpus else ())
+        [(row["trial_id"], status_text(row, interrupted=interrupted))
+         + ((gpu_list(row.get("gpus")),) if with_gpus else ())
          + (number(metric_value(row["final"])), row["steps"], duration(row["duration"]),
             parameters_text(row["parameters"])) for row in rows],
     )
@@ -192,9 +194,17 @@ def trials_table(rows: List[Dict[str, Any]]) -> str:
 STATUS_WIDTH = 64  # room for the part that says why: `FAILED: trialkit.launch.torch_distributed: rank 1 …`
 
 
-def status_text(row: Dict[str, Any], limit: int = STATUS_WIDTH) -> str:
+# Beside a trial the store says runs or waits when its experiment's manager is gone (SIGKILLed, its machine
+# down): what the store says is no longer so, in `experiment list`'s word for such an experiment.
+INTERRUPTED_NOTE = "experiment INTERRUPTED"
+
+
+def status_text(row: Dict[str, Any], limit: int = STATUS_WIDTH, interrupted: bool = False) -> str:
     """A trial's status as tables show it; a waiting trial says what it waits for, a failed one why (a reason
-    that only repeats the status, a paused trial's "paused", is left out), cut to `limit` characters."""
+    that only repeats the status, a paused trial's "paused", is left out), cut to `limit` characters.
+    `interrupted`: its experiment's manager is gone, so an unfinished trial is stopped or unknown."""
+    if interrupted and row["status"] not in FINAL_STATUSES:
+        return f"{label(row['status'])} ({INTERRUPTED_NOTE})"
     reason = (row.get("reason") or "").strip()
     if row["status"] not in EXPLAINED or reason.lower() in ("", label(row["status"]).lower()):
         return label(row["status"])

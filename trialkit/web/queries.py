@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import gpus
-from trialkit.control import results
+from trialkit.control import admin, background, results
 from trialkit.control.plot import parameter_scale, step_title
+from trialkit.control.progress import INTERRUPTED_NOTE
+from trialkit.manager.paths import MANAGER_FILE
 from trialkit.manager.server import HttpError, decode
 from trialkit.records import INT64_MAX, PERIODICAL, BadRecord, metric_number
-from trialkit.statuses import EXPLAINED, PREEMPTED, RUNNING, WAITING
+from trialkit.statuses import EXPLAINED, FINAL_STATUSES, PREEMPTED, RUNNING, WAITING
 
 # Experiment statuses (NNI's names) whose clock still runs; any other ended at its last update.
 LIVE_EXPERIMENT = frozenset({"INITIALIZED", "RUNNING", "PAUSED", "NO_MORE_TRIAL", "TUNER_NO_MORE_TRIAL", "STOPPING"})
@@ -101,8 +103,38 @@ def _best(db: sqlite3.Connection, experiment_id: str, mode: str) -> Optional[sql
     return ranked[0] if ranked and ranked[0]["metric"] is not None else None
 
 
-def _duration(created: float, updated: float, status: str, now: float) -> float:
-    return max(0.0, (now if status in LIVE_EXPERIMENT else updated) - created)
+def _folder(db: sqlite3.Connection) -> Optional[Path]:
+    """The experiment dir the store file is in (its manager.json beside it); None for one in memory."""
+    path = db.execute("PRAGMA database_list").fetchone()[2]
+    return Path(path).parent if path else None
+
+
+def _duration(db: sqlite3.Connection, exp: Mapping[str, Any], now: float) -> float:
+    """The time its runs ran, summed, as manager.json beside the store tells it (the CLI's figure); a store
+    without one (another program wrote it) from its creation to its last update, or to now while it runs."""
+    folder = _folder(db)
+    info = admin.read_info(folder) if folder is not None else None
+    if info is not None:
+        return info.ran(now)
+    return max(0.0, (now if exp["status"] in LIVE_EXPERIMENT else exp["updated"]) - exp["created"])
+
+
+def _status(db: sqlite3.Connection, exp: Mapping[str, Any]) -> str:
+    """The stored status, or INTERRUPTED as `experiment list` says it: stored as running, its manager gone (a
+    store with no manager.json beside it, another program's, as it is stored)."""
+    folder = _folder(db)
+    if folder is None or not (folder / MANAGER_FILE).exists():
+        return exp["status"]
+    return background.status(folder, exp)
+
+
+def _interrupted(db: sqlite3.Connection, experiment_id: str) -> bool:
+    return _status(db, _experiment_row(db, experiment_id)) == background.INTERRUPTED
+
+
+def _unwatched(row: Mapping[str, Any], interrupted: bool) -> bool:
+    """A trial the store says runs or waits, in an INTERRUPTED experiment: no manager watches it any more."""
+    return interrupted and row["status"] not in FINAL_STATUSES
 
 
 def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = None) -> Dict[str, Any]:
@@ -115,10 +147,10 @@ def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = N
     return {
         "id": experiment_id,
         "name": exp["config"].get("experimentName"),
-        "status": exp["status"],
+        "status": _status(db, exp),
         "created": exp["created"],
         "updated": exp["updated"],
-        "elapsed": _duration(exp["created"], exp["updated"], exp["status"], now),
+        "elapsed": _duration(db, exp, now),
         "trials": sum(counts.values()),
         "counts": counts,
         "optimize_mode": mode,
@@ -273,17 +305,20 @@ def trials_page(db: sqlite3.Connection, experiment_id: str, q: TrialQuery,
     rows = db.execute(
         f"SELECT * FROM ({inner}) {outer_where} ORDER BY {sort} {direction} NULLS LAST, sequence LIMIT ? OFFSET ?",
         args + outer_args + sort_args + [q.limit, q.offset]).fetchall()
+    interrupted = _interrupted(db, experiment_id)
     return {"total": total, "offset": q.offset, "limit": q.limit, "parameters": names,
-            "rows": [_trial_row(row, now) for row in rows]}
+            "rows": [_trial_row(row, now, interrupted) for row in rows]}
 
 
-def _trial_row(row: sqlite3.Row, now: float) -> Dict[str, Any]:
+def _trial_row(row: sqlite3.Row, now: float, interrupted: bool) -> Dict[str, Any]:
     started, ended = row["started"], row["ended"]
     return {
         "id": row["id"],
         "sequence": row["sequence"],
         "status": row["status"],
-        "reason": row["reason"] if row["status"] in EXPLAINED else None,  # why it waits (its GPUs, a queue), why it failed
+        # why it waits (its GPUs, a queue), why it failed; beside one no manager watches any more, that
+        "reason": INTERRUPTED_NOTE if _unwatched(row, interrupted) else row["reason"] if row["status"] in EXPLAINED
+        else None,
         "metric": row["metric"],
         "parameters": _json(row["parameters"]),
         "restarts": row["restart_count"],
@@ -368,14 +403,15 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
                      (trial_id, experiment_id)).fetchone()
     if row is None:
         raise HttpError(404, f"no trial {trial_id!r} in experiment {experiment_id!r}")
-    out = _trial_row(row, now)
+    interrupted = _interrupted(db, experiment_id)
+    out = _trial_row(row, now, interrupted)
     final = db.execute("SELECT value FROM records WHERE trial=? AND type='FINAL' ORDER BY seq DESC LIMIT 1",
                        (trial_id,)).fetchone()
     elastic = db.execute("SELECT value, time FROM records WHERE trial=? AND type='ELASTIC' ORDER BY seq DESC LIMIT 1",
                          (trial_id,)).fetchone()
     trial_dir = row["trial_dir"]
     out.update({
-        "reason": row["reason"],
+        "reason": out["reason"] if _unwatched(row, interrupted) else row["reason"],
         "started": row["started"],
         "ended": row["ended"],
         "trial_dir": trial_dir,
@@ -465,8 +501,9 @@ def queue(db: sqlite3.Connection, experiment_id: str, order: Optional[Sequence[s
         rank = {trial_id: i for i, trial_id in enumerate(order)}
         waiting.sort(key=lambda r: rank.get(r["id"], len(rank)))
     out = []
+    interrupted = _interrupted(db, experiment_id)
     for position, row in enumerate(running + waiting + paused):
-        item = _trial_row(row, now)
+        item = _trial_row(row, now, interrupted)
         item["position"] = position + 1
         out.append(item)
     return out

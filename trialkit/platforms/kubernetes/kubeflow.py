@@ -81,6 +81,7 @@ class KubeflowConfig:
     # `operator` unset: the TrainJob the section is where the cluster serves Trainer v2 and not PyTorchJob
     # (trainjob.TrainJobConfig), or the UserError saying why it cannot be one; None: the config chose.
     trainjob: Any = None
+    assumed: bool = False  # `operator` unset: pytorch-operator was taken (render says so)
     platform: ClassVar[str] = PLATFORM
 
 
@@ -128,7 +129,8 @@ def parse_section(section: dict, where: str) -> Any:
     sec.finish()
     if name == trainjob.OPERATOR:
         return trainjob.from_roles(roles, common, storage, runtime, where)
-    config = KubeflowConfig(operator=name, roles=tuple(roles), common=common, reporting_role=reporter, storage=storage)
+    config = KubeflowConfig(operator=name, roles=tuple(roles), common=common, reporting_role=reporter, storage=storage,
+                            assumed=chosen is None)
     if chosen is None and common.template is None:  # a PyTorchJob unless the cluster serves only TrainJobs
         try:
             alternative: Any = trainjob.from_roles(roles, common, storage, runtime, where)

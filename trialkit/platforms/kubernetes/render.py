@@ -498,11 +498,14 @@ def render_trial(platform_config, spec: TrialSpec) -> List[dict]:
 def render_notes(platform_config) -> List[str]:
     """What a run decides that `render` can only assume: the operator, where the section leaves it to the
     cluster."""
-    notes = []
-    alternative = getattr(platform_config, "trainjob", None)  # kubeflow with `operator` unset (kubeflow.py)
-    if alternative is not None:
-        where_v2 = (f"fails, as this section is no TrainJob ({alternative.what})" if isinstance(alternative, UserError)
-                    else "submits a TrainJob instead (render it with operator: trainjob)")
-        notes.append("operator is unset: rendered as a PyTorchJob (training-operator), as a run submits where the "
-                     f"cluster serves PyTorchJob; where it serves only Kubeflow Trainer v2, a run {where_v2}")
-    return notes
+    if not getattr(platform_config, "assumed", False):  # kubeflow with `operator` unset (kubeflow.py)
+        return []
+    head = "operator is unset: rendered as a PyTorchJob (training-operator)"
+    alternative = platform_config.trainjob
+    if alternative is None:  # a trialTemplate: a PyTorchJob, whatever else the cluster serves
+        return [f"{head}, the kind of its trialTemplate, as a run submits it on any cluster "
+                "(set operator to name another)"]
+    where_v2 = (f"fails, as this section is no TrainJob ({alternative.what})" if isinstance(alternative, UserError)
+                else "submits a TrainJob instead (render it with operator: trainjob)")
+    return [f"{head}, as a run submits where the cluster serves PyTorchJob; where it serves only Kubeflow "
+            f"Trainer v2, a run {where_v2}"]

@@ -1,0 +1,94 @@
+"""After the control plane is SIGKILLed, the read-only views stop saying RUNNING as if it were so: beside each
+trial the store last heard running, `trial list`, `trial show` and `experiment show` say the experiment is
+INTERRUPTED (`experiment list`'s word for it) and how to go on, and none of them writes the store. Real
+`trialkit run` with a local trial, killed outright; the page's data through its queries.
+"""
+from __future__ import annotations
+
+import signal
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import tagged_processes
+from experiment_util import cli, experiment, experiment_id, reported, start_cli, stored
+from harness import wait_until
+from test_faces import SLOW
+from trialkit.web import queries
+
+X = {"x": {"_type": "choice", "_value": [1]}}
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def stored_state(home: Path, exp: str) -> tuple:
+    """The experiment's and its trials' rows and their records, read-only."""
+    return tuple(stored(home, exp, f"SELECT * FROM {table}") for table in ("experiments", "trials", "records"))
+
+
+def status_cell(listed: str, trial: str) -> str:
+    header, *lines = listed.splitlines()
+    line = next(line for line in lines if line.startswith(trial))
+    return line[header.index("status"):header.index("final")].strip()
+
+
+def test_trials_of_a_killed_run_are_said_interrupted_without_writing_the_store(tmp_path, home, no_process_left):
+    config = experiment(tmp_path, X, SLOW, maxTrialNumber=1, trialConcurrency=1)
+    run = start_cli("run", config)
+    try:
+        exp = experiment_id(run.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 1, 120, "the trial's first result")
+        assert status_cell(cli("trial", "list", exp).stdout, trial) == "RUNNING"  # its manager runs: so it is
+        run.send_signal(signal.SIGKILL)
+        run.wait(60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    try:
+        views_of_a_killed_run(home, exp, trial)
+    finally:  # its keeper outlives it (a resume takes its trial up): end it as a resume's stop would
+        for proc in tagged_processes(no_process_left):
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:  # the trial, ended by its keeper meanwhile
+                pass
+        wait_until(lambda: not tagged_processes(no_process_left), 60, "the keeper and its trial to end")
+
+
+def views_of_a_killed_run(home: Path, exp: str, trial: str) -> None:
+    before = stored_state(home, exp)
+
+    assert "INTERRUPTED" in cli("experiment", "list").stdout
+    listed = cli("trial", "list", exp)
+    assert listed.returncode == 0, listed.stderr
+    assert status_cell(listed.stdout, trial) == "RUNNING (experiment INTERRUPTED)"
+    assert ("experiment INTERRUPTED: its manager is gone, so what the store says of its unfinished trials is what "
+            "it last heard" in listed.stdout), listed.stdout
+    assert f"`trialkit experiment resume {exp}` takes them up" in listed.stdout, listed.stdout
+    shown = cli("trial", "show", trial).stdout
+    assert "status         RUNNING (experiment INTERRUPTED: its manager is gone" in shown, shown
+    table = cli("experiment", "show", exp).stdout.split("\n\n", 1)[1]
+    assert status_cell(table, trial) == "RUNNING (experiment INTERRUPTED)", table
+    page = page_data(home, exp)  # the page (`trialkit ui`) says it alike: its status badge and the trial's reason
+    assert page["summary"]["status"] == "INTERRUPTED" and page["summary"]["elapsed"] > 0
+    assert (page["row"]["status"], page["row"]["reason"]) == ("RUNNING", "experiment INTERRUPTED")
+    assert page["trial"]["reason"] == "experiment INTERRUPTED" and page["queue"]["reason"] == "experiment INTERRUPTED"
+    assert stored_state(home, exp) == before  # read, never written
+
+
+def page_data(home: Path, exp: str) -> dict:
+    with closing(sqlite3.connect(f"file:{home / 'experiments' / exp / 'trialkit.db'}?mode=ro", uri=True)) as db:
+        db.row_factory = sqlite3.Row
+        queries.register(db)
+        return {"summary": queries.summary(db, exp),
+                "row": queries.trials_page(db, exp, queries.TrialQuery())["rows"][0],
+                "trial": queries.trial(db, exp, f"{exp}-00000"), "queue": queries.queue(db, exp, None)[0]}
