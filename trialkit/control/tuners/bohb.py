@@ -126,7 +126,11 @@ def sample(space: SearchSpace, model: Optional[Model], settings: KdeSettings, rn
                                                      scale=bandwidth, random_state=state)))
             else:
                 candidate.append(float(mean) if state.rand() < 1 - bandwidth else float(state.randint(options)))
-        good, bad = float(model.good.pdf(candidate)), float(model.bad.pdf(candidate))
+        # A choice with one level among the model's points is a division by zero inside statsmodels' kernel
+        # (its levels are those it saw): the infinite densities are the case handled below, as NNI's BOHB
+        # handles them, so numpy's warnings about them would only scribble over the run's progress line.
+        with numpy.errstate(divide="ignore", invalid="ignore"):
+            good, bad = float(model.good.pdf(candidate)), float(model.bad.pdf(candidate))
         score = max(1e-32, bad) / max(good, 1e-32)
         if not numpy.isfinite(score):
             if numpy.isfinite(good):
