@@ -46,7 +46,10 @@ def main() -> None:
         with torch.no_grad():
             accuracy = (model(x_valid).argmax(dim=1) == y_valid).float().mean().item()
         trialkit.report_intermediate_result(accuracy)
-        if trialkit.should_preempt():  # asked to stop (early stop, timeout, Ctrl-C): end cleanly
+        # A stop (early stop, timeout, Ctrl-C) also comes as SIGTERM, which ends this script where it is:
+        # it has nothing to save. A script with a checkpoint handles SIGTERM and saves here instead
+        # (docs/sdk.md, "Stopping when asked").
+        if trialkit.should_preempt():
             break
     trialkit.report_final_result(accuracy)
 
