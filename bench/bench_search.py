@@ -12,11 +12,9 @@ trial-epochs and the same trials at once:
              Hyperband (R 27, eta 3), BOHB (1 to 27, eta 3), ASHA (the ASHA assessor,
              Determined's adaptive_asha, aggressive: rungs at 1, 3, 9, 27 epochs, beside Random),
              PBT (population 8, each trial 3 epochs from the checkpoint PBT gives it)
-  Ray Tune   Tuner.fit() of a function trainable with random search, on a local Ray cluster of
-             `--concurrency` CPUs started before the clock runs: ASHAScheduler (max_t 27, grace 1,
-             factor 3; its search starts a trial only as one ends), HyperBandScheduler (max_t 27,
-             factor 3), PopulationBasedTraining (8, every 3 epochs); a trial checkpoints only where
-             its scheduler reads one
+  Ray Tune   Tuner.fit() of a function trainable with random search, on a local Ray cluster
+             started before the clock runs: ASHAScheduler (max_t 27, grace 1, factor 3),
+             HyperBandScheduler (max_t 27, factor 3), PopulationBasedTraining (8, every 3 epochs)
   Optuna     study.optimize() with TPESampler and HyperbandPruner (1 to 27, factor 3), n_jobs threads
 
 Each method's clock starts when it is started (trialkit: its command, the
@@ -226,16 +224,11 @@ def run_ray(method: str, seed: int, budget: int, concurrency: int, data: Path, w
         "PBT": lambda: PopulationBasedTraining(perturbation_interval=INTERVAL, quantile_fraction=0.25,
                                                hyperparam_mutations={k: v for k, v in space.items()}),
     }[method]()
-    # The cluster's CPUs hold `concurrency` trials at once. Ray ignores max_concurrent_trials beside a
-    # SearchGenerator (it warns so), and the generator left alone queues up to 200 pending trials: under ASHA,
-    # whose trials end, its own limit keeps them to `concurrency`, as a user asking for 2 at once gets. HyperBand
-    # and PBT pause trials and swap them in, which a limit on live trials would starve (a bracket needs its 27,
-    # the population its 8: a generator counts a paused trial live): there the CPUs alone limit them.
-    limit = concurrency if method == "ASHA" else 0
     tuner = tune.Tuner(
         ray_trainable, param_space={**space, "data": str(data), "checkpoint_every": CHECKPOINT_EVERY[method]},
         tune_config=tune.TuneConfig(metric="accuracy", mode="max", scheduler=scheduler, num_samples=samples,
-                                    search_alg=BasicVariantGenerator(random_state=seed, max_concurrent=limit)),
+                                    max_concurrent_trials=concurrency,
+                                    search_alg=BasicVariantGenerator(random_state=seed)),
         run_config=tune.RunConfig(storage_path=str(work / f"ray-{method}-{seed}"), stop=Budget(), verbose=0))
     started = time.time()
     results = tuner.fit()
