@@ -299,6 +299,20 @@ PEERS = {"Hyperband": ["Ray Tune HyperBand", "Optuna TPE+Hyperband"],
          "ASHA": ["Ray Tune ASHA", "Optuna TPE+Hyperband"], "PBT": ["Ray Tune PBT"]}
 
 
+def _importable(name: str) -> bool:
+    """Whether `import name` would find it, and its parents (ray.tune needs ray's tune extra's packages too)."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec(name) is None:
+            return False
+        if name == "ray.tune":
+            import pyarrow  # noqa: F401  (ray.tune's import fails without it: ray[tune])
+        return True
+    except (ImportError, ValueError):  # ValueError: a module set to None in sys.modules (as the test hides one)
+        return False
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=300, help="trial-epochs each method spends (default 300)")
@@ -310,6 +324,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     opts = parser.parse_args(argv)
     if opts.quick:
         opts.budget, opts.seeds = 24, 1
+    lacking = [name for name in ("ray.tune", "optuna", "sklearn", "statsmodels") if not _importable(name)]
+    if lacking:
+        parser.exit(2, f"{parser.prog}: the peers or the problem need {', '.join(lacking)}, which this Python "
+                       "lacks: run it with the venv that `./bootstrap.sh test` makes (.venv/bin/python)\n")
     work = Path(tempfile.mkdtemp(prefix="bench-search-"))
     # Ray 2.60 turns token authentication on for a new local cluster and writes a token to ~/.ray: this race's
     # cluster is its own, on this machine; leave other clusters' settings alone.

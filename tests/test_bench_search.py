@@ -24,3 +24,16 @@ def test_the_search_race_runs_every_method_and_says_met_or_missed():
         assert 0.1 <= best <= 1.0  # a held-out accuracy
     verdicts = [line for line in lines if line.startswith("trialkit ") and " vs " in line]
     assert len(verdicts) == 4 and all(line.endswith(("MET", "MISSED")) for line in verdicts), verdicts
+
+
+def test_the_race_without_its_peers_installed_says_so_in_one_line():
+    """A new user ran it in the demo's venv (no Ray Tune, no optuna) and got a traceback after minutes."""
+    hide = ("import runpy, sys\n"
+            "sys.modules['ray'] = sys.modules['optuna'] = None  # as a venv without them\n"
+            "sys.argv = ['bench_search.py', '--quick']\n"
+            f"runpy.run_path({str(ROOT / 'bench' / 'bench_search.py')!r}, run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "bench_search.py: the peers or the problem need ray.tune, optuna, which this Python lacks: run it with "
+        "the venv that `./bootstrap.sh test` makes (.venv/bin/python)"], done.stderr
