@@ -51,6 +51,7 @@ pytest_plugins = ["ray_cluster", "containers_util"]
 WORKER_GROUPS = {"ray": {"ray_cluster"}, "podman": {"image", "torch_image", "user_image", "containers"}}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups (a worker's hook, called first else)
 def pytest_collection_modifyitems(items):
     for item in items:
         uses = set(item.fixturenames)
