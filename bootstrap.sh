@@ -103,7 +103,12 @@ case "${1:-}" in
     # the build with trialkit's cache, keyed by the versions that shape it.
     export TORCH_EXTENSIONS_DIR="$cache/torch_extensions/deepspeed-0.19.8-torch-2.13.0"
     shift
-    exec "$venv/bin/python" -m pytest "$@"
+    # The suite runs in TRIALKIT_TEST_WORKERS pytest-xdist workers (most tests wait on processes, clusters and
+    # containers more than they compute); tests/conftest.py groups what must run in one. `-n0` or
+    # `-p no:xdist` among the arguments runs it in this process.
+    workers=(-n "${TRIALKIT_TEST_WORKERS:-3}" --dist loadgroup)
+    case " $* " in *" no:xdist "* | *" -pno:xdist "*) workers=() ;; esac
+    exec "$venv/bin/python" -m pytest "${workers[@]}" "$@"
     ;;
   *)
     echo "usage: ./bootstrap.sh demo|test [pytest args...]" >&2

@@ -94,6 +94,8 @@ EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["test"] = [
     "pytest>=8",
     "pytest-timeout>=2.3",
+    # ./bootstrap.sh test runs the suite in several workers.
+    "pytest-xdist>=3.8",
     "hypothesis>=6.100",
     "kubernetes-validate>=1.30",
     "jsonschema>=4",

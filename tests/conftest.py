@@ -44,6 +44,24 @@ os.environ["RAY_AUTH_MODE"] = "disabled"
 # (`image`, `torch_image`, built once a session) and the `containers` fixture of the container tests.
 pytest_plugins = ["ray_cluster", "containers_util"]
 
+# What a session holds once per worker (pytest-xdist: `./bootstrap.sh test` runs several) and must not hold twice
+# at once: the Ray cluster (two nodes, each of 2 CPUs, on a machine that may have 2 in all), and podman's image
+# builds and pods (one image cache under ~/.cache/trialkit). Each test that uses one joins its group, and
+# `--dist loadgroup` runs a group's tests in one worker, one after another.
+WORKER_GROUPS = {"ray": {"ray_cluster"}, "podman": {"image", "torch_image", "user_image", "containers"}}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups (a worker's hook, called first else)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        uses = set(item.fixturenames)
+        groups = [group for group, fixtures in WORKER_GROUPS.items() if uses & fixtures]
+        if item.get_closest_marker("containers"):
+            groups.append("podman")
+        if groups:
+            assert len(set(groups)) == 1, f"{item.nodeid} is in groups {sorted(set(groups))}: a test runs in one"
+            item.add_marker(pytest.mark.xdist_group(groups[0]))
+
 
 def tagged_processes(tag: str):
     return leftovers.tagged(TAG, tag)

@@ -52,7 +52,7 @@ def bootstrap(checkout: Path, *args: str) -> List[str]:
     log = checkout.parent / "calls.log"
     log.unlink(missing_ok=True)
     log.touch()
-    env = dict(os.environ, PYTHON=str(checkout.parent / "python3"), TRIALKIT_CACHE=str(checkout.parent / "cache"),
+    env = dict(os.environ, TRIALKIT_TEST_WORKERS="3", PYTHON=str(checkout.parent / "python3"), TRIALKIT_CACHE=str(checkout.parent / "cache"),
                BOOTSTRAP_LOG=str(log))
     done = subprocess.run(["bash", "bootstrap.sh", *args], cwd=checkout, env=env, capture_output=True, text=True,
                           timeout=60)
@@ -86,7 +86,12 @@ def test_the_tests_after_the_demo_add_only_the_rest(checkout):
                                    "horovod-0.28.1-torch2.13.0-cp311" / "horovod-0.28.1-cp311-linux.whl")]
     assert "torch==2.13.0" not in installs(calls)
     assert any(call.startswith("python3 -m venv") and "nni-3.0-venv" in call for call in calls)  # NNI's own
-    assert calls[-1] == "python -m pytest -x"
+    assert calls[-1] == "python -m pytest -n 3 --dist loadgroup -x"
+
+
+def test_the_tests_run_in_workers_unless_told_not_to(checkout):
+    assert bootstrap(checkout, "test", "-p", "no:xdist", "-x")[-1] == "python -m pytest -p no:xdist -x"
+    assert bootstrap(checkout, "test", "-n0")[-1] == "python -m pytest -n 3 --dist loadgroup -n0"  # the last -n
 
 
 def test_the_demo_after_the_tests_installs_nothing_and_a_changed_input_installs_again(checkout):
