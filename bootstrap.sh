@@ -102,6 +102,9 @@ case "${1:-}" in
     # DeepSpeed compiles its CPU communication op on first use (minutes): keep
     # the build with trialkit's cache, keyed by the versions that shape it.
     export TORCH_EXTENSIONS_DIR="$cache/torch_extensions/deepspeed-0.19.8-torch-2.13.0"
+    # A build killed mid-compile leaves its lock, and torch then waits on it for ever: every DeepSpeed test of every
+    # later run hung. No build takes 30 minutes here; an older lock is a dead build's.
+    find "$TORCH_EXTENSIONS_DIR" -name lock -mmin +30 -delete 2>/dev/null || true
     shift
     # The suite runs in TRIALKIT_TEST_WORKERS pytest-xdist workers (most tests wait on processes, clusters and
     # containers more than they compute); tests/conftest.py groups what must run in one. `-n0` or
