@@ -96,7 +96,10 @@ class Progress:
 
     def update(self, snapshot: Snapshot) -> None:
         if self.tty:
-            self._draw(snapshot.line(self.width()))
+            text = snapshot.line(self.width())
+            if self._fit(text) == self._live:
+                return  # drawn already: the loop updates on every batch of events, most of which change nothing seen
+            self._draw(text)
             self._flush()
 
     @staticmethod
@@ -107,9 +110,12 @@ class Progress:
         self._clear()
         self._flush()
 
-    def _draw(self, text: str) -> None:
+    def _fit(self, text: str) -> str:
         width = self.width()
-        self._live = text if len(text) < width else text[: max(0, width - 2)] + "…"
+        return text if len(text) < width else text[: max(0, width - 2)] + "…"
+
+    def _draw(self, text: str) -> None:
+        self._live = self._fit(text)
         self._write(_CLEAR_LINE + self._live)
 
     def _clear(self) -> None:
