@@ -33,6 +33,7 @@ from trialkit.platforms.base import Platform
 from trialkit.statuses import WAITING
 
 RETENTION_SECONDS = 120.0  # the experiment's end waits this long for the last retention pass
+SUMMARY_ROWS = 20  # the end's trial table: a screenful (a Hyperband run makes hundreds); `trial list` has them all
 
 
 def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experiment_id: Optional[str] = None,
@@ -200,7 +201,10 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
     say = loop.progress.say
     say(f"\nexperiment {loop.experiment_id} {result.status} after {loop.snapshot().line()}")
     if result.trials:
-        say(trials_table(result.trials))
+        say(trials_table(result.trials[-SUMMARY_ROWS:]))
+    if len(result.trials) > SUMMARY_ROWS:
+        say(f"(the last {SUMMARY_ROWS} of {len(result.trials)} trials; "
+            f"`trialkit trial list {loop.experiment_id}` lists them all)")
     best = best_row(result.trials, loop.config.optimize_mode)
     if best is not None:
         say(f"best: {best['trial_id']} final={metric_value(best['final']):.6g} "
