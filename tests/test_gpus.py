@@ -106,7 +106,7 @@ def test_at_start_an_experiment_is_refused_when_nvidia_smi_fails(tmp_path, monke
 
 @pytest.mark.parametrize("keys, what", [
     ({"trialGpuNumber": 5}, "trialGpuNumber: each trial asks for 5 GPUs but this machine holds 4 (0,1,2,3) "
-                            "(set trialGpuNumber to 4 or less)"),
+                            "(set it to 4 or less)"),
     ({"trialGpuNumber": 2, "gpuIndices": "1"}, "each trial asks for 2 GPUs but gpuIndices holds 1 (1)"),
     ({"gpuIndices": [0, 7]}, "gpuIndices names GPU 7, which is not among this machine's usable GPUs (0,1,2,3)"),
 ])
@@ -122,7 +122,7 @@ def test_gpu_trials_on_a_machine_without_nvidia_smi_are_refused_at_start(tmp_pat
     done = cli("run", gpu_experiment(tmp_path, tmp_path / "runs.log", 1, 1, 1))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["trialkit: error: trialGpuNumber: each trial asks for 1 GPU but this "
-                                                "machine holds 0 (none) (leave trialGpuNumber out)"]
+                                                "machine holds 0 (none) (leave it out)"]
 
 
 # -- scheduling: real experiments ------------------------------------------------------------

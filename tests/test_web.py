@@ -438,8 +438,8 @@ ENDED_WHY = "the first 3 trials all failed the same way: exit code 1"
 
 def views_store(root: Path) -> Store:
     """An ERROR experiment, as a read-only page finds it: an NNI trial with dict metrics (its stdout empty), a
-    Determined trial paused at 20 batches and resumed from 10, a trial that failed before reporting, and a
-    Determined trial that reported its training loss and its validation accuracy (then canceled)."""
+    Determined trial paused at 20 batches and resumed from 10, a trial that failed before reporting or writing
+    a log, and a Determined trial that reported its training loss and its validation accuracy (then canceled)."""
     store = Store.in_dir(root / "viewsexp")
     store.create_experiment("viewsexp", {"experimentName": "views", "searchSpace": VIEWS_SPACE,
                                          "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}})
@@ -447,7 +447,8 @@ def views_store(root: Path) -> Store:
                                        {"lr": 0.0001, "batch": 32}, {"lr": 0.05, "batch": 16}]):
         trial_dir = root / f"trial{sequence}"
         trial_dir.mkdir()
-        (trial_dir / "stdout.log").write_text("")
+        if sequence != 2:  # the one that failed before it wrote anything
+            (trial_dir / "stdout.log").write_text("")
         store.add_trial("viewsexp", f"viewsexp-{sequence:05d}", sequence=sequence, parameters=params, token=None,
                         trial_dir=str(trial_dir))
     nni = [{"seq": i + 1, "type": "PERIODICAL", "run": 0, "value": {"default": 0.1 * (i + 1), "loss": 1.0 / (i + 1)}}
@@ -564,7 +565,10 @@ def test_an_ended_experiments_page_says_why_and_what_is_empty_in_words(views_sit
         "(stdout is empty: the trial has written nothing to it)"
     open_read_only(browser, views_site, "/trial/viewsexp-00002", "trial")
     assert browser.execute_script("return document.getElementById('trial-curve').textContent") == \
-        "no metrics: this trial has reported none yet"
+        "no metrics: this trial has reported none"  # it ended: not "yet"
+    wait_for(browser, "return document.getElementById('log').textContent.startsWith('(no ')", "the absent log")
+    # A failed trial opens on its stderr; it wrote no log at all, and ended: not "(no stderr yet)".
+    assert browser.execute_script("return document.getElementById('log').textContent") == "(no stderr)"
     open_read_only(browser, views_site, "/trials?status=RUNNING", "trials")
     assert cell_texts(browser, "#trials tbody td") == ["no trial matches these filters"]
     shot(browser, "empty-words")

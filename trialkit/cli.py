@@ -154,7 +154,7 @@ def cmd_render(opts: argparse.Namespace) -> int:
 def cmd_experiment_list(opts: argparse.Namespace) -> int:
     from trialkit.control import background
 
-    rows = []
+    rows = []  # (created, row): newest first, as the page lists them; one it cannot read last (the page's 0)
     for experiment_dir in paths.all_experiment_dirs():
         try:
             with _store(experiment_dir) as store:
@@ -163,19 +163,21 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
                     continue
                 trials = store.trials(experiment_dir.name)
         except StoreUnwritable as err:  # its disk refuses even a reader: the store itself may well be intact
-            rows.append((experiment_dir.name, "", f"UNREADABLE (its disk: {err.reason})", "-", "-"))
+            rows.append((0.0, (experiment_dir.name, "", f"UNREADABLE (its disk: {err.reason})", "-", "-")))
             continue
         except (sqlite3.DatabaseError, DamagedStore) as err:
             # One damaged store (garbage bytes, a cut-off copy) is one line: the others still list.
-            rows.append((experiment_dir.name, "", f"DAMAGED ({paths.DB_NAME}: {getattr(err, 'reason', err)})",
-                         "-", "-"))
+            rows.append((0.0, (experiment_dir.name, "",
+                               f"DAMAGED ({paths.DB_NAME}: {getattr(err, 'reason', err)})", "-", "-")))
             continue
-        rows.append((experiment_dir.name, experiment["config"].get("experimentName") or "",
-                     background.status(experiment_dir, experiment), _trials_made(trials), when(experiment["created"])))
+        rows.append((experiment["created"], (
+            experiment_dir.name, experiment["config"].get("experimentName") or "",
+            background.status(experiment_dir, experiment), _trials_made(trials), when(experiment["created"]))))
     if not rows:
         print(f"no experiments under {paths.home() / 'experiments'}")
         return 0
-    print(table(("id", "name", "status", "trials", "created"), rows))
+    rows.sort(key=lambda created_row: created_row[0], reverse=True)  # stable: equal times keep the ids' order
+    print(table(("id", "name", "status", "trials", "created"), [row for _, row in rows]))
     return 0
 
 
@@ -1147,8 +1149,8 @@ def build_parser() -> ArgumentParser:
                           "Commands on experiments, found by id under $TRIALKIT_HOME/experiments.")
     sub = experiment.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
-             "trials (how many it made so far, and how many of them succeeded), creation time. INTERRUPTED: its "
-             "manager is gone; resume it.")
+             "trials (how many it made so far, and how many of them succeeded), creation time; newest first, as the "
+             "page lists them. INTERRUPTED: its manager is gone; resume it.")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
                             "The experiment's settings, status, best trial and a table of its trials."))
     _experiment_id(_command(sub, "stop", cmd_experiment_stop, "stop a running experiment",

@@ -200,7 +200,7 @@ class Pool:
             where = "gpuIndices" if self.indices is not None else "this machine"
             raise UserError(f"each trial asks for {_gpus(self.gpus_per_trial)} but {where} holds {pool} "
                             f"({_listed([g.index for g in self._pool(gpus)])})", "trialGpuNumber",
-                            f"set trialGpuNumber to {pool} or less" if pool else "leave trialGpuNumber out")
+                            f"set it to {pool} or less" if pool else "leave it out")  # it: the key as written
 
     def hold(self, holder: str, indices: Sequence[int]) -> None:
         """Count GPUs a trial holds (leased to it now, or before a control-plane restart)."""

@@ -120,6 +120,9 @@ class ExperimentConfig:
     # One line each on options NNI accepts and trialkit reads but does not act on (NNI's manager's
     # log level, reuseMode): said when the experiment starts, never refused. Not config: not in to_dict.
     notes: Tuple[str, ...] = field(default=(), compare=False)
+    # An NNI v1 config as written (keys as V1_KEYS spell them): what a refusal found after parsing names (as_written).
+    # Not config: not in to_dict (the store keeps the v2 form).
+    v1: Optional[Dict[str, Any]] = field(default=None, compare=False)
 
     @property
     def platform(self) -> str:
@@ -129,12 +132,19 @@ class ExperimentConfig:
     def optimize_mode(self) -> str:
         return self.tuner.class_args["optimize_mode"]
 
+    def as_written(self, err: UserError) -> UserError:
+        """`err` naming the key as the config wrote it: a v1 config's, its v2 name added to the fix."""
+        if self.v1 is None:
+            return err
+        written = _in_v1(err, self.v1)
+        return err if written.where == err.where else written
+
     def to_dict(self) -> Dict[str, Any]:
         """v2 config, camelCase, JSON-ready; parse_config() of it equals this config."""
         out: Dict[str, Any] = {}
         for item in fields(self):
             value = getattr(self, item.name)
-            if value is None or item.name in ("training_service", "notes"):
+            if value is None or item.name in ("training_service", "notes", "v1"):
                 continue
             if item.name == "training_service_section":
                 out["trainingService"] = copy.deepcopy(value)
@@ -563,7 +573,7 @@ def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
     try:
         with schema.every_problem():  # a refusal lists every problem it found, an unknown key's with the rest
             v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
-            return _parse_v2(convert_v1(v1), base)
+            return replace(_parse_v2(convert_v1(v1), base), v1=v1)
     except schema.ConfigProblems as err:
         raise schema.ConfigProblems([_in_v1(one, v1) for one in err.problems]) from None
     except UserError as err:

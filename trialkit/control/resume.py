@@ -17,18 +17,19 @@ it ended meanwhile, and otherwise started again with its restart count + 1.
 from __future__ import annotations
 
 import time
-from typing import List
+from typing import List, Tuple
 
 from trialkit import records
 from trialkit.control.loop import Loop, Trial
-from trialkit.control.queue import RERUN, RESUMABLE
+from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE
 from trialkit.control.results import metric_value
 from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, WAITING
 
 
 def restore(loop: Loop) -> List[Trial]:
     """Rebuild the loop's trials, tuner and assessor from its store; the trials that were running."""
-    running, resumable = [], []
+    running: List[Trial] = []
+    resumable: List[Tuple[Trial, str]] = []
     for row in loop.store.trials(loop.experiment_id):  # by sequence
         trial = Trial(row["id"], row["sequence"], row["parameter_id"], row["parameters"], row["status"],
                       row["restart_count"], ran=row["status"] == PREEMPTED and row["started"] is not None)
@@ -47,13 +48,14 @@ def restore(loop: Loop) -> List[Trial]:
         if not trial.ended and not queued:
             running.append(trial)
         elif trial.paused and (row["reason"] or "").endswith((RESUMABLE, RERUN)):
-            resumable.append(trial)
+            resumable.append((trial, row["reason"]))
     loop.replay(loop.tuner)
     for trial in loop.trials.values():
         if trial.ended and not trial.paused and loop.assessor is not None:
             loop.assessor.trial_end(trial.id, trial.status == SUCCEEDED, trial.steps)
-    for trial in resumable:
-        loop.requeue(trial, "resumed: it goes on from its checkpoint")
+    for trial, reason in resumable:
+        loop.requeue(trial, "resumed: " + ("it starts over: it saved no checkpoint" if reason.endswith(NO_CHECKPOINT)
+                                          else "it goes on from its checkpoint"))
     return running
 
 

@@ -33,6 +33,7 @@ from trialkit.platforms.base import Platform
 from trialkit.statuses import WAITING
 
 RETENTION_SECONDS = 120.0  # the experiment's end waits this long for the last retention pass
+SUMMARY_ROWS = 20  # the end's trial table: a screenful (a Hyperband run makes hundreds); `trial list` has them all
 
 
 def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experiment_id: Optional[str] = None,
@@ -40,8 +41,6 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
     """Create the experiment and run it until it ends (the CLI's `run`, the Python API's `Experiment.run`)."""
     experiment_id = experiment_id or paths.new_experiment_id()
     planned_dir = paths.experiments_root(config.experiment_working_directory) / experiment_id
-    _check_context(config, planned_dir)
-    checkpoints.check_store(config.checkpoint_storage)
     platform = _platform(config, planned_dir)
     experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
     try:
@@ -90,8 +89,6 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
         if stored["status"] == DONE:
             print(done_already(experiment_id), file=out or sys.stdout, flush=True)
             return ExperimentResult(experiment_id, DONE, config.optimize_mode, trial_rows(store, experiment_id))
-        _check_context(config, experiment_dir)
-        checkpoints.check_store(config.checkpoint_storage)
         platform = _platform(config, experiment_dir)
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
         loop.paused = stored["status"] == PAUSED  # it stays paused until activated
@@ -151,9 +148,16 @@ def _stopped_experiment(experiment_id: str) -> Tuple[Path, Optional[admin.Manage
 
 
 def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
-    """The platform, ready to take trials (a cluster platform checked its cluster answers)."""
-    platform = platforms.create(config.platform, config.training_service, experiment_dir)
-    platform.check_ready()
+    """The platform, ready to take trials (a cluster platform checked its cluster answers), after the code dir and
+    the checkpoint store were checked; a refusal names the key as the config wrote it (an NNI v1 config's
+    `trial.gpuNum`, not `trialGpuNumber`)."""
+    try:
+        _check_context(config, experiment_dir)
+        checkpoints.check_store(config.checkpoint_storage)
+        platform = platforms.create(config.platform, config.training_service, experiment_dir)
+        platform.check_ready()
+    except UserError as err:
+        raise config.as_written(err) from None
     return platform
 
 
@@ -200,7 +204,10 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
     say = loop.progress.say
     say(f"\nexperiment {loop.experiment_id} {result.status} after {loop.snapshot().line()}")
     if result.trials:
-        say(trials_table(result.trials))
+        say(trials_table(result.trials[-SUMMARY_ROWS:]))
+    if len(result.trials) > SUMMARY_ROWS:
+        say(f"(the last {SUMMARY_ROWS} of {len(result.trials)} trials; "
+            f"`trialkit trial list {loop.experiment_id}` lists them all)")
     best = best_row(result.trials, loop.config.optimize_mode)
     if best is not None:
         say(f"best: {best['trial_id']} final={metric_value(best['final']):.6g} "

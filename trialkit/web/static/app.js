@@ -485,10 +485,10 @@
 
   // One metric of some trials over their steps (a Determined report's steps_completed, else its place in the
   // trial's series), drawn by uPlot on a canvas; the best trial among them bold, the others thin. What there
-  // is none of is said in words in the chart's place.
+  // is none of is said in words in the chart's place ("yet" unless `ended`: they can report no more).
   const COLORS = ['#2f6fdb', '#e4572e', '#17a398', '#f3a712', '#8f5bd6', '#5c946e', '#d1495b', '#00798c',
     '#7d7d7d', '#b5651d'];
-  async function drawCurves(node, data) {
+  async function drawCurves(node, data, ended = false) {
     const uPlot = await uplotReady;
     const top = data.top;
     const drawn = data.series.filter((s) => s.steps.length);
@@ -497,7 +497,7 @@
       : data.series.some((s) => s.reports) ? (drawn.length ? '' : `no trial here reported ${data.metric}`)
       : data.series.some((s) => s.metric !== null)
         ? `no intermediate results: ${one ? 'this trial' : 'these trials'} reported a final result only`
-        : `no metrics: ${one ? 'this trial has' : 'these trials have'} reported none yet`;
+        : `no metrics: ${one ? 'this trial has' : 'these trials have'} reported none${ended ? '' : ' yet'}`;
     node.dataset.empty = note;
     if (note) {
       forgetChart(node);
@@ -865,7 +865,7 @@
       // Read from the store (maybe an object store): when the trial's status or restarts change, not at each record.
       const seen = `${t.status}:${t.restarts}`;
       if (this.checkpointsSeen !== seen) { this.checkpointsSeen = seen; await this.loadCheckpoints(); }
-      await Promise.all([drawCurves(this.chart, curves), this.pollLog(),
+      await Promise.all([drawCurves(this.chart, curves, FINAL.includes(t.status)), this.pollLog(),
         t.gpu_samples.length ? drawGpuUse(this.gpuChart, t.gpu_samples) : null]);
       markReady('trial');
     }
@@ -910,7 +910,8 @@
         if (name !== this.logName) return;
         const atBottom = this.log.scrollTop + this.log.clientHeight >= this.log.scrollHeight - 4;
         // What is not there (no file yet, an empty one) is said in words, not shown as a dark empty bar.
-        if (!part.exists) this.showBlank(`(no ${name} yet)`);
+        const ended = this.data && FINAL.includes(this.data.status);
+        if (!part.exists) this.showBlank(`(no ${name}${ended ? '' : ' yet'})`);
         else if (this.offset === null || part.start < this.offset || this.blank) this.showText(part.text);
         else if (part.text) this.log.append(part.text);
         if (part.exists && !this.log.textContent) this.showBlank(`(${name} is empty: the trial has written nothing to it)`);
