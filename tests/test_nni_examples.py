@@ -146,7 +146,10 @@ def test_nnis_python_api_start_notebook_runs_as_a_script(tmp_path, user_python):
     assert "TrialResult(parameter={" in done.stdout and "TrialMetricData(" in done.stdout, done.stdout
     rows = export_in(lines[0].split()[2], environ)
     assert "SUCCEEDED" in [row["status"] for row in rows], rows
-    assert all(0.5 < row["final"] <= 1.0 for row in rows if row["status"] == "SUCCEEDED"), rows
+    finals = [row["final"] for row in rows if row["status"] == "SUCCEEDED"]
+    # Accuracies, and the search found a real model; one trial may score low (an SVC with the sigmoid kernel on
+    # the digits can: seen below 0.5 in a whole-suite run).
+    assert all(0.0 <= final <= 1.0 for final in finals) and max(finals) > 0.5, rows
 
 
 def test_nnis_kubeflow_docs_python_example_runs_with_only_its_host_names_changed(tmp_path):
