@@ -56,7 +56,8 @@ def test_nnis_sklearn_classification_runs_where_nni_is_not_installed(tmp_path, u
     assert done.returncode == 0, done.stdout + done.stderr
     rows = export_in(experiment_id(done.stdout.splitlines()[0]), user_env)
     assert [row["status"] for row in rows] == ["SUCCEEDED"] * 3, rows
-    assert all(0.5 < row["final"] <= 1.0 for row in rows), rows  # SVC on the digits: an accuracy
+    # SVC on the digits: accuracies (the sigmoid kernel may score under 0.5; the notebook's test saw it)
+    assert all(0.0 <= row["final"] <= 1.0 for row in rows), rows
 
 
 def test_nnis_mnist_shape_with_merge_parameter_reports_every_epoch(tmp_path, user_env):
