@@ -107,6 +107,9 @@ class Platform(Protocol):
     on_waiting: Callable[[str, str], None]
     """The loop sets it; a platform that holds a submitted trial back (local: until its GPUs are free) calls
     it from submit() with the trial's id and why, before the trial can start."""
+    trials_at_once: Callable[[], int]
+    """The loop sets it: how many of the experiment's trials it runs at once now (trialConcurrency, which
+    `experiment update` may change). The local platform shares the machine's cores among them."""
 
 
 def _nobody_listens(handle: str) -> None:
@@ -117,11 +120,17 @@ def _nobody_asks(trial_id: str, why: str) -> None:
     """on_waiting until the experiment loop sets its own."""
 
 
+def _one_at_once() -> int:
+    """trials_at_once until the experiment loop sets its own."""
+    return 1
+
+
 class PlatformBase:
     """The optional hooks of `Platform` as a platform without them has them."""
 
     on_end: Callable[[str], None] = staticmethod(_nobody_listens)
     on_waiting: Callable[[str, str], None] = staticmethod(_nobody_asks)
+    trials_at_once: Callable[[], int] = staticmethod(_one_at_once)
     reattach: Optional[Callable[[str], bool]] = None
     undelivered_records: Optional[Callable[[str], List[Dict[str, Any]]]] = None
     remove_experiment: Optional[Callable[[str, Sequence[str]], List[str]]] = None

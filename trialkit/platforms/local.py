@@ -205,11 +205,28 @@ def copy_code(code_dir: str, trial_dir: Path) -> Path:
     return dest
 
 
+# Read by OpenMP, OpenBLAS, MKL and PyTorch to size their thread pools, each to every core by default.
+THREADS = "OMP_NUM_THREADS"
+
+
+def trial_threads(cores: int, at_once: float, slots: int) -> Optional[int]:
+    """The threads each of a trial's processes (`slots` of them) may use so that the trials running at once
+    share the machine's cores: None for a trial that runs alone, which has them all. Trials that each spin
+    a pool as wide as the machine slow one another down many times over (OpenBLAS's threads spin while they
+    wait: two such numpy trials on 2 cores trained 40x slower), which is why Ray and torchrun set it too."""
+    if at_once <= 1:
+        return None
+    return max(1, int(cores // (at_once * slots)))
+
+
 def trial_environ(config: LocalConfig, spec: TrialSpec, trial_dir: Path, code: Optional[Path],
-                  gpu_indices: Sequence[int] = ()) -> Dict[str, str]:
-    """The keeper's environment: ours, the spec's contract and this platform's part (its GPUs among it)."""
+                  gpu_indices: Sequence[int] = (), threads: Optional[int] = None) -> Dict[str, str]:
+    """The keeper's environment: ours, the spec's contract and this platform's part (its GPUs among it, and
+    its threads unless the user's environment sets them)."""
     out = dict(os.environ)
     out.update(spec.env)
+    if threads is not None:
+        out.setdefault(THREADS, str(threads))
     out[env.TRIAL_DIR] = str(trial_dir)
     if code is not None:
         out[env.CODE_DIR] = str(code)  # run.sh runs the trial from there
@@ -355,7 +372,8 @@ class Platform(PlatformBase):
                 self._watch_gpus()
             with open(trial_dir / paths.TRIAL_LOG, "ab") as log:
                 child = process.spawn(["/bin/sh", run_sh()],
-                                      env=trial_environ(self.config, spec, trial_dir, code, indices),
+                                      env=trial_environ(self.config, spec, trial_dir, code, indices,
+                                                        self._threads()),
                                       cwd=str(trial_dir), stdin=subprocess.DEVNULL, stdout=log,
                                       stderr=subprocess.STDOUT, name=spec.trial_id, die_with_parent=False)
             # The keeper holds the lease from now on: it outlives a control plane that crashes.
@@ -412,10 +430,20 @@ class Platform(PlatformBase):
             return PlatformStatus(PREEMPTED, why, found.exit_code)
         return found
 
+    def _pool_capacity(self) -> float:
+        """How many of these trials the pool's declared slots run at once (inf: a pool with no limit, the
+        default one without pools.yml)."""
+        return self._slots.slots / self.config.pool_slots + pools.ROUNDING
+
+    def _threads(self) -> Optional[int]:
+        """trial_threads for the trials this experiment runs at once, as few as its pool allows."""
+        at_once = min(float(self.trials_at_once()), self._pool_capacity() // 1)  # whole trials
+        return trial_threads(len(os.sched_getaffinity(0)), at_once, self.config.slots)
+
     def capacity_note(self, trial_concurrency: int) -> str:
-        """What the pool's declared slots allow of trialConcurrency, when that is fewer (a pool with no limit, the
-        default one without pools.yml, allows all)."""
-        at_once = self._slots.slots / self.config.pool_slots + pools.ROUNDING
+        """What the pool's declared slots allow of trialConcurrency, when that is fewer (a pool with no limit
+        allows all)."""
+        at_once = self._pool_capacity()
         if at_once >= trial_concurrency:
             return ""
         slots = self._slots.slots
