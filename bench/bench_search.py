@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import signal
@@ -234,6 +235,8 @@ def run_ray(method: str, seed: int, budget: int, concurrency: int, data: Path, w
                                     # to reuse a finished trial's actor for (each trial a new worker: measured ~5 s).
                                     search_alg=BasicVariantGenerator(random_state=seed)),
         run_config=tune.RunConfig(storage_path=str(work / f"ray-{method}-{seed}"), stop=Budget(), verbose=0))
+    # The trials still PENDING when the budget stops them have no results: Ray warns of each (200 lines).
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     started = time.time()
     results = tuner.fit()
     reports: Reports = []
