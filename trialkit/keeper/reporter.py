@@ -5,7 +5,10 @@ spool (spool.py) first, then to TensorBoard (when a dir is set) and to the
 manager (shipper.py, when a manager URL is set). Records come from the
 followed files (collector.py), from NNI's stdout lines, and from the keeper
 itself (status changes). The status file in the trial dir is kept as well,
-for people and for the local platform.
+for people and for the local platform. The spool's order: what the followed
+files held before the command started (an earlier keeper's), the run's first
+status, then the run's records, each later status after what the trial wrote
+before it.
 
 A disk that refuses writes (full, read-only) loses nothing already spooled:
 records the followed files hold are read again later, and the keeper's own
