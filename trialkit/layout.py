@@ -51,6 +51,12 @@ def stop_ready(stop_file: Path) -> Path:
     return stop_file.with_name(f".{stop_file.name}.ready")
 
 
+def nni_metrics_path(trial_dir: Path) -> Path:
+    """NNI local mode's metrics file, which the keeper follows beside the channel (the child's NNI_SYS_DIR is the
+    trial dir)."""
+    return Path(trial_dir) / ".nni" / "metrics"
+
+
 def pidfile_path(trial_dir: Path) -> Path:
     return home(trial_dir) / PIDFILE
 

@@ -27,10 +27,6 @@ Sink = Callable[[List[Dict[str, Any]], Dict[str, Any]], None]
 OnBad = Callable[[str, str], None]  # (where, reason)
 
 
-def nni_metrics_path(trial_dir: Path) -> Path:
-    return trial_dir / ".nni" / "metrics"  # the child's NNI_SYS_DIR is the trial dir
-
-
 class FileSource:
     """One followed file: the frames appended since the last read."""
 
@@ -59,8 +55,9 @@ class FileSource:
         self.inode = cursor[0]
         self._seek(cursor[1])
 
-    def read(self) -> Tuple[Optional[List[Tuple[bytes, int]]], bool]:
-        """Frames from at most READ_CHUNK new bytes (None when nothing was new), and whether more may wait."""
+    def read(self, end: Optional[int] = None) -> Tuple[Optional[List[Tuple[bytes, int]]], bool]:
+        """Frames from at most READ_CHUNK new bytes, none past byte `end` when given (None when nothing was new),
+        and whether more may wait."""
         try:
             with open(self.path, "rb") as f:
                 st = os.fstat(f.fileno())
@@ -69,10 +66,11 @@ class FileSource:
                         self._warn(f"{self.path} was replaced or truncated; reading it from the start")
                     self.inode = st.st_ino
                     self._seek(0)
-                if st.st_size == self.read_pos:
+                want = min(READ_CHUNK, (st.st_size if end is None else min(end, st.st_size)) - self.read_pos)
+                if want <= 0:
                     return None, False
                 f.seek(self.read_pos)
-                data = f.read(READ_CHUNK)
+                data = f.read(want)
         except FileNotFoundError:
             return None, False  # not written yet
         except OSError as err:
@@ -82,7 +80,7 @@ class FileSource:
             return None, False
         self._unreadable = False
         self.read_pos += len(data)
-        return self.decoder.feed(data), len(data) == READ_CHUNK
+        return self.decoder.feed(data), len(data) == READ_CHUNK and (end is None or self.read_pos < end)
 
     def finish(self) -> None:
         self.decoder.finish()
@@ -110,8 +108,9 @@ class Collector:
     def cursor(self) -> Dict[str, Any]:
         return {s.name: s.cursor for s in self.sources}
 
-    def collect(self, drain: bool = False) -> None:
-        """Spool what was appended: a chunk per file, then back to the loop unless `drain`.
+    def collect(self, drain: bool = False, ends: Optional[Dict[str, int]] = None) -> None:
+        """Spool what was appended: a chunk per file, then back to the loop unless `drain`; with `ends` (source
+        name -> byte), only what lies before those bytes.
 
         A trial writing faster than we read must not keep the loop from its
         signals and pipes: after one chunk the rest waits for the next turn.
@@ -122,7 +121,7 @@ class Collector:
         for source in self.sources:
             while True:
                 before = source.cursor
-                frames, more = source.read()
+                frames, more = source.read(ends.get(source.name) if ends is not None else None)
                 if frames is None:
                     break
                 recs = [rec for rec in (self._decode(source, payload, end) for payload, end in frames) if rec]

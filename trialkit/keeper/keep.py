@@ -28,11 +28,12 @@ from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCEL
 
 
 def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventLoop,
-         launched: Union[Tuple[Child, int, int], LaunchError], started: float) -> int:
-    """From the command's start (its child and output pipes, or why it could not start) to its
-    recorded end and the delivery of what is pending; returns the keeper's exit code."""
+         launched: Union[Tuple[Child, int, int], LaunchError], started: float, ends: Dict[str, int]) -> int:
+    """From the command's start (its child and output pipes, or why it could not start; `ends`, the followed
+    files' sizes before it) to its recorded end and the delivery of what is pending; returns the keeper's exit
+    code."""
     reporter = Reporter(trial, home)
-    reporter.attach(loop)
+    reporter.attach(loop, ends)
     if isinstance(launched, LaunchError):
         print(f"{PROG}: {launched}", file=sys.stderr, flush=True)
         # A store that failed the restore is not the trial's fault: it waits, PREEMPTED, for the store's repair.

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from trialkit import layout, records
-from trialkit.keeper.collector import FileSource, nni_metrics_path
+from trialkit.keeper.collector import FileSource
 from trialkit.keeper.spool import Spool, read_unacknowledged
 from trialkit.keeper.status import StatusFile
 
@@ -60,7 +60,7 @@ def _unread(trial_dir: Path, cursor: Dict[str, Any], run: Optional[int]) -> List
     sources = [
         FileSource("channel", layout.home(trial_dir) / layout.CHANNEL, records.SeqDecoder, cursor.get("channel"),
                    ignore, ignore),
-        FileSource("nni", nni_metrics_path(trial_dir), records.NniFrameDecoder, cursor.get("nni"), ignore, ignore),
+        FileSource("nni", layout.nni_metrics_path(trial_dir), records.NniFrameDecoder, cursor.get("nni"), ignore, ignore),
     ]
     for source in sources:
         while True:

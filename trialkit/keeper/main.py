@@ -25,7 +25,7 @@ from pathlib import Path
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
-    from typing import Any, List, NoReturn, Optional, Sequence, Tuple
+    from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from trialkit import env, layout, records
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
@@ -251,6 +251,18 @@ def start_command(command: Sequence[str], trial: env.TrialEnv) -> Tuple[Child, i
     return child, out_r, err_r
 
 
+def followed_sizes(trial: env.TrialEnv) -> Dict[str, int]:
+    """The sizes of the files the keeper follows (by its sources' names), taken before the command starts: what
+    they hold then is an earlier keeper's, and is spooled before this run's first status (Reporter.attach)."""
+    sizes = {}
+    for name, path in (("channel", trial.channel), ("nni", layout.nni_metrics_path(trial.trial_dir))):
+        try:
+            sizes[name] = os.stat(path).st_size
+        except OSError:  # not written yet
+            sizes[name] = 0
+    return sizes
+
+
 def restore_checkpoint(trial: env.TrialEnv) -> None:
     """With an object store of checkpoints, fetch the trial's latest before it starts (a new node or pod has
     none; a pod its operator made again keeps its restart count, so every start asks): in a process of its
@@ -295,6 +307,7 @@ def run(argv: Sequence[str]) -> int:
     loop = EventLoop(opts.forward)
     loop.install_signal_handlers()
     started = time.time()
+    ends = followed_sizes(trial)
     try:
         restore_checkpoint(trial)
         launched: Any = start_command(command_argv(opts, trial), trial)
@@ -306,7 +319,7 @@ def run(argv: Sequence[str]) -> int:
     # trial writes meanwhile waits in its pipes and files.
     from trialkit.keeper.keep import keep
 
-    code = keep(opts, trial, home, loop, launched, started)
+    code = keep(opts, trial, home, loop, launched, started, ends)
     remove_pidfile(pidfile)
     return code
 

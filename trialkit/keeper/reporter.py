@@ -5,7 +5,10 @@ spool (spool.py) first, then to TensorBoard (when a dir is set) and to the
 manager (shipper.py, when a manager URL is set). Records come from the
 followed files (collector.py), from NNI's stdout lines, and from the keeper
 itself (status changes). The status file in the trial dir is kept as well,
-for people and for the local platform.
+for people and for the local platform. The spool's order: what the followed
+files held before the command started (an earlier keeper's), the run's first
+status, then the run's records, each later status after what the trial wrote
+before it.
 
 A disk that refuses writes (full, read-only) loses nothing already spooled:
 records the followed files hold are read again later, and the keeper's own
@@ -28,7 +31,7 @@ from trialkit import layout, records
 from trialkit.channel import LOST
 from trialkit.env import (TRAINER_SERVER_CA_CERT, TRAINER_SERVER_TOKEN, TRAINER_SERVER_URL, TrialEnv,
                           is_reporting_replica, replica_rank)
-from trialkit.keeper.collector import Collector, FileSource, nni_metrics_path
+from trialkit.keeper.collector import Collector, FileSource
 from trialkit.keeper.spool import Reserve, Spool
 from trialkit.keeper.status import StatusFile, say, warn
 from trialkit.keeper.tensorboard import Scalars
@@ -54,10 +57,12 @@ class Reporter:
         self.log_streams: List[Any] = []  # keeper.logship.LogStream, when there is a manager
         self.scalars = Scalars(trial.tensorboard_dir, warn) if trial.tensorboard_dir else None
         self.trainer_status = None  # a TrainerStatus where Kubeflow Trainer gives its progress endpoint
+        self.start_said = False  # whether the run's first status (RUNNING, or why it did not start) was said
 
-    def attach(self, loop: EventLoop) -> None:
-        """As the trial starts: the followed files, the shipper."""
-        nni_metrics = nni_metrics_path(self.trial.trial_dir)
+    def attach(self, loop: EventLoop, ends: Dict[str, int]) -> None:
+        """As the trial starts: the followed files, the shipper. `ends`: the followed files' sizes (by source
+        name) before the command started; what lies before them an earlier keeper on this dir left unspooled."""
+        nni_metrics = layout.nni_metrics_path(self.trial.trial_dir)
         for path in (self.trial.channel, nni_metrics):
             path.parent.mkdir(parents=True, exist_ok=True)  # watched before the trial creates the files
         self.reserve = Reserve(self.home / layout.RESERVE)
@@ -67,7 +72,9 @@ class Reporter:
             FileSource("nni", nni_metrics, records.NniFrameDecoder, cursor.get("nni"), self._bad, warn),
         ]
         self.collector = Collector(loop, sources, self._ingest, self._bad, warn, self.trial.restart_count)
-        self.collector.collect(drain=True)  # what a previous keeper on this dir had not spooled
+        # What an earlier keeper left goes first, numbered as keeper/leftover.py numbers it for the control plane;
+        # what this run wrote already goes after its first status (see status).
+        self.collector.collect(drain=True, ends=ends)
         # The reporting replica ships everything; another pod of the trial ships to its rank's route,
         # where the manager keeps its output (trialkit/manager/replica_logs.py).
         route = "records" if is_reporting_replica() else None
@@ -80,6 +87,7 @@ class Reporter:
 
             self.shipper = Shipper(self.spool, self.trial.manager_url, self.trial.trial_id, self.trial.token,
                                    log=say, route=route).start()
+        # Made after the earlier keeper's records are spooled, before this run's: it counts this run's results.
         if os.environ.get(TRAINER_SERVER_URL) and route == "records":  # one keeper a TrainJob speaks for it
             from trialkit.keeper.trainer_status import TrainerStatus
 
@@ -90,9 +98,14 @@ class Reporter:
         if status in FINAL_STATUSES and self.lost:
             fields["lost"] = self.lost
         self.status_file.update(status, **fields)
-        if self.collector:
+        first, self.start_said = not self.start_said, True
+        if self.collector and not first:
             self.collector.collect(drain=True)  # metrics reported before the change come before it
         self._ingest_one(records.status_record(status, fields, self.trial.trial_id, self.trial.restart_count))
+        if self.collector and first:
+            # What the trial wrote between its start and attach comes after the status that says it started
+            # (RUNNING), and its writes before the files were watched raised no event: read now.
+            self.collector.collect(drain=True)
         if status not in FINAL_STATUSES:
             self.status_file.ready_next()  # for the final one, written on the keeper's way out
 
