@@ -467,6 +467,21 @@ def test_user_template_keeps_what_trialkit_does_not_set(tmp_path):
     assert job_of(k8s.render_trial(parse(section), spec_for())) == job
 
 
+def test_a_finished_jobs_running_pods_are_cleaned_unless_the_template_says_otherwise(tmp_path):
+    section = {"platform": "kubeflow", "managerAddress": "10.0.0.2", "dockerImage": "img:1",
+               "master": {"replicas": 1}, "worker": {"replicas": 2}}
+    job = job_of(k8s.render_trial(parse(section), spec_for()))
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"  # the operator's default is None
+    path = tmp_path / "template.yaml"
+    for policy, expected in ((None, "Running"), ({"cleanPodPolicy": "All"}, "All")):  # an NNI user's template
+        template = {**job, "spec": {key: value for key, value in job["spec"].items() if key != "runPolicy"}}
+        if policy is not None:
+            template["spec"]["runPolicy"] = policy
+        path.write_text(yaml.safe_dump(template))
+        rendered = job_of(k8s.render_trial(parse(dict(section, trialTemplate=str(path))), spec_for()))
+        assert rendered["spec"]["runPolicy"]["cleanPodPolicy"] == expected
+
+
 def test_the_trial_pods_account_is_the_configs_else_the_templates_else_one_with_no_rights(tmp_path):
     template = yaml.safe_load((EXAMPLES / "pytorchjob-gpu-nodes.yaml").read_text())
     template["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["serviceAccountName"] = "team-reader"

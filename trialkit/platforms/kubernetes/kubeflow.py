@@ -183,6 +183,10 @@ def render(config: Any, spec: TrialSpec) -> List[dict]:
         replica_specs[replica_type] = replica
         offset += role.count
     job_spec[operator.replicas_field] = replica_specs
+    # The operator's default (None) leaves a failed job's still-running pods, and the GPUs they hold, until the
+    # job is deleted (keepFinishedJobs: a day after a failure); "Running" ends them with the job and keeps the
+    # ended pods' logs. A template's own policy stands.
+    job_spec.setdefault("runPolicy", {}).setdefault("cleanPodPolicy", "Running")
     return k8s.trial_objects(config.common, spec, names, job, claims)
 
 
