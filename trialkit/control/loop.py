@@ -333,8 +333,9 @@ class Loop:
                     trial.latest = number
                     self.tuner.tell_intermediate(trial.parameter_id, number)
                 self._assess(trial, final_here)
-            elif rec["type"] == records.STATUS and trial.id not in self.active:
-                # A keeper's late word (delivered after its exit was seen) must not undo ours.
+            elif rec["type"] == records.STATUS and trial.id not in self.active and trial.status != statuses.RUNNING:
+                # A keeper's late word (delivered after its exit was seen) must not undo ours. One restored
+                # RUNNING (a resume collecting what it left) has no word of ours yet: its keeper's stands.
                 self.store.set_status(trial.id, trial.status, exit_code=trial.exit_code, reason=trial.reason)
             elif rec["type"] == records.STATUS and rec["value"].get("status") == statuses.RUNNING:
                 trial.held = ""  # it got its place: the platform called on_waiting before it started it
