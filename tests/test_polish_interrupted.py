@@ -34,9 +34,11 @@ def stored_state(home: Path, exp: str) -> tuple:
 
 
 def status_cell(listed: str, trial: str) -> str:
+    """The trial's status cell, and its why cell in parentheses when the table has one."""
     header, *lines = listed.splitlines()
     line = next(line for line in lines if line.startswith(trial))
-    return line[header.index("status"):header.index("final")].strip()
+    status = line[header.index("status"):header.index("final")].strip()
+    return f"{status} ({line[header.index('why'):].strip()})" if " why" in header else status
 
 
 def test_trials_of_a_killed_run_are_said_interrupted_without_writing_the_store(tmp_path, home, no_process_left):
