@@ -4,13 +4,12 @@ keeper said it ended (not when the resume read it), one WAITING, one RUNNING, on
 """
 from __future__ import annotations
 
-import signal
 import time
 
 import pytest
 
 from conftest import tagged_processes
-from experiment_util import cli, experiment, experiment_id, reported, start_cli
+from experiment_util import cli, experiment, sigkilled_while_running
 from harness import wait_until
 
 pytestmark = pytest.mark.usefixtures("home")
@@ -34,17 +33,7 @@ def shown(trial: str) -> dict:
 def test_a_trial_that_ended_while_its_run_was_killed_keeps_its_end_time_and_one_of_each_status(tmp_path,
                                                                                                no_process_left):
     config = experiment(tmp_path, X, STEADY, maxTrialNumber=1, trialConcurrency=1)
-    run = start_cli("run", config)
-    try:
-        exp = experiment_id(run.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(tmp_path / "home", trial) >= 3, 120, "the trial's first results")
-        run.send_signal(signal.SIGKILL)
-        run.wait(60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+    exp, trial = sigkilled_while_running(config, tmp_path / "home", reports=3)
     wait_until(lambda: not tagged_processes(no_process_left), 120, "the keeper to see its trial end")
     gone = time.time()
     time.sleep(3)  # the resume comes well after the end: an end time taken from it shows
