@@ -112,3 +112,12 @@ def t1_manager(tmp_path):
     yield manager
     manager.stop()
     store.close()
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    """TRIALKIT_HOME (experiments, pools, the page's token) in the test's own tmp_path; its path. A module that
+    wants it for every test says `pytestmark = pytest.mark.usefixtures("home")`."""
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+

@@ -123,6 +123,25 @@ def interrupted_after(config: Path, ended: int, status: str = "SUCCEEDED", env: 
     return exp
 
 
+def sigkilled_while_running(config: Path, home: Path, reports: int = 1,
+                            before_kill: Callable[[str, str], Any] = lambda exp, trial: None) -> Tuple[str, str]:
+    """`trialkit run CONFIG`, SIGKILLed once its first trial delivered `reports` intermediate results (and
+    `before_kill(experiment, trial)` returned): its keeper outlives it. The experiment's and the trial's ids."""
+    run = start_cli("run", config)
+    try:
+        exp = experiment_id(run.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= reports, 120, "the trial's first results")
+        before_kill(exp, trial)
+        run.send_signal(signal.SIGKILL)
+        run.wait(60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    return exp, trial
+
+
 def runs_as_stored(home: Path, trial_id: str) -> Tuple[List[Tuple[int, str]], List[Tuple[Any, ...]]]:
     """A trial's (run, status) of each STATUS record in the store's order, and `experiment export --all-runs`'s
     (run, status, intermediate results, final result) of each run: every run's records, as the store kept them."""

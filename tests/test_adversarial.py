@@ -567,7 +567,7 @@ def test_two_experiments_on_one_slot_outlive_a_pools_yml_broken_under_them(tmp_p
         wait_until(lambda: f"{ids[-1]}-00000" in run_cli(home, "trial", "list", ids[-1]).stdout, 60,
                    f"experiment {name}'s trial")
     a, b = ids
-    wait_until(lambda: "WAITING: waiting for 1 slot" in run_cli(home, "trial", "list", b).stdout, 60, "B to wait")
+    wait_until(lambda: "waiting for 1 slot" in run_cli(home, "trial", "list", b).stdout, 60, "B to wait")
     (home / "pools.yml").write_text("pools:\n  default: {slots: 1}\n  default: {slots: 2}\n")
     assert_one_line(run_cli(home, "job", "list", "--pool"), "the key 'default' is given twice")
     (tmp_path / "gate-a").touch()

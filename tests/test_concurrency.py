@@ -57,7 +57,7 @@ def test_a_declared_pool_that_holds_trials_back_says_so_and_they_count_as_waitin
         exp = experiment_id(head[0])
         wait_until(lambda: started(tmp_path) == 2, TIMEOUT, "2 trials to run")
         held = f"{exp}-00002"
-        wait_until(lambda: "WAITING: waiting for 1 slot of pool default" in cli("trial", "list", exp).stdout,
+        wait_until(lambda: "waiting for 1 slot of pool default" in cli("trial", "list", exp).stdout,
                    TIMEOUT, f"{held} to wait for its slot")
         (tmp_path / "gate").touch()
         out, err = proc.communicate(timeout=TIMEOUT)

@@ -23,17 +23,13 @@ from harness import wait_until
 from trialkit.control.progress import Progress, Snapshot, duration
 from trialkit.web import queries
 
+pytestmark = pytest.mark.usefixtures("home")  # conftest's: TRIALKIT_HOME in the test's tmp_path
+
 X = {"x": {"_type": "choice", "_value": [1, 2]}}
 FINAL_ONLY = "import trialkit\ntrialkit.report_final_result(trialkit.get_next_parameter()['x'])\n"
 # Prints, reports at every step and runs until stopped (a SIGTERM ends it: no checkpoint).
 SLOW = "import time, trialkit\np = trialkit.get_next_parameter()\nfor i in range(100000):\n" \
        "    trialkit.report_intermediate_result(i)\n    time.sleep(0.2)\n"
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ on, as NNI does). Real `trialkit run`, real keepers, the store on disk.
 """
 from __future__ import annotations
 
+import re
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -11,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from experiment_util import cli, experiment, experiment_id, export
-from trialkit.control.progress import STATUS_WIDTH
 from trialkit.web import queries
 
 MISSING = "ModuleNotFoundError: No module named 'no_such_module_here'"
@@ -37,10 +37,10 @@ def test_the_first_trials_failing_alike_stop_the_experiment_and_every_face_says_
     rows = export(exp)
     assert [row["status"] for row in rows] == ["FAILED"] * 3  # 3 of 20 ran
     listed = cli("trial", "list", exp).stdout
-    # The table's status column is cut (STATUS_WIDTH characters, "…" the last); `trial show` has it whole.
-    cut = f"FAILED: {MISSING}"[:STATUS_WIDTH - 1] + "…"
-    assert listed.count(cut) == 3, listed
-    assert max(len(line) for line in listed.splitlines()) < 14 + 2 + STATUS_WIDTH + 40, listed
+    # The status column holds the word; why, a last column (whole when piped, as here; cut to a terminal's width).
+    header, _, *lines = listed.splitlines()
+    assert all(line[header.index("status"):header.index("final")].strip() == "FAILED" for line in lines), listed
+    assert all(line[header.index("why"):].startswith(MISSING) for line in lines), listed
     trial = rows[0]["trial_id"]
     shown = cli("trial", "show", trial).stdout.splitlines()
     assert f"status         FAILED: {MISSING}" in "\n".join(shown)
@@ -99,5 +99,5 @@ def test_a_trial_that_the_experiments_error_canceled_says_why_in_the_trial_table
     canceled = [row for row in export(exp) if row["status"] == "SYS_CANCELED"]
     assert [row["reason"] for row in canceled] == ["experiment stopped: its first 3 trials all failed"], canceled
     listed = cli("trial", "list", exp).stdout
-    assert f"{canceled[0]['trial_id']}  SYS_CANCELED: experiment stopped: its first 3 trials all failed  " in listed, \
-        listed
+    line = next(line for line in listed.splitlines() if line.startswith(canceled[0]["trial_id"]))
+    assert re.match(r"\S+  SYS_CANCELED  .*  experiment stopped: its first 3 trials all failed$", line), listed

@@ -279,7 +279,7 @@ def test_a_waiting_trial_shows_why_and_kill_9_of_a_keeper_frees_its_gpu(tmp_path
         wait_until(lambda: table(cli("trial", "list", exp).stdout)[first]["status"] == "RUNNING", 60, "RUNNING")
         listed = table(cli("trial", "list", exp).stdout)
         assert (listed[first]["gpus"], listed[second]["gpus"]) == ("0", "-")
-        assert listed[second]["status"] == "WAITING: waiting for 1 GPU: 0 of 1 free"
+        assert (listed[second]["status"], listed[second]["why"]) == ("WAITING", "waiting for 1 GPU: 0 of 1 free")
         shown = cli("trial", "show", first).stdout
         assert "gpus           0\n" in shown
         assert "gpu use        0: 87% busy, 900 of 16384 MiB at " in shown  # as the trial found it

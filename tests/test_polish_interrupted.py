@@ -5,7 +5,6 @@ INTERRUPTED (`experiment list`'s word for it) and how to go on, and none of them
 """
 from __future__ import annotations
 
-import signal
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -14,7 +13,7 @@ import psutil
 import pytest
 
 from conftest import tagged_processes
-from experiment_util import cli, experiment, experiment_id, reported, start_cli, stored
+from experiment_util import cli, experiment, sigkilled_while_running, stored
 from harness import wait_until
 from test_faces import SLOW
 from trialkit.web import queries
@@ -34,25 +33,18 @@ def stored_state(home: Path, exp: str) -> tuple:
 
 
 def status_cell(listed: str, trial: str) -> str:
+    """The trial's status cell, and its why cell in parentheses when the table has one."""
     header, *lines = listed.splitlines()
     line = next(line for line in lines if line.startswith(trial))
-    return line[header.index("status"):header.index("final")].strip()
+    status = line[header.index("status"):header.index("final")].strip()
+    return f"{status} ({line[header.index('why'):].strip()})" if " why" in header else status
 
 
 def test_trials_of_a_killed_run_are_said_interrupted_without_writing_the_store(tmp_path, home, no_process_left):
     config = experiment(tmp_path, X, SLOW, maxTrialNumber=1, trialConcurrency=1)
-    run = start_cli("run", config)
-    try:
-        exp = experiment_id(run.stdout.readline())
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 1, 120, "the trial's first result")
+    def still_running(exp: str, trial: str) -> None:
         assert status_cell(cli("trial", "list", exp).stdout, trial) == "RUNNING"  # its manager runs: so it is
-        run.send_signal(signal.SIGKILL)
-        run.wait(60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+    exp, trial = sigkilled_while_running(config, home, before_kill=still_running)
     try:
         views_of_a_killed_run(home, exp, trial)
     finally:  # its keeper outlives it (a resume takes its trial up): end it as a resume's stop would

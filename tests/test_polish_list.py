@@ -12,16 +12,12 @@ import pytest
 from experiment_util import cli, experiment, experiment_id
 from trialkit.web import queries
 
+pytestmark = pytest.mark.usefixtures("home")  # conftest's: TRIALKIT_HOME in the test's tmp_path
+
 GRID = {"x": {"_type": "choice", "_value": [0, 1, 2]}}
 # x == 0 fails (exit 1); the others report x.
 SOME_FAIL = "import sys, trialkit\nx = trialkit.get_next_parameter()['x']\nif x == 0:\n    sys.exit(1)\n" \
             "trialkit.report_final_result(x)\n"
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
 
 
 def test_the_list_says_how_many_trials_were_made_and_how_many_succeeded_as_the_page_counts(tmp_path, home):

@@ -178,7 +178,7 @@ def test_a_trial_held_back_by_a_job_ahead_says_which_job_it_waits_behind(tmp_pat
         second = start_cli("run", timed(tmp_path, "c", log, hold=0.0, trials=1, trialConcurrency=1, priority=1,
                                         trainingService={"platform": "local", "slotsPerTrial": 2}))
         c = experiment_id(second.stdout.readline())
-        wait_until(lambda: "WAITING: waiting for 2 slots" in cli("trial", "list", c).stdout, TIMEOUT, "c to wait")
+        wait_until(lambda: "waiting for 2 slots" in cli("trial", "list", c).stdout, TIMEOUT, "c to wait")
         first = start_cli("run", timed(tmp_path, "a", log, hold=0.0, trials=1, trialConcurrency=1))
         a = experiment_id(first.stdout.readline())
         behind = f"waiting behind experiment {c}, priority 1, in pool default: 1 of 2 slots free"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
@@ -581,13 +582,23 @@ def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
 
 
 def _in_v1(err: UserError, v1: Mapping[str, Any]) -> UserError:
-    """The error naming the key the v1 config wrote, its v2 name added."""
+    """The error naming the key the v1 config wrote, in its place and in its words, its v2 name added."""
     where = _v1_where(err.where, v1)
-    fix = err.fix if where == err.where else "; ".join(filter(None, [err.fix, f"{err.where} in a v2 config"]))
-    return UserError(err.what, where, fix)
+    what, fix = _v1_words(err.what), _v1_words(err.fix)
+    if where != err.where:
+        fix = "; ".join(filter(None, [fix, f"{err.where} in a v2 config"]))
+    return UserError(what, where, fix)
 
 
 _V2_TO_V1 = {v2: v1 for v1, v2 in V1_RENAMES.items()}
+# The v2 names a v1 config spells otherwise, as words of an error's text ("add trialCommand: ...").
+_V2_WORDS = re.compile(r"\b(" + "|".join(sorted((v2 for v2, v1 in _V2_TO_V1.items() if v1 != v2), key=len,
+                                                   reverse=True)) + r")\b")
+
+
+def _v1_words(text: Optional[str]) -> Optional[str]:
+    """An error's text (None: none) with each v2 key it names spelled as a v1 config writes it."""
+    return text and _V2_WORDS.sub(lambda match: _V2_TO_V1[match.group(1)], text)
 
 
 def _v1_where(where: Optional[str], v1: Mapping[str, Any]) -> Optional[str]:
@@ -615,6 +626,8 @@ def convert_v1(v1: Mapping[str, Any]) -> Dict[str, Any]:
     _only_false(v1, "multiThread", "multiThread", "the tuner answers one request at a time")
     if v1.get("trainingServicePlatform") is None:
         raise UserError("trainingServicePlatform is missing", "trainingServicePlatform", "add trainingServicePlatform: local")
+    if v1.get("searchSpacePath") is None:  # a v1 config has no inline search space (v2's searchSpace)
+        raise UserError("searchSpacePath is missing", "searchSpacePath", "add searchSpacePath: search_space.json")
     platform = platforms.canonical_name(v1["trainingServicePlatform"], "trainingServicePlatform")
     for key, owner in V1_PLATFORM_SECTIONS.items():
         if key in v1 and owner != platform:

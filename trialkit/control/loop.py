@@ -44,7 +44,7 @@ from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE, JobQueue, goes_before, label
-from trialkit.control.results import metric_value
+from trialkit.control.results import metric_value, rank
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
 from trialkit.errors import UserError
@@ -72,6 +72,8 @@ BACKSTOP_SECONDS = 5.0
 KEEPER_SILENCE_SECONDS = 30
 CALL_TIMEOUT = 10.0  # an action waits this long for the loop
 MAX_SUBMIT_FAILURES = 3  # in a row: the platform cannot start trials at all
+# The ends the live line counts (done, failed, early-stopped, canceled); a paused trial is none of them.
+COUNTED_ENDS = (SUCCEEDED, FAILED, EARLY_STOPPED, USER_CANCELED, SYS_CANCELED)
 
 # Experiment statuses.
 RUNNING = "RUNNING"
@@ -172,7 +174,6 @@ class Loop:
         self.error: Optional[str] = None  # why the experiment could not go on
         self.elapsed_before = elapsed
         self.started = time.monotonic()
-        self.best: Optional[Trial] = None
         self.unseeded_said = False  # the note that this platform cannot copy checkpoints was given
         self.checkpoint_store: Any = None  # the object store of checkpoints, opened for a first copy (_seed_in_store)
         # Which checkpoints stay (checkpointStorage's retention), applied as each trial run ends.
@@ -325,7 +326,6 @@ class Loop:
                 value = metric_value(rec["value"])
                 if value is not None:
                     self.tuner.tell(trial.parameter_id, value)
-                    self.note_best(trial, value)
             elif rec["type"] == records.PERIODICAL:
                 trial.intermediate.append(self.step_value(rec["value"]))
                 number = metric_value(rec["value"])
@@ -333,8 +333,9 @@ class Loop:
                     trial.latest = number
                     self.tuner.tell_intermediate(trial.parameter_id, number)
                 self._assess(trial, final_here)
-            elif rec["type"] == records.STATUS and trial.id not in self.active:
-                # A keeper's late word (delivered after its exit was seen) must not undo ours.
+            elif rec["type"] == records.STATUS and trial.id not in self.active and trial.status != statuses.RUNNING:
+                # A keeper's late word (delivered after its exit was seen) must not undo ours. One restored
+                # RUNNING (a resume collecting what it left) has no word of ours yet: its keeper's stands.
                 self.store.set_status(trial.id, trial.status, exit_code=trial.exit_code, reason=trial.reason)
             elif rec["type"] == records.STATUS and rec["value"].get("status") == statuses.RUNNING:
                 trial.held = ""  # it got its place: the platform called on_waiting before it started it
@@ -396,11 +397,6 @@ class Loop:
         steps = trial.steps
         if steps and self.assessor.should_stop(trial.id, steps) and not (final_here or trial.has_final):
             self.stop_trial(trial, ASSESSOR_STOP)
-
-    def note_best(self, trial: Trial, value: float) -> None:
-        best = None if self.best is None else metric_value(self.best.final)
-        if best is None or self.tuner.better(value, best):
-            self.best = trial
 
     def _check_ended(self, trial: Trial) -> None:
         try:
@@ -751,10 +747,15 @@ class Loop:
 
     # -- output --------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
+        """The live line's figures, all from the trials as they are now: the best is of the trials the counts
+        say ended (a trial that reported its final result and still runs is not yet one), by rank's rule."""
         counts: Dict[str, int] = {}
         for trial in self.trials.values():
             counts[trial.status] = counts.get(trial.status, 0) + 1
-        best = self.best
+        mode = self.config.optimize_mode
+        best = min((t for t in self.trials.values() if t.status in COUNTED_ENDS),
+                   key=lambda t: rank(metric_value(t.final), t.sequence, mode), default=None)
+        best = best if best is not None and metric_value(best.final) is not None else None
         held = sorted((t for t in self.active.values() if t.held), key=lambda t: t.sequence)
         return Snapshot(
             done=counts.get(SUCCEEDED, 0),

@@ -182,22 +182,34 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def trials_table(rows: List[Dict[str, Any]], interrupted: bool = False) -> str:
-    """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`); a gpus
-    column when GPUs were scheduled (the ones each trial's latest start was given). `interrupted`: the
-    experiment's manager is gone (status_text)."""
+    """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`): the status
+    word in its column, why (trial_why) in a last one, cut to the terminal's width on a TTY (piped output keeps
+    it whole); a gpus column when GPUs were scheduled (the ones each trial's latest start was given).
+    `interrupted`: the experiment's manager is gone (trial_why)."""
     with_gpus = any(row.get("gpus") is not None for row in rows)
-    return table(
-        ("trial", "status") + (("gpus",) if with_gpus else ()) + ("final", "steps", "duration", "parameters"),
-        [(row["trial_id"], status_text(row, interrupted=interrupted))
-         + ((gpu_list(row.get("gpus")),) if with_gpus else ())
-         + (number(metric_value(row["final"])), row["steps"], duration(row["duration"]),
-            parameters_text(row["parameters"])) for row in rows],
-    )
+    whys = [trial_why(row, interrupted) for row in rows]
+    headers = (("trial", "status") + (("gpus",) if with_gpus else ()) + ("final", "steps", "duration", "parameters")
+               + (("why",) if any(whys) else ()))
+    cells = [[row["trial_id"], label(row["status"])] + ([gpu_list(row.get("gpus"))] if with_gpus else [])
+             + [number(metric_value(row["final"])), row["steps"], duration(row["duration"]),
+                parameters_text(row["parameters"])] for row in rows]
+    if any(whys):
+        room = _room_left(headers, cells, shutil.get_terminal_size().columns if sys.stdout.isatty() else 0)
+        for row, why in zip(cells, whys):
+            row.append(why if room is None or len(why) <= room else why[:room - 1] + "…")
+    return table(headers, cells)
 
 
-# The widest a trial table's status cell gets: a long reason would widen the column for every row (and push the
-# parameters off the terminal); the table shows its start, `trialkit trial show` the whole of it.
-STATUS_WIDTH = 64  # room for the part that says why: `FAILED: trialkit.launch.torch_distributed: rank 1 …`
+# The least a cut `why` keeps, however wide the columns before it: its start says what kind of reason it is.
+WHY_MIN_WIDTH = 24
+
+
+def _room_left(headers: Sequence[str], cells: List[List[Any]], columns: int) -> Optional[int]:
+    """How wide the last column may be for each line to fit `columns` (0: no width known, no cut: None)."""
+    if not columns:
+        return None
+    before = sum(max(len(str(cell)) for cell in column) + 2 for column in zip(headers, *cells))
+    return max(WHY_MIN_WIDTH, columns - before)
 
 
 # Beside a trial the store says runs or waits when its experiment's manager is gone (SIGKILLed, its machine
@@ -205,17 +217,17 @@ STATUS_WIDTH = 64  # room for the part that says why: `FAILED: trialkit.launch.t
 INTERRUPTED_NOTE = "experiment INTERRUPTED"
 
 
-def status_text(row: Dict[str, Any], limit: int = STATUS_WIDTH, interrupted: bool = False) -> str:
-    """A trial's status as tables show it; a waiting trial says what it waits for, a failed one why (a reason
-    that only repeats the status, a paused trial's "paused", is left out), cut to `limit` characters.
-    `interrupted`: its experiment's manager is gone, so an unfinished trial is stopped or unknown."""
+def trial_why(row: Dict[str, Any], interrupted: bool = False) -> str:
+    """Why a trial is as it is, as tables show it beside its status: what a waiting trial waits for, why a
+    failed one failed (a reason that only repeats the status, a paused trial's "paused", is left out); ""
+    when nothing needs saying. `interrupted`: its experiment's manager is gone, so an unfinished trial is
+    stopped or unknown."""
     if interrupted and row["status"] not in FINAL_STATUSES:
-        return f"{label(row['status'])} ({INTERRUPTED_NOTE})"
+        return INTERRUPTED_NOTE
     reason = (row.get("reason") or "").strip()
     if row["status"] not in EXPLAINED or reason.lower() in ("", label(row["status"]).lower()):
-        return label(row["status"])
-    text = f"{label(row['status'])}: {reason}"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+        return ""
+    return reason
 
 
 def gpu_use(sample: Dict[str, Any]) -> str:

@@ -43,8 +43,6 @@ def restore(loop: Loop) -> List[Trial]:
         trial.final, trial.has_final = (finals[0], True) if finals else (None, False)
         loop.trials[trial.id] = trial
         loop.next_sequence = max(loop.next_sequence, trial.sequence + 1)
-        if trial.has_final and metric_value(trial.final) is not None:
-            loop.note_best(trial, metric_value(trial.final))
         if not trial.ended and not queued:
             running.append(trial)
         elif trial.paused and (row["reason"] or "").endswith((RESUMABLE, RERUN)):

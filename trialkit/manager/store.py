@@ -551,7 +551,9 @@ def _set_status(db: sqlite3.Connection, trial_id: str, status: str, exit_code: O
         sets.append("started=COALESCE(started, ?)")
         args.append(when)
     if status in FINAL_STATUSES:
-        sets.append("ended=?")
+        # One end, one time (as _history keeps one row): a verdict on an end already reported (the keeper's,
+        # collected at a resume long after) keeps when it ended. Only a final status leaves `ended` set.
+        sets.append("ended=COALESCE(ended, ?)")
         args.append(when)
         if source == "control":
             # The control plane saw the trial end: its token is revoked, so no keeper (or anyone holding

@@ -325,7 +325,9 @@
 
   // The trials table (server-side sort, filters, pages) and the curves of the selected trials.
   class TrialsView {
-    constructor(exp) { this.exp = exp; this.key = 'trials:' + exp; this.tableKey = null; this.curveKey = null; }
+    constructor(exp) {
+      this.exp = exp; this.key = 'trials:' + exp; this.tableKey = null; this.curveKey = null; this.ended = new Set();
+    }
 
     mount(main) {
       this.head = el('thead');
@@ -393,6 +395,7 @@
       this.status.value = q.get('status') || '';
       this.size.value = q.get('limit');
       this.params = page.parameters;
+      this.ended = new Set(page.rows.filter((t) => FINAL.includes(t.status)).map((t) => t.id));  // chart's words
       if (this.head.dataset.params !== JSON.stringify(page.parameters)) this.buildHead(page.parameters);
       this.syncHead(q);
       const picked = new Set(this.selected());
@@ -479,7 +482,9 @@
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
         : `Curves: the ${data.series.length} best`;
       this.metricPick.show(data, (name) => this.set({curve: name}));
-      await drawCurves(this.chart, data);
+      // "yet" only while one of them may still report: an ended trial reports no more.
+      const ended = data.series.length > 0 && data.series.every((s) => this.ended.has(s.id));
+      await drawCurves(this.chart, data, ended);
     }
   }
 
