@@ -1227,7 +1227,9 @@ def build_parser() -> ArgumentParser:
     _experiment_id(_command(sub, "list", cmd_trial_list, "list an experiment's trials",
                             "One line per trial: status, final metric, steps (the last step reported, where the "
                             "trial reports steps, as Determined's steps_completed; else how many results it "
-                            "reported), duration, parameters, and why where a trial says (what it waits for, why it "
+                            "reported), duration (the time its runs ran, summed, a run still going counted to now: the "
+                            "time it stood paused or its experiment stopped counts not, as in the export and on the "
+                            "page), parameters, and why where a trial says (what it waits for, why it "
                             "failed; cut to the terminal's width, whole in `trial show`). A restarted trial's runs "
                             "count as one.",
                             aliases=["ls"]))

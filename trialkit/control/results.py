@@ -6,7 +6,8 @@
     to_json(rows) / to_csv(rows)
 
 A row holds the trial's id, sequence, parameter id, parameters, status, exit
-code, reason, restart count, start and end times, and its metrics: `run` (the
+code, reason, restart count, start and end times, duration (the time its runs
+ran, summed: store.RAN), and its metrics: `run` (the
 latest run that reported anything), `intermediate` (every PERIODICAL value, in
 order), `steps` (the last step reported where the reports name steps, as
 Determined's `steps_completed`; else how many there are) and `final` (the
@@ -57,6 +58,7 @@ def metric_cell(value: Any) -> Any:
 
 def trial_rows(store: Store, experiment_id: str, all_runs: bool = False) -> List[Dict[str, Any]]:
     rows = []
+    durations = store.durations(experiment_id)
     for trial in store.trials(experiment_id):
         reported = store.records_for(trial["id"])  # every type but LOG, in seq order
         started, ended = trial["started"], trial["ended"]
@@ -71,7 +73,7 @@ def trial_rows(store: Store, experiment_id: str, all_runs: bool = False) -> List
             "restart_count": trial["restart_count"],
             "started": started,
             "ended": ended,
-            "duration": _duration(started, ended),
+            "duration": durations.get(trial["id"]),  # its runs' time, summed (store.RAN)
             "rejected": [{"seq": rec["seq"], "reason": rec["reason"], "record": rec["value"]}
                          for rec in reported if rec["type"] == records.REJECTED],
             "trial_dir": trial["trial_dir"],

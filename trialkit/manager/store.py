@@ -141,6 +141,19 @@ _ADDED_COLUMNS = (("trials", "position", "INTEGER"), ("records", "reason", "TEXT
 
 _TRIAL_JSON = ("parameters",)
 
+_ENDS = "(" + ", ".join(f"'{status}'" for status in sorted(FINAL_STATUSES)) + ")"
+# A trial's duration, as every face shows it (`trial list/show`, the export, the page): the time its runs ran,
+# summed, a run still going counted to the bound now (`?`), so the time its experiment stood stopped between
+# a pause and a resume counts not. A run is the statuses between two ends (its first RUNNING to its end); the
+# rows are numbered by the ends before them. SQL, so that the page sorts 10,000 trials by it in SQLite; NULL
+# for a trial that never ran. Reads the trial as `t`.
+RAN = ("(SELECT SUM(MAX(0.0, COALESCE(ended, ?) - began)) FROM ("
+       f"SELECT MIN(CASE WHEN status = '{RUNNING}' THEN time END) AS began, "
+       f"MAX(CASE WHEN status IN {_ENDS} THEN time END) AS ended FROM ("
+       f"SELECT status, time, COUNT(CASE WHEN status IN {_ENDS} THEN 1 END) "
+       "OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS ends "
+       "FROM statuses WHERE trial = t.id) GROUP BY ends) WHERE began IS NOT NULL)")
+
 
 def new_token() -> str:
     """A per-trial secret for TRIALKIT_TOKEN."""
@@ -371,6 +384,13 @@ class Store:
         """A new token for a trial started again (only the hash of the old one was kept)."""
         with self._tx() as db:
             db.execute("UPDATE trials SET token_hash=?, updated=? WHERE id=?", (token_hash(token), time.time(), trial_id))
+
+    def durations(self, experiment_id: str, now: Optional[float] = None) -> Dict[str, Optional[float]]:
+        """Each trial's duration (RAN: its runs' time, summed), by trial id."""
+        with self._lock:
+            rows = self._db.execute(f"SELECT t.id, {RAN} FROM trials t WHERE t.experiment=?",
+                                    (time.time() if now is None else now, experiment_id)).fetchall()
+        return {trial_id: ran for trial_id, ran in rows}
 
     def status_history(self, trial_id: str) -> List[Dict[str, Any]]:
         with self._lock:

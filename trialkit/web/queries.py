@@ -25,6 +25,7 @@ from trialkit.control.plot import parameter_scale, step_title
 from trialkit.control.progress import INTERRUPTED_NOTE
 from trialkit.manager.paths import MANAGER_FILE
 from trialkit.manager.server import HttpError, decode
+from trialkit.manager.store import RAN
 from trialkit.records import INT64_MAX, PERIODICAL, BadRecord, metric_number
 from trialkit.statuses import EXPLAINED, FINAL_STATUSES, PREEMPTED, RUNNING, WAITING
 
@@ -248,7 +249,7 @@ _SORTS = {
     "status": "t.status",
     "metric": "metric",
     "restarts": "t.restart_count",
-    "duration": "(COALESCE(t.ended, ?) - t.started)",
+    "duration": "ran",
 }
 
 
@@ -295,23 +296,22 @@ def trials_page(db: sqlite3.Connection, experiment_id: str, q: TrialQuery,
     if q.metric.strip():
         outer_where = "WHERE " + _condition("metric", q.metric, outer_args)
     if q.sort.startswith("p:"):
-        sort, sort_args = _PARAM.replace("t.parameters", "parameters"), [_param_path(q.sort[2:], names)]
+        sort, sort_args = _PARAM, [_param_path(q.sort[2:], names)]
     elif q.sort in _SORTS:
-        sort, sort_args = _SORTS[q.sort].replace("t.", ""), ([now] if q.sort == "duration" else [])
+        sort, sort_args = _SORTS[q.sort], []
     else:
         raise HttpError(400, f"cannot sort by {q.sort!r}")
     direction = "DESC" if q.descending else "ASC"
     total = db.execute(f"SELECT COUNT(*) FROM ({inner}) {outer_where}", args + outer_args).fetchone()[0]
     rows = db.execute(
-        f"SELECT * FROM ({inner}) {outer_where} ORDER BY {sort} {direction} NULLS LAST, sequence LIMIT ? OFFSET ?",
-        args + outer_args + sort_args + [q.limit, q.offset]).fetchall()
+        f"SELECT t.*, {RAN} AS ran FROM ({inner}) t {outer_where} ORDER BY {sort} {direction} NULLS LAST, sequence "
+        "LIMIT ? OFFSET ?", [now] + args + outer_args + sort_args + [q.limit, q.offset]).fetchall()
     interrupted = _interrupted(db, experiment_id)
     return {"total": total, "offset": q.offset, "limit": q.limit, "parameters": names,
-            "rows": [_trial_row(row, now, interrupted) for row in rows]}
+            "rows": [_trial_row(row, interrupted) for row in rows]}
 
 
-def _trial_row(row: sqlite3.Row, now: float, interrupted: bool) -> Dict[str, Any]:
-    started, ended = row["started"], row["ended"]
+def _trial_row(row: sqlite3.Row, interrupted: bool) -> Dict[str, Any]:
     return {
         "id": row["id"],
         "sequence": row["sequence"],
@@ -325,7 +325,7 @@ def _trial_row(row: sqlite3.Row, now: float, interrupted: bool) -> Dict[str, Any
         "exit_code": row["exit_code"],
         "priority": row["priority"],
         "created": row["created"],
-        "duration": None if started is None else max(0.0, (ended or now) - started),
+        "duration": row["ran"],  # its runs' time, summed (store.RAN)
     }
 
 
@@ -399,12 +399,12 @@ def hyperparameters(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any
 
 def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Optional[float] = None) -> Dict[str, Any]:
     now = time.time() if now is None else now
-    row = db.execute(f"SELECT t.*, {FINAL} AS metric FROM trials t WHERE t.id=? AND t.experiment=?",
-                     (trial_id, experiment_id)).fetchone()
+    row = db.execute(f"SELECT t.*, {FINAL} AS metric, {RAN} AS ran FROM trials t WHERE t.id=? AND t.experiment=?",
+                     (now, trial_id, experiment_id)).fetchone()
     if row is None:
         raise HttpError(404, f"no trial {trial_id!r} in experiment {experiment_id!r}")
     interrupted = _interrupted(db, experiment_id)
-    out = _trial_row(row, now, interrupted)
+    out = _trial_row(row, interrupted)
     final = db.execute("SELECT value FROM records WHERE trial=? AND type='FINAL' ORDER BY seq DESC LIMIT 1",
                        (trial_id,)).fetchone()
     elastic = db.execute("SELECT value, time FROM records WHERE trial=? AND type='ELASTIC' ORDER BY seq DESC LIMIT 1",
@@ -491,9 +491,9 @@ def queue(db: sqlite3.Connection, experiment_id: str, order: Optional[Sequence[s
     smaller priority first (trialkit.control.queue's order), then submission order.
     """
     marks = ",".join("?" * len(QUEUED))
-    rows = db.execute(f"SELECT t.*, {FINAL} AS metric FROM trials t WHERE t.experiment=? AND t.status IN ({marks}) "
-                      f"ORDER BY t.priority, t.sequence", (experiment_id, *QUEUED)).fetchall()
-    now = time.time()
+    rows = db.execute(f"SELECT t.*, {FINAL} AS metric, {RAN} AS ran FROM trials t WHERE t.experiment=? "
+                      f"AND t.status IN ({marks}) ORDER BY t.priority, t.sequence",
+                      (time.time(), experiment_id, *QUEUED)).fetchall()
     running = [r for r in rows if r["status"] == RUNNING]
     waiting = [r for r in rows if r["status"] == WAITING]
     paused = [r for r in rows if r["status"] not in (RUNNING, WAITING)]
@@ -503,7 +503,7 @@ def queue(db: sqlite3.Connection, experiment_id: str, order: Optional[Sequence[s
     out = []
     interrupted = _interrupted(db, experiment_id)
     for position, row in enumerate(running + waiting + paused):
-        item = _trial_row(row, now, interrupted)
+        item = _trial_row(row, interrupted)
         item["position"] = position + 1
         out.append(item)
     return out
