@@ -1332,7 +1332,8 @@ def build_parser() -> ArgumentParser:
     ui = _command(commands, "ui", cmd_ui, "serve the web page over stored experiments",
                   "Serve the page (read-only) over one experiment or every one under $TRIALKIT_HOME, after their "
                   "managers ended; prints its URL with a token. A running experiment's manager serves its own page "
-                  "(`trialkit run` prints its URL).")
+                  "(`trialkit run` prints its URL): `trialkit ui ID` of one prints that live page's address and "
+                  "exits, serving no copy.")
     ui.add_argument("experiment_id", metavar="EXPERIMENT_ID", nargs="?", help="only this experiment (default: all)")
     _port_option(ui, "the port to serve on (default: any free one)")
     ui.add_argument("--host", default="127.0.0.1", metavar="H",

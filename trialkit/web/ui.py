@@ -19,12 +19,18 @@ def serve_ui(experiment_id: Optional[str], port: int, host: str = "127.0.0.1") -
 
     One experiment whose run has ended is served where its run served it (the port and the page's token of
     its last manager, from manager.json) when that port is free and none was asked for: the address the run
-    printed answers again, and a tab still open on it takes up where it was."""
+    printed answers again, and a tab still open on it takes up where it was. One whose run still goes is not
+    served again: its run serves the live page (with its actions), whose address this prints."""
     found = _stores(experiment_id)
     if not found:
         raise UserError(f"no experiments under {paths.experiments_root()}", "trialkit ui",
                         "run one first, or set TRIALKIT_HOME to where they were run")
-    server, token, again = _listen(experiment_id, port, host)
+    last = admin.read_info(paths.experiment_dir(experiment_id)) if experiment_id is not None else None
+    if last is not None and last.running():
+        print(f"experiment {experiment_id} is running: its run serves the live page at "
+              f"{page_url(last.url, last.token, experiment_id)}", flush=True)
+        return 0
+    server, token, again = _listen(None if port else last, port, host)
     catalog = install(server, Catalog(lambda: _stores(experiment_id)), admin_token=token, read_only=True)
 
     def ready() -> None:
@@ -38,11 +44,10 @@ def serve_ui(experiment_id: Optional[str], port: int, host: str = "127.0.0.1") -
     return 0
 
 
-def _listen(experiment_id: Optional[str], port: int, host: str) -> Tuple[ManagerServer, str, bool]:
-    """(server, admin token, whether it is the run's own address). No store: the server then has no keeper
-    route, and the page here has no action route: nothing writes."""
-    last = admin.read_info(paths.experiment_dir(experiment_id)) if experiment_id is not None and not port else None
-    if last is not None and not last.running():
+def _listen(last: Optional[admin.ManagerInfo], port: int, host: str) -> Tuple[ManagerServer, str, bool]:
+    """(server, admin token, whether it is the run's own address: `last`'s, its ended run's manager.json).
+    No store: the server then has no keeper route, and the page here has no action route: nothing writes."""
+    if last is not None:
         try:
             return ManagerServer(None, host, last.port), last.token, True
         except OSError:
