@@ -1,6 +1,7 @@
 """`experiment list`'s trials cell says what it counts (a newcomer read "succeeded 1/4" and could not tell what
-4 was): the trials the experiment made and how many of them succeeded, as the page's Trials and By status
-columns count them. A real experiment: a grid of 3 points under maxTrialNumber 5, one trial failing.
+4 was): the trials the experiment made and how many of them succeeded or failed (polish4: the non-zero counts), as
+the page's Trials and By status columns count them. A real experiment: a grid of 3 points under maxTrialNumber 5,
+one trial failing.
 """
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ def test_the_list_says_how_many_trials_were_made_and_how_many_succeeded_as_the_p
     assert listed.returncode == 0, listed.stderr
     header, _, line = listed.stdout.splitlines()[:3]
     assert header.split() == ["id", "name", "status", "trials", "created"]
-    # 3 made (the grid's points, not maxTrialNumber's 5), 2 of them succeeded; the column no wider than that.
+    # 3 made (the grid's points, not maxTrialNumber's 5), 2 of them succeeded, 1 failed; the column no
+    # wider than that.
     cell = line[header.index("trials"):header.index("created")].rstrip()
-    assert cell == "3 (2 succeeded)", line
+    assert cell == "3 (2 succeeded, 1 failed)", line
 
     with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db:
         db.row_factory = sqlite3.Row
         queries.register(db)
         page = queries.summary(db, exp)
-    assert (page["trials"], page["counts"]["SUCCEEDED"]) == (3, 2)  # the page's Trials and By status
+    assert (page["trials"], page["counts"]["SUCCEEDED"], page["counts"]["FAILED"]) == (3, 2, 1)  # the page's Trials and By status

@@ -52,7 +52,7 @@ from trialkit.control.queue import Move, jobs, label
 from trialkit.control.results import best_row, metric_value, optimize_mode, setting, to_csv, to_json, trial_rows
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
-from trialkit.statuses import FINAL_STATUSES
+from trialkit.statuses import EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED
 
 PROG = "trialkit"
 DETACH_WAIT = 30.0  # how long `--detach` waits to show the background manager's URL
@@ -181,10 +181,18 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
     return 0
 
 
+# The statuses `experiment list` counts beside the trials made, by the word it says: a trial's end that matters
+# (its metric, its error, its pause to activate or resume), or that it runs; a canceled or waiting one goes unsaid.
+_COUNTED = ((SUCCEEDED, "succeeded"), (FAILED, "failed"), (EARLY_STOPPED, "early-stopped"), (PREEMPTED, "paused"),
+            (RUNNING, "running"))
+
+
 def _trials_made(trials: List[Dict[str, Any]]) -> str:
-    """The trials the experiment made (the page's "Trials"), and how many succeeded: "4 (1 succeeded)"."""
-    done = sum(t["status"] == "SUCCEEDED" for t in trials)
-    return f"{len(trials)} ({done} succeeded)" if trials else "0"
+    """The trials the experiment made (the page's "Trials"), and the non-zero counts of _COUNTED's statuses:
+    "4 (3 failed)", "10 (8 succeeded, 2 failed)"; "0" for none."""
+    counts = [f"{count} {word}" for count, word in
+              ((sum(t["status"] == status for t in trials), word) for status, word in _COUNTED) if count]
+    return f"{len(trials)} ({', '.join(counts)})" if counts else str(len(trials))
 
 
 def cmd_experiment_show(opts: argparse.Namespace) -> int:
@@ -199,9 +207,10 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
     mode = optimize_mode(config)
     # What the store holds, as it holds it: a store another program wrote may lack a setting ("-").
     name, most = setting(config, "experimentName"), setting(config, "maxTrialNumber")
+    status = background.status(experiment_dir, experiment)
     lines = [
         f"experiment  {opts.experiment_id}" + (f" ({name})" if name else ""),
-        f"status      {background.status(experiment_dir, experiment)}"
+        f"status      {status}"
         + (f": {experiment['reason']}" if experiment.get("reason") else ""),
         f"created     {when(experiment['created'])}",
         f"elapsed     {duration(info.ran() if info else None)}",
@@ -224,6 +233,8 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         interrupted = _interrupted(experiment_dir, experiment)
         print("\n" + trials_table(rows, interrupted))
         _say_interrupted(opts.experiment_id, rows, interrupted)
+    if status == "STOPPED":  # the loop's STOPPED (not imported: it loads the control loop)
+        print(f"\nstopped: `trialkit experiment resume {opts.experiment_id}` takes it up again")
     return 0
 
 
@@ -1149,10 +1160,12 @@ def build_parser() -> ArgumentParser:
                           "Commands on experiments, found by id under $TRIALKIT_HOME/experiments.")
     sub = experiment.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
-             "trials (how many it made so far, and how many of them succeeded), creation time; newest first, as the "
+             "trials (how many it made so far, and how many of them succeeded, failed, stopped early, are paused or run, "
+             "those not none: 10 (8 succeeded, 2 failed)), creation time; newest first, as the "
              "page lists them. INTERRUPTED: its manager is gone; resume it.")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
-                            "The experiment's settings, status, best trial and a table of its trials."))
+                            "The experiment's settings, status, best trial and a table of its trials; for a "
+                            "STOPPED one, last, the `experiment resume` that takes it up again."))
     _experiment_id(_command(sub, "stop", cmd_experiment_stop, "stop a running experiment",
                             "Ask the experiment's manager to stop: its trials are stopped gracefully "
                             "(USER_CANCELED) and the manager exits; waits until it has."))

@@ -1,0 +1,46 @@
+"""`experiment list`'s trials cell counts what is there, not only what succeeded (a stopped experiment whose trial
+is paused said `1 (0 succeeded)`), and `experiment show` of a STOPPED experiment names, last, the `experiment
+resume` that takes it up again. A real run: its one trial paused (`trial pause`), then the experiment stopped.
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
+from harness import wait_until
+from test_faces import SLOW
+
+pytestmark = pytest.mark.usefixtures("home")  # conftest's: TRIALKIT_HOME in the test's tmp_path
+
+
+def test_a_stopped_experiment_lists_its_paused_trial_and_show_names_its_resume(tmp_path, home):
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, SLOW, maxTrialNumber=1)
+    run = start_cli("run", config)
+    try:
+        exp = experiment_id(run.stdout.readline())
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 1, 120, "the trial's first result")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", 120, "the trial paused")
+        assert cli("experiment", "stop", exp).returncode == 0
+        run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:  # a failed assertion: Ctrl-C, so that its keeper and trial end with it
+            run.send_signal(signal.SIGINT)
+            try:
+                run.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.communicate()
+
+    listed = cli("experiment", "list")
+    assert listed.returncode == 0, listed.stderr
+    header, _, line = listed.stdout.splitlines()
+    cell = lambda name, after: line[header.index(name):header.index(after)].rstrip()  # noqa: E731 (no name: blank)
+    assert (cell("status", "trials"), cell("trials", "created")) == ("STOPPED", "1 (1 paused)"), listed.stdout
+    shown = cli("experiment", "show", exp)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[-1] == f"stopped: `trialkit experiment resume {exp}` takes it up again"
