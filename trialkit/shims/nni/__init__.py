@@ -8,7 +8,10 @@ Python API, served in any Python that has trialkit installed (its .pth, setup.py
 so NNI's notebooks run there too. What else NNI is (tuners, NAS, compression)
 is not here: asking for it says so and how to get it.
 """
+import os
 import sys
+
+from trialkit import env
 
 from . import utils  # noqa: F401  (nni.utils.merge_parameter after a bare `import nni`, as NNI's own __init__ allows)
 from .trial import (  # noqa: F401  (NNI 3.0's nni.trial.__all__, re-exported as nni does)
@@ -24,8 +27,11 @@ from .trial import (  # noqa: F401  (NNI 3.0's nni.trial.__all__, re-exported as
 
 __version__ = "3.0+trialkit"  # the NNI version whose trial API this is; +trialkit: not NNI itself
 
-print("trialkit: nni is not installed in this Python; trialkit's nni serves the trial API "
-      "(get_next_parameter, report_*_result, ...) and nni.experiment", file=sys.stderr, flush=True)
+if not os.environ.get(env.UNDER_KEEPER):
+    # Said to a user who runs the script by hand; under a trial's keeper nothing (it would be every trial's
+    # log line: the experiment's trials all import it alike).
+    print("trialkit: nni is not installed in this Python; trialkit's nni serves the trial API "
+          "(get_next_parameter, report_*_result, ...) and nni.experiment", file=sys.stderr, flush=True)
 
 
 class NoMoreTrialError(Exception):
