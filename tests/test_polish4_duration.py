@@ -78,7 +78,8 @@ def _seconds(cell: str) -> float:
 def _expected(duration: float, trial: str, rounded: bool = False) -> None:
     """`rounded`: as the CLI shows it, to the second."""
     if trial == PAUSED:
-        assert (0 if rounded else 0.2) <= duration < 5, duration  # was an hour: the time from its first start to its last end
+        # Was an hour: the time from its first start to its last end.
+        assert (0 if rounded else 0.2) <= duration < 5, duration
     elif trial == STEADY:
         assert duration == pytest.approx(30, abs=1)
     else:

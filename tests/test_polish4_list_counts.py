@@ -5,12 +5,11 @@ resume` that takes it up again. A real run: its one trial paused (`trial pause`)
 from __future__ import annotations
 
 import signal
-import subprocess
 
 import pytest
 
 from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
-from harness import wait_until
+from harness import signal_and_wait, wait_until
 from test_faces import SLOW
 
 pytestmark = pytest.mark.usefixtures("home")  # conftest's: TRIALKIT_HOME in the test's tmp_path
@@ -29,12 +28,7 @@ def test_a_stopped_experiment_lists_its_paused_trial_and_show_names_its_resume(t
         run.communicate(timeout=60)
     finally:
         if run.poll() is None:  # a failed assertion: Ctrl-C, so that its keeper and trial end with it
-            run.send_signal(signal.SIGINT)
-            try:
-                run.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                run.kill()
-                run.communicate()
+            signal_and_wait(run, signal.SIGINT, 60)
 
     listed = cli("experiment", "list")
     assert listed.returncode == 0, listed.stderr

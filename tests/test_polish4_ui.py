@@ -5,12 +5,12 @@ exits 0. A real `trialkit run` and a real `trialkit ui` against it.
 from __future__ import annotations
 
 import signal
-import subprocess
 
 import pytest
 import requests
 
 from experiment_util import cli, experiment, experiment_id, start_cli
+from harness import signal_and_wait
 from test_faces import SLOW
 
 pytestmark = pytest.mark.usefixtures("home")  # conftest's: TRIALKIT_HOME in the test's tmp_path
@@ -35,9 +35,4 @@ def test_ui_of_a_running_experiment_prints_the_live_pages_address_and_exits(tmp_
         run.communicate(timeout=60)
     finally:
         if run.poll() is None:  # a failed assertion: Ctrl-C, so that its keeper and trial end with it
-            run.send_signal(signal.SIGINT)
-            try:
-                run.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                run.kill()
-                run.communicate()
+            signal_and_wait(run, signal.SIGINT, 60)

@@ -40,4 +40,5 @@ def test_the_list_says_how_many_trials_were_made_and_how_many_succeeded_as_the_p
         db.row_factory = sqlite3.Row
         queries.register(db)
         page = queries.summary(db, exp)
-    assert (page["trials"], page["counts"]["SUCCEEDED"], page["counts"]["FAILED"]) == (3, 2, 1)  # the page's Trials and By status
+    # The page's Trials and By status.
+    assert (page["trials"], page["counts"]["SUCCEEDED"], page["counts"]["FAILED"]) == (3, 2, 1)

@@ -1160,8 +1160,8 @@ def build_parser() -> ArgumentParser:
                           "Commands on experiments, found by id under $TRIALKIT_HOME/experiments.")
     sub = experiment.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
-             "trials (how many it made so far, and how many of them succeeded, failed, stopped early, are paused or run, "
-             "those not none: 10 (8 succeeded, 2 failed)), creation time; newest first, as the "
+             "trials (how many it made so far, then each count that is not 0 of those that succeeded, failed, "
+             "stopped early, are paused or run: 10 (8 succeeded, 2 failed)), creation time; newest first, as the "
              "page lists them. INTERRUPTED: its manager is gone; resume it.")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
                             "The experiment's settings, status, best trial and a table of its trials; for a "

@@ -385,11 +385,11 @@ class Store:
         with self._tx() as db:
             db.execute("UPDATE trials SET token_hash=?, updated=? WHERE id=?", (token_hash(token), time.time(), trial_id))
 
-    def durations(self, experiment_id: str, now: Optional[float] = None) -> Dict[str, Optional[float]]:
-        """Each trial's duration (RAN: its runs' time, summed), by trial id."""
+    def durations(self, experiment_id: str) -> Dict[str, Optional[float]]:
+        """Each trial's duration (RAN: its runs' time, summed, a run going counted to now), by trial id."""
         with self._lock:
             rows = self._db.execute(f"SELECT t.id, {RAN} FROM trials t WHERE t.experiment=?",
-                                    (time.time() if now is None else now, experiment_id)).fetchall()
+                                    (time.time(), experiment_id)).fetchall()
         return {trial_id: ran for trial_id, ran in rows}
 
     def status_history(self, trial_id: str) -> List[Dict[str, Any]]:
