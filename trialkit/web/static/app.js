@@ -169,7 +169,8 @@
   }
 
   // ---------------------------------------------------------------- info, actions
-  // Asked after the first view's data (infoReady() in start()): only the action buttons wait for it.
+  // Asked once the first view is shown (start()), unless that view has action buttons, which wait for it: its
+  // answer would otherwise come in among the first view's own (bench/bench_web.py).
   let info = {read_only: true, actions: []};
   let infoAsked = null;
   function infoReady() {
@@ -373,23 +374,30 @@
       tableQuery.delete('curve');
       const tableKey = tableQuery.toString();
       const curveKey = `${q.get('sel') || ''} ${q.get('curve') || ''}`;
-      const work = [];
-      if (live || tableKey !== this.tableKey) {
-        work.push(this.loadTable(tableQuery).then(() => { this.tableKey = tableKey; }));
-      } else {
-        this.markSelection();
+      const tableDue = live || tableKey !== this.tableKey;
+      if (!tableDue) this.markSelection();
+      if (!tableQuery.has('limit')) tableQuery.set('limit', '50');
+      const chosen = this.selected();
+      // Both asked at once, and shown together once both are in (the curves' answer follows the table's by a few
+      // ms): the view is laid out and painted once, not the table first and then again with its curves, a frame
+      // that the curves waited behind (bench/bench_web.py: ~20-30 ms of a cold page).
+      const [page, curves] = await Promise.allSettled([
+        tableDue && api(`${expPath(this.exp)}/trials?${tableQuery}`),
+        (live || curveKey !== this.curveKey) && api(`${expPath(this.exp)}/curves?trials=${enc(chosen.join(','))}`
+          + `&metric=${enc(q.get('curve') || '')}`)]);
+      if (page.value) {
+        this.showTable(tableQuery, page.value);
+        this.tableKey = tableKey;
       }
-      const table = work[0];
-      if (live || curveKey !== this.curveKey) {
-        work.push(this.loadCurves(table).then(() => { this.curveKey = curveKey; }));
+      if (curves.value) {
+        await this.showCurves(chosen, curves.value);
+        this.curveKey = curveKey;
       }
-      await Promise.all(work);
+      for (const answer of [page, curves]) if (answer.status === 'rejected') throw answer.reason;
       markReady('trials');
     }
 
-    async loadTable(q) {
-      if (!q.has('limit')) q.set('limit', '50');
-      const page = await api(`${expPath(this.exp)}/trials?${q}`);
+    showTable(q, page) {
       this.status.value = q.get('status') || '';
       this.size.value = q.get('limit');
       this.params = page.parameters;
@@ -470,12 +478,7 @@
       }
     }
 
-    // Asked beside the table, drawn after it: the table is what the user reads first.
-    async loadCurves(table) {
-      const chosen = this.selected();
-      const metric = this.query().get('curve') || '';
-      const data = await api(`${expPath(this.exp)}/curves?trials=${enc(chosen.join(','))}&metric=${enc(metric)}`);
-      if (table) await table.catch(() => {});  // its failure is reported by load()
+    async showCurves(chosen, data) {
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
         : `Curves: the ${data.series.length} best`;
       this.metricPick.show(data, (name) => this.set({curve: name}));
@@ -1059,9 +1062,8 @@
   async function start() {
     if (!token) { askToken(); return; }
     window.addEventListener('hashchange', () => show(false));
-    const shown = show(false);  // its questions are asked first, then the page's own
+    await show(false);
     infoReady();
-    await shown;
     keepToken();
     follow();
   }
