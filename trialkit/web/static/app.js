@@ -380,31 +380,27 @@
       const chosen = this.selected();
       // Both asked at once, and shown together once both are in (the curves' answer follows the table's by a few
       // ms): the view is laid out and painted once, not the table first and then again with its curves, a frame
-      // that the curves waited behind (bench/bench_web.py: ~20-30 ms of a cold page).
-      const [page, curves] = await Promise.allSettled([
-        tableDue && api(`${expPath(this.exp)}/trials?${tableQuery}`),
+      // that the curves waited behind (bench/bench_web.py: ~20-30 ms of a cold page). The table's rows are made
+      // meanwhile, as soon as its answer is in.
+      const [table, curves] = await Promise.allSettled([
+        tableDue && api(`${expPath(this.exp)}/trials?${tableQuery}`).then((page) => [page, this.rowsOf(page)]),
         (live || curveKey !== this.curveKey) && api(`${expPath(this.exp)}/curves?trials=${enc(chosen.join(','))}`
           + `&metric=${enc(q.get('curve') || '')}`)]);
-      if (page.value) {
-        this.showTable(tableQuery, page.value);
+      if (table.value) {
+        this.showTable(tableQuery, ...table.value);
         this.tableKey = tableKey;
       }
       if (curves.value) {
         await this.showCurves(chosen, curves.value);
         this.curveKey = curveKey;
       }
-      for (const answer of [page, curves]) if (answer.status === 'rejected') throw answer.reason;
+      for (const answer of [table, curves]) if (answer.status === 'rejected') throw answer.reason;
       markReady('trials');
     }
 
-    showTable(q, page) {
-      this.status.value = q.get('status') || '';
-      this.size.value = q.get('limit');
-      this.params = page.parameters;
-      if (this.head.dataset.params !== JSON.stringify(page.parameters)) this.buildHead(page.parameters);
-      this.syncHead(q);
+    rowsOf(page) {
       const picked = new Set(this.selected());
-      this.body.replaceChildren(...page.rows.map((t) => el('tr', {'data-trial': t.id},
+      return page.rows.map((t) => el('tr', {'data-trial': t.id},
         el('td', {}, el('input', {type: 'checkbox', 'aria-label': 'select', checked: picked.has(t.id),
           onchange: (e) => this.toggle(t.id, e.target.checked)})),
         el('td', {}, el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`}, t.id)),
@@ -413,7 +409,16 @@
         el('td', {class: 'num metric'}, fmtNumber(t.metric)),
         page.parameters.map((p) => el('td', {class: 'param'}, fmtValue((t.parameters || {})[p]))),
         el('td', {class: 'num'}, t.restarts),
-        el('td', {}, fmtDuration(t.duration)))));
+        el('td', {}, fmtDuration(t.duration))));
+    }
+
+    showTable(q, page, rows) {
+      this.status.value = q.get('status') || '';
+      this.size.value = q.get('limit');
+      this.params = page.parameters;
+      if (this.head.dataset.params !== JSON.stringify(page.parameters)) this.buildHead(page.parameters);
+      this.syncHead(q);
+      this.body.replaceChildren(...rows);
       if (!page.rows.length) {
         const filtered = [...q.keys()].some((k) => ['status', 'metric'].includes(k) || k.startsWith('p:'));
         this.body.append(el('tr', {}, el('td', {colspan: 7 + page.parameters.length, class: 'muted empty'},
