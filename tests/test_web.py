@@ -695,6 +695,20 @@ def test_the_curves_keep_their_width_when_the_page_grows_past_the_window(ties_si
         browser.set_window_size(size["width"], size["height"])
 
 
+def test_the_trials_view_asks_its_table_and_curves_in_one_answer(ties_site, browser):
+    """A cold page waits for one answer, not two (each waits its turn at a loaded machine's manager: bench_web.py);
+    a new selection asks for its curves alone."""
+    _, server = ties_site
+    asked = "return performance.getEntriesByType('resource').map(e => e.name).filter(n => n.includes('/api/ui/exp'))"
+    open_read_only(browser, server, "/trials", "trials", "ties-token", "ties")
+    wait_for(browser, "return document.getElementById('curves').uplot", "the curves")
+    first = browser.execute_script(asked)
+    assert len(first) == 1 and "/trials?" in first[0] and "with=curves" in first[0], first
+    browser.execute_script("location.hash = location.hash.split('?')[0] + '?sel=ties-00000'")
+    wait_for(browser, "return document.getElementById('curves').uplot.series.length === 2", "the chosen trial's curve")
+    assert [name.split("?")[0].rsplit("/", 1)[-1] for name in browser.execute_script(asked)[1:]] == ["curves"]
+
+
 def test_an_address_that_names_no_view_says_so_and_links_the_views(views_site, browser):
     for view in ("/hyperparameters", "/trial", "/trials/extra"):
         open_read_only(browser, views_site, view, "not-found")

@@ -239,6 +239,31 @@ def test_curves_name_the_experiments_best_only_among_the_trials_that_hold_it(tmp
         store.close()
 
 
+def test_the_trials_answer_brings_the_curves_when_asked(tmp_path):
+    """with=curves: the trials view's data in one answer, its curves as the curves route gives them."""
+    store = Store.in_dir(tmp_path / "exp")
+    ids = fill(store, "big", trials=40, steps=3, running=2)
+    server = ManagerServer(store).start()
+    install(server, store, admin_token="tok", read_only=True)
+    auth = {"Authorization": f"Bearer {page_token('tok')}"}
+    base = f"{server.url}/api/ui/experiments/big"
+    try:
+        def get(route: str, **query: Any) -> Dict[str, Any]:
+            answer = requests.get(f"{base}/{route}", params=query, headers=auth, timeout=10)
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+        chosen = f"{ids[3]},{ids[30]}"
+        both = get("trials", limit=5, status="SUCCEEDED", **{"with": "curves", "trials": chosen, "curve": "default"})
+        assert both["rows"] == get("trials", limit=5, status="SUCCEEDED")["rows"]
+        assert both["curves"] == get("curves", trials=chosen, metric="default")
+        assert [series["id"] for series in both["curves"]["series"]] == [ids[3], ids[30]]
+        assert get("trials", **{"with": "curves"})["curves"] == get("curves")  # none named: the best
+        assert "curves" not in get("trials")
+    finally:
+        server.stop()
+        store.close()
+
+
 def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):
     home = tmp_path / "home"
     store = Store.in_dir(home / "experiments" / "done1")

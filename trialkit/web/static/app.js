@@ -377,30 +377,40 @@
       const tableDue = live || tableKey !== this.tableKey;
       if (!tableDue) this.markSelection();
       if (!tableQuery.has('limit')) tableQuery.set('limit', '50');
+      const curvesDue = live || curveKey !== this.curveKey;
       const chosen = this.selected();
-      // Both asked at once, and shown together once both are in (the curves' answer follows the table's by a few
-      // ms): the view is laid out and painted once, not the table first and then again with its curves, a frame
-      // that the curves waited behind (bench/bench_web.py: ~20-30 ms of a cold page). The table's rows are made
-      // meanwhile, as soon as its answer is in.
-      const [table, curves] = await Promise.allSettled([
-        tableDue && api(`${expPath(this.exp)}/trials?${tableQuery}`).then((page) => [page, this.rowsOf(page)]),
-        (live || curveKey !== this.curveKey) && api(`${expPath(this.exp)}/curves?trials=${enc(chosen.join(','))}`
-          + `&metric=${enc(q.get('curve') || '')}`)]);
-      if (table.value) {
-        this.showTable(tableQuery, ...table.value);
+      const curvesOf = enc(chosen.join(',')), metric = enc(q.get('curve') || '');
+      // The table and its curves come in one answer when both are due (the first view, a live update), and are
+      // shown together: a cold page waits for one answer, not two (a loaded machine's manager serves each in
+      // turn), and lays the view out and paints it once, not the table first and then again with its curves
+      // (bench/bench_web.py). What alone is due comes alone.
+      let page = null, curves = null;
+      if (tableDue) {
+        const withCurves = curvesDue ? `&with=curves&trials=${curvesOf}&curve=${metric}` : '';
+        page = await api(`${expPath(this.exp)}/trials?${tableQuery}${withCurves}`);
+        curves = page.curves || null;
+      } else if (curvesDue) {
+        curves = await api(`${expPath(this.exp)}/curves?trials=${curvesOf}&metric=${metric}`);
+      }
+      if (page) {
+        this.showTable(tableQuery, page);
         this.tableKey = tableKey;
       }
-      if (curves.value) {
-        await this.showCurves(chosen, curves.value);
+      if (curves) {
+        await this.showCurves(chosen, curves);
         this.curveKey = curveKey;
       }
-      for (const answer of [table, curves]) if (answer.status === 'rejected') throw answer.reason;
       markReady('trials');
     }
 
-    rowsOf(page) {
+    showTable(q, page) {
+      this.status.value = q.get('status') || '';
+      this.size.value = q.get('limit');
+      this.params = page.parameters;
+      if (this.head.dataset.params !== JSON.stringify(page.parameters)) this.buildHead(page.parameters);
+      this.syncHead(q);
       const picked = new Set(this.selected());
-      return page.rows.map((t) => el('tr', {'data-trial': t.id},
+      this.body.replaceChildren(...page.rows.map((t) => el('tr', {'data-trial': t.id},
         el('td', {}, el('input', {type: 'checkbox', 'aria-label': 'select', checked: picked.has(t.id),
           onchange: (e) => this.toggle(t.id, e.target.checked)})),
         el('td', {}, el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`}, t.id)),
@@ -409,16 +419,7 @@
         el('td', {class: 'num metric'}, fmtNumber(t.metric)),
         page.parameters.map((p) => el('td', {class: 'param'}, fmtValue((t.parameters || {})[p]))),
         el('td', {class: 'num'}, t.restarts),
-        el('td', {}, fmtDuration(t.duration))));
-    }
-
-    showTable(q, page, rows) {
-      this.status.value = q.get('status') || '';
-      this.size.value = q.get('limit');
-      this.params = page.parameters;
-      if (this.head.dataset.params !== JSON.stringify(page.parameters)) this.buildHead(page.parameters);
-      this.syncHead(q);
-      this.body.replaceChildren(...rows);
+        el('td', {}, fmtDuration(t.duration)))));
       if (!page.rows.length) {
         const filtered = [...q.keys()].some((k) => ['status', 'metric'].includes(k) || k.startsWith('p:'));
         this.body.append(el('tr', {}, el('td', {colspan: 7 + page.parameters.length, class: 'muted empty'},
