@@ -28,16 +28,18 @@ come in one answer (two answers each waited their turn at a loaded manager)
 and are laid out once (the table's own frame delayed the curves); the page's
 info is asked after them; the curves of chosen trials rank no more trials
 than it takes to say whether the best is among them; the page keeps its width
-as its data comes (its curves were drawn twice). Measured 2026-11-29, three
-runs with the default settings, load 9-11 on 2 CPUs: cold 138, 116, 127 ms
-against floors of 57, 34, 62 ms: 2.41x (2.53x round by round) MET, 3.42x
-(3.17x) MISSED, 2.04x (2.23x) MET; painted 0.84x, 0.67x, 0.66x the floor's.
-Before these changes, the same day at load 3.7-5.5: 2.32x (2.77x) MET, 4.62x
-(4.31x) MISSED, 3.47x (3.63x) MISSED; main's page against this one in one run
-(21 rounds, load 8.5, floor 35 ms): 131 -> 116 ms, painted 188 -> 166 ms.
-The floor swings with the load more than the page does: met in most runs on
-this shared machine, not in every one. The manager's answers the view needs
-are timed too (issue 9: under 50 ms).
+as its data comes (its curves were drawn twice). Measured 2026-11-29, six
+runs with the default settings, load 9-12 on 2 CPUs: cold 138, 116, 127, 155,
+148, 142 ms against floors of 57, 34, 62, 50, 34, 46 ms: 2.41x (2.53x round
+by round) MET, 3.42x (3.17x), 2.04x (2.23x) MET, 3.10x (3.43x), 4.37x (4.56x),
+3.11x (2.87x); painted 0.67-0.92x the floor's. Before these changes, the same
+day at load 3.7-5.5: 2.32x (2.77x) MET, 4.62x (4.31x), 3.47x (3.63x); main's
+page against this one in one run (21 rounds, load 8.5, floor 35 ms): 131 ->
+116 ms, painted 188 -> 166 ms. Not met reliably: the floor swings with the
+load (34-62 ms) more than the page does, and the page's own part is ~45 ms
+to its data request (parse, script), ~20 ms waiting for the answer, ~40 ms
+making the rows and uPlot's first chart in a fresh renderer. The manager's
+answers the view needs are timed too (issue 9: under 50 ms).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
