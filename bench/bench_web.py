@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import importlib.util
 import os
 import statistics
 import sys
@@ -65,6 +66,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from trialkit.manager.server import ManagerServer  # noqa: E402
 from trialkit.manager.store import Store  # noqa: E402
 from trialkit.web import install, page_url  # noqa: E402
+
+if importlib.util.find_spec("selenium") is None:  # the browser's driver, which tests/web_util.py drives
+    sys.stderr.write(f"{Path(__file__).name}: the page's race needs selenium (and Debian's chromium), which this "
+                     "Python lacks: run it with the venv that `./bootstrap.sh test` makes (.venv/bin/python)\n")
+    sys.exit(2)
 from web_util import Browser, fill  # noqa: E402
 
 EXPERIMENT = "bench1"
