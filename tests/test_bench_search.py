@@ -1,5 +1,6 @@
-"""bench/bench_search.py runs: every method of the race, once, on a small budget (its figures mean nothing here;
-the race is run whole by hand: `python bench/bench_search.py`)."""
+"""The benchmarks' own faces: bench_search.py runs every method of the race once on a small budget (its figures
+mean nothing here; the race is run whole by hand: `python bench/bench_search.py`), its verdict follows its rule,
+and it and bench_web.py say in one line what a Python without their engines lacks."""
 from __future__ import annotations
 
 import subprocess
@@ -50,14 +51,20 @@ def test_the_verdict_is_met_only_at_least_as_good_and_sooner_and_says_never_for_
     assert said["trialkit PBT"].endswith(": MISSED"), said
 
 
-def test_the_race_without_its_peers_installed_says_so_in_one_line():
-    """A new user ran it in the demo's venv (no Ray Tune, no optuna) and got a traceback after minutes."""
+@pytest.mark.parametrize("script, hidden, said", [
+    ("bench_search.py", ("ray", "optuna"), "bench_search.py: the peers or the problem need ray.tune, optuna, which this "
+     "Python lacks: run it with the venv that `./bootstrap.sh test` makes (.venv/bin/python)"),
+    ("bench_web.py", ("selenium",), "bench_web.py: the page's race needs selenium (and Debian's chromium), which this "
+     "Python lacks: run it with the venv that `./bootstrap.sh test` makes (.venv/bin/python)"),
+])
+def test_a_race_without_what_it_drives_says_so_in_one_line(script, hidden, said):
+    """A new user ran them in the demo's venv (no Ray Tune, no optuna, no selenium) and got a traceback."""
     hide = ("import runpy, sys\n"
-            "sys.modules['ray'] = sys.modules['optuna'] = None  # as a venv without them\n"
-            "sys.argv = ['bench_search.py', '--quick']\n"
-            f"runpy.run_path({str(ROOT / 'bench' / 'bench_search.py')!r}, run_name='__main__')\n")
+            f"sys.modules.update(dict.fromkeys({hidden!r}))  # None: as a venv without them\n"
+            f"sys.argv = [{script!r}, '--quick' if {script!r} == 'bench_search.py' else '--samples=1']\n"
+            f"runpy.run_path({str(ROOT / 'bench' / script)!r}, run_name='__main__')\n")
     done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.splitlines() == [
-        "bench_search.py: the peers or the problem need ray.tune, optuna, which this Python lacks: run it with "
-        "the venv that `./bootstrap.sh test` makes (.venv/bin/python)"], done.stderr
+    assert done.stderr.splitlines() == [said], done.stderr
+
+
