@@ -34,7 +34,13 @@ by seed, it reached the peer's best sooner than the peer did (the median over
 seeds of its time to the peer's best, never reached counting as forever, below
 the median of the peer's time to its own best).
 `--quick` runs every method once on a budget of 24 epochs: it checks the race
-runs (tests/test_bench_search.py), its figures mean nothing.
+runs (tests/test_bench_search.py); its figures mean nothing, and it gives no
+verdict.
+
+Set OMP_NUM_THREADS=1 for the race (`OMP_NUM_THREADS=1 python bench/...`) to
+race each peer tuned: Optuna's threads then share numpy's one-thread BLAS, as
+Ray's workers and trialkit's trials run at 2 at once (both set it themselves);
+without it, Optuna's two threads each run numpy with a thread per core.
 """
 from __future__ import annotations
 
@@ -235,7 +241,9 @@ def run_ray(method: str, seed: int, budget: int, concurrency: int, data: Path, w
                                     # to reuse a finished trial's actor for (each trial a new worker: measured ~5 s).
                                     search_alg=BasicVariantGenerator(random_state=seed)),
         run_config=tune.RunConfig(storage_path=str(work / f"ray-{method}-{seed}"), stop=Budget(), verbose=0))
-    # The trials still PENDING when the budget stops them have no results: Ray warns of each (200 lines).
+    # Its INFO lines (where it wrote its state) among ours, and a warning for each trial still PENDING when the
+    # budget stops them (200 lines: they have no results) are not the race's.
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     started = time.time()
     results = tuner.fit()
@@ -335,6 +343,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # Ray 2.60 turns token authentication on for a new local cluster and writes a token to ~/.ray: this race's
     # cluster is its own, on this machine; leave other clusters' settings alone.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # its reporter, silent at verbose=0: no boxes among our lines
     import ray
 
     ray.init(address="local", num_cpus=opts.concurrency, include_dashboard=False, log_to_driver=False,
@@ -353,14 +362,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 outcomes[f"{system} {name}"].append(result)
                 print(f"seed {seed}  {system + ' ' + name:24s} best {result.best:.4f} at {result.time_to_best:6.1f} s"
                       f"  ({result.epochs} epochs counted)", flush=True)
-        print(table(outcomes))
+        print(table(outcomes, verdicts=not opts.quick))
         return 0
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def table(outcomes: Dict[str, List[Outcome]]) -> str:
+def table(outcomes: Dict[str, List[Outcome]], verdicts: bool = True) -> str:
+    """The mean figures of every method, then each trialkit method against its best peer: MET or MISSED, or
+    without `verdicts` (--quick, whose budget is too small to judge) the figures alone."""
     lines = ["", f"{'method':26s} {'best (mean)':>12s} {'time to best (mean s)':>22s}"]
     means = {name: (statistics.mean(o.best for o in runs), statistics.mean(o.time_to_best for o in runs))
              for name, runs in outcomes.items()}
@@ -373,10 +384,14 @@ def table(outcomes: Dict[str, List[Outcome]]) -> str:
         to_their_best = statistics.median(reached(o.reports, p.best) for o, p in zip(ours, theirs))
         their_time = statistics.median(p.time_to_best for p in theirs)
         best, peer_best = means[f"trialkit {method}"][0], means[peer][0]
-        verdict = "MET" if best >= peer_best and to_their_best < their_time else "MISSED"
-        lines.append(f"trialkit {method} vs {peer}: best {best:.4f} vs {peer_best:.4f}; to the peer's best "
-                     f"{to_their_best:.1f} s vs its {their_time:.1f} s (ratio {to_their_best / max(their_time, 1e-9):.2f})"
-                     f": {verdict}")
+        if to_their_best == float("inf"):
+            reaching = f"never reached the peer's best (it took {their_time:.1f} s)"
+        else:
+            reaching = (f"to the peer's best {to_their_best:.1f} s vs its {their_time:.1f} s "
+                        f"(ratio {to_their_best / max(their_time, 1e-9):.2f})")
+        verdict = ("MET" if best >= peer_best and to_their_best < their_time else "MISSED") if verdicts \
+            else "no verdict (--quick)"
+        lines.append(f"trialkit {method} vs {peer}: best {best:.4f} vs {peer_best:.4f}; {reaching}: {verdict}")
     return "\n".join(lines)
 
 

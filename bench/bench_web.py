@@ -11,7 +11,8 @@ that load on the shared machine falls on all alike:
   floor:  a bare static HTML table of the same trials (every one of them, no
           script, no chart), served from loopback: what a browser needs at least.
 Each is timed by the DOM from navigation start: the page marks when its table
-is built and when table and curves are drawn; the floor marks the end of its
+is built and when table and curves are drawn (they come in one answer and are
+shown together: the two marks are close); the floor marks the end of its
 table. Those marks come before the browser's own part (style, layout, paint:
 the floor's mark leaves all of its 1,000 rows' out), so each page also marks the
 end of the frame after its mark (`painted`: requestAnimationFrame, then a task),
@@ -22,14 +23,30 @@ table, as the ratio of the medians and as the median of each round's ratio
 (load on the shared machine drifts within a run); with plotly drawing the
 curves it took 1.0-1.05 s, 5.3x; uPlot draws them now, from a page that comes
 whole in one answer, and makes no Intl format as it loads (the first in a
-fresh renderer was 20-65 ms of its evaluation). The manager's answers the
-view needs are timed too (issue 9: under 50 ms).
+fresh renderer was 20-65 ms of its evaluation). The view's table and curves
+come in one answer (two answers each waited their turn at a loaded manager)
+and are laid out once (the table's own frame delayed the curves); the page's
+info is asked after them; the curves of chosen trials rank no more trials
+than it takes to say whether the best is among them; the page keeps its width
+as its data comes (its curves were drawn twice). Measured 2026-11-29, six
+runs with the default settings, load 9-12 on 2 CPUs: cold 138, 116, 127, 155,
+148, 142 ms against floors of 57, 34, 62, 50, 34, 46 ms: 2.41x (2.53x round
+by round) MET, 3.42x (3.17x), 2.04x (2.23x) MET, 3.10x (3.43x), 4.37x (4.56x),
+3.11x (2.87x); painted 0.67-0.92x the floor's. Before these changes, the same
+day at load 3.7-5.5: 2.32x (2.77x) MET, 4.62x (4.31x), 3.47x (3.63x); main's
+page against this one in one run (21 rounds, load 8.5, floor 35 ms): 131 ->
+116 ms, painted 188 -> 166 ms. Not met reliably: the floor swings with the
+load (34-62 ms) more than the page does, and the page's own part is ~45 ms
+to its data request (parse, script), ~20 ms waiting for the answer, ~40 ms
+making the rows and uPlot's first chart in a fresh renderer. The manager's
+answers the view needs are timed too (issue 9: under 50 ms).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
 
 import argparse
 import html
+import importlib.util
 import os
 import statistics
 import sys
@@ -49,6 +66,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from trialkit.manager.server import ManagerServer  # noqa: E402
 from trialkit.manager.store import Store  # noqa: E402
 from trialkit.web import install, page_url  # noqa: E402
+
+if importlib.util.find_spec("selenium") is None:  # the browser's driver, which tests/web_util.py drives
+    sys.stderr.write(f"{Path(__file__).name}: the page's race needs selenium (and Debian's chromium), which this "
+                     "Python lacks: run it with the venv that `./bootstrap.sh test` makes (.venv/bin/python)\n")
+    sys.exit(2)
 from web_util import Browser, fill  # noqa: E402
 
 EXPERIMENT = "bench1"

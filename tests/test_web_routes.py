@@ -206,6 +206,60 @@ def test_the_trials_api_sorts_filters_and_pages_on_the_server(tmp_path):
         store.close()
 
 
+@pytest.fixture
+def big(tmp_path):
+    """300 trials (290 with a final metric) behind a read-only page: (store, trial ids, get(route, **query) -> JSON)."""
+    store = Store.in_dir(tmp_path / "exp")
+    ids = fill(store, "big", trials=300, steps=3, running=10)
+    server = ManagerServer(store).start()
+    install(server, store, admin_token="tok", read_only=True)
+
+    def get(route: str, **query: Any) -> Dict[str, Any]:
+        answer = requests.get(f"{server.url}/api/ui/experiments/big/{route}", params=query,
+                              headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+    try:
+        yield store, ids, get
+    finally:
+        server.stop()
+        store.close()
+
+
+def test_curves_name_the_experiments_best_only_among_the_trials_that_hold_it(big):
+    """`best` (the curve labelled "(best)") is the experiment's best trial where it is one of the chosen, else None;
+    of two trials tied on the best metric, the earlier."""
+    store, ids, get = big
+
+    def curves(*chosen: str) -> Dict[str, Any]:
+        return get("curves", trials=",".join(chosen))
+    ranked = get("trials", sort="metric", order="desc", limit=300)["rows"]
+    best, second, last = ranked[0], ranked[1], ranked[289]  # 290 with a final metric, the best first
+    assert curves()["best"] == best["id"]  # the 10 best
+    assert curves(best["id"])["best"] == best["id"]
+    assert curves(last["id"], best["id"], second["id"])["best"] == best["id"]
+    others = curves(second["id"], last["id"])
+    assert others["best"] is None and others["top"] == second["id"]  # drawn bold, but not the best of all
+    assert all(curves(trial)["best"] is None for trial in ids[:300:29] if trial != best["id"])
+    # A later trial tied with the best is not the best; the earlier one still is, beside it.
+    store.add_trial("big", "big-tied", sequence=300, parameters={"lr": 0.01}, token=None)
+    store.add_records("big-tied", [{"seq": 1, "type": "FINAL", "value": best["metric"]}])
+    assert curves("big-tied")["best"] is None
+    assert curves("big-tied", best["id"])["best"] == best["id"]
+
+
+def test_the_trials_answer_brings_the_curves_when_asked(big):
+    """with=curves: the trials view's data in one answer, its curves as the curves route gives them."""
+    _, ids, get = big
+    chosen = f"{ids[3]},{ids[30]}"
+    both = get("trials", limit=5, status="SUCCEEDED", **{"with": "curves", "trials": chosen, "curve": "default"})
+    assert both["rows"] == get("trials", limit=5, status="SUCCEEDED")["rows"]
+    assert both["curves"] == get("curves", trials=chosen, metric="default")
+    assert [series["id"] for series in both["curves"]["series"]] == [ids[3], ids[30]]
+    assert get("trials", **{"with": "curves"})["curves"] == get("curves")  # none named: the best
+    assert "curves" not in get("trials")
+
+
 def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):
     home = tmp_path / "home"
     store = Store.in_dir(home / "experiments" / "done1")

@@ -104,6 +104,16 @@ def _best(db: sqlite3.Connection, experiment_id: str, mode: str) -> Optional[sql
     return ranked[0] if ranked and ranked[0]["metric"] is not None else None
 
 
+def _outranked(db: sqlite3.Connection, experiment_id: str, row: Mapping[str, Any], mode: str) -> bool:
+    """Whether a trial of the experiment ranks before `row` (one with a metric): results.rank's rule as SQL's row
+    values, which stops at the first such trial rather than ranking them all."""
+    beyond = "(metric, -sequence) > (?, ?)" if mode == results.MAXIMIZE else "(metric, sequence) < (?, ?)"
+    return db.execute(f"SELECT 1 FROM (SELECT t.sequence, {FINAL} AS metric FROM trials t WHERE t.experiment=?) "
+                      f"WHERE {beyond} LIMIT 1",
+                      (experiment_id, row["metric"], -row["sequence"] if mode == results.MAXIMIZE else row["sequence"])
+                      ).fetchone() is not None
+
+
 def _folder(db: sqlite3.Connection) -> Optional[Path]:
     """The experiment dir the store file is in (its manager.json beside it); None for one in memory."""
     path = db.execute("PRAGMA database_list").fetchone()[2]
@@ -335,7 +345,8 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
            metric: str = "") -> Dict[str, Any]:
     """One metric of the given trials (else the `top` best) over their steps, every run of a trial as one series
     (results.series), with final metrics: `metric` by either of its names (results.metrics_of), else the one a
-    user looks at first; `metrics` lists every metric these trials report, by the name shown."""
+    user looks at first; `metrics` lists every metric these trials report, by the name shown; `best` the
+    experiment's best trial where it is one of these (its curve is labelled so), else None."""
     exp = _experiment_row(db, experiment_id)
     mode = results.optimize_mode(exp["config"])
     if trial_ids:
@@ -355,11 +366,13 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
         series.append({"id": row["id"], "metric": row["metric"], "steps": [step for step, _ in points[::stride]],
                        "values": [value for _, value in points[::stride]],
                        "reports": len(reports[row["id"]])})
-    best = _best(db, experiment_id, mode)
+    # The best of these trials (drawn bold), by the same rule; the experiment's best unless another trial ranks
+    # before it (the chosen trials' leader is seldom the best of all: the first trial that outranks it ends the
+    # search, where ranking every trial took most of this answer's time: bench/bench_web.py).
     leader = min(rows, key=lambda row: results.rank(row["metric"], row["sequence"], mode), default=None)
-    return {"optimize_mode": mode, "best": best["id"] if best else None, "series": series,
-            # The best of these trials (drawn bold), by the same rule.
-            "top": leader["id"] if leader is not None and leader["metric"] is not None else None,
+    bold = leader["id"] if leader is not None and leader["metric"] is not None else None
+    best = bold if bold is not None and (not trial_ids or not _outranked(db, experiment_id, leader, mode)) else None
+    return {"optimize_mode": mode, "best": best, "series": series, "top": bold,
             "metrics": [m.shown for m in known], "metric": shown.shown,
             # The group of a Determined metric shown by its own name ("loss": training), for its mark.
             "groups": {m.shown: m.group for m in known if m.group and m.shown != m.name},

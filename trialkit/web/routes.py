@@ -10,6 +10,8 @@
     GET  /api/ui/experiments/<exp>/trials    one page of trials: ?status=A,B&metric=EXPR&p:NAME=EXPR
                                              &sort=sequence|id|status|metric|restarts|duration|p:NAME
                                              &order=asc|desc&offset=N&limit=N (EXPR: a..b, >=x, <x, =x, text)
+                                             [&with=curves&trials=ID,ID&curve=NAME: with "curves", the curves
+                                             route's answer for those trials and metric, of the same state]
     GET  /api/ui/experiments/<exp>/curves    ?trials=ID,ID (else the 10 best)&metric=NAME: one metric's values per
                                              step, every run of a trial as one series; the names reported
     GET  /api/ui/experiments/<exp>/hyper     parameters and final metric of finished trials, column-wise
@@ -167,11 +169,18 @@ class _Routes:
         return self._read(request, queries.experiment)
 
     def _trials(self, request: Request) -> Any:
-        return self._read(request, queries.trials_page, queries.TrialQuery.from_query(request.query))
+        """A page of trials; with=curves adds the trials view's curves: its data in one answer, which a cold page
+        waits for once (each request to a loaded machine's manager waits its turn: bench/bench_web.py)."""
+        q = queries.TrialQuery.from_query(request.query)
+        with self._reading(request.params["exp"]) as db:
+            page = queries.trials_page(db, request.params["exp"], q)
+            if request.query.get("with") == "curves":
+                page["curves"] = _curves_of(db, request.params["exp"], request.query.get("trials", ""),
+                                            request.query.get("curve", ""))
+        return page
 
     def _curves(self, request: Request) -> Any:
-        chosen = [t for t in request.query.get("trials", "").split(",") if t]
-        return self._read(request, queries.curves, chosen, queries.CURVE_TOP, request.query.get("metric", ""))
+        return self._read(request, _curves_of, request.query.get("trials", ""), request.query.get("metric", ""))
 
     def _hyper(self, request: Request) -> Any:
         return self._read(request, queries.hyperparameters)
@@ -243,6 +252,11 @@ class _Routes:
             raise HttpError(501, f"{name} is not available in this manager")
         self.performer.perform(actions.find("trial", name), trial_id, request.json() if request.body else {})
         return {"ok": True, "at": time.time()}
+
+
+def _curves_of(db: sqlite3.Connection, experiment_id: str, chosen: str, metric: str) -> Any:
+    """The curves of the trials in `chosen` (ID,ID; none: the best): the curves route's answer, and the trials'."""
+    return queries.curves(db, experiment_id, [t for t in chosen.split(",") if t], queries.CURVE_TOP, metric)
 
 
 def _json(answer: Any) -> Raw:

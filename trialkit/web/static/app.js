@@ -169,7 +169,8 @@
   }
 
   // ---------------------------------------------------------------- info, actions
-  // Asked after the first view's data (infoReady() in start()): only the action buttons wait for it.
+  // Asked once the first view is shown (start()), unless that view has action buttons, which wait for it: its
+  // answer would otherwise come in among the first view's own (bench/bench_web.py).
   let info = {read_only: true, actions: []};
   let infoAsked = null;
   function infoReady() {
@@ -375,23 +376,36 @@
       tableQuery.delete('curve');
       const tableKey = tableQuery.toString();
       const curveKey = `${q.get('sel') || ''} ${q.get('curve') || ''}`;
-      const work = [];
-      if (live || tableKey !== this.tableKey) {
-        work.push(this.loadTable(tableQuery).then(() => { this.tableKey = tableKey; }));
-      } else {
-        this.markSelection();
+      const tableDue = live || tableKey !== this.tableKey;
+      if (!tableDue) this.markSelection();
+      if (!tableQuery.has('limit')) tableQuery.set('limit', '50');
+      const curvesDue = live || curveKey !== this.curveKey;
+      const chosen = this.selected();
+      const curvesOf = enc(chosen.join(',')), metric = enc(q.get('curve') || '');
+      // The table and its curves come in one answer when both are due (the first view, a live update), and are
+      // shown together: a cold page waits for one answer, not two (a loaded machine's manager serves each in
+      // turn), and lays the view out and paints it once, not the table first and then again with its curves
+      // (bench/bench_web.py). What alone is due comes alone.
+      let page = null, curves = null;
+      if (tableDue) {
+        const withCurves = curvesDue ? `&with=curves&trials=${curvesOf}&curve=${metric}` : '';
+        page = await api(`${expPath(this.exp)}/trials?${tableQuery}${withCurves}`);
+        curves = page.curves || null;
+      } else if (curvesDue) {
+        curves = await api(`${expPath(this.exp)}/curves?trials=${curvesOf}&metric=${metric}`);
       }
-      const table = work[0];
-      if (live || curveKey !== this.curveKey) {
-        work.push(this.loadCurves(table).then(() => { this.curveKey = curveKey; }));
+      if (page) {
+        this.showTable(tableQuery, page);
+        this.tableKey = tableKey;
       }
-      await Promise.all(work);
+      if (curves) {
+        await this.showCurves(chosen, curves);
+        this.curveKey = curveKey;
+      }
       markReady('trials');
     }
 
-    async loadTable(q) {
-      if (!q.has('limit')) q.set('limit', '50');
-      const page = await api(`${expPath(this.exp)}/trials?${q}`);
+    showTable(q, page) {
       this.status.value = q.get('status') || '';
       this.size.value = q.get('limit');
       this.params = page.parameters;
@@ -473,12 +487,7 @@
       }
     }
 
-    // Asked beside the table, drawn after it: the table is what the user reads first.
-    async loadCurves(table) {
-      const chosen = this.selected();
-      const metric = this.query().get('curve') || '';
-      const data = await api(`${expPath(this.exp)}/curves?trials=${enc(chosen.join(','))}&metric=${enc(metric)}`);
-      if (table) await table.catch(() => {});  // its failure is reported by load()
+    async showCurves(chosen, data) {
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
         : `Curves: the ${data.series.length} best`;
       this.metricPick.show(data, (name) => this.set({curve: name}));
@@ -1064,9 +1073,8 @@
   async function start() {
     if (!token) { askToken(); return; }
     window.addEventListener('hashchange', () => show(false));
-    const shown = show(false);  // its questions are asked first, then the page's own
+    await show(false);
     infoReady();
-    await shown;
     keepToken();
     follow();
   }
