@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sqlite3
 import time
@@ -80,7 +81,8 @@ def test_a_trial_that_checkpoints_when_the_experiment_stops_is_preempted_and_res
     row = export(exp)[0]
     assert row["status"] == "PREEMPTED" and row["exit_code"] == 143
     assert row["reason"].endswith("it saved a checkpoint: `trialkit experiment resume` continues it"), row
-    assert "PAUSED: " in ok("trial", "list", exp)
+    listed = ok("trial", "list", exp).splitlines()[2]  # the one trial's row: its status word, then why
+    assert re.search(r"\bPAUSED\b.*it saved a checkpoint: `trialkit experiment resume` continues it$", listed), listed
     assert json.loads((Path(row["trial_dir"]) / "checkpoint" / "state.json").read_text())["step"] == 3
 
     resumed = ok("experiment", "resume", exp)
@@ -142,7 +144,8 @@ def test_a_paused_trial_without_a_checkpoint_says_its_progress_restarts(tmp_path
         wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to pause")
         restarts = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
         assert f"status         PAUSED: paused; {restarts}" in ok("trial", "show", trial)
-        assert "PAUSED: paused; it saved no checkpoint" in ok("trial", "list", exp)
+        listed = ok("trial", "list", exp).splitlines()[2]
+        assert re.search(r"\bPAUSED\b.* paused; it saved no checkpoint", listed), listed
         activated = ok("trial", "activate", trial)
         assert "queued to start again from the beginning (it saved no checkpoint when paused)" in activated
         ok("experiment", "stop", exp)

@@ -101,7 +101,7 @@ def test_each_rank_has_its_own_log(day):
 
 
 def test_the_killed_worker_fails_the_trial_saying_which_rank_died(day):
-    assert day.row["status"].startswith("FAILED: ") and "rank 1" in day.row["status"], day.row
+    assert day.row["status"] == "FAILED" and "rank 1" in day.row["why"], day.row
     assert day.show.returncode == 0, day.show.stderr
     assert "rank 1 failed with signal SIGKILL" in day.show.stdout and "stopped the other workers" in day.show.stdout
 
