@@ -37,7 +37,11 @@ day at load 3.7-5.5: 2.32x (2.77x) MET, 4.62x (4.31x), 3.47x (3.63x); main's
 page against this one in one run (21 rounds, load 8.5, floor 35 ms): 131 ->
 116 ms, painted 188 -> 166 ms. Quiet (load 1, later that day, three runs): cold
 98, 90, 86 ms against floors of 31, 30, 31 ms: 3.15x (3.15x), 3.00x (2.85x),
-2.82x (2.67x) MET; painted 0.84-0.96x. Not met reliably: the floor swings with the
+2.82x (2.67x) MET; painted 0.84-0.96x. Then, the Trials view asking for its
+answer before it builds its frame (seven runs, load 0.7-1.3): cold 82, 84, 80,
+88, 88, 83, 82 ms against floors of 30, 26, 29, 27, 31, 27, 30 ms: 2.73x MET,
+3.29x, 2.76x MET, 3.23x, 2.81x MET, 3.02x, 2.73x MET; painted 0.82-0.90x. Not
+met reliably: the floor swings with the
 load (34-62 ms) more than the page does, and the page's own part is ~45 ms
 to its data request (parse, script), ~20 ms waiting for the answer, ~40 ms
 making the rows and uPlot's first chart in a fresh renderer. The manager's

@@ -328,6 +328,7 @@
   class TrialsView {
     constructor(exp) {
       this.exp = exp; this.key = 'trials:' + exp; this.tableKey = null; this.curveKey = null; this.ended = new Set();
+      this.asksFirst = true;  // load() reads only the address until its answer is in
     }
 
     mount(main) {
@@ -980,18 +981,22 @@
 
   async function show(live) {
     const next = viewFor(location.hash);
-    if (!current || next.key !== current.key) {
+    const fresh = !current || next.key !== current.key;
+    if (fresh) {
       if (current && current.unmount) current.unmount();
       resized.disconnect();  // the charts it followed went with their view
       current = next;
       delete document.body.dataset.ready;
       delete document.body.dataset.tableAt;
       delete document.body.dataset.paintedAt;
-      current.mount($('main'));
     }
     const view = current;
+    // A view whose load touches its frame only once its answer is in (asksFirst) asks before the frame is built:
+    // the page's first view then waits for its data while it builds it, not after (bench/bench_web.py).
+    const loading = view.asksFirst ? view.load(live) : null;
+    if (fresh) view.mount($('main'));
     try {
-      await view.load(live);
+      await (loading || view.load(live));
       showProblem('');
     } catch (err) {
       if (view === current) showProblem(problemFrom(err));
