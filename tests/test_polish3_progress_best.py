@@ -13,32 +13,31 @@ from experiment_util import cli, experiment
 pytestmark = pytest.mark.usefixtures("home")
 
 X = {"x": {"_type": "choice", "_value": [5, 1]}}
-# x=5: its final result, then it runs on until x=1 ended (and a little more). x=1: ends once x=5's result had
-# time to reach the manager.
+# x=5: its final result, then it runs on until the control plane has recorded x=1's end (its token revoked, which
+# it does just before it prints that end's line). x=1: ends once the manager has stored x=5's final result. Each
+# reads the experiment's store (read-only, as the CLI does) for the other's event: no sleep stands in for one.
 LINGERS = """
-import os, time, trialkit
-marks = {marks!r}
-x = trialkit.get_next_parameter()["x"]
-def wait_for(name):
-    while not os.path.exists(os.path.join(marks, name)):
+import os, sqlite3, time, trialkit
+me, exp = os.environ["TRIALKIT_TRIAL_ID"], os.environ["TRIALKIT_EXPERIMENT_ID"]
+store = os.path.join(os.environ["TRIALKIT_HOME"], "experiments", exp, "trialkit.db")
+def other(sql):
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
+        return db.execute(sql, (me,)).fetchone()[0]
+def wait_for(sql):
+    while not other(sql):
         time.sleep(0.05)
+x = trialkit.get_next_parameter()["x"]
 if x == 5:
     trialkit.report_final_result(x)
-    open(os.path.join(marks, "five-reported"), "w").close()
-    wait_for("one-ended")
-    time.sleep(2)
+    wait_for("SELECT COUNT(*) FROM trials WHERE id != ? AND status = 'SUCCEEDED' AND token_hash IS NULL")
 else:
-    wait_for("five-reported")
-    time.sleep(1.5)
+    wait_for("SELECT COUNT(*) FROM records WHERE trial != ? AND type = 'FINAL'")
     trialkit.report_final_result(x)
-    open(os.path.join(marks, "one-ended"), "w").close()
 """
 
 
 def test_the_line_names_as_best_only_a_trial_it_counts_as_ended(tmp_path):
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    config = experiment(tmp_path, X, LINGERS.format(marks=str(marks)), maxTrialNumber=2, trialConcurrency=2,
+    config = experiment(tmp_path, X, LINGERS, maxTrialNumber=2, trialConcurrency=2,
                         tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}})
     done = cli("run", config)
     assert done.returncode == 0, done.stdout + done.stderr
