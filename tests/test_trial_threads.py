@@ -49,3 +49,13 @@ def test_a_pool_that_runs_one_trial_at_once_leaves_it_the_whole_machine(tmp_path
 
 def test_the_users_own_setting_is_kept(tmp_path, home):
     assert threads_seen(tmp_path, 2, dict(without_threads(), OMP_NUM_THREADS="3")) == [3, 3]
+
+
+def test_the_cores_are_divided_by_the_trials_at_once_and_each_trials_workers():
+    from trialkit.platforms.local import trial_threads
+
+    assert trial_threads(16, 2, 1) == 8
+    assert trial_threads(16, 2, 2) == 4  # slotsPerTrial 2: a launcher's two workers share the trial's 8
+    assert trial_threads(16, 3, 1) == 5  # what is left over stays free
+    assert trial_threads(2, 4, 1) == 1  # never none
+    assert trial_threads(16, 1, 4) is None  # alone: the whole machine, as before (torchrun sets 1 a rank itself)
