@@ -217,7 +217,7 @@ def big(tmp_path):
     def get(route: str, **query: Any) -> Dict[str, Any]:
         answer = requests.get(f"{server.url}/api/ui/experiments/big/{route}", params=query,
                               headers={"Authorization": f"Bearer {page_token('tok')}"}, timeout=10)
-        assert answer.status_code == 200, answer.text
+        assert answer.status_code == 200, f"{answer.status_code}: {answer.text}"
         return answer.json()
     try:
         yield store, ids, get
@@ -258,6 +258,8 @@ def test_the_trials_answer_brings_the_curves_when_asked(big):
     assert [series["id"] for series in both["curves"]["series"]] == [ids[3], ids[30]]
     assert get("trials", **{"with": "curves"})["curves"] == get("curves")  # none named: the best
     assert "curves" not in get("trials")
+    with pytest.raises(AssertionError, match="400: .*only with=curves adds to a page of trials"):
+        get("trials", **{"with": "curve"})  # a typo is refused, not ignored
 
 
 def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):

@@ -172,9 +172,12 @@ class _Routes:
         """A page of trials; with=curves adds the trials view's curves: its data in one answer, which a cold page
         waits for once (each request to a loaded machine's manager waits its turn: bench/bench_web.py)."""
         q = queries.TrialQuery.from_query(request.query)
+        extra = request.query.get("with")
+        if extra not in (None, "curves"):
+            raise HttpError(400, f"with={extra!r}: only with=curves adds to a page of trials")
         with self._reading(request.params["exp"]) as db:
             page = queries.trials_page(db, request.params["exp"], q)
-            if request.query.get("with") == "curves":
+            if extra == "curves":
                 page["curves"] = _curves_of(db, request.params["exp"], request.query.get("trials", ""),
                                             request.query.get("curve", ""))
         return page
