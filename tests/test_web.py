@@ -712,6 +712,23 @@ def test_the_trials_view_asks_its_table_and_curves_in_one_answer(ties_site, brow
     assert [name.split("?")[0].rsplit("/", 1)[-1] for name in browser.execute_script(asked)[1:]] == ["curves"]
 
 
+def test_a_rows_box_selects_its_trial_for_the_curves(ties_site, browser):
+    """Checking a row's box adds its trial to the selection (the address's sel) and the curves show it; unchecking
+    takes it out again."""
+    _, server = ties_site
+    open_read_only(browser, server, "/trials", "trials", "ties-token", "ties")
+    wait_for(browser, "return document.getElementById('curves').uplot", "the curves")
+    box = "#trials tr[data-trial='ties-00002'] input[type=checkbox]"
+    browser.find_element("css selector", box).click()
+    wait_for(browser, "return location.hash.endsWith('sel=ties-00002') && "
+                      "document.getElementById('curves').uplot.series.length === 2", "the checked trial's curve")
+    assert browser.execute_script("return document.getElementById('curves').uplot.series[1].label") == "ties-00002"
+    assert browser.find_element("css selector", box).is_selected()
+    browser.find_element("css selector", box).click()
+    wait_for(browser, "return !location.hash.includes('sel=') && "
+                      "document.getElementById('curves').uplot.series.length === 4", "the best three again")
+
+
 def test_an_address_that_names_no_view_says_so_and_links_the_views(views_site, browser):
     for view in ("/hyperparameters", "/trial", "/trials/extra"):
         open_read_only(browser, views_site, view, "not-found")
