@@ -729,6 +729,48 @@ def test_a_rows_box_selects_its_trial_for_the_curves(ties_site, browser):
                       "document.getElementById('curves').uplot.series.length === 4", "the best three again")
 
 
+# Before any script of the page runs: counts the frames in which the Trials view is on show without its rows, and
+# notes the width each uPlot chart is made with.
+COUNT_EMPTY_FRAMES = """
+window.emptyFrames = 0;
+window.madeWidths = [];
+let made;
+Object.defineProperty(window, 'uPlot', {configurable: true, get: () => made, set: (real) => {
+  made = new Proxy(real, {construct: (target, args) => { window.madeWidths.push(args[0].width); return new target(...args); }});
+}});
+const look = () => {
+  const table = document.getElementById('trials');
+  if (table && table.checkVisibility() && !document.querySelector('#trials tbody tr')) {
+    window.emptyFrames += 1;
+  }
+  requestAnimationFrame(look);
+};
+requestAnimationFrame(look);
+"""
+
+
+def test_the_trials_view_is_built_out_of_sight_until_its_answer_is_in(ties_site, browser):
+    """While its answer comes (300 ms here), the view's frame is built but not shown: no frame lays it out and paints
+    it empty (that held a cold page's answer back: bench_web.py); its curves are made as wide as their place."""
+    _, server = ties_site
+    hook = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": COUNT_EMPTY_FRAMES})["identifier"]
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": False, "latency": 300,
+                                                                 "downloadThroughput": -1, "uploadThroughput": -1})
+    try:
+        open_read_only(browser, server, "/trials", "trials", "ties-token", "ties")
+        drawn, room = wait_for(browser, "const n = document.getElementById('curves'); "
+                                        "return n.uplot && [n.uplot.width, n.clientWidth]", "the curves")
+        empty, made = browser.execute_script("return [window.emptyFrames, window.madeWidths]")
+    finally:
+        browser.execute_cdp_cmd("Network.emulateNetworkConditions", {"offline": False, "latency": 0,
+                                                                     "downloadThroughput": -1, "uploadThroughput": -1})
+        browser.execute_cdp_cmd("Network.disable", {})
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": hook})
+    assert empty == 0
+    assert made == [drawn] and drawn == room > 0  # made once, at the width it keeps
+
+
 def test_an_address_that_names_no_view_says_so_and_links_the_views(views_site, browser):
     for view in ("/hyperparameters", "/trial", "/trials/extra"):
         open_read_only(browser, views_site, view, "not-found")

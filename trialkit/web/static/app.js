@@ -396,6 +396,7 @@
       } else if (curvesDue) {
         curves = await api(`${expPath(this.exp)}/curves?trials=${curvesOf}&metric=${metric}`);
       }
+      reveal(this.chart);
       if (page) {
         this.showTable(tableQuery, page);
         this.tableKey = tableKey;
@@ -574,9 +575,9 @@
   // Whole steps tick at whole numbers only (uPlot's own steps would put 1.5, 2.5 between 1, 2 and 3).
   const WHOLE_STEPS = Array.from({length: 16}, (_, e) => [1, 2, 5].map((m) => m * 10 ** e)).flat();
   const CHART_HEIGHT = 320;
-  // A curves chart's width, as a ResizeObserver tells it after each layout (the first, the page's first frame,
-  // comes while the view waits for its data; then a window resized, a scrollbar come): reading it from the node
-  // would lay out the tables around it again first (bench/bench_web.py: ~20 ms of a cold page).
+  // A curves chart's width, as a ResizeObserver tells it after each layout (a window resized, a scrollbar come), or
+  // as reveal() reckons it for a view built out of sight: reading it from the node would lay out the tables around
+  // it again first (bench/bench_web.py: ~20 ms of a cold page).
   const widths = new WeakMap();
   const resized = new ResizeObserver((entries) => {
     for (const {target, contentRect} of entries) {
@@ -1003,15 +1004,43 @@
     }
     const view = current;
     // A view whose load touches its frame only once its answer is in (asksFirst) asks before the frame is built:
-    // the page's first view then waits for its data while it builds it, not after (bench/bench_web.py).
+    // the page's first view then waits for its data while it builds it, not after. It builds it out of sight
+    // (main.waiting: its contents neither styled nor laid out nor painted) until the answer is in (reveal): an
+    // empty frame laid out and painted while the answer came held the answer back (bench/bench_web.py).
     const loading = view.asksFirst ? view.load(live) : null;
-    if (fresh) view.mount($('main'));
+    if (fresh) {
+      $('main').classList.toggle('waiting', loading !== null);
+      view.mount($('main'));
+    }
     try {
       await (loading || view.load(live));
       showProblem('');
     } catch (err) {
       if (view === current) showProblem(problemFrom(err));
+    } finally {
+      reveal();
     }
+  }
+
+  // Shows the view show() built out of sight; `chart`, a curves chart of it, gets the width it will have, reckoned
+  // without laying the view out: main's (laid out without its contents) less its padding and the padding, borders
+  // and margins of the chart's containers in it. Reading the chart's own would lay out the whole view first (~20 ms
+  // of a cold page).
+  function reveal(chart) {
+    const main = $('main');
+    if (!main.classList.contains('waiting')) return;
+    if (chart) {
+      let width = main.clientWidth;
+      for (let node = chart.parentElement; node !== main.parentElement; node = node.parentElement) {
+        const style = getComputedStyle(node);
+        for (const side of ['Left', 'Right']) {
+          width -= parseFloat(style['padding' + side]);
+          if (node !== main) width -= parseFloat(style[`border${side}Width`]) + parseFloat(style['margin' + side]);
+        }
+      }
+      widths.set(chart, Math.round(width));
+    }
+    main.classList.remove('waiting');
   }
 
   let refreshing = false, pending = false, lastRefresh = 0;
