@@ -44,7 +44,18 @@ answer before it builds its frame (seven runs, load 0.7-1.3): cold 82, 84, 80,
 met reliably: the floor swings with the
 load (34-62 ms) more than the page does, and the page's own part is ~45 ms
 to its data request (parse, script), ~20 ms waiting for the answer, ~40 ms
-making the rows and uPlot's first chart in a fresh renderer. The manager's
+making the rows and uPlot's first chart in a fresh renderer. Then the view's
+frame built out of sight until its answer is in (laid out and painted empty
+while the answer came, it held the answer back 15-30 ms: resource timing
+against the page's marks) and its rows cloned from one (~5.4 -> ~2.8 ms):
+raced against the page before in one harness (both pages and this floor,
+rotating, 25 rounds): 0.86-0.89x round by round at load 5-11 under nice -10,
+0.93x (112 -> 102 ms; painted 0.98x) at load 10; three runs of this bench,
+load 8.7-10.2: cold 97, 117, 138 ms against floors of 34, 46, 64 ms: 2.82x
+(3.06x), 2.53x (2.44x) MET, 2.15x (2.77x) MET; painted 0.76-0.88x. Asking
+for the data from a script in the page's head (~10-15 ms sooner) gained
+nothing (0.99-1.13x): the answer then waited for the frame and uPlot's
+evaluation on the renderer's one thread. The manager's
 answers the view needs are timed too (issue 9: under 50 ms).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
