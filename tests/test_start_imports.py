@@ -92,13 +92,15 @@ def test_the_keeper_starts_its_command_before_loading_its_reporting_side(tmp_pat
     assert json.loads((tmp_path / ".trialkit" / "status.json").read_text())["status"] == "SUCCEEDED"
 
 
-def test_a_keeper_that_ships_to_a_plain_http_manager_loads_no_http_client_ssl_or_email(tmp_path):
+def test_a_keeper_that_ships_to_a_plain_http_manager_loads_no_http_client_ssl_email_or_typing(tmp_path):
     # Its reporting side loads beside the starting trial, on the CPU the trial starts on: http.client (with
-    # email and ssl) was most of it (keeper/shipper.py). No manager answers here: the keeper tries, and ends.
+    # email and ssl) was most of it (keeper/shipper.py), typing most of the rest. No manager answers here: the
+    # keeper tries, and ends.
     code = "import trialkit.keeper.main as m\nassert m.run(['--quiet', '--flush-seconds', '0.3', '--', 'true']) == 0"
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRIALKIT_TRIAL_DIR=str(tmp_path), TRIALKIT_TRIAL_ID="t1",
                TRIALKIT_TOKEN="token-1", TRIALKIT_MANAGER_URL="http://127.0.0.1:9")
-    done = subprocess.run([sys.executable, "-c", PROBE, code, "http.client", "ssl", "email", "trialkit.keeper.shipper"],
+    done = subprocess.run([sys.executable, "-c", PROBE, code, "http.client", "ssl", "email", "typing",
+                           "trialkit.keeper.shipper"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout.strip().splitlines()[-1])

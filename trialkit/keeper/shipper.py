@@ -28,7 +28,10 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+
+TYPE_CHECKING = False  # no typing at run time: 2 of the 5.6 ms the reporting side imports beside the trial's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import SplitResult, quote, urlsplit
 
 from trialkit.keeper.spool import Spool
