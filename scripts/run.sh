@@ -12,9 +12,13 @@ set -eu
 
 trial_dir=${TRIALKIT_TRIAL_DIR:-${NNI_SYS_DIR:-$PWD}}
 export TRIALKIT_TRIAL_DIR="$trial_dir"
-mkdir -p "$trial_dir/.trialkit"
 python=${TRIALKIT_PYTHON:-python3}
-scripts_dir=$(dirname "$0")
+# No program runs on a local trial's way to its keeper (each one a fork and an exec, 1 to 3 ms): the dir
+# that what is written here goes to is made where it is written (the keeper makes it too).
+case $0 in
+  */*) scripts_dir=${0%/*} ;;
+  *) scripts_dir=. ;;
+esac
 # Kubernetes shows this file's text as the container's termination message:
 # how a trial that fails before its keeper runs tells the platform why.
 termination_log=${TRIALKIT_TERMINATION_LOG:-/dev/termination-log}
@@ -26,6 +30,7 @@ give_up() {
   if [ -w "$termination_log" ] || [ -n "${TRIALKIT_TERMINATION_LOG:-}" ]; then
     echo "$2: $3" >"$termination_log" 2>/dev/null || true
   fi
+  mkdir -p "$trial_dir/.trialkit" 2>/dev/null || true
   printf '{"status": "FAILED", "exit_code": %d, "reason": "%s", "history": []}\n' \
     "$1" "$2" >"$trial_dir/.trialkit/status.json"
   exit "$1"
@@ -51,6 +56,7 @@ trap 'stopped 130' INT
 # fetch DIGEST DEST WHAT: one archive from the manager into DEST (kept: a restarted container reuses it).
 # fetch.py runs in the background, waited for: a trap runs at once during `wait`, not after a foreground child.
 fetch() {
+  mkdir -p "$trial_dir/.trialkit"
   said="$trial_dir/.trialkit/fetch.out"
   "$python" "$scripts_dir/fetch.py" "$1" "$2" >"$said" 2>&1 &
   child=$!

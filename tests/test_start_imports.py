@@ -5,7 +5,8 @@ Their start-up is mostly imports (bench/bench_keeper.py races it against
 path must stay off it: dataclasses (which imports inspect), ast, shutil (with
 zlib, bz2, lzma), typing (1.6 ms: annotations are strings, its names are
 imported for type checkers only), AdaptDL's wiring (it brings its checkpoint
-hook's module), and http.client (with ssl and email) where no manager is set.
+hook's module), and http.client (with ssl and email): the keeper's shipper has
+its own HTTP, and ssl only for an https manager.
 The keeper starts its command before it loads its reporting side. Each check
 runs in a fresh interpreter and names what pulled the module in.
 """
@@ -89,6 +90,21 @@ def test_the_keeper_starts_its_command_before_loading_its_reporting_side(tmp_pat
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == {}, f"the keeper loads {loaded} (module: imported by) before its command starts"
     assert json.loads((tmp_path / ".trialkit" / "status.json").read_text())["status"] == "SUCCEEDED"
+
+
+def test_a_keeper_that_ships_to_a_plain_http_manager_loads_no_http_client_ssl_email_or_typing(tmp_path):
+    # Its reporting side loads beside the starting trial, on the CPU the trial starts on: http.client (with
+    # email and ssl) was most of it (keeper/shipper.py), typing most of the rest. No manager answers here: the
+    # keeper tries, and ends.
+    code = "import trialkit.keeper.main as m\nassert m.run(['--quiet', '--flush-seconds', '0.3', '--', 'true']) == 0"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRIALKIT_TRIAL_DIR=str(tmp_path), TRIALKIT_TRIAL_ID="t1",
+               TRIALKIT_TOKEN="token-1", TRIALKIT_MANAGER_URL="http://127.0.0.1:9")
+    done = subprocess.run([sys.executable, "-c", PROBE, code, "http.client", "ssl", "email", "typing",
+                           "trialkit.keeper.shipper"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert loaded == {"trialkit.keeper.shipper": "trialkit.keeper.reporter"}, loaded
 
 
 # What the commands that only read the store leave to the commands that talk to a manager.

@@ -233,19 +233,24 @@ def spawn(
 ) -> Child:
     """Start argv in its own session. Raises LaunchError(127|126) if it cannot run.
 
-    die_with_parent=False is for the control plane's local trials: their
-    keepers outlive a killed control plane, and `experiment resume` reattaches.
+    die_with_parent=False is for what outlives its parent (a background
+    control plane). The local platform's keepers, which outlive a killed
+    control plane too (`experiment resume` reattaches), are started with
+    in_child=False.
     parent_death_signal=SIGTERM is for keepers under a Ray worker: when Ray
     kills the worker, the keeper takes its graceful path (the trial checkpoints).
-    in_child=False runs nothing in the child before exec (neither of the above,
-    nor clearing the signal mask): Python then vforks rather than forks, which
-    from a big parent (a Ray worker) is ~3 ms instead of ~60. The caller's thread
-    has an empty signal mask and argv sets the death signal itself (setpriv).
+    in_child=False runs nothing in the child before exec (neither of the above):
+    Python then vforks rather than forks, which from a big parent (a Ray worker,
+    a control plane) is ~3 ms instead of ~10 to 60. The child inherits the
+    calling thread's signal mask, so the mask is cleared for the vfork's few ms
+    (as the forked child clears its own); argv sets any death signal itself
+    (setpriv).
     """
     import subprocess  # here: what only reads /proc (is_running: `trialkit experiment list`) starts without it
 
     if not argv:
         raise LaunchError("no command given", 127)
+    mask = None if in_child else signal.pthread_sigmask(signal.SIG_SETMASK, [])
     try:
         popen = subprocess.Popen(
             list(argv),
@@ -267,6 +272,9 @@ def spawn(
     except OSError as err:
         code = 126 if err.errno in (errno.EACCES, errno.ENOEXEC, errno.EISDIR) else 127
         raise LaunchError(f"{argv[0]}: {err.strerror}", code) from None
+    finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return Child(pid=popen.pid, argv=list(argv), name=name, popen=popen)
 
 

@@ -14,7 +14,10 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+
+TYPE_CHECKING = False  # no typing at run time: 2 of the 5.6 ms the reporting side imports beside the trial's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple, Union
 
 from trialkit import __version__, env, layout, records
 from trialkit.checkpoints import STORE_FAILED_EXIT, STORED_LIST, unstored
@@ -24,7 +27,6 @@ from trialkit.keeper.status import PROG, warn
 from trialkit.process import (STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, pipes_output, signal_group,
                               spawn)
 from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
-
 
 
 def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventLoop,

@@ -15,7 +15,10 @@ the next record that fits, or the end, carries one line saying what was cut.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+
+TYPE_CHECKING = False  # no typing at run time: 2 of the 5.6 ms the reporting side imports beside the trial's start
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 CHUNK_BYTES = 64 * 1024
 FLUSH_SECONDS = 0.5

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Iterable, List, Optional, Tuple
+
+TYPE_CHECKING = False  # no typing at run time: 2 of the 5.6 ms the reporting side imports beside the trial's start
+if TYPE_CHECKING:
+    from typing import Callable, Iterable, List, Optional, Tuple
 
 from trialkit.process import EventLoop, libc
 

@@ -375,7 +375,7 @@ class Platform(PlatformBase):
                                       env=trial_environ(self.config, spec, trial_dir, code, indices,
                                                         self._threads()),
                                       cwd=str(trial_dir), stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, name=spec.trial_id, die_with_parent=False)
+                                      stderr=subprocess.STDOUT, name=spec.trial_id, in_child=False)
             # The keeper holds the lease from now on: it outlives a control plane that crashes.
             self._slots.hand_over(spec.trial_id, child.pid)
         except BaseException:

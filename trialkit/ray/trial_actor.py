@@ -76,13 +76,8 @@ def start_keeper(argv: Sequence[str], environ: Dict[str, str]) -> Child:
     path = setpriv()
     if path is None:  # a node without it: the keeper pays a fork of the worker
         return spawn(argv, env=environ, stdin=subprocess.DEVNULL, parent_death_signal=signal.SIGTERM)
-    # The child inherits this thread's signal mask, and Ray's threads block SIGINT: cleared for the
-    # vfork's few ms, as the forked child's preexec step clears it.
-    mask = signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    try:
-        return spawn([path, "--pdeathsig", "TERM", *argv], env=environ, stdin=subprocess.DEVNULL, in_child=False)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    # Ray's threads block SIGINT: spawn clears the mask for the vfork, as the forked child's preexec step does.
+    return spawn([path, "--pdeathsig", "TERM", *argv], env=environ, stdin=subprocess.DEVNULL, in_child=False)
 
 
 def node_id() -> str:
