@@ -1,0 +1,71 @@
+"""A trial that waits says what for: an activated trial queued behind its experiment's own trials reads
+"waiting for a free slot: 1 of 1 in use by this experiment's trials (trialConcurrency: ...)" in `trial list`'s
+why column and `trial show`, not "activated" (a newcomer read that and waited for something to happen).
+
+A real `trialkit run` with one slot: trial 0 is paused, trial 1 takes the slot and holds it (a gate file), trial 0
+is activated and waits; the gate opens and the run ends.
+"""
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+
+import pytest
+
+from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
+from harness import wait_until
+
+pytestmark = pytest.mark.usefixtures("home")
+WAIT = 60.0  # an upper bound for a loaded machine; never waited for on success
+
+# Trial 0 (hold=1) reports until it is paused (SIGTERM: exit 143), then, activated, ends; trial 1 holds its slot
+# till the gate file exists.
+SCRIPT = """
+import pathlib, time, trialkit
+if trialkit.get_next_parameter()["hold"] and not int(__import__("os").environ["TRIALKIT_RESTART_COUNT"]):
+    while True:
+        trialkit.report_intermediate_result(1)
+        time.sleep(0.2)
+while not pathlib.Path({gate!r}).exists():
+    time.sleep(0.05)
+trialkit.report_final_result(1)
+"""
+
+
+def ok(*args) -> str:
+    done = cli(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_a_slot(tmp_path, home):
+    gate = tmp_path / "gate"
+    config = experiment(tmp_path, {"hold": {"_type": "choice", "_value": [1, 0]}}, SCRIPT.format(gate=str(gate)),
+                        trialConcurrency=1, maxTrialNumber=2, trialGraceSeconds=10,
+                        tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}})
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        held, other = f"{exp}-00000", f"{exp}-00001"
+        wait_until(lambda: reported(home, held) >= 1, WAIT, "trial 0 to report")
+        ok("trial", "pause", held)
+        wait_until(lambda: trial_status(home, other) == "RUNNING", WAIT, "trial 1 to take the freed slot")
+        ok("trial", "activate", held)
+        words = (f"activated; waiting for a free slot: 1 of 1 in use by this experiment's trials (trialConcurrency: "
+                 f"`trialkit experiment update {exp} --trial-concurrency N` changes it)")
+        assert f"status         WAITING: {words}" in ok("trial", "show", held)
+        row = next(line for line in ok("trial", "list", exp).splitlines() if line.startswith(held))
+        assert re.search(r"\bWAITING\b", row) and row.rstrip().endswith(words), row
+        gate.touch()
+        assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
+    finally:
+        if proc.poll() is None:  # failed: its trials end as a user's Ctrl-C ends them, none left running
+            gate.touch()
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    assert trial_status(home, held) == trial_status(home, other) == "SUCCEEDED"
