@@ -57,11 +57,12 @@ def test_a_missing_key_is_at_the_file_alone(tmp_path):
                              "(add trialCommand: python3 train.py (your command))")
 
 
-def test_a_json_config_is_placed_by_its_lines_too(tmp_path):
+@pytest.mark.parametrize("indent", ["  ", "\t"])  # YAML refuses a tab as indentation; JSON takes it
+def test_a_json_config_is_placed_by_its_lines_too(tmp_path, indent):
     config = {"searchSpaceFile": "search_space.json", "trialCommand": "python3 train.py", "trialConcurrency": 1,
               "tuner": {"name": "TPE"}, "trainingService": {"platform": "lokal"}}
-    path = write(tmp_path, "bad.json", json.dumps(config, indent=2))
-    line = path.read_text().splitlines().index('    "platform": "lokal"') + 1
+    path = write(tmp_path, "bad.json", json.dumps(config, indent=indent))
+    line = path.read_text().splitlines().index(indent * 2 + '"platform": "lokal"') + 1
     assert refused(path).startswith(f"trialkit: error: {path}:{line}: trainingService.platform: unknown platform ")
 
 

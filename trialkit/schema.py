@@ -370,10 +370,22 @@ def placed(err: UserError, path: Path, lacking: bool = True) -> UserError:
     key the file lacks (`lacking`: a place that may name something else, a program, is then kept as it is). A
     place naming a command-line argument (CONTEXT_DIR, --port) or the file itself is kept as it is."""
     try:
-        root = yaml.compose(path.read_text("utf-8"), Loader=_Loader)
+        text = path.read_text("utf-8")
+        root = yaml.compose(_blanks_as_spaces(text), Loader=_Loader)
     except (OSError, ValueError, yaml.YAMLError):  # read once already; changed or gone since: no lines
         root = None
     return _placed(err, root, str(path), lacking)
+
+
+def _blanks_as_spaces(text: str) -> str:
+    """A JSON text with its tabs as spaces, which YAML reads (it refuses a tab where JSON's indentation puts one):
+    JSON holds a tab only as a blank between tokens (in a string it is written \\t), so no value changes and
+    every line keeps its number. Any other text as it is."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return text.replace("\t", " ")
 
 
 _ARGUMENT = re.compile(r"[A-Z][A-Z0-9_]*|-.*")  # CONTEXT_DIR, --tls-cert: what `where` names besides keys
