@@ -434,7 +434,10 @@ def _path_parts(where: str) -> Optional[List[Any]]:
         if match is None or match.end() == at or (at == 0 and where.startswith(".")):
             return None
         word, index, quoted = match.groups()
-        parts.append(word if word is not None else int(index) if index is not None else ast.literal_eval(quoted))
+        try:
+            parts.append(word if word is not None else int(index) if index is not None else ast.literal_eval(quoted))
+        except (ValueError, SyntaxError):  # quoted as repr() never writes it: not a path of schema.path's
+            return None
         at = match.end()
     return parts
 
