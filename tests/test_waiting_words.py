@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+from typing import Tuple
 
 import pytest
 
@@ -33,6 +34,30 @@ trialkit.report_final_result(1)
 """
 
 
+def end_failed_run(proc: subprocess.Popen, gate) -> None:
+    """A run the test left going (it failed): its trials end as a user's Ctrl-C ends them, none left running."""
+    if proc.poll() is None:
+        gate.touch()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def started(config, home, gate) -> Tuple[subprocess.Popen, str]:
+    """`trialkit run CONFIG` in the background, once its trial 0 has reported: (the run, the experiment's id)."""
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        wait_until(lambda: reported(home, f"{exp}-00000") >= 1, WAIT, "trial 0 to report")
+    except BaseException:
+        end_failed_run(proc, gate)
+        raise
+    return proc, exp
+
+
 def ok(*args) -> str:
     done = cli(*args)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -44,11 +69,9 @@ def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_
     config = experiment(tmp_path, {"hold": {"_type": "choice", "_value": [1, 0]}}, SCRIPT.format(gate=str(gate)),
                         trialConcurrency=1, maxTrialNumber=2, trialGraceSeconds=10,
                         tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}})
-    proc = start_cli("run", config)
+    proc, exp = started(config, home, gate)
+    held, other = f"{exp}-00000", f"{exp}-00001"
     try:
-        exp = experiment_id(proc.stdout.readline())
-        held, other = f"{exp}-00000", f"{exp}-00001"
-        wait_until(lambda: reported(home, held) >= 1, WAIT, "trial 0 to report")
         ok("trial", "pause", held)
         wait_until(lambda: trial_status(home, other) == "RUNNING", WAIT, "trial 1 to take the freed slot")
         ok("trial", "activate", held)
@@ -60,12 +83,25 @@ def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_
         gate.touch()
         assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
     finally:
-        if proc.poll() is None:  # failed: its trials end as a user's Ctrl-C ends them, none left running
-            gate.touch()
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=WAIT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        end_failed_run(proc, gate)
     assert trial_status(home, held) == trial_status(home, other) == "SUCCEEDED"
+
+
+def test_a_trial_activated_in_a_paused_experiment_says_it_waits_for_the_experiment(tmp_path, home):
+    gate = tmp_path / "gate"
+    config = experiment(tmp_path, {"hold": {"_type": "choice", "_value": [1]}}, SCRIPT.format(gate=str(gate)),
+                        trialConcurrency=1, maxTrialNumber=1, trialGraceSeconds=10)
+    proc, exp = started(config, home, gate)
+    trial = f"{exp}-00000"
+    try:
+        ok("experiment", "pause", exp)
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to be paused")
+        ok("trial", "activate", trial)
+        assert (f"status         WAITING: activated; waiting for its experiment, paused, to be activated (`trialkit "
+                f"experiment activate {exp}`)") in ok("trial", "show", trial)
+        gate.touch()
+        ok("experiment", "activate", exp)
+        assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
+    finally:
+        end_failed_run(proc, gate)
+    assert trial_status(home, trial) == "SUCCEEDED"

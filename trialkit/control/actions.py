@@ -179,7 +179,11 @@ def activate_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
 
 
 def _activated(loop: "Loop") -> str:
-    """An activated trial's reason while it waits in its experiment's queue (it starts at once if a slot is free)."""
+    """An activated trial's reason while it waits in its experiment's queue (it starts at once if a slot is free,
+    and its experiment is not paused)."""
+    if loop.paused:
+        return (f"activated; waiting for its experiment, paused, to be activated (`trialkit experiment activate "
+                f"{loop.experiment_id}`)")
     return queued_for_slot("activated", loop.experiment_id, loop.config.trial_concurrency)
 
 
