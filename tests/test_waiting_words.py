@@ -87,16 +87,27 @@ def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_
     assert trial_status(home, held) == trial_status(home, other) == "SUCCEEDED"
 
 
-def test_a_trial_activated_in_a_paused_experiment_says_it_waits_for_the_experiment(tmp_path, home):
+def one_trial_paused_and_activated(tmp_path, home, concurrency: int, pause: str):
+    """A run of one trial (of `concurrency` at once), paused (`pause`: "trial" or "experiment") and the trial
+    activated: (the run, the experiment's id, the trial's, the gate that lets the trial end)."""
     gate = tmp_path / "gate"
     config = experiment(tmp_path, {"hold": {"_type": "choice", "_value": [1]}}, SCRIPT.format(gate=str(gate)),
-                        trialConcurrency=1, maxTrialNumber=1, trialGraceSeconds=10)
+                        trialConcurrency=concurrency, maxTrialNumber=1, trialGraceSeconds=10)
     proc, exp = started(config, home, gate)
     trial = f"{exp}-00000"
     try:
-        ok("experiment", "pause", exp)
+        ok(pause, "pause", exp if pause == "experiment" else trial)
         wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the trial to be paused")
         ok("trial", "activate", trial)
+    except BaseException:
+        end_failed_run(proc, gate)
+        raise
+    return proc, exp, trial, gate
+
+
+def test_a_trial_activated_in_a_paused_experiment_says_it_waits_for_the_experiment(tmp_path, home):
+    proc, exp, trial, gate = one_trial_paused_and_activated(tmp_path, home, 1, "experiment")
+    try:
         assert (f"status         WAITING: activated; waiting for its experiment, paused, to be activated (`trialkit "
                 f"experiment activate {exp}`)") in ok("trial", "show", trial)
         gate.touch()
@@ -105,3 +116,14 @@ def test_a_trial_activated_in_a_paused_experiment_says_it_waits_for_the_experime
     finally:
         end_failed_run(proc, gate)
     assert trial_status(home, trial) == "SUCCEEDED"
+
+
+def test_a_trial_activated_with_a_slot_free_starts_at_once_and_its_history_says_only_activated(tmp_path, home):
+    proc, _, trial, gate = one_trial_paused_and_activated(tmp_path, home, 2, "trial")
+    try:
+        gate.touch()
+        assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
+    finally:
+        end_failed_run(proc, gate)
+    history = ok("trial", "show", trial).split("history:")[1]
+    assert [line.split(None, 4)[-1] for line in history.splitlines() if " WAITING " in line][-1] == "activated"

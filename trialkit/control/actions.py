@@ -179,11 +179,13 @@ def activate_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
 
 
 def _activated(loop: "Loop") -> str:
-    """An activated trial's reason while it waits in its experiment's queue (it starts at once if a slot is free,
-    and its experiment is not paused)."""
+    """An activated trial's reason as it joins its experiment's queue: what it waits for, unless it starts at once
+    (a slot free, none queued ahead of it; the history keeps the reason)."""
     if loop.paused:
         return (f"activated; waiting for its experiment, paused, to be activated (`trialkit experiment activate "
                 f"{loop.experiment_id}`)")
+    if len(loop.active) + len(loop.queue) < loop.config.trial_concurrency:
+        return "activated"
     return queued_for_slot("activated", loop.experiment_id, loop.config.trial_concurrency)
 
 
