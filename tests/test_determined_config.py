@@ -452,7 +452,7 @@ def test_an_empty_entrypoint_or_context_dir_is_refused_before_anything_runs(tmp_
     path.write_text("entrypoint: []\nsearcher: {name: single, metric: loss}\n")
     done = cli("run", path, tmp_path)
     assert (done.returncode, done.stdout) == (2, ""), done.stdout  # no trial ran `env` (and printed its token)
-    assert done.stderr.startswith("trialkit: error: entrypoint: an empty list") and done.stderr.count("\n") == 1
+    assert done.stderr.startswith(f"trialkit: error: {path}:1: entrypoint: an empty list") and done.stderr.count("\n") == 1
     path.write_text("entrypoint: python3 train.py\nsearcher: {name: single, metric: loss}\n")
     done = cli("run", path, "")
     assert (done.returncode, done.stdout) == (2, ""), done.stdout

@@ -119,9 +119,11 @@ def test_a_config_asking_for_more_gpus_than_the_pool_holds_is_refused_at_start(t
 
 def test_gpu_trials_on_a_machine_without_nvidia_smi_are_refused_at_start(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", os.path.dirname(PY))  # python, and no nvidia-smi
-    done = cli("run", gpu_experiment(tmp_path, tmp_path / "runs.log", 1, 1, 1))
+    config = gpu_experiment(tmp_path, tmp_path / "runs.log", 1, 1, 1)
+    done = cli("run", config)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["trialkit: error: trialGpuNumber: each trial asks for 1 GPU but this "
+    line = next(n for n, text in enumerate(open(config).read().splitlines(), 1) if text.startswith("trialGpuNumber:"))
+    assert done.stderr.strip().splitlines() == [f"trialkit: error: {config}:{line}: trialGpuNumber: each trial asks for 1 GPU but this "
                                                 "machine holds 0 (none) (leave it out)"]
 
 

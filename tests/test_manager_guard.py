@@ -86,6 +86,7 @@ def test_a_paused_trial_queued_again_does_not_revive_its_old_token(store, server
     assert post_records(server.url, "token-1").status_code == 401
     assert snapshot(store) == before
     store.replace_token("t1", "token-2")  # started again: its new token writes
+    assert store.trial("t1")["reason"] == ""  # no longer waiting: the reason of its wait went with it
     assert post_records(server.url, "token-2").status_code == 200
     assert store.trial("t1")["status"] == "SUCCEEDED"
 

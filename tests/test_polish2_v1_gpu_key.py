@@ -35,18 +35,22 @@ def v1_config(tmp_path, **trial) -> str:
 
 def test_a_v1_gpu_num_more_than_the_machine_holds_names_trial_gpu_num(tmp_path, monkeypatch):
     fake_gpus(tmp_path, monkeypatch, 0)
-    done = cli("run", v1_config(tmp_path, gpuNum=1))
+    path = v1_config(tmp_path, gpuNum=1)
+    done = cli("run", path)
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    line = open(path).read().splitlines().index("  gpuNum: 1") + 1
     assert done.stderr.strip().splitlines() == [
-        "trialkit: error: trial.gpuNum: each trial asks for 1 GPU but this machine holds 0 (none) "
+        f"trialkit: error: {path}:{line}: trial.gpuNum: each trial asks for 1 GPU but this machine holds 0 (none) "
         "(leave it out; trialGpuNumber in a v2 config)"]
 
 
 def test_a_v1_code_dir_holding_the_experiments_names_trial_code_dir(tmp_path, monkeypatch):
     code = tmp_path / "code"
     monkeypatch.setenv("TRIALKIT_HOME", str(code / "home"))
-    done = cli("run", v1_config(tmp_path))
+    path = v1_config(tmp_path)
+    done = cli("run", path)
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"trialkit: error: trial.codeDir: the experiment dir {code / 'home'}"), line
+    code_dir = open(path).read().splitlines().index("  codeDir: .") + 1
+    assert line.startswith(f"trialkit: error: {path}:{code_dir}: trial.codeDir: the experiment dir {code / 'home'}"), line
     assert line.endswith("; trialCodeDirectory in a v2 config)"), line

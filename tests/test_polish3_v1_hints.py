@@ -13,7 +13,8 @@ pytestmark = pytest.mark.usefixtures("home")
 
 
 def refused(tmp_path, trial, **keys) -> str:
-    """`trialkit run` of a v1 config with this `trial` section and keys: its one line on stderr, exit 2."""
+    """`trialkit run` of a v1 config with this `trial` section and keys: its one line on stderr, exit 2, the
+    config's path in it written as CONFIG."""
     config = {"trialConcurrency": 1, "maxTrialNum": 1, "trainingServicePlatform": "local",
               "searchSpacePath": "search_space.json", "tuner": {"builtinTunerName": "Random"},
               "trial": {"codeDir": ".", **trial}, **keys}
@@ -23,20 +24,22 @@ def refused(tmp_path, trial, **keys) -> str:
     done = cli("run", path)
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
     (line,) = done.stderr.splitlines()
-    return line
+    return line.replace(str(path), "CONFIG")
 
 
 def test_a_v1_config_without_its_command_is_told_to_add_trial_command(tmp_path):
-    assert refused(tmp_path, {}) == ("trialkit: error: trial.command: trial.command is missing (add trial.command: "
+    assert refused(tmp_path, {}) == ("trialkit: error: CONFIG: trial.command: trial.command is missing (add trial.command: "
                                      "python3 train.py (your command); trialCommand in a v2 config)")
 
 
 def test_a_v1_config_without_its_search_space_is_told_to_add_search_space_path(tmp_path):
     assert refused(tmp_path, {"command": "python3 trial.py"}, searchSpacePath=None) == (
-        "trialkit: error: searchSpacePath: searchSpacePath is missing (add searchSpacePath: search_space.json)")
+        "trialkit: error: CONFIG: searchSpacePath: searchSpacePath is missing (add searchSpacePath: search_space.json)")
 
 
 def test_a_v1_command_too_long_is_told_to_go_in_a_script_in_trial_code_dir(tmp_path):
     line = refused(tmp_path, {"command": "echo " + "x" * 100_000})
-    assert line.startswith("trialkit: error: trial.command: the command is 100,005 bytes"), line
+    lines = (tmp_path / "config.yml").read_text().splitlines()
+    command_line = next(n for n, text in enumerate(lines, 1) if text.startswith("  command: "))
+    assert line.startswith(f"trialkit: error: CONFIG:{command_line}: trial.command: the command is 100,005 bytes"), line
     assert line.endswith("(put the long part in a script in trial.codeDir; trialCommand in a v2 config)"), line

@@ -46,7 +46,9 @@ def test_run_with_a_refused_endpoint_says_so_in_one_short_line(tmp_path, refused
     done = cli("run", config, env=dict(os.environ))
     one_line_error(done, f"checkpointStorage: the checkpoint store s3://ckpts cannot be used: {refused} refused the "
                          f"connection ({FIX})")
-    assert len(done.stderr) < SHORT and "retries" not in done.stderr, done.stderr
+    assert f"error: {config}:1: checkpointStorage: " in done.stderr  # at its key's line
+    # Short but for the place, the config's path the user gave (here pytest's long one) and the line.
+    assert len(done.stderr.replace(f"{config}:1: ", "")) < SHORT and "retries" not in done.stderr, done.stderr
 
 
 def test_a_call_to_a_refused_store_is_one_short_line_with_its_fix(refused):

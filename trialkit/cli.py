@@ -698,17 +698,26 @@ def _print_shipped_logs(experiment_dir: Path, opts: argparse.Namespace, shipped:
 
     keep = f"[rank={opts.rank}] " if opts.rank is not None else None
     last, printed, ranks = 0, 0, set()
+    sent: Dict[str, List[str]] = {}  # stream -> the texts shipped of it
+
+    def show(text: str) -> None:
+        nonlocal printed
+        ranks.update(int(rank) for rank in re.findall(r"^\[rank=(\d+)\] ", text, re.M))
+        if keep is not None:
+            text = "".join(line for line in text.splitlines(keepends=True) if line.startswith(keep))
+        printed += len(text)
+        sys.stdout.write(text)
+
     while True:
         for rec in shipped:
             last = rec["seq"]
-            text = rec["value"]["text"]
-            ranks.update(int(rank) for rank in re.findall(r"^\[rank=(\d+)\] ", text, re.M))
-            if keep is not None:
-                text = "".join(line for line in text.splitlines(keepends=True) if line.startswith(keep))
-            printed += len(text)
-            sys.stdout.write(text)
+            sent.setdefault(rec["value"].get("stream"), []).append(rec["value"]["text"])
+            show(rec["value"]["text"])
+        done = not opts.follow or _trial_over(experiment_dir, opts.trial_id)
+        if done:
+            show(_unshipped(paths.trial_dir(experiment_dir, opts.trial_id), sent))
         sys.stdout.flush()
-        if not opts.follow or _trial_over(experiment_dir, opts.trial_id):
+        if done:
             if opts.rank is not None and opts.rank not in ranks and _trial_over(experiment_dir, opts.trial_id):
                 shown = (f"ranks {min(ranks)} to {max(ranks)} ({len(ranks)} workers)" if ranks
                          else "no ranks: it was not a distributed trial")
@@ -720,6 +729,23 @@ def _print_shipped_logs(experiment_dir: Path, opts: argparse.Namespace, shipped:
         time.sleep(FOLLOW_PAUSE)
         with _store(experiment_dir) as store:
             shipped = store.records_for(opts.trial_id, type=records.LOG, after_seq=last)
+
+
+def _unshipped(trial_dir: Path, sent: Dict[str, List[str]]) -> str:
+    """What the trial's log files on this machine hold past what its keeper shipped (`sent`: stream -> texts): the
+    lines its keeper wrote there and never shipped (SIGKILLed by a second Ctrl-C with them in its buffer or spool).
+    Nothing of a file that does not start with what was shipped of it (lines cut by the log rate, a restart
+    elsewhere), nor of one that is not here (a pod's)."""
+    tails = []
+    for stream in ("stdout", "stderr"):
+        shipped = "".join(sent.get(stream, ())).encode("utf-8")
+        try:
+            with open(trial_dir / f"{stream}.log", "rb") as f:
+                if f.read(len(shipped)) == shipped:
+                    tails.append(f.read())
+        except OSError:
+            continue
+    return b"".join(tails).decode("utf-8", "replace")
 
 
 def _print_log_file(experiment_dir: Path, opts: argparse.Namespace) -> int:

@@ -20,14 +20,15 @@ USAGE_EXIT = 2
 class UserError(Exception):
     """A mistake the user can fix: bad config, bad argument, missing file."""
 
-    def __init__(self, what: str, where: Optional[str] = None, fix: Optional[str] = None):
+    def __init__(self, what: str, where: Optional[str] = None, fix: Optional[str] = None, at: Optional[str] = None):
         self.what = what
         self.where = where
         self.fix = fix
+        self.at = at  # the file (`bad.yml`), or the file and line (`bad.yml:7`), where the key `where` names is
         super().__init__(self.line())
 
     def line(self) -> str:
-        text = f"{self.where}: {self.what}" if self.where else self.what
+        text = ": ".join(filter(None, [self.at, self.where, self.what]))
         if self.fix:
             text += f" ({self.fix})"
         # One line, whatever the parts held; a word no one reads whole (a 5,000-character argument echoed back)

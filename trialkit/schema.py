@@ -6,6 +6,7 @@ check raises UserError naming the key path, the bad value and the fix.
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import json
 import math
@@ -361,6 +362,99 @@ def read_data_file(path: Path, where: str) -> Any:
             raise UserError(f"cannot parse {named}{place}: {problem}", where, "fix the file there") from None
     check_shape(data, where)
     return data
+
+
+def placed(err: UserError, path: Path, lacking: bool = True) -> UserError:
+    """`err` (each of its problems) placed in the config file at `path`, as compilers place theirs: at `file:LINE`,
+    the line of the key it names as the file wrote it (any spelling of it, through `<<:` merges); at `file` for a
+    key the file lacks (`lacking`: a place that may name something else, a program, is then kept as it is). A
+    place naming a command-line argument (CONTEXT_DIR, --port) or the file itself is kept as it is."""
+    try:
+        text = path.read_text("utf-8")
+        root = yaml.compose(_blanks_as_spaces(text), Loader=_Loader)
+    except (OSError, ValueError, yaml.YAMLError):  # read once already; changed or gone since: no lines
+        root = None
+    return _placed(err, root, str(path), lacking)
+
+
+def _blanks_as_spaces(text: str) -> str:
+    """A JSON text with its tabs as spaces, which YAML reads (it refuses a tab where JSON's indentation puts one):
+    JSON holds a tab only as a blank between tokens (in a string it is written \\t), so no value changes and
+    every line keeps its number. Any other text as it is."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return text.replace("\t", " ")
+
+
+_ARGUMENT = re.compile(r"[A-Z][A-Z0-9_]*|-.*")  # CONTEXT_DIR, --tls-cert: what `where` names besides keys
+_PATH_PART = re.compile(r"\.?(?:([\w-]+)|\[(\d+)\]|('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))")
+
+
+def _placed(err: UserError, root: Any, file: str, lacking: bool) -> UserError:
+    if isinstance(err, ConfigProblems):  # in the file's order, as it is read; the keys it lacks after them
+        in_order = sorted(err.problems, key=lambda one: key_line(root, one.where or "") or math.inf)
+        return ConfigProblems([_placed(one, root, file, lacking) for one in in_order])
+    if err.at is not None or err.where == file or (err.where and _ARGUMENT.fullmatch(err.where)):
+        return err
+    line = key_line(root, err.where) if err.where else None
+    if line is None and not lacking:
+        return err
+    return UserError(err.what, err.where, err.fix, at=f"{file}:{line}" if line else file)
+
+
+def key_line(root: Any, where: str) -> Optional[int]:
+    """The line (from 1) of the key that `where` (schema.path's `a.b[0].'c d'`) names in the composed YAML
+    `root`: the last key on the way where a value holds a name the file does not (a searchSpaceFile's
+    parameters); None where the file lacks the key."""
+    node, line = root, None
+    for part in _path_parts(where) or ():
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            found = _mapping_item(node, part)
+            if found is None:
+                return None
+            line, node = found[0].start_mark.line + 1, found[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        elif isinstance(node, yaml.ScalarNode):
+            return line
+        else:
+            return None
+    return line
+
+
+def _path_parts(where: str) -> Optional[List[Any]]:
+    """`a.b[0].'c d'` -> ["a", "b", 0, "c d"]; None for a text that is not such a path."""
+    parts: List[Any] = []
+    at = 0
+    while at < len(where):
+        match = _PATH_PART.match(where, at)
+        if match is None or match.end() == at or (at == 0 and where.startswith(".")):
+            return None
+        word, index, quoted = match.groups()
+        try:
+            parts.append(word if word is not None else int(index) if index is not None else ast.literal_eval(quoted))
+        except (ValueError, SyntaxError):  # quoted as repr() never writes it: not a path of schema.path's
+            return None
+        at = match.end()
+    return parts
+
+
+def _mapping_item(node: Any, key: str) -> Optional[Tuple[Any, Any]]:
+    """(key node, value node) of `key` in a mapping node, spelt as NNI matches keys; a `<<:` merge's too."""
+    merged = []
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            merged += value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+        elif isinstance(key_node, yaml.ScalarNode) and fold(key_node.value) == fold(key):
+            return key_node, value_node
+    for source in merged:
+        found = _mapping_item(source, key) if isinstance(source, yaml.MappingNode) else None
+        if found is not None:
+            return found
+    return None
 
 
 def _unique_keys(pairs: List[Tuple[Any, Any]]) -> Dict[Any, Any]:

@@ -124,6 +124,8 @@ class ExperimentConfig:
     # An NNI v1 config as written (keys as V1_KEYS spell them): what a refusal found after parsing names (as_written).
     # Not config: not in to_dict (the store keeps the v2 form).
     v1: Optional[Dict[str, Any]] = field(default=None, compare=False)
+    # The file it was read from (load_config): what a refusal found after parsing names the line of (as_written).
+    source: Optional[str] = field(default=None, compare=False)
 
     @property
     def platform(self) -> str:
@@ -134,18 +136,19 @@ class ExperimentConfig:
         return self.tuner.class_args["optimize_mode"]
 
     def as_written(self, err: UserError) -> UserError:
-        """`err` naming the key as the config wrote it: a v1 config's, its v2 name added to the fix."""
-        if self.v1 is None:
-            return err
-        written = _in_v1(err, self.v1)
-        return err if written.where == err.where else written
+        """`err` naming the key as the config wrote it (a v1 config's, its v2 name added to the fix), at its line
+        in the file the config was read from."""
+        if self.v1 is not None:
+            written = _in_v1(err, self.v1)
+            err = err if written.where == err.where else written
+        return err if self.source is None else schema.placed(err, Path(self.source), lacking=False)
 
     def to_dict(self) -> Dict[str, Any]:
         """v2 config, camelCase, JSON-ready; parse_config() of it equals this config."""
         out: Dict[str, Any] = {}
         for item in fields(self):
             value = getattr(self, item.name)
-            if value is None or item.name in ("training_service", "notes", "v1"):
+            if value is None or item.name in ("training_service", "notes", "v1", "source"):
                 continue
             if item.name == "training_service_section":
                 out["trainingService"] = copy.deepcopy(value)
@@ -160,10 +163,15 @@ class ExperimentConfig:
 
 
 def load_config(path: Union[str, Path], context_dir: Optional[str] = None) -> ExperimentConfig:
-    """Read a YAML (or JSON) config file; `context_dir`: a Determined config's context directory."""
+    """Read a YAML (or JSON) config file; `context_dir`: a Determined config's context directory. A refusal
+    names the file and the line of the key (`bad.yml:7: trialConcurrency: ...`)."""
     path = Path(path)
     data = schema.read_data_file(path, str(path))
-    return parse_config(data, base_dir=path.parent, source=str(path), context_dir=context_dir)
+    try:
+        config = parse_config(data, base_dir=path.parent, source=str(path), context_dir=context_dir)
+    except UserError as err:
+        raise schema.placed(err, path) from None
+    return replace(config, source=str(path))
 
 
 def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "config",

@@ -192,6 +192,7 @@ class Loop:
             self._check_limits()
             if disk.problem is None:  # a disk that takes no writes starts no trial
                 self._survive(self._fill)
+            self.progress.update(self.snapshot())  # after the decisions on the last events: a replaced trial no dip
             if self._over():
                 return
             try:
@@ -207,7 +208,6 @@ class Loop:
             if time.monotonic() - last_backstop >= BACKSTOP_SECONDS:
                 last_backstop = time.monotonic()
                 self._survive(self._backstop)
-            self.progress.update(self.snapshot())
 
     def _survive(self, step: Callable[..., None], *args: Any) -> None:
         """One step of the loop; a store write the disk refuses stops the step, not the experiment.

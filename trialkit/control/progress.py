@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, TextIO
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 from trialkit import records
 from trialkit.control.queue import label
@@ -71,6 +71,9 @@ class Progress:
         self.out: Optional[TextIO] = out or sys.stdout
         self.tty = self.out.isatty() if tty is None else tty
         self._live = ""
+        # Piped: the lines of trials that ended, each with its snapshot, shown at the next update(), once the loop
+        # has acted on the ends (started their replacements): a replaced trial is no dip in the running count.
+        self._ended: List[Tuple[str, Snapshot]] = []
 
     def say(self, text: str) -> None:
         """A line that stays (the live line, if any, is redrawn below it)."""
@@ -92,9 +95,13 @@ class Progress:
             text += f" final={number(value)}"
         if reason:
             text += f" ({reason})"
-        self.say(f"{text} | {snapshot.line()}")
+        self._ended.append((text, snapshot))
 
     def update(self, snapshot: Snapshot) -> None:
+        """The loop's figures once it has taken its decisions on the events it had: the live line on a TTY; the
+        lines of the trials that ended since the last update elsewhere, each with its own counts of ended trials
+        and the trials running now."""
+        self._say_ended(snapshot)
         if self.tty:
             text = snapshot.line(self.width())
             if self._fit(text) == self._live:
@@ -107,8 +114,17 @@ class Progress:
         return shutil.get_terminal_size().columns
 
     def close(self) -> None:
+        self._say_ended(None)
         self._clear()
         self._flush()
+
+    def _say_ended(self, now: Optional[Snapshot]) -> None:
+        """The ended trials' lines, their running and waiting counts those of `now` (None: as they ended)."""
+        ended, self._ended = self._ended, []
+        for text, snapshot in ended:
+            if now is not None:
+                snapshot = snapshot._replace(running=now.running, waiting=now.waiting, waiting_for=now.waiting_for)
+            self.say(f"{text} | {snapshot.line()}")
 
     def _fit(self, text: str) -> str:
         width = self.width()

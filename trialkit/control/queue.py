@@ -45,6 +45,15 @@ NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginnin
 # checkpoint and its tuner's round or generation waits for its final result (Tuner.RERUNS_CUT_SHORT):
 # `experiment resume` queues it again, to run from the start (control.resume).
 RERUN = f"its round waits for its result: `trialkit experiment resume` runs it again; {NO_CHECKPOINT}"
+
+
+def queued_for_slot(why: str, experiment_id: str, concurrency: int) -> str:
+    """The reason of a trial queued in its experiment (`why`: activated, ...): then what it waits for, one of the
+    slots its experiment's trialConcurrency gives, all in use while it waits there, and how to change that."""
+    return (f"{why}; waiting for a free slot: {concurrency} of {concurrency} in use by this experiment's trials "
+            f"(trialConcurrency: `trialkit experiment update {experiment_id} --trial-concurrency N` changes it)")
+
+
 _FIELDS = {"priority": "priority", "ahead-of": "ahead_of", "behind-of": "behind_of"}
 _PRIORITY_RANGE = f"a priority is a whole number from {INT64_MIN} to {INT64_MAX}"
 

@@ -381,9 +381,11 @@ class Store:
                            [(priority, position, now, trial_id) for trial_id, (priority, position) in places.items()])
 
     def replace_token(self, trial_id: str, token: str) -> None:
-        """A new token for a trial started again (only the hash of the old one was kept)."""
+        """A new token for a trial as it starts (again; only the hash of the old one was kept). The reason it
+        waited in its experiment's queue ("activated; waiting for a free slot ...") goes: it has its slot."""
         with self._tx() as db:
-            db.execute("UPDATE trials SET token_hash=?, updated=? WHERE id=?", (token_hash(token), time.time(), trial_id))
+            db.execute("UPDATE trials SET token_hash=?, reason='', updated=? WHERE id=?",
+                       (token_hash(token), time.time(), trial_id))
 
     def durations(self, experiment_id: str) -> Dict[str, Optional[float]]:
         """Each trial's duration (RAN: its runs' time, summed, a run going counted to now), by trial id."""
