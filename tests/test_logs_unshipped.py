@@ -2,18 +2,25 @@
 with output it had written there but not shipped to the manager (a user missed the last lines).
 
 A real `trialkit run`: the trial ignores SIGTERM and, at it, writes a last line without its newline, which the
-keeper writes to stdout.log at once but ships only as whole lines: it is never shipped. Ctrl-C, then Ctrl-C
-again once the file holds it (the keeper is SIGKILLed); `trialkit trial logs` then prints the file as it is.
+keeper writes to stdout.log at once but ships only as whole lines, or whole at its end. Ctrl-C, then Ctrl-C
+again once the file holds it (the trial's group and then its keeper are SIGKILLed); `trialkit trial logs` then
+prints the file as it is. The keeper is stopped (SIGSTOP) before the second Ctrl-C: between the two SIGKILLs a
+keeper that gets the CPU ships its last words at the trial's end, and the case is one whose keeper did not.
 """
 from __future__ import annotations
 
+import json
+import os
 import signal
 import time
+
+import psutil
 
 import pytest
 
 from experiment_util import cli, experiment, experiment_id, start_cli, stored
 from harness import wait_until
+from trialkit import layout
 from trialkit.control.loop import SAME_SIGNAL_SECONDS
 
 pytestmark = pytest.mark.usefixtures("home")
@@ -51,6 +58,8 @@ def test_trial_logs_after_a_double_ctrl_c_prints_what_the_keeper_wrote_and_never
         first = time.monotonic()
         wait_until(lambda: log.read_text().endswith("no newline yet"), WAIT, "the trial's last words in its file")
         time.sleep(max(0.0, first + SAME_SIGNAL_SECONDS - time.monotonic()))  # a second Ctrl-C, not the first twice
+        trial_pid = json.loads(layout.status_path(log.parent).read_text())["pid"]
+        os.kill(psutil.Process(trial_pid).ppid(), signal.SIGSTOP)  # the keeper: SIGKILL still ends it
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=WAIT)
     finally:
