@@ -26,7 +26,7 @@ import requests
 
 from conftest import ROOT, TAG, tagged_processes
 from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
-from harness import wait_until
+from harness import signal_and_wait, wait_until
 from trialkit.control.config import parse_config
 from trialkit.control.actions import Action
 from trialkit.manager.server import HttpError, ManagerServer
@@ -359,6 +359,49 @@ def test_pausing_a_trial_from_the_page_pauses_it(tmp_path, monkeypatch, browser)
     shot(browser, "queue-paused")
     proc.send_signal(signal.SIGTERM)  # stop the experiment: the paused trial stays paused
     assert proc.wait(timeout=60) == 1 and trial_status(tmp_path / "home", trial) == PREEMPTED
+
+
+def test_a_tab_left_open_on_a_run_takes_up_the_address_again_when_trialkit_ui_serves_it(tmp_path, monkeypatch, browser):
+    """Issue 40.3: a tab open on the run's page, left open past the run's end, then `trialkit ui ID` on the same
+    address (port and token): without a reload the tab shows the experiment's end (its status, its counts, its
+    best), says read-only (no "live"), and holds no "Failed to fetch" from while nothing answered."""
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    go = tmp_path / "go"
+    script = (f"import os, time, trialkit\np = trialkit.get_next_parameter()\nwhile not os.path.exists({str(go)!r}):\n"
+              "    time.sleep(0.05)\ntrialkit.report_final_result(p['x'])\n")
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [0.25, 0.75]}}, script, maxTrialNumber=2)
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        proc.stdout.readline()  # manager: ...
+        url = proc.stdout.readline().split()[-1]  # page: <url with the token>
+        browser.get("about:blank")
+        browser.get(url)
+        wait_for(browser, "return document.body.dataset.ready === 'overview'", "the overview")
+        wait_for(browser, "return document.getElementById('live').textContent === 'live'", "the events stream")
+        browser.execute_script("window.sameDocument = true")
+        assert browser.execute_script("return document.querySelector('h1 .badge').textContent") == "RUNNING"
+        go.write_text("")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            signal_and_wait(proc, signal.SIGINT, 60)
+    wait_for(browser, "return document.getElementById('live').textContent === 'offline'", "the tab to go offline")
+    ui = start_cli("ui", exp)
+    try:
+        assert ui.stdout.readline().strip() == f"trialkit ui: {url}"  # the run's address, its token
+        wait_for(browser, "return document.querySelector('h1 .badge').textContent === 'DONE'", "the run's end")
+        shot(browser, "tab-after-the-run")
+        assert browser.execute_script("return window.sameDocument === true")  # no reload
+        counts = cell_texts(browser, "#counts .card h3, #counts .card .big")
+        assert counts == ["SUCCEEDED", "2"], counts
+        assert cell_texts(browser, ".cards .card .big")[3] == "0.75"  # the best, which came with the trials' last words
+        assert browser.execute_script("return document.getElementById('mode').hidden") is False  # read-only
+        assert browser.execute_script("return document.getElementById('live').hidden") is True
+        assert not re.search(r"\blive\b", browser.execute_script("return document.body.innerText"), re.I)
+        assert browser.execute_script("return document.getElementById('problem').hidden") is True
+    finally:
+        assert signal_and_wait(ui, signal.SIGINT, 30) == 0
 
 
 def test_killing_a_trial_from_its_page(site, browser):
