@@ -617,7 +617,35 @@ def test_an_ended_experiments_page_says_why_and_what_is_empty_in_words(views_sit
     assert browser.execute_script("return document.getElementById('log').textContent") == "(no stderr)"
     open_read_only(browser, views_site, "/trials?status=RUNNING", "trials")
     assert cell_texts(browser, "#trials tbody td") == ["no trial matches these filters"]
+    # The curves are the experiment's best whatever the filters (queries.curves takes no filter): said so.
+    assert cell_texts(browser, ".panel h2") == ["Curves: the experiment's 4 best, regardless of the filters"]
     shot(browser, "empty-words")
+
+
+def test_a_read_only_page_draws_no_empty_chart_and_asks_for_no_pool(tmp_path, browser):
+    """Hyperparameters with no final metric says in one line that there is nothing to draw and why (no empty
+    parallel coordinates or scatter axes); a read-only Queue view does not ask for the pool (its route answers
+    501 there: the console showed the refusal) and says where the pool is shown."""
+    store = Store.in_dir(tmp_path / "nofinal")
+    fill(store, "nofinal", trials=3, steps=2, running=3)
+    server = ManagerServer(None).start()
+    try:
+        install(server, store, admin_token="nofinal-token", read_only=True)
+        open_read_only(browser, server, "/params", "params", token="nofinal-token", exp="nofinal")
+        assert browser.execute_script("return document.querySelector('.chart-note').textContent") == \
+            "Nothing to draw: these charts show each trial by its final metric, and no trial has one."
+        assert browser.execute_script("return ['parcoords', 'scatter'].map(id => "
+                                      "document.getElementById(id).parentElement.hidden)") == [True, True]
+        assert plotly_scripts(browser) == []  # nothing drawn, nothing loaded to draw it
+        open_read_only(browser, server, "/queue", "queue", token="nofinal-token", exp="nofinal")
+        assert browser.execute_script("return document.getElementById('pool-note').textContent") == \
+            "Read-only: the resource pool's jobs are shown by a running experiment's page."
+        asked = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        assert any("/queue" in name for name in asked) and not any(name.endswith("/pool") for name in asked), asked
+        shot(browser, "read-only-empty")
+    finally:
+        server.stop()
+        store.close()
 
 
 def test_parameter_axes_follow_the_search_space(views_site, browser):
