@@ -479,6 +479,9 @@ VIEWS_SPACE = {"lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]}, "batch": {
 ENDED_WHY = "the first 3 trials all failed the same way: exit code 1"
 
 
+NOT_FOUND = "trialkit-keeper: nosuchcommand_xyz: command not found\n"
+
+
 def views_store(root: Path) -> Store:
     """An ERROR experiment, as a read-only page finds it: an NNI trial with dict metrics (its stdout empty), a
     Determined trial paused at 20 batches and resumed from 10, a trial that failed before reporting or writing
@@ -492,6 +495,8 @@ def views_store(root: Path) -> Store:
         trial_dir.mkdir()
         if sequence != 2:  # the one that failed before it wrote anything
             (trial_dir / "stdout.log").write_text("")
+        else:  # its command never started: the local keeper said so in its own log, as it does
+            (trial_dir / "trial.log").write_text(NOT_FOUND)
         store.add_trial("viewsexp", f"viewsexp-{sequence:05d}", sequence=sequence, parameters=params, token=None,
                         trial_dir=str(trial_dir))
     nni = [{"seq": i + 1, "type": "PERIODICAL", "run": 0, "value": {"default": 0.1 * (i + 1), "loss": 1.0 / (i + 1)}}
@@ -613,8 +618,11 @@ def test_an_ended_experiments_page_says_why_and_what_is_empty_in_words(views_sit
     assert browser.execute_script("return document.getElementById('trial-curve').textContent") == \
         "no metrics: this trial has reported none"  # it ended: not "yet"
     wait_for(browser, "return document.getElementById('log').textContent.startsWith('(no ')", "the absent log")
-    # A failed trial opens on its stderr; it wrote no log at all, and ended: not "(no stderr yet)".
-    assert browser.execute_script("return document.getElementById('log').textContent") == "(no stderr)"
+    # A failed trial opens on its stderr; it wrote no log at all, and ended: not "(no stderr yet)". Its keeper's
+    # words, which `trialkit trial logs` prints (trial.log), follow.
+    wait_for(browser, "return document.getElementById('log').textContent.includes('command not found')", "trial.log")
+    assert browser.execute_script("return document.getElementById('log').textContent") == \
+        "(no stderr; the trial's log, as `trialkit trial logs viewsexp-00002` prints it:)\n" + NOT_FOUND
     open_read_only(browser, views_site, "/trials?status=RUNNING", "trials")
     assert cell_texts(browser, "#trials tbody td") == ["no trial matches these filters"]
     # The curves are the experiment's best whatever the filters (queries.curves takes no filter): said so.

@@ -949,6 +949,15 @@
       this.pollLog();
     }
 
+    // An ended trial without this stream (a command that never started) may have its keeper's words in its
+    // log file (trial.log): shown under the words that the stream is not there, as `trialkit trial logs` prints it.
+    async showKeeperLog(name) {
+      const own = await api(`${expPath(this.exp)}/trials/${enc(this.trial)}/log?name=trial`);
+      if (!own.exists || !own.text) { this.showBlank(`(no ${name})`); return; }
+      this.showBlank(`(no ${name}; the trial's log, as \`trialkit trial logs ${this.trial}\` prints it:)\n`);
+      this.log.append(el('span', {class: 'keeper-log'}, own.text));
+    }
+
     // Follow the log while the trial runs: ask only for what was added since the last answer.
     async pollLog() {
       clearTimeout(this.timer);
@@ -962,7 +971,8 @@
         const atBottom = this.log.scrollTop + this.log.clientHeight >= this.log.scrollHeight - 4;
         // What is not there (no file yet, an empty one) is said in words, not shown as a dark empty bar.
         const ended = this.data && FINAL.includes(this.data.status);
-        if (!part.exists) this.showBlank(`(no ${name}${ended ? '' : ' yet'})`);
+        if (!part.exists && ended) await this.showKeeperLog(name);
+        else if (!part.exists) this.showBlank(`(no ${name} yet)`);
         else if (this.offset === null || part.start < this.offset || this.blank) this.showText(part.text);
         else if (part.text) this.log.append(part.text);
         if (part.exists && !this.log.textContent) this.showBlank(`(${name} is empty: the trial has written nothing to it)`);
