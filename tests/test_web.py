@@ -26,7 +26,7 @@ import requests
 
 from conftest import ROOT, TAG, tagged_processes
 from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
-from harness import wait_until
+from harness import signal_and_wait, wait_until
 from trialkit.control.config import parse_config
 from trialkit.control.actions import Action
 from trialkit.manager.server import HttpError, ManagerServer
@@ -361,6 +361,49 @@ def test_pausing_a_trial_from_the_page_pauses_it(tmp_path, monkeypatch, browser)
     assert proc.wait(timeout=60) == 1 and trial_status(tmp_path / "home", trial) == PREEMPTED
 
 
+def test_a_tab_left_open_on_a_run_takes_up_the_address_again_when_trialkit_ui_serves_it(tmp_path, monkeypatch, browser):
+    """Issue 40.3: a tab open on the run's page, left open past the run's end, then `trialkit ui ID` on the same
+    address (port and token): without a reload the tab shows the experiment's end (its status, its counts, its
+    best), says read-only (no "live"), and holds no "Failed to fetch" from while nothing answered."""
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    go = tmp_path / "go"
+    script = (f"import os, time, trialkit\np = trialkit.get_next_parameter()\nwhile not os.path.exists({str(go)!r}):\n"
+              "    time.sleep(0.05)\ntrialkit.report_final_result(p['x'])\n")
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [0.25, 0.75]}}, script, maxTrialNumber=2)
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        proc.stdout.readline()  # manager: ...
+        url = proc.stdout.readline().split()[-1]  # page: <url with the token>
+        browser.get("about:blank")
+        browser.get(url)
+        wait_for(browser, "return document.body.dataset.ready === 'overview'", "the overview")
+        wait_for(browser, "return document.getElementById('live').textContent === 'live'", "the events stream")
+        browser.execute_script("window.sameDocument = true")
+        assert browser.execute_script("return document.querySelector('h1 .badge').textContent") == "RUNNING"
+        go.write_text("")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            signal_and_wait(proc, signal.SIGINT, 60)
+    wait_for(browser, "return document.getElementById('live').textContent === 'offline'", "the tab to go offline")
+    ui = start_cli("ui", exp)
+    try:
+        assert ui.stdout.readline().strip() == f"trialkit ui: {url}"  # the run's address, its token
+        wait_for(browser, "return document.querySelector('h1 .badge').textContent === 'DONE'", "the run's end")
+        shot(browser, "tab-after-the-run")
+        assert browser.execute_script("return window.sameDocument === true")  # no reload
+        counts = cell_texts(browser, "#counts .card h3, #counts .card .big")
+        assert counts == ["SUCCEEDED", "2"], counts
+        assert cell_texts(browser, ".cards .card .big")[3] == "0.75"  # the best, which came with the trials' last words
+        assert browser.execute_script("return document.getElementById('mode').hidden") is False  # read-only
+        assert browser.execute_script("return document.getElementById('live').hidden") is True
+        assert not re.search(r"\blive\b", browser.execute_script("return document.body.innerText"), re.I)
+        assert browser.execute_script("return document.getElementById('problem').hidden") is True
+    finally:
+        assert signal_and_wait(ui, signal.SIGINT, 30) == 0
+
+
 def test_killing_a_trial_from_its_page(site, browser):
     victim = site.ids[VICTIM]
     open_view(browser, site, f"#/exp/{EXPERIMENT}/trial/{victim}", "trial")
@@ -436,6 +479,9 @@ VIEWS_SPACE = {"lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]}, "batch": {
 ENDED_WHY = "the first 3 trials all failed the same way: exit code 1"
 
 
+NOT_FOUND = "trialkit-keeper: nosuchcommand_xyz: command not found\n"
+
+
 def views_store(root: Path) -> Store:
     """An ERROR experiment, as a read-only page finds it: an NNI trial with dict metrics (its stdout empty), a
     Determined trial paused at 20 batches and resumed from 10, a trial that failed before reporting or writing
@@ -449,6 +495,8 @@ def views_store(root: Path) -> Store:
         trial_dir.mkdir()
         if sequence != 2:  # the one that failed before it wrote anything
             (trial_dir / "stdout.log").write_text("")
+        else:  # its command never started: the local keeper said so in its own log, as it does
+            (trial_dir / "trial.log").write_text(NOT_FOUND)
         store.add_trial("viewsexp", f"viewsexp-{sequence:05d}", sequence=sequence, parameters=params, token=None,
                         trial_dir=str(trial_dir))
     nni = [{"seq": i + 1, "type": "PERIODICAL", "run": 0, "value": {"default": 0.1 * (i + 1), "loss": 1.0 / (i + 1)}}
@@ -570,11 +618,42 @@ def test_an_ended_experiments_page_says_why_and_what_is_empty_in_words(views_sit
     assert browser.execute_script("return document.getElementById('trial-curve').textContent") == \
         "no metrics: this trial has reported none"  # it ended: not "yet"
     wait_for(browser, "return document.getElementById('log').textContent.startsWith('(no ')", "the absent log")
-    # A failed trial opens on its stderr; it wrote no log at all, and ended: not "(no stderr yet)".
-    assert browser.execute_script("return document.getElementById('log').textContent") == "(no stderr)"
+    # A failed trial opens on its stderr; it wrote no log at all, and ended: not "(no stderr yet)". Its keeper's
+    # words, which `trialkit trial logs` prints (trial.log), follow.
+    wait_for(browser, "return document.getElementById('log').textContent.includes('command not found')", "trial.log")
+    assert browser.execute_script("return document.getElementById('log').textContent") == \
+        "(no stderr; the trial's log, as `trialkit trial logs viewsexp-00002` prints it:)\n" + NOT_FOUND
     open_read_only(browser, views_site, "/trials?status=RUNNING", "trials")
     assert cell_texts(browser, "#trials tbody td") == ["no trial matches these filters"]
+    # The curves are the experiment's best whatever the filters (queries.curves takes no filter): said so.
+    assert cell_texts(browser, ".panel h2") == ["Curves: the experiment's 4 best, regardless of the filters"]
     shot(browser, "empty-words")
+
+
+def test_a_read_only_page_draws_no_empty_chart_and_asks_for_no_pool(tmp_path, browser):
+    """Hyperparameters with no final metric says in one line that there is nothing to draw and why (no empty
+    parallel coordinates or scatter axes); a read-only Queue view does not ask for the pool (its route answers
+    501 there: the console showed the refusal) and says where the pool is shown."""
+    store = Store.in_dir(tmp_path / "nofinal")
+    fill(store, "nofinal", trials=3, steps=2, running=3)
+    server = ManagerServer(None).start()
+    try:
+        install(server, store, admin_token="nofinal-token", read_only=True)
+        open_read_only(browser, server, "/params", "params", token="nofinal-token", exp="nofinal")
+        assert browser.execute_script("return document.querySelector('.chart-note').textContent") == \
+            "Nothing to draw: these charts show each trial by its final metric, and no trial has one."
+        assert browser.execute_script("return ['parcoords', 'scatter'].map(id => "
+                                      "document.getElementById(id).parentElement.hidden)") == [True, True]
+        assert plotly_scripts(browser) == []  # nothing drawn, nothing loaded to draw it
+        open_read_only(browser, server, "/queue", "queue", token="nofinal-token", exp="nofinal")
+        assert browser.execute_script("return document.getElementById('pool-note').textContent") == \
+            "Read-only: the resource pool's jobs are shown by a running experiment's page."
+        asked = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        assert any("/queue" in name for name in asked) and not any(name.endswith("/pool") for name in asked), asked
+        shot(browser, "read-only-empty")
+    finally:
+        server.stop()
+        store.close()
 
 
 def test_parameter_axes_follow_the_search_space(views_site, browser):

@@ -23,7 +23,7 @@ from trialkit import gpus
 from trialkit.control import admin, background, results
 from trialkit.control.plot import parameter_scale, step_title
 from trialkit.control.progress import INTERRUPTED_NOTE
-from trialkit.manager.paths import MANAGER_FILE
+from trialkit.manager.paths import MANAGER_FILE, TRIAL_LOG
 from trialkit.manager.server import HttpError, decode
 from trialkit.manager.store import RAN
 from trialkit.records import INT64_MAX, PERIODICAL, BadRecord, metric_number
@@ -462,11 +462,14 @@ def _steps(db: sqlite3.Connection, trial_id: str) -> Dict[str, int]:
 
 
 def log_paths(row: Mapping[str, Any]) -> Dict[str, Optional[str]]:
-    """The trial's captured output: the paths the store holds, else the keeper's names in the trial dir."""
+    """The trial's captured output: the paths the store holds, else the keeper's names in the trial dir; and
+    the local keeper's own log ("trial": what `trialkit trial logs` prints where the keeper shipped nothing,
+    such as its "command not found" for a command that never started)."""
     trial_dir = row["trial_dir"]
     return {
         "stdout": row["stdout_path"] or (str(Path(trial_dir) / "stdout.log") if trial_dir else None),
         "stderr": row["stderr_path"] or (str(Path(trial_dir) / "stderr.log") if trial_dir else None),
+        "trial": str(Path(trial_dir) / TRIAL_LOG) if trial_dir else None,
     }
 
 
@@ -477,7 +480,7 @@ def trial_log_path(db: sqlite3.Connection, experiment_id: str, trial_id: str, na
         raise HttpError(404, f"no trial {trial_id!r} in experiment {experiment_id!r}")
     paths = log_paths(row)
     if name not in paths:
-        raise HttpError(400, f"no log {name!r} (stdout or stderr)")
+        raise HttpError(400, f"no log {name!r} (stdout, stderr or trial)")
     return paths[name]
 
 

@@ -23,7 +23,7 @@
                                              | "behind_of": ID | "weight": W | "top": true}]}: `job update`'s
                                              changes (top: Move to Top), in order, all or none; answers as GET
     GET  /api/ui/experiments/<exp>/trials/<trial>       one trial: parameters, history, dirs, logs, elastic sizing
-    GET  /api/ui/experiments/<exp>/trials/<trial>/log   ?name=stdout|stderr&offset=N: the log from N
+    GET  /api/ui/experiments/<exp>/trials/<trial>/log   ?name=stdout|stderr|trial&offset=N: the log from N
     POST /api/ui/experiments/<exp>/trials/<trial>/<action>   kill | pause | activate | priority {"priority": N}
 
 Every /api/ui route needs `Authorization: Bearer <the page's token>` (derived

@@ -171,8 +171,10 @@
   // ---------------------------------------------------------------- info, actions
   // Asked once the first view is shown (start()), unless that view has action buttons, which wait for it: its
   // answer would otherwise come in among the first view's own (bench/bench_web.py).
+  // Asked again when the events stream comes back (follow()): the address may then be served by another server,
+  // `trialkit ui` (read-only) after the run's, or a resumed run's after `trialkit ui`.
   let info = {read_only: true, actions: []};
-  let infoAsked = null;
+  let infoAsked = null, diskPoll = null;
   function infoReady() {
     infoAsked = infoAsked || api('/api/ui/info').then((got) => {
       info = got;
@@ -180,7 +182,9 @@
       $('live').hidden = got.read_only;  // a read-only page serves what was stored: nothing on it is live
       showDisk(got.disk);
       // A disk that refuses writes commits nothing, so no change event tells of it: ask now and then.
-      if (!got.read_only) setInterval(() => api('/api/ui/info').then((now) => showDisk(now.disk), () => {}), DISK_POLL_MS);
+      clearInterval(diskPoll);
+      diskPoll = got.read_only ? null
+        : setInterval(() => api('/api/ui/info').then((now) => showDisk(now.disk), () => {}), DISK_POLL_MS);
     }).catch((err) => showProblem(problemFrom(err)));
     return infoAsked;
   }
@@ -324,6 +328,9 @@
       el('tr', {}, el('th', {}, k), el('td', {}, fmtValue(v))))));
   }
 
+  // Whether the trials view's address sets a filter (a status, a metric or parameter range).
+  const filters = (q) => [...q.keys()].some((k) => ['status', 'metric'].includes(k) || k.startsWith('p:'));
+
   // The trials table (server-side sort, filters, pages) and the curves of the selected trials.
   class TrialsView {
     constructor(exp) {
@@ -437,7 +444,7 @@
         return row;
       }));
       if (!page.rows.length) {
-        const filtered = [...q.keys()].some((k) => ['status', 'metric'].includes(k) || k.startsWith('p:'));
+        const filtered = filters(q);
         this.body.append(el('tr', {}, el('td', {colspan: 7 + page.parameters.length, class: 'muted empty'},
           filtered ? 'no trial matches these filters' : 'no trials yet')));
       }
@@ -500,9 +507,12 @@
       }
     }
 
+    // The curves are the trials selected, else the experiment's best (queries.curves): the filters choose the
+    // table's rows, not them, and the title says so while a filter is set.
     async showCurves(chosen, data) {
+      const filtered = filters(this.query());
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
-        : `Curves: the ${data.series.length} best`;
+        : `Curves: the experiment's ${data.series.length} best${filtered ? ', regardless of the filters' : ''}`;
       this.metricPick.show(data, (name) => this.set({curve: name}));
       // "yet" only while one of them may still report: an ended trial reports no more.
       const ended = data.series.length > 0 && data.series.every((s) => this.ended.has(s.id));
@@ -642,7 +652,16 @@
     }
     async load() {
       const h = await api(`${expPath(this.exp)}/hyper`);
-      this.note.textContent = `${h.ids.length} trials with a final metric (${h.optimize_mode})`;
+      // Each chart draws trials by their final metric: with none, there is nothing to draw, said in words.
+      const none = !h.ids.length;
+      this.note.classList.toggle('empty', none);
+      this.note.textContent = none ? 'Nothing to draw: these charts show each trial by its final metric, and no '
+        + 'trial has one.' : `${h.ids.length} trials with a final metric (${h.optimize_mode})`;
+      for (const chart of [this.parcoords, this.scatter]) chart.parentElement.hidden = none;
+      if (none) {
+        markReady('params');
+        return;
+      }
       const dims = h.parameters.map((p) => axis(p, h.columns[p], h.scales[p]));
       dims.push({label: 'metric', values: h.metric});
       const parcoords = plot(this.parcoords, [{type: 'parcoords', dimensions: dims,
@@ -717,7 +736,7 @@
     }
     unmount() { clearTimeout(this.timer); }
     async load() {
-      const [rows] = await Promise.all([api(`${expPath(this.exp)}/queue`), infoReady(), this.loadPool()]);
+      const [rows] = await Promise.all([api(`${expPath(this.exp)}/queue`), infoReady().then(() => this.loadPool())]);
       this.body.replaceChildren(...rows.map((t) => el('tr', {'data-trial': t.id},
         el('td', {class: 'num'}, t.position),
         el('td', {}, el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`}, t.id)),
@@ -735,6 +754,11 @@
     // The pool's part never fails the view: an experiment without a job in a pool says so in its place.
     async loadPool() {
       clearTimeout(this.timer);
+      if (info.read_only) {  // no experiment loop behind the page to ask: the route would only refuse (501)
+        this.poolTable.hidden = true;
+        this.poolNote.textContent = "Read-only: the resource pool's jobs are shown by a running experiment's page.";
+        return;
+      }
       try {
         const pool = await api(`${expPath(this.exp)}/pool`);
         // Not while a priority is being typed or an experiment chosen: the next look redraws it.
@@ -925,6 +949,15 @@
       this.pollLog();
     }
 
+    // An ended trial without this stream (a command that never started) may have its keeper's words in its
+    // log file (trial.log): shown under the words that the stream is not there, as `trialkit trial logs` prints it.
+    async showKeeperLog(name) {
+      const own = await api(`${expPath(this.exp)}/trials/${enc(this.trial)}/log?name=trial`);
+      if (!own.exists || !own.text) { this.showBlank(`(no ${name})`); return; }
+      this.showBlank(`(no ${name}; the trial's log, as \`trialkit trial logs ${this.trial}\` prints it:)\n`);
+      this.log.append(el('span', {class: 'keeper-log'}, own.text));
+    }
+
     // Follow the log while the trial runs: ask only for what was added since the last answer.
     async pollLog() {
       clearTimeout(this.timer);
@@ -938,7 +971,8 @@
         const atBottom = this.log.scrollTop + this.log.clientHeight >= this.log.scrollHeight - 4;
         // What is not there (no file yet, an empty one) is said in words, not shown as a dark empty bar.
         const ended = this.data && FINAL.includes(this.data.status);
-        if (!part.exists) this.showBlank(`(no ${name}${ended ? '' : ' yet'})`);
+        if (!part.exists && ended) await this.showKeeperLog(name);
+        else if (!part.exists) this.showBlank(`(no ${name} yet)`);
         else if (this.offset === null || part.start < this.offset || this.blank) this.showText(part.text);
         else if (part.text) this.log.append(part.text);
         if (part.exists && !this.log.textContent) this.showBlank(`(${name} is empty: the trial has written nothing to it)`);
@@ -1066,10 +1100,17 @@
     const live = $('live');
     const stop = new AbortController();
     following = stop;
+    let lost = false;  // the stream ended: changes may have been missed, and the server may come back another
     for (;;) {
       try {
         const resp = await fetch('/api/ui/events', {headers: {Authorization: 'Bearer ' + token}, signal: stop.signal});
         if (resp.status === 401 || resp.status === 403) return;
+        if (lost) {  // back: take the server's mode, then show everything anew (its change events start from now)
+          lost = false;
+          infoAsked = null;
+          await infoReady();
+          refreshSoon();
+        }
         live.textContent = 'live';
         live.classList.add('on');
         const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -1089,6 +1130,7 @@
         // the manager went away: try again below
       }
       if (stop.signal.aborted) return;  // the page was left; pageshow follows again if it comes back
+      lost = true;
       live.textContent = 'offline';
       live.classList.remove('on');
       await new Promise((r) => setTimeout(r, 2000));
