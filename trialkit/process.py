@@ -205,17 +205,20 @@ def shell_line_argv(line: str) -> List[str]:
 _SHELLS = frozenset("sh bash dash ash zsh ksh".split())
 
 
-def pipes_output(argv: Sequence[str]) -> bool:
-    """Whether argv is a shell running a line whose output goes through a pipe (`python3 main.py | tee log`)."""
+def pipes_output(argv: Sequence[str]) -> Optional[str]:
+    """Where argv is a shell running a line whose output goes through a pipe (`python3 main.py | tee log`), the
+    pipe as the line has it from its first bar on (`| tee log`); else None."""
     if len(argv) < 3 or os.path.basename(argv[0]) not in _SHELLS or argv[1] != "-c":
-        return False
+        return None
     import shlex
 
     lexer = shlex.shlex(argv[2], posix=True, punctuation_chars=True)
     try:
-        return any(token in ("|", "|&") for token in lexer)
+        tokens = list(lexer)
     except ValueError:  # an unclosed quote: the shell refuses it anyway
-        return False
+        return None
+    bar = next((i for i, token in enumerate(tokens) if token in ("|", "|&")), None)
+    return None if bar is None else " ".join(tokens[bar:])
 
 
 def spawn(

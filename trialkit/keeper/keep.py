@@ -23,7 +23,7 @@ from trialkit import __version__, env, layout, records
 from trialkit.checkpoints import STORE_FAILED_EXIT, STORED_LIST, unstored
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, explain_failure
 from trialkit.keeper.reporter import Reporter
-from trialkit.keeper.status import PROG, warn
+from trialkit.keeper.status import PROG, warn, warnings_also_to
 from trialkit.process import (STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, pipes_output, signal_group,
                               spawn)
 from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
@@ -47,8 +47,8 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
         ready_stop(trial.stop_file)
         reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
                         command=list(opts.command), keeper_version=__version__)
-        warn_about_the_stop(opts, trial)
         captures = capture_output(opts, trial, loop, reporter, out_r, err_r)
+        warn_about_the_stop(opts, trial)
         # Watched before the uploader starts: its start reaps every exited child, and a command that already
         # ended, reaped unwatched, would leave the keeper waiting for it for ever.
         loop.watch(child)
@@ -72,10 +72,11 @@ def warn_about_the_stop(opts: argparse.Namespace, trial: env.TrialEnv) -> None:
              f"trial's end do not fit in the {seconds:g} s {name} waits between its SIGTERM and its SIGKILL: a stop "
              f"would kill the keeper mid-grace; set {env.GRACE_SECONDS}={env.fitting_grace(seconds):g}, or let the "
              f"runtime wait longer and say how long in {env.TERMINATION_GRACE}")
-    if pipes_output(opts.command):
-        warn("the command pipes its output (... | tee log): a stop signals the pipe's reader too, which ends first, "
-             "and the trainer dies writing to it (BrokenPipeError) before it can checkpoint; leave the pipe out: "
-             f"the keeper keeps the output in {trial.trial_dir / 'stdout.log'} and stderr.log beside it")
+    pipe = pipes_output(opts.command)
+    if pipe is not None:
+        warn(f"the command pipes its output (... {pipe:.60}): a stop signals the pipe's reader too, which ends "
+             "first, and the trainer dies writing to it (BrokenPipeError) before it can checkpoint; leave the pipe "
+             f"out: the keeper keeps the output in {trial.trial_dir / 'stdout.log'} and stderr.log beside it")
 
 
 def capture_output(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, reporter: Reporter,
@@ -90,6 +91,7 @@ def capture_output(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoo
     ]
     for capture in captures:
         loop.add_reader(capture.pipe_fd, _reader(loop, capture))
+    warnings_also_to(captures[1].note)  # where the user reads the trial's output: stderr.log, the manager
     return captures
 
 
