@@ -178,7 +178,10 @@ def test_a_users_own_image_under_podmans_init_ends_its_trial_before_the_sigkill(
     podman("stop", container)
     containers.wait(container)
     assert time.monotonic() - began < 10, f"podman's SIGKILL ended it (PID 1 {pid1})"
-    assert status(home)["status"] == USER_CANCELED, status(home)
+    ended = status(home)
+    assert ended["status"] == USER_CANCELED, ended
+    assert ended["reason"] == "killed: it was still running 4 s after SIGTERM (TRIALKIT_GRACE_SECONDS)", ended
+    assert f"[trialkit-keeper] {ended['reason']}" in containers.logs(container)
 
 
 def test_a_grace_longer_than_podman_allows_is_said_at_the_start(containers, user_image, tmp_path):

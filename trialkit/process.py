@@ -155,6 +155,7 @@ class Child:
         self.exit_code: Optional[int] = None
         self.killed_by: Optional[int] = None  # the signal that ended it, if one did
         self.stop_deadline: Optional[float] = None  # set once; a second stop keeps the clock
+        self.outlived_its_grace = False  # still running at the stop's deadline: SIGKILLed then
         self.popen = popen
 
     def __repr__(self) -> str:
@@ -350,6 +351,7 @@ class EventLoop:
 
     def _kill_if_running(self, child: Child) -> None:
         if child.running:
+            child.outlived_its_grace = True
             signal_group(child.pgid, signal.SIGKILL)
 
     # -- the loop ---------------------------------------------------------
