@@ -166,6 +166,24 @@ def test_a_users_own_image_stopped_with_podmans_default_timeout_ends_its_trial(c
     assert "warning" not in containers.logs(container), containers.logs(container)
 
 
+def test_a_users_own_image_under_podmans_init_ends_its_trial_before_the_sigkill(containers, user_image, tmp_path):
+    # `podman run --init`: PID 1 is /run/podman-init, the keeper its child; the keeper still takes the grace
+    # podman's 10 s allow, and records the end of a trial that ignores SIGTERM.
+    home = trial_dir(tmp_path)
+    container = containers.start(user_image, "--init", "-v", f"{home}:/work", command=["python3", "-c", WAIT_FOR_STOP],
+                                 env={"T_ON_TERM": "ignore"})
+    wait_until(lambda: (home / "ready").exists(), 30, "the trial to start")
+    pid1 = podman("exec", container, "cat", "/proc/1/comm").stdout.strip()
+    began = time.monotonic()
+    podman("stop", container)
+    containers.wait(container)
+    assert time.monotonic() - began < 10, f"podman's SIGKILL ended it (PID 1 {pid1})"
+    ended = status(home)
+    assert ended["status"] == USER_CANCELED, ended
+    assert ended["reason"] == "killed: it was still running 4 s after SIGTERM (TRIALKIT_GRACE_SECONDS)", ended
+    assert f"[trialkit-keeper] {ended['reason']}" in containers.logs(container)
+
+
 def test_a_grace_longer_than_podman_allows_is_said_at_the_start(containers, user_image, tmp_path):
     home = trial_dir(tmp_path)
     container = containers.start(user_image, "-v", f"{home}:/work", command=["python3", "-c", "print('ran')"],

@@ -143,6 +143,19 @@ def test_crash_timeout_nni_stdout_and_sdk_trials(tmp_path):
     assert "FAILED: timeout" in shown.stdout
 
 
+def test_the_keepers_warning_about_a_pipe_is_in_the_trials_logs(tmp_path):
+    # The keeper's own stderr is trial.log on this platform, which `trial logs` shows only while the trial has
+    # shipped no output: its warnings go into the trial's stderr too.
+    config = experiment(tmp_path, X_CHOICES, "print('training')\n" + SDK_TRIAL.format(steps=1), maxTrialNumber=1,
+                        trialCommand="python3 trial.py | cat")
+    done = cli("run", config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = export(experiment_id(done.stdout.splitlines()[0]))
+    logs = cli("trial", "logs", row["trial_id"]).stdout
+    said = [line for line in logs.splitlines() if line.startswith("[trialkit-keeper] warning: the command pipes")]
+    assert "training" in logs and len(said) == 1 and "(... | cat)" in said[0], logs
+
+
 def test_all_trials_failing_exits_non_zero(tmp_path):
     config = experiment(tmp_path, X_CHOICES, "raise SystemExit(1)\n", maxTrialNumber=2)
     done = cli("run", config)

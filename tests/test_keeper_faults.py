@@ -96,6 +96,27 @@ def test_second_sigterm_does_not_restart_the_grace_clock(trial_env):
     assert grace - 0.05 <= elapsed < grace + 1.5
 
 
+@pytest.mark.parametrize("on_term", ["ignore", "exit"])
+def test_a_trial_killed_after_its_grace_says_so_in_its_reason_and_one_line(trial_env, on_term):
+    k = keeper(py(f"""
+        import signal, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if "{on_term}" == "ignore" else lambda *_: sys.exit(1))
+        print("ready", flush=True)
+        while True: time.sleep(60)
+    """), {**trial_env, "TRIALKIT_GRACE_SECONDS": "0.5"})
+    k.expect(b"ready")
+    k.signal(signal.SIGTERM)
+    assert k.wait() == (137 if on_term == "ignore" else 1)
+    said = [line for line in k.stderr.decode().splitlines() if "killed: " in line]
+    ended = status(trial_env)
+    assert ended["status"] == "USER_CANCELED", ended
+    if on_term == "ignore":
+        reason = "killed: it was still running 0.5 s after SIGTERM (TRIALKIT_GRACE_SECONDS)"
+        assert ended["reason"] == reason and said == [f"[trialkit-keeper] {reason}"], (ended, said)
+    else:
+        assert ended["reason"] == "" and said == [], (ended, said)
+
+
 def test_sigint_is_forwarded_and_stops_the_trial(trial_env):
     k = keeper(py("""
         import os, signal, time

@@ -129,7 +129,10 @@ CONTAINER_STOP_SECONDS = 10.0  # `docker stop`'s and `podman stop`'s default tim
 POD_TERMINATION_SECONDS = 30.0  # a pod's default terminationGracePeriodSeconds
 # cgroup paths that name a container's runtime (cgroup v1, or v2 without a cgroup namespace).
 _CONTAINER_CGROUPS = ("docker", "libpod", "containerd", "kubepods", "crio")
-_RUNTIME_INITS = ("docker-init", "tini", "dumb-init", "catatonit")  # what `--init` puts at a container's PID 1
+# What an init in front of run.sh shows in /proc/1/comm (its file's name, cut to 15 bytes: all of these fit):
+# `docker run --init`'s docker-init, `podman run --init`'s podman-init (catatonit, mounted under that name),
+# and the inits an image puts there itself.
+_RUNTIME_INITS = ("docker-init", "podman-init", "catatonit", "tini", "tini-static", "dumb-init")
 # The longest grace a keeper or an experiment takes: its timers wait in milliseconds of a C int (24.8 days).
 MAX_GRACE_SECONDS = 7 * 86400.0
 MAX_PARAMETERS_BYTES = 64 << 20  # a parameters file larger than this is not one
@@ -182,7 +185,7 @@ def runtime_stop(environ: Mapping[str, str]) -> Optional[Tuple[str, float]]:
 
 def _runs_the_container() -> bool:
     """Whether this process is what its container runs: its PID 1 (run.sh execs the keeper), or the child of
-    the init a runtime puts there (`docker run --init`'s tini, podman's catatonit)."""
+    the init a runtime puts there (`docker run --init`'s docker-init, `podman run --init`'s podman-init)."""
     if os.getpid() == 1:
         return True
     if os.getppid() != 1:

@@ -155,6 +155,7 @@ class Child:
         self.exit_code: Optional[int] = None
         self.killed_by: Optional[int] = None  # the signal that ended it, if one did
         self.stop_deadline: Optional[float] = None  # set once; a second stop keeps the clock
+        self.outlived_its_grace = False  # still running at the stop's deadline: SIGKILLed then
         self.popen = popen
 
     def __repr__(self) -> str:
@@ -205,17 +206,20 @@ def shell_line_argv(line: str) -> List[str]:
 _SHELLS = frozenset("sh bash dash ash zsh ksh".split())
 
 
-def pipes_output(argv: Sequence[str]) -> bool:
-    """Whether argv is a shell running a line whose output goes through a pipe (`python3 main.py | tee log`)."""
+def pipes_output(argv: Sequence[str]) -> Optional[str]:
+    """Where argv is a shell running a line whose output goes through a pipe (`python3 main.py | tee log`), the
+    pipe as the line has it from its first bar on (`| tee log`); else None."""
     if len(argv) < 3 or os.path.basename(argv[0]) not in _SHELLS or argv[1] != "-c":
-        return False
+        return None
     import shlex
 
     lexer = shlex.shlex(argv[2], posix=True, punctuation_chars=True)
     try:
-        return any(token in ("|", "|&") for token in lexer)
+        tokens = list(lexer)
     except ValueError:  # an unclosed quote: the shell refuses it anyway
-        return False
+        return None
+    bar = next((i for i, token in enumerate(tokens) if token in ("|", "|&")), None)
+    return None if bar is None else " ".join(tokens[bar:])
 
 
 def spawn(
@@ -347,6 +351,7 @@ class EventLoop:
 
     def _kill_if_running(self, child: Child) -> None:
         if child.running:
+            child.outlived_its_grace = True
             signal_group(child.pgid, signal.SIGKILL)
 
     # -- the loop ---------------------------------------------------------

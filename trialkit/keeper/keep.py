@@ -23,7 +23,7 @@ from trialkit import __version__, env, layout, records
 from trialkit.checkpoints import STORE_FAILED_EXIT, STORED_LIST, unstored
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, explain_failure
 from trialkit.keeper.reporter import Reporter
-from trialkit.keeper.status import PROG, warn
+from trialkit.keeper.status import PROG, say, warn, warnings_also_to
 from trialkit.process import (STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, pipes_output, signal_group,
                               spawn)
 from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
@@ -47,8 +47,8 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
         ready_stop(trial.stop_file)
         reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
                         command=list(opts.command), keeper_version=__version__)
-        warn_about_the_stop(opts, trial)
         captures = capture_output(opts, trial, loop, reporter, out_r, err_r)
+        warn_about_the_stop(opts, trial)
         # Watched before the uploader starts: its start reaps every exited child, and a command that already
         # ended, reaped unwatched, would leave the keeper waiting for it for ever.
         loop.watch(child)
@@ -67,15 +67,21 @@ def warn_about_the_stop(opts: argparse.Namespace, trial: env.TrialEnv) -> None:
     runtime = env.runtime_stop(os.environ)
     if runtime is not None and trial.grace_seconds > env.fitting_grace(runtime[1]):
         name, seconds = runtime
-        given = "--grace" if opts.grace is not None else env.GRACE_SECONDS
+        given = grace_from(opts)
         warn(f"a grace of {trial.grace_seconds:g} s ({given}) and {layout.CLEANUP_MARGIN_SECONDS} s to record the "
              f"trial's end do not fit in the {seconds:g} s {name} waits between its SIGTERM and its SIGKILL: a stop "
              f"would kill the keeper mid-grace; set {env.GRACE_SECONDS}={env.fitting_grace(seconds):g}, or let the "
              f"runtime wait longer and say how long in {env.TERMINATION_GRACE}")
-    if pipes_output(opts.command):
-        warn("the command pipes its output (... | tee log): a stop signals the pipe's reader too, which ends first, "
-             "and the trainer dies writing to it (BrokenPipeError) before it can checkpoint; leave the pipe out: "
-             f"the keeper keeps the output in {trial.trial_dir / 'stdout.log'} and stderr.log beside it")
+    pipe = pipes_output(opts.command)
+    if pipe is not None:
+        warn(f"the command pipes its output (... {pipe:.60}): a stop signals the pipe's reader too, which ends "
+             "first, and the trainer dies writing to it (BrokenPipeError) before it can checkpoint; leave the pipe "
+             f"out: the keeper keeps the output in {trial.trial_dir / 'stdout.log'} and stderr.log beside it")
+
+
+def grace_from(opts: argparse.Namespace) -> str:
+    """Where the grace was said, for the lines that name it."""
+    return "--grace" if opts.grace is not None else env.GRACE_SECONDS
 
 
 def capture_output(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, reporter: Reporter,
@@ -90,6 +96,7 @@ def capture_output(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoo
     ]
     for capture in captures:
         loop.add_reader(capture.pipe_fd, _reader(loop, capture))
+    warnings_also_to(captures[1].note)  # where the user reads the trial's output: stderr.log, the manager
     return captures
 
 
@@ -117,11 +124,15 @@ def keep_to_end(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, 
                 child: Child, captures: List[Capture], uploads: Optional[Uploads]) -> int:
     """Keep the running command to its end and record how it ended (once its checkpoints are stored: a
     PREEMPTED trial may start again elsewhere at once); returns its exit code."""
-    stop_asked = supervise(loop, child, captures, trial)
+    stop = supervise(loop, child, captures, trial)
     unstored = None
     if uploads is not None:
         unstored = uploads.finish(loop, time.monotonic() + trial.checkpoint_transfer_seconds)
-    status, reason = final_status(child, stop_asked), ""
+    status, reason = final_status(child, stop is not None), ""
+    if stop is not None and child.outlived_its_grace:
+        reason = (f"killed: it was still running {trial.grace_seconds:g} s after {signal.Signals(stop).name} "
+                  f"({grace_from(opts)})")
+        say(reason)
     if status == FAILED:
         reason, hint = explain_failure(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))
         reason = reason or f"{describe_exit(child.exit_code)}, nothing on stderr"  # a silent death says how
@@ -179,14 +190,14 @@ class Uploads:
         return note
 
 
-def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env.TrialEnv) -> bool:
-    """Serve events until the child and its tree are gone; True if a stop was asked."""
-    stop_asked: List[bool] = []
+def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env.TrialEnv) -> Optional[int]:
+    """Serve events until the child and its tree are gone; the signal of the first stop asked, if one was."""
+    stop_asked: List[int] = []
 
     def on_signal(signum: int) -> None:
         if signum in STOP_SIGNALS:
             if not stop_asked:
-                stop_asked.append(True)
+                stop_asked.append(signum)
                 mark_stop(trial.stop_file)  # before the signal, so a handler that asks should_preempt() sees it
             loop.stop(child, trial.grace_seconds, first=signum)
         else:
@@ -197,7 +208,7 @@ def supervise(loop: EventLoop, child: Child, captures: List[Capture], trial: env
     for capture in captures:
         loop.remove_reader(capture.pipe_fd)
         capture.close(echo_deadline)
-    return bool(stop_asked)
+    return stop_asked[0] if stop_asked else None
 
 
 def ready_stop(stop_file: Path) -> None:

@@ -163,6 +163,7 @@ class Capture:
         self.tee = tee  # the manager's copy (keeper.logship), when there is a manager
         self.echo = Echo(echo_fd) if echo_fd is not None else None
         self.open = True
+        self._at_line_start = True  # where the last write left the file: a note goes on a line of its own
         self._file = self._open_log()
         os.set_blocking(pipe_fd, False)
 
@@ -179,6 +180,7 @@ class Capture:
                 self.open = False
                 return
             self._to_file(data)
+            self._at_line_start = data.endswith(b"\n")
             if self.echo:
                 self.echo.put(data)
             if self.scanner:
@@ -187,6 +189,16 @@ class Capture:
                 self.tee(data)
             if len(data) < READ_SIZE:
                 return
+
+    def note(self, line: bytes) -> None:
+        """A line of the keeper's own into the file and the manager's copy (not the echo: that is the keeper's
+        stderr, which has it already), on a line of its own."""
+        if self._file is None:
+            return
+        line = line if self._at_line_start else b"\n" + line
+        self._to_file(line)
+        if self.tee:
+            self.tee(line)
 
     def _open_log(self) -> Optional[int]:
         try:

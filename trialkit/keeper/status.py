@@ -28,8 +28,20 @@ def say(message: str) -> None:
     print(f"[{PROG}] {message}", file=sys.stderr, flush=True)
 
 
+_also: Optional[Callable[[bytes], None]] = None  # the trial's stderr once the keeper captures it (warnings_also_to)
+
+
 def warn(message: str) -> None:
+    """A warning on the keeper's stderr, and in the trial's stderr (stderr.log, the manager's copy) where the user
+    reads the trial's output: the keeper's stderr is trial.log on the local platform, which few open."""
     say(f"warning: {message}")
+    if _also is not None:
+        _also(f"[{PROG}] warning: {message}\n".encode("utf-8", "replace"))
+
+
+def warnings_also_to(write: Callable[[bytes], None]) -> None:
+    global _also
+    _also = write
 
 
 class StatusFile:
