@@ -231,3 +231,11 @@ def test_a_platform_whose_engine_is_not_installed_names_the_extra(tmp_path, engi
     assert_one_line(done, f"the {platform} platform needs the {engine!r} package")
     assert f"pip install 'trialkit[{engine}]'" in done.stderr
     assert not (tmp_path / "home" / "experiments").exists() or not any((tmp_path / "home" / "experiments").iterdir())
+
+
+@pytest.mark.parametrize("job_id, says", [("good1", "good1 is an experiment"),
+                                          ("good1-00000", "trial good1-00000 has none")])
+def test_a_priority_that_is_no_number_where_no_kueue_job_is_says_not_a_whole_number(home, job_id, says):
+    done = cli(home, "job", "update", job_id, "--priority", "abc")
+    assert_one_line(done, "--priority abc: not a whole number (a priority is a whole number from -")
+    assert says in done.stderr and done.stderr.count("(") == 1, done.stderr

@@ -48,7 +48,7 @@ from trialkit import gpus, records
 from trialkit.manager import paths
 from trialkit.control.progress import (INTERRUPTED_NOTE, duration, gpu_list, gpu_use, number, table, trials_table,
                                        when)
-from trialkit.control.queue import Move, jobs, label
+from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
 from trialkit.control.results import best_row, metric_value, optimize_mode, setting, to_csv, to_json, trial_rows
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
@@ -915,14 +915,17 @@ def _kueue_priority(opts: argparse.Namespace) -> int:
     from trialkit.platforms.kubernetes import kueue
     from trialkit.platforms.kubernetes.client import KubeClient, ObjectRef
 
+    # A name where no Kubernetes job can take it is most likely a mistyped number.
     if opts.trial_id and _names_experiment(opts.trial_id):
-        raise UserError("a Kueue priority class is a job's, and each trial is a job", opts.trial_id,
-                        "name a trial (`trialkit job list --pool NAME` lists them)")
+        raise UserError("not a whole number", f"--priority {opts.priority}",
+                        f"{PRIORITY_RANGE}; a Kueue priority class name applies to a trial's Kubernetes job, "
+                        f"and {opts.trial_id} is an experiment")
     submitted = paths.trial_dir(paths.experiment_dir(paths.experiment_of(opts.trial_id)), opts.trial_id) / \
         "kubernetes.yaml"
     if not submitted.exists():
-        raise UserError(f"trial {opts.trial_id} has no Kubernetes job", opts.trial_id,
-                        "a priority class names a Kueue WorkloadPriorityClass; other jobs take a number")
+        raise UserError("not a whole number", f"--priority {opts.priority}",
+                        f"{PRIORITY_RANGE}; a Kueue priority class name applies to a Kubernetes job, and trial "
+                        f"{opts.trial_id} has none")
     job = list(yaml.safe_load_all(submitted.read_text()))[-1]
     kueue.set_priority(ObjectRef.of(job), opts.priority, KubeClient.from_environment())
     print(f"updated {opts.trial_id}: priority class {opts.priority}")
