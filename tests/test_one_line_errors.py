@@ -239,3 +239,26 @@ def test_a_priority_that_is_no_number_where_no_kueue_job_is_says_not_a_whole_num
     done = cli(home, "job", "update", job_id, "--priority", "abc")
     assert_one_line(done, "--priority abc: not a whole number (a priority is a whole number from -")
     assert says in done.stderr and done.stderr.count("(") == 1, done.stderr
+
+
+# The modules whose messages a new user reads first; other modules' fixes still nest (a follow-up).
+PLAIN_FIX_MODULES = ("cli.py", "control/config.py", "control/queue.py", "control/actions.py")
+
+
+@pytest.mark.parametrize("module", PLAIN_FIX_MODULES)
+def test_a_fix_holds_no_parentheses_of_its_own(module):
+    """UserError wraps its fix in parentheses: one inside reads "(check the path (relative to ...))"."""
+    import ast
+
+    import trialkit
+
+    path = Path(trialkit.__file__).parent / module
+    tree = ast.parse(path.read_text())
+    nested = []
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call) or getattr(call.func, "id", None) != "UserError":
+            continue
+        fix = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "fix"), None)
+        texts = [node.value for node in ast.walk(fix) if isinstance(node, ast.Constant)] if fix else []
+        nested += [f"{module}:{call.lineno}" for text in texts if isinstance(text, str) and "(" in text]
+    assert not nested

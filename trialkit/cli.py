@@ -308,7 +308,7 @@ def cmd_experiment_import(opts: argparse.Namespace) -> int:
     results = [result for result in map(_imported, data if isinstance(data, list) else [None]) if result is not None]
     if not results:
         raise UserError(f"{opts.file} holds no results", "--file",
-                        'give a list of {"parameter": {...}, "value": ...} (nnictl\'s) or a trialkit JSON export')
+                        'give nnictl\'s list of {"parameter": {...}, "value": ...} or a trialkit JSON export')
     answer = admin.act(opts.experiment_id, "experiment", "import", body={"results": results})
     print(f"imported {answer['imported']} results into experiment {opts.experiment_id}'s tuner")
     return 0
@@ -490,7 +490,7 @@ def _one_checkpoint(ident: str, uuid: str) -> Tuple[Dict[str, Any], Any]:
     found = [e for e in entries if e.checkpoint.uuid == uuid]
     if not found and len(uuid) < 4:
         raise UserError(f"{uuid!r} is too short to name a checkpoint", "UUID",
-                        f"give at least 4 characters of its uuid (see `trialkit checkpoint list {ident}`)")
+                        f"give at least 4 characters of its uuid: `trialkit checkpoint list {ident}` lists them")
     found = found or [e for e in entries if e.checkpoint.uuid.startswith(uuid)]
     if len(found) != 1:
         what = "no checkpoint" if not found else f"{len(found)} checkpoints begin with"
@@ -546,7 +546,7 @@ def cmd_checkpoint_download(opts: argparse.Namespace) -> int:
     dest = Path(opts.output or ckpt.uuid).absolute()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UserError(f"{dest} exists and is not an empty directory", "--output",
-                        "name a new directory (or an empty one)")
+                        "name a new or an empty directory")
     checkpoints.download(checkpoints.storage_of(config), ckpt, dest)
     print(f"checkpoint {ckpt.uuid} ({_size(ckpt.size)}) -> {dest}")
     return 0
@@ -752,7 +752,7 @@ def _print_log_file(experiment_dir: Path, opts: argparse.Namespace) -> int:
     log = paths.trial_dir(experiment_dir, opts.trial_id) / paths.TRIAL_LOG
     if not log.exists():
         raise UserError(f"no log of trial {opts.trial_id} on this machine ({log})", "TRIAL_ID",
-                        "a trial on a cluster logs there (kubectl logs); a local trial not started yet has none")
+                        "a trial on a cluster logs there, for kubectl logs; a local trial not started yet has none")
     with open(log, "rb") as f:
         printed = 0
         while True:
@@ -1000,8 +1000,8 @@ def _update_pool(changes: List[Any]) -> None:
     for experiment_id in dict.fromkeys(experiment for experiment, _, _ in changes):
         if admin.ended_status(experiment_id) == "DONE":
             raise UserError(f"experiment {experiment_id} is DONE: its job has left the resource pool and nothing of "
-                            "it runs again", experiment_id, "update a running experiment's job (`trialkit job list "
-                            "--pool`)")
+                            "it runs again", experiment_id, "update a running experiment's job: `trialkit job list "
+                            "--pool` lists them")
     pools.update(changes)
 
 
@@ -1053,7 +1053,7 @@ def cmd_ui(opts: argparse.Namespace) -> int:
             raise
         if err.errno == errno.EADDRNOTAVAIL or name_unknown:
             raise UserError(f"cannot listen on {opts.host}: {err.strerror}", "--host",
-                            "give an address of this machine (default 127.0.0.1)") from None
+                            "give an address of this machine, or leave --host out for 127.0.0.1") from None
         raise UserError(f"cannot listen on {opts.host}:{opts.port or 0}: {err.strerror}", "--port",
                         "pick a free port, or leave --port out for any free one") from None
 
