@@ -98,6 +98,8 @@ RUN_CASES = [
     ("search space nested 3000 deep", deep_space(3000), "nested deeper than 100"),
     ("aliases of aliases in _value", billion_laughs(), "expands to more than"),
     ("a key given twice", config_text() + "trialConcurrency: 2\n", "'trialConcurrency' is given twice (first at line"),
+    ("an empty config file", "", "config.yml: the config file is empty (write at least trialCommand, searchSpace"),
+    ("a config of comments alone", "# to do\n", "config.yml: the config file is empty (write at least trialCommand"),
 ]
 
 

@@ -167,6 +167,9 @@ def load_config(path: Union[str, Path], context_dir: Optional[str] = None) -> Ex
     names the file and the line of the key (`bad.yml:7: trialConcurrency: ...`)."""
     path = Path(path)
     data = schema.read_data_file(path, str(path))
+    if data is None:  # YAML of nothing, or of comments alone
+        raise UserError("the config file is empty", str(path), "write at least trialCommand, searchSpace or "
+                        "searchSpaceFile, and tuner, as examples/quickstart/config.yml does")
     try:
         config = parse_config(data, base_dir=path.parent, source=str(path), context_dir=context_dir)
     except UserError as err:
