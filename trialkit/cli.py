@@ -52,7 +52,8 @@ from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
 from trialkit.control.results import best_row, metric_value, optimize_mode, setting, to_csv, to_json, trial_rows
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
-from trialkit.statuses import EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED
+from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
+                               USER_CANCELED, WAITING)
 
 PROG = "trialkit"
 DETACH_WAIT = 30.0  # how long `--detach` waits to show the background manager's URL
@@ -181,10 +182,11 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
     return 0
 
 
-# The statuses `experiment list` counts beside the trials made, by the word it says: a trial's end that matters
-# (its metric, its error, its pause to activate or resume), or that it runs; a canceled or waiting one goes unsaid.
+# Every status `experiment list` counts beside the trials made, by the word it says: the counts add up to the
+# trials made, so that a lone canceled trial reads "1 (1 canceled)", not a bare "1".
 _COUNTED = ((SUCCEEDED, "succeeded"), (FAILED, "failed"), (EARLY_STOPPED, "early-stopped"), (PREEMPTED, "paused"),
-            (RUNNING, "running"))
+            (USER_CANCELED, "canceled"), (SYS_CANCELED, "canceled by trialkit"), (RUNNING, "running"),
+            (WAITING, "waiting"))
 
 
 def _trials_made(trials: List[Dict[str, Any]]) -> str:
@@ -1190,8 +1192,8 @@ def build_parser() -> ArgumentParser:
     sub = experiment.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
              "trials (how many it made so far, then each count that is not 0 of those that succeeded, failed, "
-             "stopped early, are paused or run: 10 (8 succeeded, 2 failed)), creation time; newest first, as the "
-             "page lists them. INTERRUPTED: its manager is gone; resume it.")
+             "stopped early, are paused, were canceled, run or wait: 10 (8 succeeded, 2 failed)), creation time; "
+             "newest first, as the page lists them. INTERRUPTED: its manager is gone; resume it.")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
                             "The experiment's settings, status, best trial and a table of its trials; for a "
                             "STOPPED one, last, the `experiment resume` that takes it up again."))
