@@ -1157,10 +1157,22 @@ def _count(text: str) -> int:
 # -- the parser -------------------------------------------------------------------------
 
 
+class _CommandParser(ArgumentParser):
+    """A parser whose own unknown options it refuses itself, pointing at its --help: argparse leaves them to the
+    top parser, whose error says "see trialkit --help" for `trialkit experiment list --bogus`. Its
+    subcommands' parsers are of its class too (add_subparsers' default)."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Tuple[argparse.Namespace, List[str]]:
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return namespace, unknown
+
+
 def build_parser() -> ArgumentParser:
     from trialkit.control.plot import CURVE_PANELS  # light: matplotlib waits for the plot itself
 
-    parser = ArgumentParser(
+    parser = _CommandParser(
         prog=PROG,
         description="Run hyperparameter experiments: trials on this machine or a cluster, "
         "their metrics kept in the experiment's store.",
