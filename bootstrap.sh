@@ -48,7 +48,7 @@ install_venv() {
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
     rm -f "$stamp_file"
     venv_pip -q --upgrade pip wheel 'setuptools<81'
-    step $((n += 1)) $total "torch 2.13.0, the CPU build (the largest part: pip shows its progress)"
+    step $((n += 1)) $total "torch 2.13.0, the CPU build (the largest part)"
     venv_pip torch==2.13.0
     step $((n += 1)) $total "trialkit and its control extra: optuna (tuners), aiohttp and orjson (the manager), \
 plotly and matplotlib (the page, plots), pathspec, tensorboardX"

@@ -79,6 +79,10 @@ def bad_config(tmp_path):
     (["trial", "kill", "x"], "not a trial id"),
     (["trial", "show", "nosuch-00000"], "TRIAL_ID: no experiment 'nosuch'"),  # the argument the user gave
     (["job", "update", "nosuch", "--priority", "3"], "'nosuch' is neither a trial id nor an experiment id"),
+    # An unknown option points at the --help of the command it was given to, as a missing argument does.
+    (["experiment", "list", "--bogus"], "unrecognized arguments: --bogus (see trialkit experiment list --help)"),
+    (["job", "update", "x", "--priority", "1", "--bogus"], "(see trialkit job update --help)"),
+    (["--bogus", "experiment", "list"], "unrecognized arguments: --bogus (see trialkit --help)"),
 ])
 def test_mistakes_give_one_line_and_exit_2(tmp_path, args, says):
     done = cli(*[a(tmp_path) if callable(a) else a for a in args])

@@ -54,7 +54,7 @@ def test_each_problem_is_at_the_line_of_its_key_as_written(tmp_path):
 def test_a_missing_key_is_at_the_file_alone(tmp_path):
     path = write(tmp_path, "bad.yml", V2.format(concurrency=1, mode="maximize").replace("trialCommand", "# trialCommand"))
     assert refused(path) == (f"trialkit: error: {path}: trialCommand: trialCommand is missing "
-                             "(add trialCommand: python3 train.py (your command))")
+                             "(add trialCommand: your command, like python3 train.py)")
 
 
 @pytest.mark.parametrize("indent", ["  ", "\t"])  # YAML refuses a tab as indentation; JSON takes it

@@ -29,7 +29,7 @@ def refused(tmp_path, trial, **keys) -> str:
 
 def test_a_v1_config_without_its_command_is_told_to_add_trial_command(tmp_path):
     assert refused(tmp_path, {}) == ("trialkit: error: CONFIG: trial.command: trial.command is missing (add trial.command: "
-                                     "python3 train.py (your command); trialCommand in a v2 config)")
+                                     "your command, like python3 train.py; trialCommand in a v2 config)")
 
 
 def test_a_v1_config_without_its_search_space_is_told_to_add_search_space_path(tmp_path):

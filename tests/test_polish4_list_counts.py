@@ -38,3 +38,23 @@ def test_a_stopped_experiment_lists_its_paused_trial_and_show_names_its_resume(t
     shown = cli("experiment", "show", exp)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[-1] == f"stopped: `trialkit experiment resume {exp}` takes it up again"
+
+
+def test_every_status_counts_in_the_list_so_a_lone_canceled_trial_is_not_a_bare_count(home):
+    from trialkit.manager.store import Store
+    from trialkit.statuses import FINAL_STATUSES, RUNNING, USER_CANCELED, WAITING
+
+    statuses = {"canceled": [USER_CANCELED], "every": sorted(FINAL_STATUSES | {RUNNING, WAITING})}
+    for experiment_id, made in statuses.items():
+        store = Store.in_dir(home / "experiments" / experiment_id)
+        store.create_experiment(experiment_id, config={})
+        for sequence, status in enumerate(made):
+            store.add_trial(experiment_id, f"{experiment_id}-{sequence:05d}", sequence=sequence, parameters={},
+                            token=None, status=status)
+        store.close()
+    listed = cli("experiment", "list")
+    assert listed.returncode == 0, listed.stderr
+    cells = {line.split()[0]: line for line in listed.stdout.splitlines()[2:]}
+    assert " 1 (1 canceled) " in cells["canceled"], listed.stdout
+    counted = cells["every"].split(" (", 1)[1].split(")")[0].split(", ")
+    assert len(counted) == len(statuses["every"]) and all(part.startswith("1 ") for part in counted), listed.stdout

@@ -48,11 +48,12 @@ from trialkit import gpus, records
 from trialkit.manager import paths
 from trialkit.control.progress import (INTERRUPTED_NOTE, duration, gpu_list, gpu_use, number, table, trials_table,
                                        when)
-from trialkit.control.queue import Move, jobs, label
+from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
 from trialkit.control.results import best_row, metric_value, optimize_mode, setting, to_csv, to_json, trial_rows
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
-from trialkit.statuses import EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED
+from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
+                               USER_CANCELED, WAITING)
 
 PROG = "trialkit"
 DETACH_WAIT = 30.0  # how long `--detach` waits to show the background manager's URL
@@ -181,10 +182,11 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
     return 0
 
 
-# The statuses `experiment list` counts beside the trials made, by the word it says: a trial's end that matters
-# (its metric, its error, its pause to activate or resume), or that it runs; a canceled or waiting one goes unsaid.
+# Every status `experiment list` counts beside the trials made, by the word it says: the counts add up to the
+# trials made, so that a lone canceled trial reads "1 (1 canceled)", not a bare "1".
 _COUNTED = ((SUCCEEDED, "succeeded"), (FAILED, "failed"), (EARLY_STOPPED, "early-stopped"), (PREEMPTED, "paused"),
-            (RUNNING, "running"))
+            (USER_CANCELED, "canceled"), (SYS_CANCELED, "canceled by trialkit"), (RUNNING, "running"),
+            (WAITING, "waiting"))
 
 
 def _trials_made(trials: List[Dict[str, Any]]) -> str:
@@ -308,7 +310,7 @@ def cmd_experiment_import(opts: argparse.Namespace) -> int:
     results = [result for result in map(_imported, data if isinstance(data, list) else [None]) if result is not None]
     if not results:
         raise UserError(f"{opts.file} holds no results", "--file",
-                        'give a list of {"parameter": {...}, "value": ...} (nnictl\'s) or a trialkit JSON export')
+                        'give nnictl\'s list of {"parameter": {...}, "value": ...} or a trialkit JSON export')
     answer = admin.act(opts.experiment_id, "experiment", "import", body={"results": results})
     print(f"imported {answer['imported']} results into experiment {opts.experiment_id}'s tuner")
     return 0
@@ -490,7 +492,7 @@ def _one_checkpoint(ident: str, uuid: str) -> Tuple[Dict[str, Any], Any]:
     found = [e for e in entries if e.checkpoint.uuid == uuid]
     if not found and len(uuid) < 4:
         raise UserError(f"{uuid!r} is too short to name a checkpoint", "UUID",
-                        f"give at least 4 characters of its uuid (see `trialkit checkpoint list {ident}`)")
+                        f"give at least 4 characters of its uuid: `trialkit checkpoint list {ident}` lists them")
     found = found or [e for e in entries if e.checkpoint.uuid.startswith(uuid)]
     if len(found) != 1:
         what = "no checkpoint" if not found else f"{len(found)} checkpoints begin with"
@@ -546,7 +548,7 @@ def cmd_checkpoint_download(opts: argparse.Namespace) -> int:
     dest = Path(opts.output or ckpt.uuid).absolute()
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise UserError(f"{dest} exists and is not an empty directory", "--output",
-                        "name a new directory (or an empty one)")
+                        "name a new or an empty directory")
     checkpoints.download(checkpoints.storage_of(config), ckpt, dest)
     print(f"checkpoint {ckpt.uuid} ({_size(ckpt.size)}) -> {dest}")
     return 0
@@ -752,7 +754,7 @@ def _print_log_file(experiment_dir: Path, opts: argparse.Namespace) -> int:
     log = paths.trial_dir(experiment_dir, opts.trial_id) / paths.TRIAL_LOG
     if not log.exists():
         raise UserError(f"no log of trial {opts.trial_id} on this machine ({log})", "TRIAL_ID",
-                        "a trial on a cluster logs there (kubectl logs); a local trial not started yet has none")
+                        "a trial on a cluster logs there, for kubectl logs; a local trial not started yet has none")
     with open(log, "rb") as f:
         printed = 0
         while True:
@@ -915,14 +917,17 @@ def _kueue_priority(opts: argparse.Namespace) -> int:
     from trialkit.platforms.kubernetes import kueue
     from trialkit.platforms.kubernetes.client import KubeClient, ObjectRef
 
+    # A name where no Kubernetes job can take it is most likely a mistyped number.
     if opts.trial_id and _names_experiment(opts.trial_id):
-        raise UserError("a Kueue priority class is a job's, and each trial is a job", opts.trial_id,
-                        "name a trial (`trialkit job list --pool NAME` lists them)")
+        raise UserError("not a whole number", f"--priority {opts.priority}",
+                        f"{PRIORITY_RANGE}; a Kueue priority class name applies to a trial's Kubernetes job, "
+                        f"and {opts.trial_id} is an experiment")
     submitted = paths.trial_dir(paths.experiment_dir(paths.experiment_of(opts.trial_id)), opts.trial_id) / \
         "kubernetes.yaml"
     if not submitted.exists():
-        raise UserError(f"trial {opts.trial_id} has no Kubernetes job", opts.trial_id,
-                        "a priority class names a Kueue WorkloadPriorityClass; other jobs take a number")
+        raise UserError("not a whole number", f"--priority {opts.priority}",
+                        f"{PRIORITY_RANGE}; a Kueue priority class name applies to a Kubernetes job, and trial "
+                        f"{opts.trial_id} has none")
     job = list(yaml.safe_load_all(submitted.read_text()))[-1]
     kueue.set_priority(ObjectRef.of(job), opts.priority, KubeClient.from_environment())
     print(f"updated {opts.trial_id}: priority class {opts.priority}")
@@ -997,8 +1002,8 @@ def _update_pool(changes: List[Any]) -> None:
     for experiment_id in dict.fromkeys(experiment for experiment, _, _ in changes):
         if admin.ended_status(experiment_id) == "DONE":
             raise UserError(f"experiment {experiment_id} is DONE: its job has left the resource pool and nothing of "
-                            "it runs again", experiment_id, "update a running experiment's job (`trialkit job list "
-                            "--pool`)")
+                            "it runs again", experiment_id, "update a running experiment's job: `trialkit job list "
+                            "--pool` lists them")
     pools.update(changes)
 
 
@@ -1050,7 +1055,7 @@ def cmd_ui(opts: argparse.Namespace) -> int:
             raise
         if err.errno == errno.EADDRNOTAVAIL or name_unknown:
             raise UserError(f"cannot listen on {opts.host}: {err.strerror}", "--host",
-                            "give an address of this machine (default 127.0.0.1)") from None
+                            "give an address of this machine, or leave --host out for 127.0.0.1") from None
         raise UserError(f"cannot listen on {opts.host}:{opts.port or 0}: {err.strerror}", "--port",
                         "pick a free port, or leave --port out for any free one") from None
 
@@ -1152,10 +1157,22 @@ def _count(text: str) -> int:
 # -- the parser -------------------------------------------------------------------------
 
 
+class _CommandParser(ArgumentParser):
+    """A parser whose own unknown options it refuses itself, pointing at its --help: argparse leaves them to the
+    top parser, whose error says "see trialkit --help" for `trialkit experiment list --bogus`. Its
+    subcommands' parsers are of its class too (add_subparsers' default)."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Tuple[argparse.Namespace, List[str]]:
+        namespace, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return namespace, unknown
+
+
 def build_parser() -> ArgumentParser:
     from trialkit.control.plot import CURVE_PANELS  # light: matplotlib waits for the plot itself
 
-    parser = ArgumentParser(
+    parser = _CommandParser(
         prog=PROG,
         description="Run hyperparameter experiments: trials on this machine or a cluster, "
         "their metrics kept in the experiment's store.",
@@ -1187,8 +1204,8 @@ def build_parser() -> ArgumentParser:
     sub = experiment.add_subparsers(dest="action", metavar="ACTION", required=True, help="one of:")
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
              "trials (how many it made so far, then each count that is not 0 of those that succeeded, failed, "
-             "stopped early, are paused or run: 10 (8 succeeded, 2 failed)), creation time; newest first, as the "
-             "page lists them. INTERRUPTED: its manager is gone; resume it.")
+             "stopped early, are paused, were canceled, run or wait: 10 (8 succeeded, 2 failed)), creation time; "
+             "newest first, as the page lists them. INTERRUPTED: its manager is gone; resume it.")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
                             "The experiment's settings, status, best trial and a table of its trials; for a "
                             "STOPPED one, last, the `experiment resume` that takes it up again."))

@@ -167,6 +167,9 @@ def load_config(path: Union[str, Path], context_dir: Optional[str] = None) -> Ex
     names the file and the line of the key (`bad.yml:7: trialConcurrency: ...`)."""
     path = Path(path)
     data = schema.read_data_file(path, str(path))
+    if data is None:  # YAML of nothing, or of comments alone
+        raise UserError("the config file is empty", str(path), "write at least trialCommand, searchSpace or "
+                        "searchSpaceFile, and tuner, as examples/quickstart/config.yml does")
     try:
         config = parse_config(data, base_dir=path.parent, source=str(path), context_dir=context_dir)
     except UserError as err:
@@ -289,7 +292,7 @@ def _platform(c: Mapping[str, Any], base: Path, service: Any, template: Optional
     if with_priority is not None:  # the experiment's one priority: the config's, else the platform's own key's
         platform_config, priority = with_priority(platform_config, priority, DEFAULT_PRIORITY)
     if command is None and getattr(module, "TRIAL_COMMAND_REQUIRED", False):
-        raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: python3 train.py (your command)")
+        raise UserError("trialCommand is missing", "trialCommand", "add trialCommand: your command, like python3 train.py")
     notes = _check_manager_keys(c, module, section["platform"], manager_ip, template)
     if gpus is None and getattr(platform_config, "use_active_gpu", False):
         notes.append("useActiveGpu: true without trialGpuNumber: no GPU is scheduled, as in NNI (each trial "
@@ -432,7 +435,7 @@ def manager_tls(value: Any, base: Path, where: str) -> Dict[str, str]:
     section = schema.normalize_keys(value, TLS_KEYS, where)
     missing = [key for key in TLS_KEYS if section.get(key) is None]
     if missing:
-        raise UserError(f"{' and '.join(missing)} missing", where, "give both certFile and keyFile (PEM files)")
+        raise UserError(f"{' and '.join(missing)} missing", where, "give both certFile and keyFile, PEM files")
     return {key: _file(section[key], base, schema.path(where, key)) for key in TLS_KEYS}
 
 
@@ -462,7 +465,7 @@ def _not_kernel_files(path: str, where: str) -> None:
 def _file(value: Any, base: Path, where: str) -> str:
     path = _absolute(schema.as_str(value, where), base, where)
     if not os.path.isfile(path):
-        raise UserError(f"{value!r} is not a file ({path})", where, "check the path (relative to the config file)")
+        raise UserError(f"{value!r} is not a file: {path}", where, "check the path: it is relative to the config file's directory")
     return path
 
 
@@ -482,7 +485,7 @@ def _search_space(c: Mapping[str, Any], base: Path) -> SearchSpace:
 def _algorithm(section: Any, where: str) -> Tuple[Any, Any]:
     sec = schema.normalize_keys(section, ("name", "classArgs"), where)
     if sec.get("name") is None:
-        raise UserError("name is missing", schema.path(where, "name"), "add name: TPE (or another)")
+        raise UserError("name is missing", schema.path(where, "name"), "add name: TPE, or another tuner's name")
     return sec["name"], sec.get("classArgs")
 
 
@@ -547,7 +550,7 @@ def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) ->
     keys = [k for k in section if isinstance(k, str) and schema.fold(k) == "platform"]
     if len(keys) != 1:
         raise UserError("platform is missing" if not keys else "platform is given twice", f"{where}.platform",
-                        "add platform: local (or kubeflow, frameworkcontroller, adaptdl, ray)")
+                        "add platform: local, kubeflow, frameworkcontroller, adaptdl or ray")
     name = platforms.canonical_name(section.pop(keys[0]), f"{where}.platform")
     section = {"platform": name, **section}
     module = platforms.load(name)
@@ -674,7 +677,7 @@ def _v1_algorithm(section: Any, kind: str) -> Dict[str, Any]:
     _only_false(sec, "includeIntermediateResults", f"{kind}.includeIntermediateResults",
                 "tuners learn from final results only")
     if sec.get(builtin) is None:
-        raise UserError(f"{builtin} is missing", f"{kind}.{builtin}", f"add {builtin}: TPE (or another)")
+        raise UserError(f"{builtin} is missing", f"{kind}.{builtin}", f"add {builtin}: TPE, or another's name")
     out = {"name": sec[builtin]}
     if sec.get("classArgs") is not None:
         out["classArgs"] = sec["classArgs"]

@@ -55,7 +55,7 @@ def queued_for_slot(why: str, experiment_id: str, concurrency: int) -> str:
 
 
 _FIELDS = {"priority": "priority", "ahead-of": "ahead_of", "behind-of": "behind_of"}
-_PRIORITY_RANGE = f"a priority is a whole number from {INT64_MIN} to {INT64_MAX}"
+PRIORITY_RANGE = f"a priority is a whole number from {INT64_MIN} to {INT64_MAX}"
 
 
 def label(status: str) -> str:
@@ -88,7 +88,7 @@ class Move(_MoveFields):
     def __new__(cls, trial_id: str, priority: Optional[int] = None, ahead_of: Optional[str] = None,
                 behind_of: Optional[str] = None) -> "Move":
         if priority is not None and not in_int64(priority):
-            raise UserError(f"priority {show(priority)} is out of range", trial_id, _PRIORITY_RANGE)
+            raise UserError(f"priority {show(priority)} is out of range", trial_id, PRIORITY_RANGE)
         return super().__new__(cls, trial_id, priority, ahead_of, behind_of)
 
     @property
@@ -122,7 +122,7 @@ class Move(_MoveFields):
         if given[0] == "priority" and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError("priority is a whole number")
         if given[0] == "priority" and not in_int64(value):
-            raise ValueError(f"priority is out of range ({_PRIORITY_RANGE})")
+            raise ValueError(f"priority is out of range ({PRIORITY_RANGE})")
         if given[0] != "priority" and not isinstance(value, str):
             raise ValueError(f"{given[0]} is a trial id")
         return cls(data["trial_id"], **{given[0]: value})
