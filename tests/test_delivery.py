@@ -226,6 +226,16 @@ print("NNISDK_MEb'" + '{"type": "PERIODICAL", "sequence": 9, "value": "5"}' + "'
 """
 
 
+def test_the_record_files_dirs_exist_when_the_command_starts(tmp_path, manager):
+    """A script may append to $NNI_SYS_DIR/.nni/metrics as its first act (NNI's own SDK makes the dir, a
+    hand-written reporter need not): the keeper makes the dirs before the command, not as it watches them."""
+    check = 'test -d "$NNI_SYS_DIR/.nni" && test -d "$(dirname "$TRIALKIT_CHANNEL")"'
+    manager.start()
+    keeper = start_keeper(tmp_path / "trial", ["/bin/sh", "-c", check], manager=manager)
+    code, err = finished(keeper)
+    assert code == 0, err
+
+
 def test_malformed_records_are_skipped_with_one_warning_each(tmp_path, manager):
     manager.start()
     script = tmp_path / "bad.py"

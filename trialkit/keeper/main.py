@@ -124,7 +124,10 @@ def read_trial(opts: argparse.Namespace) -> env.TrialEnv:
 def prepare_home(trial: env.TrialEnv) -> Tuple[env.TrialEnv, Path]:
     """Create the trial's dirs and the keeper's home; raise the restart count if we ran here before."""
     home = layout.home(trial.trial_dir)
-    for path in (home, trial.output_dir, trial.checkpoint_dir, trial.share_dir, trial.stop_file.parent):
+    # The record files' dirs too: the command starts before the keeper watches them, and a trial may write there
+    # first (NNI's own SDK makes .nni itself; a script that appends to $NNI_SYS_DIR/.nni/metrics does not).
+    for path in (home, trial.output_dir, trial.checkpoint_dir, trial.share_dir, trial.stop_file.parent,
+                 trial.channel.parent, layout.nni_metrics_path(trial.trial_dir).parent):
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as err:  # a file in the way, a dir under /proc, a name too long, no permission
@@ -153,7 +156,8 @@ def _dir_option(path: Path, trial: env.TrialEnv) -> str:
     """Where a dir the keeper makes comes from, for an error line (the first name that gives it)."""
     names = ((layout.home(trial.trial_dir), f"--trial-dir or {env.TRIAL_DIR}"), (trial.output_dir, env.OUTPUT_DIR),
              (trial.checkpoint_dir, env.CHECKPOINT_DIR), (trial.share_dir, env.SHARE_DIR),
-             (trial.stop_file.parent, env.STOP_FILE))
+             (trial.stop_file.parent, env.STOP_FILE), (trial.channel.parent, env.CHANNEL),
+             (layout.nni_metrics_path(trial.trial_dir).parent, f"--trial-dir or {env.TRIAL_DIR}"))
     return next(name for where, name in names if where == path)
 
 

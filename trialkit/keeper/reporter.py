@@ -65,9 +65,7 @@ class Reporter:
     def attach(self, loop: EventLoop, ends: Dict[str, int]) -> None:
         """As the trial starts: the followed files, the shipper. `ends`: the followed files' sizes (by source
         name) before the command started; what lies before them an earlier keeper on this dir left unspooled."""
-        nni_metrics = layout.nni_metrics_path(self.trial.trial_dir)
-        for path in (self.trial.channel, nni_metrics):
-            path.parent.mkdir(parents=True, exist_ok=True)  # watched before the trial creates the files
+        nni_metrics = layout.nni_metrics_path(self.trial.trial_dir)  # its dir made before the command (main)
         self.reserve = Reserve(self.home / layout.RESERVE)
         cursor = self.spool.cursor
         sources = [
