@@ -110,13 +110,13 @@ def list_command(*args: str) -> float:
 def page_trials(experiment_dir: Path, experiment: str) -> Optional[float]:
     """The page's trial table as the page asks for it (its token, its route); None while no manager listens."""
     from trialkit.control.admin import read_info
-    from trialkit.web import guard
+    from trialkit.web import address
 
     info = read_info(experiment_dir)
     if info is None:
         return None
     request = urllib.request.Request(f"{info.url}/api/ui/experiments/{experiment}/trials",
-                                     headers={"Authorization": f"Bearer {guard.page_token(info.token)}"})
+                                     headers={"Authorization": f"Bearer {address.page_token(info.token)}"})
     start = time.perf_counter()
     try:
         with urllib.request.urlopen(request, timeout=30) as answer:

@@ -23,7 +23,7 @@ from trialkit.experiment import Experiment
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
 from trialkit.web import install
-from trialkit.web.guard import page_token
+from trialkit.web.address import page_token
 
 NEWEST = "the goodput model chose 2 workers (now 1): rescaling"
 TRIAL = f"""

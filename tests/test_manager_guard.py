@@ -29,7 +29,7 @@ from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
 from trialkit.statuses import PREEMPTED, USER_CANCELED, WAITING
 from trialkit.web import install
-from trialkit.web.guard import page_token
+from trialkit.web.address import page_token
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

@@ -25,7 +25,7 @@ from trialkit.manager.store import Store
 from trialkit.control.results import trial_rows
 from trialkit.web import install, queries
 from trialkit.web.catalog import Database
-from trialkit.web.guard import page_token
+from trialkit.web.address import page_token
 
 BIG = 10 ** 400  # an integer JSON allows and no float holds
 HUGE_TEXT = "9" * 5000  # more digits than Python reads into an int by default

@@ -28,7 +28,7 @@ from trialkit.control.admin import read_info
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
 from trialkit.web import install
-from trialkit.web.guard import page_token
+from trialkit.web.address import page_token
 from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill
 
 NAMES = ("a", "b", "c")

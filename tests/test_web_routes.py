@@ -30,7 +30,7 @@ from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
 from trialkit.statuses import USER_CANCELED
 from trialkit.web import install
-from trialkit.web.guard import page_token
+from trialkit.web.address import page_token
 from web_util import fill
 
 HOLD = """

@@ -1,7 +1,7 @@
 """Who may use the page's API: the holder of the page's token, from the page's own origin.
 
 The page has a token of its own, derived from the manager's admin token
-(`page_token`): it opens the page's routes (reads, and the trial actions the
+(`address.page_token`): it opens the page's routes (reads, and the trial actions the
 page offers) and nothing else; the admin routes still want the admin token,
 which cannot be worked out from the page's. The printed URL carries it once:
 the page moves it to the tab's sessionStorage and replaces the address
@@ -15,22 +15,11 @@ is even looked at. All of it is checked on the headers, before a body is read.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 
 from trialkit.manager.server import HttpError, Request
 
 _OWN_SITE = ("same-origin", "none")  # "none": typed in the address bar or opened from a bookmark
-_PAGE_SCOPE = b"trialkit page: read, and the page's trial actions"
-
-
-def page_token(admin_token: str) -> str:
-    """The page's token for a manager whose admin token this is (one-way: it does not give the admin token)."""
-    digest = hmac.new(admin_token.encode(), _PAGE_SCOPE, hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
 def check(request: Request, token: str) -> None:
     """HttpError 403 for a cross-site request, 401 without the token, 403 with a wrong one."""
     site = request.headers.get("Sec-Fetch-Site")

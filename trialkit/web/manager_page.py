@@ -14,10 +14,11 @@ from trialkit.control.admin import ManagerInfo
 from trialkit.control.manager_http import AttachedPage
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
-from trialkit.web import guard
-from trialkit.web.routes import install, page_url
+from trialkit.web import address
+from trialkit.web.routes import install
 
 
 def attach_page(server: ManagerServer, store: Store, info: ManagerInfo, performer: Performer) -> AttachedPage:
     catalog = install(server, store, admin_token=info.token, read_only=False, performer=performer)
-    return AttachedPage(page_url(info.url, info.token, info.experiment_id), catalog.close, guard.page_token(info.token))
+    return AttachedPage(address.page_url(info.url, info.token, info.experiment_id), catalog.close,
+                        address.page_token(info.token))

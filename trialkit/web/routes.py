@@ -50,7 +50,7 @@ from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.server import HttpError, ManagerServer, Raw, Request, Stream
 from trialkit.manager.store import DB_NAME, Store
-from trialkit.web import events, guard, logtail, queries
+from trialkit.web import address, events, guard, logtail, queries
 from trialkit.web.assets import Assets
 from trialkit.web.catalog import Catalog
 
@@ -60,16 +60,6 @@ Answer = Tuple[int, Any]
 NNI_PAGES = {"/oview": "", "/detail": "/trials"}
 
 
-def page_url(server: Union[ManagerServer, str], token: str, experiment_id: Optional[str] = None) -> str:
-    """The URL to print: the page, carrying the page's token for this admin token (the page keeps it for
-    the tab and drops it from the address bar).
-
-    `server`: the server, or the address it is reached at (a manager bound to every address advertises one).
-    """
-    base = server if isinstance(server, str) else server.url
-    return f"{base}/?token={guard.page_token(token)}" + (f"#/exp/{experiment_id}" if experiment_id else "")
-
-
 def install(server: ManagerServer, store: Union[Store, Catalog], *, admin_token: str, read_only: bool,
             performer: Optional[Performer] = None) -> Catalog:
     """Add the page and its API to the server, opened by the page's token for `admin_token`.
@@ -77,7 +67,7 @@ def install(server: ManagerServer, store: Union[Store, Catalog], *, admin_token:
     `store`: the manager's own, or a Catalog of stored experiments.
     """
     catalog = store if isinstance(store, Catalog) else Catalog(lambda: [store.path])
-    _Routes(server, catalog, guard.page_token(admin_token), read_only, performer).add()
+    _Routes(server, catalog, address.page_token(admin_token), read_only, performer).add()
     return catalog
 
 

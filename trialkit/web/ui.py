@@ -11,7 +11,8 @@ from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import DB_NAME
 from trialkit.errors import UserError
 from trialkit.web.catalog import Catalog
-from trialkit.web.routes import install, page_url
+from trialkit.web.address import page_url
+from trialkit.web.routes import install
 
 
 def serve_ui(experiment_id: Optional[str], port: int, host: str = "127.0.0.1") -> int:
