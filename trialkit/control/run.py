@@ -187,10 +187,13 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
             if status in (DONE, STOPPED):
                 platform.experiment_ended(loop.experiment_id, list(loop.trials))
     finally:
-        manager.close()
+        # Recorded while the manager still serves: a tab open on the page shows the end before its server goes.
         why = loop.error if status == ERROR else loop.stopping[1] if loop.stopping is not None else None
-        loop.store.set_experiment_status(loop.experiment_id, status, why)  # the page and `experiment show` say it
-        manager.save(loop.elapsed())
+        try:
+            loop.store.set_experiment_status(loop.experiment_id, status, why)  # the page and `experiment show` say it
+            manager.save(loop.elapsed())
+        finally:
+            manager.close(f"the run ended; `trialkit ui {loop.experiment_id}` serves this page again")
         loop.progress.close()
     result = ExperimentResult(loop.experiment_id, status, loop.config.optimize_mode,
                               trial_rows(loop.store, loop.experiment_id))
