@@ -1,11 +1,12 @@
 """The durations of an interrupted experiment's trials stop (issue 40.3's second half).
 
 A real `trialkit run` whose control plane is SIGKILLed: its keepers run on, unwatched (their own
-sessions), and their durations count on while they do. Then one trial ends by itself (its keeper writes its end in status.json, and its final
-records stay in its spool), another's keeper is SIGKILLed (its process gone, no end anywhere). Until
-`experiment resume` collects them, the store has no end for either; every face (`trial list` and
-`trial show` in the CLI, the page's queries) must show the time each ran, the same on every read:
-store.RAN bounded by control/results.run_bounds.
+sessions), and their durations count on while they do. Then one trial ends by itself (its keeper writes
+its end in status.json, and its final records stay in its spool), and another's keeper is SIGKILLed (its
+process gone, no end anywhere). Until `experiment resume` collects them, the store has no end for either;
+every face (`trial list` and `trial show` in the CLI, the page's queries) must show the time each ran, the
+same on every read: store.RAN bounded by control/results.run_bounds; and the resume that collects the
+unwatched end keeps it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Dict, Tuple
+
+import pytest
 
 from experiment_util import experiment, experiment_id, reported, start_cli
 from harness import wait_until
@@ -101,12 +104,16 @@ def test_an_interrupted_runs_trial_durations_stop_where_their_runs_did(tmp_path,
         rows, page = first[0], first[1]
         assert rows == page  # one duration on every face
         # The trial that ended unwatched ran past the control plane's death, to the end its keeper wrote.
-        end = next(entry["time"] for entry in StatusFile.previous(status_file)["history"] if entry["status"] == SUCCEEDED)
+        history = StatusFile.previous(status_file)["history"]
+        end = next(entry["time"] for entry in history if entry["status"] == SUCCEEDED)
         assert rows[ended] > UNWATCHED_SECONDS and rows[ended] < finished - died + 60
         began = end - rows[ended]
         assert began < died  # counted from its run's start, as the store has it
         # The killed one ran until the store last heard of it, before the other's end.
         assert 0 < rows[killed] < rows[ended]
+        # The resume collects the ended one's records from its spool, its end among them: the same duration.
+        cli("experiment", "resume", exp)
+        assert cli_durations(exp_dir, exp)[ended] == pytest.approx(rows[ended], abs=0.05)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -137,9 +137,11 @@ def test_a_tab_open_when_the_run_ends_shows_the_end_without_a_reload(tmp_path, m
         counts = driver.execute_script(
             "return [...document.querySelectorAll('#counts .card h3, #counts .card .big')].map(e => e.textContent)")
         assert counts == ["SUCCEEDED", "2"], counts
-        best = driver.execute_script("return [...document.querySelectorAll('.cards .card .big')].map(e => e.textContent)")
+        best = driver.execute_script(
+            "return [...document.querySelectorAll('.cards .card .big')].map(e => e.textContent)")
         assert best[3] == "0.75", best
-        mode = driver.execute_script("const m = document.getElementById('mode'); return m.hidden ? null : m.textContent")
+        mode = driver.execute_script(
+            "const m = document.getElementById('mode'); return m.hidden ? null : m.textContent")
         assert mode == f"read-only: the run ended; `trialkit ui {exp}` serves this page again", mode
         assert driver.execute_script("return document.getElementById('live').hidden") is True
         assert not re.search(r"\blive\b", driver.execute_script("return document.body.innerText"), re.I)
