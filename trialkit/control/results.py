@@ -60,24 +60,32 @@ def metric_cell(value: Any) -> Any:
 
 
 def run_bounds(runs: Sequence[OpenRun], experiment_dir: Optional[Path], now: Optional[float] = None) -> str:
-    """What store.RAN counts each run with no end in the store to (its `?`), for every face alike.
+    """What store.RAN counts each run with no end in the store to (its `?`), for every face alike: now, but
+    for the runs known_ends bounds."""
+    now = time.time() if now is None else now
+    return json.dumps({"now": now, "trials": known_ends(runs, experiment_dir, now)})
 
-    While the experiment's manager runs (or no manager.json says it ran: another program's store), the
-    store hears of each end, and a run with none is going: now. Once the manager is gone (killed, or
-    ended with trials it never saw end), nothing records their ends, and each such run (store.open_runs)
-    is counted to what is known: the end its keeper wrote in its status.json, now while its keeper still
-    runs, else the last the store heard (its last status or record, manager.json's last save)."""
+
+def known_ends(runs: Sequence[OpenRun], experiment_dir: Optional[Path], now: Optional[float] = None
+               ) -> Dict[str, float]:
+    """Where each run with no end in the store (store.open_runs) is known to have ended, by trial id; none
+    while the experiment's manager runs.
+
+    While it runs (or no manager.json says it ran: another program's store), the store hears of each end,
+    and a run with none is going. Once the manager is gone (killed, or ended with trials it never saw end),
+    nothing records their ends, and each such run is counted to what is known: the end its keeper wrote in
+    its status.json, now while its keeper still runs, else the last the store heard (its last status or
+    record, manager.json's last save). A resume ends a lost run there (control/resume.py)."""
     now = time.time() if now is None else now
     info = None
     if runs and experiment_dir is not None:
         from trialkit.control import admin  # here: `trial list` loads it only for a store with runs to bound
 
         info = admin.read_info(experiment_dir)
-    bounds: Dict[str, float] = {}
-    if info is not None and not info.running():
-        heard = max([info.saved or 0.0] + [run[3] for run in runs])
-        bounds = {trial_id: _known_end(trial_dir, began, now, heard) for trial_id, trial_dir, began, _ in runs}
-    return json.dumps({"now": now, "trials": bounds})
+    if info is None or info.running():
+        return {}
+    heard = max([info.saved or 0.0] + [run[3] for run in runs])
+    return {trial_id: _known_end(trial_dir, began, now, heard) for trial_id, trial_dir, began, _ in runs}
 
 
 def _known_end(trial_dir: Optional[str], began: float, now: float, heard: float) -> float:

@@ -21,11 +21,11 @@ from typing import List, Optional, TextIO, Tuple
 from trialkit import platforms, records
 from trialkit.control import admin, checkpoints
 from trialkit.control.config import ExperimentConfig, parse_config
-from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop, Trial
+from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop
 from trialkit.control.manager_http import Manager, PageHook
 from trialkit.control.progress import trials_table
 from trialkit.control.results import ExperimentResult, best_row, metric_value, trial_rows
-from trialkit.control.resume import restore, resume_trials
+from trialkit.control.resume import Running, restore, resume_trials
 from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.store import Store, StoreUnwritable
@@ -161,7 +161,7 @@ def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
     return platform
 
 
-def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: List[Trial]) -> ExperimentResult:
+def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: List[Running]) -> ExperimentResult:
     loop.manager = manager
     loop.progress.say(f"{title} experiment {loop.experiment_id}")
     loop.progress.say(f"manager: {manager.url}   dir: {loop.experiment_dir}")

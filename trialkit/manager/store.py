@@ -385,9 +385,11 @@ class Store:
         return row["id"] if row else None
 
     def set_status(self, trial_id: str, status: str, *, exit_code: Optional[int] = None, reason: str = "",
-                   restart_count: Optional[int] = None, source: str = "control") -> None:
+                   restart_count: Optional[int] = None, source: str = "control", when: Optional[float] = None) -> None:
+        """`when`: the time of the change, if not now (a run lost while no manager watched ended before)."""
         with self._tx() as db:
-            _set_status(db, trial_id, status, exit_code, reason, restart_count, time.time(), source)
+            _set_status(db, trial_id, status, exit_code, reason, restart_count, time.time() if when is None else when,
+                        source)
 
     def set_restart_count(self, trial_id: str, restart_count: int) -> None:
         with self._tx() as db:
