@@ -28,7 +28,8 @@ from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE
 from trialkit.control.results import known_ends, metric_value
 from trialkit.statuses import FAILED, FINAL_STATUSES, PREEMPTED, SUCCEEDED, WAITING
 
-LOST = "lost while the manager was away"
+LOST = "lost while the manager was away"  # a lost run's end; then it waits, and is said, as RESTARTING
+RESTARTING = "lost while the manager was away; restarting it"  # written whole: docs/troubleshooting.md quotes it
 # A trial that was running: where its run is known to have ended, should it be found lost (None: not known).
 Running = Tuple[Trial, Optional[float]]
 
@@ -84,7 +85,7 @@ def resume_trials(loop: Loop, running: List[Running]) -> None:
             loop.store.set_status(trial.id, FAILED, reason=LOST, when=known_end)
         trial.restart_count += 1
         loop.store.set_restart_count(trial.id, trial.restart_count)
-        loop.store.set_status(trial.id, WAITING, reason=f"{LOST}; restarting it")
-        loop.progress.say(f"trial {trial.id}: {LOST}; restarting it")
+        loop.store.set_status(trial.id, WAITING, reason=RESTARTING)
+        loop.progress.say(f"trial {trial.id}: {RESTARTING}")
         loop.submit(trial)
 
