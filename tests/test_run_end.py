@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from typing import Iterator, List, Tuple
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import requests
@@ -25,11 +26,15 @@ from harness import signal_and_wait, wait_until
 from trialkit.manager import server as server_module
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
-from trialkit.web import install
-from trialkit.web.guard import page_token
+from trialkit.web import install, page_url
 from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill
 
 ADMIN = "end-admin-token"
+
+
+def page_token(admin_token: str) -> str:
+    """The page's token, from the URL a run prints."""
+    return parse_qs(urlsplit(page_url("http://x", admin_token)).query)["token"][0]
 
 
 @pytest.fixture

@@ -65,7 +65,7 @@ def pidfile_path(trial_dir: Path) -> Path:
     return home(trial_dir) / PIDFILE
 
 
-def read_pidfile(trial_dir: Path) -> "Optional[Tuple[int, int, float]]":
+def read_pidfile(trial_dir: Path) -> Optional[Tuple[int, int, float]]:
     """(pid, start ticks, grace seconds) from the keeper's pidfile; None when there is none to trust."""
     try:
         pid, ticks, grace = pidfile_path(trial_dir).read_text().split()
