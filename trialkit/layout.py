@@ -17,6 +17,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+TYPE_CHECKING = False  # no typing at run time: the keeper loads this module (tests/test_start_imports.py)
+if TYPE_CHECKING:
+    from typing import Optional, Tuple
+
 HOME = ".trialkit"
 STATUS = "status.json"
 SPOOL = "spool"
@@ -59,6 +63,15 @@ def nni_metrics_path(trial_dir: Path) -> Path:
 
 def pidfile_path(trial_dir: Path) -> Path:
     return home(trial_dir) / PIDFILE
+
+
+def read_pidfile(trial_dir: Path) -> Optional[Tuple[int, int, float]]:
+    """(pid, start ticks, grace seconds) from the keeper's pidfile; None when there is none to trust."""
+    try:
+        pid, ticks, grace = pidfile_path(trial_dir).read_text().split()
+        return int(pid), int(ticks), float(grace)
+    except (OSError, ValueError):
+        return None
 
 
 def checkpoint_dir(trial_dir: Path) -> Path:

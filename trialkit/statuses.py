@@ -1,4 +1,4 @@
-"""Trial statuses: a contract shared by the keeper, the platforms, the store and the page.
+"""Trial statuses: a contract shared by the keeper, the platforms, the store and the page; and an experiment's.
 
 PREEMPTED means stopped with a checkpoint, to resume (DESIGN.md).
 """
@@ -11,6 +11,11 @@ SYS_CANCELED = "SYS_CANCELED"
 EARLY_STOPPED = "EARLY_STOPPED"
 PREEMPTED = "PREEMPTED"
 FINAL_STATUSES = frozenset({SUCCEEDED, FAILED, USER_CANCELED, SYS_CANCELED, EARLY_STOPPED, PREEMPTED})
+# An experiment's statuses (RUNNING too): the control loop's, and what manager.json's readers compare the store's to.
+PAUSED = "PAUSED"
+DONE = "DONE"
+STOPPED = "STOPPED"
+ERROR = "ERROR"
 # Statuses whose reason a one-line view (a table row, the progress line, the page) shows beside them:
 # what a waiting trial waits for, why a failed one failed, why a trial is paused and whether it lost its progress,
 # why trialkit canceled one (an experiment in ERROR, maxExperimentDuration).

@@ -146,8 +146,8 @@ def ended_status(experiment_id: str) -> Optional[str]:
     was interrupted, it is paused) or when there is no store to say."""
     import sqlite3
 
-    from trialkit.control.loop import DONE, ERROR, STOPPED
     from trialkit.manager.store import Store
+    from trialkit.statuses import DONE, ERROR, STOPPED
 
     try:
         store = Store.reader(paths.experiment_dir(experiment_id) / paths.DB_NAME)

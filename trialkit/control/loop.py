@@ -52,11 +52,16 @@ from trialkit.manager import paths
 from trialkit.manager.routes import HttpError
 from trialkit.manager.store import Store, new_token
 from trialkit.platforms.base import Platform, PlatformStatus
-from trialkit.statuses import (
+from trialkit.statuses import (  # DONE, ERROR, PAUSED, STOPPED (and RUNNING): the experiment's, named here too
+    DONE,
     EARLY_STOPPED,
+    ERROR,
     FAILED,
     FINAL_STATUSES,
+    PAUSED,
     PREEMPTED,
+    RUNNING,
+    STOPPED,
     SUCCEEDED,
     SYS_CANCELED,
     USER_CANCELED,
@@ -75,12 +80,6 @@ MAX_SUBMIT_FAILURES = 3  # in a row: the platform cannot start trials at all
 # The ends the live line counts (done, failed, early-stopped, canceled); a paused trial is none of them.
 COUNTED_ENDS = (SUCCEEDED, FAILED, EARLY_STOPPED, USER_CANCELED, SYS_CANCELED)
 
-# Experiment statuses.
-RUNNING = "RUNNING"
-PAUSED = "PAUSED"
-DONE = "DONE"
-STOPPED = "STOPPED"
-ERROR = "ERROR"
 
 # Why the loop stops a trial -> the status it ends with (a user's reasons: trialkit.control.actions).
 ASSESSOR_STOP = (EARLY_STOPPED, "stopped early by the assessor")

@@ -2,7 +2,7 @@
 
     manager = Manager.start(loop, port, page=hook)   # listening; manager.json written
     manager.url                                       # what trials are told to deliver to
-    manager.close()
+    manager.close(note)                               # the page's open tabs are told `note`, then it stops
 
 One server (trialkit.manager.server) serves four things: the keepers' routes,
 whose stored records go to the loop's queue; the admin routes, one per action
@@ -95,8 +95,9 @@ class Manager:
         self.info.elapsed, self.info.saved = elapsed, time.time()
         write_info(self.experiment_dir, self.info, self.server.disk)
 
-    def close(self) -> None:
-        self.server.stop()
+    def close(self, note: str) -> None:
+        """Stop serving: a page open now shows what was stored last, then `note` (why its server went)."""
+        self.server.stop(note)
         if self.page is not None:
             self.page.close()
 

@@ -7,7 +7,7 @@
 
 A row holds the trial's id, sequence, parameter id, parameters, status, exit
 code, reason, restart count, start and end times, duration (the time its runs
-ran, summed: store.RAN), and its metrics: `run` (the
+ran, summed: store.RAN, a run with no end counted to its bound: run_bounds), and its metrics: `run` (the
 latest run that reported anything), `intermediate` (every PERIODICAL value, in
 order), `steps` (the last step reported where the reports name steps, as
 Determined's `steps_completed`; else how many there are) and `final` (the
@@ -34,11 +34,14 @@ for a value that is not a finite number a float holds.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from trialkit import gpus, records
+from trialkit import gpus, layout, process, records
 from trialkit.control.queue import NO_CHECKPOINT
-from trialkit.manager.store import Store
+from trialkit.keeper.status import StatusFile
+from trialkit.manager.store import OpenRun, Store
 from trialkit.statuses import FINAL_STATUSES, SUCCEEDED
 
 _ROW_FIELDS = ("trial_id", "sequence", "parameter_id", "status", "exit_code", "reason", "restart_count", "run",
@@ -56,9 +59,54 @@ def metric_cell(value: Any) -> Any:
     return records.dumps(value)
 
 
+def run_bounds(runs: Sequence[OpenRun], experiment_dir: Optional[Path], now: Optional[float] = None) -> str:
+    """What store.RAN counts each run with no end in the store to (its `?`), for every face alike: now, but
+    for the runs known_ends bounds."""
+    now = time.time() if now is None else now
+    return json.dumps({"now": now, "trials": known_ends(runs, experiment_dir, now)})
+
+
+def known_ends(runs: Sequence[OpenRun], experiment_dir: Optional[Path], now: Optional[float] = None
+               ) -> Dict[str, float]:
+    """Where each run with no end in the store (store.open_runs) is known to have ended, by trial id; none
+    while the experiment's manager runs.
+
+    While it runs (or no manager.json says it ran: another program's store), the store hears of each end,
+    and a run with none is going. Once the manager is gone (killed, or ended with trials it never saw end),
+    nothing records their ends, and each such run is counted to what is known: the end its keeper wrote in
+    its status.json, now while its keeper still runs, else the last the store heard (its last status or
+    record, manager.json's last save). A resume ends a lost run there (control/resume.py)."""
+    now = time.time() if now is None else now
+    info = None
+    if runs and experiment_dir is not None:
+        from trialkit.control import admin  # here: `trial list` loads it only for a store with runs to bound
+
+        info = admin.read_info(experiment_dir)
+    if info is None or info.running():
+        return {}
+    heard = max([info.saved or 0.0] + [run[3] for run in runs])
+    return {trial_id: _known_end(trial_dir, began, now, heard) for trial_id, trial_dir, began, _ in runs}
+
+
+def _known_end(trial_dir: Optional[str], began: float, now: float, heard: float) -> float:
+    """When an unwatched run ended, or now while its keeper runs (see run_bounds)."""
+    if trial_dir is None:
+        return max(began, heard)
+    left = StatusFile.previous(layout.status_path(Path(trial_dir))) or {}
+    ends = [entry["time"] for entry in left.get("history", []) if isinstance(entry, dict)
+            and entry.get("status") in FINAL_STATUSES and isinstance(entry.get("time"), (int, float))
+            and entry["time"] >= began]  # an end before it began is an earlier run's (a keeper that never started)
+    if ends:
+        return min(ends)
+    keeper = layout.read_pidfile(Path(trial_dir))
+    if keeper is not None and process.is_running(keeper[0], keeper[1]):
+        return now
+    return max(began, heard)
+
+
 def trial_rows(store: Store, experiment_id: str, all_runs: bool = False) -> List[Dict[str, Any]]:
     rows = []
-    durations = store.durations(experiment_id)
+    durations = store.durations(experiment_id, run_bounds(store.open_runs(experiment_id), store.path.parent))
     for trial in store.trials(experiment_id):
         reported = store.records_for(trial["id"])  # every type but LOG, in seq order
         started, ended = trial["started"], trial["ended"]

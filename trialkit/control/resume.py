@@ -12,23 +12,33 @@ round waits for (queue.RERUN: it runs again from the start); one a user paused w
 `activate`; one the stop found waiting is still queued, and starts first. A trial that was
 running when the manager went away is watched again where the platform can
 find it (`Platform.reattach`), given its status and undelivered records when
-it ended meanwhile, and otherwise started again with its restart count + 1.
+it ended meanwhile, and otherwise started again with its restart count + 1, its lost
+run ended where it was last known to run (results.known_ends: what the faces counted it to
+while the experiment was interrupted), so that the time the experiment was down counts in no
+trial's duration.
 """
 from __future__ import annotations
 
 import time
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from trialkit import records
 from trialkit.control.loop import Loop, Trial
 from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE
-from trialkit.control.results import metric_value
-from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, WAITING
+from trialkit.control.results import known_ends, metric_value
+from trialkit.statuses import FAILED, FINAL_STATUSES, PREEMPTED, SUCCEEDED, WAITING
+
+LOST = "lost while the manager was away"  # a lost run's end; then it waits, and is said, as RESTARTING
+RESTARTING = "lost while the manager was away; restarting it"  # written whole: docs/troubleshooting.md quotes it
+# A trial that was running: where its run is known to have ended, should it be found lost (None: not known).
+Running = Tuple[Trial, Optional[float]]
 
 
-def restore(loop: Loop) -> List[Trial]:
-    """Rebuild the loop's trials, tuner and assessor from its store; the trials that were running."""
-    running: List[Trial] = []
+def restore(loop: Loop) -> List[Running]:
+    """Rebuild the loop's trials, tuner and assessor from its store; the trials that were running, each with
+    where its run is known to have ended (read before the manager listens: manager.json is still the last run's)."""
+    ends = known_ends(loop.store.open_runs(loop.experiment_id), loop.experiment_dir)
+    running: List[Running] = []
     resumable: List[Tuple[Trial, str]] = []
     for row in loop.store.trials(loop.experiment_id):  # by sequence
         trial = Trial(row["id"], row["sequence"], row["parameter_id"], row["parameters"], row["status"],
@@ -44,7 +54,7 @@ def restore(loop: Loop) -> List[Trial]:
         loop.trials[trial.id] = trial
         loop.next_sequence = max(loop.next_sequence, trial.sequence + 1)
         if not trial.ended and not queued:
-            running.append(trial)
+            running.append((trial, ends.get(trial.id)))
         elif trial.paused and (row["reason"] or "").endswith((RESUMABLE, RERUN)):
             resumable.append((trial, row["reason"]))
     loop.replay(loop.tuner)
@@ -57,10 +67,10 @@ def restore(loop: Loop) -> List[Trial]:
     return running
 
 
-def resume_trials(loop: Loop, running: List[Trial]) -> None:
+def resume_trials(loop: Loop, running: List[Running]) -> None:
     """Each trial that was running: reattach, collect what it left while nobody listened, or restart it."""
     reattach = loop.platform.reattach
-    for trial in running:
+    for trial, known_end in running:
         row = loop.store.trial(trial.id)
         elapsed = time.time() - (row["started"] or row["created"])
         if reattach is not None and reattach(trial.id):
@@ -71,8 +81,11 @@ def resume_trials(loop: Loop, running: List[Trial]) -> None:
             loop.collect_undelivered(trial)
             loop.finish(trial, status.status, status.reason, status.exit_code)
             continue
+        if known_end is not None:  # its run ends where it was last known to run: the time down counts not
+            loop.store.set_status(trial.id, FAILED, reason=LOST, when=known_end)
         trial.restart_count += 1
         loop.store.set_restart_count(trial.id, trial.restart_count)
-        loop.progress.say(f"trial {trial.id}: lost while the manager was away; restarting it")
+        loop.store.set_status(trial.id, WAITING, reason=RESTARTING)
+        loop.progress.say(f"trial {trial.id}: {RESTARTING}")
         loop.submit(trial)
 

@@ -21,11 +21,11 @@ from typing import List, Optional, TextIO, Tuple
 from trialkit import platforms, records
 from trialkit.control import admin, checkpoints
 from trialkit.control.config import ExperimentConfig, parse_config
-from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop, Trial
+from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop
 from trialkit.control.manager_http import Manager, PageHook
 from trialkit.control.progress import trials_table
 from trialkit.control.results import ExperimentResult, best_row, metric_value, trial_rows
-from trialkit.control.resume import restore, resume_trials
+from trialkit.control.resume import Running, restore, resume_trials
 from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.store import Store, StoreUnwritable
@@ -161,7 +161,7 @@ def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
     return platform
 
 
-def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: List[Trial]) -> ExperimentResult:
+def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: List[Running]) -> ExperimentResult:
     loop.manager = manager
     loop.progress.say(f"{title} experiment {loop.experiment_id}")
     loop.progress.say(f"manager: {manager.url}   dir: {loop.experiment_dir}")
@@ -187,10 +187,13 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
             if status in (DONE, STOPPED):
                 platform.experiment_ended(loop.experiment_id, list(loop.trials))
     finally:
-        manager.close()
+        # Recorded while the manager still serves: a tab open on the page shows the end before its server goes.
         why = loop.error if status == ERROR else loop.stopping[1] if loop.stopping is not None else None
-        loop.store.set_experiment_status(loop.experiment_id, status, why)  # the page and `experiment show` say it
-        manager.save(loop.elapsed())
+        try:
+            loop.store.set_experiment_status(loop.experiment_id, status, why)  # the page and `experiment show` say it
+            manager.save(loop.elapsed())
+        finally:
+            manager.close(f"the run ended; `trialkit ui {loop.experiment_id}` serves this page again")
         loop.progress.close()
     result = ExperimentResult(loop.experiment_id, status, loop.config.optimize_mode,
                               trial_rows(loop.store, loop.experiment_id))

@@ -57,6 +57,10 @@ A route may check the request's headers before its body is read:
 request's body is then still empty). A handler may answer other than JSON (the web page, trialkit/web): `Raw`
 (bytes in a content type of their own) or `Stream` (chunks written as they
 come, for server-sent events); `request.query` holds the query string.
+At `stop(note)` a stream's iterator ends with its last chunks (the page's events: its last change and a
+`closing` event with the note, trialkit/web/events.py), and the stream is held open until its client
+closes it, having read what it shows last, or CLOSING_SECONDS pass: a tab open when a run ends shows the
+run's end, and a stalled one does not hold the run's exit.
 
     python -m trialkit.manager.server --experiment-dir DIR [--host H] [--port P] [--tls-cert C --tls-key K]
 serves a store on its own (tests, benchmarks, a manager run by hand).
@@ -96,6 +100,9 @@ BODY_SECONDS = 30.0  # from a request's headers to the end of its body (a keeper
 HEADER_SECONDS = 10.0  # from a request's first byte to the end of its headers (slowloris)
 MAX_CONNECTIONS = 2048  # served at once: above any keeper count tried (bench/bench_manager.py: 1,000)
 RETRY_AFTER_SECONDS = 2  # what a 503 for a disk that takes no writes suggests
+CLOSING_SECONDS = 5.0  # at stop: how long open streams may take to say goodbye (a page reads its last state)
+_LET_GO_POLL = 0.05  # at stop: how often a stream held open looks whether its client has closed it
+STOPPED_NOTE = "its server stopped; `trialkit ui` serves this page again"
 _TRIALS, _RECORDS = "/api/v1/trials/", "/records"  # the keepers' route, as the quick way matches it
 
 Listener = Callable[[str, List[Dict[str, Any]]], None]
@@ -126,7 +133,9 @@ class ManagerServer:
                                     body_seconds=body_seconds, idle_seconds=SOCKET_TIMEOUT)
         self.scheme = "https" if tls is not None else "http"
         self._thread: Optional[threading.Thread] = None
-        self.stopping = threading.Event()  # ends Stream answers
+        self.stopping = Stopping()  # ends Stream answers
+        self._streams = threading.Condition()
+        self._streaming = 0  # Stream answers open now
         self.meter: Any = None  # trialkit.manager.metrics.Meter once /metrics is installed: told of each batch
 
     @property
@@ -294,8 +303,12 @@ class ManagerServer:
             self.stop()
             signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
-    def stop(self) -> None:
+    def stop(self, note: str = STOPPED_NOTE) -> None:
+        """Stop serving; open streams end with `note` (the page's events say it) and get CLOSING_SECONDS to close."""
+        self.stopping.note = note
         self.stopping.set()
+        with self._streams:
+            self._streams.wait_for(lambda: self._streaming == 0, CLOSING_SECONDS)
         self._transport.stop()
         if self._thread is not None:
             self._thread.join()
@@ -349,16 +362,22 @@ class ManagerServer:
         response.force_close()
         await response.prepare(incoming)
         chunks = iter(answer.chunks)
+        self._streamed(+1)
         try:
-            while not self.stopping.is_set():
+            while True:  # to the iterator's end, after a stop too: its last chunks are what the page shows last
                 chunk = await self._transport.blocking(next, chunks, None)
                 if chunk is None:
                     break
                 if chunk:
                     await response.write(chunk)
+            # Held open at a stop until the client, having read its last state, closes it (stop() bounds the wait):
+            # ended by us, the page would find nothing to read its last state from.
+            while self.stopping.is_set() and incoming.transport is not None and not incoming.transport.is_closing():
+                await asyncio.sleep(_LET_GO_POLL)
         except (ConnectionError, RuntimeError):
             pass  # the client left
         finally:
+            self._streamed(-1)
             close = getattr(chunks, "close", None)
             if close is not None:
                 try:
@@ -366,6 +385,17 @@ class ManagerServer:
                 except ValueError:
                     pass  # still running in the pool (the server stops): it ends at its next chunk
         return response
+
+    def _streamed(self, change: int) -> None:
+        with self._streams:
+            self._streaming += change
+            self._streams.notify_all()
+
+
+class Stopping(threading.Event):
+    """Set when the server stops; `note` says why, to the clients of its streams."""
+
+    note = ""
 
 
 def _split(body: bytes) -> Tuple[str, List[Dict[str, Any]], List[Tuple[Dict[str, Any], str]]]:

@@ -143,16 +143,36 @@ _TRIAL_JSON = ("parameters",)
 
 _ENDS = "(" + ", ".join(f"'{status}'" for status in sorted(FINAL_STATUSES)) + ")"
 # A trial's duration, as every face shows it (`trial list/show`, the export, the page): the time its runs ran,
-# summed, a run still going counted to the bound now (`?`), so the time its experiment stood stopped between
-# a pause and a resume counts not. A run is the statuses between two ends (its first RUNNING to its end); the
-# rows are numbered by the ends before them. SQL, so that the page sorts 10,000 trials by it in SQLite; NULL
+# summed, so the time its experiment stood stopped between a pause and a resume counts not. A run is the
+# statuses between two ends (its first RUNNING to its end); the rows are numbered by the ends before them. A
+# run with no end in the store is counted to its bound, from `?`, JSON made by control/results.run_bounds:
+# {"now": T, "trials": {id: T}}, the trial's own bound where the store no longer hears of its end (its
+# experiment's manager is gone), else now. SQL, so that the page sorts 10,000 trials by it in SQLite; NULL
 # for a trial that never ran. Reads the trial as `t`.
-RAN = ("(SELECT SUM(MAX(0.0, COALESCE(ended, ?) - began)) FROM ("
+# (The bound is read only for a run with no end: read for every run, it cost the page's sort by duration 13%.)
+RAN = ("(SELECT SUM(MAX(0.0, COALESCE(ended, (SELECT COALESCE(json_extract(bound, '$.trials.' || json_quote(t.id)), "
+       "json_extract(bound, '$.now')) FROM (SELECT ? AS bound))) - began)) FROM ("
        f"SELECT MIN(CASE WHEN status = '{RUNNING}' THEN time END) AS began, "
        f"MAX(CASE WHEN status IN {_ENDS} THEN time END) AS ended FROM ("
        f"SELECT status, time, COUNT(CASE WHEN status IN {_ENDS} THEN 1 END) "
        "OVER (ORDER BY id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS ends "
        "FROM statuses WHERE trial = t.id) GROUP BY ends) WHERE began IS NOT NULL)")
+# The trials whose latest run began and has no end in the store: (id, trial dir, when that run began, when the
+# store last heard of the trial: its last status or record). What run_bounds needs of a store.
+_OPEN_RUNS = (
+    "SELECT t.id, t.trial_dir, "
+    f"(SELECT MIN(time) FROM statuses s WHERE s.trial = t.id AND s.status = '{RUNNING}' AND s.id > "
+    f"COALESCE((SELECT MAX(id) FROM statuses e WHERE e.trial = t.id AND e.status IN {_ENDS}), 0)) AS began, "
+    "MAX(COALESCE((SELECT MAX(time) FROM statuses s WHERE s.trial = t.id), 0), "
+    "COALESCE((SELECT MAX(received) FROM records r WHERE r.trial = t.id), 0)) AS heard "
+    "FROM trials t WHERE t.experiment = ? AND t.ended IS NULL AND t.started IS NOT NULL")
+OpenRun = Tuple[str, Optional[str], float, float]
+
+
+def open_runs(db: sqlite3.Connection, experiment_id: str) -> List[OpenRun]:
+    """(trial id, trial dir, when its run began, when the store last heard of it) of each trial whose latest run
+    began and has no end in the store."""
+    return [tuple(row) for row in db.execute(_OPEN_RUNS, (experiment_id,)) if row[2] is not None]
 
 
 def new_token() -> str:
@@ -365,9 +385,11 @@ class Store:
         return row["id"] if row else None
 
     def set_status(self, trial_id: str, status: str, *, exit_code: Optional[int] = None, reason: str = "",
-                   restart_count: Optional[int] = None, source: str = "control") -> None:
+                   restart_count: Optional[int] = None, source: str = "control", when: Optional[float] = None) -> None:
+        """`when`: the time of the change, if not now (a run lost while no manager watched ended before)."""
         with self._tx() as db:
-            _set_status(db, trial_id, status, exit_code, reason, restart_count, time.time(), source)
+            _set_status(db, trial_id, status, exit_code, reason, restart_count, time.time() if when is None else when,
+                        source)
 
     def set_restart_count(self, trial_id: str, restart_count: int) -> None:
         with self._tx() as db:
@@ -387,11 +409,15 @@ class Store:
             db.execute("UPDATE trials SET token_hash=?, reason='', updated=? WHERE id=?",
                        (token_hash(token), time.time(), trial_id))
 
-    def durations(self, experiment_id: str) -> Dict[str, Optional[float]]:
-        """Each trial's duration (RAN: its runs' time, summed, a run going counted to now), by trial id."""
+    def open_runs(self, experiment_id: str) -> List[OpenRun]:
+        with self._lock:
+            return open_runs(self._db, experiment_id)
+
+    def durations(self, experiment_id: str, bounds: str) -> Dict[str, Optional[float]]:
+        """Each trial's duration (RAN: its runs' time, summed, a run with no end counted to its bound), by trial id."""
         with self._lock:
             rows = self._db.execute(f"SELECT t.id, {RAN} FROM trials t WHERE t.experiment=?",
-                                    (time.time(), experiment_id)).fetchall()
+                                    (bounds, experiment_id)).fetchall()
         return {trial_id: ran for trial_id, ran in rows}
 
     def status_history(self, trial_id: str) -> List[Dict[str, Any]]:

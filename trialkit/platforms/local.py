@@ -748,7 +748,7 @@ def _pool_gpu_indices(config: LocalConfig, pool: pools.Pool, found: Sequence[gpu
 
 def _find_keeper(trial_id: str, trial_dir: Path) -> Optional[_Keeper]:
     """The trial's keeper if it still runs (started by a control plane before us), from its pidfile."""
-    found = _read_pidfile(trial_dir)
+    found = layout.read_pidfile(trial_dir)
     if found is None:
         return None
     pid, ticks, grace = found
@@ -768,15 +768,6 @@ def _send(keeper: _Keeper, signum: int) -> None:
         signal.pidfd_send_signal(keeper.pidfd, signum)
     except ProcessLookupError:
         pass  # exited; the waiter is about to say so
-
-
-def _read_pidfile(trial_dir: Path) -> Optional[Tuple[int, int, float]]:
-    """(pid, start ticks, grace seconds) from the keeper's pidfile; None when there is none to trust."""
-    try:
-        pid, ticks, grace = layout.pidfile_path(trial_dir).read_text().split()
-        return int(pid), int(ticks), float(grace)
-    except (OSError, ValueError):
-        return None
 
 
 def _is_keeper(pid: int, ticks: int) -> bool:

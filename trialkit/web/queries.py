@@ -25,7 +25,7 @@ from trialkit.control.plot import parameter_scale, step_title
 from trialkit.control.progress import INTERRUPTED_NOTE
 from trialkit.manager.paths import MANAGER_FILE, TRIAL_LOG
 from trialkit.manager.server import HttpError, decode
-from trialkit.manager.store import RAN
+from trialkit.manager.store import RAN, open_runs
 from trialkit.records import INT64_MAX, PERIODICAL, BadRecord, metric_number
 from trialkit.statuses import EXPLAINED, FINAL_STATUSES, PREEMPTED, RUNNING, WAITING
 
@@ -128,6 +128,11 @@ def _duration(db: sqlite3.Connection, exp: Mapping[str, Any], now: float) -> flo
     if info is not None:
         return info.ran(now)
     return max(0.0, (now if exp["status"] in LIVE_EXPERIMENT else exp["updated"]) - exp["created"])
+
+
+def _bounds(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = None) -> str:
+    """RAN's bounds: what each run with no end counts to, as `trial list` counts it (results.run_bounds)."""
+    return results.run_bounds(open_runs(db, experiment_id), _folder(db), now)
 
 
 def _status(db: sqlite3.Connection, exp: Mapping[str, Any]) -> str:
@@ -315,7 +320,8 @@ def trials_page(db: sqlite3.Connection, experiment_id: str, q: TrialQuery,
     total = db.execute(f"SELECT COUNT(*) FROM ({inner}) {outer_where}", args + outer_args).fetchone()[0]
     rows = db.execute(
         f"SELECT t.*, {RAN} AS ran FROM ({inner}) t {outer_where} ORDER BY {sort} {direction} NULLS LAST, sequence "
-        "LIMIT ? OFFSET ?", [now] + args + outer_args + sort_args + [q.limit, q.offset]).fetchall()
+        "LIMIT ? OFFSET ?", [_bounds(db, experiment_id, now)] + args + outer_args + sort_args + [q.limit, q.offset]
+    ).fetchall()
     interrupted = _interrupted(db, experiment_id)
     return {"total": total, "offset": q.offset, "limit": q.limit, "parameters": names,
             "rows": [_trial_row(row, interrupted) for row in rows]}
@@ -413,7 +419,7 @@ def hyperparameters(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any
 def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Optional[float] = None) -> Dict[str, Any]:
     now = time.time() if now is None else now
     row = db.execute(f"SELECT t.*, {FINAL} AS metric, {RAN} AS ran FROM trials t WHERE t.id=? AND t.experiment=?",
-                     (now, trial_id, experiment_id)).fetchone()
+                     (_bounds(db, experiment_id, now), trial_id, experiment_id)).fetchone()
     if row is None:
         raise HttpError(404, f"no trial {trial_id!r} in experiment {experiment_id!r}")
     interrupted = _interrupted(db, experiment_id)
@@ -509,7 +515,7 @@ def queue(db: sqlite3.Connection, experiment_id: str, order: Optional[Sequence[s
     marks = ",".join("?" * len(QUEUED))
     rows = db.execute(f"SELECT t.*, {FINAL} AS metric, {RAN} AS ran FROM trials t WHERE t.experiment=? "
                       f"AND t.status IN ({marks}) ORDER BY t.priority, t.sequence",
-                      (time.time(), experiment_id, *QUEUED)).fetchall()
+                      (_bounds(db, experiment_id), experiment_id, *QUEUED)).fetchall()
     running = [r for r in rows if r["status"] == RUNNING]
     waiting = [r for r in rows if r["status"] == WAITING]
     paused = [r for r in rows if r["status"] not in (RUNNING, WAITING)]

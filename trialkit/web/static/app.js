@@ -1124,6 +1124,7 @@
             const block = buffer.slice(0, end);
             buffer = buffer.slice(end + 2);
             if (/^event: change$/m.test(block)) refreshSoon();
+            else if (/^event: closing$/m.test(block)) await closing(block, reader);
           }
         }
       } catch (err) {
@@ -1135,6 +1136,21 @@
       live.classList.remove('on');
       await new Promise((r) => setTimeout(r, 2000));
     }
+  }
+
+  // The server's last event: it stops (the run ended), and holds the stream open until the page has read its last
+  // state. Shown once more as it ended, the view stays, read-only, with why its server went (the event's note);
+  // letting go of the stream lets the server go. follow() then waits for the address to answer again.
+  async function closing(block, reader) {
+    const note = JSON.parse(block.slice(block.indexOf('data:') + 5)).note;
+    info = {read_only: true, actions: []};
+    infoAsked = Promise.resolve();
+    clearInterval(diskPoll);
+    while (refreshing) await new Promise((r) => setTimeout(r, 50));  // a refresh asked for before: let it end
+    await show(true);
+    Object.assign($('mode'), {textContent: `read-only: ${note}`, hidden: false});
+    $('live').hidden = true;
+    reader.cancel();
   }
 
   // The bare address (http://host:port/, as NNI users open it) has no token: ask for the printed URL
