@@ -63,7 +63,7 @@ def test_a_detached_run_says_it_once_in_its_log(tmp_path, home):
 SAVER = """
 import signal, sys, time
 def save(signum, frame):
-    time.sleep(0.5)  # the pipe's reader, stopped with it, is gone by now
+    time.sleep(1)  # the pipe's reader, stopped with it, is gone by now (a loaded machine: a second)
     print("saving", flush=True)
     open(sys.argv[1], "w").write("saved")
     sys.exit(143)

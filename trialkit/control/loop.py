@@ -391,7 +391,7 @@ class Loop:
         self.progress.say(f"trial {trial.id}: warning: {trial.note}")
         self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note)
 
-    def _keeper_warnings(self, trial: Trial, said: Any) -> None:
+    def _keeper_warnings(self, trial: Trial, said: List[str]) -> None:
         """What its keeper warned of at its start (a pipe in the command, a grace the runtime cuts short), on the
         experiment's console where the user looks, each line once: the first trial that says it names it, the
         hundred after it with the same command say nothing more."""
