@@ -81,6 +81,7 @@ LF = b"\n"
 NNI_STDOUT_PREFIX = b"NNISDK_MEb'"
 MAX_FRAME = 1 << 20  # NNI refuses metrics of 1,000,000 bytes or more; so do we
 MAX_DEPTH = 64  # nesting of a value: every JSON reader on the way (keeper, manager, SQLite) can parse it
+MAX_WARNINGS = 8  # a STATUS value's `warnings`: the keeper's lines at its start (keeper/keep.py stop_warnings)
 # A spool numbers its records from 1 to below SPOOL_SEQS: the store keeps each spool of a trial in a range of seqs
 # this wide (manager/store.py).
 SPOOL_SEQS = 1 << 40
@@ -408,6 +409,10 @@ def record_problem(rec: Dict[str, Any]) -> Optional[str]:
             problem = _field_problem(key, value.get(key), field_type)
             if problem:
                 return problem
+        said = value.get("warnings")
+        if said is not None and (type(said) is not list or len(said) > MAX_WARNINGS
+                                 or any(type(line) is not str or _bad_text(line) for line in said)):
+            return f"warnings is a list of at most {MAX_WARNINGS} lines of text"
     elif kind == LOG:
         if type(value) is not dict or value.get("stream") not in LOG_STREAMS or type(value.get("text")) is not str:
             return 'a LOG value is {"stream": "stdout" or "stderr", "text": "..."}'

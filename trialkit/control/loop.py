@@ -174,6 +174,7 @@ class Loop:
         self.elapsed_before = elapsed
         self.started = time.monotonic()
         self.unseeded_said = False  # the note that this platform cannot copy checkpoints was given
+        self.keeper_warnings: set = set()  # the keepers' start warnings printed (_keeper_warnings): each once
         self.checkpoint_store: Any = None  # the object store of checkpoints, opened for a first copy (_seed_in_store)
         # Which checkpoints stay (checkpointStorage's retention), applied as each trial run ends.
         self.retention = (Collector(store, experiment_id, config.to_dict(), self.progress.say)
@@ -339,6 +340,7 @@ class Loop:
             elif rec["type"] == records.STATUS and rec["value"].get("status") == statuses.RUNNING:
                 trial.held = ""  # it got its place: the platform called on_waiting before it started it
                 self._check_keeper_version(trial, rec["value"].get("keeper_version"))
+                self._keeper_warnings(trial, rec["value"].get("warnings") or ())
                 self._started(trial)
 
     def _started(self, trial: Trial) -> None:
@@ -387,6 +389,15 @@ class Loop:
                       "install the same version in the trial's image")
         self.progress.say(f"trial {trial.id}: warning: {trial.note}")
         self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note)
+
+    def _keeper_warnings(self, trial: Trial, said: List[str]) -> None:
+        """What its keeper warned of at its start (a pipe in the command, a grace the runtime cuts short), on the
+        experiment's console where the user looks, each line once: the first trial that says it names it, the
+        hundred after it with the same command say nothing more."""
+        for line in said:
+            if line not in self.keeper_warnings:
+                self.keeper_warnings.add(line)
+                self.progress.say(f"trial {trial.id}: warning: {line}")
 
     def _assess(self, trial: Trial, final_here: bool) -> None:
         """The assessor sees the trial's steps; it stops the trial unless its final result is in, or came with

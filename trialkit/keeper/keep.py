@@ -45,10 +45,14 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
     else:
         child, out_r, err_r = launched
         ready_stop(trial.stop_file)
+        # Said in the RUNNING record too: the experiment's console prints each once (control/loop.py), on every
+        # platform, for a user who reads that and not each trial's log.
+        said = stop_warnings(opts, trial)
         reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
-                        command=list(opts.command), keeper_version=__version__)
+                        command=list(opts.command), keeper_version=__version__, **({"warnings": said} if said else {}))
         captures = capture_output(opts, trial, loop, reporter, out_r, err_r)
-        warn_about_the_stop(opts, trial)
+        for line in said:
+            warn(line)
         # Watched before the uploader starts: its start reaps every exited child, and a command that already
         # ended, reaped unwatched, would leave the keeper waiting for it for ever.
         loop.watch(child)
@@ -60,23 +64,28 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
     return code
 
 
-def warn_about_the_stop(opts: argparse.Namespace, trial: env.TrialEnv) -> None:
-    """Say at the start, one line each, what would go wrong when the trial is stopped: a grace that the runtime
-    cuts short (it SIGKILLs the keeper mid-grace: the trial's end goes unrecorded), a pipe in the command (the
-    stop reaches the pipe's reader too, which ends first: the trainer dies writing to it before it saves)."""
+def stop_warnings(opts: argparse.Namespace, trial: env.TrialEnv) -> List[str]:
+    """What would go wrong when the trial is stopped, one line each, the same for every trial of an experiment
+    (no paths of its own: the console says each once): a grace that the runtime cuts short (it SIGKILLs the
+    keeper mid-grace: the trial's end goes unrecorded), a pipe in the command (the stop reaches the pipe's reader
+    too, which ends first: the trainer dies writing to it before it saves)."""
+    said = []
     runtime = env.runtime_stop(os.environ)
     if runtime is not None and trial.grace_seconds > env.fitting_grace(runtime[1]):
         name, seconds = runtime
         given = grace_from(opts)
-        warn(f"a grace of {trial.grace_seconds:g} s ({given}) and {layout.CLEANUP_MARGIN_SECONDS} s to record the "
-             f"trial's end do not fit in the {seconds:g} s {name} waits between its SIGTERM and its SIGKILL: a stop "
-             f"would kill the keeper mid-grace; set {env.GRACE_SECONDS}={env.fitting_grace(seconds):g}, or let the "
-             f"runtime wait longer and say how long in {env.TERMINATION_GRACE}")
+        said.append(f"a grace of {trial.grace_seconds:g} s ({given}) and {layout.CLEANUP_MARGIN_SECONDS} s to record "
+                    f"the trial's end do not fit in the {seconds:g} s {name} waits between its SIGTERM and its "
+                    f"SIGKILL: a stop would kill the keeper mid-grace; set {env.GRACE_SECONDS}="
+                    f"{env.fitting_grace(seconds):g}, or let the runtime wait longer and say how long in "
+                    f"{env.TERMINATION_GRACE}")
     pipe = pipes_output(opts.command)
     if pipe is not None:
-        warn(f"the command pipes its output (... {pipe:.60}): a stop signals the pipe's reader too, which ends "
-             "first, and the trainer dies writing to it (BrokenPipeError) before it can checkpoint; leave the pipe "
-             f"out: the keeper keeps the output in {trial.trial_dir / 'stdout.log'} and stderr.log beside it")
+        said.append(f"the command pipes its output (... {pipe:.60}): a stop signals the pipe's reader too, which "
+                    "ends first, and the trainer dies writing to it (BrokenPipeError) before it can checkpoint; "
+                    "leave the pipe out (the keeper keeps the output in the trial dir's stdout.log and stderr.log) "
+                    "or write to a file (> train.log 2>&1)")
+    return said
 
 
 def grace_from(opts: argparse.Namespace) -> str:
