@@ -12,7 +12,8 @@ trial-epochs and the same trials at once:
              keeps its model in trialkit.checkpoint_dir():
              Hyperband (R 27, eta 3), BOHB (1 to 27, eta 3), ASHA (the ASHA assessor,
              Determined's adaptive_asha, aggressive: rungs at 1, 3, 9, 27 epochs, beside Random),
-             PBT (population 8, each trial 3 epochs from the checkpoint PBT gives it)
+             PBT (population 8, each trial 3 epochs from the checkpoint PBT gives it; asynchronous,
+             `synchronous: false`, as Ray's PBT is by default)
   Ray Tune   Tuner.fit() of a function trainable with random search, on a local Ray cluster of
              `--concurrency` CPUs (its trials at once) started before the clock runs: ASHAScheduler
              (max_t 27, grace 1, factor 3), HyperBandScheduler (max_t 27, factor 3),
@@ -122,7 +123,8 @@ TRIALKIT_METHODS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "ASHA": ("full", {"tuner": {"name": "Random", "classArgs": {}},
                       "assessor": {"name": "ASHA", "classArgs": {"max_time": R, "max_trials": 1000, "divisor": ETA,
                                                                  "mode": "aggressive"}}}),
-    "PBT": ("step", {"tuner": {"name": "PBT", "classArgs": {"population_size": POPULATION, "fraction": 0.25}}}),
+    "PBT": ("step", {"tuner": {"name": "PBT", "classArgs": {"population_size": POPULATION, "fraction": 0.25,
+                                                                  "synchronous": False}}}),
 }
 
 

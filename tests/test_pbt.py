@@ -1,5 +1,5 @@
-"""PBT as the loop drives it: NNI's generations (PBTTuner, and PBT with `synchronous: true`) and trialkit's
-asynchronous PBT; NNI's checkpoint dirs, exploit and explore, waiting, replay."""
+"""PBT as the loop drives it: NNI's generations (PBT, PBTTuner; `synchronous: true`) and the asynchronous one
+(`synchronous: false`); NNI's checkpoint dirs, exploit and explore, waiting, replay."""
 from __future__ import annotations
 
 import math
@@ -35,8 +35,8 @@ def test_generation_zero_draws_the_population_with_nnis_checkpoint_dirs():
     assert [tuner.continues_from(pid) for pid, _ in first] == [None] * 4
 
 
-# NNI's generations: its name, and trialkit's with `synchronous: true` (the classArg applied).
-GENERATIONAL = pytest.mark.parametrize("name, mode", [("PBTTuner", {}), ("PBT", {"synchronous": True})])
+# NNI's generations: under both of NNI's names by default, and with `synchronous: true` (the classArg applied).
+GENERATIONAL = pytest.mark.parametrize("name, mode", [("PBTTuner", {}), ("PBT", {}), ("PBT", {"synchronous": True})])
 
 
 @GENERATIONAL
@@ -95,10 +95,10 @@ def test_a_failed_trial_ranks_last_and_a_resumed_population_is_the_same(name, mo
 
 
 def test_class_args_as_nni_names_them():
-    assert check_tuner("PBTTuner", None, SPACE) == ("PBTTuner", {"optimize_mode": "maximize"})
+    assert check_tuner("PBTTuner", None, SPACE) == ("PBT", {"optimize_mode": "maximize"})
     tuner = build_tuner("PBT", None, SPACE, 0, experiment_dir="/exp/abc")
     assert (tuner.size, tuner.factor, tuner.resample_probability, tuner.fraction) == (10, 0.2, 0.25, 0.2)
-    assert not tuner.synchronous  # trialkit's PBT: asynchronous unless told
+    assert tuner.synchronous  # NNI's generations unless told
     assert tuner.root == "/exp/abc/checkpoint"  # NNI's default: the experiment's checkpoint directory
     for args, where, words in [({"all_checkpoint_dir": "ckpt"}, "all_checkpoint_dir", "not an absolute path"),
                                ({"population_size": 0}, "population_size", "too small"),
@@ -108,12 +108,12 @@ def test_class_args_as_nni_names_them():
         with pytest.raises(UserError) as err:
             check_tuner("PBT", args, SPACE)
         assert err.value.where == f"tuner.classArgs.{where}" and words in err.value.line()
-    with pytest.raises(UserError) as err:  # NNI's PBTTuner has no such classArg: its generations are its contract
-        check_tuner("PBTTuner", {"synchronous": False}, SPACE)
-    assert err.value.where == "tuner.classArgs.synchronous"
+    assert not build_tuner("PBTTuner", {"synchronous": False}, SPACE, 0).synchronous  # NNI's other name, the same
 
 
 # ---------------------------------------------------------------- asynchronous
+
+ASYNC = {"synchronous": False}
 
 
 def steps(tuner, asked):
@@ -122,7 +122,7 @@ def steps(tuner, asked):
 
 
 def test_async_a_member_steps_on_without_waiting_for_the_population():
-    tuner = build_tuner("PBT", {"population_size": 4, "fraction": 0.25, "all_checkpoint_dir": "/a"}, SPACE, 4)
+    tuner = build_tuner("PBT", {"population_size": 4, "fraction": 0.25, "all_checkpoint_dir": "/a", **ASYNC}, SPACE, 4)
     first = [tuner.ask() for _ in range(2)]  # two slots: members 0 and 1
     assert steps(tuner, first) == [(0, 0), (1, 0)] and first[0][1][LOAD] == "/a/0/0"
     tuner.tell(first[0][0], 0.5)
@@ -142,7 +142,7 @@ def test_async_a_member_steps_on_without_waiting_for_the_population():
 
 
 def test_async_the_member_of_least_progress_steps_next_and_a_top_member_goes_on_from_its_own():
-    tuner = build_tuner("PBT", {"population_size": 3, "fraction": 0.34, "all_checkpoint_dir": "/b",
+    tuner = build_tuner("PBT", {"population_size": 3, "fraction": 0.34, "all_checkpoint_dir": "/b", **ASYNC,
                                 "optimize_mode": "minimize"}, SPACE, 5)
     start = [tuner.ask() for _ in range(3)]
     for (pid, _), value in zip(start, (1.0, 3.0, 2.0)):  # member 0 best, member 1 worst
@@ -164,7 +164,7 @@ def test_async_the_member_of_least_progress_steps_next_and_a_top_member_goes_on_
 
 
 def test_async_replay_rebuilds_the_population_from_the_trials_dirs_whatever_order_they_ended_in():
-    args = {"population_size": 4, "fraction": 0.25, "all_checkpoint_dir": "/r"}
+    args = {"population_size": 4, "fraction": 0.25, "all_checkpoint_dir": "/r", **ASYNC}
     uninterrupted = build_tuner("PBT", args, SPACE, 6)
     running, history, rng = [uninterrupted.ask(), uninterrupted.ask()], [], random.Random(0)
     while len(history) < 12:

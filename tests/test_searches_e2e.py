@@ -491,14 +491,15 @@ trialkit.report_final_result(p["lr"] * state["steps"])
 """
 
 
-def cut_short_pbt(tmp_path: Path, script: str, tuner: str) -> Tuple[str, List[Dict[str, Any]]]:
+def cut_short_pbt(tmp_path: Path, script: str, synchronous: bool) -> Tuple[str, List[Dict[str, Any]]]:
     """A 12-trial PBT of `script` (population 4, 2 at once), Ctrl-C'd once a trial wrote its MARKER: the
     experiment's id and its trials then."""
     marker = tmp_path / "cut"
     space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
     config = experiment(tmp_path, space, script.replace("MARKER", repr(str(marker))), maxTrialNumber=12,
                         trialConcurrency=2,
-                        tuner={"name": tuner, "classArgs": {"population_size": 4, "fraction": 0.25}})
+                        tuner={"name": "PBTTuner", "classArgs": {"population_size": 4, "fraction": 0.25,
+                                                                 "synchronous": synchronous}})
     exp = interrupted_after(config, 0, marker=marker)
     return exp, export(exp)
 
@@ -507,7 +508,7 @@ def test_a_pbt_generation_cut_short_by_ctrl_c_runs_its_members_again_on_resume(t
     """As NNI's PBTTuner resumes: the generation a Ctrl-C cut short runs its unfinished members again (from the
     checkpoint of the generation before, which they had not replaced), and the next generation starts once it
     ended, each member loading a checkpoint that exists: every trial of generation g trained g + 1 steps."""
-    exp, before = cut_short_pbt(tmp_path, PBT_CUT_SHORT, "PBTTuner")
+    exp, before = cut_short_pbt(tmp_path, PBT_CUT_SHORT, True)
     cut = [row["trial_id"] for row in before if row["final"] is None and row["status"] != "WAITING"]
     assert cut and {row["status"] for row in before if row["trial_id"] in cut} == {"PREEMPTED"}, before
     assert len(before) < 9  # generation 2 had not started
@@ -523,7 +524,7 @@ def test_a_pbt_generation_cut_short_by_ctrl_c_runs_its_members_again_on_resume(t
             assert json.loads(saved.read_text())["steps"] == g + 1, (g, row)
 
 
-# ---------------------------------------------------------------- PBT, asynchronous (trialkit's PBT)
+# ---------------------------------------------------------------- PBT, asynchronous (`synchronous: false`)
 
 # One member's step a trial, its state in NNI's load/save dirs or (NATIVE) trialkit's checkpoint dir; the line
 # of trials it trained through. Member 0's first step trains until some member's later step has started (MARK),
@@ -565,7 +566,8 @@ def test_async_pbt_steps_a_member_on_before_the_slowest_member_of_its_generation
     space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
     script = ASYNC_PBT_TRIAL.replace("MARK", repr(str(tmp_path / "later-step"))).replace("NATIVE", repr(native))
     config = experiment(tmp_path, space, script, maxTrialNumber=10, trialConcurrency=2,
-                        tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25}})
+                        tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25,
+                                                            "synchronous": False}})
     rows = run(config)
     assert {row["status"] for row in rows} == {"SUCCEEDED"}, rows
     by_place = {place(row): row for row in rows}
@@ -602,7 +604,7 @@ trialkit.report_final_result(p["lr"] * len(state["line"]))
 
 
 def test_async_pbt_interrupted_and_resumed_repeats_no_members_step_and_loses_none(tmp_path):
-    exp, before = cut_short_pbt(tmp_path, ASYNC_PBT_CUT_SHORT, "PBT")
+    exp, before = cut_short_pbt(tmp_path, ASYNC_PBT_CUT_SHORT, False)
     cut = [row["trial_id"] for row in before if place(row) == (1, 1)]
     assert len(before) < 12 and [r["status"] for r in before if r["trial_id"] in cut] == ["PREEMPTED"], before
     done = cli("experiment", "resume", exp, timeout=WAIT)

@@ -94,7 +94,6 @@ MODEL_EARLY = {"TPE": {"tpe_args": {"n_startup_jobs": 4}}, "Evolution": {"popula
                "Anneal": None, "Hyperband": {"R": 9, "eta": 3},
                "BOHB": {"min_budget": 1, "max_budget": 9, "eta": 3, "random_fraction": 0.1},
                "PBT": {"population_size": 4, "all_checkpoint_dir": "/ckpt"},
-               "PBTTuner": {"population_size": 4, "all_checkpoint_dir": "/ckpt"},
                "GP": {"cold_start_num": 4, "selection_num_warm_up": 500, "selection_num_starting_points": 3},
                "CMAES": {"popsize": 4}, "QMC": {"scramble": True, "qmc_type": "halton"}, "Sobol": {"scramble": True}}
 
@@ -210,7 +209,7 @@ SMALL = parse_space({"a": {"_type": "choice", "_value": [1, 2]}, "b": {"_type": 
 
 # Hyperband and BOHB run a configuration again on a larger budget, PBT a member in each step, Batch
 # searches a space of its own: each has a test of its own below.
-@pytest.mark.parametrize("name", sorted(set(TUNERS) - {"Hyperband", "BOHB", "PBT", "PBTTuner", "Batch"}))
+@pytest.mark.parametrize("name", sorted(set(TUNERS) - {"Hyperband", "BOHB", "PBT", "Batch"}))
 def test_no_tuner_repeats_a_point_and_a_small_space_runs_out(name):
     args = {"population_size": 2} if name == "Evolution" else None
     tuner = build_tuner(name, args, SMALL, 3)

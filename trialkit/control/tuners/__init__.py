@@ -3,17 +3,15 @@
     tuner = build_tuner("TPE", {"optimize_mode": "maximize"}, space, seed=7)
 
 Names and classArgs are NNI's (matched case-insensitively, NNI 3.0's aliases
-too: BatchTuner, GPTuner), NNI's advisors among them (Hyperband, BOHB:
+too: BatchTuner, GPTuner, PBTTuner), NNI's advisors among them (Hyperband, BOHB:
 `advisor:` or `tuner:` in a config), with optuna's and Katib's samplers under
-their own names (CMAES, QMC, Sobol). NNI's PBT in generations is `PBTTuner`;
-`PBT`, NNI's other name for it, is trialkit's asynchronous PBT (pbt.py). NNI
-tuners trialkit does not carry are refused with the nearest one that it does,
-and why.
+their own names (CMAES, QMC, Sobol). NNI tuners trialkit does not carry are
+refused with the nearest one that it does, and why.
 
     module        tuners
     classic.py    Random, GridSearch, Batch, Evolution, TPE (optuna), Anneal
     hyperband.py  Hyperband, BOHB (its model: bohb.py, statsmodels' KDE)
-    pbt.py        PBTTuner (NNI's generations), PBT (asynchronous; `synchronous: true`: generations)
+    pbt.py        PBT (NNI's generations; `synchronous: false`: asynchronous, as Ray Tune's)
     samplers.py   GP (scikit-learn), CMAES (cmaes), QMC and Sobol (scipy)
 """
 from __future__ import annotations
@@ -42,7 +40,7 @@ from trialkit.control.tuners.classic import (
     TPETuner,
 )
 from trialkit.control.tuners.hyperband import BohbTuner, HyperbandTuner
-from trialkit.control.tuners.pbt import Pbt, PbtTuner
+from trialkit.control.tuners.pbt import Pbt
 from trialkit.control.tuners.samplers import CmaEsTuner, GPTuner, QmcTuner, SobolTuner
 from trialkit.errors import UserError
 
@@ -60,14 +58,13 @@ TUNERS: Dict[str, Type[Tuner]] = {
     "Hyperband": HyperbandTuner,
     "BOHB": BohbTuner,
     "PBT": Pbt,
-    "PBTTuner": PbtTuner,
     "GP": GPTuner,
     "CMAES": CmaEsTuner,
     "QMC": QmcTuner,
     "Sobol": SobolTuner,
 }
-# NNI 3.0's other names for them (its builtin_algorithms.yml; its PBTTuner is a tuner of its own here).
-ALIASES = {"BatchTuner": "Batch", "GPTuner": "GP"}
+# NNI 3.0's other names for them (its builtin_algorithms.yml).
+ALIASES = {"BatchTuner": "Batch", "GPTuner": "GP", "PBTTuner": "PBT"}
 # NNI tuners trialkit does not carry: (why, what to use instead), for the one-line refusal.
 NNI_ONLY: Dict[str, Tuple[str, str]] = {
     "SMAC": ("SMAC3 builds its random forest (pyrfr) from C++ sources with SWIG and pins a ConfigSpace of its own",

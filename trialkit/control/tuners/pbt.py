@@ -1,4 +1,4 @@
-"""Population-based training: NNI's PBTTuner in generations, and trialkit's PBT, asynchronous.
+"""Population-based training: NNI's PBTTuner in generations, and asynchronous (`synchronous: false`).
 
 Both train a population of `population_size` members; each trial is one
 member's step. Its parameters carry `load_checkpoint_dir` (the checkpoint to
@@ -14,19 +14,20 @@ normal one by factor times sigma), within the parameter's bounds. The others go
 on from their own checkpoint with their own parameters. A trial without a final
 result ranks as the worst.
 
-`PBTTuner` (PbtTuner), NNI's contract: the population trains in
+By default (NNI's contract, under both of NNI's names, `PBT` and
+`PBTTuner`; PbtTuner) the population trains in
 generations (a member's step is its generation). A generation starts once
 every trial of the one before ended; its trials are ranked by their final
 result, the bottom ceil(fraction * population_size) exploit, and they start in
 NNI's order: the worst of the generation before first. Which member and
 generation a trial is follows from its parameter id (generation = id //
 population_size, in NNI's order), so `replay` rebuilds the population of an
-interrupted experiment from the store. `PBT` with `synchronous: true` is the
-same.
+interrupted experiment from the store.
 
-`PBT` (Pbt), asynchronous as the PBT paper's (Jaderberg et al. 2017) and Ray
-Tune's PopulationBasedTraining by default (`synch=False`): no generation
-waits for its slowest member. When a slot frees, the member to step next is
+With `synchronous: false` (Pbt; trialkit's classArg, not NNI's) it is
+asynchronous, as the PBT paper's (Jaderberg et al. 2017) and Ray Tune's
+PopulationBasedTraining by default (`synch=False`): no generation waits for
+its slowest member. When a slot frees, the member to step next is
 the one of least progress among those not training: a member never started
 first (in member order), else the one whose latest finished step's checkpoint
 has trained the fewest steps, counting the steps of every checkpoint it went on
@@ -185,13 +186,13 @@ class PbtTuner(Tuner):
 
 
 class Pbt(PbtTuner):
-    """trialkit's PBT: asynchronous, or NNI's generations with classArg `synchronous: true`."""
+    """PBT (NNI's PBTTuner too): NNI's generations, or asynchronous with classArg `synchronous: false`."""
 
     ARGS = {**PbtTuner.ARGS, "synchronous": schema.as_bool}
 
     def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
         super().__init__(space, optimize_mode, seed, class_args)
-        self.synchronous: bool = class_args.get("synchronous", False)
+        self.synchronous: bool = class_args.get("synchronous", True)
         self._steps: Dict[int, List[int]] = {}  # member -> its trials' parameter ids, step by step
         self._by_save: Dict[str, int] = {}  # a save dir -> the parameter id of the trial that writes it
         self._trained: Dict[int, int] = {}  # parameter id -> steps its checkpoint holds, its sources' included
