@@ -1,6 +1,7 @@
 """The search race: trialkit's Hyperband, BOHB, ASHA and PBT against Ray Tune's and Optuna's, in one run.
 
     python bench/bench_search.py [--budget 300] [--seeds 3] [--concurrency 2] [--epoch-scale 1] [--quick]
+                                 [--methods Hyperband,BOHB,ASHA,PBT]
 
 Every method searches the same small real training (bench/search_problem.py:
 a network learning the digits, one epoch a unit of budget, its held-out
@@ -11,7 +12,8 @@ trial-epochs and the same trials at once:
              keeps its model in trialkit.checkpoint_dir():
              Hyperband (R 27, eta 3), BOHB (1 to 27, eta 3), ASHA (the ASHA assessor,
              Determined's adaptive_asha, aggressive: rungs at 1, 3, 9, 27 epochs, beside Random),
-             PBT (population 8, each trial 3 epochs from the checkpoint PBT gives it)
+             PBT (population 8, each trial 3 epochs from the checkpoint PBT gives it; asynchronous,
+             `synchronous: false`, as Ray's PBT is by default)
   Ray Tune   Tuner.fit() of a function trainable with random search, on a local Ray cluster of
              `--concurrency` CPUs (its trials at once) started before the clock runs: ASHAScheduler
              (max_t 27, grace 1, factor 3), HyperBandScheduler (max_t 27, factor 3),
@@ -33,6 +35,7 @@ Optuna; PBT: Ray's PBT): MET when its mean best is at least the peer's and, seed
 by seed, it reached the peer's best sooner than the peer did (the median over
 seeds of its time to the peer's best, never reached counting as forever, below
 the median of the peer's time to its own best).
+`--methods PBT` races only the trialkit methods named and their peers.
 `--quick` runs every method once on a budget of 24 epochs: it checks the race
 runs (tests/test_bench_search.py); its figures mean nothing, and it gives no
 verdict.
@@ -120,7 +123,8 @@ TRIALKIT_METHODS: Dict[str, Tuple[str, Dict[str, Any]]] = {
     "ASHA": ("full", {"tuner": {"name": "Random", "classArgs": {}},
                       "assessor": {"name": "ASHA", "classArgs": {"max_time": R, "max_trials": 1000, "divisor": ETA,
                                                                  "mode": "aggressive"}}}),
-    "PBT": ("step", {"tuner": {"name": "PBT", "classArgs": {"population_size": POPULATION, "fraction": 0.25}}}),
+    "PBT": ("step", {"tuner": {"name": "PBT", "classArgs": {"population_size": POPULATION, "fraction": 0.25,
+                                                                  "synchronous": False}}}),
 }
 
 
@@ -324,6 +328,14 @@ def _importable(name: str) -> bool:
         return False
 
 
+def _methods(value: str) -> List[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in PEERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{value!r}: name some of {', '.join(PEERS)}, comma-separated")
+    return names
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=300, help="trial-epochs each method spends (default 300)")
@@ -332,7 +344,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--epoch-scale", type=int, default=1,
                         help="train on this many noisy copies of the images: epochs that cost that much more")
     parser.add_argument("--quick", action="store_true", help="every method once on 24 epochs: the race runs")
+    parser.add_argument("--methods", type=_methods, default=list(PEERS),
+                        help="the trialkit methods to race, with their peers (default Hyperband,BOHB,ASHA,PBT)")
     opts = parser.parse_args(argv)
+    racing = {f"trialkit {m}" for m in opts.methods} | {peer for m in opts.methods for peer in PEERS[m]}
+    methods = [entry for entry in METHODS if f"{entry[0]} {entry[1]}" in racing]
     if opts.quick:
         opts.budget, opts.seeds = 24, 1
     lacking = [name for name in ("ray.tune", "optuna", "sklearn", "statsmodels") if not _importable(name)]
@@ -351,12 +367,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         data = work / "digits.npz"
         problem.prepare_data(data, opts.epoch_scale)
-        outcomes: Dict[str, List[Outcome]] = {f"{system} {name}": [] for system, name, _ in METHODS}
+        outcomes: Dict[str, List[Outcome]] = {f"{system} {name}": [] for system, name, _ in methods}
         print(f"budget {opts.budget} trial-epochs, {opts.concurrency} at once, seeds {opts.seeds}, "
               f"epoch scale {opts.epoch_scale}, "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
         for seed in range(opts.seeds):
-            for system, name, runner in (METHODS if seed % 2 == 0 else METHODS[::-1]):
+            for system, name, runner in (methods if seed % 2 == 0 else methods[::-1]):
                 reports = runner(name, seed, opts.budget, opts.concurrency, data, work)
                 result = outcome(reports, opts.budget)
                 outcomes[f"{system} {name}"].append(result)
@@ -378,6 +394,8 @@ def table(outcomes: Dict[str, List[Outcome]], verdicts: bool = True) -> str:
     lines += [f"{name:26s} {best:12.4f} {seconds:22.1f}" for name, (best, seconds) in means.items()]
     lines.append("")
     for method, peers in PEERS.items():
+        if f"trialkit {method}" not in outcomes:
+            continue  # not raced (--methods)
         ours = outcomes[f"trialkit {method}"]
         peer = max(peers, key=lambda name: means[name][0])
         theirs = outcomes[peer]

@@ -282,10 +282,12 @@ def generations(rows: List[Dict[str, Any]], size: int) -> List[List[Dict[str, An
     return [rows[g:g + size] for g in range(0, len(rows), size)]
 
 
-def heirs(rows: List[Dict[str, Any]], size: int) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
-    """(trial, the trial it goes on from) of PBT's second generation: the one whose save dir it was given to load."""
+def heirs(rows: List[Dict[str, Any]]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """(trial, the trial it goes on from) of each PBT trial after a member's first step: the one whose save dir it
+    was given to load."""
     by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
-    return [(row, by_save[row["parameters"]["load_checkpoint_dir"]]) for row in generations(rows, size)[1]]
+    return [(row, by_save[row["parameters"]["load_checkpoint_dir"]]) for row in rows
+            if row["parameters"]["load_checkpoint_dir"] != row["parameters"]["save_checkpoint_dir"]]
 
 
 def test_nnis_pbt_example_trains_each_generation_from_the_checkpoints_pbt_gives(tmp_path, home):
@@ -411,12 +413,16 @@ def test_pbt_with_an_object_store_copies_the_better_checkpoint_there_and_each_he
                         tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25}},
                         checkpointStorage={"type": "s3", "bucket": bucket, "endpointUrl": s3.url})
     rows = run(config)
-    for row, source in heirs(rows, 4):
-        assert state_of(home, row)["line"] == [source["trial_id"], row["trial_id"]]
+    assert heirs(rows)
+    for row, source in heirs(rows):
+        assert state_of(home, row)["line"] == state_of(home, source)["line"] + [row["trial_id"]]
         log = (home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" / row["trial_id"] /
                "trial.log").read_text()
         assert "restored checkpoint" in log and f"/{row['trial_id']}/" in log, log
-    for row in generations(rows, 4)[0]:  # nothing to go on from: the first generation starts empty
+    went_on = {row["trial_id"] for row, _ in heirs(rows)}
+    for row in rows:  # nothing to go on from: a member's first step starts empty
+        if row["trial_id"] in went_on:
+            continue
         assert "restored checkpoint" not in (home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" /
                                              row["trial_id"] / "trial.log").read_text()
 
@@ -437,7 +443,7 @@ def test_pbt_on_kubernetes_goes_on_from_the_better_trials_checkpoint_through_s3(
     space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
     path = kubeflow_config(tmp_path, s3, host_address(), searchSpace=space, trialConcurrency=2, maxTrialNumber=4,
                            trialCommand="python3 /code/train.py",
-                           tuner={"name": "PBT", "classArgs": {"population_size": 2, "fraction": 0.5}})
+                           tuner={"name": "PBTTuner", "classArgs": {"population_size": 2, "fraction": 0.5}})
     with FakeApiServer() as api:
         monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig(tmp_path)))
         create_secret(api, s3, "team-s3")
@@ -450,7 +456,7 @@ def test_pbt_on_kubernetes_goes_on_from_the_better_trials_checkpoint_through_s3(
     assert logs.count("restored checkpoint") == 2, logs
     for row in generations(rows, 2)[0]:
         assert f'line {json.dumps([row["trial_id"]])}' in logs, logs
-    for row, source in heirs(rows, 2):  # its pod had none of the source's files but what it fetched from S3
+    for row, source in heirs(rows):  # its pod had none of the source's files but what it fetched from S3
         assert f'line {json.dumps([source["trial_id"], row["trial_id"]])}' in logs, logs
 
 
@@ -462,8 +468,9 @@ def test_pbt_on_the_ray_platform_copies_the_better_checkpoint_too(ray_cluster, t
                         tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25}},
                         trainingService={"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 1})
     rows = run(config)
-    for row, source in heirs(rows, 4):
-        assert state_of(home, row)["line"] == [source["trial_id"], row["trial_id"]]
+    assert heirs(rows)
+    for row, source in heirs(rows):
+        assert state_of(home, row)["line"] == state_of(home, source)["line"] + [row["trial_id"]]
     ray_cluster.wait_clean()
 
 
@@ -484,17 +491,24 @@ trialkit.report_final_result(p["lr"] * state["steps"])
 """
 
 
+def cut_short_pbt(tmp_path: Path, script: str, synchronous: bool) -> Tuple[str, List[Dict[str, Any]]]:
+    """A 12-trial PBT of `script` (population 4, 2 at once), Ctrl-C'd once a trial wrote its MARKER: the
+    experiment's id and its trials then."""
+    marker = tmp_path / "cut"
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    config = experiment(tmp_path, space, script.replace("MARKER", repr(str(marker))), maxTrialNumber=12,
+                        trialConcurrency=2,
+                        tuner={"name": "PBTTuner", "classArgs": {"population_size": 4, "fraction": 0.25,
+                                                                 "synchronous": synchronous}})
+    exp = interrupted_after(config, 0, marker=marker)
+    return exp, export(exp)
+
+
 def test_a_pbt_generation_cut_short_by_ctrl_c_runs_its_members_again_on_resume(tmp_path):
     """As NNI's PBTTuner resumes: the generation a Ctrl-C cut short runs its unfinished members again (from the
     checkpoint of the generation before, which they had not replaced), and the next generation starts once it
     ended, each member loading a checkpoint that exists: every trial of generation g trained g + 1 steps."""
-    marker = tmp_path / "cut"
-    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
-    config = experiment(tmp_path, space, PBT_CUT_SHORT.replace("MARKER", repr(str(marker))),
-                        maxTrialNumber=12, trialConcurrency=2,
-                        tuner={"name": "PBTTuner", "classArgs": {"population_size": 4, "fraction": 0.25}})
-    exp = interrupted_after(config, 0, marker=marker)
-    before = export(exp)
+    exp, before = cut_short_pbt(tmp_path, PBT_CUT_SHORT, True)
     cut = [row["trial_id"] for row in before if row["final"] is None and row["status"] != "WAITING"]
     assert cut and {row["status"] for row in before if row["trial_id"] in cut} == {"PREEMPTED"}, before
     assert len(before) < 9  # generation 2 had not started
@@ -508,3 +522,106 @@ def test_a_pbt_generation_cut_short_by_ctrl_c_runs_its_members_again_on_resume(t
         for row in generation:
             saved = Path(row["parameters"]["save_checkpoint_dir"]) / "state.json"
             assert json.loads(saved.read_text())["steps"] == g + 1, (g, row)
+
+
+# ---------------------------------------------------------------- PBT, asynchronous (`synchronous: false`)
+
+# One member's step a trial, its state in NNI's load/save dirs or (NATIVE) trialkit's checkpoint dir; the line
+# of trials it trained through. Member 0's first step trains until some member's later step has started (MARK),
+# or 30 s: under generations none can start before it ends.
+ASYNC_PBT_TRIAL = """
+import json, os, time, trialkit
+p = trialkit.get_next_parameter()
+member, step = p["save_checkpoint_dir"].split(os.sep)[-2:]
+if step != "0":
+    open(MARK, "a").close()
+load, save = (trialkit.checkpoint_dir(),) * 2 if NATIVE else (p["load_checkpoint_dir"], p["save_checkpoint_dir"])
+path = os.path.join(load, "state.json")
+state = json.load(open(path)) if os.path.exists(path) else {"line": []}
+state["line"].append(trialkit.get_trial_id())
+if (member, step) == ("0", "0"):
+    deadline = time.time() + 30
+    while not os.path.exists(MARK) and time.time() < deadline:
+        time.sleep(0.05)
+os.makedirs(save, exist_ok=True)
+json.dump(state, open(os.path.join(save, "state.json"), "w"))
+trialkit.report_final_result(p["lr"] * len(state["line"]))
+"""
+
+
+def place(row: Dict[str, Any]) -> Tuple[int, int]:
+    """(member, step) of a PBT trial, from the save dir it was given."""
+    save = Path(row["parameters"]["save_checkpoint_dir"])
+    return int(save.parent.name), int(save.name)
+
+
+def saved_line(home: Path, row: Dict[str, Any], native: bool) -> List[str]:
+    folder = (home / "experiments" / row["trial_id"].rpartition("-")[0] / "trials" / row["trial_id"] / "checkpoint"
+              if native else Path(row["parameters"]["save_checkpoint_dir"]))
+    return json.loads((folder / "state.json").read_text())["line"]
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["nni-dirs", "trialkit-checkpoint-dir"])
+def test_async_pbt_steps_a_member_on_before_the_slowest_member_of_its_generation_ended(tmp_path, home, native):
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    script = ASYNC_PBT_TRIAL.replace("MARK", repr(str(tmp_path / "later-step"))).replace("NATIVE", repr(native))
+    config = experiment(tmp_path, space, script, maxTrialNumber=10, trialConcurrency=2,
+                        tuner={"name": "PBT", "classArgs": {"population_size": 4, "fraction": 0.25,
+                                                            "synchronous": False}})
+    rows = run(config)
+    assert {row["status"] for row in rows} == {"SUCCEEDED"}, rows
+    by_place = {place(row): row for row in rows}
+    assert len(by_place) == len(rows)  # no member's step twice
+    slowest = by_place[(0, 0)]
+    # No barrier: a member went on to its next step while member 0 still trained its first.
+    assert any(step and row["started"] < slowest["ended"] for (_, step), row in by_place.items()), rows
+    by_save = {row["parameters"]["save_checkpoint_dir"]: row for row in rows}
+    for row in rows:
+        line = saved_line(home, row, native)
+        assert line[-1] == row["trial_id"]
+        if place(row)[1] == 0:
+            assert line == [row["trial_id"]]
+            continue
+        # It started from the checkpoint PBT gave it: the latest finished step of its member or of a top one.
+        source = by_save[row["parameters"]["load_checkpoint_dir"]]
+        assert source["ended"] <= row["started"] and line[:-1] == saved_line(home, source, native)
+
+
+# NNI-style: member 1's second step waits at its first try for the Ctrl-C (MARKER).
+ASYNC_PBT_CUT_SHORT = """
+import json, os, time, trialkit
+p = trialkit.get_next_parameter()
+load = os.path.join(p["load_checkpoint_dir"], "state.json")
+state = json.load(open(load)) if os.path.exists(load) else {"line": []}
+state["line"].append(p["save_checkpoint_dir"])
+if p["save_checkpoint_dir"].endswith(os.path.join("1", "1")) and not os.path.exists(MARKER):
+    open(MARKER, "w").close()
+    time.sleep(120)
+os.makedirs(p["save_checkpoint_dir"], exist_ok=True)
+json.dump(state, open(os.path.join(p["save_checkpoint_dir"], "state.json"), "w"))
+trialkit.report_final_result(p["lr"] * len(state["line"]))
+"""
+
+
+def test_async_pbt_interrupted_and_resumed_repeats_no_members_step_and_loses_none(tmp_path):
+    exp, before = cut_short_pbt(tmp_path, ASYNC_PBT_CUT_SHORT, False)
+    cut = [row["trial_id"] for row in before if place(row) == (1, 1)]
+    assert len(before) < 12 and [r["status"] for r in before if r["trial_id"] in cut] == ["PREEMPTED"], before
+    done = cli("experiment", "resume", exp, timeout=WAIT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = export(exp)
+    # (A trial the Ctrl-C found past its final result ended USER_CANCELED with it, its step done.)
+    assert len(rows) == 12 and all(row["final"] is not None for row in rows), rows
+    assert [(row["trial_id"], row["status"]) for row in rows if place(row) == (1, 1)] == [(cut[0], "SUCCEEDED")]
+    steps: Dict[int, List[int]] = {}
+    for row in rows:
+        member, step = place(row)
+        steps.setdefault(member, []).append(step)
+    # Each member's steps once each, none skipped.
+    assert all(sorted(taken) == list(range(len(taken))) for taken in steps.values()), steps
+    for row in rows:  # each trained on the checkpoint it was given, which the step it went on from had saved
+        params = row["parameters"]
+        line = json.loads((Path(params["save_checkpoint_dir"]) / "state.json").read_text())["line"]
+        loaded = Path(params["load_checkpoint_dir"]) / "state.json"
+        assert line == (json.loads(loaded.read_text())["line"] if place(row)[1] else []) + \
+            [params["save_checkpoint_dir"]], row

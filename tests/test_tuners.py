@@ -207,7 +207,7 @@ def test_each_proposal_draws_numbers_of_its_own(name, monkeypatch):
 SMALL = parse_space({"a": {"_type": "choice", "_value": [1, 2]}, "b": {"_type": "choice", "_value": ["x", "y"]}})
 
 
-# Hyperband and BOHB run a configuration again on a larger budget, PBT a member in each generation, Batch
+# Hyperband and BOHB run a configuration again on a larger budget, PBT a member in each step, Batch
 # searches a space of its own: each has a test of its own below.
 @pytest.mark.parametrize("name", sorted(set(TUNERS) - {"Hyperband", "BOHB", "PBT", "Batch"}))
 def test_no_tuner_repeats_a_point_and_a_small_space_runs_out(name):

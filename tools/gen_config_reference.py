@@ -780,7 +780,9 @@ SEARCH_NOTES = {
     "GridSearch": "the grid of the discrete types; a continuous one is refused",
     "Batch": "each option of its one choice, in order",
     "GP": "scikit-learn's Gaussian process, NNI's utilities and acquisition search",
-    "PBT": "NNI's `load_checkpoint_dir`/`save_checkpoint_dir`, and trialkit's own checkpoint dir copied",
+    "PBT": "NNI's generations; with trialkit's `synchronous: false` asynchronous, as Ray Tune's (no generation "
+           "waits for its slowest member); NNI's "
+           "`load_checkpoint_dir`/`save_checkpoint_dir`, and trialkit's own checkpoint dir copied",
     "Hyperband": "NNI's brackets and rounds, `TRIAL_BUDGET`; `exec_mode` serial or parallelism",
     "BOHB": "NNI's brackets, its KDE model through statsmodels as NNI's",
 }

@@ -11,7 +11,7 @@ refused with the nearest one that it does, and why.
     module        tuners
     classic.py    Random, GridSearch, Batch, Evolution, TPE (optuna), Anneal
     hyperband.py  Hyperband, BOHB (its model: bohb.py, statsmodels' KDE)
-    pbt.py        PBT
+    pbt.py        PBT (NNI's generations; `synchronous: false`: asynchronous, as Ray Tune's)
     samplers.py   GP (scikit-learn), CMAES (cmaes), QMC and Sobol (scipy)
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from trialkit.control.tuners.classic import (
     TPETuner,
 )
 from trialkit.control.tuners.hyperband import BohbTuner, HyperbandTuner
-from trialkit.control.tuners.pbt import PbtTuner
+from trialkit.control.tuners.pbt import Pbt
 from trialkit.control.tuners.samplers import CmaEsTuner, GPTuner, QmcTuner, SobolTuner
 from trialkit.errors import UserError
 
@@ -57,7 +57,7 @@ TUNERS: Dict[str, Type[Tuner]] = {
     "Anneal": AnnealTuner,
     "Hyperband": HyperbandTuner,
     "BOHB": BohbTuner,
-    "PBT": PbtTuner,
+    "PBT": Pbt,
     "GP": GPTuner,
     "CMAES": CmaEsTuner,
     "QMC": QmcTuner,

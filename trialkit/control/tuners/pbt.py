@@ -1,21 +1,53 @@
-"""Population-based training: NNI's PBTTuner, and its exploit through trialkit's own checkpoint dir.
+"""Population-based training: NNI's PBTTuner in generations, and asynchronous (`synchronous: false`).
 
-NNI's contract (pbt_tuner.py, NNI 3.0): a population of `population_size`
-members trains in generations; each trial is one member's step. Its
-parameters carry `load_checkpoint_dir` (the checkpoint to start from) and
-`save_checkpoint_dir` (where to leave its own), both
-`all_checkpoint_dir/<member>/<generation>`; in generation 0 both are the
-member's first dir (nothing to load yet). A generation starts once every trial
-of the one before ended; its trials are ranked by their final result (a trial
-without one is the worst). The bottom ceil(fraction * population_size) take a
-top one's parameters and checkpoint (a top picked at random) and perturb each
-parameter: resampled with probability resample_probability, else moved one
-step up or down (a choice's next option, a randint's next integer, a
-quantized one's next multiple; a uniform one by factor times its range, a
-log-uniform one by factor times its log range, a normal one by factor times
-sigma), within the parameter's bounds. The others go on from their own
-checkpoint with their own parameters. A generation's trials start in NNI's
-order: the worst of the generation before first.
+Both train a population of `population_size` members; each trial is one
+member's step. Its parameters carry `load_checkpoint_dir` (the checkpoint to
+start from) and `save_checkpoint_dir` (where to leave its own), as NNI's
+(pbt_tuner.py, NNI 3.0): `all_checkpoint_dir/<member>/<step>`; a member's
+first step is given its first dir as both (nothing to load yet). A member that
+exploits takes a top member's parameters and checkpoint (a top picked at
+random) and perturbs each parameter: resampled with probability
+resample_probability, else moved one step up or down (a choice's next option,
+a randint's next integer, a quantized one's next multiple; a uniform one by
+factor times its range, a log-uniform one by factor times its log range, a
+normal one by factor times sigma), within the parameter's bounds. The others go
+on from their own checkpoint with their own parameters. A trial without a final
+result ranks as the worst.
+
+By default (NNI's contract, under both of NNI's names, `PBT` and
+`PBTTuner`; PbtTuner) the population trains in
+generations (a member's step is its generation). A generation starts once
+every trial of the one before ended; its trials are ranked by their final
+result, the bottom ceil(fraction * population_size) exploit, and they start in
+NNI's order: the worst of the generation before first. Which member and
+generation a trial is follows from its parameter id (generation = id //
+population_size, in NNI's order), so `replay` rebuilds the population of an
+interrupted experiment from the store.
+
+With `synchronous: false` (Pbt; trialkit's classArg, not NNI's) it is
+asynchronous, as the PBT paper's (Jaderberg et al. 2017) and Ray Tune's
+PopulationBasedTraining by default (`synch=False`): no generation waits for
+its slowest member. When a slot frees, the member to step next is
+the one of least progress among those not training: a member never started
+first (in member order), else the one whose latest finished step's checkpoint
+has trained the fewest steps, counting the steps of every checkpoint it went on
+from (ties: the lower member). That is Ray's choose_trial_to_run (the least
+`last_train_time`, which an exploit takes over from the member it copies): every
+member gets its share of the slots, where letting the member that just ended
+go on would leave all but `trialConcurrency` members behind for good; measured
+in docs/searches.md. Its next step is decided then, from every member's latest
+finished step (a member in training counts by the step it finished last, as
+Ray's last score): among the n members that have one, best first, the bottom
+min(ceil(fraction * n), n // 2) exploit a top one's latest checkpoint (Ray's
+quantiles, so that no member is both), the others go on from their own. Ray
+decides when a member reaches its perturbation interval and runs it later;
+deciding when the step is handed out ranks it against results as fresh as
+they come, and the decision is then in the new trial's parameters, which the
+store holds from the moment the trial is made: its member and step in its
+save dir, the step it goes on from in its load dir. `replay` rebuilds the
+population from those, so a resumed experiment repeats no step and loses none
+(a step that a stop cut short runs again under the same trial), whatever order
+the trials ended in.
 
 For code written for trialkit or Determined rather than NNI, the same exploit
 goes through the trial's checkpoint dir: `continues_from` names the trial whose
@@ -23,10 +55,6 @@ checkpoint a new trial starts from, and the loop has the platform copy that
 trial's checkpoint dir into the new trial's before it starts, so
 `trialkit.checkpoint_dir()` (and Determined's `latest_checkpoint`) holds the
 better member's checkpoint.
-
-Which member and generation a trial is follows from its parameter id
-(generation = id // population_size, in NNI's order), so `replay` rebuilds the
-population of an interrupted experiment from the store.
 """
 from __future__ import annotations
 
@@ -155,6 +183,84 @@ class PbtTuner(Tuner):
 
     def import_results(self, results: List[Tuple[Dict[str, Any], float]]) -> None:
         """A population is its own trials' checkpoints: results from elsewhere have none, and are not taken."""
+
+
+class Pbt(PbtTuner):
+    """PBT (NNI's PBTTuner too): NNI's generations, or asynchronous with classArg `synchronous: false`."""
+
+    ARGS = {**PbtTuner.ARGS, "synchronous": schema.as_bool}
+
+    def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
+        super().__init__(space, optimize_mode, seed, class_args)
+        self.synchronous: bool = class_args.get("synchronous", True)
+        self._steps: Dict[int, List[int]] = {}  # member -> its trials' parameter ids, step by step
+        self._by_save: Dict[str, int] = {}  # a save dir -> the parameter id of the trial that writes it
+        self._trained: Dict[int, int] = {}  # parameter id -> steps its checkpoint holds, its sources' included
+
+    def continues_from(self, parameter_id: int) -> Optional[int]:
+        if self.synchronous:
+            return super().continues_from(parameter_id)
+        params = self._params[parameter_id]
+        return None if params[LOAD] == params[SAVE] else self._by_save[params[LOAD]]
+
+    def _propose(self, parameter_id: int, rng: random.Random) -> Optional[Dict[str, Any]]:
+        if self.synchronous:
+            return super()._propose(parameter_id, rng)
+        member = self._next_member()
+        if member is None:
+            return None  # every member is training: the next one to end goes on
+        steps = self._steps.get(member, [])
+        save = os.path.join(self.root, str(member), str(len(steps)))
+        if not steps:
+            params = {**self.space.sample(rng), LOAD: save, SAVE: save}
+        else:
+            source, exploits = self._async_source(member, rng)  # the first draw of this proposal's numbers
+            params = {key: self._params[source][key] for key in self.space.params}
+            if exploits:
+                params = perturb(self.space, params, self.factor, self.resample_probability, rng)
+            params = {**params, LOAD: self._params[source][SAVE], SAVE: save}
+        self._adopt(parameter_id, params)
+        return params
+
+    def _adopt(self, parameter_id: int, params: Dict[str, Any]) -> None:
+        """Where the trial stands in the population, from its checkpoint dirs (a proposal's, or a stored one's)."""
+        if self.synchronous:
+            return
+        save = params[SAVE]
+        member = int(os.path.basename(os.path.dirname(save)))
+        self._steps.setdefault(member, []).append(parameter_id)
+        self._by_save[save] = parameter_id
+        source = None if params[LOAD] == save else self._by_save[params[LOAD]]
+        self._trained[parameter_id] = 1 + (self._trained[source] if source is not None else 0)
+
+    def _latest(self, member: int) -> Optional[int]:
+        """The member's latest finished step (None: it has none yet)."""
+        return next((pid for pid in reversed(self._steps.get(member, [])) if pid in self._finished), None)
+
+    def _next_member(self) -> Optional[int]:
+        """The member of least progress among those not training (see the module's docstring)."""
+        idle = [m for m in range(self.size) if all(pid in self._finished for pid in self._steps.get(m, []))]
+        if not idle:
+            return None
+
+        def progress(member: int) -> int:
+            latest = self._latest(member)
+            return -1 if latest is None else self._trained[latest]
+
+        return min(idle, key=lambda member: (progress(member), member))
+
+    def _async_source(self, member: int, rng: random.Random) -> Tuple[int, bool]:
+        """(the step `member` goes on from, whether it exploits a top member's): its own latest unless it is in
+        the bottom of the members' latest finished steps."""
+        sign = -1.0 if self.optimize_mode == "maximize" else 1.0
+        latest = {m: pid for m in range(self.size) if (pid := self._latest(m)) is not None}
+        # Best first; a step without a result last (ties: the lower member first).
+        ranking = sorted(latest, key=lambda m: (sign * self._scores[latest[m]] if latest[m] in self._scores
+                                                else math.inf, m))
+        cutoff = min(math.ceil(self.fraction * len(ranking)), len(ranking) // 2)
+        if member in ranking[len(ranking) - cutoff:]:
+            return latest[ranking[rng.randrange(cutoff)]], True
+        return latest[member], False
 
 
 def perturb(space: SearchSpace, params: Mapping[str, Any], factor: float, resample_probability: float,
