@@ -47,10 +47,11 @@ differs by up to 9%, and one run's rounds range 0.3-11x):
   load-independent), six cold loads each: 42.2 against 46.8 ms; all renderer
   threads together 1.3 ms less. Table to table-and-curves 13.2-13.8 against
   16.4-18.9 ms. Wall-clock races at load 9-15 could not tell (0.89-1.13x).
-  Nine runs of this bench then, load 11-13: cold 120, 160, 130, 133, 136, 151,
-  129, 120, 147 ms against floors of 59, 34, 54, 51, 46, 45, 42, 54, 54 ms:
-  2.05x MET, 4.76x, 2.38x MET, 2.61x (3.74x round by round), 2.92x MET,
-  3.33x, 3.06x, 2.20x MET, 2.75x MET; painted 0.53-0.98x the floor's.
+  Twelve runs of this bench then, load 8-13: cold 120, 160, 130, 133, 136,
+  151, 129, 120, 147, 130, 139, 131 ms against floors of 59, 34, 54, 51, 46,
+  45, 42, 54, 54, 43, 46, 50 ms: 2.05x MET, 4.76x, 2.38x MET, 2.61x (3.74x
+  round by round), 2.92x MET, 3.33x, 3.06x, 2.20x MET, 2.75x MET, 3.03x (1.85x
+  round by round), 3.05x, 2.61x MET; painted 0.53-0.98x the floor's.
 - Where a cold page's main thread goes now (its CPU time, ~42 ms to ready):
   the navigation's commit ~5 ms, app.js ~7 (its fetch ~2), two frames before
   the answer ~8.5 (the header's, and the load event's style and layout with
