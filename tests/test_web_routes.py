@@ -166,9 +166,7 @@ def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
     refused = requests.get(served.url + basic, headers={"Accept-Encoding": "gzip;q=0, br"}, timeout=10)
     assert "Content-Encoding" not in refused.headers and refused.content.startswith(b"/**\n* plotly.js (basic")
     forever = requests.get(served.url + uplot, timeout=10)  # named by its hash: cached for good
-    # V8's compile hint first (vendor/README.txt): Chromium compiles uPlot's functions as the script downloads, off
-    # the page's main thread, not each as a cold page's first chart calls it (bench/bench_web.py).
-    assert forever.content.startswith(b"//# allFunctionsCalledOnLoad\n/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    assert forever.content.startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
     assert "immutable" in forever.headers["Cache-Control"]
 
 
