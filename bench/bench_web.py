@@ -41,36 +41,36 @@ differs by up to 9%, and one run's rounds range 0.3-11x):
   (both pages and this floor rotating, 25 rounds, load 5-11); three runs at load
   8.7-10.2: 2.15-2.82x. Main at load 0.9-1.5 then: cold 71-78 ms against
   26-31 ms, 2.51-2.88x, four runs MET.
-- uPlot carries V8's compile hint (vendor/README.txt): its functions compile as
-  it downloads, off the main thread, not each when the first chart calls it.
-  The renderer main thread's own CPU time to the ready mark (Chromium trace,
-  load-independent), six cold loads each: 42.2 against 46.8 ms; all renderer
-  threads together 1.3 ms less. Table to table-and-curves 13.2-13.8 against
-  16.4-18.9 ms. Wall-clock races at load 9-15 could not tell (0.89-1.13x).
-  Twelve runs of this bench then, load 8-13: cold 120, 160, 130, 133, 136,
-  151, 129, 120, 147, 130, 139, 131 ms against floors of 59, 34, 54, 51, 46,
-  45, 42, 54, 54, 43, 46, 50 ms: 2.05x MET, 4.76x, 2.38x MET, 2.61x (3.74x
-  round by round), 2.92x MET, 3.33x, 3.06x, 2.20x MET, 2.75x MET, 3.03x (1.85x
-  round by round), 3.05x, 2.61x MET; painted 0.53-0.98x the floor's.
-- Where a cold page's main thread goes now (its CPU time, ~42 ms to ready):
-  the navigation's commit ~5 ms, app.js ~7 (its fetch ~2), two frames before
-  the answer ~8.5 (the header's, and the load event's style and layout with
-  uPlot's evaluation), the answer's table ~3 and chart ~9 (uPlot's drawing and
-  the style recalculation it forces) and JSON, small tasks ~5; the manager
-  spends ~6-8 ms of CPU on the answer (half of it the curves: each trial's
-  reports, and whether a trial outranks the best chosen one). The renderer
-  uses as much CPU in all per load as the floor's (~170 ms, most of it
-  Chromium's own: a new renderer process per navigation).
+- Where a cold page's main thread goes (its own CPU time in a Chromium trace,
+  tdur, which the load does not inflate: ~47 ms to the ready mark): the
+  navigation's commit ~5 ms, app.js ~7 (its fetch ~2), two frames before the
+  answer ~8.5 (the header's, and the load event's style and layout with
+  uPlot's evaluation), the answer's table ~3 and chart ~13 (uPlot's functions
+  compiled as it first calls them, its drawing, the style recalculation it
+  forces) and JSON, small tasks ~5; the manager spends ~6-8 ms of CPU on the
+  answer (half of it the curves: each trial's reports, and whether a trial
+  outranks the best chosen one). The renderer uses as much CPU in all per load
+  as the floor's (~170 ms, most of it Chromium's own: a new renderer process per
+  navigation). Three runs at load 9-10 then: cold 97, 100, 149 ms against
+  floors of 49, 41, 55 ms: 1.97x, 2.44x (2.96x round by round), 2.70x (2.33x),
+  all MET; painted 0.60-1.05x the floor's.
 - Tried and dropped: asking for the first view's data from a script at the top
   of the page's head (10-15 ms before app.js would; twice, the second time with
   the head script making every first view's URL for app.js): under load the
   answer came no sooner (the manager waits for a core the renderer holds) and
   then waited for the renderer's own work: 0.99-1.13x, then 1.04-1.37x in four
   races at load 8-14. uPlot inlined: slower. A larger SQLite cache: no gain.
-  The header hidden with the view until the answer: no less CPU (43.6 against
-  42.6 ms). The compile hint on app.js too: more (47.5 against 43.5 ms; inline,
-  it compiles on the main thread). The curves' reports in one query for all
-  trials: 1.85-1.95 ms either way (the time is in each record's Python).
+  uPlot with V8's compile hint (//# allFunctionsCalledOnLoad: every function
+  compiled on a second thread as it downloads): the main thread's CPU time to
+  ready 42.2 against 46.8 ms, but that compile took cores from app.js before
+  the data was asked for (the request left 7-14 ms later): 1.07-1.16x in five
+  of six races at load 9-15 (0.89x in one; main against itself: 1.035x);
+  twelve runs of this bench with it, load 8-13: 2.05-4.76x, MET in six. uPlot
+  loaded only once the first view had asked: 1.14x (the curves waited for it).
+  On app.js too: more main-thread CPU (47.5 against 43.5 ms; inline, it
+  compiles there). The header hidden with the view until the answer: no less
+  CPU (43.6 against 42.6 ms). The curves' reports in one query for all trials:
+  1.85-1.95 ms either way (the time is in each record's Python).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
