@@ -55,11 +55,12 @@ differs by up to 9%, and one run's rounds range 0.3-11x):
   floors of 49, 41, 55 ms: 1.97x, 2.44x (2.96x round by round), 2.70x (2.33x),
   all MET; painted 0.60-1.05x the floor's.
 - Tried and dropped: asking for the first view's data from a script at the top
-  of the page's head (10-15 ms before app.js would; twice, the second time with
-  the head script making every first view's URL for app.js): under load the
-  answer came no sooner (the manager waits for a core the renderer holds) and
-  then waited for the renderer's own work: 0.99-1.13x, then 1.04-1.37x in four
-  races at load 8-14. uPlot inlined: slower. A larger SQLite cache: no gain.
+  of the page's head (up to 10-15 ms before app.js would; twice, the second
+  time with the head script making every first view's URL for app.js, and no
+  more main-thread CPU: 43.0 against 42.5 ms): under load the answer came no
+  sooner (the manager waits for a core the renderer holds) and then waited for
+  the renderer's own work: 0.99-1.13x, then 1.04-1.37x in five races at load
+  8-14. uPlot inlined: slower. A larger SQLite cache: no gain.
   uPlot with V8's compile hint (//# allFunctionsCalledOnLoad: every function
   compiled on a second thread as it downloads): the main thread's CPU time to
   ready 42.2 against 46.8 ms, but that compile took cores from app.js before
