@@ -20,43 +20,58 @@ what a user sees, reported beside the goal. The bench waits for those marks
 without polling the page (a poll is a task on the page's main thread).
 Goal (issue 40): the cold page with table and curves within 3x the static
 table, as the ratio of the medians and as the median of each round's ratio
-(load on the shared machine drifts within a run); with plotly drawing the
-curves it took 1.0-1.05 s, 5.3x; uPlot draws them now, from a page that comes
-whole in one answer, and makes no Intl format as it loads (the first in a
-fresh renderer was 20-65 ms of its evaluation). The view's table and curves
-come in one answer (two answers each waited their turn at a loaded manager)
-and are laid out once (the table's own frame delayed the curves); the page's
-info is asked after them; the curves of chosen trials rank no more trials
-than it takes to say whether the best is among them; the page keeps its width
-as its data comes (its curves were drawn twice). Measured 2026-11-29, six
-runs with the default settings, load 9-12 on 2 CPUs: cold 138, 116, 127, 155,
-148, 142 ms against floors of 57, 34, 62, 50, 34, 46 ms: 2.41x (2.53x round
-by round) MET, 3.42x (3.17x), 2.04x (2.23x) MET, 3.10x (3.43x), 4.37x (4.56x),
-3.11x (2.87x); painted 0.67-0.92x the floor's. Before these changes, the same
-day at load 3.7-5.5: 2.32x (2.77x) MET, 4.62x (4.31x), 3.47x (3.63x); main's
-page against this one in one run (21 rounds, load 8.5, floor 35 ms): 131 ->
-116 ms, painted 188 -> 166 ms. Quiet (load 1, later that day, three runs): cold
-98, 90, 86 ms against floors of 31, 30, 31 ms: 3.15x (3.15x), 3.00x (2.85x),
-2.82x (2.67x) MET; painted 0.84-0.96x. Then, the Trials view asking for its
-answer before it builds its frame (seven runs, load 0.7-1.3): cold 82, 84, 80,
-88, 88, 83, 82 ms against floors of 30, 26, 29, 27, 31, 27, 30 ms: 2.73x MET,
-3.29x, 2.76x MET, 3.23x, 2.81x MET, 3.02x, 2.73x MET; painted 0.82-0.90x. Not
-met reliably: the floor swings with the
-load (34-62 ms) more than the page does, and the page's own part is ~45 ms
-to its data request (parse, script), ~20 ms waiting for the answer, ~40 ms
-making the rows and uPlot's first chart in a fresh renderer. Then the view's
-frame built out of sight until its answer is in (laid out and painted empty
-while the answer came, it held the answer back 15-30 ms: resource timing
-against the page's marks) and its rows cloned from one (~5.4 -> ~2.8 ms):
-raced against the page before in one harness (both pages and this floor,
-rotating, 25 rounds): 0.86-0.89x round by round at load 5-11 under nice -10,
-0.93x (112 -> 102 ms; painted 0.98x) at load 10; three runs of this bench,
-load 8.7-10.2: cold 97, 117, 138 ms against floors of 34, 46, 64 ms: 2.82x
-(3.06x), 2.53x (2.44x) MET, 2.15x (2.77x) MET; painted 0.76-0.88x. Asking
-for the data from a script in the page's head (~10-15 ms sooner) gained
-nothing (0.99-1.13x): the answer then waited for the frame and uPlot's
-evaluation on the renderer's one thread. The manager's
-answers the view needs are timed too (issue 9: under 50 ms).
+(load on the shared machine drifts within a run). The manager's answers the
+view needs are timed too (issue 9: under 50 ms).
+
+History (2026-11-29, 2 CPUs shared with other engineers: say the load with
+every figure; at load 10 and more an A/A race of one page against itself
+differs by up to 9%, and one run's rounds range 0.3-11x):
+- plotly drew the curves: 1.0-1.05 s, 5.3x. uPlot draws them, from a page that
+  comes whole in one answer, making no Intl format as it loads (the first in a
+  fresh renderer was 20-65 ms); the view's table and curves come in one answer
+  and are laid out once; the curves of chosen trials rank no more trials than
+  it takes to say whether the best is among them; the page keeps its width (its
+  curves were drawn twice). Six runs at load 9-12: cold 116-155 ms against
+  floors of 34-62 ms, 2.04-4.37x, MET in two; quiet (load 1): 2.82-3.15x.
+- The Trials view asks for its answer before it builds its frame (seven runs,
+  load 0.7-1.3: cold 80-88 ms against 26-31 ms, 2.73-3.29x, MET in four), then
+  builds that frame out of sight until the answer is in (laid out and painted
+  empty while the answer came, it held the answer back 15-30 ms) and clones its
+  rows from one (~5.4 -> ~2.8 ms): 0.86-0.93x the page before in one harness
+  (both pages and this floor rotating, 25 rounds, load 5-11); three runs at load
+  8.7-10.2: 2.15-2.82x. Main at load 0.9-1.5 then: cold 71-78 ms against
+  26-31 ms, 2.51-2.88x, four runs MET.
+- Where a cold page's main thread goes (its own CPU time in a Chromium trace,
+  tdur, which the load does not inflate: ~47 ms to the ready mark): the
+  navigation's commit ~5 ms, app.js ~7 (its fetch ~2), two frames before the
+  answer ~8.5 (the header's, and the load event's style and layout with
+  uPlot's evaluation), the answer's table ~3 and chart ~13 (uPlot's functions
+  compiled as it first calls them, its drawing, the style recalculation it
+  forces) and JSON, small tasks ~5; the manager spends ~6-8 ms of CPU on the
+  answer (half of it the curves: each trial's reports, and whether a trial
+  outranks the best chosen one). The renderer uses as much CPU in all per load
+  as the floor's (~170 ms, most of it Chromium's own: a new renderer process per
+  navigation). Three runs at load 9-10 then: cold 97, 100, 149 ms against
+  floors of 49, 41, 55 ms: 1.97x, 2.44x (2.96x round by round), 2.70x (2.33x),
+  all MET; painted 0.60-1.05x the floor's.
+- Tried and dropped: asking for the first view's data from a script at the top
+  of the page's head (up to 10-15 ms before app.js would; twice, the second
+  time with the head script making every first view's URL for app.js, and no
+  more main-thread CPU: 43.0 against 42.5 ms): under load the answer came no
+  sooner (the manager waits for a core the renderer holds) and then waited for
+  the renderer's own work: 0.99-1.13x, then 1.04-1.37x in five races at load
+  8-14. uPlot inlined: slower. A larger SQLite cache: no gain.
+  uPlot with V8's compile hint (//# allFunctionsCalledOnLoad: every function
+  compiled on a second thread as it downloads): the main thread's CPU time to
+  ready 42.2 against 46.8 ms, but that compile took cores from app.js before
+  the data was asked for (the request left 7-14 ms later): 1.07-1.16x in five
+  of six races at load 9-15 (0.89x in one; main against itself: 1.035x);
+  twelve runs of this bench with it, load 8-13: 2.05-4.76x, MET in six. uPlot
+  loaded only once the first view had asked: 1.14x (the curves waited for it).
+  On app.js too: more main-thread CPU (47.5 against 43.5 ms; inline, it
+  compiles there). The header hidden with the view until the answer: no less
+  CPU (43.6 against 42.6 ms). The curves' reports in one query for all trials:
+  1.85-1.95 ms either way (the time is in each record's Python).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
