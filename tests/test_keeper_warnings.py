@@ -96,3 +96,23 @@ def test_the_manager_takes_warnings_only_as_a_few_lines_of_text(said, refused):
 
     rec = records.status_record("RUNNING", {"warnings": said}, "t1", 0)
     assert (records.record_problem(rec) is not None) == refused
+
+
+NO_FINAL_SCRIPT = """
+import trialkit
+trialkit.report_intermediate_result(trialkit.get_next_parameter()["x"])
+"""
+
+
+@pytest.mark.usefixtures("home")
+def test_trials_without_a_final_result_are_said_once_on_the_console(tmp_path):
+    """Code that reports no final result (Determined code under an NNI config, a forgotten call) leaves the tuner
+    ranking nothing: the console says so once, with what to call, however many trials do it."""
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2, 3]}}, NO_FINAL_SCRIPT,
+                        trialConcurrency=2, maxTrialNumber=3,
+                        tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}})
+    proc = start_cli("run", config)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    said = [line for line in out.splitlines() if "ended without a final result" in line]
+    assert len(said) == 1 and ": warning: " in said[0] and "report_final_result" in said[0], out

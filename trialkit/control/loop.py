@@ -86,6 +86,10 @@ ASSESSOR_STOP = (EARLY_STOPPED, "stopped early by the assessor")
 TIMEOUT_STOP = (FAILED, "timeout: ran past maxTrialDuration")
 DURATION_STOP = (SYS_CANCELED, "maxExperimentDuration reached")
 UNHEARD = "its keeper has not reached the manager"
+# Said once (_warn_once): a trial without a final result teaches the tuner nothing, and none can be the best.
+NO_FINAL = ("it ended without a final result, so the tuner learns nothing from it and it cannot be the best trial: "
+            "report one with nni.report_final_result or trialkit.report_final_result; Determined code reports the "
+            "validation metric its Determined config's searcher.metric names (run that config)")
 # The reason of a trial that waited when a user stopped the experiment: it ran nothing, and waits still.
 # A second SIGINT/SIGTERM sooner than this is the first one delivered twice (no hand presses Ctrl-C twice so
 # fast); only a later one is "again": kill now.
@@ -174,7 +178,7 @@ class Loop:
         self.elapsed_before = elapsed
         self.started = time.monotonic()
         self.unseeded_said = False  # the note that this platform cannot copy checkpoints was given
-        self.keeper_warnings: set = set()  # the keepers' start warnings printed (_keeper_warnings): each once
+        self.warned: set = set()  # the warnings printed on the console (_warn_once): each once
         self.checkpoint_store: Any = None  # the object store of checkpoints, opened for a first copy (_seed_in_store)
         # Which checkpoints stay (checkpointStorage's retention), applied as each trial run ends.
         self.retention = (Collector(store, experiment_id, config.to_dict(), self.progress.say)
@@ -391,13 +395,16 @@ class Loop:
         self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note)
 
     def _keeper_warnings(self, trial: Trial, said: List[str]) -> None:
-        """What its keeper warned of at its start (a pipe in the command, a grace the runtime cuts short), on the
-        experiment's console where the user looks, each line once: the first trial that says it names it, the
-        hundred after it with the same command say nothing more."""
+        """What its keeper warned of at its start (a pipe in the command, a grace the runtime cuts short)."""
         for line in said:
-            if line not in self.keeper_warnings:
-                self.keeper_warnings.add(line)
-                self.progress.say(f"trial {trial.id}: warning: {line}")
+            self._warn_once(trial, line)
+
+    def _warn_once(self, trial: Trial, line: str) -> None:
+        """A warning on the experiment's console, where the user looks, once: the first trial that gives cause names
+        it, the hundred after it with the same cause say nothing more."""
+        if line not in self.warned:
+            self.warned.add(line)
+            self.progress.say(f"trial {trial.id}: warning: {line}")
 
     def _assess(self, trial: Trial, final_here: bool) -> None:
         """The assessor sees the trial's steps; it stops the trial unless its final result is in, or came with
@@ -459,8 +466,10 @@ class Loop:
             status, reason = self._stopped(trial, status)
         elif status == PREEMPTED and not self._checkpointed(trial, status):  # a pod deleted, a pool's preemption
             reason = f"{reason}; {NO_CHECKPOINT}" if reason else NO_CHECKPOINT
-        if status == SUCCEEDED and not trial.has_final and not reason:
-            reason = "; ".join(filter(None, ("ended without reporting a final result", trial.note)))
+        if status == SUCCEEDED and not trial.has_final:
+            self._warn_once(trial, NO_FINAL)
+            if not reason:
+                reason = "; ".join(filter(None, ("ended without reporting a final result", trial.note)))
         reason = reason or trial.note
         self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
         trial.status, trial.reason, trial.exit_code = status, reason, exit_code
