@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlsplit
 
@@ -31,6 +32,7 @@ from trialkit.manager.store import Store
 from trialkit.statuses import USER_CANCELED
 from trialkit.web import install
 from trialkit.web.address import page_token
+from web_util import config as web_config
 from web_util import fill
 
 HOLD = """
@@ -428,3 +430,34 @@ def test_the_first_runs_page_address_opens_the_resumed_experiments_page_and_tria
         assert ask().status_code == 200
     finally:
         assert signal_and_wait(ui, signal.SIGTERM, 30) == 0  # a service manager's stop ends it as Ctrl-C does
+
+
+def test_the_tuners_budget_is_a_column_and_an_axis_and_pbts_dirs_are_not(tmp_path):
+    """Hyperband's and BOHB's TRIAL_BUDGET is not in the search space but is what NNI users read results by: the
+    page lists it beside the space's parameters (table columns, hyperparameter axes); PBT's checkpoint paths are
+    not hyperparameters and stay out."""
+    store = Store.in_dir(tmp_path / "exp")
+    store.create_experiment("hb", web_config())
+    for sequence, budget in enumerate((1, 3, 9)):
+        trial_id = f"hb-{sequence:05d}"
+        store.add_trial("hb", trial_id, sequence=sequence, token=None, parameters={
+            "lr": 0.01, "batch": 16, "optimizer": "sgd", "TRIAL_BUDGET": budget,
+            "load_checkpoint_dir": "/c/0/0", "save_checkpoint_dir": "/c/0/0"})
+        store.add_records(trial_id, [{"seq": 1, "type": "FINAL", "parameter_id": sequence, "value": budget / 10},
+                                     {"seq": 2, "type": "STATUS", "time": time.time(),
+                                      "value": {"status": "SUCCEEDED", "exit_code": 0}}])
+    server = ManagerServer(store).start()
+    install(server, store, admin_token="tok", read_only=True)
+    try:
+        def answer(route: str) -> Dict[str, Any]:
+            got = requests.get(f"{server.url}/api/ui/experiments/hb{route}", timeout=10,
+                               headers={"Authorization": f"Bearer {page_token('tok')}"})
+            assert got.status_code == 200, got.text
+            return got.json()
+        assert answer("")["parameters"] == ["lr", "batch", "optimizer", "TRIAL_BUDGET"]
+        hyper = answer("/hyper")
+        assert hyper["parameters"][-1] == "TRIAL_BUDGET" and hyper["columns"]["TRIAL_BUDGET"] == [1, 3, 9]
+        assert answer("/trials")["rows"][0]["parameters"]["TRIAL_BUDGET"] == 1
+    finally:
+        server.stop()
+        store.close()

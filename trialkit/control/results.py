@@ -238,6 +238,15 @@ def metrics_of(values: Iterable[Any]) -> List[Metric]:
             for name in ordered_names(key_of)]
 
 
+def shown_parameters(space: Iterable[str], params: Dict[str, Any]) -> List[str]:
+    """The parameters the faces show and draw: the search space's, then those the tuner added that are numbers
+    (Hyperband's and BOHB's TRIAL_BUDGET, the results per budget NNI users look for), not the paths it hands the
+    trial (PBT's checkpoint dirs)."""
+    names = list(space)
+    return names + [key for key, value in params.items() if key not in names and isinstance(value, (int, float))
+                    and not isinstance(value, bool)]
+
+
 def ordered_names(names: Iterable[str]) -> List[str]:
     """Metric names (records.scalars') as first seen, but the one a user looks at first first ("default", else
     the first validation metric: the searcher's) and Determined's validation metrics before the other groups'."""

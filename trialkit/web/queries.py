@@ -79,17 +79,17 @@ def experiment_name(path: Path, experiment_id: str) -> Optional[str]:
 
 
 def parameter_names(db: sqlite3.Connection, experiment_id: str, config: Mapping[str, Any]) -> List[str]:
-    """The search space's keys, else those of the first trial's parameters."""
-    space = config.get("searchSpace")
-    if isinstance(space, dict) and space:
-        return list(space)
+    """The search space's keys and the numbers the tuner added (results.shown_parameters), else the first
+    trial's parameters' keys."""
     row = db.execute("SELECT parameters FROM trials WHERE experiment=? ORDER BY sequence LIMIT 1",
                      (experiment_id,)).fetchone()
     try:
         params = json.loads(row[0]) if row else {}
     except ValueError:
-        return []
-    return list(params) if isinstance(params, dict) else []
+        params = {}
+    params = params if isinstance(params, dict) else {}
+    space = config.get("searchSpace")
+    return results.shown_parameters(space, params) if isinstance(space, dict) and space else list(params)
 
 
 def _ranked(db: sqlite3.Connection, experiment_id: str, mode: str) -> List[sqlite3.Row]:
