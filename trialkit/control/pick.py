@@ -33,6 +33,7 @@ class Picker:
         self.tuner = tuner
         self.wake = wake  # called from the proposal's thread once it is done
         self._thread: Optional[threading.Thread] = None
+        self._done = threading.Event()  # the proposal's work is over (its thread may not have returned yet)
         self._answer: Proposal = None
         self._ready = False  # _answer is a finished proposal not yet handed over
         self._error: Optional[BaseException] = None
@@ -41,11 +42,11 @@ class Picker:
     def ask(self) -> Any:
         """The tuner's next proposal (None: none now or ever, as Tuner.ask), or THINKING while it computes it."""
         if self._thread is None and not self._ready:
+            self._done.clear()
             self._thread = threading.Thread(target=self._propose, name="trialkit-tuner", daemon=True)
             self._thread.start()
         if self._thread is not None:
-            self._thread.join(QUICK_SECONDS)
-            if self._thread.is_alive():
+            if not self._done.wait(QUICK_SECONDS):
                 return THINKING
             self.settle()
         answer, self._answer, self._ready = self._answer, None, False
@@ -54,9 +55,9 @@ class Picker:
     def settle(self) -> None:
         """Once the proposal's thread is done: tell the tuner what was held for it; a tuner's error is raised
         here, on the loop's thread, as a proposal computed there would raise it."""
-        if self._thread is None or self._thread.is_alive():
+        if self._thread is None or not self._done.is_set():
             return
-        self._thread.join()
+        self._thread.join()  # at once: its work is over
         self._thread = None
         held, self._held = self._held, []
         for call, args in held:
@@ -79,6 +80,7 @@ class Picker:
             pass
         except BaseException as err:  # noqa: BLE001 - raised on the loop's thread (settle)
             self._error = err
+        self._done.set()
         self.wake()
 
     def _tell(self, call: Callable[..., None], *args: Any) -> None:
