@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import queue
 import signal
+import subprocess
 import threading
 import time
-from typing import List
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Tuple
 
 import pytest
 
@@ -65,6 +68,24 @@ def test_what_the_loop_tells_the_tuner_during_a_proposal_is_told_after_it_and_th
     picker.close()
 
 
+@contextmanager
+def running(config: Path) -> Iterator[Tuple[subprocess.Popen, str, Lines]]:
+    """`trialkit run CONFIG`: its process, the experiment's id and its lines; after, nothing of it left running
+    (its stderr in lines.err)."""
+    proc = start_cli("run", config)
+    exp = experiment_id(proc.stdout.readline())
+    lines = Lines(proc)
+    try:
+        yield proc, exp, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        lines.reader.join()
+        lines.err = proc.stderr.read()
+        proc.stdout.close(), proc.stderr.close()
+
+
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
@@ -77,6 +98,7 @@ class Lines:
     def __init__(self, proc):
         self.queue: "queue.SimpleQueue[str]" = queue.SimpleQueue()
         self.seen: List[str] = []
+        self.err = ""  # the run's stderr, once it ended
         self.reader = threading.Thread(target=lambda: [self.queue.put(line.rstrip("\n")) for line in proc.stdout])
         self.reader.start()
 
@@ -96,10 +118,7 @@ class Lines:
 def test_ctrl_c_and_a_trial_end_are_seen_while_the_gp_thinks(tmp_path):
     config = experiment(tmp_path, SPACE, TRIAL.format(first=str(tmp_path / "first"), other="time.sleep(3)"),
                         trialConcurrency=2, maxTrialNumber=6, tuner={"name": "GPTuner", "classArgs": SLOW_GP})
-    proc = start_cli("run", config)
-    exp = experiment_id(proc.stdout.readline())
-    lines = Lines(proc)
-    try:
+    with running(config) as (proc, exp, lines):
         assert lines.until(" SUCCEEDED ", 60), lines.seen  # the first trial: the pick begins
         # The other trial ends 3 s later, while the GP thinks: said then, not once the pick is done.
         assert lines.until(" SUCCEEDED ", 20), lines.seen
@@ -110,13 +129,7 @@ def test_ctrl_c_and_a_trial_end_are_seen_while_the_gp_thinks(tmp_path):
         acknowledged = time.monotonic() - sent
         proc.wait(timeout=20)  # nothing runs: the run ends, the pick abandoned
         ended = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        lines.reader.join()
-        err = proc.stderr.read()
-        proc.stdout.close(), proc.stderr.close()
+    err = lines.err
     assert acknowledged < 2.0, (acknowledged, lines.seen)  # a fraction of a second when the machine is idle
     assert ended < 10.0 and proc.returncode == 0, (ended, proc.returncode, lines.seen, err)
     # The pick was still running at the Ctrl-C (no third trial), and its proposal was recorded nowhere.
@@ -129,10 +142,7 @@ def test_a_second_ctrl_c_while_the_gp_thinks_kills_the_running_trial_at_once(tmp
     config = experiment(tmp_path, SPACE, TRIAL.format(first=str(tmp_path / "first"), other=stubborn),
                         trialConcurrency=2, maxTrialNumber=6, trialGraceSeconds=60,
                         tuner={"name": "GPTuner", "classArgs": SLOW_GP})
-    proc = start_cli("run", config)
-    exp = experiment_id(proc.stdout.readline())
-    lines = Lines(proc)
-    try:
+    with running(config) as (proc, exp, lines):
         assert lines.until(" SUCCEEDED ", 60), lines.seen  # the first trial: the pick begins, the other runs
         time.sleep(1)
         proc.send_signal(signal.SIGINT)
@@ -144,13 +154,7 @@ def test_a_second_ctrl_c_while_the_gp_thinks_kills_the_running_trial_at_once(tmp
         acknowledged = time.monotonic() - sent
         proc.wait(timeout=30)
         ended = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        lines.reader.join()
-        err = proc.stderr.read()
-        proc.stdout.close(), proc.stderr.close()
+    err = lines.err
     assert acknowledged < 2.0 and ended < 10.0 and proc.returncode == 0, (acknowledged, ended, lines.seen, err)
     # killed, as documented; no third trial (either of the two may have been the first to start)
     assert sorted((row["status"], row["reason"]) for row in export(exp)) == [
