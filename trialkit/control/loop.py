@@ -1,11 +1,12 @@
 """The experiment loop: ask the tuner, submit trials, act on what they report.
 
 One thread owns every piece of state (tuner, assessor, trials, platform
-calls); the rest reaches it through one queue:
+calls; the tuner computes a proposal on a thread of its own, trialkit.control.pick,
+while the loop holds what it tells it); the rest reaches it through one queue:
   - the manager's server (its loop) puts the records it stored (`stored`:
     FINAL -> tuner, PERIODICAL -> assessor -> a graceful stop through the platform);
   - the platform's threads put trial ends (`on_end`; local: the keeper exited);
-  - signal handlers put SIGTERM/SIGINT; the admin routes and the page put
+  - signal handlers put SIGTERM/SIGINT; a finished proposal wakes the loop; the admin routes and the page put
     actions of the table (trialkit.control.actions) to run here (`perform`).
 A trial's end is seen the moment its keeper exits and the next trial is
 submitted in the same pass. A platform status sweep every few seconds is only
@@ -42,6 +43,7 @@ from trialkit.checkpoints import STORE_FAILED_EXIT
 from trialkit.control.assessors import build_assessor
 from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config
+from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE, JobQueue, goes_before, label
 from trialkit.control.results import metric_value, rank
@@ -158,8 +160,10 @@ class Loop:
         self.store = store
         self.progress = Progress(out)
         self.events: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()  # put() is safe in a signal handler
-        self.tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
-                                 seed=experiment_seed(experiment_id), experiment_dir=str(self.experiment_dir))
+        # asked on a thread of its own: a tuner that thinks for seconds holds up no Ctrl-C or trial end
+        self.tuner = Picker(build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
+                                        seed=experiment_seed(experiment_id), experiment_dir=str(self.experiment_dir)),
+                            lambda: self.events.put(("picked",)))
         self.assessor = build_assessor(config.assessor.name, config.assessor.class_args) if config.assessor else None
         # What a trial's steps hold: what its assessor judges of each intermediate result.
         self.step_value = self.assessor.step_value if self.assessor else metric_value
@@ -190,6 +194,12 @@ class Loop:
     # -- the loop ----------------------------------------------------------------------------
     def serve(self) -> None:
         """Submit and listen until no trial runs and none is left to start."""
+        try:
+            self._serve()
+        finally:
+            self.tuner.close()  # a proposal in progress is abandoned: the run needs it no more
+
+    def _serve(self) -> None:
         last_backstop = time.monotonic()
         disk = self.manager.server.disk
         while True:
@@ -308,6 +318,8 @@ class Loop:
                 trial.held = event[2]
         elif kind == "signal":
             self._on_signal(event[1])
+        elif kind == "picked":
+            self.tuner.settle()  # what it was told meanwhile; the proposal waits for the next _fill
         elif kind == "action":
             _, action, trial_id, body, reply = event
             try:
@@ -630,6 +642,8 @@ class Loop:
         head = self.queue.head()
         if (head is None or goes_before(self.config.priority, self.queue.priority(head))) and self._may_create():
             asked = self.tuner.ask()
+            if asked is THINKING:
+                return None  # its proposal wakes the loop ("picked"); the queue's head waits behind it
             if asked is not None:
                 return self._create(*asked)
             if not self.tuner.waiting:  # else it proposes again once a running trial ends (a round, a generation)
@@ -760,7 +774,8 @@ class Loop:
             tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
                                 seed=experiment_seed(self.experiment_id), experiment_dir=str(self.experiment_dir))
             self.replay(tuner)
-            self.tuner, self.exhausted = tuner, False
+            self.tuner.close()  # a proposal of the old space is not wanted
+            self.tuner, self.exhausted = Picker(tuner, self.tuner.wake), False
         self.config = config
         self.store.set_experiment_config(self.experiment_id, config.to_dict())
 

@@ -79,6 +79,10 @@ def check_args(args: Any, spec: Mapping[str, Checker], where: str) -> Dict[str, 
     return {key: spec[key](value, schema.path(where, key)) for key, value in args.items()}
 
 
+class Abandoned(Exception):
+    """A tuner's proposal stopped before it was done: the run that asked for it ended (Tuner.abandon)."""
+
+
 def derived_seed(seed: int, parameter_id: int) -> int:
     """The seed of proposal `parameter_id` (numpy's and optuna's range): what one proposal draws depends on
     nothing another drew, so a resumed tuner never draws the first run's numbers again."""
@@ -112,6 +116,7 @@ class Tuner:
         self._tried: Set[str] = set()  # every point handed out or replayed (point_key)
         self._grid: Optional[Iterator[Dict[str, Any]]] = None  # a finite space's points, from the first untried
         self._deduplicate: bool = class_args.get("deduplicate", True)
+        self._abandoned = False  # set from the loop's thread while ask() runs on another (trialkit.control.pick)
 
     @classmethod
     def check_space(cls, space: SearchSpace) -> None:
@@ -140,6 +145,16 @@ class Tuner:
         self._params[parameter_id] = params
         self._tried.add(point_key(params))
         return parameter_id, copy.deepcopy(params)
+
+    def abandon(self) -> None:
+        """No proposal is wanted any more (the run ends): an ask() in progress ends at its tuner's next
+        `_check_abandoned` with Abandoned, handing out nothing."""
+        self._abandoned = True
+
+    def _check_abandoned(self) -> None:
+        """Where a long proposal can stop (between the GP's L-BFGS-B starts)."""
+        if self._abandoned:
+            raise Abandoned()
 
     @property
     def waiting(self) -> bool:
