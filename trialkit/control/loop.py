@@ -41,7 +41,7 @@ from trialkit import __version__, records, statuses
 from trialkit.checkpoints import STORE_FAILED_EXIT
 from trialkit.control.assessors import build_assessor
 from trialkit.control.checkpoints import Collector, open_store
-from trialkit.control.config import ExperimentConfig, parse_config
+from trialkit.control.config import ExperimentConfig, parse_config, trials_experiment_dir
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE, JobQueue, goes_before, label
 from trialkit.control.results import metric_value, rank
@@ -155,7 +155,8 @@ class Loop:
         self.progress = Progress(out)
         self.events: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()  # put() is safe in a signal handler
         self.tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
-                                 seed=experiment_seed(experiment_id), experiment_dir=str(self.experiment_dir))
+                                 seed=experiment_seed(experiment_id),
+                                 experiment_dir=trials_experiment_dir(config, self.experiment_dir))
         self.assessor = build_assessor(config.assessor.name, config.assessor.class_args) if config.assessor else None
         # What a trial's steps hold: what its assessor judges of each intermediate result.
         self.step_value = self.assessor.step_value if self.assessor else metric_value
@@ -749,7 +750,8 @@ class Loop:
             raise HttpError(400, str(err)) from None
         if "searchSpace" in changes:
             tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
-                                seed=experiment_seed(self.experiment_id), experiment_dir=str(self.experiment_dir))
+                                seed=experiment_seed(self.experiment_id),
+                                experiment_dir=trials_experiment_dir(config, self.experiment_dir))
             self.replay(tuner)
             self.tuner, self.exhausted = tuner, False
         self.config = config
