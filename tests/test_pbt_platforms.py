@@ -15,6 +15,7 @@ import k8s_schemas
 from experiment_util import cli
 from trialkit.control.config import parse_config, trials_experiment_dir
 from trialkit.control.loop import Loop
+from trialkit.errors import UserError
 from trialkit.manager.store import Store
 
 # NNI's mnist-pbt-tuner-pytorch config (its classArgs) on kubeflow.
@@ -140,6 +141,33 @@ def test_the_loops_pbt_tuner_puts_its_default_under_the_mount_and_a_local_one_un
             assert posixpath.dirname(loop.tuner.ask()[1]["save_checkpoint_dir"]) == root + "/0"
     finally:
         store.close()
+
+
+def ray_pbt(address: str, extra: str = "") -> dict:
+    text = (NNI_PBT % "").split("trainingService:")[0] + extra
+    return {**yaml.safe_load(text), "trainingService": {"platform": "ray", "address": address}}
+
+
+@pytest.mark.parametrize("address", ["10.20.30.40:6379", "ray://head.example.com:10001"])
+def test_pbt_on_a_ray_cluster_elsewhere_needs_a_shared_dir_or_an_object_store(tmp_path, address):
+    """Ray's trials keep their dirs at this machine's paths on their own node: a remote node's are its disk's."""
+    with pytest.raises(UserError) as refused:
+        parse_config(ray_pbt(address), tmp_path)
+    assert str(refused.value) == (
+        "trainingService.address: PBT on a ray cluster elsewhere: its nodes do not see this machine's experiment "
+        "dir, where PBT's checkpoints go by default (set all_checkpoint_dir to a directory every node mounts at the "
+        "same path, or put checkpointStorage in an object store (s3, gcs, azure))")
+    parse_config(ray_pbt(address, S3), tmp_path)
+    shared = {"tuner": {"name": "PBT", "classArgs": {"all_checkpoint_dir": "/mnt/efs/pbt"}}}
+    given = parse_config({**ray_pbt(address), **shared}, tmp_path)
+    assert given.tuner.class_args["all_checkpoint_dir"] == "/mnt/efs/pbt"
+
+
+@pytest.mark.parametrize("address", ["auto", "127.0.0.1:6379", "ray://localhost:10001"])
+def test_pbt_on_a_ray_cluster_on_this_machine_keeps_the_experiment_dirs_default(tmp_path, address):
+    config = parse_config(ray_pbt(address), tmp_path)
+    assert trials_experiment_dir(config, tmp_path / "exp1") == str(tmp_path / "exp1")
+    assert not any("PBT" in note for note in config.notes)
 
 
 @pytest.mark.parametrize("searcher, words", [

@@ -308,13 +308,24 @@ def pbt_checkpoints(tuner: AlgorithmConfig, platform: str, platform_config: Any,
     run on machines of their own says where they share files (`shared_dirs`: a Kubernetes platform's NFS or
     Azure File mount): the dir must be under one, and trials_experiment_dir puts the default there. Without
     one, only code that keeps its state in trialkit.checkpoint_dir() can go on from another trial's
-    checkpoint, through an object store's copy. Local and Ray trials see this machine's experiment dir (Ray's
-    trial dirs are there too)."""
-    shared_dirs = getattr(platforms.load(platform), "shared_dirs", None)
-    if tuner.name != "PBT" or shared_dirs is None:
+    checkpoint, through an object store's copy. Local trials see this machine's experiment dir, where the
+    default goes, and so do a Ray cluster's on this machine (trials_see_this_machine); a remote one's need a
+    given dir or the object store."""
+    module = platforms.load(platform)
+    if tuner.name != "PBT":
+        return []
+    given = tuner.class_args.get("all_checkpoint_dir")
+    stored = storage is not None and storage.store is not None
+    sees_here = getattr(module, "trials_see_this_machine", None)  # Ray: a cluster on this machine
+    if sees_here is not None and not sees_here(platform_config) and given is None and not stored:
+        raise UserError(f"PBT on a {platform} cluster elsewhere: its nodes do not see this machine's experiment dir, "
+                        "where PBT's checkpoints go by default", "trainingService.address",
+                        "set all_checkpoint_dir to a directory every node mounts at the same path, or put "
+                        "checkpointStorage in an object store (s3, gcs, azure)")
+    shared_dirs = getattr(module, "shared_dirs", None)
+    if shared_dirs is None:
         return []
     mounts = [os.path.normpath(mount) for mount in shared_dirs(platform_config)]
-    given = tuner.class_args.get("all_checkpoint_dir")
     if given is not None:
         if not any(os.path.commonpath([os.path.normpath(given), mount]) == mount for mount in mounts):
             raise UserError(f"all_checkpoint_dir {given} is on no volume the {platform} pods mount: each pod would "
@@ -325,7 +336,7 @@ def pbt_checkpoints(tuner: AlgorithmConfig, platform: str, platform_config: Any,
         return []
     if mounts:
         return []
-    if storage is not None and storage.store is not None:
+    if stored:
         return [f"PBT on {platform} without a shared volume: a trial goes on from another's checkpoint through "
                 "trialkit.checkpoint_dir() (the checkpointStorage copy); NNI's load_checkpoint_dir and "
                 "save_checkpoint_dir are on no volume the pods share (add nfs: to trainingService for them)"]
