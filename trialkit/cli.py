@@ -106,6 +106,7 @@ def cmd_render(opts: argparse.Namespace) -> int:
     import yaml
 
     from trialkit import platforms
+    from trialkit.control.config import trials_experiment_dir
     from trialkit.control.specs import build_spec
     from trialkit.control.tuners import build_tuner
     from trialkit.platforms.kubernetes import kueue
@@ -118,7 +119,9 @@ def cmd_render(opts: argparse.Namespace) -> int:
     if opts.trial >= min(config.max_trial_number or RENDER_LIMIT, RENDER_LIMIT):
         raise UserError(f"trial {opts.trial} is past what render proposes (the tuner is asked once a trial up to it)",
                         "--trial", f"pick a number below {min(config.max_trial_number or RENDER_LIMIT, RENDER_LIMIT)}")
-    tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space, seed=0)
+    experiment_dir = paths.experiments_root(config.experiment_working_directory) / RENDER_EXPERIMENT_ID
+    tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space, seed=0,
+                        experiment_dir=trials_experiment_dir(config, experiment_dir))
     asked = None
     for _ in range(opts.trial + 1):
         asked = tuner.ask()

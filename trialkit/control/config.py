@@ -235,6 +235,8 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
              for name, key, value_check, default in _plain_keys(base)}
     inputs = (service, template, manager_ip, code_dir, gpus, priority, command)
     platform = _FAILED if _FAILED in inputs else check(_platform, c, base, *inputs, default=_FAILED)
+    pbt_notes = [] if _FAILED in (tuner, platform, plain["checkpoint_storage"]) else check(
+        pbt_checkpoints, tuner, platform[0]["platform"], platform[1], plain["checkpoint_storage"], default=[])
     schema.raise_reported()
     section, platform_config, priority, notes = platform
     return ExperimentConfig(
@@ -249,7 +251,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
         nni_manager_ip=manager_ip,
         trial_template=template,
         priority=DEFAULT_PRIORITY if priority is None else priority,
-        notes=tuple(notes + ignored),
+        notes=tuple(notes + ignored + pbt_notes),
         **plain,
     )
 
@@ -298,6 +300,59 @@ def _platform(c: Mapping[str, Any], base: Path, service: Any, template: Optional
         notes.append("useActiveGpu: true without trialGpuNumber: no GPU is scheduled, as in NNI (each trial "
                      "sees this machine's GPUs as they are); add trialGpuNumber to give each trial its own")
     return section, platform_config, priority, notes
+
+
+def pbt_checkpoints(tuner: AlgorithmConfig, platform: str, platform_config: Any,
+                    storage: Optional[CheckpointStorage]) -> List[str]:
+    """PBT's all_checkpoint_dir where every trial sees it (notes on it, or UserError). A platform whose trials
+    run on machines of their own says where they share files (`shared_dirs`: a Kubernetes platform's NFS or
+    Azure File mount): the dir must be under one, and trials_experiment_dir puts the default there. Without
+    one, only code that keeps its state in trialkit.checkpoint_dir() can go on from another trial's
+    checkpoint, through an object store's copy. Local trials see this machine's experiment dir, where the
+    default goes, and so do a Ray cluster's on this machine (trials_see_this_machine); a remote one's need a
+    given dir or the object store."""
+    module = platforms.load(platform)
+    if tuner.name != "PBT":
+        return []
+    given = tuner.class_args.get("all_checkpoint_dir")
+    stored = storage is not None and storage.store is not None
+    sees_here = getattr(module, "trials_see_this_machine", None)  # Ray: a cluster on this machine
+    if sees_here is not None and not sees_here(platform_config) and given is None and not stored:
+        raise UserError(f"PBT on a {platform} cluster elsewhere: its nodes do not see this machine's experiment dir, "
+                        "where PBT's checkpoints go by default", "trainingService.address",
+                        "set all_checkpoint_dir to a directory every node mounts at the same path, or put "
+                        "checkpointStorage in an object store (s3, gcs, azure)")
+    shared_dirs = getattr(module, "shared_dirs", None)
+    if shared_dirs is None:
+        return []
+    mounts = [os.path.normpath(mount) for mount in shared_dirs(platform_config)]
+    if given is not None:
+        if not any(os.path.commonpath([os.path.normpath(given), mount]) == mount for mount in mounts):
+            raise UserError(f"all_checkpoint_dir {given} is on no volume the {platform} pods mount: each pod would "
+                            "see only its own", "tuner.classArgs.all_checkpoint_dir",
+                            f"put it under {mounts[0]}, the shared volume's containerMountPath, or leave it out"
+                            if mounts else "add nfs: {server, path, containerMountPath} to trainingService and put "
+                            "it under containerMountPath, or leave it out")
+        return []
+    if mounts:
+        return []
+    if stored:
+        return [f"PBT on {platform} without a shared volume: a trial goes on from another's checkpoint through "
+                "trialkit.checkpoint_dir() (the checkpointStorage copy); NNI's load_checkpoint_dir and "
+                "save_checkpoint_dir are on no volume the pods share (add nfs: to trainingService for them)"]
+    raise UserError(f"PBT on {platform} needs its checkpoints on a volume every trial pod mounts, and it mounts none",
+                    "trainingService", "add nfs: {server, path, containerMountPath}, under which all_checkpoint_dir "
+                    "then defaults; or put checkpointStorage in an object store (s3, gcs, azure) for code that keeps "
+                    "its state in trialkit.checkpoint_dir()")
+
+
+def trials_experiment_dir(config: ExperimentConfig, experiment_dir: Union[str, Path]) -> str:
+    """The experiment's dir as its trials see it, for what they read and write by path (PBT's default
+    all_checkpoint_dir, build_tuner's experiment_dir): this machine's, or on a platform with a shared volume
+    <mount>/trialkit/<experiment id> there (as NNI keeps an experiment's files under <mount>/nni/<id>)."""
+    shared_dirs = getattr(platforms.load(config.platform), "shared_dirs", None)
+    mounts = shared_dirs(config.training_service) if shared_dirs is not None else ()
+    return os.path.join(mounts[0], "trialkit", Path(experiment_dir).name) if mounts else str(experiment_dir)
 
 
 _UNSUPPORTED_FOLDS = {schema.fold(k): why for k, why in UNSUPPORTED.items()}

@@ -51,6 +51,15 @@ DETERMINED_SEARCHER_KEYS = ("budget", "explore_function", "length_per_round", "n
                             "population_size", "replace_function", "source_checkpoint_uuid", "source_trial_id",
                             "stop_once", "unit")
 DETERMINED_SEARCHERS = ("adaptive", "adaptive_simple", "async_halving", "custom", "manual", "pbt", "sync_halving")
+# What trialkit has for a Determined searcher it does not take, after the list of those it does.
+INSTEAD_OF = {
+    "pbt": ", or trialkit's PBT tuner: a trialkit config (NNI's keys) with tuner: {name: PBT, classArgs: "
+           "{population_size: 10}} and your entrypoint as trialCommand runs your Core API code unchanged, "
+           "latest_checkpoint naming the checkpoint each trial goes on from",
+    "async_halving": " (adaptive_asha is asynchronous successive halving)",
+    **dict.fromkeys(("adaptive", "adaptive_simple", "sync_halving"),
+                    ", or trialkit's Hyperband tuner (tuner: {name: Hyperband} in a trialkit config)"),
+}
 LENGTH_UNITS = ("batches", "epochs", "records")
 DEFAULT_CONCURRENCY = 16  # Determined's max_concurrent_trials for random and grid
 DEFAULT_MAX_RESTARTS = 5  # Determined's
@@ -411,7 +420,7 @@ def _searcher(section: Any) -> Dict[str, Any]:
         raise schema.unknown("searcher", name, SEARCHERS, "searcher.name")
     if name not in SEARCHERS:
         raise UserError(f"Determined's {name!r} searcher is not supported by trialkit", "searcher.name",
-                        f"use {', '.join(SEARCHERS)}; {GUIDE}")
+                        f"use {', '.join(SEARCHERS)}{INSTEAD_OF.get(name, '')}; {GUIDE}")
     for key in sec:
         if key not in SEARCHER_KEYS[name]:
             schema.report(_refused_key(key, sec, "searcher", SEARCHER_KEYS[name], _SEARCHER_ALL_KEYS,

@@ -42,7 +42,7 @@ from trialkit import __version__, records, statuses
 from trialkit.checkpoints import STORE_FAILED_EXIT
 from trialkit.control.assessors import build_assessor
 from trialkit.control.checkpoints import Collector, open_store
-from trialkit.control.config import ExperimentConfig, parse_config
+from trialkit.control.config import ExperimentConfig, parse_config, trials_experiment_dir
 from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE, JobQueue, goes_before, label
@@ -162,7 +162,8 @@ class Loop:
         self.events: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()  # put() is safe in a signal handler
         # asked on a thread of its own: a tuner that thinks for seconds holds up no Ctrl-C or trial end
         self.tuner = Picker(build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
-                                        seed=experiment_seed(experiment_id), experiment_dir=str(self.experiment_dir)),
+                                        seed=experiment_seed(experiment_id),
+                                        experiment_dir=trials_experiment_dir(config, self.experiment_dir)),
                             lambda: self.events.put(("picked",)))
         self.assessor = build_assessor(config.assessor.name, config.assessor.class_args) if config.assessor else None
         # What a trial's steps hold: what its assessor judges of each intermediate result.
@@ -772,7 +773,8 @@ class Loop:
             raise HttpError(400, str(err)) from None
         if "searchSpace" in changes:
             tuner = build_tuner(config.tuner.name, config.tuner.class_args, config.search_space,
-                                seed=experiment_seed(self.experiment_id), experiment_dir=str(self.experiment_dir))
+                                seed=experiment_seed(self.experiment_id),
+                                experiment_dir=trials_experiment_dir(config, self.experiment_dir))
             self.replay(tuner)
             self.tuner.close()  # a proposal of the old space is not wanted
             self.tuner, self.exhausted = Picker(tuner, self.tuner.wake), False

@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import ipaddress
 import math
 import os
 import queue
@@ -143,6 +144,19 @@ def with_code_dir(config: RayConfig, code_dir: str) -> RayConfig:
     """The config with the experiment's trialCodeDirectory as the working dir, unless workingDir names one:
     known before the first trial, so check_ready ships it."""
     return config if config.working_dir else dataclasses.replace(config, working_dir=code_dir)
+
+
+def trials_see_this_machine(config: RayConfig) -> bool:
+    """Whether the trials' nodes see this machine's files at their paths (their trial dirs are paths here, and
+    so are PBT's checkpoints by default): a cluster on this machine (auto, a loopback address). A remote
+    cluster's nodes write to their own disks (the config layer's hook: control/config.py's pbt_checkpoints)."""
+    host = connect.parse_address(config.address, "trainingService.address").host
+    if host is None or host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: another machine, as far as a path can tell
 
 
 def actor_options(config: RayConfig) -> Dict[str, float]:

@@ -30,6 +30,7 @@ from trialkit.platforms.kubernetes.config import (
     parse_resources,
     parse_storage,
     resolve_paths,  # noqa: F401 - the config layer's hook: code dirs made absolute
+    shared_dirs,  # noqa: F401 - the config layer's hook: where PBT's checkpoints may go
     v1_common,
     v1_trial,
 )

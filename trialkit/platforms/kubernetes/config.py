@@ -551,6 +551,14 @@ def parse_nfs(nfs: Section) -> Optional[NfsMount]:
     return NfsMount(server=server, path=path, mount_path=mount_path) if server and path else None
 
 
+def shared_dirs(config: Any) -> Tuple[str, ...]:
+    """Where every trial pod of the experiment sees the same files: its NFS or Azure File share's mount path
+    (the config layer's hook: PBT's all_checkpoint_dir must be under one). A checkpoint claim is not one: each
+    trial has its own."""
+    common = config.common
+    return tuple(volume.mount_path for volume in (common.nfs, common.azure) if volume is not None)
+
+
 def manager_address(value: Any, where: str) -> str:
     """The address pods reach the manager at: never loopback; default: this machine's first other one."""
     if value is None:

@@ -28,6 +28,7 @@ from trialkit.platforms.kubernetes.config import (
     parse_role,
     parse_storage,
     resolve_paths,  # noqa: F401 - the config layer's hook: code dirs made absolute
+    shared_dirs,  # noqa: F401 - the config layer's hook: where PBT's checkpoints may go
     reporting_role,
     v1_common,
     v1_role,
