@@ -649,7 +649,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         lines.insert(4, f"gpus           {gpu_list(row['gpus'])}")
         if samples:
             lines.insert(5, f"gpu use        {gpu_use(samples[-1])} ({len(samples)} samples)")
-    lines += [f"  {when(h['time'])}  {h['status']:<13} {h['source']:<7} "
+    lines += [f"  {when(h['time'])}  {label(h['status']):<13} {h['source']:<7} "  # PAUSED, as the page says it
               + (f"exit {h['exit_code']} " if h["exit_code"] is not None else "") + (h["reason"] or "")
               for h in history]
     print("\n".join(line.rstrip() for line in lines))
