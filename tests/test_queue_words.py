@@ -16,12 +16,12 @@ import subprocess
 
 import pytest
 
-from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
+from experiment_util import experiment, experiment_id, reported, start_cli, trial_status
 from harness import wait_until
+from test_waiting_words import WAIT, end_failed_run, ok
 from trialkit import layout
 
 pytestmark = pytest.mark.usefixtures("home")
-WAIT = 60.0  # an upper bound for a loaded machine; never waited for on success
 
 # A stop (SIGTERM) ends it as a trial that saved its checkpoint ends: exit 143 (PREEMPTED).
 SCRIPT = """
@@ -40,25 +40,13 @@ def slot_words(exp: str) -> str:
             f"experiment update {exp} --trial-concurrency N` changes it)")
 
 
-def ok(*args) -> str:
-    done = cli(*args)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
 def ended(proc: subprocess.Popen, gate) -> int:
     """The run's exit status once its trials may end (the gate); a run left going is Ctrl-C'd, never left."""
     gate.touch()
     try:
         return proc.wait(timeout=WAIT * 2)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=WAIT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        end_failed_run(proc, gate)
 
 
 def two_running(tmp_path, home, gate):
