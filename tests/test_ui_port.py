@@ -14,7 +14,7 @@ import psutil
 import pytest
 import requests
 
-from experiment_util import experiment, experiment_id, reported, start_cli
+from experiment_util import cli, experiment, experiment_id, reported, start_cli
 from harness import signal_and_wait, wait_until
 
 HOLD = """
@@ -97,3 +97,18 @@ def test_a_resume_on_a_taken_port_says_where_it_serves_instead(held):
         assert urlsplit(url).port == now and answers(url) == 200
     finally:
         signal_and_wait(resumed, signal.SIGINT, 60)
+
+
+def test_a_detached_resume_on_a_taken_port_says_it_too(held):
+    exp, port, taken = held
+    done = cli("experiment", "resume", exp, "--detach")
+    try:
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0] == f"resumed experiment {exp}", lines
+        manager = lines[2].split()[1]
+        now = urlsplit(manager).port
+        assert now != port
+        assert lines[1] == f"{taken}; serving at http://127.0.0.1:{now} instead; --port N to choose"
+    finally:
+        assert cli("experiment", "stop", exp).returncode == 0
