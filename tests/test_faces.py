@@ -189,7 +189,9 @@ def test_a_running_experiment_job_list_show_page_and_a_pause_tell_the_same_story
         wait_until(lambda: trial_status(home, trial) == "PREEMPTED", 60, "the pause")
         history = [line.split()[2] for line in cli("trial", "show", trial).stdout.split("history:")[1].splitlines()
                    if line.strip()]
-        assert history == ["WAITING", "RUNNING", "PREEMPTED"]  # not USER_CANCELED (the keeper's word) first
+        # Not USER_CANCELED (the keeper's word) first; PAUSED as the status line above and the page's history say
+        # it (docs/concepts.md: PREEMPTED, shown as PAUSED).
+        assert history == ["WAITING", "RUNNING", "PAUSED"]
     finally:
         cli("experiment", "stop", exp)
         runner.wait(60)

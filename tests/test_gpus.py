@@ -101,7 +101,7 @@ def test_at_start_an_experiment_is_refused_when_nvidia_smi_fails(tmp_path, monke
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "trialkit: error: nvidia-smi: nvidia-smi failed (exit 9): Failed to initialize NVML: Driver/library version "
-        "mismatch (check the NVIDIA driver (run nvidia-smi yourself), or leave trialGpuNumber out)"]
+        "mismatch (check the NVIDIA driver by running nvidia-smi yourself, or leave trialGpuNumber out)"]
 
 
 @pytest.mark.parametrize("keys, what", [

@@ -243,8 +243,30 @@ def test_a_priority_that_is_no_number_where_no_kueue_job_is_says_not_a_whole_num
     assert says in done.stderr and done.stderr.count("(") == 1, done.stderr
 
 
-# The modules whose messages a new user reads first; other modules' fixes still nest (a follow-up).
-PLAIN_FIX_MODULES = ("cli.py", "control/config.py", "control/queue.py", "control/actions.py")
+PACKAGE = Path(__file__).resolve().parent.parent / "trialkit"
+# Modules whose fixes others mend this session (polish6's brief): a follow-up once theirs are merged.
+NESTED_FIXES_LEFT = ("control/tuners/", "control/run.py", "web/events.py", "manager/store.py", "manager/server.py")
+PLAIN_FIX_MODULES = sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+                           if "UserError(" in path.read_text()
+                           and not str(path.relative_to(PACKAGE)).startswith(NESTED_FIXES_LEFT))
+
+
+def fix_texts(fix, names: dict, seen: frozenset = frozenset()) -> list:
+    """The strings a fix is made of: its constants, and those of the module's names it uses (`names`: each
+    module-level name's value), through the names those use."""
+    import ast
+
+    texts = []
+    for node in ast.walk(fix):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            texts.append(node.value)
+        elif isinstance(node, ast.Name) and node.id in names and node.id not in seen:
+            texts += fix_texts(names[node.id], names, seen | {node.id})
+    return texts
+
+
+def test_the_plain_fix_check_reads_every_module_with_user_errors():
+    assert "cli.py" in PLAIN_FIX_MODULES and "platforms/pools.py" in PLAIN_FIX_MODULES and len(PLAIN_FIX_MODULES) > 40
 
 
 @pytest.mark.parametrize("module", PLAIN_FIX_MODULES)
@@ -252,15 +274,14 @@ def test_a_fix_holds_no_parentheses_of_its_own(module):
     """UserError wraps its fix in parentheses: one inside reads "(check the path (relative to ...))"."""
     import ast
 
-    import trialkit
-
-    path = Path(trialkit.__file__).parent / module
-    tree = ast.parse(path.read_text())
+    tree = ast.parse((PACKAGE / module).read_text())
+    names = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+             for target in node.targets if isinstance(target, ast.Name)}
     nested = []
     for call in ast.walk(tree):
         if not isinstance(call, ast.Call) or getattr(call.func, "id", None) != "UserError":
             continue
         fix = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "fix"), None)
-        texts = [node.value for node in ast.walk(fix) if isinstance(node, ast.Constant)] if fix else []
-        nested += [f"{module}:{call.lineno}" for text in texts if isinstance(text, str) and "(" in text]
+        texts = fix_texts(fix, names) if fix is not None else []
+        nested += [f"{module}:{call.lineno}: {text}" for text in texts if "(" in text]
     assert not nested

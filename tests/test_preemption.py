@@ -382,6 +382,6 @@ def test_a_trial_preempted_before_it_started_waits_again_without_a_run(tmp_path,
         gate.touch()
         stop_all(low, high)
     shown = cli("trial", "show", trial).stdout
-    assert "PREEMPTED" not in shown and "restarts       0" in shown and "status         SUCCEEDED" in shown, shown
+    assert "PREEMPTED" not in shown and "PAUSED" not in shown and "restarts       0" in shown and "status         SUCCEEDED" in shown, shown
     assert "PAUSED" not in out, out
     assert stored(home, c, "SELECT status FROM trials") == [("SUCCEEDED",)]

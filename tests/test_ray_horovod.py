@@ -88,7 +88,7 @@ def test_a_launcher_without_ray_says_so_in_one_line(tmp_path):
     proc = Proc([PY, "-c", code, "train.py"], launch_env(tmp_path))
     assert proc.finish(timeout=60) == 2
     assert proc.err_lines == ["trialkit.ray.horovod: error: ray is not installed here "
-                              "(install it (pip install trialkit[ray]) on the launcher's node and the workers')"]
+                              "(install it with pip install trialkit[ray] on the launcher's node and the workers')"]
 
 
 def test_an_address_that_does_not_answer_is_one_line_in_seconds(tmp_path):

@@ -363,7 +363,8 @@ def cmd_experiment_resume(opts: argparse.Namespace) -> int:
         if info is not None and info.running():
             raise UserError(f"experiment {opts.experiment_id} is running (manager pid {info.pid})", "EXPERIMENT_ID")
         argv = ["experiment", "resume", opts.experiment_id] + _port_args(opts.port)
-        return _detach(argv, opts.experiment_id, experiment_dir, "resumed")
+        return _detach(argv, opts.experiment_id, experiment_dir, "resumed",
+                       info.port if info is not None and opts.port is None else None)
     return resume_experiment(opts.experiment_id, opts.port, page=attach_page).exit_code
 
 
@@ -652,7 +653,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         lines.insert(4, f"gpus           {gpu_list(row['gpus'])}")
         if samples:
             lines.insert(5, f"gpu use        {gpu_use(samples[-1])} ({len(samples)} samples)")
-    lines += [f"  {when(h['time'])}  {h['status']:<13} {h['source']:<7} "
+    lines += [f"  {when(h['time'])}  {label(h['status']):<13} {h['source']:<7} "  # PAUSED, as the page says it
               + (f"exit {h['exit_code']} " if h["exit_code"] is not None else "") + (h["reason"] or "")
               for h in history]
     print("\n".join(line.rstrip() for line in lines))
@@ -1112,9 +1113,13 @@ def _port_args(port: Optional[int]) -> List[str]:
     return [] if port is None else ["--port", str(port)]
 
 
-def _detach(argv: List[str], experiment_id: str, experiment_dir: Path, title: str) -> int:
-    """Run `trialkit ARGV` in the background (own session, output to manager.log); return once it listens."""
+def _detach(argv: List[str], experiment_id: str, experiment_dir: Path, title: str,
+            last_port: Optional[int] = None) -> int:
+    """Run `trialkit ARGV` in the background (own session, output to manager.log); return once it listens.
+    `last_port`: the port of the experiment's earlier run, which the resume goes back to; where it listens on
+    another (that one was taken), the line that says so, as a resume in the foreground prints it."""
     from trialkit.control import background
+    from trialkit.manager import ports
     from trialkit.web import page_url
 
     child = background.start(argv, experiment_dir)
@@ -1122,6 +1127,8 @@ def _detach(argv: List[str], experiment_id: str, experiment_dir: Path, title: st
     print(f"{title} experiment {experiment_id}", flush=True)
     info = background.wait_listening(child, experiment_dir, DETACH_WAIT)
     if info is not None:
+        if last_port is not None and info.port != last_port:
+            print(ports.moved(last_port, ports.holder(last_port), info.url))
         print(f"manager: {info.url}   pid {child.pid}   log: {log_path}")
         print(f"page: {page_url(info.url, info.token, experiment_id)}")
         return 0

@@ -70,13 +70,14 @@ def _query(argv: Sequence[str]) -> Optional[str]:
         return None
     except subprocess.TimeoutExpired:
         raise UserError(f"{NVIDIA_SMI} did not answer in {QUERY_TIMEOUT:g} s", NVIDIA_SMI,
-                        "check the NVIDIA driver (run nvidia-smi yourself)") from None
+                        "check the NVIDIA driver: run nvidia-smi yourself") from None
     except OSError as err:
         raise UserError(f"cannot run {NVIDIA_SMI}: {err.strerror}", NVIDIA_SMI, "check the NVIDIA driver") from None
     if done.returncode != 0:
         said = (done.stdout.strip() + "\n" + done.stderr.strip()).strip().splitlines()
         raise UserError(f"{NVIDIA_SMI} failed (exit {done.returncode})" + (f": {said[0]}" if said else ""),
-                        NVIDIA_SMI, "check the NVIDIA driver (run nvidia-smi yourself), or leave trialGpuNumber out")
+                        NVIDIA_SMI, "check the NVIDIA driver by running nvidia-smi yourself, or leave "
+                        "trialGpuNumber out")
     return done.stdout
 
 
@@ -127,7 +128,7 @@ def _amount(cell: str) -> Optional[int]:
 def _garbled(argv: Sequence[str], number: int, line: str, wanted: str) -> UserError:
     place = f" line {number}" if number else ""
     return UserError(f"cannot read the answer of `{' '.join(argv)}`:{place} {line[:120]!r} (wanted {wanted})",
-                     NVIDIA_SMI, "check the NVIDIA driver and nvidia-smi's version (run the query yourself)")
+                     NVIDIA_SMI, "check the NVIDIA driver and nvidia-smi's version: run the query yourself")
 
 
 def visible(gpus: Sequence[Gpu], devices: Optional[str]) -> List[Gpu]:
@@ -194,7 +195,7 @@ class Pool:
             if missing:
                 raise UserError(f"gpuIndices names GPU {','.join(map(str, missing))}, which is not among this "
                                 f"machine's usable GPUs ({_listed(have)})", "trainingService.gpuIndices",
-                                "list GPUs that nvidia-smi shows (and CUDA_VISIBLE_DEVICES allows)")
+                                "list GPUs that nvidia-smi shows and CUDA_VISIBLE_DEVICES allows")
         pool = len(self._pool(gpus))
         if self.gpus_per_trial > pool:
             where = "gpuIndices" if self.indices is not None else "this machine"

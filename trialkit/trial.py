@@ -94,7 +94,7 @@ def check_spec(spec: str) -> None:
     where, name = split_spec(spec)
     if where.endswith(".py"):
         if not os.path.isfile(where):
-            raise UserError(f"no file {where}", "--trial", f"check the path (from {os.getcwd()})")
+            raise UserError(f"no file {where}", "--trial", f"check the path, relative to {os.getcwd()}")
         source: Optional[str] = where
     elif not all(part.isidentifier() for part in where.split(".")):
         raise UserError(f"{where!r} is not a module name", "--trial", FORMAT_HINT)
@@ -105,7 +105,7 @@ def check_spec(spec: str) -> None:
         raise UserError(f"{where} has no class {name}", "--trial", "check the class name")
     if problem is not None:
         raise UserError(f"{where}:{name} is {problem}, not a trialkit.Trial", "--trial",
-                        "subclass trialkit.Trial and define run()")
+                        "subclass trialkit.Trial and define its run method")
 
 
 def _module_source(name: str) -> Optional[str]:
@@ -181,7 +181,7 @@ def load(spec: str) -> Type[Trial]:
         raise UserError(f"{where} has no class {name}", "--trial", "check the class name")
     if not (isinstance(cls, type) and issubclass(cls, Trial)):
         raise UserError(f"{where}:{name} is not a trialkit.Trial", "--trial",
-                        "subclass trialkit.Trial and define run()")
+                        "subclass trialkit.Trial and define its run method")
     return cls
 
 

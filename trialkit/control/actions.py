@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Tuple
 
 from trialkit import schema
-from trialkit.control.queue import NO_CHECKPOINT, Move, label, queued_for_slot
+from trialkit.control.queue import NO_CHECKPOINT, Move, label
 from trialkit.manager.routes import HttpError
 from trialkit.statuses import PREEMPTED, USER_CANCELED
 
@@ -96,7 +96,7 @@ def activate_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any
     paused = [trial for trial in sorted(loop.trials.values(), key=lambda t: t.sequence) if trial.paused]
     warning = _restarts(paused)
     for trial in paused:
-        loop.requeue(trial, _activated(loop))
+        loop.requeue(trial, "activated")
     return {"paused": False, **warning}
 
 
@@ -174,19 +174,8 @@ def activate_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
         raise HttpError(409, f"trial {trial_id} is {_state(loop, trial)}: only a paused trial activates")
     _not_stopping(loop)
     warning = _restarts([trial])
-    loop.requeue(trial, _activated(loop))
+    loop.requeue(trial, "activated")
     return {"queued": trial.id, **warning}
-
-
-def _activated(loop: "Loop") -> str:
-    """An activated trial's reason as it joins its experiment's queue: what it waits for, unless it starts at once
-    (a slot free, none queued ahead of it; the history keeps the reason)."""
-    if loop.paused:
-        return (f"activated; waiting for its experiment, paused, to be activated (`trialkit experiment activate "
-                f"{loop.experiment_id}`)")
-    if len(loop.active) + len(loop.queue) < loop.config.trial_concurrency:
-        return "activated"
-    return queued_for_slot("activated", loop.experiment_id, loop.config.trial_concurrency)
 
 
 def _restarts(paused: List["Trial"]) -> dict:

@@ -193,7 +193,7 @@ class AshaAssessor(Assessor):
 def _above_one(value: Any, where: str) -> float:
     number = schema.as_number(value, where)
     if number <= 1:
-        raise UserError(f"divisor {value!r} does not halve anything", where, "use a number above 1 (4 is usual)")
+        raise UserError(f"divisor {value!r} does not halve anything", where, "use a number above 1; 4 is usual")
     return number
 
 
@@ -386,7 +386,7 @@ class CurvefittingAssessor(Assessor):
 
 def _at_most(value: float, limit: float, where: str) -> float:
     if value > limit:
-        raise UserError(f"{value:g} is above {limit:g}", where, f"use a number from 0 to {limit:g} (NNI's range)")
+        raise UserError(f"{value:g} is above {limit:g}", where, f"use a number from 0 to {limit:g} , NNI's range")
     return value
 
 

@@ -42,7 +42,7 @@ V2_KEYS = (
 ) + TRIALKIT_KEYS
 # NNI keys trialkit refuses, each with the reason the error gives.
 UNSUPPORTED = {
-    "sharedStorage": "shared storage is not supported; mount it in the trial (trialTemplate) instead",
+    "sharedStorage": "shared storage is not supported; mount it in the trial through trialTemplate instead",
     "tunerGpuIndices": "tuners run on the CPU in trialkit; remove it",
 }
 

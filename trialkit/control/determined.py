@@ -165,7 +165,7 @@ def _context_dir(context_dir: Optional[str], base: Path) -> str:
         return str(base)
     if not context_dir.strip():
         raise UserError("the context directory is an empty path", "CONTEXT_DIR",
-                        "give the directory of your code (`.` for this one), or leave it out for the config's")
+                        "give the directory of your code, `.` for this one, or leave it out for the config's")
     return os.path.abspath(context_dir)
 
 
@@ -184,7 +184,7 @@ def _length(value: Any, where: str) -> None:
     if isinstance(value, dict):
         if len(value) != 1 or next(iter(value)) not in LENGTH_UNITS:
             raise UserError(f"{schema.show(value)} is not one length", where,
-                            "write {batches: N} (or epochs, records), or a number")
+                            "write {batches: N}, {epochs: N} or {records: N}, or a number")
         value = next(iter(value.values()))
     schema.as_int(value, where, minimum=1)
 
@@ -251,14 +251,14 @@ def _json_only(value: Any, where: str) -> None:
         for key, item in value.items():
             if not isinstance(key, _JSON_TYPES):  # JSON writes a number's (or true's) key as its text
                 raise UserError(f"the key {schema.show(key)} is a {type(key).__name__}, which JSON keys cannot be",
-                                schema.path(where, key), "write the key as a string (quote it)")
+                                schema.path(where, key), "write the key as a string: quote it")
             _json_only(item, schema.path(where, key))
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _json_only(item, f"{where}[{i}]")
     elif not isinstance(value, _JSON_TYPES):
         raise UserError(f"{schema.show(value)} is a {type(value).__name__}, which the trial cannot get as JSON",
-                        where, "write it as a string (quote it), a number, a list or a mapping")
+                        where, "write it as a quoted string, a number, a list or a mapping")
 
 
 # ---------------------------------------------------------------- hyperparameters
@@ -491,7 +491,7 @@ def _asha_args(searcher: Dict[str, Any], mode: str) -> Dict[str, Any]:
         max_time, time_metric = (next(iter(length.values())) if isinstance(length, dict) else length), None
     else:
         raise UserError("adaptive_asha needs its length", "searcher.max_time",
-                        "add time_metric and max_time (or max_length)")
+                        "add time_metric, and max_time or max_length")
     args = {"optimize_mode": mode, "metric": searcher["metric"], "time_metric": time_metric, "max_time": max_time,
             "max_trials": searcher["max_trials"]}
     for key in ("divisor", "max_rungs", "mode", "bracket_rungs", "max_concurrent_trials"):
@@ -584,16 +584,16 @@ def _bind_mounts(mounts: Any, local: bool) -> None:
                                            f"{key!r} is not supported in a bind mount"))
         if not local:
             raise UserError("bind_mounts are applied on the local platform only", where,
-                            "mount volumes through trainingService (nfs) or trialTemplate")
+                            "mount volumes through trainingService's nfs or trialTemplate")
         host = schema.as_str(sec.get("host_path"), f"{where}.host_path")
         if schema.as_str(sec.get("container_path"), f"{where}.container_path") != host or not os.path.isabs(host):
             raise UserError("a local trial sees host paths as they are", f"{where}.container_path",
-                            f"set container_path to host_path ({host}), an absolute path")
+                            f"set container_path to host_path, {host}, an absolute path")
         if not os.path.exists(host):
             raise UserError(f"{host} does not exist", f"{where}.host_path", "point it at an existing path")
         if schema.as_bool(sec.get("read_only", False), f"{where}.read_only"):
             raise UserError("read_only cannot be enforced on the local platform", f"{where}.read_only",
-                            "remove it (the trial runs as you, with your permissions)")
+                            "remove it: the trial runs as you, with your permissions")
 
 
 STORAGE_KEYS = {  # Determined's keys of each storage type -> trialkit's checkpointStorage key (None: refused)
@@ -643,7 +643,7 @@ def _checkpoint_storage(section: Any, local: bool) -> Tuple[Optional[str], Dict[
         schema.as_str(sec["propagation"], "checkpoint_storage.propagation")  # a container's mount option: noted
     if not local:
         raise UserError("shared_fs checkpoint storage is applied on the local platform only", "checkpoint_storage",
-                        "on a cluster, use type: s3 (or gcs, azure), or mount shared storage with trainingService's "
+                        "on a cluster, use type: s3, gcs or azure, or mount shared storage with trainingService's "
                         "nfs")
     host = schema.as_str(sec.get("host_path"), "checkpoint_storage.host_path")
     if not os.path.isabs(host):

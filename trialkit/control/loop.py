@@ -45,7 +45,7 @@ from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config, trials_experiment_dir
 from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
-from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE, JobQueue, goes_before, label
+from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE, JobQueue, goes_before, label, requeued
 from trialkit.control.results import metric_value, rank
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -741,11 +741,16 @@ class Loop:
             trial.deadline = time.monotonic() + self.config.max_trial_duration - elapsed
 
     def requeue(self, trial: Trial, why: str) -> None:
-        """Back to the queue: it starts again in the same dirs, with the restart count + 1 if it ran."""
+        """Back to the queue: it starts again in the same dirs, with the restart count + 1 if it ran. Its reason:
+        `why`, and what it waits for there (queue.requeued), except in a stop: then it waits for `experiment
+        resume`, which its `why` says."""
         if trial.ran:
             trial.ran = False
             trial.restart_count += 1
             self.store.set_restart_count(trial.id, trial.restart_count)
+        if self.stopping is None:
+            why = requeued(why, self.experiment_id, self.config.trial_concurrency,
+                           len(self.active) + len(self.queue), self.paused)
         trial.status, trial.stop, trial.reason, trial.exit_code = WAITING, None, why, None
         self.store.set_status(trial.id, WAITING, reason=why)
         self.queue.push(trial.id)

@@ -33,7 +33,7 @@ from trialkit.control.admin import ManagerInfo, write_info
 from trialkit.control.config import ExperimentConfig
 from trialkit.env import METRICS_TOKEN
 from trialkit.errors import UserError
-from trialkit.manager import metrics
+from trialkit.manager import metrics, ports
 from trialkit.manager.routes import HttpError, Request
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
@@ -55,24 +55,30 @@ PageHook = Callable[[ManagerServer, Store, ManagerInfo, Performer], AttachedPage
 
 class Manager:
     def __init__(self, server: ManagerServer, info: ManagerInfo, experiment_dir: Path,
-                 page: Optional[AttachedPage]):
+                 page: Optional[AttachedPage], moved: Optional[str] = None):
         self.server = server
         self.info = info
         self.experiment_dir = experiment_dir
         self.page = page
+        self.moved = moved  # the line that says the earlier run's port was taken, and where this one listens
 
     @classmethod
     def start(cls, loop: "Loop", port: Optional[int], page: Optional[PageHook] = None,
-              token: Optional[str] = None) -> "Manager":
+              token: Optional[str] = None, last_port: Optional[int] = None) -> "Manager":
         """Listen (UserError when the port is taken), wire the routes to the loop, write manager.json; `token`:
-        the admin token of the experiment's earlier run, kept (ManagerInfo.for_this_process)."""
+        the admin token of the experiment's earlier run, kept (ManagerInfo.for_this_process); `last_port`: that
+        run's port, listened on again when no `port` is asked for, else (taken) any free one, said in `moved`."""
         local = loop.config.platform == "local"
         host = "127.0.0.1" if local else "0.0.0.0"
+        taken: Optional[Tuple[int, Optional[str]]] = None  # (the earlier run's port, who holds it)
         try:
-            server = ManagerServer(loop.store, host, port or 0, tls=tls_files(loop.config))
+            server = ManagerServer(loop.store, host, port or last_port or 0, tls=tls_files(loop.config))
         except OSError as err:
-            raise UserError(f"cannot listen on {host}:{port}: {err.strerror}", "--port",
-                            "pick a free port, or leave --port out for any free one") from None
+            if port or not last_port:
+                raise UserError(f"cannot listen on {host}:{port}: {err.strerror}", "--port",
+                                "pick a free port, or leave --port out for any free one") from None
+            taken = last_port, ports.holder(last_port)  # while it still holds it
+            server = ManagerServer(loop.store, host, 0, tls=tls_files(loop.config))
         bound = server.url.rsplit(":", 1)[1]
         url = server.url if local else f"{server.scheme}://{_advertised_host(loop.config)}:{bound}"
         info = ManagerInfo.for_this_process(loop.experiment_id, url, int(bound), loop.elapsed_before, token)
@@ -81,7 +87,7 @@ class Manager:
         metrics.install(server, loop.store, [info.token, attached and attached.token, os.environ.get(METRICS_TOKEN)])
         server.add_listener(loop.stored)
         server.start()
-        manager = cls(server, info, loop.experiment_dir, attached)
+        manager = cls(server, info, loop.experiment_dir, attached, ports.moved(*taken, url) if taken else None)
         manager.save(loop.elapsed())
         return manager
 

@@ -8,7 +8,10 @@ report names (Determined's steps_completed: batches), else its place in the
 trial's series; every run of a trial is one series. Then one panel per
 parameter draws the final metric against that parameter's value, on the axis
 its search space gives it (`parameter_scale`: log for the log types,
-categories in the space's order for a choice). A panel with nothing to draw
+categories in the space's order for a choice). Each curve panel's legend sits
+beside it, never over a curve; an axis whose values are all whole numbers (steps, a
+randint) has whole-number ticks; a log axis has a few round ticks whose labels
+never meet (`log_ticks`). A panel with nothing to draw
 says why on it; an experiment with no metric at all (every trial failed before
 reporting) is no plot: `nothing_to_plot` says so.
 """
@@ -22,6 +25,7 @@ from trialkit import records
 from trialkit.control.results import Metric, find_metric, flat_parameters, metric_points, metric_value, metrics_of
 
 COLUMNS = 3
+LOG_TICKS = 5  # at most, on a log axis: more of them, in a panel 5 inches wide, meet
 CURVE_PANELS = 4  # metrics drawn when none is asked for: the first ones (`--metric NAME` picks others)
 LOG_TYPES = frozenset({"loguniform", "qloguniform", "lognormal", "qlognormal"})  # Determined's `log` is loguniform
 STEP_TITLE, BATCH_TITLE = "step", "batches (steps_completed)"
@@ -58,6 +62,23 @@ def parameter_scale(space: Mapping[str, Any], name: str) -> Tuple[str, List[Any]
     if kind == "choice" and isinstance(spec.get("_value"), list):
         return "category", [option.get("_name") if isinstance(option, dict) else option for option in spec["_value"]]
     return "linear", []
+
+
+def log_ticks(low: float, high: float, most: int = LOG_TICKS) -> List[float]:
+    """Round ticks for a log axis from `low` to `high` (both > 0): the first of powers of ten (every other one,
+    every third, ... where there are many), 1, 2 and 5 times them, 1 to 9 times them that gives 3 to `most`
+    ticks, else (a range too narrow for those) evenly spaced round numbers."""
+    from matplotlib.ticker import MaxNLocator
+
+    first, last = math.floor(math.log10(low)), math.floor(math.log10(high))
+    decades = list(range(first, last + 1))
+    stride = math.ceil(len(decades) / most)
+    for exponents, subs in ((decades[::stride], (1,)), (decades, (1, 2, 5)), (decades, range(1, 10))):
+        ticks = [sub * 10.0 ** exponent for exponent in exponents for sub in subs]
+        ticks = [tick for tick in ticks if low <= tick <= high]
+        if 3 <= len(ticks) <= most:
+            return ticks
+    return [float(tick) for tick in MaxNLocator(nbins=most - 1).tick_values(low, high) if low <= tick <= high]
 
 
 def _spec(space: Mapping[str, Any], name: str) -> Any:
@@ -111,19 +132,22 @@ def draw(rows: List[Dict[str, Any]], title: str, metrics: Sequence[str] = (),
     for ax in flat_axes[panels:]:
         ax.set_visible(False)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout()  # makes room for the legends beside the panels
     return figure
 
 
 def _curves(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
     """Metric `name` (either of its names) of each trial against its steps."""
     metric = find_metric(reported_metrics(rows), name) or Metric(name, name, None)
-    drawn = False
+    steps: List[float] = []
+    values: List[float] = []
     for row in rows:
         points = metric_points(row["intermediate"], metric.name)
         if points:
-            drawn = True
             ax.plot(*zip(*points), marker=".", linewidth=1, label=row["trial_id"].rsplit("-", 1)[-1])
+            steps += [step for step, _ in points]
+            values += [value for _, value in points]
+    drawn = bool(steps)
     if not rows:
         _empty(ax, "no trial yet")
     elif not any(row["intermediate"] for row in rows):
@@ -135,8 +159,12 @@ def _curves(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
     ax.set_title("intermediate results" if metric.name == "default" else marked)
     ax.set_xlabel(step_title((value for row in rows for value in row["intermediate"]), metric.name))
     ax.set_ylabel("metric" if metric.name == "default" else metric.shown)
+    _whole_ticks(ax.xaxis, steps)
+    _whole_ticks(ax.yaxis, values)
     if drawn and len(rows) <= 12:
-        ax.legend(fontsize="x-small")
+        # Beside the panel: inside it, with every trial's curve over the whole range, no corner is free.
+        ax.legend(title="trial", fontsize="x-small", title_fontsize="x-small", loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str, scale: Tuple[str, List[Any]]) -> None:
@@ -149,7 +177,8 @@ def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str, scale: Tuple[
             ys.append(final)
     kind, options = scale
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
-    if kind == "category" or not numeric:
+    categorical = kind == "category" or not numeric
+    if categorical:
         # The space's options in its order (every one, drawn or not), then any value it does not name.
         labels = list(dict.fromkeys([str(option) for option in options] + [str(x) for x in xs]))
         xs = [labels.index(str(x)) for x in xs]
@@ -159,11 +188,34 @@ def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str, scale: Tuple[
     elif kind == "log":
         ax.set_xscale("log")
     ax.scatter(xs, ys, s=18)
+    if kind == "log" and not categorical:
+        _log_axis(ax.xaxis, *ax.get_xlim())
+    elif not categorical:
+        _whole_ticks(ax.xaxis, xs)
+    _whole_ticks(ax.yaxis, ys)
     if not xs:
         _empty(ax, "no final result yet")
     ax.set_title(f"final vs {name}")
     ax.set_xlabel(name + (" (log)" if kind == "log" else ""))
     ax.set_ylabel("final metric")
+
+
+def _whole_ticks(axis: Any, values: Sequence[float]) -> None:
+    """Ticks on whole numbers only, where every value drawn is one (a step at 1.25 means nothing)."""
+    from matplotlib.ticker import MaxNLocator
+
+    if values and all(float(value).is_integer() for value in values):
+        axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _log_axis(axis: Any, low: float, high: float) -> None:
+    """`log_ticks` labelled plainly ("0.002", "1e-05"), no labels between them: matplotlib's own label each
+    minor tick of a range under a decade or two, and they meet."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    axis.set_major_locator(FixedLocator(log_ticks(low, high)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _empty(ax: Any, why: str) -> None:

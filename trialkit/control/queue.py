@@ -47,9 +47,16 @@ NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginnin
 RERUN = f"its round waits for its result: `trialkit experiment resume` runs it again; {NO_CHECKPOINT}"
 
 
-def queued_for_slot(why: str, experiment_id: str, concurrency: int) -> str:
-    """The reason of a trial queued in its experiment (`why`: activated, ...): then what it waits for, one of the
-    slots its experiment's trialConcurrency gives, all in use while it waits there, and how to change that."""
+def requeued(why: str, experiment_id: str, concurrency: int, taken: int, paused: bool) -> str:
+    """The reason of a trial put back in its experiment's queue (`why`: "activated", "resumed: ...", "preempted:
+    queued to resume", "restart N of M after: ...") with what it waits for there: its experiment, paused, to be
+    activated; else one of the slots its trialConcurrency gives, while `taken` (its trials running or queued
+    ahead of it) fill them, and how to change that; else nothing: it starts at once (`why` stays in its history)."""
+    if paused:
+        return (f"{why}; waiting for its experiment, paused, to be activated (`trialkit experiment activate "
+                f"{experiment_id}`)")
+    if taken < concurrency:
+        return why
     return (f"{why}; waiting for a free slot: {concurrency} of {concurrency} in use by this experiment's trials "
             f"(trialConcurrency: `trialkit experiment update {experiment_id} --trial-concurrency N` changes it)")
 

@@ -98,7 +98,7 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
             except sqlite3.OperationalError as err:  # the first write: a disk that takes none is one line
                 raise store.refusing(err) from None
         running = restore(loop)
-        manager = Manager.start(loop, port or (info.port if info else None), page, info.token if info else None)
+        manager = Manager.start(loop, port, page, info.token if info else None, info.port if info else None)
         return _run(loop, manager, platform, "resumed", running)
     finally:
         store.close()
@@ -164,6 +164,8 @@ def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
 def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: List[Running]) -> ExperimentResult:
     loop.manager = manager
     loop.progress.say(f"{title} experiment {loop.experiment_id}")
+    if manager.moved is not None:
+        loop.progress.say(manager.moved)
     loop.progress.say(f"manager: {manager.url}   dir: {loop.experiment_dir}")
     if manager.page is not None:
         loop.progress.say(f"page: {manager.page.url}")

@@ -62,4 +62,4 @@ def free_port(addr: str) -> int:
             return sock.getsockname()[1]
     except OSError as err:
         raise UserError(f"cannot listen on {addr}: {err.strerror or err}", env.CHIEF_ADDR,
-                        "give this node's own address (or leave it unset on one node)") from None
+                        "give this node's own address, or leave it unset on one node") from None

@@ -38,7 +38,7 @@ from trialkit.process import STOP_SIGNALS, Child, EventLoop, LaunchError, set_ch
 from trialkit.process import set_parent_death_signal  # the same prctl the core sets for its own children
 
 PROG = "trialkit.launch.wrap_rank"
-USAGE = f"usage: python -m {PROG} RANK [--] COMMAND [ARGS...]   (RANK: an integer or VAR[,VAR...])"
+USAGE = f"usage: python -m {PROG} RANK [--] COMMAND [ARGS...]; RANK: an integer or VAR[,VAR...]"
 READ_SIZE = 1 << 16  # below malloc's mmap threshold: no page faults for each buffer
 READS_PER_WAKEUP = 16  # a pipe-full; then the loop serves signals and the other pipe
 PIPE_SIZE = READ_SIZE * READS_PER_WAKEUP  # room for a fast writer while its pipe rests

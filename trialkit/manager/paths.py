@@ -67,7 +67,8 @@ def experiment_of(trial: str) -> str:
     experiment, _, sequence = trial.rpartition("-")
     if not experiment or not (sequence.isascii() and sequence.isdigit()) or not _ID.fullmatch(experiment):
         shown = repr(trial) if len(trial) <= 40 else repr(trial[:37]) + "..."
-        raise UserError(f"{shown} is not a trial id", "TRIAL_ID", "trial ids look like abcd1234-00003 (see `trialkit trial list EXP`)")
+        raise UserError(f"{shown} is not a trial id", "TRIAL_ID",
+                        "trial ids look like abcd1234-00003: see `trialkit trial list EXP`")
     experiment_dir(experiment, "TRIAL_ID")
     return experiment
 

@@ -309,7 +309,7 @@ def _check_size(root: Path, files: List[str]) -> None:
         f"the trial context is {_mb(total)} in {len(files)} files, over the {_mb(LIMIT_BYTES)} limit;"
         f" largest: {largest}",
         where=str(root),
-        fix=f"list what training does not need (data sets, checkpoints) in {IGNORE_FILE} at the top of the"
+        fix=f"list what training does not need, such as data sets and checkpoints, in {IGNORE_FILE} at the top of the"
         " directory, in gitignore syntax, and read data from outside the context",
     )
 

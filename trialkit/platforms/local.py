@@ -77,7 +77,7 @@ def with_trial_gpus(config: LocalConfig, trial_gpu_number: Optional[int]) -> Loc
                                          ("maxTrialNumberPerGpu", config.max_trial_number_per_gpu != 1)) if given]
         if unused:
             raise UserError(f"trainingService.{unused[0]} is set but trialGpuNumber is not, so no GPU is scheduled",
-                            "trialGpuNumber", "add trialGpuNumber: 1 (the GPUs each trial gets), or remove "
+                            "trialGpuNumber", "add trialGpuNumber: 1, the GPUs each trial gets, or remove "
                             f"{unused[0]}")
     return dataclasses.replace(config, trial_gpu_number=trial_gpu_number)
 
@@ -88,7 +88,7 @@ def with_priority(config: LocalConfig, priority: Optional[int], default: int) ->
     resources.priority), else `default`. Two different numbers would order it two ways: refused."""
     if priority is not None and config.pool_priority is not None and config.pool_priority != priority:
         raise UserError(f"priority {priority} and trainingService.poolPriority {config.pool_priority} differ",
-                        "priority", "an experiment has one priority (smaller first): keep one of the two keys")
+                        "priority", "an experiment has one priority, smaller first: keep one of the two keys")
     chosen = next(p for p in (priority, config.pool_priority, default) if p is not None)
     return dataclasses.replace(config, priority=chosen), chosen
 
@@ -188,7 +188,7 @@ def _refuse_nesting(code_dir: str, experiment_dir: Path) -> None:
     if experiment == code or code in experiment.parents:
         raise UserError(f"the experiment dir {experiment_dir} is inside the trial code directory {code_dir}, so "
                         "each trial's copy of the code would hold the trials before it", "trialCodeDirectory",
-                        "set experimentWorkingDirectory (or TRIALKIT_HOME) to a directory outside it")
+                        "set experimentWorkingDirectory or TRIALKIT_HOME to a directory outside it")
 
 
 def copy_code(code_dir: str, trial_dir: Path) -> Path:
@@ -736,8 +736,8 @@ def _pool_gpu_indices(config: LocalConfig, pool: pools.Pool, found: Sequence[gpu
     missing = [index for index in pool.gpus if index not in {gpu.index for gpu in found}]
     if missing:
         raise UserError(f"resource pool {pool.name!r} names GPU {','.join(map(str, missing))}, which is not among "
-                        "this machine's usable GPUs", where, "list GPUs that nvidia-smi shows (and "
-                        "CUDA_VISIBLE_DEVICES allows), or write gpus: all")
+                        "this machine's usable GPUs", where, "list GPUs that nvidia-smi shows and "
+                        "CUDA_VISIBLE_DEVICES allows, or write gpus: all")
     outside = [index for index in config.gpu_indices or () if index not in pool.gpus]
     if outside:
         raise UserError(f"gpuIndices names GPU {','.join(map(str, outside))}, which resource pool {pool.name!r} "

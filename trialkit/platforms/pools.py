@@ -151,8 +151,8 @@ def read_config(home: Path) -> Dict[str, PoolSpec]:
             continue
         gpus = _gpu_list(sec.get("gpus"), schema.path(where, "gpus"))
         if sec.get("slots") is None and gpus is None:
-            raise UserError(f"pool {name!r} has no slots", where, "give it slots: N (a whole number, 1 or more) "
-                            "or gpus: [0, 1] (its GPUs' indices, a slot each)")
+            raise UserError(f"pool {name!r} has no slots", where, "give it slots: N, a whole number from 1, "
+                            "or gpus: [0, 1], the indices of its GPUs, a slot each")
         slots = None if sec.get("slots") is None else schema.as_int(sec["slots"], schema.path(where, "slots"),
                                                                       minimum=1)
         scheduler = schema.as_choice(sec.get("scheduler") or PRIORITY, SCHEDULERS, schema.path(where, "scheduler"))
@@ -296,7 +296,7 @@ class Pool:
             self._add_columns()
         except FileExistsError as err:  # a mkdir above met a plain file (pools.events, say): pools.db is not at fault
             raise UserError("it is not a directory, as the resource pools need", str(err.filename),
-                            "move it aside (the directory is made anew)") from None
+                            "move it aside: the directory is made anew") from None
         except (OSError, sqlite3.DatabaseError) as err:
             raise _fault(db_path, err) from None
 
@@ -549,8 +549,8 @@ def _check_counts(scheduler: str, pool: str, what: str, where: str) -> None:
                         where, "set its priority instead, or give the pool scheduler: fair_share in pools.yml")
     if what != "weight" and scheduler == FAIR_SHARE:
         raise UserError(f"pool {pool!r} schedules by fair share: a job's "
-                        f"{'priority' if what == 'priority' else 'place in the order'} counts for nothing there", where, "set its weight instead (--weight), or give the pool another "
-                        "scheduler in pools.yml")
+                        f"{'priority' if what == 'priority' else 'place in the order'} counts for nothing there", where,
+                        "set its weight instead with --weight, or give the pool another scheduler in pools.yml")
 
 
 def _acquired(db: sqlite3.Connection, pool: str) -> Dict[str, float]:
@@ -699,7 +699,7 @@ def _unreadable(db_path: Path, err: Exception) -> UserError:
     BUSY_SECONDS): one line naming it, not the CLI's line about an experiment's store."""
     return UserError(f"cannot use the resource pools' lease table: {err}", str(db_path),
                      "make $TRIALKIT_HOME writable; if the file is damaged, stop this home's experiments and move it "
-                     "aside (a new one is made)")
+                     "aside: a new one is made")
 
 
 def _indices(gpus: Sequence[int]) -> str:
@@ -766,12 +766,12 @@ def _place(db: sqlite3.Connection, experiment: str, other: str, ahead: bool) -> 
     where = "ahead-of" if ahead else "behind-of"
     if other == experiment:
         raise UserError(f"experiment {experiment} cannot move {where.replace('-', ' ')} itself", where,
-                        "name another experiment of its pool (`trialkit job list --pool`)")
+                        "name another experiment of its pool: `trialkit job list --pool` lists them")
     pool, priority, at = _job(db, other, where)
     pid, ticks = db.execute("SELECT pid, ticks FROM jobs WHERE experiment = ?", (other,)).fetchone()
     if not Holder(pid, ticks).alive():
         raise UserError(f"experiment {other} is not running: its job has left the queue", where,
-                        "name a running experiment of its pool (`trialkit job list --pool`)")
+                        "name a running experiment of its pool: `trialkit job list --pool` lists them")
     if _job(db, experiment, experiment)[0] != pool:
         raise UserError(f"experiment {other} is in pool {pool}, not {experiment}'s", other,
                         "move a job among the jobs of its own pool")
@@ -788,7 +788,7 @@ def _place(db: sqlite3.Connection, experiment: str, other: str, ahead: bool) -> 
     if not min(at, neighbour) < place < max(at, neighbour):  # moved back and forth ~20 times
         raise UserError(f"no room is left between experiment {other} and the job {where.replace('-', ' ')} it at "
                         f"priority {priority}: the move would tie them", where,
-                        f"give experiment {experiment} a priority of its own (--priority) instead")
+                        f"give experiment {experiment} a priority of its own with --priority instead")
     db.execute("UPDATE jobs SET priority = ?, place = ? WHERE experiment = ?", (priority, place, experiment))
 
 
@@ -845,7 +845,7 @@ def parse_change(text: str) -> Tuple[str, str, Any]:
     experiment, _, name = target.rpartition(".")
     if not experiment or name not in BATCH_NAMES or not value:
         raise UserError(f"cannot read {text!r}", "update-batch",
-                        f"write ID.{'=..., ID.'.join(BATCH_NAMES)}=... (as `job update`'s options)")
+                        f"write ID.{'=..., ID.'.join(BATCH_NAMES)}=..., as `job update`'s options")
     what = BATCH_NAMES[name]
     if what in ("priority", "weight"):
         try:
@@ -891,6 +891,6 @@ def _local_spec(name: str, config: Mapping[str, PoolSpec]) -> PoolSpec:
     if spec.namespace is not None or spec.ray_address is not None:
         cluster = f"Kubernetes namespace {spec.namespace}" if spec.namespace else f"the Ray cluster at {spec.ray_address}"
         raise UserError(f"resource pool {name!r} is {cluster}'s", str(paths.home() / CONFIG_NAME),
-                        "name a pool of this machine's slots (an experiment on that cluster takes its slots "
-                        "without naming it)")
+                        "name a pool of this machine's slots; an experiment on that cluster takes its slots "
+                        "without naming it")
     return spec

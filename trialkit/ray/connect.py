@@ -16,7 +16,7 @@ from trialkit.errors import UserError
 AUTO = "auto"
 CLIENT_SCHEME = "ray://"
 PROBE_TIMEOUT = 5.0  # a reachable head answers a TCP connect in milliseconds
-FORMS = "use ray://HOST:10001 (Ray Client), HOST:6379 (the head's GCS) or auto (a cluster on this machine)"
+FORMS = "use ray://HOST:10001 for Ray Client, HOST:6379 for the head's GCS, or auto for a cluster on this machine"
 _VERSIONS = re.compile(r"Ray: (\S+)\s+Python: (\S+)")
 
 

@@ -184,7 +184,7 @@ def check_installed() -> None:
             importlib.import_module(module)
         except ImportError:
             raise UserError(f"{module} is not installed here",
-                            fix=f"install it ({how}) on the launcher's node and the workers'") from None
+                            fix=f"install it with {how} on the launcher's node and the workers'") from None
 
 
 def join(options: Options) -> None:

@@ -89,7 +89,7 @@ def parse_section(section: dict, where: str) -> AdaptDLConfig:
     )
     sec.finish()
     if not config.common.image:
-        schema.report(UserError("no image to run the trial in", sec.at("image"), "set image (or dockerImage)"))
+        schema.report(UserError("no image to run the trial in", sec.at("image"), "set image or dockerImage"))
     return config
 
 

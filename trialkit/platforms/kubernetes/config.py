@@ -159,14 +159,15 @@ def parse_size_mib(value: Any, where: str) -> int:
         if unit not in _SIZE_UNITS:
             raise UserError(
                 f"expected a size such as 4g or 1024mb, got {schema.show(value)}", where,
-                "units: b, k, m, g, t (powers of 1024)"
+                "units: b, k, m, g, t, powers of 1024"
             )
         mib = float(match.group(1)) * _SIZE_UNITS[unit] / MIB  # inf past a float's range
         mib = math.ceil(mib) if math.isfinite(mib) else MAX_MIB + 1
     if mib < 1:
         raise UserError(f"must be at least 1 MiB, got {schema.show(value)}", where)
     if mib > MAX_MIB:
-        raise UserError(f"{schema.show(value)} is too large", where, f"give at most {MAX_MIB} MiB (a 64-bit count of bytes)")
+        raise UserError(f"{schema.show(value)} is too large", where,
+                        f"give at most {MAX_MIB} MiB, the most a 64-bit count of bytes holds")
     return mib
 
 
@@ -215,7 +216,7 @@ def parse_role(sec: Section, name: str, count_keys: Sequence[str]) -> Role:
         raise UserError(
             "privateRegistryAuthPath is not supported",
             sec.at("privateRegistryAuthPath"),
-            "create an image pull Secret (kubectl create secret docker-registry) and list it in imagePullSecrets",
+            "create an image pull Secret with `kubectl create secret docker-registry` and list it in imagePullSecrets",
         )
     code_key, code_dir = sec.raw("codeDirectory", "codeDir")
     if code_dir is not None:
@@ -406,7 +407,7 @@ def _working_dir(path: Optional[str], where: str) -> Optional[str]:
         return None
     if not path.startswith("/"):
         schema.report(UserError(f"{path!r} is relative, but it names a directory inside the container", where,
-                                "give an absolute path in the image (like /workspace), or . for the image's own"))
+                                "give an absolute path in the image, like /workspace, or . for the image's own"))
         return None
     return path
 
@@ -743,5 +744,6 @@ def _framework_roles(framework: dict, where: str) -> List[dict]:
         and (r["task"]["pod"]["spec"].get("containers") or [None])[0] for r in roles)
     if not shaped:
         raise UserError("the Framework has no spec.taskRoles[].task.pod.spec.containers", where,
-                        "give each task role a pod with its container (FrameworkController's Framework format)")
+                        "give each task role a pod with its container, as FrameworkController's Framework "
+                        "format has it")
     return roles

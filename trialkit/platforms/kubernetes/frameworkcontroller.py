@@ -86,7 +86,7 @@ def parse_task_role(sec: Section) -> TaskRole:
     name = sec.text("name")
     if name is None or not NAME.match(name) or len(name) > MAX_ROLE_NAME:
         raise UserError(f"task role name {name!r} is not valid", sec.at("name"),
-                        f"use 1 to {MAX_ROLE_NAME} lowercase letters and digits (it names the role's Service)")
+                        f"use 1 to {MAX_ROLE_NAME} lowercase letters and digits: it names the role's Service")
     role = parse_role(sec, name, ("taskNumber", "taskNum"))
     policy = sec.section("frameworkAttemptCompletionPolicy") or Section({}, sec.at("frameworkAttemptCompletionPolicy"))
     task_role = TaskRole(

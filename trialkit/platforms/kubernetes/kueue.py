@@ -312,16 +312,18 @@ def set_priority(job_ref: Any, class_name: str, client: Any) -> None:
     (Kueue takes the change then and only then)."""
     job = client.get(job_ref)
     if job is None:
-        raise UserError(f"{job_ref} no longer exists", str(job_ref), "update a job that waits (`trialkit job list "
-                        "--pool NAME`)")
+        raise UserError(f"{job_ref} no longer exists", str(job_ref), "update a job that waits: `trialkit job list "
+                        "--pool NAME` lists them")
     if QUEUE_LABEL not in (job["metadata"].get("labels") or {}) or job["kind"] in POD_KINDS:
         raise UserError(f"{job_ref} is not in a Kueue LocalQueue", str(job_ref),
                         "a job's priority class is Kueue's: only jobs of a Kueue pool's experiments have one")
     if not held(job, ()):
         raise UserError(f"{job_ref} is admitted by Kueue: a WorkloadPriorityClass changes only while the job waits",
-                        str(job_ref), "change it while the job is queued (`trialkit job list --pool NAME`)")
+                        str(job_ref),
+                        "change it while the job is queued: `trialkit job list --pool NAME` says which are")
     if client.get_cluster("WorkloadPriorityClass", class_name) is None:
         known = sorted(item["metadata"]["name"] for item in client.list_cluster("WorkloadPriorityClass"))
         raise UserError(f"the cluster has no WorkloadPriorityClass {class_name!r}", "--priority",
-                        f"name one of: {', '.join(known)}" if known else "create one first (kueue.x-k8s.io)")
+                        f"name one of: {', '.join(known)}" if known
+                        else "create one first, a kueue.x-k8s.io WorkloadPriorityClass")
     client.patch(job_ref, {"metadata": {"labels": {PRIORITY_LABEL: class_name}}})

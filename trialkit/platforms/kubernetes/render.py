@@ -329,7 +329,7 @@ def pod_plan(
     image = image or common.image or spec.image
     try:
         if not image:
-            raise UserError("no image to run the trial in", f"{where}.dockerImage", "set dockerImage (or image)")
+            raise UserError("no image to run the trial in", f"{where}.dockerImage", "set dockerImage or image")
         validation.image(image, f"{where}.dockerImage")  # whatever gave it: the kubelet must be able to pull it
     except UserError as err:
         schema.report(err)

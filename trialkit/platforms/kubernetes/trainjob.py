@@ -73,12 +73,12 @@ def from_roles(roles: Sequence[Role], common: KubeCommon, storage: Optional[Stor
     if common.priority_classes:
         raise UserError("a TrainJob's pods take no PriorityClass from trialkit (Trainer's runtimePatches have no "
                         "priorityClassName)", f"{where}.priorityClasses",
-                        "remove it: set one in your ClusterTrainingRuntime, or queue with Kueue (pools.yml) and its "
+                        "remove it: set one in your ClusterTrainingRuntime, or queue with Kueue, in pools.yml, and its "
                         "WorkloadPriorityClass")
     for role in roles:
         if role.name not in ("master", "worker"):
             raise UserError(f"a TrainJob has no {role.name} role", f"{where}.{role.name}",
-                            "give master and worker (all nodes alike), or use operator: tf-operator")
+                            "give master and worker, all nodes alike, or use operator: tf-operator")
     first = roles[0]
     for role in roles[1:]:
         for what in ("command", "image", "resources", "code_dir"):

@@ -73,5 +73,5 @@ def priority(value: Any, where: str) -> int:
         raise UserError(f"{schema.show(value)} is not a whole number", where, "give priorities as whole numbers")
     if not INT32_MIN <= value <= INT32_MAX:
         raise UserError(f"priority {schema.show(value)} is outside the cluster's priorities", where,
-                        f"give a priority from {INT32_MIN} to {INT32_MAX} (a PriorityClass's value is 32 bits)")
+                        f"give a priority from {INT32_MIN} to {INT32_MAX} : a PriorityClass's value is 32 bits")
     return value

@@ -1,0 +1,89 @@
+"""What `trialkit experiment plot` lays out, read from matplotlib's own objects after a draw (not pixels): the
+legend covers no curve, a log axis's tick labels never meet however narrow its range, and an axis of whole
+numbers (steps, a randint) is ticked at whole numbers only. The rows are trial_rows' shape, as `experiment
+plot` hands them to `draw`.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import pytest
+
+pytest.importorskip("matplotlib", reason="plots need matplotlib (the control extra)")
+
+from trialkit.control.plot import draw  # noqa: E402
+
+
+def trial(number: int, parameters: Dict[str, Any], intermediate: List[Any], final: Any) -> Dict[str, Any]:
+    return {"trial_id": f"exp-{number}", "status": "SUCCEEDED", "parameters": parameters,
+            "intermediate": intermediate, "final": final}
+
+
+def drawn(rows: List[Dict[str, Any]], space: Dict[str, Any]) -> Any:
+    figure = draw(rows, "exp", search_space=space)
+    figure.canvas.draw()
+    return figure
+
+
+def panel(figure: Any, title: str) -> Any:
+    (ax,) = [ax for ax in figure.axes if ax.get_visible() and ax.get_title() == title]
+    return ax
+
+
+def shown_labels(figure: Any, ax: Any) -> List[Any]:
+    """The x tick labels drawn: with text, at a tick inside the axis's view (major and minor)."""
+    low, high = sorted(ax.get_xlim())
+    labels = ax.get_xticklabels() + ax.get_xticklabels(minor=True)
+    return [label for label in labels if label.get_text() and label.get_visible()
+            and low <= label.get_position()[0] <= high]
+
+
+def test_the_legend_covers_no_curve_and_no_other_panel():
+    # Twelve trials whose curves cross the whole panel, top to bottom: no corner inside it is free.
+    rows = [trial(n, {"lr": 0.01 * (n + 1)}, [((n + step) % 12) / 11 for step in range(12)], n / 12)
+            for n in range(12)]
+    figure = drawn(rows, {"lr": {"_type": "uniform", "_value": [0.01, 0.12]}})
+    renderer = figure.canvas.get_renderer()
+    curves = panel(figure, "intermediate results")
+    legend = curves.get_legend()
+    assert legend is not None and [text.get_text() for text in legend.get_texts()] == [str(n) for n in range(12)]
+    box = legend.get_window_extent(renderer)
+    assert len(curves.lines) == 12
+    for line in curves.lines:
+        on_screen = line.get_path().transformed(line.get_transform())
+        assert not on_screen.intersects_bbox(box, filled=False), f"the legend covers trial {line.get_label()}"
+    others = [ax for ax in figure.axes if ax.get_visible() and ax is not curves]
+    assert others and not any(box.overlaps(ax.get_window_extent(renderer)) for ax in others)
+    assert figure.bbox.contains(box.x1, box.y1) and figure.bbox.contains(box.x0, box.y0)  # not cut off
+
+
+@pytest.mark.parametrize("low, high", [(1.2e-3, 1.8e-3), (2e-3, 9e-3), (0.5, 5.0), (3e-5, 4e-4), (1e-4, 3e-3),
+                                       (1e-6, 1.0)])
+def test_a_log_axis_labels_round_ticks_that_never_meet(low, high):
+    values = [low * (high / low) ** (n / 5) for n in range(6)]
+    rows = [trial(n, {"lr": value}, [0.5], n) for n, value in enumerate(values)]
+    figure = drawn(rows, {"lr": {"_type": "loguniform", "_value": [low, high]}})
+    renderer = figure.canvas.get_renderer()
+    ax = panel(figure, "final vs lr")
+    assert ax.get_xscale() == "log"
+    labels = sorted(shown_labels(figure, ax), key=lambda label: label.get_position()[0])
+    assert len(labels) >= 2, [label.get_text() for label in labels]  # the axis still says where it is
+    boxes = [label.get_window_extent(renderer) for label in labels]
+    for (left, right), (one, other) in zip(zip(boxes, boxes[1:]), zip(labels, labels[1:])):
+        assert left.x1 < right.x0, f"{one.get_text()!r} meets {other.get_text()!r} ({low}..{high})"
+
+
+def test_an_axis_of_whole_numbers_has_whole_ticks():
+    # Three steps each (1, 2, 3), a randint parameter (1..3) and counts as the metric: each axis whole.
+    rows = [trial(n, {"layers": 1 + n % 3, "lr": 0.1 + n / 100}, [n + step for step in range(3)], 10 + n)
+            for n in range(4)]
+    figure = drawn(rows, {"layers": {"_type": "randint", "_value": [1, 4]},
+                          "lr": {"_type": "uniform", "_value": [0.1, 0.2]}})
+    for title in ("intermediate results", "final vs layers"):
+        ax = panel(figure, title)
+        for ticks, (low, high) in ((ax.get_xticks(), ax.get_xlim()), (ax.get_yticks(), ax.get_ylim())):
+            shown = [tick for tick in ticks if low <= tick <= high]
+            assert len(shown) >= 2 and all(float(tick).is_integer() for tick in shown), (title, shown)
+    # A parameter of fractions keeps its fractional ticks.
+    fractions = panel(figure, "final vs lr").get_xticks()
+    assert not all(float(tick).is_integer() for tick in fractions)
