@@ -109,7 +109,7 @@ def test_pbt_on_kubeflow_without_a_shared_volume_is_refused_saying_to_add_nfs(tm
     said = refusal(tmp_path, NNI_PBT % "")
     assert "config.yml:8: trainingService: PBT on kubeflow needs its checkpoints on a volume every trial pod " \
            "mounts, and it mounts none" in said
-    assert "add nfs: {server, path, containerMountPath}" in said and "trialkit.checkpoint_dir()" in said
+    assert "add nfs: {server, path, containerMountPath}" in said and "trialkit.checkpoint_dir returns" in said
 
 
 def test_without_a_volume_an_object_store_carries_pbt_through_the_trials_own_checkpoint_dir_with_a_note(tmp_path):
@@ -156,7 +156,7 @@ def test_pbt_on_a_ray_cluster_elsewhere_needs_a_shared_dir_or_an_object_store(tm
     assert str(refused.value) == (
         "trainingService.address: PBT on a ray cluster elsewhere: its nodes do not see this machine's experiment "
         "dir, where PBT's checkpoints go by default (set all_checkpoint_dir to a directory every node mounts at the "
-        "same path, or put checkpointStorage in an object store (s3, gcs, azure))")
+        "same path, or put checkpointStorage in an object store, s3, gcs or azure)")
     parse_config(ray_pbt(address, S3), tmp_path)
     shared = {"tuner": {"name": "PBT", "classArgs": {"all_checkpoint_dir": "/mnt/efs/pbt"}}}
     given = parse_config({**ray_pbt(address), **shared}, tmp_path)
@@ -171,10 +171,10 @@ def test_pbt_on_a_ray_cluster_on_this_machine_keeps_the_experiment_dirs_default(
 
 
 @pytest.mark.parametrize("searcher, words", [
-    ("pbt", ["or trialkit's PBT tuner: a trialkit config (NNI's keys) with tuner: {name: PBT",
+    ("pbt", ["or trialkit's PBT tuner: a trialkit config, NNI's keys, with tuner: {name: PBT",
              "runs your Core API code unchanged, latest_checkpoint naming the checkpoint each trial goes on from"]),
-    ("async_halving", ["(adaptive_asha is asynchronous successive halving)"]),
-    ("sync_halving", ["or trialkit's Hyperband tuner (tuner: {name: Hyperband} in a trialkit config)"]),
+    ("async_halving", [": adaptive_asha is asynchronous successive halving"]),
+    ("sync_halving", ["or trialkit's Hyperband tuner: tuner: {name: Hyperband} in a trialkit config"]),
     ("custom", ["(use single, random, grid, adaptive_asha; see docs/migration/determined.md)"]),
 ])
 def test_determineds_unsupported_searchers_name_what_trialkit_has_instead(tmp_path, searcher, words):

@@ -321,7 +321,7 @@ def pbt_checkpoints(tuner: AlgorithmConfig, platform: str, platform_config: Any,
         raise UserError(f"PBT on a {platform} cluster elsewhere: its nodes do not see this machine's experiment dir, "
                         "where PBT's checkpoints go by default", "trainingService.address",
                         "set all_checkpoint_dir to a directory every node mounts at the same path, or put "
-                        "checkpointStorage in an object store (s3, gcs, azure)")
+                        "checkpointStorage in an object store, s3, gcs or azure")
     shared_dirs = getattr(module, "shared_dirs", None)
     if shared_dirs is None:
         return []
@@ -342,8 +342,8 @@ def pbt_checkpoints(tuner: AlgorithmConfig, platform: str, platform_config: Any,
                 "save_checkpoint_dir are on no volume the pods share (add nfs: to trainingService for them)"]
     raise UserError(f"PBT on {platform} needs its checkpoints on a volume every trial pod mounts, and it mounts none",
                     "trainingService", "add nfs: {server, path, containerMountPath}, under which all_checkpoint_dir "
-                    "then defaults; or put checkpointStorage in an object store (s3, gcs, azure) for code that keeps "
-                    "its state in trialkit.checkpoint_dir()")
+                    "then defaults; or put checkpointStorage in an object store, s3, gcs or azure, for code that keeps "
+                    "its state in the dir trialkit.checkpoint_dir returns")
 
 
 def trials_experiment_dir(config: ExperimentConfig, experiment_dir: Union[str, Path]) -> str:

@@ -53,12 +53,12 @@ DETERMINED_SEARCHER_KEYS = ("budget", "explore_function", "length_per_round", "n
 DETERMINED_SEARCHERS = ("adaptive", "adaptive_simple", "async_halving", "custom", "manual", "pbt", "sync_halving")
 # What trialkit has for a Determined searcher it does not take, after the list of those it does.
 INSTEAD_OF = {
-    "pbt": ", or trialkit's PBT tuner: a trialkit config (NNI's keys) with tuner: {name: PBT, classArgs: "
+    "pbt": ", or trialkit's PBT tuner: a trialkit config, NNI's keys, with tuner: {name: PBT, classArgs: "
            "{population_size: 10}} and your entrypoint as trialCommand runs your Core API code unchanged, "
            "latest_checkpoint naming the checkpoint each trial goes on from",
-    "async_halving": " (adaptive_asha is asynchronous successive halving)",
+    "async_halving": ": adaptive_asha is asynchronous successive halving",
     **dict.fromkeys(("adaptive", "adaptive_simple", "sync_halving"),
-                    ", or trialkit's Hyperband tuner (tuner: {name: Hyperband} in a trialkit config)"),
+                    ", or trialkit's Hyperband tuner: tuner: {name: Hyperband} in a trialkit config"),
 }
 LENGTH_UNITS = ("batches", "epochs", "records")
 DEFAULT_CONCURRENCY = 16  # Determined's max_concurrent_trials for random and grid

@@ -471,7 +471,7 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError) as err:
         raise UserError(f"cannot load the TLS certificate {cert} with key {key}: {err}", "--tls-cert/--tls-key",
-                        "give PEM files of a certificate (chain) and its private key") from None
+                        "give PEM files of a certificate or its chain, and its private key") from None
     return context
 
 

@@ -276,7 +276,7 @@ class BohbTuner(HyperbandTuner):
         if args.get("min_budget", 1) >= args.get("max_budget", 3):
             raise UserError(f"min_budget {args.get('min_budget', 1):g} is not below max_budget "
                             f"{args.get('max_budget', 3):g}", schema.path(where, "min_budget"),
-                            "give a min_budget below max_budget (NNI's defaults: 1 and 3)")
+                            "give a min_budget below max_budget; NNI's defaults are 1 and 3")
 
     def _may_open(self) -> bool:
         newest = self._brackets - 1
@@ -302,4 +302,4 @@ class BohbTuner(HyperbandTuner):
 
 def _refuse_config_space(where: str) -> None:
     raise UserError("config_space (a ConfigSpace .pcs file) is not read by trialkit", where,
-                    "write the space as searchSpace (or searchSpaceFile) and remove config_space")
+                    "write the space as searchSpace or searchSpaceFile and remove config_space")

@@ -253,7 +253,7 @@ class CmaEsTuner(Tuner):
     def check_class_args(cls, args: Dict[str, Any], where: str) -> None:
         if args.get("use_separable_cma") and args.get("lr_adapt"):
             raise UserError("lr_adapt is not available with use_separable_cma", schema.path(where, "lr_adapt"),
-                            "keep one of them (cmaes' SepCMA adapts no learning rate)")
+                            "keep one of them: cmaes' SepCMA adapts no learning rate")
 
     def _generation_done(self, generation: int) -> bool:
         first = generation * self.popsize
