@@ -87,3 +87,14 @@ def test_an_axis_of_whole_numbers_has_whole_ticks():
     # A parameter of fractions keeps its fractional ticks.
     fractions = panel(figure, "final vs lr").get_xticks()
     assert not all(float(tick).is_integer() for tick in fractions)
+
+
+def test_a_tuners_budget_is_a_panel_and_its_checkpoint_paths_are_not():
+    """As on the page (results.shown_parameters): Hyperband's TRIAL_BUDGET is drawn against the final result;
+    PBT's checkpoint dirs, paths the tuner hands each trial, drew 100 overlapping labels and are left out."""
+    space = {"lr": {"_type": "loguniform", "_value": [0.001, 0.1]}}
+    rows = [trial(n, {"lr": 0.01 * (n + 1), "TRIAL_BUDGET": 3 ** n, "load_checkpoint_dir": f"/c/{n}/0",
+                      "save_checkpoint_dir": f"/c/{n}/1"}, [0.1, 0.2], 0.3 + n / 10) for n in range(3)]
+    titles = {ax.get_title() for ax in drawn(rows, space).axes if ax.get_visible()}
+    assert {"final vs lr", "final vs TRIAL_BUDGET"} <= titles, titles
+    assert not {t for t in titles if "checkpoint_dir" in t}, titles

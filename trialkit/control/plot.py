@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import records
-from trialkit.control.results import Metric, find_metric, flat_parameters, metric_points, metric_value, metrics_of
+from trialkit.control.results import (Metric, find_metric, flat_parameters, metric_points, metric_value, metrics_of,
+                                      shown_parameters)
 
 COLUMNS = 3
 LOG_TICKS = 5  # at most, on a log axis: more of them, in a panel 5 inches wide, meet
@@ -118,8 +119,10 @@ def draw(rows: List[Dict[str, Any]], title: str, metrics: Sequence[str] = (),
 
     curves = list(metrics) or [metric.shown for metric in reported_metrics(rows)[:CURVE_PANELS]] or ["default"]
     params: List[str] = []
-    for row in rows:
-        params += [key for key in flat_parameters(row["parameters"]) if key not in params]
+    for row in rows:  # the page's parameters (results.shown_parameters): a tuner's paths are no axis
+        flat = flat_parameters(row["parameters"])
+        searched = [key for key in flat if not search_space or key.split(".")[0] in search_space]
+        params += [key for key in shown_parameters(searched, flat) if key not in params]
     panels = len(curves) + len(params)
     columns = min(COLUMNS, panels)
     lines = math.ceil(panels / columns)
