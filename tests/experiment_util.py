@@ -67,6 +67,25 @@ def experiment_id(first_line: str) -> str:
     return first_line.split()[-1]
 
 
+GATED = ("import os, time, trialkit\np = trialkit.get_next_parameter()\nwhile not os.path.exists({go!r}):\n"
+         "    time.sleep(0.05)\ntrialkit.report_final_result(p['x'])\n")
+
+
+def gated_run(tmp_path: Path) -> Tuple[Path, subprocess.Popen]:
+    """`trialkit run` of two trials (x: 0.25, 0.75) that end once the file it returns exists, and the run."""
+    go = tmp_path / "go"
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [0.25, 0.75]}}, GATED.format(go=str(go)),
+                        maxTrialNumber=2)
+    return go, start_cli("run", config)
+
+
+def printed_page(proc: subprocess.Popen) -> Tuple[str, str]:
+    """The experiment id and the page's URL (with its token) that a run prints first."""
+    exp = experiment_id(proc.stdout.readline())
+    proc.stdout.readline()  # manager: ...
+    return exp, proc.stdout.readline().split()[-1]
+
+
 def export(experiment: str) -> List[Dict[str, Any]]:
     done = cli("experiment", "export", experiment)
     assert done.returncode == 0, done.stderr

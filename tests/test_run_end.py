@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 
-from experiment_util import experiment, experiment_id, start_cli
+from experiment_util import gated_run, printed_page
 from harness import signal_and_wait, wait_until
 from trialkit.manager import server as server_module
 from trialkit.manager.server import ManagerServer
@@ -118,17 +118,11 @@ needs_chromium = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.ex
 @needs_chromium
 def test_a_tab_open_when_the_run_ends_shows_the_end_without_a_reload(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
-    go = tmp_path / "go"
-    script = (f"import os, time, trialkit\np = trialkit.get_next_parameter()\nwhile not os.path.exists({str(go)!r}):\n"
-              "    time.sleep(0.05)\ntrialkit.report_final_result(p['x'])\n")
-    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [0.25, 0.75]}}, script, maxTrialNumber=2)
     browser = Browser()
     driver = browser.driver
-    proc = start_cli("run", config)
+    go, proc = gated_run(tmp_path)
     try:
-        exp = experiment_id(proc.stdout.readline())
-        proc.stdout.readline()  # manager: ...
-        url = proc.stdout.readline().split()[-1]  # page: <url with the token>
+        exp, url = printed_page(proc)
         driver.get(url)
         script_true(driver, "return document.body.dataset.ready === 'overview'", "the overview")
         script_true(driver, "return document.getElementById('live').textContent === 'live'", "the events stream")

@@ -25,7 +25,7 @@ import pytest
 import requests
 
 from conftest import ROOT, TAG, tagged_processes
-from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
+from experiment_util import cli, experiment, experiment_id, gated_run, printed_page, reported, start_cli, trial_status
 from harness import signal_and_wait, wait_until
 from trialkit.control.config import parse_config
 from trialkit.control.actions import Action
@@ -366,15 +366,9 @@ def test_a_tab_left_open_on_a_run_takes_up_the_address_again_when_trialkit_ui_se
     address (port and token): without a reload the tab shows the experiment's end (its status, its counts, its
     best), says read-only (no "live"), and holds no "Failed to fetch" from while nothing answered."""
     monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
-    go = tmp_path / "go"
-    script = (f"import os, time, trialkit\np = trialkit.get_next_parameter()\nwhile not os.path.exists({str(go)!r}):\n"
-              "    time.sleep(0.05)\ntrialkit.report_final_result(p['x'])\n")
-    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [0.25, 0.75]}}, script, maxTrialNumber=2)
-    proc = start_cli("run", config)
+    go, proc = gated_run(tmp_path)
     try:
-        exp = experiment_id(proc.stdout.readline())
-        proc.stdout.readline()  # manager: ...
-        url = proc.stdout.readline().split()[-1]  # page: <url with the token>
+        exp, url = printed_page(proc)
         browser.get("about:blank")
         browser.get(url)
         wait_for(browser, "return document.body.dataset.ready === 'overview'", "the overview")
