@@ -53,14 +53,6 @@ def fallback_pth() -> str:
             % (tuple(boot.fallback_names()),))
 
 
-# An editable install's finder (setuptools' _EditableFinder, put in sys.meta_path by its own .pth, which site reads
-# before this one) comes after the path's: a folder named trialkit where a Python starts with the current directory
-# on its path (`python -m` from the clone's parent dir, a code dir holding one) was found first, a namespace
-# package without trialkit in it. Moved first, the checkout's trialkit wins, as a wheel's regular package does.
-EDITABLE_FIRST = ('import sys; [sys.meta_path.insert(0, sys.meta_path.pop(sys.meta_path.index(f))) '
-                  'for f in list(sys.meta_path) if getattr(f, "__name__", "") == "_EditableFinder"]\n')  # the class itself
-
-
 class BuildWithPth(build_py):
     """Writes the .pth beside the packages: site-packages' top, in a wheel and in an editable install."""
 
@@ -69,7 +61,7 @@ class BuildWithPth(build_py):
         # An editable install's wheel is made from install's install_lib, not build_lib (setuptools' editable_wheel).
         top = Path(self.get_finalized_command("install").install_lib if self.editable_mode else self.build_lib)
         top.mkdir(parents=True, exist_ok=True)
-        (top / PTH).write_text(fallback_pth() + (EDITABLE_FIRST if self.editable_mode else ""))
+        (top / PTH).write_text(fallback_pth())
 
 
 EXTRAS = {
