@@ -17,6 +17,7 @@ import requests
 import yaml
 
 from harness import child_environ
+from trialkit.errors import UserError
 from trialkit.manager.store import Store
 
 PYTHON = sys.executable
@@ -285,3 +286,11 @@ def test_a_fix_holds_no_parentheses_of_its_own(module):
         texts = fix_texts(fix, names) if fix is not None else []
         nested += [f"{module}:{call.lineno}: {text}" for text in texts if "(" in text]
     assert not nested
+
+
+def test_a_long_where_reads_the_same_alone_and_before_what_was_wrong():
+    """The config fuzzer's case: a key 200 levels deep is clipped by its ends, and clipped alike whatever follows it
+    (the line once clipped `where:` with its colon, and the start no longer matched the key's own line)."""
+    where = "searchSpace.batch_size._value" + "[0]" * 200
+    line = UserError("9223372036854775808 is out of range", where, "use a whole number").line()
+    assert line.startswith(UserError("", where).line().rstrip(":") + ": ") and len(line) < 400, line

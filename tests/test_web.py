@@ -390,7 +390,9 @@ def test_a_tab_left_open_on_a_run_takes_up_the_address_again_when_trialkit_ui_se
         counts = cell_texts(browser, "#counts .card h3, #counts .card .big")
         assert counts == ["SUCCEEDED", "2"], counts
         assert cell_texts(browser, ".cards .card .big")[3] == "0.75"  # the best, which came with the trials' last words
-        assert browser.execute_script("return document.getElementById('mode').hidden") is False  # read-only
+        # Taken up by this server: plain read-only, not the run's end note telling to start what now serves it.
+        wait_for(browser, "const m = document.getElementById('mode'); return !m.hidden && m.textContent === 'read-only'",
+                 "the tab to take up trialkit ui's server")
         assert browser.execute_script("return document.getElementById('live').hidden") is True
         assert not re.search(r"\blive\b", browser.execute_script("return document.body.innerText"), re.I)
         assert browser.execute_script("return document.getElementById('problem').hidden") is True

@@ -28,15 +28,17 @@ class UserError(Exception):
         super().__init__(self.line())
 
     def line(self) -> str:
-        text = ": ".join(filter(None, [self.at, self.where, self.what]))
-        if self.fix:
-            text += f" ({self.fix})"
         # One line, whatever the parts held; a word no one reads whole (a 5,000-character argument echoed back)
-        # by its ends.
-        return " ".join(_clip(word) for word in text.split())
+        # by its ends, each part clipped on its own: a long `where` reads the same with or without what follows.
+        text = ": ".join(_words(part) for part in filter(None, [self.at, self.where, self.what]))
+        return f"{text} ({_words(self.fix)})" if self.fix else text
 
 
 LONGEST_WORD = 240
+
+
+def _words(text: str) -> str:
+    return " ".join(_clip(word) for word in text.split())
 
 
 def _clip(word: str) -> str:

@@ -178,7 +178,8 @@
   function infoReady() {
     infoAsked = infoAsked || api('/api/ui/info').then((got) => {
       info = got;
-      $('mode').hidden = !got.read_only;
+      // plain "read-only": the run's end note (closing()) said how to serve the page again, which this server does
+      Object.assign($('mode'), {textContent: 'read-only', hidden: !got.read_only});
       $('live').hidden = got.read_only;  // a read-only page serves what was stored: nothing on it is live
       showDisk(got.disk);
       // A disk that refuses writes commits nothing, so no change event tells of it: ask now and then.
