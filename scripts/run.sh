@@ -112,4 +112,8 @@ fi
 if [ -f ./startup-hook.sh ]; then
   set -- --startup-hook ./startup-hook.sh "$@"
 fi
-exec "$python" -m trialkit.keeper "$@"  # no command: it reads $TRIALKIT_COMMAND itself
+# The keeper runs as `-m trialkit.keeper` would, with the code dir off sys.path: a folder named trialkit there
+# would be taken for trialkit itself (trialkit/process.py's RUN_MODULE_OFF_CWD, the same code; -c, not -P: the
+# image's Python may be older than 3.11).
+exec "$python" -c 'import runpy, sys; getattr(sys.flags, "safe_path", 0) or sys.path.pop(0); runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)' \
+  trialkit.keeper "$@"  # no command: it reads $TRIALKIT_COMMAND itself

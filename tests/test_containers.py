@@ -18,6 +18,7 @@ import pytest
 
 from containers_util import needs_podman, podman
 from harness import wait_until
+from trialkit.process import RUN_MODULE_OFF_CWD
 from trialkit.statuses import PREEMPTED, SUCCEEDED, USER_CANCELED
 
 pytestmark = [pytest.mark.containers, needs_podman]
@@ -120,7 +121,7 @@ def test_the_keeper_is_pid_1_and_the_trial_runs_unprivileged(containers, image, 
     assert containers.wait(container) == 0, containers.logs(container)
     out = containers.logs(container)
     uid = user[1].split(":")[0] if user else "1000"
-    assert f"uid {uid} gid 0" in out and "pid1 python3 -m trialkit.keeper" in out, out
+    assert f"uid {uid} gid 0" in out and f"pid1 python3 -c {RUN_MODULE_OFF_CWD} trialkit.keeper" in out, out
     copied = tmp_path / "status.json"
     podman("cp", f"{container}:{TRIAL_DIR}/.trialkit/status.json", str(copied))
     assert json.loads(copied.read_text())["status"] == SUCCEEDED

@@ -29,7 +29,6 @@ import enum
 import os
 import signal
 import subprocess
-import sys
 import time
 from contextlib import closing
 from dataclasses import dataclass, field, replace
@@ -38,7 +37,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 import psutil
 
-from trialkit import records, schema
+from trialkit import process, records, schema
 from trialkit.control import admin, background
 from trialkit.control.config import V2_KEYS, parse_config
 from trialkit.control.config import ExperimentConfig as ParsedConfig  # NNI's ExperimentConfig is the draft's (below)
@@ -403,7 +402,7 @@ class Experiment:
         if not self.has_checkpoint():
             raise _not_here("view", f"finds no experiment {self.id}", "check the id (`trialkit experiment list`)")
         self.load_checkpoint()
-        self._viewer = subprocess.Popen([sys.executable, "-m", "trialkit.cli", "ui", self.id, "--port", str(port)],
+        self._viewer = subprocess.Popen(process.own_module_argv("trialkit.cli", "ui", self.id, "--port", str(port)),
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         line = self._viewer.stdout.readline()  # `trialkit ui: URL`, once it listens
         if not line.startswith("trialkit ui: "):

@@ -42,6 +42,22 @@ _PR_SET_CHILD_SUBREAPER = 36
 libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
+# `python -m` puts the working directory first on sys.path, and a folder named `trialkit` there (the checkout's
+# parent, a code dir's) is taken for a namespace package `trialkit` ahead of an editable install, whose finder
+# comes after the path's (setuptools issue 3557). So our own modules start with the working directory off the
+# path: `-P` where this Python has it (3.11+), else this code, which takes off the '' that -c puts first and
+# runs the module named after it as -m would. scripts/run.sh runs the same code (its Python may be older).
+RUN_MODULE_OFF_CWD = ('import runpy, sys; getattr(sys.flags, "safe_path", 0) or sys.path.pop(0); '
+                      'runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)')
+
+
+def own_module_argv(module: str, *args: str) -> List[str]:
+    """`python -m MODULE ARGS...` for one of trialkit's modules, in this Python, the working directory off sys.path."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module, *args]
+    return [sys.executable, "-c", RUN_MODULE_OFF_CWD, module, *args]
+
+
 class LaunchError(Exception):
     """The command could not be started; `code` is the shell's code for it."""
 

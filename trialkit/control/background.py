@@ -4,14 +4,13 @@
     info = wait_listening(child, experiment_dir, 30.0)   # its manager.json, once it listens
     status(experiment_dir, store.experiment(ID))         # RUNNING, DONE, ..., INTERRUPTED
 
-The background run is `python -m trialkit.cli ARGV` in its own session, with
+The background run is `python -P -m trialkit.cli ARGV` (process.own_module_argv) in its own session, with
 no parent-death signal: it outlives the program that started it, and its
 output goes to the experiment's manager.log (or, when asked, to ours).
 """
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -29,11 +28,11 @@ def start(argv: List[str], experiment_dir: Path, to_log: bool = True) -> process
     import subprocess  # here: `experiment list` reads status() and starts nothing
 
     if not to_log:
-        return process.spawn([sys.executable, "-m", "trialkit.cli"] + argv, stdin=subprocess.DEVNULL,
+        return process.spawn(process.own_module_argv("trialkit.cli", *argv), stdin=subprocess.DEVNULL,
                              die_with_parent=False)
     # 0600: the log holds the page's URL, and the URL the admin token.
     with os.fdopen(os.open(log_path(experiment_dir), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-        return process.spawn([sys.executable, "-m", "trialkit.cli"] + argv, stdin=subprocess.DEVNULL, stdout=log,
+        return process.spawn(process.own_module_argv("trialkit.cli", *argv), stdin=subprocess.DEVNULL, stdout=log,
                              stderr=subprocess.STDOUT, die_with_parent=False)
 
 

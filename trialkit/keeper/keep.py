@@ -24,8 +24,8 @@ from trialkit.checkpoints import STORE_FAILED_EXIT, STORED_LIST, unstored
 from trialkit.keeper.logs import ECHO_DRAIN_SECONDS, Capture, LineScanner, explain_failure
 from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import PROG, say, warn, warnings_also_to
-from trialkit.process import (STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, pipes_output, signal_group,
-                              spawn)
+from trialkit.process import (STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, own_module_argv, pipes_output,
+                              signal_group, spawn)
 from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
 
 
@@ -165,7 +165,7 @@ class Uploads:
             pass
         read, self._end = os.pipe()
         try:
-            self.child: Optional[Child] = loop.watch(spawn([sys.executable, "-m", "trialkit.checkpoints.sync"],
+            self.child: Optional[Child] = loop.watch(spawn(own_module_argv("trialkit.checkpoints.sync"),
                                                            env=trial.child_environ(), stdin=read, name="uploader"))
         except LaunchError as err:
             warn(f"cannot start the checkpoint uploader ({err}); checkpoints stay in {trial.checkpoint_dir}")

@@ -35,6 +35,7 @@ from trialkit.process import (
     Child,
     EventLoop,
     LaunchError,
+    own_module_argv,
     set_child_subreaper,
     shell_line_argv,
     spawn,
@@ -281,7 +282,7 @@ def restore_checkpoint(trial: env.TrialEnv) -> None:
     if find_spec("obstore") is None:  # an image without trialkit runs the keeper from its archive
         raise LaunchError("an object store of checkpoints needs trialkit in the image, with its checkpoints extra "
                           "(obstore is not importable here); build the image from images/Dockerfile.cpu or .gpu", 1)
-    argv = [sys.executable, "-m", "trialkit.checkpoints.restore"]
+    argv = own_module_argv("trialkit.checkpoints.restore")
     try:
         done = subprocess.run(argv, env=trial.child_environ(), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True, errors="replace", timeout=trial.checkpoint_transfer_seconds)

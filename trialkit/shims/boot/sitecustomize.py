@@ -7,6 +7,13 @@ installed `nni` is never shadowed. It costs a process one directory listing at
 start-up. A `sitecustomize` later on sys.path (the interpreter's own) still
 runs afterwards; AdaptDL's boot dir, when on, comes before this one and chains
 to it. Standard library only: trialkit may not be importable here.
+
+One more finder goes BEFORE the path's, for `trialkit` alone: a folder named
+`trialkit` in the code dir (the script's dir, first on sys.path) is taken for a
+namespace package, ahead of an editable install's finder (setuptools issue
+3557), and the SDK is then an empty package. Where the path finds only such a
+folder, this one serves the real trialkit; a real package on the path (an
+older keeper's on PYTHONPATH, site-packages') is still what the path finds.
 """
 import importlib.machinery
 import os
@@ -30,6 +37,24 @@ class FallbackFinder:
         if name in self.names:
             return importlib.machinery.PathFinder.find_spec(name, [SHIMS])
         return None
+
+
+class NotANamespaceFinder:
+    """Before the path finder: `trialkit` as the path finds it, but never a folder of that name without
+    an __init__.py (a namespace package), which trialkit never is."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "trialkit" or path is not None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name)
+        if spec is not None and spec.loader is None:
+            return importlib.machinery.PathFinder.find_spec(name, [TRIALKIT_HOME])
+        return spec
+
+
+def _before_the_path_finder(finder):
+    at = next((i for i, f in enumerate(sys.meta_path) if f is importlib.machinery.PathFinder), len(sys.meta_path))
+    sys.meta_path.insert(at, finder)
 
 
 def fallback_names(shims=SHIMS):
@@ -60,4 +85,6 @@ def _run_next_sitecustomize():
 if __name__ == "sitecustomize":
     if not any(type(finder).__name__ == FallbackFinder.__name__ for finder in sys.meta_path):
         sys.meta_path.append(FallbackFinder(fallback_names()))
+    if not any(type(finder).__name__ == NotANamespaceFinder.__name__ for finder in sys.meta_path):
+        _before_the_path_finder(NotANamespaceFinder())
     _run_next_sitecustomize()

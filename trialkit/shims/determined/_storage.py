@@ -47,9 +47,10 @@ def _where(root: Path, storage_id: str) -> Path:
 def _in_store(*argv: str) -> int:
     """trialkit.checkpoints.restore ARGV in a process of its own (it loads the cloud library); its exit code."""
     import subprocess  # here: only the store needs it
-    import sys
 
-    return subprocess.run([sys.executable, "-m", "trialkit.checkpoints.restore", *argv],
+    from trialkit.process import own_module_argv
+
+    return subprocess.run(own_module_argv("trialkit.checkpoints.restore", *argv),
                           stdin=subprocess.DEVNULL).returncode
 
 
