@@ -95,3 +95,24 @@ def test_every_spawn_of_our_own_modules_takes_the_working_directory_off():
     spawned = subprocess.run(["grep", "-rnE", r'"-m", *"trialkit|-m trialkit\.[a-z_.]+ "?\$', "trialkit", "scripts",
                               "--include=*.py", "--include=*.sh"], cwd=ROOT, capture_output=True, text=True)
     assert spawned.stdout == "", spawned.stdout
+
+
+@pytest.mark.parametrize("own, warned", [
+    ("trialkit.py", True),
+    ("trialkit/__init__.py", True),
+    ("trialkit/notes.txt", False),  # a folder trialkit mends: no word
+    (None, False),  # the checkout itself: its trialkit/ is the keeper's own
+], ids=["module", "package", "folder", "the-checkout"])
+def test_the_keeper_says_at_start_which_trialkit_of_the_code_dirs_shadows_the_sdk(tmp_path, own, warned):
+    code_dir = ROOT if own is None else tmp_path / "code"
+    if own is not None:
+        (code_dir / own).parent.mkdir(parents=True, exist_ok=True)
+        (code_dir / own).write_text("")
+    environ = {**os.environ, "TRIALKIT_TRIAL_DIR": str(tmp_path / "trial")}
+    done = subprocess.run(own_module_argv("trialkit.keeper", "--", sys.executable, "-c", "pass"), cwd=code_dir,
+                          env=environ, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "a script there imports as trialkit" in line]
+    name = "trialkit.py" if own == "trialkit.py" else "a package trialkit/"
+    assert said == ([f"[trialkit-keeper] warning: the code dir holds {name}, which a script there imports as trialkit "
+                     "instead of trialkit's SDK (its functions missing, or not the SDK's); rename it"] if warned else [])

@@ -47,7 +47,7 @@ def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventL
         ready_stop(trial.stop_file)
         # Said in the RUNNING record too: the experiment's console prints each once (control/loop.py), on every
         # platform, for a user who reads that and not each trial's log.
-        said = stop_warnings(opts, trial)
+        said = stop_warnings(opts, trial) + sdk_shadowed()
         reporter.status(RUNNING, pid=child.pid, started=started, restart_count=trial.restart_count,
                         command=list(opts.command), keeper_version=__version__, **({"warnings": said} if said else {}))
         captures = capture_output(opts, trial, loop, reporter, out_r, err_r)
@@ -86,6 +86,23 @@ def stop_warnings(opts: argparse.Namespace, trial: env.TrialEnv) -> List[str]:
                     "leave the pipe out (the keeper keeps the output in the trial dir's stdout.log and stderr.log) "
                     "or write to a file (> train.log 2>&1)")
     return said
+
+
+def sdk_shadowed(code_dir: str = ".") -> List[str]:
+    """A module or a package named trialkit in the code dir (the command's working directory), which a script
+    there imports instead of trialkit's SDK; one line to say so. (A folder without an __init__.py, taken for a
+    namespace package, is no matter: the training process gets the real trialkit all the same, shims/boot.)"""
+    module = os.path.join(code_dir, "trialkit.py")
+    package = os.path.join(code_dir, "trialkit")
+    if os.path.isfile(module):
+        found = "trialkit.py"
+    elif (os.path.isfile(os.path.join(package, "__init__.py"))
+          and os.path.realpath(package) != os.path.dirname(os.path.realpath(env.__file__))):  # not this trialkit
+        found = "a package trialkit/"
+    else:
+        return []
+    return [f"the code dir holds {found}, which a script there imports as trialkit instead of trialkit's SDK "
+            "(its functions missing, or not the SDK's); rename it"]
 
 
 def grace_from(opts: argparse.Namespace) -> str:
