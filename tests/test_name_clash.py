@@ -116,3 +116,18 @@ def test_the_keeper_says_at_start_which_trialkit_of_the_code_dirs_shadows_the_sd
     name = "trialkit.py" if own == "trialkit.py" else "a package trialkit/"
     assert said == ([f"[trialkit-keeper] warning: the code dir holds {name}, which a script there imports as trialkit "
                      "instead of trialkit's SDK (its functions missing, or not the SDK's); rename it"] if warned else [])
+
+
+def test_a_launcher_and_its_workers_in_a_code_dir_holding_a_trialkit_folder(tmp_path):
+    # torchrun starts each worker as `python -u -m trialkit.launch.wrap_rank` in the code dir: its argv is
+    # torchrun's, so what finds the real trialkit there is the training process's sitecustomize (shims/boot).
+    pytest.importorskip("torch")
+    (tmp_path / "trialkit").mkdir()
+    (tmp_path / "trialkit" / "notes.txt").write_text("the user's notes\n")
+    (tmp_path / "train.py").write_text("import trialkit\nprint('worker sees', trialkit.__version__)\n")
+    environ = {**os.environ, "TRIALKIT_TRIAL_DIR": str(tmp_path / "trial")}
+    done = subprocess.run(own_module_argv("trialkit.keeper", "--", sys.executable, "-m",
+                                          "trialkit.launch.torch_distributed", "train.py"),
+                          cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=TIMEOUT)
+    from trialkit import __version__
+    assert done.returncode == 0 and f"[rank=0] worker sees {__version__}" in done.stdout, done.stdout + done.stderr
