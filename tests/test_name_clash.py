@@ -114,8 +114,9 @@ def test_the_keeper_says_at_start_which_trialkit_of_the_code_dirs_shadows_the_sd
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if "a script there imports as trialkit" in line]
     name = "trialkit.py" if own == "trialkit.py" else "a package trialkit/"
-    assert said == ([f"[trialkit-keeper] warning: the code dir holds {name}, which a script there imports as trialkit "
-                     "instead of trialkit's SDK (its functions missing, or not the SDK's); rename it"] if warned else [])
+    line = (f"[trialkit-keeper] warning: the code dir holds {name}, which a script there imports as trialkit instead "
+            "of trialkit's SDK (its functions missing, or not the SDK's); rename it")
+    assert said == ([line] if warned else [])
 
 
 def test_a_launcher_and_its_workers_in_a_code_dir_holding_a_trialkit_folder(tmp_path):
