@@ -20,11 +20,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from trialkit import platforms
 from trialkit import schema
-from trialkit.control.assessors import check_assessor
+from trialkit.control.assessors import ASSESSORS, check_assessor
 from trialkit.control.checkpoints import CheckpointStorage, parse_storage
 from trialkit.control import determined
 from trialkit.control.searchspace import SearchSpace, parse_space
-from trialkit.control.tuners import TUNERS, check_tuner
+from trialkit.control.tuners import ALIASES, TUNERS, check_tuner
 from trialkit.env import DEFAULT_GRACE_SECONDS, check_grace
 from trialkit.errors import UserError
 from trialkit.platforms.pools import DEFAULT_PRIORITY
@@ -538,22 +538,60 @@ def _search_space(c: Mapping[str, Any], base: Path) -> SearchSpace:
 
 
 def _algorithm(section: Any, where: str) -> Tuple[Any, Any]:
+    """(name, classArgs) of the tuner, advisor or assessor section at `where`."""
     sec = schema.normalize_keys(section, ("name", "classArgs"), where)
     if sec.get("name") is None:
         raise UserError("name is missing", schema.path(where, "name"), "add name: TPE, or another tuner's name")
+    _misplaced(sec["name"], where)
     return sec["name"], sec.get("classArgs")
+
+
+_A_KIND = {"tuner": "a tuner", "advisor": "an advisor"}
+
+
+def _misplaced(name: Any, where: str) -> None:
+    """An assessor's name under tuner or advisor, or a tuner's under assessor: which kind it is and where it goes,
+    rather than an unknown name (tuners pick the parameters; assessors stop poor trials early)."""
+    folded = schema.fold(name) if isinstance(name, str) else None
+    if where != "assessor":
+        assessor = next((entry for entry in ASSESSORS if schema.fold(entry) == folded), None)
+        if assessor is not None:
+            raise UserError(f"{assessor} is an assessor, not {_A_KIND[where]}: it stops poor trials early and picks no "
+                            "parameters", schema.path(where, "name"),
+                            f"move it to assessor: {{name: {assessor}}} and name a tuner here, like TPE")
+        return
+    tuner = next((entry for entry in [*TUNERS, *ALIASES] if schema.fold(entry) == folded), None)
+    if tuner is None:
+        return
+    if TUNERS[ALIASES.get(tuner, tuner)].TAKES_ASSESSOR:
+        raise UserError(f"{tuner} is a tuner, not an assessor: it picks the parameters to try", "assessor.name",
+                        f"name it under tuner: {{name: {tuner}}} and name an assessor here, like Medianstop, "
+                        "or remove the assessor")
+    raise UserError(f"{tuner} is a tuner that also stops trials itself, an advisor in NNI, not an assessor",
+                    "assessor.name", f"name it under tuner: {{name: {tuner}}} and remove the assessor")
 
 
 def _tuner(c: Mapping[str, Any], space: Optional[SearchSpace]) -> AlgorithmConfig:
     """The tuner; with no space (it was refused), its name and classArgs are checked against an empty one."""
-    # NNI took an advisor (BOHB, Hyperband) in the tuner's place.
+    # NNI took an advisor (BOHB, Hyperband) in the tuner's place, and refuses both.
     if c.get("tuner") is not None and c.get("advisor") is not None:
-        raise UserError("both tuner and advisor are given", "advisor", "keep the tuner")
+        tuner, advisor = _name_in(c["tuner"], "the tuner's"), _name_in(c["advisor"], "the advisor's")
+        raise UserError("both tuner and advisor are given: an advisor is a tuner that also decides which trials "
+                        "stop, and an experiment has one of the two, as in NNI", "advisor",
+                        f"keep one of the two keys: remove advisor: to search with {tuner}, or remove tuner: to "
+                        f"search with {advisor}, its classArgs with it")
     where = "advisor" if c.get("advisor") is not None else "tuner"
     if c.get(where) is None:
         raise UserError("the tuner is missing", "tuner", "add tuner: {name: TPE, classArgs: {optimize_mode: maximize}}")
     name, args = _algorithm(c[where], where)
     return AlgorithmConfig(*check_tuner(name, args, space or SearchSpace({}, {}), where))
+
+
+def _name_in(section: Any, instead: str) -> str:
+    """The name a tuner or advisor section gives, as written, for a message about it; `instead` if none reads."""
+    name = next((value for key, value in section.items() if isinstance(key, str) and schema.fold(key) == "name"),
+                None) if isinstance(section, Mapping) else None
+    return name if isinstance(name, str) else instead
 
 
 def _assessor(section: Any, tuner: Optional[AlgorithmConfig]) -> Optional[AlgorithmConfig]:
