@@ -35,6 +35,18 @@ step() {
 
 venv_pip() { "$venv/bin/python" -m pip install --progress-bar on -c "$root/constraints.txt" "$@"; }
 
+# venv_pip with its output in a log that only a failure shows (its last lines, and where the rest is): an
+# editable install's build prints setuptools' "Editable installation" banner, which pip's -q does not hold back,
+# among the numbered steps.
+venv_pip_logged() {
+  local log=$venv/.bootstrap-pip.log
+  venv_pip "$@" >"$log" 2>&1 && return 0
+  local code=$?
+  tail -n 40 "$log" >&2
+  echo "bootstrap: pip failed (exit $code); its whole output: $log" >&2
+  return "$code"
+}
+
 # install_venv demo|full
 install_venv() {
   local want=$1 have; have=$(level)
@@ -52,14 +64,14 @@ install_venv() {
     venv_pip torch==2.13.0
     step $((n += 1)) $total "trialkit and its control extra: optuna (tuners), aiohttp and orjson (the manager), \
 plotly and matplotlib (the page, plots), pathspec, tensorboardX"
-    venv_pip -e "$root[control]"
+    venv_pip_logged -e "$root[control]"
     echo "$(inputs) demo" >"$stamp_file"
   else
     n=3
   fi
   if [ "$want" = full ]; then
     step $((n += 1)) $total "the engines and platforms (deepspeed, adaptdl, ray, kubernetes, object storage), the docs and test tools"
-    venv_pip -e "$root[all,test]"
+    venv_pip_logged -e "$root[all,test]"
     step $((n += 1)) $total "horovod 0.28.1 for this torch (built from source once, a few minutes; then cached in $cache)"
     local whl; whl=$(bash tools/build_horovod.sh "$venv/bin/python" "$cache")
     venv_pip -q "$whl"

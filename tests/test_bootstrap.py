@@ -29,6 +29,11 @@ case "$1 $2" in
   "-m venv") mkdir -p "$3/bin"; cp "$0" "$3/bin/python"; cp "$0" "$3/bin/trialkit" ;;
   "-c "*) case "$2" in *torch*) echo 2.13.0 ;; *version_info*) echo cp311 ;; esac ;;
 esac
+case "$*" in  # an editable install's build prints setuptools' banner; PIP_FAILS: it fails as pip fails
+  *"pip install "*" -e "*)
+    printf '  !!\n  Please be careful with folders in your working directory with the same\n  !!\n' >&2
+    [ -z "$PIP_FAILS" ] || { echo "ERROR: No matching distribution found for aiohttp>=3.9" >&2; exit 1; } ;;
+esac
 """
 
 
@@ -47,17 +52,22 @@ def checkout(tmp_path: Path) -> Path:
     return root
 
 
-def bootstrap(checkout: Path, *args: str) -> List[str]:
-    """Run ./bootstrap.sh ARGS; the stand-in's calls, as `program args`."""
+def run_bootstrap(checkout: Path, *args: str, **environ: str) -> subprocess.CompletedProcess:
+    """./bootstrap.sh ARGS as run, its output as text; the stand-in's calls go to calls.log beside the checkout."""
     log = checkout.parent / "calls.log"
     log.unlink(missing_ok=True)
     log.touch()
     env = dict(os.environ, TRIALKIT_TEST_WORKERS="3", PYTHON=str(checkout.parent / "python3"), TRIALKIT_CACHE=str(checkout.parent / "cache"),
-               BOOTSTRAP_LOG=str(log))
-    done = subprocess.run(["bash", "bootstrap.sh", *args], cwd=checkout, env=env, capture_output=True, text=True,
+               BOOTSTRAP_LOG=str(log), **environ)
+    return subprocess.run(["bash", "bootstrap.sh", *args], cwd=checkout, env=env, capture_output=True, text=True,
                           timeout=60)
+
+
+def bootstrap(checkout: Path, *args: str) -> List[str]:
+    """Run ./bootstrap.sh ARGS; the stand-in's calls, as `program args`."""
+    done = run_bootstrap(checkout, *args)
     assert done.returncode == 0, done.stderr
-    return log.read_text().splitlines()
+    return (checkout.parent / "calls.log").read_text().splitlines()
 
 
 def installs(calls: List[str]) -> List[str]:
@@ -102,3 +112,15 @@ def test_the_demo_after_the_tests_installs_nothing_and_a_changed_input_installs_
         pins.write("somepin==1.0\n")
     assert installs(bootstrap(checkout, "demo")) == ["pip wheel setuptools<81", "torch==2.13.0",
                                                      f"{checkout}[control]"]
+
+
+def test_the_demos_steps_keep_the_editable_builds_banner_out_and_a_failing_install_shows_its_error(checkout):
+    failed = run_bootstrap(checkout, "demo", PIP_FAILS="1")
+    assert failed.returncode == 1, failed.stderr
+    assert "ERROR: No matching distribution found for aiohttp>=3.9" in failed.stderr
+    assert f"bootstrap: pip failed (exit 1); its whole output: {checkout}/.venv/.bootstrap-pip.log" in failed.stderr
+    assert "trialkit run" not in (checkout.parent / "calls.log").read_text()  # the demo never started
+    done = run_bootstrap(checkout, "demo")
+    assert done.returncode == 0, done.stderr
+    assert "bootstrap: [3/3] trialkit and its control extra" in done.stderr
+    assert "Please be careful" not in done.stdout + done.stderr and "!!" not in done.stderr

@@ -67,7 +67,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "top.logLevel": "Only `info`, the manager's one level (NNI's other levels are refused).",
     "top.tuner": "`{name, classArgs}`: which tuner proposes parameters (see [tuners](#tuners)).",
     "top.assessor": "`{name, classArgs}`: which assessor stops poor trials early (see [assessors](#assessors)).",
-    "top.advisor": "NNI's advisors (Hyperband, BOHB) in the tuner's place: the same as `tuner`.",
+    "top.advisor": "NNI's advisors (Hyperband, BOHB) in the tuner's place: the same as `tuner`; a config has one "
+    "of the two, as in NNI.",
     "top.trainingService": "Where trials run: `platform:` local, kubeflow, frameworkcontroller, adaptdl or ray, "
     "and that platform's keys (below).",
     "top.maxTrialRestarts": "trialkit (Determined's `max_restarts`): how many times a trial that failed for a cause "
@@ -693,7 +694,7 @@ NNI_V2_NOTES: Dict[str, str] = {
     "assessor": "`Medianstop`, `Curvefitting` (NNI's classArgs), `ASHA`, or `Pruner` (optuna's pruners)",
     "useAnnotation": "must be false",
     "advisor": "taken as the tuner, as NNI 3.0 takes it: Hyperband and BOHB with NNI's classArgs, each trial's "
-    "budget among its parameters as `TRIAL_BUDGET`; an assessor beside one is refused, as in NNI",
+    "budget among its parameters as `TRIAL_BUDGET`; an assessor beside one is refused, and so is a tuner, as in NNI",
     "nniManagerIp": "for cluster platforms, the address pods reach the manager at (`managerAddress`); on local "
     "accepted and not used, as in NNI (a note says so at the start)",
     "trialGpuNumber": "local: a trial waits for that many free GPUs and gets exactly them, as in NNI's local mode; "

@@ -64,9 +64,11 @@ def suggest(word: str, choices: Iterable[str]) -> Optional[str]:
     return by_fold[close[0]] if close else None
 
 
-def unknown(kind: str, name: Any, choices: Sequence[str], where: str, hint: str = "") -> UserError:
-    """The error for a name that is not one of `choices`, with a did-you-mean."""
-    near = suggest(name, choices) if isinstance(name, str) else None
+def unknown(kind: str, name: Any, choices: Sequence[str], where: str, hint: str = "",
+            also: Sequence[str] = ()) -> UserError:
+    """The error for a name that is not one of `choices`, with a did-you-mean (of `choices` or `also`: other
+    spellings a lookup takes)."""
+    near = suggest(name, [*choices, *also]) if isinstance(name, str) else None
     fix = f"did you mean {near!r}?" if near else hint + "use one of: " + ", ".join(choices)
     return UserError(f"unknown {kind} {show(name)}", where, fix)
 
@@ -184,21 +186,26 @@ def as_duration(value: Any, where: str) -> float:
     return as_number(value, where, positive=True)
 
 
-def lookup(kind: str, name: Any, known: Sequence[str], unavailable: Sequence[str], where: str) -> str:
-    """The entry of `known` that `name` spells (case and underscores aside).
+def lookup(kind: str, name: Any, known: Sequence[str], where: str, aliases: Optional[Mapping[str, str]] = None,
+           refused: Optional[Mapping[str, Tuple[str, str]]] = None) -> str:
+    """The entry of `known` that `name` spells (case and underscores aside), itself or through `aliases` (another
+    name -> its entry, one of `known` or `refused`).
 
-    `unavailable` are NNI's names trialkit does not carry: the error says so
-    rather than suggesting a look-alike.
+    `refused` are NNI's names trialkit does not carry (name -> why, what to
+    use instead): the error says so rather than suggesting a look-alike. Any
+    other name gets the nearest of all these names as a did-you-mean (a
+    misspelt alias included: `PBTTunner`).
     """
+    aliases, refused = aliases or {}, refused or {}
     if isinstance(name, str):
-        for entry in known:
-            if fold(entry) == fold(name):
-                return entry
-        for entry in unavailable:
-            if fold(entry) == fold(name):
-                raise UserError(f"NNI's {kind} {entry!r} is not available in trialkit", where,
-                                "use one of: " + ", ".join(known))
-    raise unknown(kind, name, known, where)
+        spelt = next((entry for entry in [*known, *aliases, *refused] if fold(entry) == fold(name)), None)
+        entry = aliases.get(spelt, spelt) if spelt is not None else None
+        if entry in known:
+            return entry
+        if entry in refused:
+            why, instead = refused[entry]
+            raise UserError(f"NNI's {kind} {entry!r} is not available in trialkit: {why}", where, f"use {instead}")
+    raise unknown(kind, name, known, where, also=[*aliases, *refused])
 
 
 # -- placeholders, v1 names, every problem at once -------------------------------------------

@@ -415,12 +415,12 @@ def predict_curve(results: Sequence[float], target: int, families: Sequence[Any]
 
 ASSESSORS: Dict[str, Type[Assessor]] = {"Medianstop": MedianstopAssessor, "Pruner": PrunerAssessor, "ASHA": AshaAssessor,
                                         "Curvefitting": CurvefittingAssessor}
-NNI_ONLY: Tuple[str, ...] = ()
+NNI_ONLY: Dict[str, Tuple[str, str]] = {}  # NNI assessors trialkit does not carry: (why, what to use instead)
 
 
 def check_assessor(name: Any, class_args: Any, where: str = "assessor") -> Tuple[str, Dict[str, Any]]:
     """The canonical name and checked classArgs, or UserError."""
-    cls_name = schema.lookup("assessor", name, list(ASSESSORS), NNI_ONLY, schema.path(where, "name"))
+    cls_name = schema.lookup("assessor", name, list(ASSESSORS), schema.path(where, "name"), refused=NNI_ONLY)
     return cls_name, ASSESSORS[cls_name].check_args(class_args, schema.path(where, "classArgs"))
 
 

@@ -20,11 +20,11 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from trialkit import platforms
 from trialkit import schema
-from trialkit.control.assessors import check_assessor
+from trialkit.control.assessors import ASSESSORS, check_assessor
 from trialkit.control.checkpoints import CheckpointStorage, parse_storage
 from trialkit.control import determined
 from trialkit.control.searchspace import SearchSpace, parse_space
-from trialkit.control.tuners import TUNERS, check_tuner
+from trialkit.control.tuners import ALIASES, TUNERS, check_tuner
 from trialkit.env import DEFAULT_GRACE_SECONDS, check_grace
 from trialkit.errors import UserError
 from trialkit.platforms.pools import DEFAULT_PRIORITY
@@ -235,8 +235,8 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
              for name, key, value_check, default in _plain_keys(base)}
     inputs = (service, template, manager_ip, code_dir, gpus, priority, command)
     platform = _FAILED if _FAILED in inputs else check(_platform, c, base, *inputs, default=_FAILED)
-    pbt_notes = [] if _FAILED in (tuner, platform, plain["checkpoint_storage"]) else check(
-        pbt_checkpoints, tuner, platform[0]["platform"], platform[1], plain["checkpoint_storage"], default=[])
+    handover_notes = [] if _FAILED in (tuner, platform, plain["checkpoint_storage"]) else check(
+        checkpoint_handover, tuner, platform[0]["platform"], platform[1], plain["checkpoint_storage"], default=[])
     schema.raise_reported()
     section, platform_config, priority, notes = platform
     return ExperimentConfig(
@@ -251,7 +251,7 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
         nni_manager_ip=manager_ip,
         trial_template=template,
         priority=DEFAULT_PRIORITY if priority is None else priority,
-        notes=tuple(notes + ignored + pbt_notes),
+        notes=tuple(notes + ignored + handover_notes),
         **plain,
     )
 
@@ -302,26 +302,44 @@ def _platform(c: Mapping[str, Any], base: Path, service: Any, template: Optional
     return section, platform_config, priority, notes
 
 
-def pbt_checkpoints(tuner: AlgorithmConfig, platform: str, platform_config: Any,
-                    storage: Optional[CheckpointStorage]) -> List[str]:
-    """PBT's all_checkpoint_dir where every trial sees it (notes on it, or UserError). A platform whose trials
-    run on machines of their own says where they share files (`shared_dirs`: a Kubernetes platform's NFS or
-    Azure File mount): the dir must be under one, and trials_experiment_dir puts the default there. Without
-    one, only code that keeps its state in trialkit.checkpoint_dir() can go on from another trial's
-    checkpoint, through an object store's copy. Local trials see this machine's experiment dir, where the
-    default goes, and so do a Ray cluster's on this machine (trials_see_this_machine); a remote one's need a
-    given dir or the object store."""
-    module = platforms.load(platform)
-    if tuner.name != "PBT":
+# What a search that hands one trial's checkpoint to another keeps there, for its refusal on a cluster elsewhere:
+# (what goes by the experiment dir, how to fix it).
+_HANDED_OVER = {
+    "PBT": ("where PBT's checkpoints go by default", "set all_checkpoint_dir to a directory every node mounts at the "
+            "same path, or put checkpointStorage in an object store, s3, gcs or azure"),
+    "Hyperband": ("where a configuration that goes on to the next round gets a copy of the checkpoint dir its round "
+                  "before left", "put checkpointStorage in an object store, s3, gcs or azure, which every node "
+                  "reaches, or use a Ray cluster on this machine"),
+}
+
+
+def checkpoint_handover(tuner: AlgorithmConfig, platform: str, platform_config: Any,
+                        storage: Optional[CheckpointStorage]) -> List[str]:
+    """A search that hands one trial's checkpoint to another (PBT's exploit, a configuration Hyperband or BOHB
+    sends on: HANDS_ON_CHECKPOINTS) where the checkpoint reaches the trial that goes on (notes on it, or
+    UserError). The copy is made on this machine, from the trial's dir under the experiment dir (the platform's
+    seed_checkpoint), or in the object store of checkpoints (checkpointStorage), which the keeper fetches on any
+    node. Local trials see this machine's experiment dir, and so do a Ray cluster's on this machine
+    (trials_see_this_machine); a remote one's keep their dirs on their own disks, where the copy would find
+    nothing: refused without a store, as PBT without a dir every node mounts. A platform whose trials run on
+    machines of their own says where they share files (`shared_dirs`: a Kubernetes platform's NFS or Azure File
+    mount): PBT's all_checkpoint_dir must be under one, and trials_experiment_dir puts the default there."""
+    if not TUNERS[tuner.name].HANDS_ON_CHECKPOINTS:
         return []
+    module = platforms.load(platform)
     given = tuner.class_args.get("all_checkpoint_dir")
     stored = storage is not None and storage.store is not None
     sees_here = getattr(module, "trials_see_this_machine", None)  # Ray: a cluster on this machine
-    if sees_here is not None and not sees_here(platform_config) and given is None and not stored:
-        raise UserError(f"PBT on a {platform} cluster elsewhere: its nodes do not see this machine's experiment dir, "
-                        "where PBT's checkpoints go by default", "trainingService.address",
-                        "set all_checkpoint_dir to a directory every node mounts at the same path, or put "
-                        "checkpointStorage in an object store, s3, gcs or azure")
+    if sees_here is not None and not sees_here(platform_config) and not stored:
+        if given is None:
+            kept, fix = _HANDED_OVER["PBT" if tuner.name == "PBT" else "Hyperband"]
+            raise UserError(f"{tuner.name} on a {platform} cluster elsewhere: its nodes do not see this machine's "
+                            f"experiment dir, {kept}", "trainingService.address", fix)
+        return [f"PBT on a {platform} cluster elsewhere: a trial goes on from another's checkpoint through "
+                "load_checkpoint_dir under all_checkpoint_dir; trialkit.checkpoint_dir() starts empty, since each "
+                "node keeps its trials' dirs on its own disk (checkpointStorage in an object store carries it)"]
+    if tuner.name != "PBT":
+        return []
     shared_dirs = getattr(module, "shared_dirs", None)
     if shared_dirs is None:
         return []
@@ -538,22 +556,60 @@ def _search_space(c: Mapping[str, Any], base: Path) -> SearchSpace:
 
 
 def _algorithm(section: Any, where: str) -> Tuple[Any, Any]:
+    """(name, classArgs) of the tuner, advisor or assessor section at `where`."""
     sec = schema.normalize_keys(section, ("name", "classArgs"), where)
     if sec.get("name") is None:
         raise UserError("name is missing", schema.path(where, "name"), "add name: TPE, or another tuner's name")
+    _misplaced(sec["name"], where)
     return sec["name"], sec.get("classArgs")
+
+
+_A_KIND = {"tuner": "a tuner", "advisor": "an advisor"}
+
+
+def _misplaced(name: Any, where: str) -> None:
+    """An assessor's name under tuner or advisor, or a tuner's under assessor: which kind it is and where it goes,
+    rather than an unknown name (tuners pick the parameters; assessors stop poor trials early)."""
+    folded = schema.fold(name) if isinstance(name, str) else None
+    if where != "assessor":
+        assessor = next((entry for entry in ASSESSORS if schema.fold(entry) == folded), None)
+        if assessor is not None:
+            raise UserError(f"{assessor} is an assessor, not {_A_KIND[where]}: it stops poor trials early and picks no "
+                            "parameters", schema.path(where, "name"),
+                            f"move it to assessor: {{name: {assessor}}} and name a tuner here, like TPE")
+        return
+    tuner = next((entry for entry in [*TUNERS, *ALIASES] if schema.fold(entry) == folded), None)
+    if tuner is None:
+        return
+    if TUNERS[ALIASES.get(tuner, tuner)].TAKES_ASSESSOR:
+        raise UserError(f"{tuner} is a tuner, not an assessor: it picks the parameters to try", "assessor.name",
+                        f"name it under tuner: {{name: {tuner}}} and name an assessor here, like Medianstop, "
+                        "or remove the assessor")
+    raise UserError(f"{tuner} is a tuner that also stops trials itself, an advisor in NNI, not an assessor",
+                    "assessor.name", f"name it under tuner: {{name: {tuner}}} and remove the assessor")
 
 
 def _tuner(c: Mapping[str, Any], space: Optional[SearchSpace]) -> AlgorithmConfig:
     """The tuner; with no space (it was refused), its name and classArgs are checked against an empty one."""
-    # NNI took an advisor (BOHB, Hyperband) in the tuner's place.
+    # NNI took an advisor (BOHB, Hyperband) in the tuner's place, and refuses both.
     if c.get("tuner") is not None and c.get("advisor") is not None:
-        raise UserError("both tuner and advisor are given", "advisor", "keep the tuner")
+        tuner, advisor = _name_in(c["tuner"], "the tuner's"), _name_in(c["advisor"], "the advisor's")
+        raise UserError("both tuner and advisor are given: an advisor is a tuner that also decides which trials "
+                        "stop, and an experiment has one of the two, as in NNI", "advisor",
+                        f"keep one of the two keys: remove advisor: to search with {tuner}, or remove tuner: to "
+                        f"search with {advisor}, its classArgs with it")
     where = "advisor" if c.get("advisor") is not None else "tuner"
     if c.get(where) is None:
         raise UserError("the tuner is missing", "tuner", "add tuner: {name: TPE, classArgs: {optimize_mode: maximize}}")
     name, args = _algorithm(c[where], where)
     return AlgorithmConfig(*check_tuner(name, args, space or SearchSpace({}, {}), where))
+
+
+def _name_in(section: Any, instead: str) -> str:
+    """The name a tuner or advisor section gives, as written, for a message about it; `instead` if none reads."""
+    name = next((value for key, value in section.items() if isinstance(key, str) and schema.fold(key) == "name"),
+                None) if isinstance(section, Mapping) else None
+    return name if isinstance(name, str) else instead
 
 
 def _assessor(section: Any, tuner: Optional[AlgorithmConfig]) -> Optional[AlgorithmConfig]:

@@ -18,8 +18,10 @@ A platform that copies the trial's code dir (local) offers check_context(code_di
 experiment_dir): a dir it cannot take is refused before the experiment starts.
 A platform whose trials run on machines of their own (Kubernetes) offers
 shared_dirs(config) -> the paths where every trial sees the same files (PBT's
-all_checkpoint_dir goes there: control/config.py's pbt_checkpoints); one whose
-trials may run elsewhere (Ray) offers trials_see_this_machine(config) -> bool.
+all_checkpoint_dir goes there: control/config.py's checkpoint_handover); one
+whose trials may run elsewhere (Ray) offers trials_see_this_machine(config) ->
+bool (where not, a search that hands one trial's checkpoint to another needs
+an object store of checkpoints).
 """
 from __future__ import annotations
 

@@ -149,7 +149,8 @@ def with_code_dir(config: RayConfig, code_dir: str) -> RayConfig:
 def trials_see_this_machine(config: RayConfig) -> bool:
     """Whether the trials' nodes see this machine's files at their paths (their trial dirs are paths here, and
     so are PBT's checkpoints by default): a cluster on this machine (auto, a loopback address). A remote
-    cluster's nodes write to their own disks (the config layer's hook: control/config.py's pbt_checkpoints)."""
+    cluster's nodes write to their own disks, where seed_checkpoint's copy finds nothing (the config layer's
+    hook: control/config.py's checkpoint_handover)."""
     host = connect.parse_address(config.address, "trainingService.address").host
     if host is None or host.lower() == "localhost":
         return True

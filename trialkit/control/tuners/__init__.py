@@ -70,7 +70,7 @@ NNI_ONLY: Dict[str, Tuple[str, str]] = {
     "SMAC": ("SMAC3 builds its random forest (pyrfr) from C++ sources with SWIG and pins a ConfigSpace of its own",
              "TPE, a model of the results that takes choices and conditions as SMAC's forest does, or BOHB"),
     "Metis": ("Metis is NNI's own Gaussian-process and mixture-model code, with no maintained library behind it",
-              "GP, the Gaussian process Metis is built around (scikit-learn's)"),
+              "GP, the Gaussian process Metis is built around, scikit-learn's"),
     "DNGO": ("DNGO comes from pybnn, unmaintained since 2019",
              "GP: DNGO is a neural network standing in for a Gaussian process"),
     "PPO": ("PPO searches NNI's neural-architecture spaces by reinforcement learning", "TPE for hyperparameters"),
@@ -78,23 +78,15 @@ NNI_ONLY: Dict[str, Tuple[str, str]] = {
                         "TPE for hyperparameters"),
     "RegularizedEvolutionTuner": ("it is NNI's second evolution tuner", "Evolution, whose population ages as "
                                   "regularized evolution's does"),
-    "TPE_legacy": ("it runs hyperopt, unmaintained since 2021", "TPE (optuna's, univariate as hyperopt's)"),
+    "TPE_legacy": ("it runs hyperopt, unmaintained since 2021", "TPE, optuna's, univariate as hyperopt's"),
 }
 NNI_ONLY_ALIASES = {"MetisTuner": "Metis", "DNGOTuner": "DNGO", "PPOTuner": "PPO"}
 
 
 def canonical_name(name: Any, where: str) -> str:
-    """The registered name `name` spells (NNI's aliases included), or the one-line refusal."""
-    if isinstance(name, str):
-        folded = schema.fold(name)
-        for alias, real in {**ALIASES, **NNI_ONLY_ALIASES}.items():
-            if schema.fold(alias) == folded:
-                name = real
-        for refused, (why, instead) in NNI_ONLY.items():
-            if schema.fold(refused) == schema.fold(name):
-                raise UserError(f"NNI's tuner {refused!r} is not available in trialkit: {why}", where,
-                                f"use {instead}")
-    return schema.lookup("tuner", name, list(TUNERS), (), where)
+    """The registered name `name` spells (NNI's aliases included), the one-line refusal of an NNI tuner trialkit
+    does not carry, or the nearest name of them all."""
+    return schema.lookup("tuner", name, list(TUNERS), where, {**ALIASES, **NNI_ONLY_ALIASES}, NNI_ONLY)
 
 
 def check_tuner(name: Any, class_args: Any, space: SearchSpace, where: str = "tuner") -> Tuple[str, Dict[str, Any]]:

@@ -102,6 +102,9 @@ class Tuner:
     # BOHB, PBT): a trial a user's stop of the experiment cut short without a checkpoint runs again on
     # `experiment resume` (loop._stopped, queue.RERUN), rather than leaving its round ranked without it.
     RERUNS_CUT_SHORT: ClassVar[bool] = False
+    # True for a tuner that starts a trial from another's checkpoint (continues_from: PBT's exploit, a configuration
+    # Hyperband or BOHB sends on): the config checks the checkpoint can reach it (config.checkpoint_handover).
+    HANDS_ON_CHECKPOINTS: ClassVar[bool] = False
     # Python packages the tuner needs beyond optuna (trialkit's `search` extra): the config says so when one is
     # missing, rather than the experiment failing at its first ask.
     NEEDS: ClassVar[Tuple[str, ...]] = ()
