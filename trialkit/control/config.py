@@ -302,17 +302,6 @@ def _platform(c: Mapping[str, Any], base: Path, service: Any, template: Optional
     return section, platform_config, priority, notes
 
 
-# What a search that hands one trial's checkpoint to another keeps there, for its refusal on a cluster elsewhere:
-# (what goes by the experiment dir, how to fix it).
-_HANDED_OVER = {
-    "PBT": ("where PBT's checkpoints go by default", "set all_checkpoint_dir to a directory every node mounts at the "
-            "same path, or put checkpointStorage in an object store, s3, gcs or azure"),
-    "Hyperband": ("where a configuration that goes on to the next round gets a copy of the checkpoint dir its round "
-                  "before left", "put checkpointStorage in an object store, s3, gcs or azure, which every node "
-                  "reaches, or use a Ray cluster on this machine"),
-}
-
-
 def checkpoint_handover(tuner: AlgorithmConfig, platform: str, platform_config: Any,
                         storage: Optional[CheckpointStorage]) -> List[str]:
     """A search that hands one trial's checkpoint to another (PBT's exploit, a configuration Hyperband or BOHB
@@ -321,9 +310,10 @@ def checkpoint_handover(tuner: AlgorithmConfig, platform: str, platform_config: 
     seed_checkpoint), or in the object store of checkpoints (checkpointStorage), which the keeper fetches on any
     node. Local trials see this machine's experiment dir, and so do a Ray cluster's on this machine
     (trials_see_this_machine); a remote one's keep their dirs on their own disks, where the copy would find
-    nothing: refused without a store, as PBT without a dir every node mounts. A platform whose trials run on
+    nothing: PBT without a dir every node mounts is refused there. A platform whose trials run on
     machines of their own says where they share files (`shared_dirs`: a Kubernetes platform's NFS or Azure File
-    mount): PBT's all_checkpoint_dir must be under one, and trials_experiment_dir puts the default there."""
+    mount): PBT's all_checkpoint_dir must be under one, and trials_experiment_dir puts the default there.
+    Hyperband and BOHB are only told: NNI's trial code for them reads no checkpoint and loses nothing."""
     if not TUNERS[tuner.name].HANDS_ON_CHECKPOINTS:
         return []
     module = platforms.load(platform)
@@ -331,10 +321,16 @@ def checkpoint_handover(tuner: AlgorithmConfig, platform: str, platform_config: 
     stored = storage is not None and storage.store is not None
     sees_here = getattr(module, "trials_see_this_machine", None)  # Ray: a cluster on this machine
     if sees_here is not None and not sees_here(platform_config) and not stored:
+        if tuner.name != "PBT":
+            return [f"{tuner.name} on a {platform} cluster elsewhere: a configuration that goes on to the next round "
+                    "starts with an empty trialkit.checkpoint_dir(), since each node keeps its trials' dirs on its own "
+                    "disk (checkpointStorage in an object store carries it); code that keeps no checkpoint, as NNI's, "
+                    "loses nothing"]
         if given is None:
-            kept, fix = _HANDED_OVER["PBT" if tuner.name == "PBT" else "Hyperband"]
-            raise UserError(f"{tuner.name} on a {platform} cluster elsewhere: its nodes do not see this machine's "
-                            f"experiment dir, {kept}", "trainingService.address", fix)
+            raise UserError(f"PBT on a {platform} cluster elsewhere: its nodes do not see this machine's experiment "
+                            "dir, where PBT's checkpoints go by default", "trainingService.address",
+                            "set all_checkpoint_dir to a directory every node mounts at the same path, or put "
+                            "checkpointStorage in an object store, s3, gcs or azure")
         return [f"PBT on a {platform} cluster elsewhere: a trial goes on from another's checkpoint through "
                 "load_checkpoint_dir under all_checkpoint_dir; trialkit.checkpoint_dir() starts empty, since each "
                 "node keeps its trials' dirs on its own disk (checkpointStorage in an object store carries it)"]
