@@ -37,14 +37,29 @@ venv_pip() { "$venv/bin/python" -m pip install --progress-bar on -c "$root/const
 
 # venv_pip with its output in a log that only a failure shows (its last lines, and where the rest is): an
 # editable install's build prints setuptools' "Editable installation" banner, which pip's -q does not hold back,
-# among the numbered steps.
+# among the numbered steps. On a terminal one line, rewritten in place, says how far pip got meanwhile.
 venv_pip_logged() {
-  local log=$venv/.bootstrap-pip.log
-  venv_pip "$@" >"$log" 2>&1 && return 0
-  local code=$?
+  local log=$venv/.bootstrap-pip.log code=0
+  if [ -t 2 ]; then
+    venv_pip "$@" 2>&1 | tee "$log" | pip_progress || code=${PIPESTATUS[0]}
+  else
+    venv_pip "$@" >"$log" 2>&1 || code=$?
+  fi
+  [ "$code" = 0 ] && return 0
   tail -n 40 "$log" >&2
   echo "bootstrap: pip failed (exit $code); its whole output: $log" >&2
   return "$code"
+}
+
+# pip_progress: pip's output on stdin; the package it is collecting, and how many so far, on one line of stderr.
+pip_progress() {
+  local n=0 line
+  while IFS= read -r line; do
+    case $line in
+      Collecting*) n=$((n + 1)); printf '\rbootstrap:       %d packages, collecting %-40.40s' "$n" "${line#Collecting }" >&2 ;;
+    esac
+  done
+  [ "$n" = 0 ] || printf '\r%-90s\r' '' >&2
 }
 
 # install_venv demo|full

@@ -9,6 +9,7 @@ the issue's report, not in a test).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -31,6 +32,7 @@ case "$1 $2" in
 esac
 case "$*" in  # an editable install's build prints setuptools' banner; PIP_FAILS: it fails as pip fails
   *"pip install "*" -e "*)
+    printf 'Collecting optuna>=3\nCollecting aiohttp>=3.9\n'
     printf '  !!\n  Please be careful with folders in your working directory with the same\n  !!\n' >&2
     [ -z "$PIP_FAILS" ] || { echo "ERROR: No matching distribution found for aiohttp>=3.9" >&2; exit 1; } ;;
 esac
@@ -52,15 +54,20 @@ def checkout(tmp_path: Path) -> Path:
     return root
 
 
-def run_bootstrap(checkout: Path, *args: str, **environ: str) -> subprocess.CompletedProcess:
-    """./bootstrap.sh ARGS as run, its output as text; the stand-in's calls go to calls.log beside the checkout."""
+def run_bootstrap(checkout: Path, *args: str, terminal: bool = False, **environ: str) -> subprocess.CompletedProcess:
+    """./bootstrap.sh ARGS as run, its output as text; the stand-in's calls go to calls.log beside the checkout.
+    `terminal`: on a terminal that script(1) gives it, whose output (stdout and stderr as one, lines ended by
+    the terminal's \\r\\n) is stdout."""
     log = checkout.parent / "calls.log"
     log.unlink(missing_ok=True)
     log.touch()
     env = dict(os.environ, TRIALKIT_TEST_WORKERS="3", PYTHON=str(checkout.parent / "python3"), TRIALKIT_CACHE=str(checkout.parent / "cache"),
                BOOTSTRAP_LOG=str(log), **environ)
-    return subprocess.run(["bash", "bootstrap.sh", *args], cwd=checkout, env=env, capture_output=True, text=True,
-                          timeout=60)
+    command = ["bash", "bootstrap.sh", *args]
+    if terminal:  # its carriage returns kept: no universal newlines
+        command = ["script", "-qec", shlex.join(command), "/dev/null"]
+    done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, timeout=60)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 def bootstrap(checkout: Path, *args: str) -> List[str]:
@@ -124,3 +131,15 @@ def test_the_demos_steps_keep_the_editable_builds_banner_out_and_a_failing_insta
     assert done.returncode == 0, done.stderr
     assert "bootstrap: [3/3] trialkit and its control extra" in done.stderr
     assert "Please be careful" not in done.stdout + done.stderr and "!!" not in done.stderr
+
+
+def test_on_a_terminal_the_logged_install_says_how_far_pip_got_on_one_line(checkout):
+    """A terminal (script(1) gives bootstrap one) sees the packages pip collects, counted on one line that is
+    rewritten in place and cleared after; a failure still shows its error and the log."""
+    failed = run_bootstrap(checkout, "demo", terminal=True, PIP_FAILS="1")
+    assert failed.returncode == 1 and "bootstrap: pip failed (exit 1)" in failed.stdout, failed.stdout
+    done = run_bootstrap(checkout, "demo", terminal=True)
+    assert done.returncode == 0, done.stdout
+    assert "\r\n\rbootstrap:       1 packages, collecting optuna>=3" in done.stdout, done.stdout
+    assert "\rbootstrap:       2 packages, collecting aiohttp>=3.9" in done.stdout
+    assert "Please be careful" not in done.stdout
