@@ -65,6 +65,24 @@ def parameter_scale(space: Mapping[str, Any], name: str) -> Tuple[str, List[Any]
     return "linear", []
 
 
+def parameter_span(space: Mapping[str, Any], name: str) -> Optional[Tuple[float, float]]:
+    """The [low, high] the search space declares for parameter `name` (a bounded numeric type: uniform,
+    loguniform, randint and their q-variants), the whole space an axis of it spans whether or not a trial
+    drew near its ends; None for a choice, the unbounded normal types or a spec that names no such range."""
+    from trialkit.control.searchspace import NUMERIC_ARGS  # here: the CLI's reads load this module, not dataclasses
+
+    spec = _spec(space, name)
+    kind = spec.get("_type") if isinstance(spec, dict) else None
+    value = spec.get("_value") if isinstance(spec, dict) else None
+    if NUMERIC_ARGS.get(kind, ())[:2] != ("low", "high") or not isinstance(value, list) or len(value) < 2:
+        return None
+    low, high = value[:2]
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (low, high)) \
+            or low >= high or (kind in LOG_TYPES and low <= 0):
+        return None
+    return float(low), float(high)
+
+
 def log_ticks(low: float, high: float, most: int = LOG_TICKS) -> List[float]:
     """Round ticks for a log axis from `low` to `high` (both > 0): the first of powers of ten (every other one,
     every third, ... where there are many), 1, 2 and 5 times them, 1 to 9 times them that gives 3 to `most`

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import gpus
 from trialkit.control import admin, background, results
-from trialkit.control.plot import parameter_scale, step_title
+from trialkit.control.plot import parameter_scale, parameter_span, step_title
 from trialkit.control.progress import INTERRUPTED_NOTE
 from trialkit.manager.paths import MANAGER_FILE, TRIAL_LOG
 from trialkit.manager.server import HttpError, decode
@@ -380,9 +380,17 @@ def curves(db: sqlite3.Connection, experiment_id: str, trial_ids: Sequence[str],
     best = bold if bold is not None and (not trial_ids or not _outranked(db, experiment_id, leader, mode)) else None
     return {"optimize_mode": mode, "best": best, "series": series, "top": bold,
             "metrics": [m.shown for m in known], "metric": shown.shown,
+            # Whether any trial of the experiment has an intermediate result (asked only when none of these has):
+            # with none, the page says there are no curves rather than "the 3 best".
+            "reported": any(reports.values()) or _any_reported(db, experiment_id),
             # The group of a Determined metric shown by its own name ("loss": training), for its mark.
             "groups": {m.shown: m.group for m in known if m.group and m.shown != m.name},
             "x": step_title((value for values in reports.values() for value in values), shown.name)}
+
+
+def _any_reported(db: sqlite3.Connection, experiment_id: str) -> bool:
+    return db.execute("SELECT 1 FROM trials t WHERE t.experiment=? AND EXISTS (SELECT 1 FROM records r "
+                      "WHERE r.trial = t.id AND r.type = 'PERIODICAL') LIMIT 1", (experiment_id,)).fetchone() is not None
 
 
 def _has_runs(db: sqlite3.Connection) -> bool:
@@ -408,8 +416,11 @@ def hyperparameters(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any
             # Numbers and strings plot as they are; anything nested as its JSON text.
             columns[name].append(value if isinstance(value, (int, float, str)) or value is None else json.dumps(value))
     space = exp["config"].get("searchSpace")
-    scales = {name: dict(zip(("kind", "options"), parameter_scale(space if isinstance(space, dict) else {}, name)))
-              for name in names}
+    space = space if isinstance(space, dict) else {}
+    scales = {}
+    for name in names:  # each axis spans the space as declared, not only what the trials drew
+        kind, options = parameter_scale(space, name)
+        scales[name] = {"kind": kind, "options": options, "span": parameter_span(space, name)}
     return {"optimize_mode": results.optimize_mode(exp["config"]), "parameters": names, "ids": [r["id"] for r in rows],
             "metric": [r["metric"] for r in rows], "columns": columns, "scales": scales}
 
