@@ -723,9 +723,9 @@
     const log = scale.kind === 'log';
     const ends = spanned(values, scale.span);
     if (!ends || (log && ends[0] <= 0)) return {title, type: log ? 'log' : undefined};
-    // A margin, as plotly's own range has, so that a point at either end shows whole.
+    // A margin (5% a side, as `experiment plot` has), so that a point at either end shows whole.
     const [low, high] = log ? ends.map(Math.log10) : ends;
-    const pad = (high - low) * 0.04;
+    const pad = (high - low) * 0.05;
     return {title, type: log ? 'log' : undefined, range: [low - pad, high + pad]};
   }
   // The space's [low, high] widened to any value drawn beyond it; without a span, the values' own ends; null when
