@@ -704,13 +704,13 @@
       const decades = [];
       for (let d = Math.floor(low); d <= Math.ceil(high); d++) decades.push(d);
       return {label: label + ' (log)', values: values.map((v) => (v === null ? null : Math.log10(v))),
-        range: [low, high], tickvals: decades, ticktext: decades.map((d) => String(10 ** d))};
+        range: wide([low, high]), tickvals: decades, ticktext: decades.map((d) => String(10 ** d))};
     }
-    if (scale.kind !== 'category' && numeric) return {label, values, range: ends || undefined};
+    if (scale.kind !== 'category' && numeric) return {label, values, range: wide(ends)};
     const labels = optionLabels(values, scale);
     const index = new Map(labels.map((l, i) => [l, i]));
-    return {label, values: values.map((v) => (v === null ? null : index.get(String(v)))), range: [0, labels.length - 1],
-      tickvals: labels.map((_, i) => i), ticktext: labels};
+    return {label, values: values.map((v) => (v === null ? null : index.get(String(v)))),
+      range: wide([0, labels.length - 1]), tickvals: labels.map((_, i) => i), ticktext: labels};
   }
   function scatterAxis(name, values, scale) {
     const title = {text: plotText(name)};
@@ -722,7 +722,7 @@
     }
     const log = scale.kind === 'log';
     const ends = spanned(values, scale.span);
-    if (!ends || (log && ends[0] <= 0)) return {title, type: log ? 'log' : undefined};
+    if (!wide(ends) || (log && ends[0] <= 0)) return {title, type: log ? 'log' : undefined};
     // A margin (5% a side, as `experiment plot` has), so that a point at either end shows whole.
     const [low, high] = log ? ends.map(Math.log10) : ends;
     const pad = (high - low) * 0.05;
@@ -734,6 +734,8 @@
     const ends = [...(span || []), ...values.filter((v) => v !== null)];
     return ends.length ? [Math.min(...ends), Math.max(...ends)] : null;
   }
+  // A range with room in it; else none (plotly's own, around one value).
+  const wide = (ends) => (ends && ends[0] < ends[1] ? ends : undefined);
   // A choice's options in the space's order (every one, drawn or not), then the values it does not name.
   const optionLabels = (values, scale) => [...new Set([...scale.options.map(String),
     ...values.filter((v) => v !== null).map(String).sort()])];
