@@ -53,7 +53,9 @@ Chromium, both pages cold and this floor rotating, 15-25 rounds.
   page's script and uPlot's evaluation hold the main thread to 86: the renderer,
   not the manager, is the critical path.
 - Tried and dropped, each slower or no gain: asking for the first view's data
-  from a script at the top of the head (1.04-1.37x at load 8-14); uPlot inlined;
+  from a script at the top of the head (1.04-1.37x at load 8-14; with the kept
+  ranking, three races at load 10-12: 0.88x, 0.97x, 1.07x, round by round
+  0.95-1.00x; never measured quiet: the load stayed over 8); uPlot inlined;
   a larger SQLite cache; V8's compile hint (//# allFunctionsCalledOnLoad) on
   uPlot (1.07-1.16x at load 9-15: its compile took cores from app.js before the
   data was asked for) or on app.js (more main-thread CPU); uPlot loaded once the
@@ -68,9 +70,10 @@ Chromium, both pages cold and this floor rotating, 15-25 rounds.
   26-34 ms, 2.51-2.98x, MET in six runs of eight (two missed round by round, at
   3.04x and 3.09x). Under load the page's time and the floor's both swing: at
   load 9-10, 97-149 ms against 41-55 ms, 1.97-2.70x.
-- With it (these runs' load 11-13): cold 207, 217, 201 ms against floors of 62,
+- With it, six runs at load 10-13: cold 207, 217, 201 ms against floors of 62,
   166, 78 ms: 3.37x (2.66x round by round) MISSED, 1.31x (1.85x) MET, 2.57x
-  (2.19x) MET.
+  (2.19x) MET; then 131, 123, 127 ms against 38, 50, 43 ms: 3.41x (3.19x)
+  MISSED, 2.48x (2.99x) MET, 2.94x (2.97x) MET.
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
