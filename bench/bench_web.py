@@ -25,53 +25,55 @@ view needs are timed too (issue 9: under 50 ms).
 
 History (2026-11-29, 2 CPUs shared with other engineers: say the load with
 every figure; at load 10 and more an A/A race of one page against itself
-differs by up to 9%, and one run's rounds range 0.3-11x):
-- plotly drew the curves: 1.0-1.05 s, 5.3x. uPlot draws them, from a page that
-  comes whole in one answer, making no Intl format as it loads (the first in a
-  fresh renderer was 20-65 ms); the view's table and curves come in one answer
-  and are laid out once; the curves of chosen trials rank no more trials than
-  it takes to say whether the best is among them; the page keeps its width (its
-  curves were drawn twice). Six runs at load 9-12: cold 116-155 ms against
-  floors of 34-62 ms, 2.04-4.37x, MET in two; quiet (load 1): 2.82-3.15x.
-- The Trials view asks for its answer before it builds its frame (seven runs,
-  load 0.7-1.3: cold 80-88 ms against 26-31 ms, 2.73-3.29x, MET in four), then
-  builds that frame out of sight until the answer is in (laid out and painted
-  empty while the answer came, it held the answer back 15-30 ms) and clones its
-  rows from one (~5.4 -> ~2.8 ms): 0.86-0.93x the page before in one harness
-  (both pages and this floor rotating, 25 rounds, load 5-11); three runs at load
-  8.7-10.2: 2.15-2.82x. Main at load 0.9-1.5 then: cold 71-78 ms against
-  26-31 ms, 2.51-2.88x, four runs MET.
+differs by up to 9%, and one run's rounds range 0.3-11x). A lever is raced
+old page against new in one harness: both managers on one store, one
+Chromium, both pages cold and this floor rotating, 15-25 rounds.
+- plotly drew the curves: 1.0-1.05 s, 5.3x. Kept since, each a gain: uPlot
+  draws them; the page comes whole in one answer; no Intl format as it loads
+  (the first in a fresh renderer was 20-65 ms); the view's table and curves
+  come in one answer and are laid out once; the page keeps its width (its
+  curves were drawn twice); the curves of chosen trials rank no more trials
+  than it takes to say whether the best is among them; the Trials view asks
+  for its answer before it builds its frame, builds that frame out of sight
+  until the answer is in (laid out and painted empty, it held the answer back
+  15-30 ms: 0.86-0.93x) and clones its rows from one (~5.4 -> ~2.8 ms); the
+  experiment's ranking is kept until its store changes (the chosen trials'
+  leader near the best scanned every trial's final record on each answer: the
+  answer 12.7 -> 8.9 ms, the cold page 0.95x, 0.92x round by round, load 9-12).
 - Where a cold page's main thread goes (its own CPU time in a Chromium trace,
-  tdur, which the load does not inflate: ~47 ms to the ready mark): the
-  navigation's commit ~5 ms, app.js ~7 (its fetch ~2), two frames before the
-  answer ~8.5 (the header's, and the load event's style and layout with
-  uPlot's evaluation), the answer's table ~3 and chart ~13 (uPlot's functions
-  compiled as it first calls them, its drawing, the style recalculation it
-  forces) and JSON, small tasks ~5; the manager spends ~6-8 ms of CPU on the
-  answer (half of it the curves: each trial's reports, and whether a trial
-  outranks the best chosen one). The renderer uses as much CPU in all per load
-  as the floor's (~170 ms, most of it Chromium's own: a new renderer process per
-  navigation). Three runs at load 9-10 then: cold 97, 100, 149 ms against
-  floors of 49, 41, 55 ms: 1.97x, 2.44x (2.96x round by round), 2.70x (2.33x),
-  all MET; painted 0.60-1.05x the floor's.
-- Tried and dropped: asking for the first view's data from a script at the top
-  of the page's head (up to 10-15 ms before app.js would; twice, the second
-  time with the head script making every first view's URL for app.js, and no
-  more main-thread CPU: 43.0 against 42.5 ms): under load the answer came no
-  sooner (the manager waits for a core the renderer holds) and then waited for
-  the renderer's own work: 0.99-1.13x, then 1.04-1.37x in five races at load
-  8-14. uPlot inlined: slower. A larger SQLite cache: no gain.
-  uPlot with V8's compile hint (//# allFunctionsCalledOnLoad: every function
-  compiled on a second thread as it downloads): the main thread's CPU time to
-  ready 42.2 against 46.8 ms, but that compile took cores from app.js before
-  the data was asked for (the request left 7-14 ms later): 1.07-1.16x in five
-  of six races at load 9-15 (0.89x in one; main against itself: 1.035x);
-  twelve runs of this bench with it, load 8-13: 2.05-4.76x, MET in six. uPlot
-  loaded only once the first view had asked: 1.14x (the curves waited for it).
-  On app.js too: more main-thread CPU (47.5 against 43.5 ms; inline, it
-  compiles there). The header hidden with the view until the answer: no less
-  CPU (43.6 against 42.6 ms). The curves' reports in one query for all trials:
-  1.85-1.95 ms either way (the time is in each record's Python).
+  which the load does not inflate: ~47 ms to the ready mark): the navigation's
+  commit ~5 ms, app.js ~7, two frames before the answer ~8.5 (the header's, and
+  the load event's style and layout with uPlot's evaluation), the answer's
+  table ~3 and chart ~13 (uPlot's functions compiled as it first calls them,
+  its drawing, the style recalculation it forces), JSON and small tasks ~5. The
+  renderer uses as much CPU in all per load as the floor's (~170 ms, most of it
+  Chromium's own: a new renderer process per navigation); the floor's first
+  script runs 30-40 ms after its HTML. By the Performance API at load 8 (medians
+  of 9): the HTML is in at 16 ms, the answer asked at 57 and in at 82, and the
+  page's script and uPlot's evaluation hold the main thread to 86: the renderer,
+  not the manager, is the critical path.
+- Tried and dropped, each slower or no gain: asking for the first view's data
+  from a script at the top of the head (1.04-1.37x at load 8-14; with the kept
+  ranking, three races at load 10-12: 0.88x, 0.97x, 1.07x, round by round
+  0.95-1.00x; never measured quiet: the load stayed over 8); uPlot inlined;
+  a larger SQLite cache; V8's compile hint (//# allFunctionsCalledOnLoad) on
+  uPlot (1.07-1.16x at load 9-15: its compile took cores from app.js before the
+  data was asked for) or on app.js (more main-thread CPU); uPlot loaded once the
+  first view had asked (1.14x: the curves waited for it); the header hidden with
+  the view until the answer (no less CPU); the curves' reports in one query for
+  all trials (the time is each record's Python); the experiment ranked on a
+  thread when the page's HTML is asked for, so that a running experiment's
+  first answer finds it kept (1.26x, 1.32x round by round, load 8-9: it takes a
+  core from the renderer as the page parses); the table and curves built out of
+  sight and shown after (1.09-1.13x at load 13-14).
+- Quiet (load 0.7-1.5), before the kept ranking: cold 71-92 ms against floors of
+  26-34 ms, 2.51-2.98x, MET in six runs of eight (two missed round by round, at
+  3.04x and 3.09x). Under load the page's time and the floor's both swing: at
+  load 9-10, 97-149 ms against 41-55 ms, 1.97-2.70x.
+- With it, six runs at load 10-13: cold 207, 217, 201 ms against floors of 62,
+  166, 78 ms: 3.37x (2.66x round by round) MISSED, 1.31x (1.85x) MET, 2.57x
+  (2.19x) MET; then 131, 123, 127 ms against 38, 50, 43 ms: 3.41x (3.19x)
+  MISSED, 2.48x (2.99x) MET, 2.94x (2.97x) MET.
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations

@@ -73,6 +73,19 @@ def test_a_log_axis_labels_round_ticks_that_never_meet(low, high):
         assert left.x1 < right.x0, f"{one.get_text()!r} meets {other.get_text()!r} ({low}..{high})"
 
 
+def test_a_parameters_axis_spans_its_search_space_not_only_the_values_drawn():
+    # lr drawn within 0.001..0.01 of 1e-4..1e-1, x within 0.4..0.6 of 0..1: each axis spans the space as declared.
+    rows = [trial(n, {"lr": 10 ** (-3 + n / 3), "x": 0.4 + n / 15}, [0.5], n) for n in range(4)]
+    figure = drawn(rows, {"lr": {"_type": "loguniform", "_value": [1e-4, 1e-1]},
+                          "x": {"_type": "uniform", "_value": [0, 1]}})
+    low, high = panel(figure, "final vs lr").get_xlim()
+    assert low < 1e-4 < 1e-1 < high < 0.2, (low, high)  # with its margin
+    assert [f"{tick:g}" for tick in panel(figure, "final vs lr").get_xticks() if low <= tick <= high] == \
+        ["0.0001", "0.001", "0.01", "0.1"]
+    low, high = panel(figure, "final vs x").get_xlim()
+    assert -0.1 < low < 0 < 1 < high < 1.1, (low, high)
+
+
 def test_an_axis_of_whole_numbers_has_whole_ticks():
     # Three steps each (1, 2, 3), a randint parameter (1..3) and counts as the metric: each axis whole.
     rows = [trial(n, {"layers": 1 + n % 3, "lr": 0.1 + n / 100}, [n + step for step in range(3)], 10 + n)

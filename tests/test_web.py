@@ -657,10 +657,39 @@ def test_parameter_axes_follow_the_search_space(views_site, browser):
     layout = browser.execute_script("const l = document.getElementById('scatter').layout;"
                                     "return [l.xaxis.type, l.xaxis2.type, l.xaxis2.categoryarray]")
     assert layout == ["log", "category", ["64", "16", "32"]]  # not every lr at 0, not 16..64 on a number line
+    # Each axis spans the space as declared, not the values drawn (lr 0.001 and 0.01; batch 64 and 16, never 32):
+    # lr from 1e-4 to 1e-1, batch with all three of its choices, on both charts.
     dims = browser.execute_script("return document.getElementById('parcoords').data[0].dimensions"
-                                  ".map(d => [d.label, d.ticktext || null])")
-    assert dims[0] == ["lr (log)", ["0.001", "0.01"]] and dims[1] == ["batch", ["64", "16", "32"]]
+                                  ".map(d => [d.label, d.range])")
+    assert dims[:2] == [["lr (log)", [-4, -1]], ["batch", [0, 2]]], dims
+    ticks = browser.execute_script("return [...document.querySelectorAll('#parcoords .y-axis')].map(a => "
+                                   "[...a.querySelectorAll('.tick text')].map(t => t.textContent))")
+    assert ticks[:2] == [["0.0001", "0.001", "0.01", "0.1"], ["64", "16", "32"]], ticks  # as drawn
+    scatter = browser.execute_script("const l = document.getElementById('scatter')._fullLayout;"
+                                     "return [l.xaxis.range, l.xaxis2.range]")
+    assert scatter[1] == [-0.5, 2.5] and scatter[0][0] < -4 < -1 < scatter[0][1] < -0.8, scatter
     shot(browser, "axes")
+
+
+def test_the_curves_title_says_there_are_none_where_no_trial_reported_an_intermediate_result(tmp_path, browser):
+    """Trials that reported final results only: the curves' title says there are none, not "the 10 best"."""
+    store = Store.in_dir(tmp_path / "finalonly")
+    fill(store, "finalonly", trials=11, steps=0)
+    server = ManagerServer(None).start()
+    try:
+        install(server, store, admin_token="finalonly-token", read_only=True)
+        open_read_only(browser, server, "/trials", "trials", token="finalonly-token", exp="finalonly")
+        assert cell_texts(browser, ".panel h2") == ["Curves: none, no trial has reported an intermediate result"]
+        assert browser.execute_script("return document.getElementById('curves').textContent") == \
+            "no intermediate results: these trials reported a final result only"
+        # One trial has reported one, outside the 10 best shown (it has no final metric): they are the best again.
+        store.add_trial("finalonly", "finalonly-late", sequence=11, parameters={}, token=None)
+        store.add_records("finalonly-late", [{"seq": 1, "type": "PERIODICAL", "value": 0.1}])
+        open_read_only(browser, server, "/trials", "trials", token="finalonly-token", exp="finalonly")
+        assert cell_texts(browser, ".panel h2") == ["Curves: the experiment's 10 best"]
+    finally:
+        server.stop()
+        store.close()
 
 
 def test_a_refused_token_is_said_once(views_site, browser):

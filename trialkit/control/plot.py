@@ -8,7 +8,8 @@ report names (Determined's steps_completed: batches), else its place in the
 trial's series; every run of a trial is one series. Then one panel per
 parameter draws the final metric against that parameter's value, on the axis
 its search space gives it (`parameter_scale`: log for the log types,
-categories in the space's order for a choice). Each curve panel's legend sits
+categories in the space's order for a choice), across the whole space as it is
+declared (`parameter_span`: low to high), not only the values drawn. Each curve panel's legend sits
 beside it, never over a curve; an axis whose values are all whole numbers (steps, a
 randint) has whole-number ticks; a log axis has a few round ticks whose labels
 never meet (`log_ticks`). A panel with nothing to draw
@@ -63,6 +64,24 @@ def parameter_scale(space: Mapping[str, Any], name: str) -> Tuple[str, List[Any]
     if kind == "choice" and isinstance(spec.get("_value"), list):
         return "category", [option.get("_name") if isinstance(option, dict) else option for option in spec["_value"]]
     return "linear", []
+
+
+def parameter_span(space: Mapping[str, Any], name: str) -> Optional[Tuple[float, float]]:
+    """The [low, high] the search space declares for parameter `name` (a bounded numeric type: uniform,
+    loguniform, randint and their q-variants), the whole space an axis of it spans whether or not a trial
+    drew near its ends; None for a choice, the unbounded normal types or a spec that names no such range."""
+    from trialkit.control.searchspace import NUMERIC_ARGS  # here: the CLI's reads load this module, not dataclasses
+
+    spec = _spec(space, name)
+    kind = spec.get("_type") if isinstance(spec, dict) else None
+    value = spec.get("_value") if isinstance(spec, dict) else None
+    if NUMERIC_ARGS.get(kind, ())[:2] != ("low", "high") or not isinstance(value, list) or len(value) < 2:
+        return None
+    low, high = value[:2]
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (low, high)) \
+            or low >= high or (kind in LOG_TYPES and low <= 0):
+        return None
+    return float(low), float(high)
 
 
 def log_ticks(low: float, high: float, most: int = LOG_TICKS) -> List[float]:
@@ -131,7 +150,8 @@ def draw(rows: List[Dict[str, Any]], title: str, metrics: Sequence[str] = (),
     for ax, name in zip(flat_axes, curves):
         _curves(ax, rows, name)
     for ax, name in zip(flat_axes[len(curves):], params):
-        _final_against(ax, rows, name, parameter_scale(search_space or {}, name))
+        _final_against(ax, rows, name, parameter_scale(search_space or {}, name),
+                       parameter_span(search_space or {}, name))
     for ax in flat_axes[panels:]:
         ax.set_visible(False)
     figure.suptitle(title)
@@ -170,7 +190,8 @@ def _curves(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
                   bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
-def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str, scale: Tuple[str, List[Any]]) -> None:
+def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str, scale: Tuple[str, List[Any]],
+                   span: Optional[Tuple[float, float]]) -> None:
     xs, ys = [], []
     for row in rows:
         final = metric_value(row["final"])
@@ -191,6 +212,8 @@ def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str, scale: Tuple[
     elif kind == "log":
         ax.set_xscale("log")
     ax.scatter(xs, ys, s=18)
+    if span is not None and not categorical and (kind != "log" or all(x > 0 for x in xs)):
+        _span_axis(ax, min([span[0], *xs]), max([span[1], *xs]), kind == "log")
     if kind == "log" and not categorical:
         _log_axis(ax.xaxis, *ax.get_xlim())
     elif not categorical:
@@ -201,6 +224,16 @@ def _final_against(ax: Any, rows: List[Dict[str, Any]], name: str, scale: Tuple[
     ax.set_title(f"final vs {name}")
     ax.set_xlabel(name + (" (log)" if kind == "log" else ""))
     ax.set_ylabel("final metric")
+
+
+def _span_axis(ax: Any, low: float, high: float, log: bool) -> None:
+    """The x axis from `low` to `high` (the space's span, widened to any value beyond it), with matplotlib's own
+    margin (5% a side, of the log for a log axis) so that a point at either end shows whole."""
+    if log:
+        low, high = math.log10(low), math.log10(high)
+    pad = (high - low) * 0.05
+    ends = (low - pad, high + pad)
+    ax.set_xlim(*((10 ** end for end in ends) if log else ends))
 
 
 def _whole_ticks(axis: Any, values: Sequence[float]) -> None:

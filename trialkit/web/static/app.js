@@ -509,10 +509,12 @@
     }
 
     // The curves are the trials selected, else the experiment's best (queries.curves): the filters choose the
-    // table's rows, not them, and the title says so while a filter is set.
+    // table's rows, not them, and the title says so while a filter is set; where no trial has reported an
+    // intermediate result, it says there are none.
     async showCurves(chosen, data) {
       const filtered = filters(this.query());
       this.curveTitle.textContent = chosen.length ? `Curves: ${chosen.length} selected`
+        : !data.reported ? 'Curves: none, no trial has reported an intermediate result'
         : `Curves: the experiment's ${data.series.length} best${filtered ? ', regardless of the filters' : ''}`;
       this.metricPick.show(data, (name) => this.set({curve: name}));
       // "yet" only while one of them may still report: an ended trial reports no more.
@@ -674,7 +676,7 @@
         height: Math.max(360, 300 * Math.ceil(n / cols)), margin: {l: 60, r: 20, t: 20, b: 50}};
       const traces = h.parameters.map((p, i) => {
         const suffix = i ? String(i + 1) : '';
-        layout['xaxis' + suffix] = scatterAxis(p, h.scales[p]);
+        layout['xaxis' + suffix] = scatterAxis(p, h.columns[p], h.scales[p]);
         layout['yaxis' + suffix] = {title: {text: i % cols ? '' : 'metric'}};
         const categories = h.scales[p].kind === 'category';
         return {type: 'scatter', mode: 'markers',
@@ -690,32 +692,53 @@
 
   // Axes follow the search space (queries' `scales`, plot.parameter_scale): a log type on a log axis
   // (parcoords has none: log10 of the values, ticks at the powers of ten), a choice's options as
-  // categories in the space's order, numbers as they are; any other values as categories of their text.
-  // Parcoords writes tick labels as plain text, but reads markup in axis titles.
+  // categories in the space's order, numbers as they are; any other values as categories of their text. Each
+  // spans the space as declared (plot.parameter_span: low to high; every option of a choice), and any value drawn
+  // beyond it, not only the values drawn. Parcoords writes tick labels as plain text, but reads markup in axis titles.
   function axis(name, values, scale) {
     const label = plotText(name);
     const numeric = values.every((v) => typeof v === 'number' || v === null);
-    if (scale.kind === 'log' && numeric && values.every((v) => v === null || v > 0)) {
-      const logs = values.map((v) => (v === null ? null : Math.log10(v)));
-      const finite = logs.filter((v) => v !== null);
+    const ends = spanned(values, scale.span);
+    if (scale.kind === 'log' && numeric && ends && ends[0] > 0) {
+      const [low, high] = ends.map(Math.log10);
       const decades = [];
-      for (let d = Math.floor(Math.min(...finite)); d <= Math.ceil(Math.max(...finite)); d++) decades.push(d);
-      return {label: label + ' (log)', values: logs, tickvals: decades, ticktext: decades.map((d) => String(10 ** d))};
+      for (let d = Math.floor(low); d <= Math.ceil(high); d++) decades.push(d);
+      return {label: label + ' (log)', values: values.map((v) => (v === null ? null : Math.log10(v))),
+        range: wide([low, high]), tickvals: decades, ticktext: decades.map((d) => String(10 ** d))};
     }
-    if (scale.kind !== 'category' && numeric) return {label, values};
-    const labels = [...new Set([...scale.options.map(String), ...values.filter((v) => v !== null).map(String).sort()])];
+    if (scale.kind !== 'category' && numeric) return {label, values, range: wide(ends)};
+    const labels = optionLabels(values, scale);
     const index = new Map(labels.map((l, i) => [l, i]));
     return {label, values: values.map((v) => (v === null ? null : index.get(String(v)))),
-      tickvals: labels.map((_, i) => i), ticktext: labels};
+      range: wide([0, labels.length - 1]), tickvals: labels.map((_, i) => i), ticktext: labels};
   }
-  function scatterAxis(name, scale) {
+  function scatterAxis(name, values, scale) {
     const title = {text: plotText(name)};
-    if (scale.kind === 'log') return {title, type: 'log'};
-    if (scale.kind === 'category') {
-      return {title, type: 'category', categoryorder: 'array', categoryarray: scale.options.map((o) => plotText(String(o)))};
+    const numeric = values.every((v) => typeof v === 'number' || v === null);
+    if (scale.kind === 'category' || !numeric) {
+      const labels = optionLabels(values, scale);
+      return {title, type: 'category', categoryorder: 'array', categoryarray: labels.map(plotText),
+        range: [-0.5, labels.length - 0.5]};
     }
-    return {title};
+    const log = scale.kind === 'log';
+    const ends = spanned(values, scale.span);
+    if (!wide(ends) || (log && ends[0] <= 0)) return {title, type: log ? 'log' : undefined};
+    // A margin (5% a side, as `experiment plot` has), so that a point at either end shows whole.
+    const [low, high] = log ? ends.map(Math.log10) : ends;
+    const pad = (high - low) * 0.05;
+    return {title, type: log ? 'log' : undefined, range: [low - pad, high + pad]};
   }
+  // The space's [low, high] widened to any value drawn beyond it; without a span, the values' own ends; null when
+  // there is neither.
+  function spanned(values, span) {
+    const ends = [...(span || []), ...values.filter((v) => v !== null)];
+    return ends.length ? [Math.min(...ends), Math.max(...ends)] : null;
+  }
+  // A range with room in it; else none (plotly's own, around one value).
+  const wide = (ends) => (ends && ends[0] < ends[1] ? ends : undefined);
+  // A choice's options in the space's order (every one, drawn or not), then the values it does not name.
+  const optionLabels = (values, scale) => [...new Set([...scale.options.map(String),
+    ...values.filter((v) => v !== null).map(String).sort()])];
 
   // The queue: the jobs of the home's resource pool (every local experiment's, in the order its free slots go to
   // them, as `trialkit job list --pool`), with `job update`'s changes and Move to Top; then this experiment's trials.
