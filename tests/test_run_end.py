@@ -21,13 +21,13 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 
-from experiment_util import gated_run, printed_page
+from experiment_util import gated_run
 from harness import signal_and_wait, wait_until
 from trialkit.manager import server as server_module
 from trialkit.manager.server import ManagerServer
 from trialkit.manager.store import Store
 from trialkit.web import install, page_url
-from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill
+from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill, open_the_run_and_end_it
 
 ADMIN = "end-admin-token"
 
@@ -122,14 +122,7 @@ def test_a_tab_open_when_the_run_ends_shows_the_end_without_a_reload(tmp_path, m
     driver = browser.driver
     go, proc = gated_run(tmp_path)
     try:
-        exp, url = printed_page(proc)
-        driver.get(url)
-        script_true(driver, "return document.body.dataset.ready === 'overview'", "the overview")
-        script_true(driver, "return document.getElementById('live').textContent === 'live'", "the events stream")
-        driver.execute_script("window.sameDocument = true")
-        assert driver.execute_script("return document.querySelector('h1 .badge').textContent") == "RUNNING"
-        go.write_text("")
-        assert proc.wait(timeout=90) == 0
+        exp, url = open_the_run_and_end_it(driver, go, proc)
         # Read at once: all of it was shown before the run's server went (nothing answers now).
         assert driver.execute_script("return window.sameDocument === true")  # no reload
         assert driver.execute_script("return document.querySelector('h1 .badge').textContent") == "DONE"
@@ -152,7 +145,3 @@ def test_a_tab_open_when_the_run_ends_shows_the_end_without_a_reload(tmp_path, m
         proc.stderr.close()
         left = browser.close()
     assert not left, f"browser processes left running: {left}"
-
-
-def script_true(driver, script: str, what: str, timeout: float = 60) -> None:
-    wait_until(lambda: bool(driver.execute_script(script)), timeout, what, every=0.1)

@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Optional
 import pytest
 import requests
 
-from conftest import ROOT, TAG, tagged_processes
-from experiment_util import cli, experiment, experiment_id, gated_run, printed_page, reported, start_cli, trial_status
+from conftest import TAG, tagged_processes
+from experiment_util import cli, experiment, experiment_id, gated_run, reported, start_cli, trial_status
 from harness import signal_and_wait, wait_until
 from trialkit.control.config import parse_config
 from trialkit.control.actions import Action
@@ -35,12 +35,11 @@ from trialkit.manager.store import Store, new_token
 from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, USER_CANCELED
 from trialkit.platforms.local import LocalConfig, Platform
 from trialkit.web import install, page_url
-from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill
+from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill, open_the_run_and_end_it, shot, wait_for
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
                                 reason="needs Debian's chromium and chromium-driver (bootstrap.sh installs them)")
 
-ARTIFACTS = ROOT / "tests" / "artifacts" / "web"
 EXPERIMENT = "webtest1"
 SCRIPT_VALUE = "<script>window.pwned = 1</script>"
 IMG_VALUE = '<img src=x onerror="window.pwned = 2">'
@@ -177,27 +176,6 @@ def open_view(driver, site: Site, view: str, ready: str) -> None:
     else:
         driver.get(page_url(site.server, site.token) + view)
     wait_for(driver, f"return document.body.dataset.ready === {json.dumps(ready)}", f"the {ready} view")
-
-
-def wait_for(driver, script: str, what: str, timeout: float = 60) -> Any:
-    answer: List[Any] = []
-
-    def check() -> bool:
-        answer[:] = [driver.execute_script(script)]
-        return bool(answer[0])
-    try:
-        wait_until(check, timeout, what, every=0.1)
-    except AssertionError:
-        shot(driver, "failed-" + "".join(c if c.isalnum() else "-" for c in what))
-        problem = driver.execute_script("const p = document.getElementById('problem'); "
-                                        "return p ? p.textContent : 'no page: ' + location.href")
-        raise AssertionError(f"timed out waiting for {what}; the page says: {problem!r}") from None
-    return answer[0]
-
-
-def shot(driver, name: str) -> None:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
 
 
 def cell_texts(driver, selector: str) -> List[str]:
@@ -368,15 +346,8 @@ def test_a_tab_left_open_on_a_run_takes_up_the_address_again_when_trialkit_ui_se
     monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
     go, proc = gated_run(tmp_path)
     try:
-        exp, url = printed_page(proc)
         browser.get("about:blank")
-        browser.get(url)
-        wait_for(browser, "return document.body.dataset.ready === 'overview'", "the overview")
-        wait_for(browser, "return document.getElementById('live').textContent === 'live'", "the events stream")
-        browser.execute_script("window.sameDocument = true")
-        assert browser.execute_script("return document.querySelector('h1 .badge').textContent") == "RUNNING"
-        go.write_text("")
-        assert proc.wait(timeout=60) == 0
+        exp, url = open_the_run_and_end_it(browser, go, proc)
     finally:
         if proc.poll() is None:
             signal_and_wait(proc, signal.SIGINT, 60)

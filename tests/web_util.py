@@ -14,8 +14,11 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
 
+from experiment_util import printed_page
+from harness import wait_until
 from trialkit import records
 from trialkit.manager.store import Store
 from trialkit.statuses import FAILED, RUNNING, SUCCEEDED
@@ -109,3 +112,44 @@ class Browser:
                     pass
             shutil.rmtree(self.profile, ignore_errors=True)
         return described
+
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "web"
+
+
+def shot(driver, name: str) -> None:
+    """A screenshot of the page, kept under tests/artifacts/web for a look after a failure."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+
+
+def wait_for(driver, script: str, what: str, timeout: float = 60) -> Any:
+    """The script's first true answer; on a timeout, a screenshot and what the page's problem line says."""
+    answer: List[Any] = []
+
+    def check() -> bool:
+        answer[:] = [driver.execute_script(script)]
+        return bool(answer[0])
+    try:
+        wait_until(check, timeout, what, every=0.1)
+    except AssertionError:
+        shot(driver, "failed-" + "".join(c if c.isalnum() else "-" for c in what))
+        problem = driver.execute_script("const p = document.getElementById('problem'); "
+                                        "return p ? p.textContent : 'no page: ' + location.href")
+        raise AssertionError(f"timed out waiting for {what}; the page says: {problem!r}") from None
+    return answer[0]
+
+
+def open_the_run_and_end_it(driver, go: Path, proc) -> Tuple[str, str]:
+    """The page a gated run (experiment_util.gated_run) printed, open in `driver` on its RUNNING overview with the
+    events stream live and the document marked (window.sameDocument: a reload would lose it); then the gate
+    opened and the run ended, exit 0. (the experiment's id, the page's address)"""
+    exp, url = printed_page(proc)
+    driver.get(url)
+    wait_for(driver, "return document.body.dataset.ready === 'overview'", "the overview")
+    wait_for(driver, "return document.getElementById('live').textContent === 'live'", "the events stream")
+    driver.execute_script("window.sameDocument = true")
+    assert driver.execute_script("return document.querySelector('h1 .badge').textContent") == "RUNNING"
+    go.write_text("")
+    assert proc.wait(timeout=90) == 0
+    return exp, url
