@@ -97,6 +97,12 @@ plotly and matplotlib (the page, plots), pathspec, tensorboardX"
   step end
 }
 
+# The checkout's own sources compiled, as a wheel's install compiles them: an editable install leaves that to each
+# process, and where PYTHONDONTWRITEBYTECODE is set (this machine's shells) every keeper and trial compiled
+# trialkit anew at its start, 40 ms and more at load 10 (bench/bench_search.py's history). Unchanged files cost a
+# stat each.
+compile_sources() { "$venv/bin/python" -m compileall -q -j 0 "$root/trialkit" >/dev/null; }
+
 # Headless Chromium and its driver for the web page's tests (Debian's packages: the two always match).
 install_browser() {
   [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && return 0
@@ -115,6 +121,7 @@ install_podman() {
 case "${1:-}" in
   demo)
     install_venv demo
+    compile_sources
     echo "bootstrap: running the quickstart: trialkit run examples/quickstart/config.yml" >&2
     code=0
     # Trials run on the user's PATH: the quickstart's `python3` is the project's.
@@ -124,6 +131,7 @@ case "${1:-}" in
     ;;
   test)
     install_venv full
+    compile_sources
     install_browser
     install_podman
     # DeepSpeed compiles its CPU communication op on first use (minutes): keep

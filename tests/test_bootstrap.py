@@ -92,7 +92,7 @@ def test_the_demo_installs_torch_and_the_control_extra_and_runs_the_quickstart(c
     calls = bootstrap(checkout, "demo")
     root = str(checkout)
     assert installs(calls) == ["pip wheel setuptools<81", "torch==2.13.0", f"{root}[control]"]
-    assert calls[-1] == "trialkit run examples/quickstart/config.yml"
+    assert calls[-2:] == [f"python -m compileall -q -j 0 {root}/trialkit", "trialkit run examples/quickstart/config.yml"]
     assert not any("horovod" in call or "nni" in call for call in calls)
 
 
@@ -104,6 +104,7 @@ def test_the_tests_after_the_demo_add_only_the_rest(checkout):
     assert "torch==2.13.0" not in installs(calls)
     assert any(call.startswith("python3 -m venv") and "nni-3.0-venv" in call for call in calls)  # NNI's own
     assert calls[-1] == "python -m pytest -n 3 --dist loadgroup -x"
+    assert f"python -m compileall -q -j 0 {checkout}/trialkit" in calls  # the sources, compiled before the tests
 
 
 def test_the_tests_run_in_workers_unless_told_not_to(checkout):
