@@ -44,6 +44,31 @@ Set OMP_NUM_THREADS=1 for the race (`OMP_NUM_THREADS=1 python bench/...`) to
 race each peer tuned: Optuna's threads then share numpy's one-thread BLAS, as
 Ray's workers and trialkit's trials run at 2 at once (both set it themselves);
 without it, Optuna's two threads each run numpy with a thread per core.
+
+History. Session 7 timed one trial's way on the local platform (PBT at a budget of 60, 2 at once; a probe
+of audit hooks in the keeper and the trial and of the control plane's steps, not kept), median ms at load
+9.8-10.6, trialkit's sources compiled at every start (as this race ran them) -> bytecode cached (as it
+runs them now, and as an installed trialkit does):
+  the loop's end of a trial -> the next keeper spawned      8.8 ->   6.9  (tuner.ask 0.2, the store, the lease)
+  keeper spawned -> its Python at site (run.sh, site)      85.2 ->  44.3
+  -> the keeper starts the command (imports, trial dir)   123.8 ->  30.7
+  -> the command's Python at site                         130.0 ->  66.6
+  -> numpy and the problem imported (the trial's own)     248.3 -> 153.6
+  SDK imported -> parameters answered                      52.0 ->   6.1
+  -> first epoch reported (data, model, an epoch)         105.2 ->  79.1
+  keeper spawned -> first epoch, in all                   854   -> 406
+  the trial's exit (atexit) -> its keeper reaps it        145.4 ->  70.1  (the interpreter's teardown)
+  -> the keeper's final status                              0.6 ->   0.5
+  -> its lease released (delivered, acked, exited)         19.5 ->  11.3
+  -> the loop told, and it handled the end                  1.9 ->   1.1
+At load 2 (compiled): 199 ms keeper spawned -> first epoch, 30 ms exit -> the loop told, 3.5 ms to the next
+spawn. What is left of trialkit's own is the keeper's Python (~46 ms CPU a trial) and the SDK's 6 ms; the
+rest is the trial's own Python (its start, numpy, its data, its teardown), which only a reused process saves.
+The race at --budget 300 --seeds 2 (OMP_NUM_THREADS=1, load 14.1 at its start, 6.5 at its end), best and
+time to best (means): trialkit Hyperband 0.9917 at 14.8 s, BOHB 0.9917 at 17.2 s, ASHA 0.9933 at 17.5 s,
+PBT 0.9800 at 24.1 s; Ray Tune ASHA 0.9908 at 69.7 s, HyperBand 0.9767 at 16.6 s, PBT 0.9775 at 5.6 s;
+Optuna 0.9900 at 6.2 s. Hyperband and BOHB MISSED (as good, 2.35x and 2.68x Optuna's time to its best),
+ASHA MET (0.25x Ray's), PBT MISSED (mean best higher, but seed 1's 0.9767 never reached Ray's 0.9783).
 """
 from __future__ import annotations
 
@@ -141,9 +166,14 @@ def run_trialkit(method: str, seed: int, budget: int, concurrency: int, data: Pa
               "trainingService": {"platform": "local"}, **keys}
     (folder / "config.yml").write_text(json.dumps(config))
     home = work / f"home-{method}-{seed}"  # outside the code dir, which each trial gets a copy of
+    # As installed (pip compiles every module): bytecode cached, here beside the sources (gitignored), so that no
+    # trial's keeper and SDK compiles trialkit's sources again at its start. This checkout's shells set
+    # PYTHONDONTWRITEBYTECODE, which cost every trial ~40 ms of CPU (twice that at load 10) that an installed
+    # trialkit never pays; Ray's workers and Optuna's threads compile theirs once, not once a trial.
+    environ = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
     started = time.time()
     proc = subprocess.Popen([sys.executable, "-m", "trialkit.cli", "run", "config.yml"], cwd=folder,
-                            env=dict(os.environ, TRIALKIT_HOME=str(home)), stdout=subprocess.PIPE,
+                            env=dict(environ, TRIALKIT_HOME=str(home)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     first = proc.stdout.readline()
     if not first.startswith("started experiment"):
