@@ -46,11 +46,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from trialkit import gpus, records
 from trialkit.manager import paths
-from trialkit.control.progress import (INTERRUPTED_NOTE, duration, gpu_list, gpu_use, number, table, trials_table,
-                                       when)
+from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, gpu_list, gpu_use, number, table,
+                                       trial_why, trials_table, when)
 from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
-from trialkit.control.results import best_row, metric_value, optimize_mode, setting, to_csv, to_json, trial_rows
-from trialkit.manager.store import Store, StoreUnwritable
+from trialkit.control.results import (best_row, experiment_ran, metric_value, optimize_mode, setting, to_csv, to_json,
+                                      trial_rows, unwatched)
+from trialkit.manager.store import OpenRun, Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
                                USER_CANCELED, WAITING)
@@ -207,6 +208,8 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
     with _store(experiment_dir) as store:
         experiment = _experiment(store, opts.experiment_id)
         rows = trial_rows(store, opts.experiment_id)
+        runs = store.open_runs(opts.experiment_id)
+    ran = experiment_ran(experiment_dir, experiment["status"], runs)
     config = experiment["config"]
     info = admin.read_info(experiment_dir)
     mode = optimize_mode(config)
@@ -218,7 +221,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         f"status      {status}"
         + (f": {experiment['reason']}" if experiment.get("reason") else ""),
         f"created     {when(experiment['created'])}",
-        f"elapsed     {duration(info.ran() if info else None)}",
+        f"elapsed     {duration(ran)}",
         f"dir         {experiment_dir}",
         f"platform    {setting(config, 'trainingService', 'platform') or '-'}",
         f"tuner       {setting(config, 'tuner', 'name') or '-'} ({mode})",
@@ -235,7 +238,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
                      f"parameters={records.dumps(best['parameters'])}")
     print("\n".join(lines))
     if rows:
-        interrupted = _interrupted(experiment_dir, experiment)
+        interrupted = _interrupted(experiment_dir, experiment, runs)
         print("\n" + trials_table(rows, interrupted))
         _say_interrupted(opts.experiment_id, rows, interrupted)
     if status == "STOPPED":  # the loop's STOPPED (not imported: it loads the control loop)
@@ -592,26 +595,30 @@ def cmd_trial_list(opts: argparse.Namespace) -> int:
     with _store(experiment_dir) as store:
         experiment = _experiment(store, opts.experiment_id)
         rows = trial_rows(store, opts.experiment_id)
+        runs = store.open_runs(opts.experiment_id)
     if not rows:
         print(f"experiment {opts.experiment_id} has no trials yet")
         return 0
-    interrupted = _interrupted(experiment_dir, experiment)
+    interrupted = _interrupted(experiment_dir, experiment, runs)
     print(trials_table(rows, interrupted))
     _say_interrupted(opts.experiment_id, rows, interrupted)
     return 0
 
 
-def _interrupted(experiment_dir: Path, experiment: Dict[str, Any]) -> bool:
-    """Whether the experiment's manager is gone while the store says it runs (`experiment list`'s INTERRUPTED):
-    what the store says of its unfinished trials is then no longer so."""
+def _interrupted(experiment_dir: Path, experiment: Dict[str, Any], runs: List[OpenRun]) -> Interrupted:
+    """None while the experiment's manager runs or it ended; once it is gone while the store says it runs
+    (`experiment list`'s INTERRUPTED), what the store says of its unfinished trials is no longer so: what is
+    known of each (results.unwatched's state, by trial id)."""
     from trialkit.control import background
 
-    return background.status(experiment_dir, experiment) == background.INTERRUPTED
+    if background.status(experiment_dir, experiment) != background.INTERRUPTED:
+        return None
+    return {trial_id: seen.state for trial_id, seen in unwatched(runs, experiment_dir).items()}
 
 
-def _say_interrupted(experiment_id: str, rows: List[Dict[str, Any]], interrupted: bool) -> None:
+def _say_interrupted(experiment_id: str, rows: List[Dict[str, Any]], interrupted: Interrupted) -> None:
     """Under a trials table: why some of them say INTERRUPTED, and how to go on."""
-    if interrupted and any(row["status"] not in FINAL_STATUSES for row in rows):
+    if interrupted is not None and any(row["status"] not in FINAL_STATUSES for row in rows):
         print(f"\n{INTERRUPTED_NOTE}: {_gone(experiment_id)}")
 
 
@@ -629,11 +636,13 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         history = store.status_history(opts.trial_id)
         elastic = store.records_for(opts.trial_id, type=records.ELASTIC)[-1:]
         lost = _lost(store.records_for(opts.trial_id, type=records.STATUS))
+        interrupted = _interrupted(experiment_dir, experiment, store.open_runs(trial["experiment"]))
+    why = trial_why(row, interrupted)  # what is known of it, once its experiment is interrupted
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
         f"status         {label(row['status'])}" + (
-            f" ({INTERRUPTED_NOTE}: {_gone(trial['experiment'])})"
-            if row["status"] not in FINAL_STATUSES and _interrupted(experiment_dir, experiment)
+            f" ({why}{'; ' if why != INTERRUPTED_NOTE else ': '}{_gone(trial['experiment'])})"
+            if interrupted is not None and row["status"] not in FINAL_STATUSES
             else f": {row['reason']}" if row["reason"] else ""),
         f"exit code      {'-' if row['exit_code'] is None else row['exit_code']}",
         f"restarts       {row['restart_count']}",

@@ -11,11 +11,11 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 from trialkit import records
 from trialkit.control.queue import label
-from trialkit.control.results import flat_parameters, metric_value
+from trialkit.control.results import KEEPER_GONE, RUNS_UNWATCHED, flat_parameters, metric_value
 from trialkit.statuses import EXPLAINED, FINAL_STATUSES
 
 _CLEAR_LINE = "\r\x1b[K"
@@ -197,7 +197,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def trials_table(rows: List[Dict[str, Any]], interrupted: bool = False) -> str:
+def trials_table(rows: List[Dict[str, Any]], interrupted: Interrupted = None) -> str:
     """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`): the status
     word in its column, why (trial_why) in a last one, cut to the terminal's width on a TTY (piped output keeps
     it whole); a gpus column when GPUs were scheduled (the ones each trial's latest start was given).
@@ -231,15 +231,28 @@ def _room_left(headers: Sequence[str], cells: List[List[Any]], columns: int) -> 
 # Beside a trial the store says runs or waits when its experiment's manager is gone (SIGKILLed, its machine
 # down): what the store says is no longer so, in `experiment list`'s word for such an experiment.
 INTERRUPTED_NOTE = "experiment INTERRUPTED"
+Interrupted = Optional[Mapping[str, str]]  # None, or its manager is gone: trial id -> results.unwatched's state
 
 
-def trial_why(row: Dict[str, Any], interrupted: bool = False) -> str:
+def interrupted_note(state: Optional[str]) -> str:
+    """What is known of an unfinished trial of an interrupted experiment, as every face says it beside its
+    status: `state` is results.unwatched's (None for one whose run never began, "" where nothing is known)."""
+    if not state:
+        return INTERRUPTED_NOTE
+    if state == RUNS_UNWATCHED:
+        return f"{INTERRUPTED_NOTE}: it runs unwatched"
+    if state == KEEPER_GONE:
+        return f"{INTERRUPTED_NOTE}: its keeper is gone"
+    return f"{INTERRUPTED_NOTE}: it ended {label(state)} unwatched"  # in its status.json: a resume records it
+
+
+def trial_why(row: Dict[str, Any], interrupted: Interrupted = None) -> str:
     """Why a trial is as it is, as tables show it beside its status: what a waiting trial waits for, why a
     failed one failed (a reason that only repeats the status, a paused trial's "paused", is left out); ""
     when nothing needs saying. `interrupted`: its experiment's manager is gone, so an unfinished trial is
-    stopped or unknown."""
-    if interrupted and row["status"] not in FINAL_STATUSES:
-        return INTERRUPTED_NOTE
+    stopped or unknown (interrupted_note)."""
+    if interrupted is not None and row["status"] not in FINAL_STATUSES:
+        return interrupted_note(interrupted.get(row["trial_id"]))
     reason = (row.get("reason") or "").strip()
     if row["status"] not in EXPLAINED or reason.lower() in ("", label(row["status"]).lower()):
         return ""

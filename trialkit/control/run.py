@@ -24,7 +24,7 @@ from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop
 from trialkit.control.manager_http import Manager, PageHook
 from trialkit.control.progress import trials_table
-from trialkit.control.results import ExperimentResult, best_row, metric_value, trial_rows
+from trialkit.control.results import ExperimentResult, best_row, experiment_ran, metric_value, trial_rows
 from trialkit.control.resume import Running, restore, resume_trials
 from trialkit.errors import UserError
 from trialkit.manager import paths
@@ -90,7 +90,9 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
             print(done_already(experiment_id), file=out or sys.stdout, flush=True)
             return ExperimentResult(experiment_id, DONE, config.optimize_mode, trial_rows(store, experiment_id))
         platform = _platform(config, experiment_dir)
-        loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
+        # As the faces said it: an interrupted run counts to the last moment anything was known of it.
+        elapsed = experiment_ran(experiment_dir, stored["status"], store.open_runs(experiment_id)) or 0.0
+        loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=elapsed)
         loop.paused = stored["status"] == PAUSED  # it stays paused until activated
         if not loop.paused:
             try:
