@@ -50,7 +50,7 @@ from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, 
                                        trial_why, trials_table, when)
 from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
 from trialkit.control.results import (best_row, experiment_ran, metric_value, optimize_mode, setting, to_csv, to_json,
-                                      trial_rows, unwatched)
+                                      shown_values, trial_rows, unwatched)
 from trialkit.manager.store import OpenRun, Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
@@ -235,11 +235,11 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
     best = best_row(rows, mode)
     if best is not None:
         lines.append(f"best        {best['trial_id']} final={number(metric_value(best['final']))} "
-                     f"parameters={records.dumps(best['parameters'])}")
+                     f"parameters={records.dumps(shown_values(setting(config, 'searchSpace'), best['parameters']))}")
     print("\n".join(lines))
     if rows:
         interrupted = _interrupted(experiment_dir, experiment, runs)
-        print("\n" + trials_table(rows, interrupted))
+        print("\n" + trials_table(rows, interrupted, setting(config, "searchSpace")))
         _say_interrupted(opts.experiment_id, rows, interrupted)
     if status == "STOPPED":  # the loop's STOPPED (not imported: it loads the control loop)
         print(f"\nstopped: `trialkit experiment resume {opts.experiment_id}` takes it up again")
@@ -600,7 +600,7 @@ def cmd_trial_list(opts: argparse.Namespace) -> int:
         print(f"experiment {opts.experiment_id} has no trials yet")
         return 0
     interrupted = _interrupted(experiment_dir, experiment, runs)
-    print(trials_table(rows, interrupted))
+    print(trials_table(rows, interrupted, setting(experiment["config"], "searchSpace")))
     _say_interrupted(opts.experiment_id, rows, interrupted)
     return 0
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tex
 
 from trialkit import records
 from trialkit.control.queue import label
-from trialkit.control.results import KEEPER_GONE, RUNS_UNWATCHED, flat_parameters, metric_value
+from trialkit.control.results import KEEPER_GONE, RUNS_UNWATCHED, flat_parameters, metric_value, shown_values
 from trialkit.statuses import EXPLAINED, FINAL_STATUSES
 
 _CLEAR_LINE = "\r\x1b[K"
@@ -171,9 +171,10 @@ def number(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def parameters_text(parameters: Dict[str, Any], limit: int = 80) -> str:
+def parameters_text(parameters: Dict[str, Any], limit: Optional[int] = 80) -> str:
+    """KEY=VALUE, ...; cut to `limit` characters (None: whole)."""
     text = ", ".join(f"{key}={_short(value)}" for key, value in flat_parameters(parameters).items())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _short(value: Any) -> str:
@@ -197,18 +198,20 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def trials_table(rows: List[Dict[str, Any]], interrupted: Interrupted = None) -> str:
+def trials_table(rows: List[Dict[str, Any]], interrupted: Interrupted = None, space: Any = None) -> str:
     """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`): the status
     word in its column, why (trial_why) in a last one, cut to the terminal's width on a TTY (piped output keeps
     it whole); a gpus column when GPUs were scheduled (the ones each trial's latest start was given).
-    `interrupted`: the experiment's manager is gone (trial_why)."""
+    `interrupted`: the experiment's manager is gone (trial_why). The parameters are those the faces show
+    (results.shown_values of `space`, the search space: not PBT's checkpoint paths), whole: a cut one
+    (Hyperband's TRIAL_BUDGET, last) would say nothing."""
     with_gpus = any(row.get("gpus") is not None for row in rows)
     whys = [trial_why(row, interrupted) for row in rows]
     headers = (("trial", "status") + (("gpus",) if with_gpus else ()) + ("final", "steps", "duration", "parameters")
                + (("why",) if any(whys) else ()))
     cells = [[row["trial_id"], label(row["status"])] + ([gpu_list(row.get("gpus"))] if with_gpus else [])
              + [number(metric_value(row["final"])), row["steps"], duration(row["duration"]),
-                parameters_text(row["parameters"])] for row in rows]
+                parameters_text(shown_values(space, row["parameters"]), limit=None)] for row in rows]
     if any(whys):
         room = _room_left(headers, cells, shutil.get_terminal_size().columns if sys.stdout.isatty() else 0)
         for row, why in zip(cells, whys):

@@ -288,6 +288,17 @@ def shown_parameters(space: Iterable[str], params: Dict[str, Any]) -> List[str]:
                     and not isinstance(value, bool)]
 
 
+def shown_names(space: Any, params: Dict[str, Any]) -> List[str]:
+    """shown_parameters where there is a search space (a dict of its parameters, by name), else every parameter's
+    name: a store another program wrote, a Determined config's single searcher."""
+    return shown_parameters(space, params) if isinstance(space, dict) and space else list(params)
+
+
+def shown_values(space: Any, params: Dict[str, Any]) -> Dict[str, Any]:
+    """The parameters as the faces show them (shown_names'), with their values."""
+    return {name: params[name] for name in shown_names(space, params) if name in params}
+
+
 def ordered_names(names: Iterable[str]) -> List[str]:
     """Metric names (records.scalars') as first seen, but the one a user looks at first first ("default", else
     the first validation metric: the searcher's) and Determined's validation metrics before the other groups'."""

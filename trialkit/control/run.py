@@ -24,7 +24,8 @@ from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop
 from trialkit.control.manager_http import Manager, PageHook
 from trialkit.control.progress import trials_table
-from trialkit.control.results import ExperimentResult, best_row, experiment_ran, metric_value, trial_rows
+from trialkit.control.results import (ExperimentResult, best_row, experiment_ran, metric_value, shown_values,
+                                      trial_rows)
 from trialkit.control.resume import Running, restore, resume_trials
 from trialkit.errors import UserError
 from trialkit.manager import paths
@@ -212,14 +213,14 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
     say = loop.progress.say
     say(f"\nexperiment {loop.experiment_id} {result.status} after {loop.snapshot().line()}")
     if result.trials:
-        say(trials_table(result.trials[-SUMMARY_ROWS:]))
+        say(trials_table(result.trials[-SUMMARY_ROWS:], space=loop.config.search_space.params))
     if len(result.trials) > SUMMARY_ROWS:
         say(f"(the last {SUMMARY_ROWS} of {len(result.trials)} trials; "
             f"`trialkit trial list {loop.experiment_id}` lists them all)")
     best = best_row(result.trials, loop.config.optimize_mode)
     if best is not None:
         say(f"best: {best['trial_id']} final={metric_value(best['final']):.6g} "
-            f"parameters={records.dumps(best['parameters'])}")
+            f"parameters={records.dumps(shown_values(loop.config.search_space.params, best['parameters']))}")
     if loop.error is not None:
         say(f"error: {loop.error}")
     waiting = [trial.id for trial in sorted(loop.trials.values(), key=lambda t: t.sequence) if trial.status == WAITING]

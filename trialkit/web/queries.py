@@ -88,8 +88,7 @@ def parameter_names(db: sqlite3.Connection, experiment_id: str, config: Mapping[
     except ValueError:
         params = {}
     params = params if isinstance(params, dict) else {}
-    space = config.get("searchSpace")
-    return results.shown_parameters(space, params) if isinstance(space, dict) and space else list(params)
+    return results.shown_names(config.get("searchSpace"), params)
 
 
 def _ranked(db: sqlite3.Connection, experiment_id: str, mode: str) -> List[sqlite3.Row]:
