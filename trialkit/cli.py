@@ -739,7 +739,7 @@ def _print_shipped_logs(experiment_dir: Path, opts: argparse.Namespace, shipped:
                 raise UserError(f"trial {opts.trial_id} has no rank {opts.rank}: its output has {shown}", "--rank",
                                 "leave --rank out for every line" + (f", or pick one of {sorted(ranks)}" if ranks else ""))
             if not printed:
-                _say_silent(opts.trial_id)
+                _say_silent(experiment_dir, opts.trial_id)
             return 0
         time.sleep(FOLLOW_PAUSE)
         with _store(experiment_dir) as store:
@@ -779,14 +779,36 @@ def _print_log_file(experiment_dir: Path, opts: argparse.Namespace) -> int:
                 continue
             if not opts.follow or _trial_over(experiment_dir, opts.trial_id):
                 if not printed:
-                    _say_silent(opts.trial_id)
+                    _say_silent(experiment_dir, opts.trial_id)
                 return 0
             time.sleep(FOLLOW_PAUSE)
 
 
-def _say_silent(trial_id: str) -> None:
+def _say_silent(experiment_dir: Path, trial_id: str) -> None:
     # On stderr: stdout stays the trial's output, empty, for whoever pipes it.
-    print(f"trial {trial_id} printed nothing (its stdout and stderr are empty)", file=sys.stderr)
+    print(f"trial {trial_id} printed nothing (its stdout and stderr are empty)" + _sent_to(experiment_dir, trial_id),
+          file=sys.stderr)
+
+
+def _sent_to(experiment_dir: Path, trial_id: str) -> str:
+    """Where the trial's command sent its output, when it sends it to a file (`python3 train.py > train.log`, as
+    the keeper's warning about a pipe tells to write): ": its command sent its output to train.log in DIR" (the
+    trial's copy of the code dir here, else the config's trialCodeDirectory); "" where it does not."""
+    from trialkit.process import output_file, shell_line_argv
+
+    with _store(experiment_dir) as store:
+        config = _experiment(store, experiment_dir.name)["config"]
+    command = setting(config, "trialCommand")
+    target = output_file(shell_line_argv(command)) if isinstance(command, str) else None
+    if target is None:
+        return ""
+    if os.path.isabs(target):
+        return f": its command sent its output to {target}"
+    from trialkit.platforms.local import CODE_NAME  # here: only a silent trial's redirect loads the platform
+
+    copy = paths.trial_dir(experiment_dir, trial_id) / CODE_NAME
+    code = copy if copy.is_dir() else setting(config, "trialCodeDirectory") or "its code directory"
+    return f": its command sent its output to {target} in {code}"
 
 
 def cmd_trial_kill(opts: argparse.Namespace) -> int:
@@ -1316,7 +1338,8 @@ def build_parser() -> ArgumentParser:
                               "The trial's output as its keeper shipped it to the manager, on every platform "
                               "(stdout and stderr, in chunks of whole lines; each distributed worker's lines "
                               "start with [rank=N]); for a trial whose keeper shipped nothing, its log file on "
-                              "this machine."))
+                              "this machine. A trial that printed nothing is said so on stderr, with the file its "
+                              "command sent its output to (`python3 train.py > train.log`) and where it is."))
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the trial ends")
     logs.add_argument("--rank", type=int, metavar="N", help="only the lines of rank N ([rank=N] ...), or what pod N of a "
                       "multi-pod Kubernetes trial shipped (its rank: Master 0 then Workers; task roles in order)")
