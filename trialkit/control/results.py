@@ -42,7 +42,7 @@ from trialkit import gpus, layout, process, records
 from trialkit.control.queue import NO_CHECKPOINT
 from trialkit.keeper.status import StatusFile
 from trialkit.manager.store import OpenRun, Store
-from trialkit.statuses import FINAL_STATUSES, SUCCEEDED
+from trialkit.statuses import FINAL_STATUSES, PAUSED, RUNNING, SUCCEEDED
 
 _ROW_FIELDS = ("trial_id", "sequence", "parameter_id", "status", "exit_code", "reason", "restart_count", "run",
                "started", "ended", "duration", "steps", "final")
@@ -132,15 +132,18 @@ def _known_end(trial_dir: Optional[str], began: float, now: float, heard: float)
 
 def experiment_ran(experiment_dir: Optional[Path], stored_status: str, runs: Sequence[OpenRun],
                    now: Optional[float] = None) -> Optional[float]:
-    """Seconds the experiment ran, its runs summed (what `experiment show`, the page, NNI's execDuration and a
-    resume go on from), as manager.json tells it; None where there is none. An INTERRUPTED one (stored as
-    running or paused, its manager gone) ran to the last moment anything was known of it: its unwatched
-    trials' known ends (now while a keeper runs), the last the store heard, manager.json's last save."""
+    """Seconds the experiment ran, its runs summed (what `experiment show`, the end of `trialkit run`, the page,
+    NNI's execDuration and a resume go on from), as manager.json tells it; None where there is none. One that
+    ended ran what the end of its run wrote there; one that runs, to now; an INTERRUPTED one (stored as running
+    or paused, its manager gone) to the last moment anything was known of it: its unwatched trials' known ends
+    (now while a keeper runs), the last the store heard, manager.json's last save."""
     info = _info(experiment_dir)
     if info is None:
         return None
-    if stored_status not in ("RUNNING", "PAUSED") or info.saved is None or info.running():
-        return info.ran(now)  # the experiment statuses, not imported: control/loop.py is heavy
+    if stored_status not in (RUNNING, PAUSED):
+        return info.elapsed  # its run is over (its process may still be ending): its last write says how long it ran
+    if info.saved is None or info.running():
+        return info.ran(now)
     known = [seen.end for seen in _unwatched(runs, info, now).values()]
     return info.elapsed + max([0.0] + [when - info.saved for when in known + [run[3] for run in runs]])
 

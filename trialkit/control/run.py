@@ -211,7 +211,10 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
 
 def _summary(loop: Loop, result: ExperimentResult) -> None:
     say = loop.progress.say
-    say(f"\nexperiment {loop.experiment_id} {result.status} after {loop.snapshot().line()}")
+    # How long it ran as `experiment show` and the page say it: what the run's end wrote in manager.json.
+    ran = experiment_ran(loop.experiment_dir, result.status, [])
+    snapshot = loop.snapshot()._replace(elapsed=loop.elapsed() if ran is None else ran)
+    say(f"\nexperiment {loop.experiment_id} {result.status} after {snapshot.line()}")
     if result.trials:
         say(trials_table(result.trials[-SUMMARY_ROWS:], space=loop.config.search_space.params))
     if len(result.trials) > SUMMARY_ROWS:
