@@ -869,6 +869,7 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
     from trialkit.platforms import pools
 
     rows: List[Dict[str, Any]] = []
+    gone: List[Tuple[str, List[Dict[str, Any]], Interrupted]] = []  # interrupted experiments, for _say_interrupted
     order = "priority"  # the column the order is by: a fair share pool's is its jobs' weights
     if opts.pool is not None and _kueue_pool(opts.pool):
         return _kueue_job_list(opts)
@@ -886,8 +887,12 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
         keys = pools.order_keys()
         for experiment_dir in sorted(experiment_dirs, key=lambda d: (d.name not in keys, keys.get(d.name, ()))):
             with _store(experiment_dir) as store:
-                _experiment(store, experiment_dir.name)
+                experiment = _experiment(store, experiment_dir.name)
                 rows += jobs(store, experiment_dir.name)
+                # One named by --experiment may be interrupted: said under the table, as `trial list` says it.
+                interrupted = _interrupted(experiment_dir, experiment, store.open_runs(experiment_dir.name))
+                if interrupted is not None:
+                    gone.append((experiment_dir.name, store.trials(experiment_dir.name), interrupted))
         for position, row in enumerate(rows):
             row["position"] = position
     if opts.format == "json":
@@ -905,6 +910,8 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
         print(table(("#", "id", "type", "experiment", "name", order, "submitted", "slots", "status", "user"),
                     [(r["position"], r["id"], r["type"], r["experiment"], r["name"], r[order], when(r["submitted"]),
                       f"{r['slots_acquired']}/{r['slots_needed']}", r["status"], r["user"]) for r in rows]))
+        for experiment_id, trials, interrupted in gone:
+            _say_interrupted(experiment_id, trials, interrupted)
     else:
         print("no jobs: no trial runs, waits or is paused" + ("" if opts.experiment else " in a running experiment"))
     return 0
