@@ -146,6 +146,8 @@ def test_an_interrupted_runs_trial_durations_stop_where_their_runs_did(tmp_path,
         after = cli_durations(exp_dir, exp)
         assert after[ended] == pytest.approx(rows[ended], abs=0.05)
         assert rows[killed] < after[killed] < rows[killed] + resumed, (rows, after, down, resumed)
+        # The experiment goes on from the elapsed the faces showed, the time down counted not.
+        assert first[5] < page_elapsed(exp_dir, exp) < first[5] + resumed, (first[5], resumed)
     finally:
         if proc.poll() is None:
             proc.kill()
