@@ -124,6 +124,8 @@ def test_an_interrupted_runs_trial_durations_stop_where_their_runs_did(tmp_path,
         # Each says what is known of it, beside the status the store last heard (issue 40 polish7).
         assert why_cell(first[2], ended) == "RUNNING (experiment INTERRUPTED: it ended SUCCEEDED unwatched)", first[2]
         assert why_cell(first[2], killed) == "RUNNING (experiment INTERRUPTED: its keeper is gone)", first[2]
+        listed = next(line for line in cli("experiment", "list").splitlines() if line.startswith(exp))
+        assert "INTERRUPTED  2 (1 lost, 1 ended unwatched)" in listed, listed  # not "2 (2 running)"
         # The experiment's own elapsed runs to the last moment anything was known of it (the unwatched end), on
         # the CLI and the page alike: not the 0 s manager.json said when the control plane died.
         elapsed = next(line.split()[1] for line in first[4].splitlines() if line.startswith("elapsed"))

@@ -60,7 +60,7 @@ def test_trials_of_a_killed_run_are_said_interrupted_without_writing_the_store(t
 def views_of_a_killed_run(home: Path, exp: str, trial: str) -> None:
     before = stored_state(home, exp)
 
-    assert "INTERRUPTED" in cli("experiment", "list").stdout
+    assert "INTERRUPTED  1 (1 running unwatched)" in cli("experiment", "list").stdout  # its keeper runs on
     listed = cli("trial", "list", exp)
     assert listed.returncode == 0, listed.stderr
     unwatched = "experiment INTERRUPTED: it runs unwatched"  # its keeper outlived the control plane

@@ -49,8 +49,8 @@ from trialkit.manager import paths
 from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, gpu_list, gpu_use, number, table,
                                        trial_why, trials_table, when)
 from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
-from trialkit.control.results import (best_row, experiment_ran, metric_value, optimize_mode, setting, to_csv, to_json,
-                                      shown_values, trial_rows, unwatched)
+from trialkit.control.results import (KEEPER_GONE, RUNS_UNWATCHED, best_row, experiment_ran, metric_value, optimize_mode,
+                                      setting, shown_values, to_csv, to_json, trial_rows, unwatched)
 from trialkit.manager.store import OpenRun, Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
@@ -167,6 +167,9 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
                 if experiment is None:
                     continue
                 trials = store.trials(experiment_dir.name)
+                status = background.status(experiment_dir, experiment)
+                interrupted = (_interrupted(experiment_dir, experiment, store.open_runs(experiment_dir.name))
+                               if status == background.INTERRUPTED else None)
         except StoreUnwritable as err:  # its disk refuses even a reader: the store itself may well be intact
             rows.append((0.0, (experiment_dir.name, "", f"UNREADABLE (its disk: {err.reason})", "-", "-")))
             continue
@@ -177,7 +180,7 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
             continue
         rows.append((experiment["created"], (
             experiment_dir.name, experiment["config"].get("experimentName") or "",
-            background.status(experiment_dir, experiment), _trials_made(trials), when(experiment["created"]))))
+            status, _trials_made(trials, interrupted), when(experiment["created"]))))
     if not rows:
         print(f"no experiments under {paths.home() / 'experiments'}")
         return 0
@@ -193,11 +196,26 @@ _COUNTED = ((SUCCEEDED, "succeeded"), (FAILED, "failed"), (EARLY_STOPPED, "early
             (WAITING, "waiting"))
 
 
-def _trials_made(trials: List[Dict[str, Any]]) -> str:
+# An INTERRUPTED experiment's unfinished trials, by what is known of each (results.unwatched's state; trial list
+# says it in full beside each): its manager gone, none of them runs as the store says.
+_UNWATCHED = ((RUNS_UNWATCHED, "running unwatched"), (KEEPER_GONE, "lost"))
+
+
+def _trials_made(trials: List[Dict[str, Any]], interrupted: Interrupted = None) -> str:
     """The trials the experiment made (the page's "Trials"), and the non-zero counts of _COUNTED's statuses:
-    "4 (3 failed)", "10 (8 succeeded, 2 failed)"; "0" for none."""
-    counts = [f"{count} {word}" for count, word in
-              ((sum(t["status"] == status for t in trials), word) for status, word in _COUNTED) if count]
+    "4 (3 failed)", "10 (8 succeeded, 2 failed)"; "0" for none. The runs of an interrupted one that the store
+    holds no end of are counted by what is known of them (`interrupted`, as trial list says it beside each):
+    "running unwatched", "lost" (its keeper is gone, as a resume will say), "ended unwatched" (its keeper
+    wrote its end)."""
+    def word(trial: Dict[str, Any]) -> str:
+        state = interrupted.get(trial["id"]) if interrupted is not None else None
+        if state and trial["status"] not in FINAL_STATUSES:
+            return dict(_UNWATCHED).get(state, "ended unwatched")
+        return dict(_COUNTED).get(trial["status"], "")
+
+    said = [word(t) for t in trials]
+    words = dict.fromkeys([w for _, w in _COUNTED] + [w for _, w in _UNWATCHED] + ["ended unwatched"])
+    counts = [f"{said.count(w)} {w}" for w in words if said.count(w)]
     return f"{len(trials)} ({', '.join(counts)})" if counts else str(len(trials))
 
 
@@ -1253,7 +1271,8 @@ def build_parser() -> ArgumentParser:
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
              "trials (how many it made so far, then each count that is not 0 of those that succeeded, failed, "
              "stopped early, are paused, were canceled, run or wait: 10 (8 succeeded, 2 failed)), creation time; "
-             "newest first, as the page lists them. INTERRUPTED: its manager is gone; resume it.")
+             "newest first, as the page lists them. INTERRUPTED: its manager is gone; resume it (its trials "
+             "that were running are counted as what is known of them: running unwatched, lost, ended unwatched).")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
                             "The experiment's settings, status, best trial and a table of its trials; for a "
                             "STOPPED one, last, the `experiment resume` that takes it up again."))
