@@ -5,6 +5,7 @@ file and the directory it is in (the trial's copy of the code). Real runs; the f
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,10 @@ def test_trial_logs_points_to_the_file_a_redirect_sent_the_output_to(tmp_path):
                         r"to train\.log in (\S+)\n", done.stderr)
     assert said, done.stderr
     assert (Path(said.group(1)) / "train.log").read_text() == "epoch 1: loss 0.5\n"  # it is there
+    # Where no copy of the code is on this machine (a pod's trial, a copy removed), it names the trial's own.
+    shutil.rmtree(said.group(1))
+    assert cli("trial", "logs", f"{exp}-00000").stderr.endswith(
+        ": its command sent its output to train.log in its code directory where it ran ($TRIALKIT_CODE_DIR)\n")
 
 
 def test_an_absolute_target_and_errors_alone_are_said_as_they_are(tmp_path):

@@ -811,7 +811,7 @@ def _say_silent(experiment_dir: Path, trial_id: str) -> None:
 def _sent_to(experiment_dir: Path, trial_id: str) -> str:
     """Where the trial's command sent its output, when it sends it to a file (`python3 train.py > train.log`, as
     the keeper's warning about a pipe tells to write): ": its command sent its output to train.log in DIR" (the
-    trial's copy of the code dir here, else the config's trialCodeDirectory); "" where it does not."""
+    trial's copy of the code dir on this machine, else its code dir where it ran); "" where it does not."""
     from trialkit.process import output_file, shell_line_argv
 
     with _store(experiment_dir) as store:
@@ -824,8 +824,8 @@ def _sent_to(experiment_dir: Path, trial_id: str) -> str:
         return f": its command sent its output to {target}"
     from trialkit.platforms.local import CODE_NAME  # here: only a silent trial's redirect loads the platform
 
-    copy = paths.trial_dir(experiment_dir, trial_id) / CODE_NAME
-    code = copy if copy.is_dir() else setting(config, "trialCodeDirectory") or "its code directory"
+    copy = paths.trial_dir(experiment_dir, trial_id) / CODE_NAME  # a local trial's; a pod's is in the pod
+    code = copy if copy.is_dir() else "its code directory where it ran ($TRIALKIT_CODE_DIR)"
     return f": its command sent its output to {target} in {code}"
 
 
