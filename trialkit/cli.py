@@ -51,7 +51,7 @@ from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, 
 from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
 from trialkit.control.results import (KEEPER_GONE, RUNS_UNWATCHED, best_row, experiment_ran, metric_value, optimize_mode,
                                       setting, shown_values, to_csv, to_json, trial_rows, unwatched)
-from trialkit.manager.store import OpenRun, Store, StoreUnwritable
+from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
                                USER_CANCELED, WAITING)
@@ -168,8 +168,7 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
                     continue
                 trials = store.trials(experiment_dir.name)
                 status = background.status(experiment_dir, experiment)
-                interrupted = (_interrupted(experiment_dir, experiment, store.open_runs(experiment_dir.name))
-                               if status == background.INTERRUPTED else None)
+                interrupted = _interrupted(experiment_dir, experiment, store)
         except StoreUnwritable as err:  # its disk refuses even a reader: the store itself may well be intact
             rows.append((0.0, (experiment_dir.name, "", f"UNREADABLE (its disk: {err.reason})", "-", "-")))
             continue
@@ -226,8 +225,8 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
     with _store(experiment_dir) as store:
         experiment = _experiment(store, opts.experiment_id)
         rows = trial_rows(store, opts.experiment_id)
-        runs = store.open_runs(opts.experiment_id)
-    ran = experiment_ran(experiment_dir, experiment["status"], runs)
+        ran = experiment_ran(experiment_dir, experiment["status"], store.open_runs(opts.experiment_id))
+        interrupted = _interrupted(experiment_dir, experiment, store)
     config = experiment["config"]
     info = admin.read_info(experiment_dir)
     mode = optimize_mode(config)
@@ -256,7 +255,6 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
                      f"parameters={records.dumps(shown_values(setting(config, 'searchSpace'), best['parameters']))}")
     print("\n".join(lines))
     if rows:
-        interrupted = _interrupted(experiment_dir, experiment, runs)
         print("\n" + trials_table(rows, interrupted, setting(config, "searchSpace")))
         _say_interrupted(opts.experiment_id, rows, interrupted)
     if status == "STOPPED":  # the loop's STOPPED (not imported: it loads the control loop)
@@ -613,24 +611,24 @@ def cmd_trial_list(opts: argparse.Namespace) -> int:
     with _store(experiment_dir) as store:
         experiment = _experiment(store, opts.experiment_id)
         rows = trial_rows(store, opts.experiment_id)
-        runs = store.open_runs(opts.experiment_id)
+        interrupted = _interrupted(experiment_dir, experiment, store)
     if not rows:
         print(f"experiment {opts.experiment_id} has no trials yet")
         return 0
-    interrupted = _interrupted(experiment_dir, experiment, runs)
     print(trials_table(rows, interrupted, setting(experiment["config"], "searchSpace")))
     _say_interrupted(opts.experiment_id, rows, interrupted)
     return 0
 
 
-def _interrupted(experiment_dir: Path, experiment: Dict[str, Any], runs: List[OpenRun]) -> Interrupted:
+def _interrupted(experiment_dir: Path, experiment: Dict[str, Any], store: Store) -> Interrupted:
     """None while the experiment's manager runs or it ended; once it is gone while the store says it runs
     (`experiment list`'s INTERRUPTED), what the store says of its unfinished trials is no longer so: what is
-    known of each (results.unwatched's state, by trial id)."""
+    known of each (results.unwatched's state, by trial id), its store's open runs read only then."""
     from trialkit.control import background
 
     if background.status(experiment_dir, experiment) != background.INTERRUPTED:
         return None
+    runs = store.open_runs(experiment_dir.name)
     return {trial_id: seen.state for trial_id, seen in unwatched(runs, experiment_dir).items()}
 
 
@@ -654,7 +652,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         history = store.status_history(opts.trial_id)
         elastic = store.records_for(opts.trial_id, type=records.ELASTIC)[-1:]
         lost = _lost(store.records_for(opts.trial_id, type=records.STATUS))
-        interrupted = _interrupted(experiment_dir, experiment, store.open_runs(trial["experiment"]))
+        interrupted = _interrupted(experiment_dir, experiment, store)
     why = trial_why(row, interrupted)  # what is known of it, once its experiment is interrupted
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
@@ -908,7 +906,7 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
                 experiment = _experiment(store, experiment_dir.name)
                 rows += jobs(store, experiment_dir.name)
                 # One named by --experiment may be interrupted: said under the table, as `trial list` says it.
-                interrupted = _interrupted(experiment_dir, experiment, store.open_runs(experiment_dir.name))
+                interrupted = _interrupted(experiment_dir, experiment, store)
                 if interrupted is not None:
                     gone.append((experiment_dir.name, store.trials(experiment_dir.name), interrupted))
         for position, row in enumerate(rows):
