@@ -213,17 +213,20 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
     say = loop.progress.say
     # How long it ran as `experiment show` and the page say it: what the run's end wrote in manager.json.
     ran = experiment_ran(loop.experiment_dir, result.status, [])
-    snapshot = loop.snapshot()._replace(elapsed=loop.elapsed() if ran is None else ran)
+    space = loop.config.search_space.params
+    snapshot = loop.snapshot()
+    snapshot = snapshot._replace(elapsed=loop.elapsed() if ran is None else ran, best_parameters=None if
+                                 snapshot.best_parameters is None else shown_values(space, snapshot.best_parameters))
     say(f"\nexperiment {loop.experiment_id} {result.status} after {snapshot.line()}")
     if result.trials:
-        say(trials_table(result.trials[-SUMMARY_ROWS:], space=loop.config.search_space.params))
+        say(trials_table(result.trials[-SUMMARY_ROWS:], space=space))
     if len(result.trials) > SUMMARY_ROWS:
         say(f"(the last {SUMMARY_ROWS} of {len(result.trials)} trials; "
             f"`trialkit trial list {loop.experiment_id}` lists them all)")
     best = best_row(result.trials, loop.config.optimize_mode)
     if best is not None:
         say(f"best: {best['trial_id']} final={metric_value(best['final']):.6g} "
-            f"parameters={records.dumps(shown_values(loop.config.search_space.params, best['parameters']))}")
+            f"parameters={records.dumps(shown_values(space, best['parameters']))}")
     if loop.error is not None:
         say(f"error: {loop.error}")
     waiting = [trial.id for trial in sorted(loop.trials.values(), key=lambda t: t.sequence) if trial.status == WAITING]
