@@ -23,6 +23,7 @@ import pytest
 from experiment_util import experiment, experiment_id, reported, start_cli
 from harness import wait_until
 from trialkit import layout, process
+from trialkit.control.progress import duration
 from trialkit.control.results import trial_rows
 from trialkit.keeper.status import StatusFile
 from trialkit.manager.store import Store
@@ -58,6 +59,23 @@ def cli_durations(exp_dir: Path, exp: str) -> Dict[str, float]:
         return {row["trial_id"]: row["duration"] for row in trial_rows(store, exp)}
     finally:
         store.close()
+
+
+def page_elapsed(exp_dir: Path, exp: str) -> float:
+    """The page's figure of the experiment's own elapsed time."""
+    database = Database(exp_dir / "trialkit.db")
+    try:
+        with database.reading() as db:
+            return queries.summary(db, exp)["elapsed"]
+    finally:
+        database.close()
+
+
+def why_cell(listed: str, trial: str) -> str:
+    """`trial list`'s status cell of the trial and its why cell, in parentheses."""
+    header, _, *lines = listed.splitlines()
+    line = next(line for line in lines if line.startswith(trial))
+    return f"{line[header.index('status'):header.index('final')].strip()} ({line[header.index(' why') + 1:].strip()})"
 
 
 def cli(*args: str) -> str:
@@ -96,13 +114,23 @@ def test_an_interrupted_runs_trial_durations_stop_where_their_runs_did(tmp_path,
         finished = time.time()
 
         first = cli_durations(exp_dir, exp), page_durations(exp_dir, exp), cli("trial", "list", exp), \
-            cli("trial", "show", ended)
+            cli("trial", "show", ended), cli("experiment", "show", exp), page_elapsed(exp_dir, exp)
         time.sleep(2.5)
         second = cli_durations(exp_dir, exp), page_durations(exp_dir, exp), cli("trial", "list", exp), \
-            cli("trial", "show", ended)
+            cli("trial", "show", ended), cli("experiment", "show", exp), page_elapsed(exp_dir, exp)
         assert first == second, (first, second)  # nothing counts on
         rows, page = first[0], first[1]
         assert rows == page  # one duration on every face
+        # Each says what is known of it, beside the status the store last heard (issue 40 polish7).
+        assert why_cell(first[2], ended) == "RUNNING (experiment INTERRUPTED: it ended SUCCEEDED unwatched)", first[2]
+        assert why_cell(first[2], killed) == "RUNNING (experiment INTERRUPTED: its keeper is gone)", first[2]
+        listed = next(line for line in cli("experiment", "list").splitlines() if line.startswith(exp))
+        assert "INTERRUPTED  2 (1 lost, 1 ended unwatched)" in listed, listed  # not "2 (2 running)"
+        # The experiment's own elapsed runs to the last moment anything was known of it (the unwatched end), on
+        # the CLI and the page alike: not the 0 s manager.json said when the control plane died.
+        elapsed = next(line.split()[1] for line in first[4].splitlines() if line.startswith("elapsed"))
+        assert elapsed == duration(first[5]), (first[4], first[5])
+        assert rows[ended] - 1 <= first[5] < finished - died + rows[ended] + 60, (first[5], rows)
         # The trial that ended unwatched ran past the control plane's death, to the end its keeper wrote.
         history = StatusFile.previous(status_file)["history"]
         end = next(entry["time"] for entry in history if entry["status"] == SUCCEEDED)
@@ -120,6 +148,8 @@ def test_an_interrupted_runs_trial_durations_stop_where_their_runs_did(tmp_path,
         after = cli_durations(exp_dir, exp)
         assert after[ended] == pytest.approx(rows[ended], abs=0.05)
         assert rows[killed] < after[killed] < rows[killed] + resumed, (rows, after, down, resumed)
+        # The experiment goes on from the elapsed the faces showed, the time down counted not.
+        assert first[5] < page_elapsed(exp_dir, exp) < first[5] + resumed, (first[5], resumed)
     finally:
         if proc.poll() is None:
             proc.kill()

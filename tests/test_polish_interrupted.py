@@ -44,6 +44,7 @@ def test_trials_of_a_killed_run_are_said_interrupted_without_writing_the_store(t
     config = experiment(tmp_path, X, SLOW, maxTrialNumber=1, trialConcurrency=1)
     def still_running(exp: str, trial: str) -> None:
         assert status_cell(cli("trial", "list", exp).stdout, trial) == "RUNNING"  # its manager runs: so it is
+        assert job_status(exp, trial) == "RUNNING"  # `job list` says it as `trial list` does
     exp, trial = sigkilled_while_running(config, home, before_kill=still_running)
     try:
         views_of_a_killed_run(home, exp, trial)
@@ -59,22 +60,36 @@ def test_trials_of_a_killed_run_are_said_interrupted_without_writing_the_store(t
 def views_of_a_killed_run(home: Path, exp: str, trial: str) -> None:
     before = stored_state(home, exp)
 
-    assert "INTERRUPTED" in cli("experiment", "list").stdout
+    assert "INTERRUPTED  1 (1 running unwatched)" in cli("experiment", "list").stdout  # its keeper runs on
     listed = cli("trial", "list", exp)
     assert listed.returncode == 0, listed.stderr
-    assert status_cell(listed.stdout, trial) == "RUNNING (experiment INTERRUPTED)"
+    unwatched = "experiment INTERRUPTED: it runs unwatched"  # its keeper outlived the control plane
+    assert status_cell(listed.stdout, trial) == f"RUNNING ({unwatched})"
     assert ("experiment INTERRUPTED: its manager is gone, so what the store says of its unfinished trials is what "
             "it last heard" in listed.stdout), listed.stdout
     assert f"`trialkit experiment resume {exp}` takes them up" in listed.stdout, listed.stdout
+    # `job list --experiment` says it as `trial list` does, and the same note under its table.
+    assert job_status(exp, trial) == "RUNNING"
+    jobs = cli("job", "list", "--experiment", exp).stdout
+    assert "experiment INTERRUPTED: its manager is gone" in jobs and f"resume {exp}` takes them up" in jobs, jobs
     shown = cli("trial", "show", trial).stdout
-    assert "status         RUNNING (experiment INTERRUPTED: its manager is gone" in shown, shown
+    assert f"status         RUNNING ({unwatched}; its manager is gone" in shown, shown
     table = cli("experiment", "show", exp).stdout.split("\n\n", 1)[1]
-    assert status_cell(table, trial) == "RUNNING (experiment INTERRUPTED)", table
+    assert status_cell(table, trial) == f"RUNNING ({unwatched})", table
     page = page_data(home, exp)  # the page (`trialkit ui`) says it alike: its status badge and the trial's reason
     assert page["summary"]["status"] == "INTERRUPTED" and page["summary"]["elapsed"] > 0
-    assert (page["row"]["status"], page["row"]["reason"]) == ("RUNNING", "experiment INTERRUPTED")
-    assert page["trial"]["reason"] == "experiment INTERRUPTED" and page["queue"]["reason"] == "experiment INTERRUPTED"
+    assert (page["row"]["status"], page["row"]["reason"]) == ("RUNNING", unwatched)
+    assert page["trial"]["reason"] == unwatched and page["queue"]["reason"] == unwatched
     assert stored_state(home, exp) == before  # read, never written
+
+
+def job_status(exp: str, trial: str) -> str:
+    """`job list --experiment EXP --json`'s status of the trial."""
+    import json
+
+    listed = cli("job", "list", "--experiment", exp, "--json")
+    assert listed.returncode == 0, listed.stderr
+    return next(job["status"] for job in json.loads(listed.stdout) if job["id"] == trial)
 
 
 def page_data(home: Path, exp: str) -> dict:

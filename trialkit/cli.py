@@ -46,10 +46,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from trialkit import gpus, records
 from trialkit.manager import paths
-from trialkit.control.progress import (INTERRUPTED_NOTE, duration, gpu_list, gpu_use, number, table, trials_table,
-                                       when)
+from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, gpu_list, gpu_use, number, table,
+                                       trial_why, trials_table, when)
 from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
-from trialkit.control.results import best_row, metric_value, optimize_mode, setting, to_csv, to_json, trial_rows
+from trialkit.control.results import (KEEPER_GONE, RUNS_UNWATCHED, best_row, experiment_ran, metric_value, optimize_mode,
+                                      setting, shown_values, to_csv, to_json, trial_rows, unwatched)
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
@@ -166,6 +167,8 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
                 if experiment is None:
                     continue
                 trials = store.trials(experiment_dir.name)
+                status = background.status(experiment_dir, experiment)
+                interrupted = _interrupted(experiment_dir, experiment, store)
         except StoreUnwritable as err:  # its disk refuses even a reader: the store itself may well be intact
             rows.append((0.0, (experiment_dir.name, "", f"UNREADABLE (its disk: {err.reason})", "-", "-")))
             continue
@@ -176,7 +179,7 @@ def cmd_experiment_list(opts: argparse.Namespace) -> int:
             continue
         rows.append((experiment["created"], (
             experiment_dir.name, experiment["config"].get("experimentName") or "",
-            background.status(experiment_dir, experiment), _trials_made(trials), when(experiment["created"]))))
+            status, _trials_made(trials, interrupted), when(experiment["created"]))))
     if not rows:
         print(f"no experiments under {paths.home() / 'experiments'}")
         return 0
@@ -192,11 +195,26 @@ _COUNTED = ((SUCCEEDED, "succeeded"), (FAILED, "failed"), (EARLY_STOPPED, "early
             (WAITING, "waiting"))
 
 
-def _trials_made(trials: List[Dict[str, Any]]) -> str:
+# An INTERRUPTED experiment's unfinished trials, by what is known of each (results.unwatched's state; trial list
+# says it in full beside each): its manager gone, none of them runs as the store says.
+_UNWATCHED = ((RUNS_UNWATCHED, "running unwatched"), (KEEPER_GONE, "lost"))
+
+
+def _trials_made(trials: List[Dict[str, Any]], interrupted: Interrupted = None) -> str:
     """The trials the experiment made (the page's "Trials"), and the non-zero counts of _COUNTED's statuses:
-    "4 (3 failed)", "10 (8 succeeded, 2 failed)"; "0" for none."""
-    counts = [f"{count} {word}" for count, word in
-              ((sum(t["status"] == status for t in trials), word) for status, word in _COUNTED) if count]
+    "4 (3 failed)", "10 (8 succeeded, 2 failed)"; "0" for none. The runs of an interrupted one that the store
+    holds no end of are counted by what is known of them (`interrupted`, as trial list says it beside each):
+    "running unwatched", "lost" (its keeper is gone, as a resume will say), "ended unwatched" (its keeper
+    wrote its end)."""
+    def word(trial: Dict[str, Any]) -> str:
+        state = interrupted.get(trial["id"]) if interrupted is not None else None
+        if state and trial["status"] not in FINAL_STATUSES:
+            return dict(_UNWATCHED).get(state, "ended unwatched")
+        return dict(_COUNTED).get(trial["status"], "")
+
+    said = [word(t) for t in trials]
+    words = dict.fromkeys([w for _, w in _COUNTED] + [w for _, w in _UNWATCHED] + ["ended unwatched"])
+    counts = [f"{said.count(w)} {w}" for w in words if said.count(w)]
     return f"{len(trials)} ({', '.join(counts)})" if counts else str(len(trials))
 
 
@@ -207,6 +225,8 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
     with _store(experiment_dir) as store:
         experiment = _experiment(store, opts.experiment_id)
         rows = trial_rows(store, opts.experiment_id)
+        ran = experiment_ran(experiment_dir, experiment["status"], store.open_runs(opts.experiment_id))
+        interrupted = _interrupted(experiment_dir, experiment, store)
     config = experiment["config"]
     info = admin.read_info(experiment_dir)
     mode = optimize_mode(config)
@@ -218,7 +238,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         f"status      {status}"
         + (f": {experiment['reason']}" if experiment.get("reason") else ""),
         f"created     {when(experiment['created'])}",
-        f"elapsed     {duration(info.ran() if info else None)}",
+        f"elapsed     {duration(ran)}",
         f"dir         {experiment_dir}",
         f"platform    {setting(config, 'trainingService', 'platform') or '-'}",
         f"tuner       {setting(config, 'tuner', 'name') or '-'} ({mode})",
@@ -232,11 +252,10 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
     best = best_row(rows, mode)
     if best is not None:
         lines.append(f"best        {best['trial_id']} final={number(metric_value(best['final']))} "
-                     f"parameters={records.dumps(best['parameters'])}")
+                     f"parameters={records.dumps(shown_values(setting(config, 'searchSpace'), best['parameters']))}")
     print("\n".join(lines))
     if rows:
-        interrupted = _interrupted(experiment_dir, experiment)
-        print("\n" + trials_table(rows, interrupted))
+        print("\n" + trials_table(rows, interrupted, setting(config, "searchSpace")))
         _say_interrupted(opts.experiment_id, rows, interrupted)
     if status == "STOPPED":  # the loop's STOPPED (not imported: it loads the control loop)
         print(f"\nstopped: `trialkit experiment resume {opts.experiment_id}` takes it up again")
@@ -592,26 +611,30 @@ def cmd_trial_list(opts: argparse.Namespace) -> int:
     with _store(experiment_dir) as store:
         experiment = _experiment(store, opts.experiment_id)
         rows = trial_rows(store, opts.experiment_id)
+        interrupted = _interrupted(experiment_dir, experiment, store)
     if not rows:
         print(f"experiment {opts.experiment_id} has no trials yet")
         return 0
-    interrupted = _interrupted(experiment_dir, experiment)
-    print(trials_table(rows, interrupted))
+    print(trials_table(rows, interrupted, setting(experiment["config"], "searchSpace")))
     _say_interrupted(opts.experiment_id, rows, interrupted)
     return 0
 
 
-def _interrupted(experiment_dir: Path, experiment: Dict[str, Any]) -> bool:
-    """Whether the experiment's manager is gone while the store says it runs (`experiment list`'s INTERRUPTED):
-    what the store says of its unfinished trials is then no longer so."""
+def _interrupted(experiment_dir: Path, experiment: Dict[str, Any], store: Store) -> Interrupted:
+    """None while the experiment's manager runs or it ended; once it is gone while the store says it runs
+    (`experiment list`'s INTERRUPTED), what the store says of its unfinished trials is no longer so: what is
+    known of each (results.unwatched's state, by trial id), its store's open runs read only then."""
     from trialkit.control import background
 
-    return background.status(experiment_dir, experiment) == background.INTERRUPTED
+    if background.status(experiment_dir, experiment) != background.INTERRUPTED:
+        return None
+    runs = store.open_runs(experiment_dir.name)
+    return {trial_id: seen.state for trial_id, seen in unwatched(runs, experiment_dir).items()}
 
 
-def _say_interrupted(experiment_id: str, rows: List[Dict[str, Any]], interrupted: bool) -> None:
+def _say_interrupted(experiment_id: str, rows: List[Dict[str, Any]], interrupted: Interrupted) -> None:
     """Under a trials table: why some of them say INTERRUPTED, and how to go on."""
-    if interrupted and any(row["status"] not in FINAL_STATUSES for row in rows):
+    if interrupted is not None and any(row["status"] not in FINAL_STATUSES for row in rows):
         print(f"\n{INTERRUPTED_NOTE}: {_gone(experiment_id)}")
 
 
@@ -629,11 +652,13 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         history = store.status_history(opts.trial_id)
         elastic = store.records_for(opts.trial_id, type=records.ELASTIC)[-1:]
         lost = _lost(store.records_for(opts.trial_id, type=records.STATUS))
+        interrupted = _interrupted(experiment_dir, experiment, store)
+    why = trial_why(row, interrupted)  # what is known of it, once its experiment is interrupted
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
         f"status         {label(row['status'])}" + (
-            f" ({INTERRUPTED_NOTE}: {_gone(trial['experiment'])})"
-            if row["status"] not in FINAL_STATUSES and _interrupted(experiment_dir, experiment)
+            f" ({why}{'; ' if why != INTERRUPTED_NOTE else ': '}{_gone(trial['experiment'])})"
+            if interrupted is not None and row["status"] not in FINAL_STATUSES
             else f": {row['reason']}" if row["reason"] else ""),
         f"exit code      {'-' if row['exit_code'] is None else row['exit_code']}",
         f"restarts       {row['restart_count']}",
@@ -730,7 +755,7 @@ def _print_shipped_logs(experiment_dir: Path, opts: argparse.Namespace, shipped:
                 raise UserError(f"trial {opts.trial_id} has no rank {opts.rank}: its output has {shown}", "--rank",
                                 "leave --rank out for every line" + (f", or pick one of {sorted(ranks)}" if ranks else ""))
             if not printed:
-                _say_silent(opts.trial_id)
+                _say_silent(experiment_dir, opts.trial_id)
             return 0
         time.sleep(FOLLOW_PAUSE)
         with _store(experiment_dir) as store:
@@ -770,14 +795,36 @@ def _print_log_file(experiment_dir: Path, opts: argparse.Namespace) -> int:
                 continue
             if not opts.follow or _trial_over(experiment_dir, opts.trial_id):
                 if not printed:
-                    _say_silent(opts.trial_id)
+                    _say_silent(experiment_dir, opts.trial_id)
                 return 0
             time.sleep(FOLLOW_PAUSE)
 
 
-def _say_silent(trial_id: str) -> None:
+def _say_silent(experiment_dir: Path, trial_id: str) -> None:
     # On stderr: stdout stays the trial's output, empty, for whoever pipes it.
-    print(f"trial {trial_id} printed nothing (its stdout and stderr are empty)", file=sys.stderr)
+    print(f"trial {trial_id} printed nothing (its stdout and stderr are empty)" + _sent_to(experiment_dir, trial_id),
+          file=sys.stderr)
+
+
+def _sent_to(experiment_dir: Path, trial_id: str) -> str:
+    """Where the trial's command sent its output, when it sends it to a file (`python3 train.py > train.log`, as
+    the keeper's warning about a pipe tells to write): ": its command sent its output to train.log in DIR" (the
+    trial's copy of the code dir on this machine, else its code dir where it ran); "" where it does not."""
+    from trialkit.process import output_file, shell_line_argv
+
+    with _store(experiment_dir) as store:
+        config = _experiment(store, experiment_dir.name)["config"]
+    command = setting(config, "trialCommand")
+    target = output_file(shell_line_argv(command)) if isinstance(command, str) else None
+    if target is None:
+        return ""
+    if os.path.isabs(target):
+        return f": its command sent its output to {target}"
+    from trialkit.platforms.local import CODE_NAME  # here: only a silent trial's redirect loads the platform
+
+    copy = paths.trial_dir(experiment_dir, trial_id) / CODE_NAME  # a local trial's; a pod's is in the pod
+    code = copy if copy.is_dir() else "its code directory where it ran ($TRIALKIT_CODE_DIR)"
+    return f": its command sent its output to {target} in {code}"
 
 
 def cmd_trial_kill(opts: argparse.Namespace) -> int:
@@ -838,6 +885,7 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
     from trialkit.platforms import pools
 
     rows: List[Dict[str, Any]] = []
+    gone: List[Tuple[str, List[Dict[str, Any]], Interrupted]] = []  # interrupted experiments, for _say_interrupted
     order = "priority"  # the column the order is by: a fair share pool's is its jobs' weights
     if opts.pool is not None and _kueue_pool(opts.pool):
         return _kueue_job_list(opts)
@@ -855,8 +903,12 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
         keys = pools.order_keys()
         for experiment_dir in sorted(experiment_dirs, key=lambda d: (d.name not in keys, keys.get(d.name, ()))):
             with _store(experiment_dir) as store:
-                _experiment(store, experiment_dir.name)
+                experiment = _experiment(store, experiment_dir.name)
                 rows += jobs(store, experiment_dir.name)
+                # One named by --experiment may be interrupted: said under the table, as `trial list` says it.
+                interrupted = _interrupted(experiment_dir, experiment, store)
+                if interrupted is not None:
+                    gone.append((experiment_dir.name, store.trials(experiment_dir.name), interrupted))
         for position, row in enumerate(rows):
             row["position"] = position
     if opts.format == "json":
@@ -874,6 +926,8 @@ def cmd_job_list(opts: argparse.Namespace) -> int:
         print(table(("#", "id", "type", "experiment", "name", order, "submitted", "slots", "status", "user"),
                     [(r["position"], r["id"], r["type"], r["experiment"], r["name"], r[order], when(r["submitted"]),
                       f"{r['slots_acquired']}/{r['slots_needed']}", r["status"], r["user"]) for r in rows]))
+        for experiment_id, trials, interrupted in gone:
+            _say_interrupted(experiment_id, trials, interrupted)
     else:
         print("no jobs: no trial runs, waits or is paused" + ("" if opts.experiment else " in a running experiment"))
     return 0
@@ -1215,7 +1269,8 @@ def build_parser() -> ArgumentParser:
     _command(sub, "list", cmd_experiment_list, "list the experiments", "One line per experiment: id, name, status, "
              "trials (how many it made so far, then each count that is not 0 of those that succeeded, failed, "
              "stopped early, are paused, were canceled, run or wait: 10 (8 succeeded, 2 failed)), creation time; "
-             "newest first, as the page lists them. INTERRUPTED: its manager is gone; resume it.")
+             "newest first, as the page lists them. INTERRUPTED: its manager is gone; resume it (its trials "
+             "that were running are counted as what is known of them: running unwatched, lost, ended unwatched).")
     _experiment_id(_command(sub, "show", cmd_experiment_show, "show an experiment and its trials",
                             "The experiment's settings, status, best trial and a table of its trials; for a "
                             "STOPPED one, last, the `experiment resume` that takes it up again."))
@@ -1307,7 +1362,8 @@ def build_parser() -> ArgumentParser:
                               "The trial's output as its keeper shipped it to the manager, on every platform "
                               "(stdout and stderr, in chunks of whole lines; each distributed worker's lines "
                               "start with [rank=N]); for a trial whose keeper shipped nothing, its log file on "
-                              "this machine."))
+                              "this machine. A trial that printed nothing is said so on stderr, with the file its "
+                              "command sent its output to (`python3 train.py > train.log`) and where it is."))
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the trial ends")
     logs.add_argument("--rank", type=int, metavar="N", help="only the lines of rank N ([rank=N] ...), or what pod N of a "
                       "multi-pod Kubernetes trial shipped (its rank: Master 0 then Workers; task roles in order)")

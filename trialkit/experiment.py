@@ -41,7 +41,7 @@ from trialkit import process, records, schema
 from trialkit.control import admin, background
 from trialkit.control.config import V2_KEYS, parse_config
 from trialkit.control.config import ExperimentConfig as ParsedConfig  # NNI's ExperimentConfig is the draft's (below)
-from trialkit.control.results import trial_rows
+from trialkit.control.results import experiment_ran, trial_rows
 from trialkit.errors import UserError
 from trialkit.manager import paths
 from trialkit.manager.store import Store
@@ -488,13 +488,13 @@ class Experiment:
         """NNI's profile: id, params (the config, camelCase), startTime, endTime, execDuration, logDir, ..."""
         experiment_dir = paths.experiment_dir(self.id)
         stored = self._stored()
-        info = admin.read_info(experiment_dir)
         with self._store() as store:
             trials = store.trials(self.id)
+            ran = experiment_ran(experiment_dir, stored["status"], store.open_runs(self.id))
         ended = stored["status"] not in ("RUNNING", "PAUSED")
         return {"id": self.id, "params": stored["config"], "startTime": _ms(stored["created"]),
                 "endTime": _ms(stored["updated"]) if ended else -1,
-                "execDuration": int(info.ran()) if info else 0, "logDir": str(experiment_dir),
+                "execDuration": int(ran or 0), "logDir": str(experiment_dir),
                 "nextSequenceId": len(trials), "maxSequenceId": len(trials) - 1, "revision": 0}
 
     def get_experiment_metadata(self, exp_id: str) -> Dict[str, Any]:

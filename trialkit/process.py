@@ -222,20 +222,38 @@ def shell_line_argv(line: str) -> List[str]:
 _SHELLS = frozenset("sh bash dash ash zsh ksh".split())
 
 
-def pipes_output(argv: Sequence[str]) -> Optional[str]:
-    """Where argv is a shell running a line whose output goes through a pipe (`python3 main.py | tee log`), the
-    pipe as the line has it from its first bar on (`| tee log`); else None."""
+def _shell_tokens(argv: Sequence[str]) -> List[str]:
+    """The words and operators of the line a shell runs (`sh -c LINE`); none where argv is no shell's."""
     if len(argv) < 3 or os.path.basename(argv[0]) not in _SHELLS or argv[1] != "-c":
-        return None
+        return []
     import shlex
 
     lexer = shlex.shlex(argv[2], posix=True, punctuation_chars=True)
     try:
-        tokens = list(lexer)
+        return list(lexer)
     except ValueError:  # an unclosed quote: the shell refuses it anyway
-        return None
+        return []
+
+
+def pipes_output(argv: Sequence[str]) -> Optional[str]:
+    """Where argv is a shell running a line whose output goes through a pipe (`python3 main.py | tee log`), the
+    pipe as the line has it from its first bar on (`| tee log`); else None."""
+    tokens = _shell_tokens(argv)
     bar = next((i for i, token in enumerate(tokens) if token in ("|", "|&")), None)
     return None if bar is None else " ".join(tokens[bar:])
+
+
+_TO_FILE = frozenset((">", ">>", ">|", "&>", "&>>"))  # what sends a command's standard output to a file
+
+
+def output_file(argv: Sequence[str]) -> Optional[str]:
+    """Where argv is a shell running a line that sends its standard output to a file (`python3 train.py >
+    train.log 2>&1`), that file as the line names it; else None (`2> err.log` sends only its errors)."""
+    tokens = _shell_tokens(argv)
+    for i, token in enumerate(tokens[:-1]):
+        if token in _TO_FILE and (i == 0 or tokens[i - 1] != "2" or token.startswith("&")):
+            return tokens[i + 1]
+    return None
 
 
 def spawn(

@@ -11,11 +11,11 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 from trialkit import records
 from trialkit.control.queue import label
-from trialkit.control.results import flat_parameters, metric_value
+from trialkit.control.results import KEEPER_GONE, RUNS_UNWATCHED, flat_parameters, metric_value, shown_values
 from trialkit.statuses import EXPLAINED, FINAL_STATUSES
 
 _CLEAR_LINE = "\r\x1b[K"
@@ -171,9 +171,10 @@ def number(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
-def parameters_text(parameters: Dict[str, Any], limit: int = 80) -> str:
+def parameters_text(parameters: Dict[str, Any], limit: Optional[int] = 80) -> str:
+    """KEY=VALUE, ...; cut to `limit` characters (None: whole)."""
     text = ", ".join(f"{key}={_short(value)}" for key, value in flat_parameters(parameters).items())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _short(value: Any) -> str:
@@ -197,18 +198,20 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def trials_table(rows: List[Dict[str, Any]], interrupted: bool = False) -> str:
+def trials_table(rows: List[Dict[str, Any]], interrupted: Interrupted = None, space: Any = None) -> str:
     """The trials of an experiment, one line each (the summary, `experiment show`, `trial list`): the status
     word in its column, why (trial_why) in a last one, cut to the terminal's width on a TTY (piped output keeps
     it whole); a gpus column when GPUs were scheduled (the ones each trial's latest start was given).
-    `interrupted`: the experiment's manager is gone (trial_why)."""
+    `interrupted`: the experiment's manager is gone (trial_why). The parameters are those the faces show
+    (results.shown_values of `space`, the search space: not PBT's checkpoint paths), whole: a cut one
+    (Hyperband's TRIAL_BUDGET, last) would say nothing."""
     with_gpus = any(row.get("gpus") is not None for row in rows)
     whys = [trial_why(row, interrupted) for row in rows]
     headers = (("trial", "status") + (("gpus",) if with_gpus else ()) + ("final", "steps", "duration", "parameters")
                + (("why",) if any(whys) else ()))
     cells = [[row["trial_id"], label(row["status"])] + ([gpu_list(row.get("gpus"))] if with_gpus else [])
              + [number(metric_value(row["final"])), row["steps"], duration(row["duration"]),
-                parameters_text(row["parameters"])] for row in rows]
+                parameters_text(shown_values(space, row["parameters"]), limit=None)] for row in rows]
     if any(whys):
         room = _room_left(headers, cells, shutil.get_terminal_size().columns if sys.stdout.isatty() else 0)
         for row, why in zip(cells, whys):
@@ -231,15 +234,28 @@ def _room_left(headers: Sequence[str], cells: List[List[Any]], columns: int) -> 
 # Beside a trial the store says runs or waits when its experiment's manager is gone (SIGKILLed, its machine
 # down): what the store says is no longer so, in `experiment list`'s word for such an experiment.
 INTERRUPTED_NOTE = "experiment INTERRUPTED"
+Interrupted = Optional[Mapping[str, str]]  # None, or its manager is gone: trial id -> results.unwatched's state
 
 
-def trial_why(row: Dict[str, Any], interrupted: bool = False) -> str:
+def interrupted_note(state: Optional[str]) -> str:
+    """What is known of an unfinished trial of an interrupted experiment, as every face says it beside its
+    status: `state` is results.unwatched's (None for one whose run never began, "" where nothing is known)."""
+    if not state:
+        return INTERRUPTED_NOTE
+    if state == RUNS_UNWATCHED:
+        return f"{INTERRUPTED_NOTE}: it runs unwatched"
+    if state == KEEPER_GONE:
+        return f"{INTERRUPTED_NOTE}: its keeper is gone"
+    return f"{INTERRUPTED_NOTE}: it ended {label(state)} unwatched"  # in its status.json: a resume records it
+
+
+def trial_why(row: Dict[str, Any], interrupted: Interrupted = None) -> str:
     """Why a trial is as it is, as tables show it beside its status: what a waiting trial waits for, why a
     failed one failed (a reason that only repeats the status, a paused trial's "paused", is left out); ""
     when nothing needs saying. `interrupted`: its experiment's manager is gone, so an unfinished trial is
-    stopped or unknown."""
-    if interrupted and row["status"] not in FINAL_STATUSES:
-        return INTERRUPTED_NOTE
+    stopped or unknown (interrupted_note)."""
+    if interrupted is not None and row["status"] not in FINAL_STATUSES:
+        return interrupted_note(interrupted.get(row["trial_id"]))
     reason = (row.get("reason") or "").strip()
     if row["status"] not in EXPLAINED or reason.lower() in ("", label(row["status"]).lower()):
         return ""

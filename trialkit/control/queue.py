@@ -215,10 +215,9 @@ def jobs(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
     needed = _slots(config)
     groups: Dict[str, List[Dict[str, Any]]] = {SCHEDULED: [], QUEUED: [], PAUSED: []}
     for trial in store.trials(experiment_id):  # by sequence
-        if trial["status"] == PREEMPTED:
-            groups[PAUSED].append(trial)
-        elif trial["status"] in (WAITING, RUNNING):
-            groups[QUEUED if _waits(trial) else SCHEDULED].append(trial)
+        status = job_status(trial)
+        if status is not None:
+            groups[SCHEDULED if status == RUNNING else status].append(trial)  # what holds its slots first
     groups[QUEUED].sort(key=lambda t: sort_key(t["priority"], t["position"], t["sequence"]))
     from trialkit.platforms.pools import user_of
 
@@ -226,9 +225,20 @@ def jobs(store: Store, experiment_id: str) -> List[Dict[str, Any]]:
     return [{"position": position, "id": trial["id"], "type": TRIAL_JOB, "experiment": experiment_id,
              "name": config.get("experimentName") or "", "priority": trial["priority"], "submitted": trial["created"],
              "slots_acquired": needed if state == SCHEDULED else 0, "slots_needed": needed,
-             # SCHEDULED is a trial being started; one that runs reads RUNNING, as in trial list and the page.
-             "status": RUNNING if trial["status"] == RUNNING else state, "user": user}
+             "status": job_status(trial), "user": user}
             for position, (state, trial) in enumerate((state, t) for state, rows in groups.items() for t in rows)]
+
+
+def job_status(trial: Mapping[str, Any]) -> Optional[str]:
+    """A trial's state as a job, from its store row (None: it ended, no job): the word `trial list` says for it
+    (label: RUNNING, PAUSED) where there is one, so that the two never disagree; for one that waits,
+    Determined's: QUEUED while it waits for slots (in the queue, or held by its platform), SCHEDULED while it
+    is being started (it holds them; `trial list` says WAITING)."""
+    if trial["status"] in (PREEMPTED, RUNNING):
+        return label(trial["status"])
+    if trial["status"] != WAITING:
+        return None
+    return QUEUED if _waits(trial) else SCHEDULED
 
 
 TRIAL_JOB = "TYPE_TRIAL"  # a trial as a job of its experiment's queue (an experiment's job: TYPE_EXPERIMENT)

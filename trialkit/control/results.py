@@ -42,7 +42,7 @@ from trialkit import gpus, layout, process, records
 from trialkit.control.queue import NO_CHECKPOINT
 from trialkit.keeper.status import StatusFile
 from trialkit.manager.store import OpenRun, Store
-from trialkit.statuses import FINAL_STATUSES, SUCCEEDED
+from trialkit.statuses import FINAL_STATUSES, PAUSED, RUNNING, SUCCEEDED
 
 _ROW_FIELDS = ("trial_id", "sequence", "parameter_id", "status", "exit_code", "reason", "restart_count", "run",
                "started", "ended", "duration", "steps", "final")
@@ -69,39 +69,83 @@ def run_bounds(runs: Sequence[OpenRun], experiment_dir: Optional[Path], now: Opt
 def known_ends(runs: Sequence[OpenRun], experiment_dir: Optional[Path], now: Optional[float] = None
                ) -> Dict[str, float]:
     """Where each run with no end in the store (store.open_runs) is known to have ended, by trial id; none
-    while the experiment's manager runs.
+    while the experiment's manager runs (see unwatched)."""
+    return {trial_id: seen.end for trial_id, seen in unwatched(runs, experiment_dir, now).items()}
+
+
+class Unwatched(NamedTuple):
+    """What is known of a run that no manager watches (see unwatched)."""
+
+    end: float  # when it is known to have ended: now while its keeper runs
+    state: str  # RUNS_UNWATCHED, KEEPER_GONE, the final status its keeper wrote in its status.json, "": not known
+
+
+RUNS_UNWATCHED = "runs unwatched"
+KEEPER_GONE = "keeper gone"
+
+
+def unwatched(runs: Sequence[OpenRun], experiment_dir: Optional[Path], now: Optional[float] = None
+              ) -> Dict[str, Unwatched]:
+    """What is known of each run with no end in the store (store.open_runs), by trial id; none while the
+    experiment's manager runs.
 
     While it runs (or no manager.json says it ran: another program's store), the store hears of each end,
     and a run with none is going. Once the manager is gone (killed, or ended with trials it never saw end),
     nothing records their ends, and each such run is counted to what is known: the end its keeper wrote in
     its status.json, now while its keeper still runs, else the last the store heard (its last status or
-    record, manager.json's last save). A resume ends a lost run there (control/resume.py)."""
-    now = time.time() if now is None else now
-    info = None
-    if runs and experiment_dir is not None:
-        from trialkit.control import admin  # here: `trial list` loads it only for a store with runs to bound
+    record, manager.json's last save): its keeper is gone. A resume ends a lost run there (control/resume.py)."""
+    return _unwatched(runs, _info(experiment_dir) if runs else None, now)
 
-        info = admin.read_info(experiment_dir)
+
+def _info(experiment_dir: Optional[Path]) -> Any:
+    """manager.json's ManagerInfo; None where there is none."""
+    if experiment_dir is None:
+        return None
+    from trialkit.control import admin  # here: `trial list` loads it only for a store with runs to bound
+
+    return admin.read_info(experiment_dir)
+
+
+def _unwatched(runs: Sequence[OpenRun], info: Any, now: Optional[float]) -> Dict[str, Unwatched]:
+    now = time.time() if now is None else now
     if info is None or info.running():
         return {}
     heard = max([info.saved or 0.0] + [run[3] for run in runs])
     return {trial_id: _known_end(trial_dir, began, now, heard) for trial_id, trial_dir, began, _ in runs}
 
 
-def _known_end(trial_dir: Optional[str], began: float, now: float, heard: float) -> float:
-    """When an unwatched run ended, or now while its keeper runs (see run_bounds)."""
-    if trial_dir is None:
-        return max(began, heard)
+def _known_end(trial_dir: Optional[str], began: float, now: float, heard: float) -> Unwatched:
+    """When an unwatched run ended, or now while its keeper runs (see unwatched)."""
+    if trial_dir is None:  # nothing of it on this machine to ask
+        return Unwatched(max(began, heard), "")
     left = StatusFile.previous(layout.status_path(Path(trial_dir))) or {}
-    ends = [entry["time"] for entry in left.get("history", []) if isinstance(entry, dict)
+    ends = [(entry["time"], entry["status"]) for entry in left.get("history", []) if isinstance(entry, dict)
             and entry.get("status") in FINAL_STATUSES and isinstance(entry.get("time"), (int, float))
             and entry["time"] >= began]  # an end before it began is an earlier run's (a keeper that never started)
     if ends:
-        return min(ends)
+        return Unwatched(*min(ends))
     keeper = layout.read_pidfile(Path(trial_dir))
     if keeper is not None and process.is_running(keeper[0], keeper[1]):
-        return now
-    return max(began, heard)
+        return Unwatched(now, RUNS_UNWATCHED)
+    return Unwatched(max(began, heard), KEEPER_GONE)
+
+
+def experiment_ran(experiment_dir: Optional[Path], stored_status: str, runs: Sequence[OpenRun],
+                   now: Optional[float] = None) -> Optional[float]:
+    """Seconds the experiment ran, its runs summed (what `experiment show`, the end of `trialkit run`, the page,
+    NNI's execDuration and a resume go on from), as manager.json tells it; None where there is none. One that
+    ended ran what the end of its run wrote there; one that runs, to now; an INTERRUPTED one (stored as running
+    or paused, its manager gone) to the last moment anything was known of it: its unwatched trials' known ends
+    (now while a keeper runs), the last the store heard, manager.json's last save."""
+    info = _info(experiment_dir)
+    if info is None:
+        return None
+    if stored_status not in (RUNNING, PAUSED):
+        return info.elapsed  # its run is over (its process may still be ending): its last write says how long it ran
+    if info.saved is None or info.running():
+        return info.ran(now)
+    known = [seen.end for seen in _unwatched(runs, info, now).values()]
+    return info.elapsed + max([0.0] + [when - info.saved for when in known + [run[3] for run in runs]])
 
 
 def trial_rows(store: Store, experiment_id: str, all_runs: bool = False) -> List[Dict[str, Any]]:
@@ -245,6 +289,17 @@ def shown_parameters(space: Iterable[str], params: Dict[str, Any]) -> List[str]:
     names = list(space)
     return names + [key for key, value in params.items() if key not in names and isinstance(value, (int, float))
                     and not isinstance(value, bool)]
+
+
+def shown_names(space: Any, params: Dict[str, Any]) -> List[str]:
+    """shown_parameters where there is a search space (a dict of its parameters, by name), else every parameter's
+    name: a store another program wrote, a Determined config's single searcher."""
+    return shown_parameters(space, params) if isinstance(space, dict) and space else list(params)
+
+
+def shown_values(space: Any, params: Dict[str, Any]) -> Dict[str, Any]:
+    """The parameters as the faces show them (shown_names'), with their values."""
+    return {name: params[name] for name in shown_names(space, params) if name in params}
 
 
 def ordered_names(names: Iterable[str]) -> List[str]:

@@ -24,7 +24,8 @@ from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop
 from trialkit.control.manager_http import Manager, PageHook
 from trialkit.control.progress import trials_table
-from trialkit.control.results import ExperimentResult, best_row, metric_value, trial_rows
+from trialkit.control.results import (ExperimentResult, best_row, experiment_ran, metric_value, shown_values,
+                                      trial_rows)
 from trialkit.control.resume import Running, restore, resume_trials
 from trialkit.errors import UserError
 from trialkit.manager import paths
@@ -90,7 +91,9 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
             print(done_already(experiment_id), file=out or sys.stdout, flush=True)
             return ExperimentResult(experiment_id, DONE, config.optimize_mode, trial_rows(store, experiment_id))
         platform = _platform(config, experiment_dir)
-        loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=info.elapsed if info else 0.0)
+        # As the faces said it: an interrupted run counts to the last moment anything was known of it.
+        elapsed = experiment_ran(experiment_dir, stored["status"], store.open_runs(experiment_id)) or 0.0
+        loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=elapsed)
         loop.paused = stored["status"] == PAUSED  # it stays paused until activated
         if not loop.paused:
             try:
@@ -208,16 +211,22 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
 
 def _summary(loop: Loop, result: ExperimentResult) -> None:
     say = loop.progress.say
-    say(f"\nexperiment {loop.experiment_id} {result.status} after {loop.snapshot().line()}")
+    # How long it ran as `experiment show` and the page say it: what the run's end wrote in manager.json.
+    ran = experiment_ran(loop.experiment_dir, result.status, [])
+    space = loop.config.search_space.params
+    snapshot = loop.snapshot()
+    snapshot = snapshot._replace(elapsed=loop.elapsed() if ran is None else ran, best_parameters=None if
+                                 snapshot.best_parameters is None else shown_values(space, snapshot.best_parameters))
+    say(f"\nexperiment {loop.experiment_id} {result.status} after {snapshot.line()}")
     if result.trials:
-        say(trials_table(result.trials[-SUMMARY_ROWS:]))
+        say(trials_table(result.trials[-SUMMARY_ROWS:], space=space))
     if len(result.trials) > SUMMARY_ROWS:
         say(f"(the last {SUMMARY_ROWS} of {len(result.trials)} trials; "
             f"`trialkit trial list {loop.experiment_id}` lists them all)")
     best = best_row(result.trials, loop.config.optimize_mode)
     if best is not None:
         say(f"best: {best['trial_id']} final={metric_value(best['final']):.6g} "
-            f"parameters={records.dumps(best['parameters'])}")
+            f"parameters={records.dumps(shown_values(space, best['parameters']))}")
     if loop.error is not None:
         say(f"error: {loop.error}")
     waiting = [trial.id for trial in sorted(loop.trials.values(), key=lambda t: t.sequence) if trial.status == WAITING]

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from trialkit import gpus
-from trialkit.control import admin, background, results
+from trialkit.control import background, results
 from trialkit.control.plot import parameter_scale, parameter_span, step_title
-from trialkit.control.progress import INTERRUPTED_NOTE
+from trialkit.control.progress import Interrupted, interrupted_note
 from trialkit.manager.paths import MANAGER_FILE, TRIAL_LOG
 from trialkit.manager.server import HttpError, decode
 from trialkit.manager.store import RAN, open_runs
@@ -90,8 +90,7 @@ def parameter_names(db: sqlite3.Connection, experiment_id: str, config: Mapping[
     except ValueError:
         params = {}
     params = params if isinstance(params, dict) else {}
-    space = config.get("searchSpace")
-    return results.shown_parameters(space, params) if isinstance(space, dict) and space else list(params)
+    return results.shown_names(config.get("searchSpace"), params)
 
 
 # Each experiment's ranking, kept per connection until its store changes: PRAGMA data_version changes when another
@@ -159,10 +158,9 @@ def _folder(db: sqlite3.Connection) -> Optional[Path]:
 def _duration(db: sqlite3.Connection, exp: Mapping[str, Any], now: float) -> float:
     """The time its runs ran, summed, as manager.json beside the store tells it (the CLI's figure); a store
     without one (another program wrote it) from its creation to its last update, or to now while it runs."""
-    folder = _folder(db)
-    info = admin.read_info(folder) if folder is not None else None
-    if info is not None:
-        return info.ran(now)
+    ran = results.experiment_ran(_folder(db), exp["status"], open_runs(db, exp["id"]), now)
+    if ran is not None:
+        return ran
     return max(0.0, (now if exp["status"] in LIVE_EXPERIMENT else exp["updated"]) - exp["created"])
 
 
@@ -180,13 +178,17 @@ def _status(db: sqlite3.Connection, exp: Mapping[str, Any]) -> str:
     return background.status(folder, exp)
 
 
-def _interrupted(db: sqlite3.Connection, experiment_id: str) -> bool:
-    return _status(db, _experiment_row(db, experiment_id)) == background.INTERRUPTED
+def _interrupted(db: sqlite3.Connection, experiment_id: str) -> Interrupted:
+    """None but in an INTERRUPTED experiment; there, what is known of each unwatched run (the CLI's)."""
+    if _status(db, _experiment_row(db, experiment_id)) != background.INTERRUPTED:
+        return None
+    return {trial_id: seen.state for trial_id, seen in
+            results.unwatched(open_runs(db, experiment_id), _folder(db)).items()}
 
 
-def _unwatched(row: Mapping[str, Any], interrupted: bool) -> bool:
+def _unwatched(row: Mapping[str, Any], interrupted: Interrupted) -> bool:
     """A trial the store says runs or waits, in an INTERRUPTED experiment: no manager watches it any more."""
-    return interrupted and row["status"] not in FINAL_STATUSES
+    return interrupted is not None and row["status"] not in FINAL_STATUSES
 
 
 def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = None) -> Dict[str, Any]:
@@ -363,14 +365,14 @@ def trials_page(db: sqlite3.Connection, experiment_id: str, q: TrialQuery,
             "rows": [_trial_row(row, interrupted) for row in rows]}
 
 
-def _trial_row(row: sqlite3.Row, interrupted: bool) -> Dict[str, Any]:
+def _trial_row(row: sqlite3.Row, interrupted: Interrupted) -> Dict[str, Any]:
     return {
         "id": row["id"],
         "sequence": row["sequence"],
         "status": row["status"],
         # why it waits (its GPUs, a queue), why it failed; beside one no manager watches any more, that
-        "reason": INTERRUPTED_NOTE if _unwatched(row, interrupted) else row["reason"] if row["status"] in EXPLAINED
-        else None,
+        "reason": interrupted_note(interrupted.get(row["id"])) if _unwatched(row, interrupted)  # type: ignore[union-attr]
+        else row["reason"] if row["status"] in EXPLAINED else None,
         "metric": row["metric"],
         "parameters": _json(row["parameters"]),
         "restarts": row["restart_count"],
