@@ -39,6 +39,7 @@ def test_pbts_checkpoint_paths_are_not_shown(tmp_path):
     exp = experiment_id(done.stdout.splitlines()[0])
     end = next(line for line in done.stdout.splitlines() if line.startswith(f"experiment {exp} DONE after"))
     assert end.endswith("learning_rate_of_the_optimizer=0.001, dropout_probability_of_the_head=0.25)"), end
+    assert "checkpoint_dir" not in done.stdout, done.stdout  # nor the progress lines on the way
     given = cli("trial", "show", f"{exp}-00000").stdout
     assert "load_checkpoint_dir" in given  # the trial got them (trial show has them all)
     listed, shown = cli("trial", "list", exp).stdout, cli("experiment", "show", exp).stdout

@@ -46,7 +46,7 @@ from trialkit.control.config import ExperimentConfig, parse_config, trials_exper
 from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE, JobQueue, goes_before, label, requeued
-from trialkit.control.results import metric_value, rank
+from trialkit.control.results import metric_value, rank, shown_values
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
 from trialkit.errors import UserError
@@ -809,7 +809,7 @@ class Loop:
             elapsed=self.elapsed(),
             best_value=metric_value(best.final) if best else None,
             best_trial=best.id if best else None,
-            best_parameters=best.parameters if best else None,
+            best_parameters=shown_values(self.config.search_space.params, best.parameters) if best else None,
             disk=self.manager.server.disk.problem,
             max_trials=self.config.max_trial_number,
             time_left=(None if self.config.max_experiment_duration is None or self._over()

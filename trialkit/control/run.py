@@ -215,8 +215,7 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
     ran = experiment_ran(loop.experiment_dir, result.status, [])
     space = loop.config.search_space.params
     snapshot = loop.snapshot()
-    snapshot = snapshot._replace(elapsed=loop.elapsed() if ran is None else ran, best_parameters=None if
-                                 snapshot.best_parameters is None else shown_values(space, snapshot.best_parameters))
+    snapshot = snapshot._replace(elapsed=loop.elapsed() if ran is None else ran)
     say(f"\nexperiment {loop.experiment_id} {result.status} after {snapshot.line()}")
     if result.trials:
         say(trials_table(result.trials[-SUMMARY_ROWS:], space=space))
