@@ -1,3 +1,4 @@
+import ast
 import importlib.util
 import re
 from pathlib import Path
@@ -45,12 +46,20 @@ def fallback_pth() -> str:
     spec = importlib.util.spec_from_file_location("trialkit_boot", boot_py)
     boot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(boot)  # not as `sitecustomize`: defines, installs nothing
+    # A folder named trialkit beside a user's script must not be taken for trialkit (NotANamespaceFinder): its
+    # source, run at the start, as trialkit itself cannot be imported to find trialkit.
+    source = boot_py.read_text()
+    finder = next(node for node in ast.parse(source).body if getattr(node, "name", "") == "NotANamespaceFinder")
+    not_a_namespace = (ast.get_source_segment(source, finder) + "\nsys.meta_path.insert(sys.meta_path.index("
+                       "importlib.machinery.PathFinder), NotANamespaceFinder())\n")
     # Once: site may read a .pth twice (a venv's lib64 link to lib).
     return ('import sys; any(type(f).__name__ == "TrialkitFallbacks" for f in sys.meta_path) or sys.meta_path.append('
             'type("TrialkitFallbacks", (), {"names": %r, "find_spec": lambda self, name, path=None, target=None: '
             '__import__("trialkit.shims.boot.sitecustomize", fromlist=["_"]).FallbackFinder(self.names)'
             '.find_spec(name) if path is None and name in self.names else None})())\n'
-            % (tuple(boot.fallback_names()),))
+            'import sys, importlib.machinery; any(type(f).__name__ == "NotANamespaceFinder" for f in sys.meta_path) '
+            'or exec(%r, {"sys": sys, "importlib": importlib})\n'
+            % (tuple(boot.fallback_names()), not_a_namespace))
 
 
 class BuildWithPth(build_py):

@@ -5,8 +5,8 @@ sys.path's entries, so a folder `trialkit` in the working directory, first on th
 path of `python -m`, is taken for a namespace package `trialkit` (setuptools issue
 3557). Seen by a user: `trialkit run --detach` from the directory that holds the
 clone (itself a folder named trialkit), and a code dir holding a `trialkit/` folder,
-whose every trial failed before its command started. Real console script, real
-keepers, real trials here.
+whose every trial failed before its command started, and their own `python
+train.py` run by hand there. Real console script, real keepers, real trials here.
 """
 from __future__ import annotations
 
@@ -132,3 +132,17 @@ def test_a_launcher_and_its_workers_in_a_code_dir_holding_a_trialkit_folder(tmp_
                           cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=TIMEOUT)
     from trialkit import __version__
     assert done.returncode == 0 and f"[rank=0] worker sees {__version__}" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_users_own_script_beside_a_trialkit_folder_imports_trialkit(tmp_path):
+    """`python train.py` by hand in a dir holding a folder `trialkit/` (notes): the install's .pth puts
+    NotANamespaceFinder first, so the script's `import trialkit` is trialkit, not that folder; nothing of this
+    checkout on PYTHONPATH (which would find it first)."""
+    (tmp_path / "trialkit").mkdir()
+    (tmp_path / "trialkit" / "notes.txt").write_text("lr 0.1 was best\n")
+    (tmp_path / "train.py").write_text("import trialkit\nprint(trialkit.__file__, trialkit.get_next_parameter)\n")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{ROOT / 'trialkit' / '__init__.py'} <function get_next_parameter"), done.stdout

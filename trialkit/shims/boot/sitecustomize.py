@@ -41,15 +41,19 @@ class FallbackFinder:
 
 class NotANamespaceFinder:
     """Before the path finder: `trialkit` as the path finds it, but never a folder of that name without
-    an __init__.py (a namespace package), which trialkit never is."""
+    an __init__.py (a namespace package), which trialkit never is: then what the finders after the path's
+    find (an editable install's, FallbackFinder's). setup.py puts this class's source in the .pth of every
+    install too, for a user's own `python train.py` beside such a folder: it uses sys and importlib alone."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "trialkit" or path is not None:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name)
-        if spec is not None and spec.loader is None:
-            return importlib.machinery.PathFinder.find_spec(name, [TRIALKIT_HOME])
-        return spec
+        if spec is None or spec.loader is not None:
+            return spec
+        finders = sys.meta_path[sys.meta_path.index(importlib.machinery.PathFinder) + 1:]
+        found = (finder.find_spec(name, None, target) for finder in finders if hasattr(finder, "find_spec"))
+        return next((real for real in found if real is not None and real.loader is not None), spec)
 
 
 def _before_the_path_finder(finder):
