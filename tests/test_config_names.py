@@ -57,6 +57,14 @@ def test_an_assessor_named_as_the_tuner_is_told_it_is_an_assessor_and_where_it_g
         f"(move it to assessor: {{name: {name}}} and name a tuner here, like TPE)")
 
 
+def test_a_misspelt_assessor_named_as_the_tuner_is_told_which_assessor_it_reads_like(tmp_path):
+    """Near no tuner's name but an assessor's (newcomer8: Medianstp under tuner listed every tuner)."""
+    assert refused(tmp_path, "tuner: {name: Medianstp}\n") == (
+        "3: tuner.name: Medianstp is not a tuner; it reads like the assessor Medianstop, which stops poor trials "
+        "early and picks no parameters (move it to assessor: {name: Medianstop} and name a tuner here, like TPE)")
+    assert refused(tmp_path, "tuner: {name: Zzzq}\n").startswith("3: tuner.name: unknown tuner 'Zzzq' (use one of: ")
+
+
 def test_a_tuner_named_as_the_assessor_is_told_it_is_a_tuner(tmp_path):
     assert refused(tmp_path, "tuner: {name: Random}\nassessor: {name: TPE}\n") == (
         "4: assessor.name: TPE is a tuner, not an assessor: it picks the parameters to try (name it under tuner: "

@@ -569,9 +569,13 @@ def _misplaced(name: Any, where: str) -> None:
     folded = schema.fold(name) if isinstance(name, str) else None
     if where != "assessor":
         assessor = next((entry for entry in ASSESSORS if schema.fold(entry) == folded), None)
+        what = f"{assessor} is an assessor, not {_A_KIND[where]}: it stops poor trials early and picks no parameters"
+        if assessor is None and folded is not None and schema.suggest(name, [*TUNERS, *ALIASES]) is None:
+            assessor = schema.suggest(name, ASSESSORS)  # a misspelt assessor: Medianstp
+            what = (f"{name} is not {_A_KIND[where]}; it reads like the assessor {assessor}, which stops poor trials "
+                    "early and picks no parameters")
         if assessor is not None:
-            raise UserError(f"{assessor} is an assessor, not {_A_KIND[where]}: it stops poor trials early and picks no "
-                            "parameters", schema.path(where, "name"),
+            raise UserError(what, schema.path(where, "name"),
                             f"move it to assessor: {{name: {assessor}}} and name a tuner here, like TPE")
         return
     tuner = next((entry for entry in [*TUNERS, *ALIASES] if schema.fold(entry) == folded), None)
