@@ -36,6 +36,7 @@ from harness import wait_until
 
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CONSOLE = str(Path(PYTHON).parent / "trialkit")  # the console script the README puts on PATH
 
 
 class Day:
@@ -49,9 +50,11 @@ class DayBroken(Exception):
 class User:
     """One person: their TRIALKIT_HOME, and the project folder where they write their config and code
     (`folder`, beside the home: trialkit copies a code dir for each trial and refuses one that holds the
-    home); `notes` is a folder of theirs outside the code."""
+    home); `notes` is a folder of theirs outside the code. `console`: they type `trialkit` (the console script the
+    README puts on PATH) in `folder`, else `python -m trialkit.cli` (in `folder` for a terminal of its own)."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, console: bool = False):
+        self.console = console
         self.folder = base / "project"
         self.folder.mkdir()
         self.notes = base / "notes"
@@ -104,11 +107,21 @@ class User:
     # -- the terminal ------------------------------------------------------------------------------
     def trialkit(self, *args: Any, timeout: float = WAIT) -> subprocess.CompletedProcess:
         """`trialkit ARGS...` typed in the user's shell, to completion."""
-        return cli(*args, timeout=timeout, env=self.env())
+        if not self.console:
+            return cli(*args, timeout=timeout, env=self.env())
+        return subprocess.run([CONSOLE, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                              env=self.env(), cwd=self.folder)
 
     def start(self, *args: Any) -> "Terminal":
         """`trialkit ARGS...` in a terminal of its own (its own process group, as a shell's foreground job)."""
-        return Terminal([PYTHON, "-m", "trialkit.cli", *map(str, args)], self.env(), self.folder)
+        argv = [CONSOLE] if self.console else [PYTHON, "-m", "trialkit.cli"]
+        return Terminal([*argv, *map(str, args)], self.env(), self.folder)
+
+    def resume(self, experiment: str) -> "Terminal":
+        """`trialkit experiment resume ID` in a terminal, to its end (its exit code in `.code`)."""
+        resumed = self.start("experiment", "resume", experiment)
+        resumed.finish()
+        return resumed
 
     def trial_list(self, experiment: str) -> Dict[str, Dict[str, str]]:
         """`trialkit trial list`: its table, a row per trial id, each cell as printed."""
@@ -186,6 +199,7 @@ class Terminal:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      cwd=cwd, start_new_session=True)
         self.lines: List[str] = []
+        self.code: Optional[int] = None  # its exit code, once finished
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -212,6 +226,11 @@ class Terminal:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGINT)
 
+    def ctrl_c(self) -> int:
+        """Ctrl-C, and the command's exit code once it ended."""
+        self.interrupt()
+        return self.finish()
+
     def finish(self, timeout: float = WAIT) -> int:
         try:
             self.proc.wait(timeout=timeout)
@@ -220,7 +239,8 @@ class Terminal:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             self._reader.join(10)
-        return self.proc.returncode
+        self.code = self.proc.returncode
+        return self.code
 
 
 # -- what the user reads ---------------------------------------------------------------------------

@@ -107,17 +107,14 @@ def day(tmp_path_factory):
             # ... and the next are a second into training: the user presses Ctrl-C.
             wait_until(lambda: runs.exists() and runs.read_text().count("start ") >= 5, WAIT, "a fifth trial")
             time.sleep(1.2)
-            first.interrupt()
-            today.first_code = first.finish()
+            today.first_code = first.ctrl_c()
         finally:
             first.finish()
         today.first = first
         today.after_ctrl_c = user.trial_list(today.experiment)
         today.export_after_ctrl_c = {row["trial_id"]: row for row in user.export(today.experiment)}
         today.logs_after_ctrl_c = {trial: user.logs(trial, started=False) for trial in today.after_ctrl_c}
-        resumed = user.start("experiment", "resume", today.experiment)
-        today.resume_code = resumed.finish()
-        today.resumed = resumed
+        today.resumed = user.resume(today.experiment)
         today.trials = user.trial_list(today.experiment)
         today.logs = {trial: user.logs(trial, started=False) for trial in today.trials}
     today.runs = [line.split() for line in runs.read_text().splitlines()]
@@ -175,7 +172,7 @@ def test_a_trial_that_saved_its_checkpoint_on_ctrl_c_is_preempted(day):
 
 # ------------------------------------------------------------------ the resume
 def test_the_resumed_experiment_runs_to_its_end(day):
-    assert day.resume_code == 0, day.resumed.text
+    assert day.resumed.code == 0, day.resumed.text
     assert any(line.startswith(f"experiment {day.experiment} DONE") for line in day.resumed.lines), day.resumed.text
     assert len(day.trials) >= TRIALS
 
