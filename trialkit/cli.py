@@ -1275,8 +1275,10 @@ def build_parser() -> ArgumentParser:
                             "The experiment's settings, status, best trial and a table of its trials; for a "
                             "STOPPED one, last, the `experiment resume` that takes it up again."))
     _experiment_id(_command(sub, "stop", cmd_experiment_stop, "stop a running experiment",
-                            "Ask the experiment's manager to stop: its trials are stopped gracefully "
-                            "(USER_CANCELED) and the manager exits; waits until it has."))
+                            "Ask the experiment's manager to stop: its trials are stopped gracefully and the "
+                            "manager exits; waits until it has. A trial that saved a checkpoint, or that a round of "
+                            "Hyperband or BOHB or a generation of PBT waits for, is PAUSED, and `experiment resume` "
+                            "runs it again; any other is USER_CANCELED."))
     resume = _experiment_id(_command(sub, "resume", cmd_experiment_resume, "go on with an interrupted experiment",
                                      "Rebuild the tuner from the stored results, reattach to trials still running, "
                                      "restart lost ones and go on until the experiment ends."))
