@@ -642,6 +642,45 @@ def test_parameter_axes_follow_the_search_space(views_site, browser):
     shot(browser, "axes")
 
 
+def test_an_integer_parameters_axes_have_whole_ticks(tmp_path, browser):
+    """A randint and Hyperband's TRIAL_BUDGET (1, 3, 9: in no search space) are ticked on whole numbers only, on
+    both charts, as `experiment plot` ticks them (a new user saw 1.2, 1.4 on TRIAL_BUDGET); a uniform is not."""
+    store = Store.in_dir(tmp_path / "whole")
+    space = {"depth": {"_type": "randint", "_value": [1, 3]}, "lr": {"_type": "uniform", "_value": [0.1, 0.2]}}
+    store.create_experiment("whole", {"experimentName": "whole", "searchSpace": space,
+                                      "tuner": {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize"}}})
+    for sequence, (budget, depth, lr) in enumerate([(1, 1, 0.11), (3, 2, 0.15), (9, 2, 0.19)]):
+        trial_id = f"whole-{sequence:05d}"
+        store.add_trial("whole", trial_id, sequence=sequence, token=None,
+                        parameters={"TRIAL_BUDGET": budget, "depth": depth, "lr": lr})
+        store.add_records(trial_id, [{"seq": 1, "type": "FINAL", "run": 0, "value": lr}])
+        store.set_status(trial_id, "RUNNING")
+        store.set_status(trial_id, SUCCEEDED, exit_code=0)
+    server = ManagerServer(None).start()
+    try:
+        install(server, store, admin_token="whole-token", read_only=True)
+        open_read_only(browser, server, "/params", "params", token="whole-token", exp="whole")
+        labels = browser.execute_script("return document.getElementById('parcoords').data[0].dimensions"
+                                        ".map(d => d.label)")
+        axes = browser.execute_script("return [...document.querySelectorAll('#parcoords .y-axis')].map(a => "
+                                      "[...a.querySelectorAll('.tick text')].map(t => t.textContent))")
+        ticks = dict(zip(labels, axes))
+        assert ticks["TRIAL_BUDGET"] == ["1", "2", "3", "4", "5", "6", "7", "8", "9"], ticks
+        assert ticks["depth"] == ["1", "2", "3"], ticks  # the space's span, as experiment plot draws it
+        assert any("." in tick for tick in ticks["lr"]), axes  # a float axis keeps the chart's own ticks
+        layout = browser.execute_script("const l = document.getElementById('scatter')._fullLayout; return "
+                                        "[1, 2, 3].map(i => [l['xaxis' + (i > 1 ? i : '')].title.text, "
+                                        "l['xaxis' + (i > 1 ? i : '')]._vals.map(v => v.x)])")
+        scatter = dict(layout)
+        assert set(scatter["TRIAL_BUDGET"]) <= set(range(1, 10)) and len(scatter["TRIAL_BUDGET"]) > 2, layout
+        assert scatter["depth"] == [1, 2, 3], layout
+        assert not all(float(x).is_integer() for x in scatter["lr"]), layout
+        shot(browser, "whole-ticks")
+    finally:
+        server.stop()
+        store.close()
+
+
 def test_the_curves_title_says_there_are_none_where_no_trial_reported_an_intermediate_result(tmp_path, browser):
     """Trials that reported final results only: the curves' title says there are none, not "the 10 best"."""
     store = Store.in_dir(tmp_path / "finalonly")
