@@ -939,7 +939,8 @@
         ...fact('Submitted', fmtTime(t.created)), ...fact('Started', fmtTime(t.started)),
         ...fact('Ended', fmtTime(t.ended)),
         ...fact('Duration', fmtDuration(t.duration)), ...fact('Trial dir', t.trial_dir || '—'),
-        ...fact('Checkpoint dir', t.checkpoint_dir || '—'));
+        ...fact('Checkpoint dir', t.checkpoint_dir || '—'),
+        ...(t.went_on_from ? fact('Went on from', t.went_on_from) : []));
       this.params.replaceChildren(paramsTable(t.parameters));
       this.elasticPanel.hidden = !t.elastic;
       if (t.elastic) {
@@ -973,8 +974,12 @@
         this.checkpoints.replaceChildren(...found.checkpoints.map((c) => row(c.uuid, c.run, fmtValue(c.steps),
           fmtValue(c.metric), fmtBytes(c.size), c.kept_by.join(' + ') || 'nothing: deleted once the trial stops',
           c.where)));
+        // A PBT trial of NNI's code saves into its save_checkpoint_dir, which no store lists: say where that is.
+        const saves = this.data.save_checkpoint_dir;
         if (!found.checkpoints.length) {
-          this.checkpoints.append(el('tr', {}, el('td', {colspan: 7, class: 'muted empty'}, 'no checkpoint stored')));
+          this.checkpoints.append(el('tr', {}, el('td', {colspan: 7, class: 'muted empty'}, saves
+            ? `none in the store: this trial saves into its save_checkpoint_dir (NNI's PBT), ${saves}`
+            : 'no checkpoint stored')));
         }
       } catch (err) {
         this.checkpointsWhere.textContent = `The checkpoints cannot be read: ${problemFrom(err)}`;
