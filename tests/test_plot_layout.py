@@ -111,3 +111,15 @@ def test_a_tuners_budget_is_a_panel_and_its_checkpoint_paths_are_not():
     titles = {ax.get_title() for ax in drawn(rows, space).axes if ax.get_visible()}
     assert {"final vs lr", "final vs TRIAL_BUDGET"} <= titles, titles
     assert not {t for t in titles if "checkpoint_dir" in t}, titles
+
+
+def test_no_two_curves_look_alike_past_ten_trials():
+    # A new user's legend: trials 00000 and 00010 were both blue, with the same line.
+    rows = [trial(n, {"lr": 0.01 * (n + 1)}, [n / 12, (n + 1) / 12], n / 12) for n in range(12)]
+    figure = drawn(rows, {"lr": {"_type": "uniform", "_value": [0.01, 0.12]}})
+    curves = panel(figure, "intermediate results")
+    looks = [(line.get_color(), line.get_linestyle()) for line in curves.lines]
+    assert len(looks) == 12 and len(set(looks)) == 12, looks
+    legend = curves.get_legend()
+    entries = [(handle.get_color(), handle.get_linestyle()) for handle in legend.legend_handles]
+    assert entries == looks  # the legend tells them apart as the panel does

@@ -6,6 +6,9 @@
 - A trial paused without saving a checkpoint says so (`trial show`, `trial
   list`, the run's output), and `trial activate` says it starts again.
 - An assessor never stops a trial that has reported its final result.
+- A Hyperband or PBT trial that `experiment stop` cut short without a checkpoint
+  is PAUSED in `trial list`, as `experiment stop --help` says, its reason naming
+  its tuner's round (PBT: generation, NNI's word).
 """
 from __future__ import annotations
 
@@ -232,3 +235,29 @@ def test_an_assessor_never_stops_a_trial_that_reported_its_final_result(tmp_path
     assert bad["final"] == 0.1 and bad["intermediate"] == [0.1] * 6
     # With the steps: no stop was sent (it slept its 3 s and exited 0); after: the stop came first.
     assert bad["exit_code"] == exit_code, bad
+
+
+# Each trial reports once, then waits for the stop (which kills it: it has no SIGTERM handler).
+WAITS = """
+import time, trialkit
+p = trialkit.get_next_parameter()
+trialkit.report_intermediate_result(1.0)
+time.sleep(120)
+trialkit.report_final_result(1.0)
+"""
+
+
+@pytest.mark.parametrize("tuner, unit", [
+    ({"name": "Hyperband", "classArgs": {"R": 3, "eta": 3, "exec_mode": "serial"}}, "round"),
+    ({"name": "PBTTuner", "classArgs": {"population_size": 2}}, "generation"),
+])
+def test_a_trial_cut_short_by_experiment_stop_is_paused_as_the_help_says(tmp_path, home, tuner, unit):
+    space = {"x": {"_type": "uniform", "_value": [0, 1]}}
+    config = experiment(tmp_path, space, WAITS, maxTrialNumber=4, trialConcurrency=1, tuner=tuner)
+    exp = experiment_id(ok("run", config, "--detach").splitlines()[0])
+    trial = f"{exp}-00000"
+    wait_until(lambda: reported(home, trial) >= 1, WAIT, "the trial to report")
+    ok("experiment", "stop", exp)
+    row = next(line for line in ok("trial", "list", exp).splitlines() if line.startswith(trial))
+    assert " PAUSED " in row and f"its {unit} waits for its result" in row, row
+    assert "PAUSED" in " ".join(ok("experiment", "stop", "--help").split())

@@ -642,6 +642,92 @@ def test_parameter_axes_follow_the_search_space(views_site, browser):
     shot(browser, "axes")
 
 
+def test_an_integer_parameters_axes_have_whole_ticks(tmp_path, browser):
+    """A randint and Hyperband's TRIAL_BUDGET (1, 3, 9: in no search space) are ticked on whole numbers only, on
+    both charts, as `experiment plot` ticks them (a new user saw 1.2, 1.4 on TRIAL_BUDGET); a uniform is not."""
+    store = Store.in_dir(tmp_path / "whole")
+    space = {"depth": {"_type": "randint", "_value": [1, 3]}, "lr": {"_type": "uniform", "_value": [0.1, 0.2]}}
+    store.create_experiment("whole", {"experimentName": "whole", "searchSpace": space,
+                                      "tuner": {"name": "Hyperband", "classArgs": {"optimize_mode": "maximize"}}})
+    for sequence, (budget, depth, lr) in enumerate([(1, 1, 0.11), (3, 2, 0.15), (9, 2, 0.19)]):
+        trial_id = f"whole-{sequence:05d}"
+        store.add_trial("whole", trial_id, sequence=sequence, token=None,
+                        parameters={"TRIAL_BUDGET": budget, "depth": depth, "lr": lr})
+        store.add_records(trial_id, [{"seq": 1, "type": "FINAL", "run": 0, "value": lr}])
+        store.set_status(trial_id, "RUNNING")
+        store.set_status(trial_id, SUCCEEDED, exit_code=0)
+    server = ManagerServer(None).start()
+    try:
+        install(server, store, admin_token="whole-token", read_only=True)
+        open_read_only(browser, server, "/params", "params", token="whole-token", exp="whole")
+        labels = browser.execute_script("return document.getElementById('parcoords').data[0].dimensions"
+                                        ".map(d => d.label)")
+        axes = browser.execute_script("return [...document.querySelectorAll('#parcoords .y-axis')].map(a => "
+                                      "[...a.querySelectorAll('.tick text')].map(t => t.textContent))")
+        ticks = dict(zip(labels, axes))
+        assert ticks["TRIAL_BUDGET"] == ["1", "2", "3", "4", "5", "6", "7", "8", "9"], ticks
+        assert ticks["depth"] == ["1", "2", "3"], ticks  # the space's span, as experiment plot draws it
+        assert any("." in tick for tick in ticks["lr"]), axes  # a float axis keeps the chart's own ticks
+        layout = browser.execute_script("const l = document.getElementById('scatter')._fullLayout; return "
+                                        "[1, 2, 3].map(i => [l['xaxis' + (i > 1 ? i : '')].title.text, "
+                                        "l['xaxis' + (i > 1 ? i : '')]._vals.map(v => v.x)])")
+        scatter = dict(layout)
+        assert set(scatter["TRIAL_BUDGET"]) <= set(range(1, 10)) and len(scatter["TRIAL_BUDGET"]) > 2, layout
+        assert scatter["depth"] == [1, 2, 3], layout
+        assert not all(float(x).is_integer() for x in scatter["lr"]), layout
+        shot(browser, "whole-ticks")
+    finally:
+        server.stop()
+        store.close()
+
+
+# NNI's PBT trial code: it saves into its save_checkpoint_dir, which no store lists.
+NNI_PBT = """
+import os, trialkit
+p = trialkit.get_next_parameter()
+os.makedirs(p["save_checkpoint_dir"], exist_ok=True)
+open(os.path.join(p["save_checkpoint_dir"], "model.pth"), "w").write(str(p["x"]))
+trialkit.report_final_result(p["x"])
+"""
+
+
+def test_a_pbt_trial_says_where_it_went_on_from_and_where_it_saves(tmp_path, monkeypatch, browser):
+    """A real PBT run (NNI's PBTTuner, two members, two generations): `trial show` and the trial page of a
+    second-generation trial name the trial it went on from with its member and step, and the page's Checkpoints
+    says where its save_checkpoint_dir is rather than only "no checkpoint stored"."""
+    monkeypatch.setenv("TRIALKIT_HOME", str(tmp_path / "home"))
+    config = experiment(tmp_path, {"x": {"_type": "uniform", "_value": [0, 1]}}, NNI_PBT, maxTrialNumber=4,
+                        trialConcurrency=2, tuner={"name": "PBTTuner", "classArgs": {"population_size": 2}})
+    done = cli("run", config)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    exp = experiment_id(done.stdout.splitlines()[0])
+    params = {row["trial_id"]: row["parameters"] for row in json.loads(cli("experiment", "export", exp).stdout)}
+    second = f"{exp}-00002"
+    load = params[second]["load_checkpoint_dir"]
+    source = next(trial for trial, p in params.items() if p["save_checkpoint_dir"] == load)
+    member, step = Path(load).parts[-2:]
+    said = f"{source} (member {member}, step {step})"
+    assert step == "0" and f"went on from   {said}" in cli("trial", "show", second).stdout.splitlines()
+    assert "went on from" not in cli("trial", "show", f"{exp}-00000").stdout  # a member's first step
+    store = Store.in_dir(tmp_path / "home" / "experiments" / exp)
+    server = ManagerServer(None).start()
+    try:
+        install(server, store, admin_token="pbt-token", read_only=True)
+        browser.get("about:blank")
+        browser.get(page_url(server, "pbt-token", exp) + f"/trial/{second}")
+        wait_for(browser, "return document.body.dataset.ready === 'trial'", "the trial view")
+        facts = browser.execute_script("return [...document.querySelectorAll('.facts dt')].map(d => "
+                                       "[d.textContent, d.nextElementSibling.textContent])")
+        assert ["Went on from", said] in facts, facts
+        saves = params[second]["save_checkpoint_dir"]
+        assert cell_texts(browser, "#checkpoints tbody td") == [
+            f"none in the store: this trial saves into its save_checkpoint_dir (NNI's PBT), {saves}"]
+        shot(browser, "pbt-trial")
+    finally:
+        server.stop()
+        store.close()
+
+
 def test_the_curves_title_says_there_are_none_where_no_trial_reported_an_intermediate_result(tmp_path, browser):
     """Trials that reported final results only: the curves' title says there are none, not "the 10 best"."""
     store = Store.in_dir(tmp_path / "finalonly")

@@ -50,7 +50,7 @@ from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, 
                                        trial_why, trials_table, when)
 from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
 from trialkit.control.results import (KEEPER_GONE, RUNS_UNWATCHED, best_row, experiment_ran, metric_value, optimize_mode,
-                                      setting, shown_values, to_csv, to_json, trial_rows, unwatched)
+                                      setting, shown_values, to_csv, to_json, trial_rows, unwatched, went_on_from)
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
@@ -648,12 +648,14 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
     with _store(experiment_dir) as store:
         trial = _trial(store, opts.trial_id)
         experiment = _experiment(store, trial["experiment"])
-        row = next(r for r in trial_rows(store, trial["experiment"]) if r["trial_id"] == opts.trial_id)
+        rows = trial_rows(store, trial["experiment"])
+        row = next(r for r in rows if r["trial_id"] == opts.trial_id)
         history = store.status_history(opts.trial_id)
         elastic = store.records_for(opts.trial_id, type=records.ELASTIC)[-1:]
         lost = _lost(store.records_for(opts.trial_id, type=records.STATUS))
         interrupted = _interrupted(experiment_dir, experiment, store)
     why = trial_why(row, interrupted)  # what is known of it, once its experiment is interrupted
+    source = went_on_from(row["parameters"], ((r["trial_id"], r["parameters"]) for r in rows))  # PBT's exploit
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
         f"status         {label(row['status'])}" + (
@@ -666,6 +668,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         f"ended          {when(row['ended'])}",
         f"duration       {duration(row['duration'])}",
         f"parameters     {records.dumps(row['parameters'])}",
+        *([f"went on from   {source}"] if source else []),
         f"final          {records.dumps(row['final'])}",
         f"intermediate   {records.dumps(row['intermediate'])}",
         *([f"lost           {lost} records (its disk was full when it ended: never written)"] if lost else []),
@@ -1275,8 +1278,10 @@ def build_parser() -> ArgumentParser:
                             "The experiment's settings, status, best trial and a table of its trials; for a "
                             "STOPPED one, last, the `experiment resume` that takes it up again."))
     _experiment_id(_command(sub, "stop", cmd_experiment_stop, "stop a running experiment",
-                            "Ask the experiment's manager to stop: its trials are stopped gracefully "
-                            "(USER_CANCELED) and the manager exits; waits until it has."))
+                            "Ask the experiment's manager to stop: its trials are stopped gracefully and the "
+                            "manager exits; waits until it has. A trial that saved a checkpoint, or that a round of "
+                            "Hyperband or BOHB or a generation of PBT waits for, is PAUSED, and `experiment resume` "
+                            "runs it again; any other is USER_CANCELED."))
     resume = _experiment_id(_command(sub, "resume", cmd_experiment_resume, "go on with an interrupted experiment",
                                      "Rebuild the tuner from the stored results, reattach to trials still running, "
                                      "restart lost ones and go on until the experiment ends."))
@@ -1355,7 +1360,8 @@ def build_parser() -> ArgumentParser:
                             "count as one.",
                             aliases=["ls"]))
     _trial_id(_command(sub, "show", cmd_trial_show, "show one trial",
-                       "The trial's status, exit code, parameters, metrics, dir and status history; for an elastic "
+                       "The trial's status, exit code, parameters (and, for PBT, the trial whose checkpoint it went "
+                       "on from, its member and step), metrics, dir and status history; for an elastic "
                        "AdaptDL job (adaptdl-ray), its workers now, the speedup the goodput model predicts for each "
                        "count and why it last rescaled."))
     logs = _trial_id(_command(sub, "logs", cmd_trial_logs, "print a trial's output",

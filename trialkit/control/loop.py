@@ -45,7 +45,7 @@ from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config, trials_experiment_dir
 from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
-from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE, JobQueue, goes_before, label, requeued
+from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, JobQueue, goes_before, label, requeued, rerun
 from trialkit.control.results import metric_value, rank, shown_values
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -521,7 +521,7 @@ class Loop:
         if wanted == USER_CANCELED and trial.stop == self.stopping and self._checkpointed(trial, status):
             return PREEMPTED, f"{why}; {RESUMABLE}"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.RERUNS_CUT_SHORT and not trial.has_final:
-            return PREEMPTED, f"{why}; {RERUN}"
+            return PREEMPTED, f"{why}; {rerun(self.tuner.ROUND)}"
         if wanted == PREEMPTED and trial.ran and not self._checkpointed(trial, status):
             return PREEMPTED, f"{why}; {NO_CHECKPOINT}"
         return wanted, why

@@ -117,5 +117,9 @@ class Picker:
     def RERUNS_CUT_SHORT(self) -> bool:  # noqa: N802 - the tuner class's flag, by its name
         return self.tuner.RERUNS_CUT_SHORT
 
+    @property
+    def ROUND(self) -> str:  # noqa: N802 - the tuner class's word, by its name
+        return self.tuner.ROUND
+
     def continues_from(self, parameter_id: int) -> Optional[int]:
         return self.tuner.continues_from(parameter_id)

@@ -11,7 +11,7 @@ its search space gives it (`parameter_scale`: log for the log types,
 categories in the space's order for a choice), across the whole space as it is
 declared (`parameter_span`: low to high), not only the values drawn. Each curve panel's legend sits
 beside it, never over a curve; an axis whose values are all whole numbers (steps, a
-randint) has whole-number ticks; a log axis has a few round ticks whose labels
+randint) has whole-number ticks; no two of the first 40 curves share colour and dash; a log axis has a few round ticks whose labels
 never meet (`log_ticks`). A panel with nothing to draw
 says why on it; an experiment with no metric at all (every trial failed before
 reporting) is no plot: `nothing_to_plot` says so.
@@ -31,6 +31,9 @@ LOG_TICKS = 5  # at most, on a log axis: more of them, in a panel 5 inches wide,
 CURVE_PANELS = 4  # metrics drawn when none is asked for: the first ones (`--metric NAME` picks others)
 LOG_TYPES = frozenset({"loguniform", "qloguniform", "lognormal", "qlognormal"})  # Determined's `log` is loguniform
 STEP_TITLE, BATCH_TITLE = "step", "batches (steps_completed)"
+# A curve's look: matplotlib's ten colours, then again in each of these dashes, so that no two of the first 40
+# trials' curves (or legend entries: 00000 and 00010 were both blue) look alike.
+DASHES = ("-", "--", ":", "-.")
 
 
 def nothing_to_plot(rows: List[Dict[str, Any]]) -> Optional[str]:
@@ -167,7 +170,9 @@ def _curves(ax: Any, rows: List[Dict[str, Any]], name: str) -> None:
     for row in rows:
         points = metric_points(row["intermediate"], metric.name)
         if points:
-            ax.plot(*zip(*points), marker=".", linewidth=1, label=row["trial_id"].rsplit("-", 1)[-1])
+            drawn_before = len(ax.lines)
+            ax.plot(*zip(*points), marker=".", linewidth=1, label=row["trial_id"].rsplit("-", 1)[-1],
+                    color=f"C{drawn_before % 10}", linestyle=DASHES[drawn_before // 10 % len(DASHES)])
             steps += [step for step, _ in points]
             values += [value for _, value in points]
     drawn = bool(steps)

@@ -43,8 +43,14 @@ RESUMABLE = "it saved a checkpoint: `trialkit experiment resume` continues it"
 NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
 # The end of a PREEMPTED trial's reason when a user's stop of the whole experiment found it without a
 # checkpoint and its tuner's round or generation waits for its final result (Tuner.RERUNS_CUT_SHORT):
-# `experiment resume` queues it again, to run from the start (control.resume).
-RERUN = f"its round waits for its result: `trialkit experiment resume` runs it again; {NO_CHECKPOINT}"
+# `experiment resume` queues it again, to run from the start (control.resume). The tail alone tells it, whatever
+# the tuner calls its round.
+RERUN = f"waits for its result: `trialkit experiment resume` runs it again; {NO_CHECKPOINT}"
+
+
+def rerun(round_name: str) -> str:
+    """The end of such a trial's reason, naming what waits for it as its tuner says it (Tuner.ROUND)."""
+    return f"its {round_name} {RERUN}"
 
 
 def requeued(why: str, experiment_id: str, concurrency: int, taken: int, paused: bool) -> str:

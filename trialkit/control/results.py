@@ -302,6 +302,24 @@ def shown_values(space: Any, params: Dict[str, Any]) -> Dict[str, Any]:
     return {name: params[name] for name in shown_names(space, params) if name in params}
 
 
+# NNI's PBT parameters (tuners/pbt.py's LOAD and SAVE): the checkpoint a trial starts from and the dir it saves
+# into, each all_checkpoint_dir/<member>/<step>; a member's first step has its own dir as both.
+LOAD_DIR, SAVE_DIR = "load_checkpoint_dir", "save_checkpoint_dir"
+
+
+def went_on_from(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, Any]]]) -> Optional[str]:
+    """Where a PBT trial went on from, as trial show and the page say it: "TRIAL_ID (member M, step S)", the
+    trial of `others` ((id, parameters) of its experiment's trials) that saved into its load_checkpoint_dir
+    (that dir itself where none did); None for a member's first step and for any trial not PBT's."""
+    load, save = (params.get(LOAD_DIR), params.get(SAVE_DIR)) if isinstance(params, dict) else (None, None)
+    if not isinstance(load, str) or not isinstance(save, str) or load == save:
+        return None
+    member, step = Path(load).parts[-2:] if len(Path(load).parts) > 1 else ("?", "?")
+    source = next((trial_id for trial_id, other in others if isinstance(other, dict) and other.get(SAVE_DIR) == load),
+                  load)
+    return f"{source} (member {member}, step {step})"
+
+
 def ordered_names(names: Iterable[str]) -> List[str]:
     """Metric names (records.scalars') as first seen, but the one a user looks at first first ("default", else
     the first validation metric: the searcher's) and Determined's validation metrics before the other groups'."""

@@ -8,7 +8,7 @@ The tuner is told every trial as the store holds it (the same seed makes it
 the same tuner), the assessor every ended trial's curve. A trial that the
 stop of the experiment found saving a checkpoint (PREEMPTED, its reason ending
 in queue.RESUMABLE) queues again, to go on from it, and so does one its tuner's
-round waits for (queue.RERUN: it runs again from the start); one a user paused waits for
+round or generation waits for (queue.RERUN: it runs again from the start); one a user paused waits for
 `activate`; one the stop found waiting is still queued, and starts first. A trial that was
 running when the manager went away is watched again where the platform can
 find it (`Platform.reattach`), given its status and undelivered records when

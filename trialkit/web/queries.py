@@ -485,6 +485,11 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         "trial_dir": trial_dir,
         # The keeper's default (trialkit.env): <trial dir>/checkpoint.
         "checkpoint_dir": str(Path(trial_dir) / "checkpoint") if trial_dir else None,
+        # PBT's: the trial whose checkpoint it went on from, and where NNI's trial code saves its own.
+        "went_on_from": results.went_on_from(out["parameters"], (
+            (other["id"], _json(other["parameters"])) for other in
+            db.execute("SELECT id, parameters FROM trials WHERE experiment=? ORDER BY sequence", (experiment_id,)))),
+        "save_checkpoint_dir": _saves_into(out["parameters"]),
         "final": _json(final["value"]) if final else None,
         **_steps(db, trial_id),
         "history": [dict(r) for r in db.execute(
@@ -496,6 +501,12 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         "elastic": {**_json(elastic["value"]), "time": elastic["time"]} if elastic else None,
     })
     return out
+
+
+def _saves_into(params: Any) -> Optional[str]:
+    """NNI's save_checkpoint_dir of a PBT trial (results.SAVE_DIR), where its code saves what no store holds."""
+    save = params.get(results.SAVE_DIR) if isinstance(params, dict) else None
+    return save if isinstance(save, str) else None
 
 
 def _reports(db: sqlite3.Connection, trial_id: str) -> List[Any]:

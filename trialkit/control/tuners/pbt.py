@@ -95,6 +95,7 @@ class PbtTuner(Tuner):
     }
     TAKES_ASSESSOR = False
     RERUNS_CUT_SHORT = True
+    ROUND = "generation"
     HANDS_ON_CHECKPOINTS = True
 
     def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):

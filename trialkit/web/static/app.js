@@ -706,7 +706,10 @@
       return {label: label + ' (log)', values: values.map((v) => (v === null ? null : Math.log10(v))),
         range: wide([low, high]), tickvals: decades, ticktext: decades.map((d) => String(10 ** d))};
     }
-    if (scale.kind !== 'category' && numeric) return {label, values, range: wide(ends)};
+    if (scale.kind !== 'category' && numeric) {
+      const whole = wholeTicks(values, ends);
+      return whole ? {label, values, range: wide(ends), tickvals: whole} : {label, values, range: wide(ends)};
+    }
     const labels = optionLabels(values, scale);
     const index = new Map(labels.map((l, i) => [l, i]));
     return {label, values: values.map((v) => (v === null ? null : index.get(String(v)))),
@@ -726,7 +729,24 @@
     // A margin (5% a side, as `experiment plot` has), so that a point at either end shows whole.
     const [low, high] = log ? ends.map(Math.log10) : ends;
     const pad = (high - low) * 0.05;
-    return {title, type: log ? 'log' : undefined, range: [low - pad, high + pad]};
+    const whole = log ? null : wholeTicks(values, ends);
+    return {title, type: log ? 'log' : undefined, range: [low - pad, high + pad],
+      ...(whole ? {tickmode: 'array', tickvals: whole} : {})};
+  }
+  // Ticks on whole numbers only where every value drawn is one (a randint, a quniform of q 1, Hyperband's
+  // TRIAL_BUDGET), as `experiment plot` has them (plot._whole_ticks): 1, 2 or 5 times a power of ten apart, at
+  // most 8 steps from `ends`' first whole number to its last; null otherwise (the chart's own ticks).
+  function wholeTicks(values, ends) {
+    const drawn = values.filter((v) => v !== null);
+    if (!ends || !drawn.length || !drawn.every(Number.isInteger)) return null;
+    const [low, high] = [Math.ceil(ends[0]), Math.floor(ends[1])];
+    const steps = [];
+    for (let p = 1; p <= 1e15; p *= 10) steps.push(p, 2 * p, 5 * p);
+    const step = steps.find((s) => (high - low) / s <= 8);
+    if (!step) return null;
+    const ticks = [];
+    for (let t = Math.ceil(low / step) * step; t <= high; t += step) ticks.push(t);
+    return ticks;
   }
   // The space's [low, high] widened to any value drawn beyond it; without a span, the values' own ends; null when
   // there is neither.
@@ -919,7 +939,8 @@
         ...fact('Submitted', fmtTime(t.created)), ...fact('Started', fmtTime(t.started)),
         ...fact('Ended', fmtTime(t.ended)),
         ...fact('Duration', fmtDuration(t.duration)), ...fact('Trial dir', t.trial_dir || '—'),
-        ...fact('Checkpoint dir', t.checkpoint_dir || '—'));
+        ...fact('Checkpoint dir', t.checkpoint_dir || '—'),
+        ...(t.went_on_from ? fact('Went on from', t.went_on_from) : []));
       this.params.replaceChildren(paramsTable(t.parameters));
       this.elasticPanel.hidden = !t.elastic;
       if (t.elastic) {
@@ -953,8 +974,12 @@
         this.checkpoints.replaceChildren(...found.checkpoints.map((c) => row(c.uuid, c.run, fmtValue(c.steps),
           fmtValue(c.metric), fmtBytes(c.size), c.kept_by.join(' + ') || 'nothing: deleted once the trial stops',
           c.where)));
+        // A PBT trial of NNI's code saves into its save_checkpoint_dir, which no store lists: say where that is.
+        const saves = this.data.save_checkpoint_dir;
         if (!found.checkpoints.length) {
-          this.checkpoints.append(el('tr', {}, el('td', {colspan: 7, class: 'muted empty'}, 'no checkpoint stored')));
+          this.checkpoints.append(el('tr', {}, el('td', {colspan: 7, class: 'muted empty'}, saves
+            ? `none in the store: this trial saves into its save_checkpoint_dir (NNI's PBT), ${saves}`
+            : 'no checkpoint stored')));
         }
       } catch (err) {
         this.checkpointsWhere.textContent = `The checkpoints cannot be read: ${problemFrom(err)}`;
