@@ -15,12 +15,12 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from experiment_util import TIMEOUT, cli, experiment, experiment_id, export
+from harness import wait_until
 from trialkit.process import RUN_MODULE_OFF_CWD, own_module_argv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,10 +48,8 @@ def test_run_detach_from_a_dir_holding_a_trialkit_folder(tmp_path):
     started = trialkit("run", config, "--detach", cwd=here)  # its control plane is `python -m trialkit.cli` here
     assert started.returncode == 0 and "Traceback" not in started.stderr, started.stdout + started.stderr
     exp = experiment_id(started.stdout.splitlines()[0])
-    deadline = time.monotonic() + TIMEOUT
-    while "DONE" not in (shown := trialkit("experiment", "show", exp, cwd=here)).stdout:
-        assert shown.returncode == 0 and time.monotonic() < deadline, shown.stdout + shown.stderr
-        time.sleep(0.2)
+    wait_until(lambda: "DONE" in trialkit("experiment", "show", exp, cwd=here).stdout, TIMEOUT,
+               "the detached run to end", every=0.2)
     assert finals(exp) == REPORTED
 
 
