@@ -31,9 +31,12 @@ def home(tmp_path, monkeypatch):
     return tmp_path / "home"
 
 
-def records_in_store(home: Path, exp: str, kind: str) -> int:
+def records_in_store(home: Path, exp: str, kind: str, earlier_runs: bool = False) -> int:
+    """How many records of `kind` the store holds; `earlier_runs`: only those of a trial's runs before its last."""
     with sqlite3.connect(home / "experiments" / exp / "trialkit.db") as db:
-        return db.execute("SELECT COUNT(*) FROM records WHERE type=?", (kind,)).fetchone()[0]
+        return db.execute("SELECT COUNT(*) FROM records r WHERE type=?" + (
+            " AND run < (SELECT MAX(run) FROM records WHERE trial = r.trial)" if earlier_runs else ""),
+            (kind,)).fetchone()[0]
 
 
 @pytest.mark.parametrize("tuner", ["Random", "GridSearch", "TPE", "Evolution"])
@@ -185,13 +188,19 @@ def run_until_first_trial_ends(config):
 
 
 def assert_complete(exp: str, home: Path, count: int):
+    """Every trial SUCCEEDED with its two intermediate results and its final one, none stored twice. A lost trial
+    that reported before it died keeps what its first run delivered (nothing reported is lost), and its restart,
+    from scratch, reports them again after them."""
     rows = export(exp)
     assert sorted(row["sequence"] for row in rows) == list(range(count))
+    earlier = records_in_store(home, exp, "PERIODICAL", earlier_runs=True)
+    assert earlier <= 2 * sum(row["restart_count"] for row in rows)  # a first run's two at most, none twice
     for row in rows:
         assert row["status"] == "SUCCEEDED", row
-        assert row["final"] == row["parameters"]["x"] and row["intermediate"] == [row["parameters"]["x"]] * 2
+        reported = 2 + (earlier if row["restart_count"] else 0)
+        assert row["final"] == row["parameters"]["x"] and row["intermediate"] == [row["parameters"]["x"]] * reported
     assert records_in_store(home, exp, "FINAL") == count  # none twice
-    assert records_in_store(home, exp, "PERIODICAL") == 2 * count
+    assert records_in_store(home, exp, "PERIODICAL") == 2 * count + earlier
     return rows
 
 
