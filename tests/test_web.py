@@ -707,7 +707,10 @@ def test_a_pbt_trial_says_where_it_went_on_from_and_where_it_saves(tmp_path, mon
     source = next(trial for trial, p in params.items() if p["save_checkpoint_dir"] == load)
     member, step = Path(load).parts[-2:]
     said = f"{source} (member {member}, step {step})"
-    assert step == "0" and f"went on from   {said}" in cli("trial", "show", second).stdout.splitlines()
+    shown = cli("trial", "show", second).stdout.splitlines()
+    assert step == "0" and f"went on from   {said}" in shown
+    saves = params[second]["save_checkpoint_dir"]
+    assert f"saves into     {saves} (its save_checkpoint_dir: NNI's PBT; no checkpoint store lists it)" in shown
     assert "went on from" not in cli("trial", "show", f"{exp}-00000").stdout  # a member's first step
     store = Store.in_dir(tmp_path / "home" / "experiments" / exp)
     server = ManagerServer(None).start()
@@ -719,7 +722,6 @@ def test_a_pbt_trial_says_where_it_went_on_from_and_where_it_saves(tmp_path, mon
         facts = browser.execute_script("return [...document.querySelectorAll('.facts dt')].map(d => "
                                        "[d.textContent, d.nextElementSibling.textContent])")
         assert ["Went on from", said] in facts, facts
-        saves = params[second]["save_checkpoint_dir"]
         assert cell_texts(browser, "#checkpoints tbody td") == [
             f"none in the store: this trial saves into its save_checkpoint_dir (NNI's PBT), {saves}"]
         shot(browser, "pbt-trial")

@@ -50,7 +50,8 @@ from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, 
                                        trial_why, trials_table, when)
 from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
 from trialkit.control.results import (KEEPER_GONE, RUNS_UNWATCHED, best_row, experiment_ran, metric_value, optimize_mode,
-                                      setting, shown_values, to_csv, to_json, trial_rows, unwatched, went_on_from)
+                                      saves_into, setting, shown_values, to_csv, to_json, trial_rows, unwatched,
+                                      went_on_from)
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
@@ -669,6 +670,8 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         f"duration       {duration(row['duration'])}",
         f"parameters     {records.dumps(row['parameters'])}",
         *([f"went on from   {source}"] if source else []),
+        *([f"saves into     {saves} (its save_checkpoint_dir: NNI's PBT; no checkpoint store lists it)"]
+          if (saves := saves_into(row["parameters"])) else []),
         f"final          {records.dumps(row['final'])}",
         f"intermediate   {records.dumps(row['intermediate'])}",
         *([f"lost           {lost} records (its disk was full when it ended: never written)"] if lost else []),

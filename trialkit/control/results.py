@@ -307,6 +307,13 @@ def shown_values(space: Any, params: Dict[str, Any]) -> Dict[str, Any]:
 LOAD_DIR, SAVE_DIR = "load_checkpoint_dir", "save_checkpoint_dir"
 
 
+def saves_into(params: Any) -> Optional[str]:
+    """A PBT trial's save_checkpoint_dir (NNI's PBT), where its code saves what no checkpoint store lists; None
+    for any other trial. Said by trial show and the trial page."""
+    save = params.get(SAVE_DIR) if isinstance(params, dict) else None
+    return save if isinstance(save, str) else None
+
+
 def went_on_from(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, Any]]]) -> Optional[str]:
     """Where a PBT trial went on from, as trial show and the page say it: "TRIAL_ID (member M, step S)", the
     trial of `others` ((id, parameters) of its experiment's trials) that saved into its load_checkpoint_dir

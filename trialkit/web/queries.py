@@ -489,7 +489,7 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         "went_on_from": results.went_on_from(out["parameters"], (
             (other["id"], _json(other["parameters"])) for other in
             db.execute("SELECT id, parameters FROM trials WHERE experiment=? ORDER BY sequence", (experiment_id,)))),
-        "save_checkpoint_dir": _saves_into(out["parameters"]),
+        "save_checkpoint_dir": results.saves_into(out["parameters"]),
         "final": _json(final["value"]) if final else None,
         **_steps(db, trial_id),
         "history": [dict(r) for r in db.execute(
@@ -501,12 +501,6 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         "elastic": {**_json(elastic["value"]), "time": elastic["time"]} if elastic else None,
     })
     return out
-
-
-def _saves_into(params: Any) -> Optional[str]:
-    """NNI's save_checkpoint_dir of a PBT trial (results.SAVE_DIR), where its code saves what no store holds."""
-    save = params.get(results.SAVE_DIR) if isinstance(params, dict) else None
-    return save if isinstance(save, str) else None
 
 
 def _reports(db: sqlite3.Connection, trial_id: str) -> List[Any]:
