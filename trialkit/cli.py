@@ -242,7 +242,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         f"elapsed     {duration(ran)}",
         f"dir         {experiment_dir}",
         f"platform    {setting(config, 'trainingService', 'platform') or '-'}",
-        f"tuner       {setting(config, 'tuner', 'name') or '-'} ({mode})",
+        f"tuner       {setting(config, 'tuner', 'name') or '-'} ({'; '.join([mode, *_class_args(config)])})",
         f"trials      {len(rows)}" + (f" of {most}" if most else ""),
     ]
     if info is not None and info.running():
@@ -642,6 +642,15 @@ def _say_interrupted(experiment_id: str, rows: List[Dict[str, Any]], interrupted
 def _gone(experiment_id: str) -> str:
     return ("its manager is gone, so what the store says of its unfinished trials is what it last heard (they "
             f"stopped, or run unwatched); `trialkit experiment resume {experiment_id}` takes them up")
+
+
+def _class_args(config: Dict[str, Any]) -> List[str]:
+    """The tuner's classArgs but its optimize mode (said apart), as written: Hyperband's R and eta, PBT's
+    population_size, which shape the trials the table shows."""
+    args = setting(config, "tuner", "classArgs")
+    return [", ".join(f"{key}={value if isinstance(value, str) else records.dumps(value)}"
+                      for key, value in args.items() if key != "optimize_mode")
+            ] if isinstance(args, dict) and set(args) - {"optimize_mode"} else []
 
 
 def cmd_trial_show(opts: argparse.Namespace) -> int:

@@ -225,6 +225,8 @@ def test_experiment_show_names_the_best_ones_budget(day):
     assert day.shown.returncode == 0, day.shown.stderr
     best = [line for line in day.shown.stdout.splitlines() if line.startswith("best")]
     assert len(best) == 1 and re.search(r"TRIAL_BUDGET\W+\d+\b", best[0]), day.shown.stdout
+    # The brackets' shape as the config wrote it: what the budgets in the table follow.
+    assert f"tuner       Hyperband (maximize; R={R}, eta={ETA}, exec_mode=serial)" in day.shown.stdout.splitlines()
 
 
 # ------------------------------------------------------------------ PBT
