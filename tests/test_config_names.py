@@ -92,3 +92,5 @@ def test_an_nni_v1_config_is_told_by_its_own_keys(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
     assert f"{path}:7: tuner.builtinTunerName: unknown tuner 'PBTTunner' (did you mean 'PBTTuner'?; " in done.stderr
     assert f"{path}:9: assessor.builtinAssessorName: TPE is a tuner, not an assessor" in done.stderr
+    # Its fix writes the section as a v1 config does.
+    assert "name it under tuner: {builtinTunerName: TPE}" in done.stderr and "{name:" not in done.stderr, done.stderr

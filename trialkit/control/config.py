@@ -718,9 +718,14 @@ _V2_WORDS = re.compile(r"\b(" + "|".join(sorted((v2 for v2, v1 in _V2_TO_V1.item
                                                    reverse=True)) + r")\b")
 
 
+# A fix that writes a v2 section ("move it to assessor: {name: Medianstop}"), as a v1 section names the algorithm.
+_V2_ALGORITHM = re.compile(r"\b(tuner|assessor|advisor): \{name: ")
+
+
 def _v1_words(text: Optional[str]) -> Optional[str]:
     """An error's text (None: none) with each v2 key it names spelled as a v1 config writes it."""
-    return text and _V2_WORDS.sub(lambda match: _V2_TO_V1[match.group(1)], text)
+    text = text and _V2_WORDS.sub(lambda match: _V2_TO_V1[match.group(1)], text)
+    return text and _V2_ALGORITHM.sub(lambda match: f"{match.group(1)}: {{builtin{match.group(1).title()}Name: ", text)
 
 
 def _v1_where(where: Optional[str], v1: Mapping[str, Any]) -> Optional[str]:
