@@ -381,6 +381,9 @@ def test_the_page_address_the_run_printed_answers_again_through_the_command_it_n
     url = next(line.split()[1] for line in done.stdout.splitlines() if line.startswith("page: http"))
     told = done.stdout.splitlines()[-1]
     assert told == (f"page: ended with the run; `trialkit ui {exp}` serves it again, read-only, at the address above")
+    # A detached run's user, who never saw that line, reads it in `experiment show`.
+    shown = cli("experiment", "show", exp).stdout.splitlines()
+    assert f"page        ended with the run; `trialkit ui {exp}` serves it again, read-only" in shown, shown
     base, token = url.split("/?token=")[0], url.split("token=")[1].split("#")[0]
     ask = lambda: requests.get(f"{base}/api/ui/experiments/{exp}", headers={"Authorization": f"Bearer {token}"},  # noqa: E731
                                timeout=10)

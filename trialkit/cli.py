@@ -46,8 +46,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from trialkit import gpus, records
 from trialkit.manager import paths
-from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, gpu_list, gpu_use, number, table,
-                                       trial_why, trials_table, when)
+from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, gpu_list, gpu_use, number, page_again,
+                                       table, trial_why, trials_table, when)
 from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
 from trialkit.control.results import (KEEPER_GONE, RUNS_UNWATCHED, best_row, experiment_ran, metric_value, optimize_mode,
                                       saves_into, setting, shown_values, to_csv, to_json, trial_rows, unwatched,
@@ -250,6 +250,8 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
 
         lines.append(f"manager     {info.url} (pid {info.pid})")
         lines.append(f"page        {page_url(info.url, info.token, opts.experiment_id)}")  # the bare address asks for it
+    elif info is not None:  # a detached run's user reads here what the run's last line said
+        lines.append(f"page        {page_again(opts.experiment_id)}")
     best = best_row(rows, mode)
     if best is not None:
         lines.append(f"best        {best['trial_id']} final={number(metric_value(best['final']))} "

@@ -233,6 +233,12 @@ def _room_left(headers: Sequence[str], cells: List[List[Any]], columns: int) -> 
 
 # Beside a trial the store says runs or waits when its experiment's manager is gone (SIGKILLed, its machine
 # down): what the store says is no longer so, in `experiment list`'s word for such an experiment.
+def page_again(experiment_id: str) -> str:
+    """What becomes of the page an experiment's run served, once the run is gone: the run's last line and
+    `experiment show` (where a detached run's user looks) say it alike."""
+    return f"ended with the run; `trialkit ui {experiment_id}` serves it again, read-only"
+
+
 INTERRUPTED_NOTE = "experiment INTERRUPTED"
 Interrupted = Optional[Mapping[str, str]]  # None, or its manager is gone: trial id -> results.unwatched's state
 

@@ -23,7 +23,7 @@ from trialkit.control import admin, checkpoints
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop
 from trialkit.control.manager_http import Manager, PageHook
-from trialkit.control.progress import trials_table
+from trialkit.control.progress import page_again, trials_table
 from trialkit.control.results import (ExperimentResult, best_row, experiment_ran, metric_value, shown_values,
                                       trial_rows)
 from trialkit.control.resume import Running, restore, resume_trials
@@ -204,8 +204,7 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
                               trial_rows(loop.store, loop.experiment_id))
     _summary(loop, result)
     if manager.page is not None:  # its address went with the manager: say how to open it again
-        loop.progress.say(f"page: ended with the run; `trialkit ui {loop.experiment_id}` serves it again, "
-                          "read-only, at the address above")
+        loop.progress.say(f"page: {page_again(loop.experiment_id)}, at the address above")
     return result
 
 
