@@ -275,3 +275,55 @@ def test_damaged_heads_and_reads_never_break_the_manager(store, capfd, caplog):
     # asyncio says a protocol's failure through logging (pytest's handler holds it, not stderr)
     assert not [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
     assert statuses.get(200, 0) + statuses.get(400, 0) > 0, statuses
+
+
+# In a fresh interpreter: a control plane's manager (keepers' routes) or `trialkit ui`'s (none, argv[2] "ui"), started;
+# whether aiohttp is loaded after each step.
+AIOHTTP_LATER = r"""
+import json, socket, sys
+from trialkit.manager.server import ManagerServer
+from trialkit.manager.store import Store
+import test_manager_quick as q
+
+if sys.argv[2] == "ui":
+    ui = ManagerServer(None).start()
+    print(json.dumps({"started": "aiohttp" in sys.modules}))
+    ui.stop()
+    sys.exit(0)
+store = Store.in_dir(sys.argv[1])
+store.create_experiment("exp")
+store.add_trial("exp", "t1", sequence=0, parameters={"lr": 0.1}, token="token-1")
+steps = {}
+server = ManagerServer(store).start()
+steps["started"] = "aiohttp" in sys.modules
+with q.connect(server) as sock:
+    sock.sendall(q.post(q.batch(1)))
+    [(status, head, _)] = q.answers(sock, 1)
+    assert status == 200 and q.QUICK in head, head
+    steps["batch"] = "aiohttp" in sys.modules
+    sock.sendall(q.GET_PARAMETERS)
+    [(status, head, body)] = q.answers(sock, 1)
+    assert status == 200 and body["parameters"] == {"lr": 0.1} and q.QUICK not in head, (status, head, body)
+    steps["parameters"] = "aiohttp" in sys.modules
+server.stop()
+print(json.dumps(steps))
+"""
+
+
+def test_aiohttp_loads_off_a_control_planes_start_and_at_once_for_trialkit_ui(tmp_path):
+    """A control plane's manager serves the keepers' batches by the quick way before aiohttp is loaded (~0.1 s of
+    its start, which its first trials no longer wait for); the first request that needs aiohttp loads it and is
+    served. `trialkit ui`'s manager, which serves the page alone, has it loaded once started."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    env = {"PYTHONPATH": f"{tests.parent}:{tests}", "PATH": "/usr/bin:/bin"}
+    said = {}
+    for which in ("control", "ui"):
+        done = subprocess.run([sys.executable, "-c", AIOHTTP_LATER, str(tmp_path / "exp"), which], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        said[which] = json.loads(done.stdout)
+    assert said == {"control": {"started": False, "batch": False, "parameters": True}, "ui": {"started": True}}

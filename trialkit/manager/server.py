@@ -31,7 +31,10 @@ spool, to be sent again; `server.disk` says what is wrong.
 
 Connections are served on one asyncio loop (trialkit/manager/transport.py):
 a keeper's batch that comes whole in HTTP's plain form is answered by the
-transport's quick way (`_quick`), every other request by aiohttp's server.
+transport's quick way (`_quick`), every other request by aiohttp's server,
+which a manager with keepers loads LOAD_AIOHTTP_AFTER seconds after its
+start, or at the first request that needs it: its ~0.1 s of imports come
+after the control plane's first trials start, not before.
 The keepers' routes run on the loop, every other route in a pool of
 threads. Bounds: at most `max_connections` connections are served at
 once (one more is closed at once; keepers retry), a request's line and
@@ -78,7 +81,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from aiohttp import web
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from aiohttp import web
 
 try:
     import orjson  # the control extra installs it (setup.py); without it the manager decodes as records.loads does
@@ -100,6 +105,7 @@ BODY_SECONDS = 30.0  # from a request's headers to the end of its body (a keeper
 HEADER_SECONDS = 10.0  # from a request's first byte to the end of its headers (slowloris)
 MAX_CONNECTIONS = 2048  # served at once: above any keeper count tried (bench/bench_manager.py: 1,000)
 RETRY_AFTER_SECONDS = 2  # what a 503 for a disk that takes no writes suggests
+LOAD_AIOHTTP_AFTER = 1.0  # a manager with keepers: its control plane's first trials start meanwhile (transport.py)
 CLOSING_SECONDS = 5.0  # at stop: how long open streams may take to say goodbye (a page reads its last state)
 _LET_GO_POLL = 0.05  # at stop: how often a stream held open looks whether its client has closed it
 STOPPED_NOTE = "its server stopped; `trialkit ui` serves this page again"
@@ -130,7 +136,9 @@ class ManagerServer:
         self._transport = Transport(host, port, self._serve, quick=self._quick,
                                     tls=tls_context(*tls) if tls is not None else None,
                                     max_connections=max_connections, header_seconds=header_seconds,
-                                    body_seconds=body_seconds, idle_seconds=SOCKET_TIMEOUT)
+                                    body_seconds=body_seconds, idle_seconds=SOCKET_TIMEOUT,
+                                    # A control plane's manager starts trials first; `trialkit ui` serves the page.
+                                    load_aiohttp_after=LOAD_AIOHTTP_AFTER if store is not None else None)
         self.scheme = "https" if tls is not None else "http"
         self._thread: Optional[threading.Thread] = None
         self.stopping = Stopping()  # ends Stream answers
@@ -317,6 +325,8 @@ class ManagerServer:
 
     # -- one request, from the server's loop -------------------------------------------
     async def _serve(self, incoming: web.BaseRequest) -> web.StreamResponse:
+        from aiohttp import web  # loaded by the time aiohttp serves (transport.py)
+
         target = urlsplit(incoming.raw_path)
         request = Request(incoming.method, target.path, {}, incoming.headers, b"", dict(parse_qsl(target.query)))
         has_body = incoming.method in ("POST", "PUT")
@@ -358,6 +368,8 @@ class ManagerServer:
         return body
 
     async def _stream(self, incoming: web.BaseRequest, status: int, answer: Stream) -> web.StreamResponse:
+        from aiohttp import web
+
         response = web.StreamResponse(status=status, headers={"Content-Type": answer.content_type, **answer.headers})
         response.force_close()
         await response.prepare(incoming)
@@ -456,6 +468,8 @@ def _json_parts(status: int, answer: Any) -> Tuple[bytes, Dict[str, str]]:
 
 
 def _json(status: int, answer: Any, close: bool = False) -> web.Response:
+    from aiohttp import web
+
     body, headers = _json_parts(status, answer)
     response = web.Response(body=body, status=status, headers=headers)
     if close:

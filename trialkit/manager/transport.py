@@ -32,9 +32,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
-from aiohttp import web
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from aiohttp import web
 
-Serve = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+Serve = Callable[["web.BaseRequest"], Awaitable["web.StreamResponse"]]
 # The quick way's answer: status, body, headers (Content-Length, Date and Server are added).
 Reply = Callable[[int, bytes, Dict[str, str]], None]
 # A request the quick way serves: take(body, reply), with reply called once, later or at once.
@@ -58,7 +60,8 @@ REPORT_SECONDS = 60.0  # bad requests are said at most once in this long (BadReq
 
 class Transport:
     def __init__(self, host: str, port: int, serve: Serve, *, quick: Quick, tls: Optional[ssl.SSLContext],
-                 max_connections: int, header_seconds: float, body_seconds: float, idle_seconds: float):
+                 max_connections: int, header_seconds: float, body_seconds: float, idle_seconds: float,
+                 load_aiohttp_after: Optional[float] = None):
         self._serve = serve
         self.quick = quick
         self._tls = tls
@@ -74,7 +77,18 @@ class Transport:
         self.address: Tuple[Any, ...] = self.socket.getsockname()
         self._pool = ThreadPoolExecutor(max_workers=max_connections, thread_name_prefix="trialkit-manager")
         self.loop: Optional[asyncio.AbstractEventLoop] = None
-        self._web: Optional[web.Server] = None
+        self._web: Optional["web.Server"] = None
+        # aiohttp (~0.1 s of imports) serves all but the keepers' batches, which the quick way serves from the
+        # start. It loads `load_aiohttp_after` seconds on, off the start's path: a control plane starts its first
+        # trials meanwhile (a thread loading it at once only shared the GIL with that start, and saved nothing).
+        # A request for it before then loads it at once. None: it loads here.
+        self._closing = threading.Event()
+        self._aiohttp = threading.Thread(target=self._load_aiohttp, args=(load_aiohttp_after or 0.0,),
+                                         name="trialkit-manager-aiohttp", daemon=True)
+        if load_aiohttp_after is None:
+            self._closing.set()
+            from aiohttp import web  # noqa: F401
+        self._aiohttp.start()
         self.open: Set[_Connection] = set()
         # Every connection reads into this one buffer, copied out at once. asyncio's own reads made a
         # 256 KiB bytes object for each, which glibc maps and unmaps: three system calls and fresh
@@ -118,8 +132,6 @@ class Transport:
             loop.close()
 
     async def _listen(self) -> asyncio.AbstractServer:
-        self._web = web.Server(self._serve, access_log=None, keepalive_timeout=self.idle_seconds,
-                               lingering_time=LINGER_SECONDS, logger=self.bad_requests)
         return await asyncio.get_running_loop().create_server(
             self._connection, sock=self.socket, ssl=self._tls,
             ssl_handshake_timeout=self.header_seconds if self._tls is not None else None)
@@ -129,9 +141,17 @@ class Transport:
             return _Refused()
         return _Connection(self)
 
+    def _load_aiohttp(self, after: float) -> None:
+        if not self._closing.wait(after):
+            from aiohttp import web  # noqa: F401
+
     def web(self) -> asyncio.Protocol:
-        """aiohttp's protocol for a connection handed to it."""
-        assert self._web is not None
+        """aiohttp's protocol for a connection handed to it (on the loop; the first may wait for aiohttp to load)."""
+        if self._web is None:
+            from aiohttp import web
+
+            self._web = web.Server(self._serve, access_log=None, keepalive_timeout=self.idle_seconds,
+                                   lingering_time=LINGER_SECONDS, logger=self.bad_requests)
         return self._web()
 
     def stop(self) -> None:
@@ -146,6 +166,8 @@ class Transport:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.socket.close()
+        self._closing.set()
+        self._aiohttp.join()  # a process does not end mid-import
 
 
 async def _ended(tasks: Set["asyncio.Task[Any]"]) -> None:
