@@ -58,6 +58,11 @@ def test_trials_records_latency_keepers_and_queue_as_prometheus_reads_them(manag
     assert seen[("trialkit_records_received_total", ())] == 5
     assert seen[("trialkit_records_stored_total", ())] == 3
     assert seen[("trialkit_ack_seconds_count", ())] == 2 and 0 < seen[("trialkit_ack_seconds_sum", ())] < 5
+    # Its buckets as prometheus_client's Histogram names them (a dashboard's query matches le="5.0"), cumulative.
+    assert seen[("trialkit_ack_seconds_bucket", (("le", "5.0"),))] == 2 == seen[("trialkit_ack_seconds_bucket",
+                                                                                (("le", "+Inf"),))]
+    assert [labels[0][1] for name, labels in seen if name == "trialkit_ack_seconds_bucket"][:3] == [
+        "0.0005", "0.001", "0.0025"]
     assert seen[("trialkit_trials", (("status", "RUNNING"),))] == 1
     assert seen[("trialkit_trials", (("status", "SUCCEEDED"),))] == 1
     assert seen[("trialkit_trials", (("status", "WAITING"),))] == 1
