@@ -16,7 +16,6 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-import psutil
 
 from trialkit import env, gpus, layout, process
 from trialkit.manager import paths
@@ -719,6 +718,8 @@ class Platform(PlatformBase):
 
     def _ours(self, pid: int) -> bool:
         """Whether a process on a GPU is one of this experiment's trials (a keeper of ours is its ancestor)."""
+        import psutil  # here: GPU trials alone ask, and a control plane's start does not wait for it
+
         keepers = {keeper.pid for keeper in self._keepers.values() if not keeper.ended}
         try:
             return pid in keepers or any(parent.pid in keepers for parent in psutil.Process(pid).parents())
