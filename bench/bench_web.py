@@ -25,55 +25,60 @@ view needs are timed too (issue 9: under 50 ms).
 
 History (2026-11-29, 2 CPUs shared with other engineers: say the load with
 every figure; at load 10 and more an A/A race of one page against itself
-differs by up to 9%, and one run's rounds range 0.3-11x). A lever is raced
-old page against new in one harness: both managers on one store, one
-Chromium, both pages cold and this floor rotating, 15-25 rounds.
+differs by up to 9%, and one run's rounds range 0.3-11x). A lever is raced old page against
+new in one harness: both managers on one store, one Chromium, both pages cold
+and this floor rotating, 15-31 rounds.
 - plotly drew the curves: 1.0-1.05 s, 5.3x. Kept since, each a gain: uPlot
   draws them; the page comes whole in one answer; no Intl format as it loads
-  (the first in a fresh renderer was 20-65 ms); the view's table and curves
-  come in one answer and are laid out once; the page keeps its width (its
-  curves were drawn twice); the curves of chosen trials rank no more trials
-  than it takes to say whether the best is among them; the Trials view asks
-  for its answer before it builds its frame, builds that frame out of sight
-  until the answer is in (laid out and painted empty, it held the answer back
-  15-30 ms: 0.86-0.93x) and clones its rows from one (~5.4 -> ~2.8 ms); the
-  experiment's ranking is kept until its store changes (the chosen trials'
-  leader near the best scanned every trial's final record on each answer: the
-  answer 12.7 -> 8.9 ms, the cold page 0.95x, 0.92x round by round, load 9-12).
-- Where a cold page's main thread goes (its own CPU time in a Chromium trace,
-  which the load does not inflate: ~47 ms to the ready mark): the navigation's
-  commit ~5 ms, app.js ~7, two frames before the answer ~8.5 (the header's, and
-  the load event's style and layout with uPlot's evaluation), the answer's
-  table ~3 and chart ~13 (uPlot's functions compiled as it first calls them,
-  its drawing, the style recalculation it forces), JSON and small tasks ~5. The
-  renderer uses as much CPU in all per load as the floor's (~170 ms, most of it
-  Chromium's own: a new renderer process per navigation); the floor's first
-  script runs 30-40 ms after its HTML. By the Performance API at load 8 (medians
-  of 9): the HTML is in at 16 ms, the answer asked at 57 and in at 82, and the
-  page's script and uPlot's evaluation hold the main thread to 86: the renderer,
-  not the manager, is the critical path.
-- Tried and dropped, each slower or no gain: asking for the first view's data
-  from a script at the top of the head (1.04-1.37x at load 8-14; with the kept
-  ranking, three races at load 10-12: 0.88x, 0.97x, 1.07x, round by round
-  0.95-1.00x; never measured quiet: the load stayed over 8); uPlot inlined;
-  a larger SQLite cache; V8's compile hint (//# allFunctionsCalledOnLoad) on
-  uPlot (1.07-1.16x at load 9-15: its compile took cores from app.js before the
-  data was asked for) or on app.js (more main-thread CPU); uPlot loaded once the
-  first view had asked (1.14x: the curves waited for it); the header hidden with
-  the view until the answer (no less CPU); the curves' reports in one query for
-  all trials (the time is each record's Python); the experiment ranked on a
-  thread when the page's HTML is asked for, so that a running experiment's
-  first answer finds it kept (1.26x, 1.32x round by round, load 8-9: it takes a
-  core from the renderer as the page parses); the table and curves built out of
-  sight and shown after (1.09-1.13x at load 13-14).
-- Quiet (load 0.7-1.5), before the kept ranking: cold 71-92 ms against floors of
-  26-34 ms, 2.51-2.98x, MET in six runs of eight (two missed round by round, at
-  3.04x and 3.09x). Under load the page's time and the floor's both swing: at
-  load 9-10, 97-149 ms against 41-55 ms, 1.97-2.70x.
-- With it, six runs at load 10-13: cold 207, 217, 201 ms against floors of 62,
-  166, 78 ms: 3.37x (2.66x round by round) MISSED, 1.31x (1.85x) MET, 2.57x
-  (2.19x) MET; then 131, 123, 127 ms against 38, 50, 43 ms: 3.41x (3.19x)
-  MISSED, 2.48x (2.99x) MET, 2.94x (2.97x) MET.
+  (the first in a fresh renderer was 20-65 ms); table and curves come in one
+  answer and are laid out once; the page keeps its width (its curves were
+  drawn twice); the chosen trials' curves rank no more trials than it takes to
+  say whether the best is among them; the Trials view asks before it builds
+  its frame and builds it out of sight until the answer is in (0.86-0.93x),
+  its rows cloned from one (~5.4 -> ~2.8 ms); the experiment's ranking kept
+  until its store changes (the answer 12.7 -> 8.9 ms, 0.92-0.95x); the first
+  view's request made from a microtask and the curves drawn out of the page,
+  then put in it (0.932x, 0.935x round by round, load 2.4-3.1; 0.84x, 0.91x,
+  load 1.3-2.6). Under DevTools (chromedriver, as here) a request records the
+  script stack that made it, and one through app.js's whole function had V8
+  parse its 67 KB again for source positions: the fetch() call took 5.4-6.4 ms,
+  0.8-1.8 from a microtask (load 4). A canvas in the page, its font set as
+  uPlot draws, had the browser style the whole view there and then (~3 ms in
+  a trace).
+- Where a cold page's time goes (Performance marks, medians of 11-21, load
+  1.4-1.7 before those two levers): the HTML in at 7.6 ms, the page's script
+  runs at 24 (the floor's, after its 1,000 rows, at 26-30), asks at 27, the
+  request leaves at 33, its answer is in at 46, read at 52 (the main thread
+  busy till then: uPlot's evaluation ~2.3 ms, the load event's first style
+  and layout, a frame of the header), its body read by 55 (JSON.parse 0.1 ms:
+  its 37 KB matter little), the table (50 rows) by 58, the chart by 72
+  (uPlot made ~5 ms, its drawing ~5-7; warm, uPlot and the page cached, the
+  page was 1.42x faster in a run at load 6). The renderer's main thread works
+  ~29 ms of it (trace CPU time, which the load does not inflate); the rest it
+  waits on the browser's other processes and the manager (the answer ~5 ms of
+  Python, 12.6 ms through the browser). Each font family and size the first
+  layout meets is a synchronous message to the browser (0.2-7 ms each under
+  load in a trace).
+- Tried and dropped, each slower or no gain: asking from a script at the
+  top of the head (1.04-1.37x at load 8-14; 0.88-1.07x with the kept ranking);
+  uPlot inlined; a larger SQLite cache; V8's compile hint
+  (//# allFunctionsCalledOnLoad) on uPlot (1.07-1.16x at load 9-15; again with
+  the levers above, 1.01x, 0.98x round by round at load 6-8) or on app.js;
+  uPlot loaded once the first view had asked (1.14x); the header hidden with
+  the view until the answer; the curves' reports in one query (the time is
+  each record's Python); the experiment ranked on a thread when the HTML is
+  asked for (1.26x); the table and curves built out of sight and shown after
+  (1.09-1.13x); the curves drawn before the table (0.94-1.03x: drawn out of
+  the page, the order no longer matters); uPlot without legend and cursor
+  (no gain); a throwaway chart drawn as uPlot loads, to compile its code
+  before the answer (1.00x, 0.99x round by round, load 5); the page's fonts
+  one family, sans-serif (1.01x, 0.97x round by round, load 3-6).
+- Figures. Before (f0a1448, the lead's runs): MET in 7 of 13 runs; quiet,
+  after a full suite, cold 84-94 ms against floors of 26-33 ms, 2.67-3.25x,
+  MET in 4 of 10. After: at load 4-5, 81-89 ms against 30-32 ms, 2.56-3.01x
+  (2.63-2.99x round by round), MET in 3 of 4; at load 7-9, 85-132 ms against
+  33-60 ms, 2.21-3.17x, MET in 4 of 6; painted 119-126 ms against the
+  floor's 141-147 ms (load 4-5).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
