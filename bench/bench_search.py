@@ -123,7 +123,9 @@ def reached(reports: Reports, value: float) -> float:
 # ---------------------------------------------------------------- trialkit
 
 TRIAL = """
-import os, sys, trialkit
+import os, sys
+import numpy
+import trialkit
 sys.path.insert(0, {bench!r})
 import search_problem as problem
 
@@ -153,9 +155,10 @@ TRIALKIT_METHODS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 }
 
 
-def run_trialkit(method: str, seed: int, budget: int, concurrency: int, data: Path, work: Path) -> Reports:
+def run_trialkit(method: str, seed: int, budget: int, concurrency: int, data: Path, work: Path,
+                 warm_start: bool = True) -> Reports:
     mode, keys = TRIALKIT_METHODS[method]
-    folder = work / f"trialkit-{method}-{seed}"
+    folder = work / f"trialkit-{method}-{seed}{'' if warm_start else '-cold'}"
     folder.mkdir()
     (folder / "trial.py").write_text(textwrap.dedent(TRIAL.format(bench=str(BENCH), data=str(data), mode=mode, r=R,
                                                                    interval=INTERVAL)))
@@ -163,9 +166,9 @@ def run_trialkit(method: str, seed: int, budget: int, concurrency: int, data: Pa
     keys["tuner"]["classArgs"].update(optimize_mode="maximize", seed=seed)
     config = {"searchSpace": problem.PBT_SPACE if method == "PBT" else problem.SPACE,
               "trialCommand": f"{sys.executable} trial.py", "trialConcurrency": concurrency,
-              "trainingService": {"platform": "local"}, **keys}
+              "trainingService": {"platform": "local", "warmStart": warm_start}, **keys}
     (folder / "config.yml").write_text(json.dumps(config))
-    home = work / f"home-{method}-{seed}"  # outside the code dir, which each trial gets a copy of
+    home = work / f"home-{folder.name.partition('-')[2]}"  # outside the code dir, which each trial gets a copy of
     # As installed (pip compiles every module): bytecode cached, here beside the sources (gitignored), so that no
     # trial's keeper and SDK compiles trialkit's sources again at its start. This checkout's shells set
     # PYTHONDONTWRITEBYTECODE, which cost every trial ~40 ms of CPU (twice that at load 10) that an installed
