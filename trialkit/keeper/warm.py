@@ -88,7 +88,7 @@ def fork_command(argv: Sequence[str], environ: Dict[str, str], stdout: int, stde
     """The keeper's start of an eligible command, in a fork (None: not eligible, or this process is no longer
     single-threaded: the keeper spawns it as usual). The child runs as process.spawn's would."""
     command = python_command(argv, environ, os.getcwd())
-    if command is None or single_threaded() is not None:
+    if command is None or single_threaded() is not None or _shadowed(command):
         return None
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr):
@@ -107,6 +107,18 @@ def fork_command(argv: Sequence[str], environ: Dict[str, str], stdout: int, stde
         finally:
             os._exit(code)
     return Child(pid=pid, argv=list(argv))
+
+
+def _shadowed(command: PythonCommand) -> bool:
+    """Whether a module in the script's dir has the name of one this process has imported: a new interpreter
+    would import the script's (json.py beside it, say), a fork finds this one already there."""
+    here = os.path.dirname(os.path.abspath(command.target)) if not command.is_module else os.getcwd()
+    try:
+        names = {name[:-3] if name.endswith(".py") else name for name in os.listdir(here)
+                 if name.endswith(".py") or os.path.isfile(os.path.join(here, name, "__init__.py"))}
+    except OSError:
+        return True
+    return any(name in sys.modules for name in names)
 
 
 def _standard_fds(stdout: int, stderr: int) -> None:
@@ -144,10 +156,9 @@ def run_python(command: PythonCommand) -> int:
     by sys.excepthook (with no frame of ours) and exit 1, SystemExit gives its code, KeyboardInterrupt ends by
     SIGINT; then non-daemon threads are joined, atexit runs, the streams are flushed."""
     import atexit
+    import gc
     import runpy
     import threading
-
-    import gc
 
     gc.enable()  # off in the keeper's start
     atexit._clear()  # the zygote's and the keeper's, which are not the trial's
@@ -159,31 +170,44 @@ def run_python(command: PythonCommand) -> int:
     else:
         sys.argv = [command.target, *command.args]
         sys.path.insert(0, os.path.dirname(os.path.abspath(command.target)))
-    code = 0
+    code, interrupted = 0, False
     try:
-        try:
-            if command.is_module:
-                runpy.run_module(command.target, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(command.target, run_name="__main__")
-        finally:
-            threading._shutdown()
+        if command.is_module:
+            runpy.run_module(command.target, run_name="__main__", alter_sys=True)
+        else:
+            _run_script(os.path.abspath(command.target))
     except SystemExit as exit:
         code = _exit_code(exit)
-    except KeyboardInterrupt as err:
-        _print_uncaught(err)
-        _flush_all()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)  # as Python ends on an uncaught one: killed by SIGINT
     except BaseException as err:  # noqa: BLE001 - what Python prints and exits 1 for
         _print_uncaught(err)
-        code = 1
+        code, interrupted = 1, isinstance(err, KeyboardInterrupt)
+    # Then, as the interpreter's end: its other threads joined, atexit run, the streams flushed.
+    threading._shutdown()
     try:
         atexit._run_exitfuncs()
     except SystemExit as exit:
         code = _exit_code(exit)
     _flush_all()
+    if interrupted:  # Python ends on an uncaught KeyboardInterrupt killed by SIGINT, as a shell expects
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     return code
+
+
+def _run_script(path: str) -> None:
+    """The script as a new interpreter runs it: a fresh __main__ whose __file__, like its code's, is the
+    script's absolute path (runpy.run_path would set sys.argv[0] to it too)."""
+    import builtins
+    import types
+    from importlib.machinery import SourceFileLoader
+
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __builtins__=builtins, __cached__=None,
+                         __loader__=SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    with open(path, "rb") as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
 
 
 def _exit_code(exit: SystemExit) -> int:
@@ -199,13 +223,17 @@ def _exit_code(exit: SystemExit) -> int:
 def _print_uncaught(err: BaseException) -> None:
     """Through sys.excepthook as Python prints an uncaught exception, the frames of this module and runpy's
     left out: the traceback starts in the trial's code."""
+    tb = err.__traceback__
+    while tb is not None and _ours(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    sys.excepthook(type(err), err.with_traceback(tb), tb)  # the default hook prints the exception's own
+
+
+def _ours(filename: str) -> bool:
+    """Whether code of this file runs the trial's (this module, runpy: frozen or not)."""
     import runpy
 
-    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__)}
-    tb = err.__traceback__
-    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) in ours:
-        tb = tb.tb_next
-    sys.excepthook(type(err), err, tb)
+    return filename.startswith("<frozen runpy") or filename in (__file__, runpy.__file__)
 
 
 def _fresh_streams(unbuffered: bool) -> None:

@@ -1,6 +1,6 @@
 """The warm start of local trials: one warm process (a zygote) per experiment, which forks their keepers.
 
-    python -c RUN_MODULE_OFF_CWD trialkit.keeper.zygote FD CODE_DIR COMMAND...   (the local platform starts it)
+    python -c RUN_MODULE_OFF_CWD trialkit.keeper.zygote FD SKIP CODE_DIR COMMAND...   (the local platform starts it)
 
 Started as a keeper would be (the trial's environment less what differs from trial to trial, warm.PER_TRIAL),
 it imports the keeper's modules and what the trial's script imports at its top level from outside the code
@@ -9,9 +9,10 @@ serves fork requests on the socket FD: for each trial, a message with the trial'
 dir and the trial log's fd; the child does what run.sh and the keeper's __main__ do for a local trial (its
 own session, stdio to the log, the environment, the dir, default signals) and runs the keeper, whose own
 fork of an eligible command (keeper/warm.py) then finds those modules imported. The answer is the child's
-pid and a pidfd opened before the zygote could reap it, so it names that process for good. A zygote that
-runs more than one thread answers why instead (a fork would copy their locks held): the platform then starts
-its trials cold. It ends when the socket's other end closes: the experiment's end, or its control plane's
+pid and a pidfd opened before the zygote could reap it, so it names that process for good. A module whose
+import starts a thread (numpy's OpenBLAS pool, unless OMP_NUM_THREADS=1) is not preloaded: the zygote starts
+again without it (SKIP). A zygote that runs more than one thread at a fork answers why instead (a fork would
+copy their locks held): the platform then starts its trials cold. It ends when the socket's other end closes: the experiment's end, or its control plane's
 exit, however it exited; the keepers it forked go on.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ from trialkit import env
 from trialkit.keeper import warm
 from trialkit.process import RUN_MODULE_OFF_CWD, spawn, shell_line_argv
 
+MODULE = "trialkit.keeper.zygote"  # as run (__name__ is __main__ there)
 REQUEST_BYTES = 1 << 22  # a request is the trial's environment, in one message
 FIRST_ANSWER_SECONDS = 120.0  # the first answer waits for the preload (torch takes seconds)
 
@@ -51,7 +53,7 @@ class Zygote:
         self.log = log
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            argv = [environ[env.PYTHON], "-c", RUN_MODULE_OFF_CWD, __name__, str(theirs.fileno()), code_dir,
+            argv = [environ[env.PYTHON], "-c", RUN_MODULE_OFF_CWD, MODULE, str(theirs.fileno()), "", code_dir,
                     *shell_line_argv(environ.get(env.COMMAND, ""))]
             with open(log, "ab") as out:
                 self.child = spawn(argv, env=self.environ, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
@@ -139,19 +141,29 @@ def _in_code_dir(code_dir: str, top: str) -> bool:
 
 
 def main(argv: Sequence[str]) -> None:
+    """argv: the socket's fd, the modules not to preload (comma-separated), the code dir, the trial's command."""
     gc.disable()  # what is imported lives on; frozen below, so no fork copies it for a collection to touch
-    sock = socket.socket(fileno=int(argv[0]))
+    fd, skip, code_dir, command = int(argv[0]), set(filter(None, argv[1].split(","))), argv[2], argv[3:]
     import trialkit.keeper.keep  # noqa: F401 - the keeper's reporting side, for every trial
     from trialkit.keeper import main as keeper
 
     keeper.fork_command = warm.fork_command
-    for name in preloads(argv[2:], argv[1]):
+    for name in preloads(command, code_dir):
+        if name in skip:
+            continue
         try:
             __import__(name)
         except BaseException as err:  # noqa: BLE001 - the trial imports it itself, and says why it fails
             print(f"zygote: {name} not preloaded: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        if warm.single_threaded() is not None:
+            # A fork copies no thread: this process starts again without what started one (numpy's OpenBLAS
+            # pool without OMP_NUM_THREADS=1); its trials import it themselves, the rest still comes preloaded.
+            print(f"zygote: {name} started a thread at import: not preloaded", file=sys.stderr, flush=True)
+            os.set_inheritable(fd, True)
+            os.execv(sys.executable, [sys.executable, "-c", RUN_MODULE_OFF_CWD, MODULE, str(fd),
+                                      ",".join(sorted(skip | {name})), code_dir, *command])
     gc.freeze()
-    serve(sock, keeper.main)
+    serve(socket.socket(fileno=fd), keeper.main)
 
 
 def serve(sock: socket.socket, run_keeper) -> None:

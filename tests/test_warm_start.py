@@ -1,0 +1,267 @@
+"""Warm start on the local platform (trainingService.warmStart; keeper/zygote.py, keeper/warm.py), with real
+`trialkit run`s: a trial started warm is still its own process (the keeper's child, in its own session), with
+its own parameters and its own draws, stopped by SIGTERM, failing as a cold one fails; what is not eligible
+starts cold; and no process is left, the zygote included (conftest's check), a killed run's keepers aside.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Dict, List
+
+import psutil
+import pytest
+
+from experiment_util import cli, experiment, export, paused_and_activated, sigkilled_while_running, start_cli
+from harness import wait_until
+
+pytestmark = pytest.mark.usefixtures("home")
+
+ZYGOTE = "trialkit.keeper.zygote"
+# Each trial writes what it is to facts.json in its trial dir: whether its keeper was forked by the zygote, whether
+# it was itself forked (its command line the zygote's) or exec'd, its parameters, an unseeded draw of numpy's.
+FACTS = """
+import json, os, sys
+numpy_preloaded = "numpy" in sys.modules  # a new interpreter has not imported it yet
+import numpy
+import trialkit
+
+def cmdline(pid):
+    with open(f"/proc/{pid}/cmdline") as f:
+        return f.read()
+
+facts = {"keeper_warm": "%s" in cmdline(os.getppid()), "forked": "%s" in cmdline("self"),
+         "sid": os.getsid(0) == os.getpid(), "argv": sys.argv, "path0": sys.path[0], "main": __name__,
+         "numpy_preloaded": numpy_preloaded}
+""" % (ZYGOTE, ZYGOTE)
+
+
+def warm_experiment(tmp_path: Path, space: Dict, script: str, warm: bool = True, **keys) -> Path:
+    return experiment(tmp_path, space, FACTS + script, name="warm" if warm else "cold",
+                      trainingService={"platform": "local", "warmStart": warm}, **keys)
+
+
+def facts(home: Path, exp: str) -> Dict[str, dict]:
+    return {path.parent.name: json.loads(path.read_text())
+            for path in (home / "experiments" / exp / "trials").glob("*/facts.json")}
+
+
+def ran(config: Path, code: int = 0) -> str:
+    done = cli("run", config)
+    assert done.returncode == code, done.stdout + done.stderr
+    return done.stdout.split()[2]  # started experiment ID
+
+
+def test_warm_trials_get_their_own_parameters_and_draw_their_own_numbers(tmp_path, home):
+    space = {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}}
+    script = """
+p = trialkit.get_next_parameter()
+facts.update(x=p["x"], draw=float(numpy.random.rand()), environ_x=json.loads(os.environ["TRIALKIT_PARAMETERS"])["x"])
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+trialkit.report_intermediate_result(p["x"])
+trialkit.report_final_result(p["x"] * 10)
+"""
+    config = warm_experiment(tmp_path, space, script, tuner={"name": "GridSearch"}, maxTrialNumber=4)
+    exp = ran(config)
+    rows = export(exp)
+    assert sorted(row["final"] for row in rows) == [10, 20, 30, 40]
+    assert all(row["final"] == row["parameters"]["x"] * 10 for row in rows), rows
+    seen = facts(home, exp)
+    assert len(seen) == 4
+    for trial, fact in seen.items():
+        assert fact["keeper_warm"] and fact["forked"] and fact["numpy_preloaded"], (trial, fact)
+        assert fact["sid"] and fact["main"] == "__main__" and fact["argv"] == ["trial.py"], fact
+        assert fact["path0"] == str(home / "experiments" / exp / "trials" / trial / "code"), fact
+        assert fact["environ_x"] == fact["x"]
+    draws = [fact["draw"] for fact in seen.values()]
+    assert len(set(draws)) == 4, f"unseeded numpy draws repeat between warm trials: {draws}"
+    assert (home / "experiments" / exp / "warm-start.log").exists()
+
+
+def test_a_warm_trials_grandchild_is_stopped_with_its_tree(tmp_path, home):
+    script = """
+import subprocess
+child = subprocess.Popen(["sleep", "600"])
+facts["grandchild"] = child.pid
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+trialkit.report_final_result(1)
+"""
+    config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, script, maxTrialNumber=1)
+    exp = ran(config)
+    (fact,) = facts(home, exp).values()
+    assert fact["forked"] and fact["sid"], fact
+    assert not psutil.pid_exists(fact["grandchild"]) or \
+        psutil.Process(fact["grandchild"]).status() == psutil.STATUS_ZOMBIE, "the grandchild outlived its trial"
+
+
+def test_a_warm_trial_stopped_checkpoints_on_sigterm_and_resumes(tmp_path, home):
+    # Pause sends the keeper SIGTERM, which stops the trial's group: the script's handler saves its step.
+    script = """
+import pathlib, signal, time
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+saved = pathlib.Path(trialkit.checkpoint_dir()) / "step"
+step = int(saved.read_text()) if saved.exists() else 0
+resumed = saved.exists()
+def checkpoint(signum, frame):
+    saved.write_text(str(step))
+    print(f"checkpoint at step {step}", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, checkpoint)
+while step < 30:
+    if step == 10 and not resumed:
+        time.sleep(0.05)
+        continue
+    step += 1
+    if step % 5 == 0:
+        trialkit.report_intermediate_result(step)
+trialkit.report_final_result(step)
+"""
+    config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, script, maxTrialNumber=1)
+    exp, _ = paused_and_activated(home, [config])
+    (row,) = export(exp)
+    assert row["final"] == 30
+    trial_dir = home / "experiments" / exp / "trials" / f"{exp}-00000"
+    assert "checkpoint at step 10" in (trial_dir / "stdout.log").read_text()
+    assert json.loads((trial_dir / "facts.json").read_text())["forked"]
+
+
+def _stderr(home: Path, exp: str) -> Dict[str, str]:
+    """Each trial's stderr by its parameter x, its trial dir written as TRIAL."""
+    out = {}
+    for row in export(exp):
+        trial_dir = str(home / "experiments" / exp / "trials" / row["trial_id"])
+        text = (Path(trial_dir) / "stderr.log").read_text().replace(trial_dir, "TRIAL")
+        out[row["parameters"]["x"]] = text
+    return out
+
+
+def _exit_codes(home: Path, exp: str) -> Dict[str, int]:
+    out = {}
+    for row in export(exp):
+        status = home / "experiments" / exp / "trials" / row["trial_id"] / ".trialkit" / "status.json"
+        out[row["parameters"]["x"]] = json.loads(status.read_text())["exit_code"]
+    return out
+
+
+def test_a_warm_trial_fails_as_a_cold_one_does_exit_codes_and_tracebacks_alike(tmp_path, home):
+    script = """
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+p = trialkit.get_next_parameter()
+
+def fail():
+    raise ValueError("boom")
+
+if p["x"] == "raise":
+    fail()
+if p["x"] == "exit":
+    sys.exit(3)
+if p["x"] == "message":
+    sys.exit("bye")
+"""
+    space = {"x": {"_type": "choice", "_value": ["raise", "exit", "message"]}}
+    codes, errors = {}, {}
+    for warm in (True, False):
+        exp = ran(warm_experiment(tmp_path, space, script, warm=warm, tuner={"name": "GridSearch"},
+                                  maxTrialNumber=3), code=1)  # its trials failed
+        assert {fact["forked"] for fact in facts(home, exp).values()} == {warm}
+        codes[warm], errors[warm] = _exit_codes(home, exp), _stderr(home, exp)
+    assert codes[True] == codes[False] == {"raise": 1, "exit": 3, "message": 1}
+    assert errors[True]["raise"] == errors[False]["raise"]
+    assert re.match(r'Traceback \(most recent call last\):\n  File "TRIAL/code/trial.py", line \d+, in <module>\n',
+                    errors[True]["raise"]), errors[True]["raise"]
+    assert errors[True]["raise"].rstrip().endswith("ValueError: boom")
+    assert errors[True]["message"] == errors[False]["message"] == "bye\n"
+
+
+@pytest.mark.parametrize("command", ["python3 -B trial.py", "sh -c 'python3 trial.py'"])
+def test_an_ineligible_command_starts_cold(tmp_path, home, command):
+    script = """
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+trialkit.report_final_result(1)
+"""
+    config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, script, maxTrialNumber=1,
+                             trialCommand=command)
+    exp = ran(config)
+    (fact,) = facts(home, exp).values()
+    assert not fact["keeper_warm"] and not fact["forked"] and not fact["numpy_preloaded"], fact
+    assert not (home / "experiments" / exp / "warm-start.log").exists(), "a zygote was started for nothing"
+    assert [row["final"] for row in export(exp)] == [1]
+
+
+def test_a_module_that_starts_a_thread_at_import_is_not_preloaded_and_the_trial_still_starts_warm(tmp_path, home):
+    # numpy's OpenBLAS starts its pool at import unless it may use one thread: the zygote, which must fork
+    # single-threaded, starts again without numpy; the keeper and the trial's Python start warm all the same.
+    script = """
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+trialkit.report_final_result(1)
+"""
+    config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, script, maxTrialNumber=1,
+                             trialConcurrency=1)
+    done = cli("run", config, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = done.stdout.split()[2]
+    (fact,) = facts(home, exp).values()
+    assert fact["keeper_warm"] and fact["forked"] and not fact["numpy_preloaded"], fact
+    log = (home / "experiments" / exp / "warm-start.log").read_text()
+    assert "zygote: numpy started a thread at import: not preloaded" in log, log
+
+
+GATED = """
+import time
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+for i in range(3):
+    trialkit.report_intermediate_result(i)
+while not os.path.exists(%r):
+    time.sleep(0.05)
+trialkit.report_final_result(1)
+"""
+
+
+def _holds_pidfd(holder: int, pid: int) -> bool:
+    """Whether process `holder` has a pidfd of process `pid` open (the local platform watches a keeper so)."""
+    fdinfo = Path(f"/proc/{holder}/fdinfo")
+    for entry in fdinfo.iterdir():
+        try:
+            if f"Pid:\t{pid}\n" in entry.read_text():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_a_killed_run_leaves_its_warm_keepers_which_resume_reattaches_and_the_zygote_goes(tmp_path, home,
+                                                                                          no_process_left):
+    go = tmp_path / "go"
+    config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, GATED % str(go),
+                             maxTrialNumber=1, trialConcurrency=1)
+    exp, trial = sigkilled_while_running(config, home, reports=3)
+    trial_dir = home / "experiments" / exp / "trials" / trial
+    assert json.loads((trial_dir / "facts.json").read_text())["keeper_warm"]
+    keeper = int((trial_dir / ".trialkit" / "keeper.pid").read_text().split()[0])
+    zygote = psutil.Process(keeper).ppid()
+    wait_until(lambda: not psutil.pid_exists(zygote) or psutil.Process(zygote).status() == psutil.STATUS_ZOMBIE,
+               30, "the zygote to go with its run")
+    assert psutil.Process(keeper).is_running(), "the warm keeper died with its run"
+    resume = start_cli("experiment", "resume", exp)
+    try:
+        wait_until(lambda: _holds_pidfd(resume.pid, keeper), 60, "the resume to reattach the keeper (its pidfd)")
+        go.touch()
+        out, err = resume.communicate(timeout=120)
+    finally:
+        if resume.poll() is None:
+            resume.kill()
+            resume.wait()
+    assert resume.returncode == 0, out + err
+    (row,) = export(exp)
+    assert row["status"] == "SUCCEEDED" and row["final"] == 1
+    status = json.loads((trial_dir / ".trialkit" / "status.json").read_text())
+    assert status["restart_count"] == 0, "the trial was started again rather than reattached"
