@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -26,6 +27,7 @@ FACTS = """
 import json, os, sys
 numpy_preloaded = "numpy" in sys.modules  # a new interpreter has not imported it yet
 import numpy
+import numpy.random  # numpy 2 loads it on first use: imported at the top, the zygote preloads it, seeded once
 import trialkit
 
 def cmdline(pid):
@@ -179,20 +181,35 @@ if p["x"] == "message":
     assert errors[True]["message"] == errors[False]["message"] == "bye\n"
 
 
-@pytest.mark.parametrize("command", ["python3 -B trial.py", "sh -c 'python3 trial.py'"])
-def test_an_ineligible_command_starts_cold(tmp_path, home, command):
-    script = """
+# Standard library only: the system's own Python (the venv's binary, another site-packages) runs it too.
+STDLIB_FACTS = """
+import json, os
+
+def cmdline(pid):
+    with open(f"/proc/{pid}/cmdline") as f:
+        return f.read()
+
+facts = {"keeper_warm": "%s" in cmdline(os.getppid()), "forked": "%s" in cmdline("self")}
 with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
     json.dump(facts, f)
-trialkit.report_final_result(1)
-"""
-    config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, script, maxTrialNumber=1,
-                             trialCommand=command)
+""" % (ZYGOTE, ZYGOTE)
+
+
+@pytest.mark.parametrize("command", ["python3 -B trial.py", "sh -c 'python3 trial.py'", "REAL trial.py"])
+def test_an_ineligible_command_starts_cold(tmp_path, home, command):
+    # REAL: python3 outside the venv that is the venv's very binary: one file with it, but not the same Python
+    # (another sys.prefix, other site-packages).
+    other = tmp_path / "other" / "python3"
+    other.parent.mkdir()
+    other.symlink_to(os.path.realpath(sys.executable))
+    command = command.replace("REAL", str(other))
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, STDLIB_FACTS, maxTrialNumber=1,
+                        trialCommand=command, trainingService={"platform": "local", "warmStart": True})
     exp = ran(config)
     (fact,) = facts(home, exp).values()
-    assert not fact["keeper_warm"] and not fact["forked"] and not fact["numpy_preloaded"], fact
+    assert fact == {"keeper_warm": False, "forked": False}
     assert not (home / "experiments" / exp / "warm-start.log").exists(), "a zygote was started for nothing"
-    assert [row["final"] for row in export(exp)] == [1]
+    assert [row["status"] for row in export(exp)] == ["SUCCEEDED"]
 
 
 def test_a_module_that_starts_a_thread_at_import_is_not_preloaded_and_the_trial_still_starts_warm(tmp_path, home):
@@ -243,11 +260,19 @@ def test_a_killed_run_leaves_its_warm_keepers_which_resume_reattaches_and_the_zy
     go = tmp_path / "go"
     config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, GATED % str(go),
                              maxTrialNumber=1, trialConcurrency=1)
-    exp, trial = sigkilled_while_running(config, home, reports=3)
+    seen: Dict[str, int] = {}
+
+    def keeper_and_zygote(exp: str, trial: str) -> None:
+        """Before the kill: the keeper (its pidfile) and its parent, the zygote."""
+        pidfile = home / "experiments" / exp / "trials" / trial / ".trialkit" / "keeper.pid"
+        seen["keeper"] = int(pidfile.read_text().split()[0])
+        seen["zygote"] = psutil.Process(seen["keeper"]).ppid()
+        assert ZYGOTE in " ".join(psutil.Process(seen["zygote"]).cmdline()), "the keeper is not the zygote's child"
+
+    exp, trial = sigkilled_while_running(config, home, reports=3, before_kill=keeper_and_zygote)
     trial_dir = home / "experiments" / exp / "trials" / trial
     assert json.loads((trial_dir / "facts.json").read_text())["keeper_warm"]
-    keeper = int((trial_dir / ".trialkit" / "keeper.pid").read_text().split()[0])
-    zygote = psutil.Process(keeper).ppid()
+    keeper, zygote = seen["keeper"], seen["zygote"]
     wait_until(lambda: not psutil.pid_exists(zygote) or psutil.Process(zygote).status() == psutil.STATUS_ZOMBIE,
                30, "the zygote to go with its run")
     assert psutil.Process(keeper).is_running(), "the warm keeper died with its run"
