@@ -165,20 +165,75 @@ if p["x"] == "exit":
     sys.exit(3)
 if p["x"] == "message":
     sys.exit("bye")
+if p["x"] == "interrupt":
+    raise KeyboardInterrupt
 """
-    space = {"x": {"_type": "choice", "_value": ["raise", "exit", "message"]}}
+    space = {"x": {"_type": "choice", "_value": ["raise", "exit", "message", "interrupt"]}}
     codes, errors = {}, {}
     for warm in (True, False):
         exp = ran(warm_experiment(tmp_path, space, script, warm=warm, tuner={"name": "GridSearch"},
-                                  maxTrialNumber=3), code=1)  # its trials failed
+                                  maxTrialNumber=4), code=1)  # its trials failed
         assert {fact["forked"] for fact in facts(home, exp).values()} == {warm}
         codes[warm], errors[warm] = _exit_codes(home, exp), _stderr(home, exp)
-    assert codes[True] == codes[False] == {"raise": 1, "exit": 3, "message": 1}
+    assert codes[True] == codes[False] == {"raise": 1, "exit": 3, "message": 1, "interrupt": 130}
     assert errors[True]["raise"] == errors[False]["raise"]
     assert re.match(r'Traceback \(most recent call last\):\n  File "TRIAL/code/trial.py", line \d+, in <module>\n',
                     errors[True]["raise"]), errors[True]["raise"]
     assert errors[True]["raise"].rstrip().endswith("ValueError: boom")
     assert errors[True]["message"] == errors[False]["message"] == "bye\n"
+    assert errors[True]["interrupt"] == errors[False]["interrupt"]
+    assert errors[True]["interrupt"].rstrip().endswith("KeyboardInterrupt")
+
+
+# What a script sees of its interpreter: a warm trial must see what a cold one does.
+INTERPRETER = """
+import atexit, gc, json, os, signal, sys
+import logging  # preloaded: its atexit handler (logging.shutdown) is the trial's as a cold trial's is
+p = trialkit.get_next_parameter()
+dir = os.environ["TRIALKIT_TRIAL_DIR"]
+with open("/proc/self/status") as f:
+    blocked = [line.split()[1] for line in f if line.startswith("SigBlk")]
+seen = {"argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0],
+        "main_is_me": sys.modules["__main__"].__dict__ is globals(),
+        "stdout": [sys.stdout.encoding, sys.stdout.errors, sys.stdout.line_buffering, sys.stdout.write_through,
+                   sys.stdout.fileno()],
+        "stderr": [sys.stderr.encoding, sys.stderr.errors, sys.stderr.line_buffering, sys.stderr.fileno()],
+        "stdin": [sys.stdin.fileno(), sys.stdin.read()],
+        "sigint_raises": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+        "handlers": {s.name: str(signal.getsignal(s)) for s in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP,
+                                                               signal.SIGUSR1, signal.SIGPIPE, signal.SIGQUIT)},
+        "wakeup_fd": signal.set_wakeup_fd(-1), "blocked": blocked, "atexit": atexit._ncallbacks(),
+        "gc": gc.isenabled(), "open_fds": sorted(os.listdir("/proc/self/fd")),
+        "session": os.getsid(0) == os.getpid(), "parent_is_keeper": os.environ["TRIALKIT_KEEPER_PID"] == str(os.getppid()),
+        "forked": facts["forked"]}
+with open(os.path.join(dir, "seen.json"), "w") as f:
+    json.dump(seen, f)
+atexit.register(lambda: print("atexit ran", flush=True))
+print("unflushed at exit", end="")
+"""
+
+
+def test_a_warm_trial_sees_the_interpreter_a_cold_one_sees(tmp_path, home):
+    # -u and PYTHONIOENCODING reach the streams; everything else as a new interpreter's (its trial dir aside).
+    seen = {}
+    for warm in (True, False):
+        config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}},
+                            FACTS + INTERPRETER, name="warm" if warm else "cold",
+                            maxTrialNumber=1, trialCommand="python3 -u trial.py a 'b c'",
+                            trainingService={"platform": "local", "warmStart": warm})
+        environ = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}  # -u says it
+        done = cli("run", config, env={**environ, "PYTHONIOENCODING": "latin-1:replace"})
+        assert done.returncode == 0, done.stdout + done.stderr
+        exp = done.stdout.split()[2]
+        trial_dir = home / "experiments" / exp / "trials" / f"{exp}-00000"
+        seen[warm] = json.loads((trial_dir / "seen.json").read_text().replace(str(trial_dir), "TRIAL"))
+        assert seen[warm].pop("forked") is warm
+        assert (trial_dir / "stdout.log").read_text().endswith("unflushed at exitatexit ran\n")
+    assert seen[True] == seen[False]
+    assert seen[True]["argv"] == ["trial.py", "a", "b c"] and seen[True]["file"] == "TRIAL/code/trial.py"
+    assert seen[True]["stdout"] == ["iso8859-1", "replace", False, True, 1]
+    assert seen[True]["open_fds"] == ["0", "1", "2", "3"]  # and listdir's own
+    assert seen[True]["atexit"] == 1
 
 
 # Standard library only: the system's own Python (the venv's binary, another site-packages) runs it too.

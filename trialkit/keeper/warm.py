@@ -6,7 +6,7 @@ keeper's own, by forking itself rather than exec'ing a new interpreter: the chil
 (its own session, the keeper its parent, SIGTERM its stop, its exit code the trial's), with the modules the
 zygote preloaded already imported. Everything else a fresh interpreter has, the child is given anew: the
 environment, sys.argv and sys.path[0], a fresh __main__, fresh standard streams, default signal handlers and
-an empty mask, no inherited atexit handler, and numpy's global generator seeded from fresh entropy.
+an empty mask, and numpy's global generator seeded from fresh entropy.
 """
 from __future__ import annotations
 
@@ -161,7 +161,8 @@ def run_python(command: PythonCommand) -> int:
     import threading
 
     gc.enable()  # off in the keeper's start
-    atexit._clear()  # the zygote's and the keeper's, which are not the trial's
+    # The atexit handlers here are the preloaded modules' (logging's shutdown, say), which a cold trial has too
+    # once it imports them: they stay (the keeper and the zygote register none).
     _fresh_streams(command.unbuffered or bool(os.environ.get("PYTHONUNBUFFERED")))
     _reseed_numpy()
     if command.is_module:
@@ -237,23 +238,27 @@ def _ours(filename: str) -> bool:
 
 
 def _fresh_streams(unbuffered: bool) -> None:
-    """sys.stdin, stdout and stderr anew on fds 0, 1 and 2, with the encoding and errors a new interpreter would
-    pick (this environment's, PYTHONIOENCODING included), stdout buffered unless -u or PYTHONUNBUFFERED."""
+    """sys.stdin, stdout and stderr anew on fds 0, 1 and 2 as a new interpreter makes them (CPython's
+    create_stdio): this environment's encoding (PYTHONIOENCODING's included, its name as codecs gives it),
+    write-through when unbuffered (-u, PYTHONUNBUFFERED), else line-buffered on a terminal and for stderr."""
+    import codecs
     import io
 
     encoding, _, errors = os.environ.get("PYTHONIOENCODING", "").partition(":")
-    encoding = encoding or sys.__stdout__.encoding
-    out_errors = errors or sys.__stdout__.errors
+    encoding = codecs.lookup(encoding).name if encoding else sys.__stdout__.encoding
+    errors = errors or sys.__stdout__.errors
 
-    def stream(fd: int, mode: str, errors: str, line_buffering: bool, write_through: bool) -> io.TextIOWrapper:
-        raw = io.FileIO(fd, mode, closefd=False)
-        buffered = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
-        return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, line_buffering=line_buffering,
-                                write_through=write_through)
+    def stream(fd: int, errors: str) -> io.TextIOWrapper:
+        if fd == 0:  # always buffered, as TextIOWrapper reads through read1()
+            return io.TextIOWrapper(io.BufferedReader(io.FileIO(fd, "r", closefd=False)), encoding=encoding,
+                                    errors=errors)
+        line_buffering = not unbuffered and (fd == 2 or os.isatty(fd))
+        return io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False)), encoding=encoding,
+                                errors=errors, line_buffering=line_buffering, write_through=unbuffered)
 
-    sys.stdin = sys.__stdin__ = stream(0, "r", out_errors, False, False)
-    sys.stdout = sys.__stdout__ = stream(1, "w", out_errors, False, unbuffered)
-    sys.stderr = sys.__stderr__ = stream(2, "w", "backslashreplace", True, unbuffered)
+    sys.stdin = sys.__stdin__ = stream(0, errors)
+    sys.stdout = sys.__stdout__ = stream(1, errors)
+    sys.stderr = sys.__stderr__ = stream(2, "backslashreplace")
 
 
 def _reseed_numpy() -> None:
