@@ -189,7 +189,8 @@ seen = {"argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[
                                                                signal.SIGUSR1, signal.SIGPIPE, signal.SIGQUIT)},
         "wakeup_fd": signal.set_wakeup_fd(-1), "blocked": blocked, "atexit": atexit._ncallbacks(),
         "gc": gc.isenabled(), "open_fds": sorted(os.listdir("/proc/self/fd")),
-        "session": os.getsid(0) == os.getpid(), "parent_is_keeper": os.environ["TRIALKIT_KEEPER_PID"] == str(os.getppid()),
+        "session": os.getsid(0) == os.getpid(),
+        "parent_is_keeper": os.environ["TRIALKIT_KEEPER_PID"] == str(os.getppid()),
         "forked": facts["forked"]}
 with open(os.path.join(dir, "seen.json"), "w") as f:
     json.dump(seen, f)

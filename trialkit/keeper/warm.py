@@ -25,7 +25,7 @@ _PYTHONS = ("python", "python3")
 # is a trial's without these, and a trial whose environment differs from it in anything else starts cold.
 PER_TRIAL = (env.TRIAL_ID, env.SEQUENCE, env.TOKEN, env.PARAMETERS, env.PARAMETER_ID, env.PARAMETERS_FILE,
              env.RESTART_COUNT, env.TRIAL_DIR, env.CODE_DIR, env.OUTPUT_DIR, env.CHECKPOINT_DIR, env.SHARE_DIR,
-             env.TENSORBOARD_DIR, env.CHANNEL, env.STOP_FILE, env.UNDER_KEEPER, env.NNI["trial_id"],
+             env.TENSORBOARD_DIR, env.CHANNEL, env.STOP_FILE, env.NNI["trial_id"],
              env.NNI["sequence"], env.NNI["trial_dir"], env.NNI["output_dir"], env.NNI["code_dir"])
 
 
@@ -44,9 +44,9 @@ class PythonCommand(NamedTuple):
 def python_command(argv: Sequence[str], environ: Dict[str, str], cwd: str,
                    executable: str = sys.executable) -> Optional[PythonCommand]:
     """argv as a Python command a warm keeper may fork (None: it is not one): `python[3] [-u] SCRIPT.py ...` or
-    `... -m MODULE ...`, its interpreter, found on environ's PATH from cwd, `executable` (the keeper's). The same file is not
-    enough: a venv's python and the system's are one binary with different site-packages, so it must be in
-    the same dir as sys.executable too."""
+    `... -m MODULE ...`, its interpreter, found on environ's PATH from cwd, `executable` (the keeper's). The same
+    file is not enough: a venv's python and the system's are one binary with different site-packages, so it
+    must be in the same dir too."""
     if len(argv) < 2 or os.path.basename(argv[0]) not in _PYTHONS:
         return None
     if "/" in argv[0]:

@@ -12,8 +12,8 @@ fork of an eligible command (keeper/warm.py) then finds those modules imported. 
 pid and a pidfd opened before the zygote could reap it, so it names that process for good. A module whose
 import starts a thread (numpy's OpenBLAS pool, unless OMP_NUM_THREADS=1) is not preloaded: the zygote starts
 again without it (SKIP). A zygote that runs more than one thread at a fork answers why instead (a fork would
-copy their locks held): the platform then starts its trials cold. It ends when the socket's other end closes: the experiment's end, or its control plane's
-exit, however it exited; the keepers it forked go on.
+copy their locks held): the platform then starts its trials cold. It ends when the socket's other end
+closes: the experiment's end, or its control plane's exit, however it exited; the keepers it forked go on.
 """
 from __future__ import annotations
 
