@@ -331,3 +331,27 @@ def test_a_killed_run_leaves_its_warm_keepers_which_resume_reattaches_and_the_zy
     assert row["status"] == "SUCCEEDED" and row["final"] == 1
     status = json.loads((trial_dir / ".trialkit" / "status.json").read_text())
     assert status["restart_count"] == 0, "the trial was started again rather than reattached"
+
+
+def test_a_warm_keeper_killed_ends_its_trial_as_a_cold_ones_does_its_exit_code_known(tmp_path, home):
+    # The trial SIGKILLs its own keeper: no final status is written, so the platform tells the end by the keeper's
+    # exit code, which only its parent can reap: the zygote, for a warm keeper.
+    script = """
+import signal, time
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+trialkit.report_intermediate_result(1)
+time.sleep(0.5)
+os.kill(os.getppid(), signal.SIGKILL)
+time.sleep(60)
+"""
+    reasons = {}
+    for warm in (True, False):
+        config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, script, warm=warm,
+                                 maxTrialNumber=1)
+        exp = ran(config, code=1)
+        assert [fact["keeper_warm"] for fact in facts(home, exp).values()] == [warm]
+        (row,) = export(exp)
+        reasons[warm] = (row["status"], row.get("reason"), row.get("exit_code"))
+    assert reasons[True] == reasons[False]
+    assert "SIGKILL" in str(reasons[True]), reasons

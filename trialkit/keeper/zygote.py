@@ -9,7 +9,9 @@ serves fork requests on the socket FD: for each trial, a message with the trial'
 dir and the trial log's fd; the child does what run.sh and the keeper's __main__ do for a local trial (its
 own session, stdio to the log, the environment, the dir, default signals) and runs the keeper, whose own
 fork of an eligible command (keeper/warm.py) then finds those modules imported. The answer is the child's
-pid and a pidfd opened before the zygote could reap it, so it names that process for good. A module whose
+pid and a pidfd opened before the zygote could reap it, so it names that process for good; asked later, it
+says how a keeper it forked ended (its parent alone reaps it: the platform's status of a keeper that died
+before its trial names the signal, as a cold keeper's does). A module whose
 import starts a thread (numpy's OpenBLAS pool, unless OMP_NUM_THREADS=1) is not preloaded: the zygote starts
 again without it (SKIP). A zygote that runs more than one thread at a fork answers why instead (a fork would
 copy their locks held): the platform then starts its trials cold. It ends when the socket's other end
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 
 from trialkit import env
 from trialkit.keeper import warm
-from trialkit.process import RUN_MODULE_OFF_CWD, spawn, shell_line_argv
+from trialkit.process import RUN_MODULE_OFF_CWD, exit_code, shell_line_argv, spawn
 
 MODULE = "trialkit.keeper.zygote"  # as run (__name__ is __main__ there)
 REQUEST_BYTES = 1 << 22  # a request is the trial's environment, in one message
@@ -80,6 +82,16 @@ class Zygote:
         if "error" in answer:
             raise WarmStartError(answer["error"])
         return answer["pid"], fds[0]
+
+    def exit_code(self, pid: int) -> Optional[int]:
+        """The exit code of a keeper it forked that has exited (its parent alone reaps it); None when it cannot
+        say (it ended, or the keeper is not its child)."""
+        try:
+            self._socket.send(json.dumps({"reap": pid}).encode())
+            message = self._socket.recv(4096)
+        except OSError:
+            return None
+        return json.loads(message)["exit_code"] if message else None
 
     def close(self) -> None:
         """End it (it sees the socket close); the keepers it forked go on."""
@@ -167,12 +179,14 @@ def main(argv: Sequence[str]) -> None:
 
 
 def serve(sock: socket.socket, run_keeper) -> None:
-    """Fork a keeper for each request until the socket's other end closes; reap them as they end."""
+    """Fork a keeper for each request, and say how one ended when asked, until the socket's other end closes;
+    reap them as they end."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    ended: Dict[int, int] = {}  # reaped keepers' exit codes, by pid, until asked
     while True:
         readable, _, _ = select.select([sock, wake_r], [], [])
         if wake_r in readable:
@@ -180,30 +194,48 @@ def serve(sock: socket.socket, run_keeper) -> None:
                 os.read(wake_r, 4096)
             except BlockingIOError:
                 pass
-            _reap()
+            _reap(ended)
         if sock in readable:
             message, fds, _, _ = socket.recv_fds(sock, REQUEST_BYTES, 1)
             if not message:
                 return
-            _fork_keeper(json.loads(message), fds[0], sock, (wake_r, wake_w), run_keeper)
+            request = json.loads(message)
+            if "reap" in request:
+                sock.send(json.dumps({"exit_code": _exit_code(request["reap"], ended)}).encode())
+            else:
+                ended.pop(_fork_keeper(request, fds[0], sock, (wake_r, wake_w), run_keeper), None)
 
 
-def _reap() -> None:
+def _reap(ended: Dict[int, int]) -> None:
+    """Reap the keepers that ended, their exit codes kept until the platform asks."""
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        ended[pid] = exit_code(status)
 
 
-def _fork_keeper(request: Dict, log: int, sock: socket.socket, wake: Tuple[int, int], run_keeper) -> None:
+def _exit_code(pid: int, ended: Dict[int, int]) -> Optional[int]:
+    """How keeper `pid` ended: reaped already, or now (the platform asks once its pidfd said it exited)."""
+    if pid not in ended:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # not ours, or asked twice
+            return None
+        return exit_code(status)
+    return ended.pop(pid)
+
+
+def _fork_keeper(request: Dict, log: int, sock: socket.socket, wake: Tuple[int, int], run_keeper) -> int:
+    """Fork the keeper a request asks for and answer with its pid and a pidfd, or why not; its pid (0: none)."""
     why = warm.single_threaded()
     if why is not None:
         os.close(log)
         socket.send_fds(sock, [json.dumps({"error": why}).encode()], [])
-        return
+        return 0
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     pid = os.fork()
@@ -218,6 +250,7 @@ def _fork_keeper(request: Dict, log: int, sock: socket.socket, wake: Tuple[int, 
         socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
     finally:
         os.close(pidfd)
+    return pid
 
 
 def _become_keeper(request: Dict, log: int, sock: socket.socket, wake: Tuple[int, int], run_keeper) -> None:

@@ -257,6 +257,7 @@ class _Keeper:
     # one a control plane before us started. A keeper that leaves the file as it found it said nothing of this run.
     submitted: Optional["_Held"] = None
     status_before: Optional[Tuple[int, ...]] = None
+    zygote: Optional[zygote.Zygote] = None  # the warm process that forked it (its parent: it knows its exit code)
 
 
 @dataclass
@@ -378,13 +379,13 @@ class Platform(PlatformBase):
             with open(trial_dir / paths.TRIAL_LOG, "ab") as log:
                 forked = self._fork_keeper(environ, trial_dir, log.fileno())
                 if forked is not None:
-                    (pid, pidfd), popen = forked, None
+                    (pid, pidfd), popen, parent = forked, None, self._zygote
                 else:
                     child = process.spawn(["/bin/sh", run_sh()], env=environ, cwd=str(trial_dir),
                                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                           name=spec.trial_id, in_child=False)
                     # Not reaped before our waiter thread does it: the pid is still this child's.
-                    pid, pidfd, popen = child.pid, os.pidfd_open(child.pid), child.popen
+                    pid, pidfd, popen, parent = child.pid, os.pidfd_open(child.pid), child.popen, None
             # The keeper holds the lease from now on: it outlives a control plane that crashes.
             self._slots.hand_over(spec.trial_id, pid)
         except BaseException:
@@ -395,7 +396,7 @@ class Platform(PlatformBase):
             raise
         self._watch(_Keeper(spec.trial_id, trial_dir, pid, pidfd,
                             float(spec.env.get(env.GRACE_SECONDS, env.DEFAULT_GRACE_SECONDS)), popen,
-                            submitted=_Held(spec, code, ""), status_before=status_before))
+                            submitted=_Held(spec, code, ""), status_before=status_before, zygote=parent))
 
     def _fork_keeper(self, environ: Dict[str, str], trial_dir: Path, log: int) -> Optional[Tuple[int, int]]:
         """(pid, pidfd) of the trial's keeper forked by the experiment's zygote, started at the first eligible
@@ -609,6 +610,8 @@ class Platform(PlatformBase):
         else:
             select.select([keeper.pidfd], [], [])  # a pidfd turns readable when its process ends
         with self._lock:
+            if keeper.zygote is not None:  # its parent, which alone reaps it (None once it is closed)
+                keeper.exit_code = keeper.zygote.exit_code(keeper.pid)
             keeper.ended = True
             os.close(keeper.pidfd)
             if keeper.kill_timer is not None:
