@@ -355,3 +355,27 @@ time.sleep(60)
         reasons[warm] = (row["status"], row.get("reason"), row.get("exit_code"))
     assert reasons[True] == reasons[False]
     assert "SIGKILL" in str(reasons[True]), reasons
+
+
+def test_a_zygote_that_dies_turns_warm_start_off_with_one_line_and_the_trials_start_cold(tmp_path, home):
+    # A module outside the code dir that the script imports, and that ends any process without a trial's identity
+    # (the zygote has none) at its import: the zygote dies preloading it.
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "fragile.py").write_text("import os\nif 'TRIALKIT_TRIAL_ID' not in os.environ:\n    os._exit(3)\n")
+    script = """
+import fragile
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+trialkit.report_final_result(1)
+"""
+    config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2]}}, script, maxTrialNumber=2,
+                             tuner={"name": "GridSearch"})
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(lib), os.environ.get("PYTHONPATH")]))}
+    done = cli("run", config, env=environ)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = done.stdout.split()[2]
+    assert [fact["keeper_warm"] for fact in facts(home, exp).values()] == [False, False]
+    said = [line for line in done.stderr.splitlines() if "warm start is off" in line]
+    assert len(said) == 1 and "the warm process ended" in said[0], done.stderr
+    assert sorted(row["final"] for row in export(exp)) == [1, 1]

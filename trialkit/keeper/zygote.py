@@ -74,7 +74,9 @@ class Zygote:
         try:
             socket.send_fds(self._socket, [json.dumps({"environ": environ, "cwd": cwd}).encode()], [log])
             message, fds, _, _ = socket.recv_fds(self._socket, 4096, 1)
-        except OSError as err:
+        except ConnectionError:  # it ended with the request unread
+            message = b""
+        except OSError as err:  # its first answer waits for its preload: FIRST_ANSWER_SECONDS
             raise WarmStartError(f"the warm process does not answer ({err})") from None
         if not message:
             raise WarmStartError(f"the warm process ended (its log: {self.log})")
