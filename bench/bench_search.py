@@ -8,7 +8,8 @@ a network learning the digits, one epoch a unit of budget, its held-out
 accuracy maximized, at most 27 epochs a configuration) with the same budget of
 trial-epochs and the same trials at once:
 
-  trialkit   `trialkit run` of a config on the local platform, each trial a process that
+  trialkit   `trialkit run` of a config on the local platform with `warmStart: true` (`--cold`: off), each
+             trial a process (forked from the experiment's warm process, numpy imported there once) that
              keeps its model in trialkit.checkpoint_dir():
              Hyperband (R 27, eta 3), BOHB (1 to 27, eta 3), ASHA (the ASHA assessor,
              Determined's adaptive_asha, aggressive: rungs at 1, 3, 9, 27 epochs, beside Random),
@@ -45,34 +46,34 @@ race each peer tuned: Optuna's threads then share numpy's one-thread BLAS, as
 Ray's workers and trialkit's trials run at 2 at once (both set it themselves);
 without it, Optuna's two threads each run numpy with a thread per core.
 
-History. Session 7 timed one trial's way on the local platform (PBT at a budget of 60, 2 at once; a probe
-of audit hooks in the keeper and the trial and of the control plane's steps, not kept), median ms at load
-9.8-10.6, trialkit's sources compiled at every start (as this race ran them) -> bytecode cached (as it
-runs them now, and as an installed trialkit does):
-  the loop's end of a trial -> the next keeper spawned      8.8 ->   6.9  (tuner.ask 0.2, the store, the lease)
-  keeper spawned -> its Python at site (run.sh, site)      85.2 ->  44.3
-  -> the keeper starts the command (imports, trial dir)   123.8 ->  30.7
-  -> the command's Python at site                         130.0 ->  66.6
-  -> numpy and the problem imported (the trial's own)     248.3 -> 153.6
-  SDK imported -> parameters answered                      52.0 ->   6.1
-  -> first epoch reported (data, model, an epoch)         105.2 ->  79.1
-  keeper spawned -> first epoch, in all                   854   -> 406
-  the trial's exit (atexit) -> its keeper reaps it        145.4 ->  70.1  (the interpreter's teardown)
-  -> the keeper's final status                              0.6 ->   0.5
-  -> its lease released (delivered, acked, exited)         19.5 ->  11.3
-  -> the loop told, and it handled the end                  1.9 ->   1.1
-At load 2 (compiled): 199 ms keeper spawned -> first epoch, 30 ms exit -> the loop told, 3.5 ms to the next
-spawn. What is left of trialkit's own is the keeper's Python (~46 ms CPU a trial) and the SDK's 6 ms; the
-rest is the trial's own Python (its start, numpy, its data, its teardown), which only a reused process saves.
-The race at --budget 300 --seeds 2 (OMP_NUM_THREADS=1, load 14.1 at its start, 6.5 at its end), best and
-time to best (means): trialkit Hyperband 0.9917 at 14.8 s, BOHB 0.9917 at 17.2 s, ASHA 0.9933 at 17.5 s,
-PBT 0.9800 at 24.1 s; Ray Tune ASHA 0.9908 at 69.7 s, HyperBand 0.9767 at 16.6 s, PBT 0.9775 at 5.6 s;
-Optuna 0.9900 at 6.2 s. Hyperband and BOHB MISSED (as good, 2.35x and 2.68x Optuna's time to its best),
-ASHA MET (0.25x Ray's), PBT MISSED (mean best higher, but seed 1's 0.9767 never reached Ray's 0.9783).
+History. Session 7 timed one trial's way on the local platform (a probe, not kept): of 406 ms from its keeper's
+spawn to its first epoch (medians, load 10), the keeper's Python ~75, the trial's Python ~67 and numpy's and the
+problem's imports ~154; from its exit to its reaping, 70 (the interpreter's teardown). Session 8 made the local
+platform's warm start (docs/platforms.md, warmStart): each trial's keeper forked from a process that has imported
+it and the script's numpy, the trial's Python forked from its keeper. Per trial, from the store, run_trialkit
+warm and cold alternating, twice each (2 at once, OMP_NUM_THREADS=1, load 3.1 to 3.4), median ms, cold -> warm:
+  Hyperband, budget 300: created -> the keeper's RUNNING 66, 57 -> 20, 32; created -> first epoch 180, 157 ->
+  59, 90; FINAL -> ended 22, 22 -> 4, 9; 300 epochs in 10.7, 10.9 s -> 5.0, 7.8 s
+  PBT, budget 300: 50, 53 -> 26, 36; 140, 140 -> 67, 93; 19, 19 -> 5, 7; 11.4, 12.1 s -> 6.8, 10.4 s
+The race, warm, `--budget 300 --seeds 2`, OMP_NUM_THREADS=1, twice (uptime before and after: 17:20:15 load
+7.69 -> 17:29:19 load 11.11; 17:35:19 load 5.28 -> 17:41:54 load 1.99), best and time to best (means):
+  trialkit Hyperband 0.9917 at 7.2 s | 0.9917 at 3.9 s       Ray Tune ASHA      0.9908 at 16.4 s | 0.9908 at 18.8 s
+  trialkit BOHB      0.9917 at 4.0 s | 0.9917 at 3.3 s       Ray Tune HyperBand 0.9767 at 9.4 s  | 0.9767 at 5.1 s
+  trialkit ASHA      0.9933 at 5.4 s | 0.9933 at 5.5 s       Ray Tune PBT       0.9783 at 4.6 s  | 0.9783 at 3.3 s
+  trialkit PBT       0.9758 at 8.5 s | 0.9783 at 3.8 s       Optuna TPE+HB      0.9858 at 3.8 s  | 0.9892 at 4.6 s
+ASHA MET both times (0.33x, 0.29x Ray's time). Hyperband and BOHB MISSED: the first run on time (to Optuna's best
+1.83x and 1.04x its time), the second by a seed whose best (0.9900) is under that seed's Optuna (0.9917), though
+their mean best is higher. PBT MISSED on a seed's best both times (0.9667, then 0.9750, under Ray's 0.9783). The
+start is no longer what decides: what is left of a warm trial's ~60 to 90 ms to its first epoch is its own work
+(its data and checkpoint loaded, an epoch), and the verdicts turn on which configurations a seed's search finds.
+Cold then warm in one session (--methods Hyperband,PBT --seeds 2; 17:47:20 load 1.07 -> 17:51:43 4.89 -> end):
+Hyperband 0.9917 at 8.1 s cold (1.55x Optuna's time to its best), 0.9917 at 5.5 s warm (1.28x); PBT 0.9842 at
+12.9 s cold (1.32x Ray's), 0.9758 at 7.3 s warm (a seed's best 0.9683 under Ray's 0.9783): all MISSED.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -123,7 +124,9 @@ def reached(reports: Reports, value: float) -> float:
 # ---------------------------------------------------------------- trialkit
 
 TRIAL = """
-import os, sys, trialkit
+import os, sys
+import numpy
+import trialkit
 sys.path.insert(0, {bench!r})
 import search_problem as problem
 
@@ -153,9 +156,10 @@ TRIALKIT_METHODS: Dict[str, Tuple[str, Dict[str, Any]]] = {
 }
 
 
-def run_trialkit(method: str, seed: int, budget: int, concurrency: int, data: Path, work: Path) -> Reports:
+def run_trialkit(method: str, seed: int, budget: int, concurrency: int, data: Path, work: Path,
+                 warm_start: bool = True) -> Reports:
     mode, keys = TRIALKIT_METHODS[method]
-    folder = work / f"trialkit-{method}-{seed}"
+    folder = work / f"trialkit-{method}-{seed}{'' if warm_start else '-cold'}"
     folder.mkdir()
     (folder / "trial.py").write_text(textwrap.dedent(TRIAL.format(bench=str(BENCH), data=str(data), mode=mode, r=R,
                                                                    interval=INTERVAL)))
@@ -163,9 +167,9 @@ def run_trialkit(method: str, seed: int, budget: int, concurrency: int, data: Pa
     keys["tuner"]["classArgs"].update(optimize_mode="maximize", seed=seed)
     config = {"searchSpace": problem.PBT_SPACE if method == "PBT" else problem.SPACE,
               "trialCommand": f"{sys.executable} trial.py", "trialConcurrency": concurrency,
-              "trainingService": {"platform": "local"}, **keys}
+              "trainingService": {"platform": "local", "warmStart": warm_start}, **keys}
     (folder / "config.yml").write_text(json.dumps(config))
-    home = work / f"home-{method}-{seed}"  # outside the code dir, which each trial gets a copy of
+    home = work / f"home-{folder.name.partition('-')[2]}"  # outside the code dir, which each trial gets a copy of
     # As installed (pip compiles every module): bytecode cached, here beside the sources (gitignored), so that no
     # trial's keeper and SDK compiles trialkit's sources again at its start. This checkout's shells set
     # PYTHONDONTWRITEBYTECODE, which cost every trial ~40 ms of CPU (twice that at load 10) that an installed
@@ -376,9 +380,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="every method once on 24 epochs: the race runs")
     parser.add_argument("--methods", type=_methods, default=list(PEERS),
                         help="the trialkit methods to race, with their peers (default Hyperband,BOHB,ASHA,PBT)")
+    parser.add_argument("--cold", action="store_true", help="trialkit's trials start cold (warmStart off)")
     opts = parser.parse_args(argv)
     racing = {f"trialkit {m}" for m in opts.methods} | {peer for m in opts.methods for peer in PEERS[m]}
-    methods = [entry for entry in METHODS if f"{entry[0]} {entry[1]}" in racing]
+    methods = [(system, name, functools.partial(runner, warm_start=False) if opts.cold and runner is run_trialkit
+                else runner) for system, name, runner in METHODS if f"{system} {name}" in racing]
     if opts.quick:
         opts.budget, opts.seeds = 24, 1
     lacking = [name for name in ("ray.tune", "optuna", "sklearn", "statsmodels") if not _importable(name)]
@@ -399,7 +405,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         problem.prepare_data(data, opts.epoch_scale)
         outcomes: Dict[str, List[Outcome]] = {f"{system} {name}": [] for system, name, _ in methods}
         print(f"budget {opts.budget} trial-epochs, {opts.concurrency} at once, seeds {opts.seeds}, "
-              f"epoch scale {opts.epoch_scale}, "
+              f"epoch scale {opts.epoch_scale}, trialkit {'cold' if opts.cold else 'warm (warmStart)'}, "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
         for seed in range(opts.seeds):
             for system, name, runner in (methods if seed % 2 == 0 else methods[::-1]):

@@ -117,6 +117,10 @@ DESCRIPTIONS: Dict[str, str] = {
     "local.preemptible": "trialkit: whether the trials give their slots back, paused through their checkpoint, to "
     "a job of higher priority that waits for them in the resource pool (default `true`; AdaptDL's word). "
     "`false`: they keep their slots, for trials that cannot stop with a checkpoint.",
+    "local.warmStart": "trialkit: start eligible trials warm (default `false`): each trial's keeper is forked "
+    "from a process that has imported the keeper and the trial script's third-party modules, and forks the "
+    "trial's `python script.py` in turn; every trial is still a process tree of its own "
+    "(the local platform's Warm start).",
     "local.poolWeight": "trialkit: the experiment's weight in a `scheduler: fair_share` resource pool: the pool's "
     "slots are divided among the jobs that want them in proportion to their weights (default 1; `job update "
     "--weight` changes it); refused in a pool scheduled by priority.",

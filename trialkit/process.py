@@ -268,6 +268,7 @@ def spawn(
     die_with_parent: bool = True,
     parent_death_signal: int = signal.SIGKILL,
     in_child: bool = True,
+    pass_fds: Sequence[int] = (),
 ) -> Child:
     """Start argv in its own session. Raises LaunchError(127|126) if it cannot run.
 
@@ -283,6 +284,7 @@ def spawn(
     calling thread's signal mask, so the mask is cleared for the vfork's few ms
     (as the forked child clears its own); argv sets any death signal itself
     (setpriv).
+    pass_fds: fds the child keeps (every other is closed).
     """
     import subprocess  # here: what only reads /proc (is_running: `trialkit experiment list`) starts without it
 
@@ -302,6 +304,7 @@ def spawn(
                         else functools.partial(set_parent_death_signal, os.getpid(), parent_death_signal)
                         if die_with_parent else _clear_signal_mask),
             close_fds=True,
+            pass_fds=pass_fds,
         )
     except FileNotFoundError:
         raise LaunchError(f"{argv[0]}: command not found", 127) from None

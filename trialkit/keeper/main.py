@@ -25,7 +25,7 @@ from pathlib import Path
 
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from trialkit import env, layout, records
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
@@ -238,6 +238,11 @@ def command_argv(opts: argparse.Namespace, trial: env.TrialEnv) -> List[str]:
             *opts.command]
 
 
+# In a keeper forked from an experiment's zygote (keeper/zygote.py): keeper/warm.py's fork_command, which starts
+# an eligible Python command in a fork of this keeper, its modules preloaded (None: not one, spawned as usual).
+fork_command: Optional[Callable[[Sequence[str], Dict[str, str], int, int], Optional[Child]]] = None
+
+
 def start_command(command: Sequence[str], trial: env.TrialEnv) -> Tuple[Child, int, int]:
     """Spawn the command with its stdout and stderr piped to us; returns the child and the pipes' read ends."""
     environ = trial.child_environ()
@@ -245,7 +250,8 @@ def start_command(command: Sequence[str], trial: env.TrialEnv) -> Tuple[Child, i
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        child = spawn(command, env=environ, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w)
+        child = (fork_command and fork_command(command, environ, out_w, err_w)) or \
+            spawn(command, env=environ, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w)
     except LaunchError:
         os.close(out_r)
         os.close(err_r)

@@ -21,7 +21,7 @@ from trialkit import env, gpus, layout, process
 from trialkit.manager import paths
 from trialkit import schema
 from trialkit.errors import UserError
-from trialkit.keeper import leftover
+from trialkit.keeper import leftover, warm, zygote
 from trialkit.keeper.status import StatusFile
 from trialkit.statuses import FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED, WAITING
 from trialkit.platforms import pool_events, pools, preempt
@@ -54,6 +54,7 @@ class LocalConfig:
     priority: Optional[int] = None  # the experiment's one priority (with_priority): its job's in the pool
     pool_weight: Optional[float] = None  # its fair share weight, in a fair_share pool; None: 1
     preemptible: bool = True  # its running trials pause (checkpoint) for a job of higher priority that waits
+    warm_start: bool = False  # eligible trials' keepers fork from a warm process (keeper/zygote.py)
     platform: str = PLATFORM
 
     @property
@@ -124,6 +125,7 @@ _OPTIONS = {
     "poolPriority": ("pool_priority", schema.as_int),
     "poolWeight": ("pool_weight", _positive),
     "preemptible": ("preemptible", schema.as_bool),
+    "warmStart": ("warm_start", schema.as_bool),
 }
 
 
@@ -254,6 +256,7 @@ class _Keeper:
     # one a control plane before us started. A keeper that leaves the file as it found it said nothing of this run.
     submitted: Optional["_Held"] = None
     status_before: Optional[Tuple[int, ...]] = None
+    zygote: Optional[zygote.Zygote] = None  # the warm process that forked it (its parent: it knows its exit code)
 
 
 @dataclass
@@ -306,6 +309,8 @@ class Platform(PlatformBase):
         priority = config.pool_priority if self._slots.scheduler == pools.FAIR_SHARE else config.priority
         self._slots.join(self.experiment_dir.name, priority, config.preemptible, config.pool_weight, config.pool_slots)
         self._preempted: Dict[str, str] = {}  # trials paused for a job of higher priority -> why
+        self._zygote: Optional[zygote.Zygote] = None  # warm start's, once an eligible trial started
+        self._warm_off: str = "" if config.warm_start else "warmStart is off"
         if self._pool is not None:
             self._adopt_running()
 
@@ -369,24 +374,58 @@ class Platform(PlatformBase):
                 gpus.write_assignment(trial_dir, indices)  # before the keeper: a restarted control plane reads it
                 gpus.append_sample(trial_dir, found, indices)  # its GPUs as it found them
                 self._watch_gpus()
+            environ = trial_environ(self.config, spec, trial_dir, code, indices, self._threads())
             with open(trial_dir / paths.TRIAL_LOG, "ab") as log:
-                child = process.spawn(["/bin/sh", run_sh()],
-                                      env=trial_environ(self.config, spec, trial_dir, code, indices,
-                                                        self._threads()),
-                                      cwd=str(trial_dir), stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, name=spec.trial_id, in_child=False)
+                forked = self._fork_keeper(environ, trial_dir, log.fileno())
+                if forked is not None:
+                    (pid, pidfd), popen, parent = forked, None, self._zygote
+                else:
+                    child = process.spawn(["/bin/sh", run_sh()], env=environ, cwd=str(trial_dir),
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          name=spec.trial_id, in_child=False)
+                    # Not reaped before our waiter thread does it: the pid is still this child's.
+                    pid, pidfd, popen, parent = child.pid, os.pidfd_open(child.pid), child.popen, None
             # The keeper holds the lease from now on: it outlives a control plane that crashes.
-            self._slots.hand_over(spec.trial_id, child.pid)
+            self._slots.hand_over(spec.trial_id, pid)
         except BaseException:
             with self._lock:
                 self._slots.release(spec.trial_id)
                 if self._pool is not None:
                     self._pool.release(spec.trial_id)
             raise
-        # Not reaped before our waiter thread does it: the pid is still this child's.
-        self._watch(_Keeper(spec.trial_id, trial_dir, child.pid, os.pidfd_open(child.pid),
-                            float(spec.env.get(env.GRACE_SECONDS, env.DEFAULT_GRACE_SECONDS)), child.popen,
-                            submitted=_Held(spec, code, ""), status_before=status_before))
+        self._watch(_Keeper(spec.trial_id, trial_dir, pid, pidfd,
+                            float(spec.env.get(env.GRACE_SECONDS, env.DEFAULT_GRACE_SECONDS)), popen,
+                            submitted=_Held(spec, code, ""), status_before=status_before, zygote=parent))
+
+    def _fork_keeper(self, environ: Dict[str, str], trial_dir: Path, log: int) -> Optional[Tuple[int, int]]:
+        """(pid, pidfd) of the trial's keeper forked by the experiment's zygote, started at the first eligible
+        trial; None when the trial starts cold (not eligible: see _warm_ineligible). A zygote that fails turns
+        warm start off for the experiment, with one line that says why (called under the lock)."""
+        cwd = environ.get(env.CODE_DIR) or environ.get(env.NNI["code_dir"]) or str(trial_dir)  # run.sh's
+        if self._warm_off or _warm_ineligible(self.config, environ, cwd):
+            return None
+        try:
+            if self._zygote is None:
+                self._zygote = zygote.Zygote(environ, environ.get(env.CODE_DIR) or cwd, str(self.experiment_dir),
+                                             self.experiment_dir / ZYGOTE_LOG)
+            if warm.shared_environ(environ) != self._zygote.environ:
+                return None  # its environment is not the zygote's (trialConcurrency changed its threads, say)
+            return self._zygote.fork(environ, cwd, log)
+        except (zygote.WarmStartError, process.LaunchError, OSError, ValueError) as err:
+            self._warm_off = f"{err}"
+            sys.stderr.write(f"trialkit: warm start is off for this experiment, its trials start cold: {err}\n")
+            self._close_zygote()
+            return None
+
+    def _close_zygote(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
+
+    def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
+        """The experiment's zygote goes (the keepers it forked run on until their trials end)."""
+        with self._lock:
+            self._close_zygote()
 
     def reattach(self, handle: str) -> bool:
         """Watch the trial's keeper again if it still runs (a control plane before us started it)."""
@@ -570,6 +609,8 @@ class Platform(PlatformBase):
         else:
             select.select([keeper.pidfd], [], [])  # a pidfd turns readable when its process ends
         with self._lock:
+            if keeper.zygote is not None:  # its parent, which alone reaps it (None once it is closed)
+                keeper.exit_code = keeper.zygote.exit_code(keeper.pid)
             keeper.ended = True
             os.close(keeper.pidfd)
             if keeper.kill_timer is not None:
@@ -745,6 +786,20 @@ def _pool_gpu_indices(config: LocalConfig, pool: pools.Pool, found: Sequence[gpu
                         f"does not hold (its gpus: {','.join(map(str, pool.gpus))})", "trainingService.gpuIndices",
                         f"list GPUs among the pool's, or add them to its gpus in {where.split(': ')[0]}")
     return config.gpu_indices if config.gpu_indices is not None else pool.gpus
+
+
+ZYGOTE_LOG = "warm-start.log"  # the zygote's output, in the experiment dir
+
+
+def _warm_ineligible(config: LocalConfig, environ: Dict[str, str], cwd: str) -> bool:
+    """Whether a trial starts cold even with warm start on: GPUs asked, a startup hook, AdaptDL, or a command
+    that is not `python[3] [-u] SCRIPT.py ...` or `... -m MODULE ...` in the keeper's own Python."""
+    if config.trial_gpu_number or environ.get(env.PLATFORM) == env.ADAPTDL_PLATFORM:
+        return True
+    if os.path.exists(os.path.join(cwd, "startup-hook.sh")):
+        return True
+    argv = process.shell_line_argv(environ.get(env.COMMAND, ""))
+    return warm.python_command(argv, environ, cwd, environ[env.PYTHON]) is None
 
 
 def _find_keeper(trial_id: str, trial_dir: Path) -> Optional[_Keeper]:
