@@ -170,6 +170,27 @@ if p["x"] == "interrupt":
     assert errors[True]["interrupt"].rstrip().endswith("KeyboardInterrupt")
 
 
+def test_a_warm_trials_output_is_written_as_it_prints_it_and_kept_when_it_is_killed(tmp_path, home):
+    """Unbuffered (the local platform sets PYTHONUNBUFFERED; -u too), a cold trial's print is in its log at once:
+    a warm one's too, so `trial logs` follows it live and a SIGKILL (the OOM killer, a grace run out) loses none
+    of it. A newcomer's warm trial showed nothing until it ended, and nothing at all once killed."""
+    script = """
+print("to stdout, not flushed")
+print("to stderr, not flushed", file=sys.stderr)
+import signal
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    for warm in (True, False):
+        for n, command in enumerate(("python3 trial.py", "python3 -u trial.py")):
+            (tmp_path / str(n)).mkdir(exist_ok=True)
+            exp = ran(warm_experiment(tmp_path / str(n), {"x": {"_type": "choice", "_value": [1]}}, script, warm=warm,
+                                      maxTrialNumber=1, trialCommand=command), code=1)  # its trial failed
+            trial = home / "experiments" / exp / "trials" / f"{exp}-00000"
+            said = ((trial / "stdout.log").read_text(), (trial / "stderr.log").read_text(),
+                    json.loads((trial / ".trialkit" / "status.json").read_text())["exit_code"])
+            assert said == ("to stdout, not flushed\n", "to stderr, not flushed\n", 137), (warm, command, said)
+
+
 # What a script sees of its interpreter: a warm trial must see what a cold one does.
 INTERPRETER = """
 import atexit, gc, json, os, signal, sys

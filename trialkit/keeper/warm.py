@@ -252,9 +252,12 @@ def _fresh_streams(unbuffered: bool) -> None:
         if fd == 0:  # always buffered, as TextIOWrapper reads through read1()
             return io.TextIOWrapper(io.BufferedReader(io.FileIO(fd, "r", closefd=False)), encoding=encoding,
                                     errors=errors)
+        raw = io.FileIO(fd, "w", closefd=False)
+        # Unbuffered, the text goes to the file at each write: no buffer below it (write_through alone hands it
+        # to a BufferedWriter, which held a trial's output until its exit, and lost it to a SIGKILL).
         line_buffering = not unbuffered and (fd == 2 or os.isatty(fd))
-        return io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False)), encoding=encoding,
-                                errors=errors, line_buffering=line_buffering, write_through=unbuffered)
+        return io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding=encoding, errors=errors,
+                                line_buffering=line_buffering, write_through=unbuffered)
 
     sys.stdin = sys.__stdin__ = stream(0, errors)
     sys.stdout = sys.__stdout__ = stream(1, errors)
