@@ -265,13 +265,20 @@ def test_an_ineligible_command_starts_cold(tmp_path, home, command):
     other.parent.mkdir()
     other.symlink_to(os.path.realpath(sys.executable))
     command = command.replace("REAL", str(other))
-    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, STDLIB_FACTS, maxTrialNumber=1,
-                        trialCommand=command, trainingService={"platform": "local", "warmStart": True})
-    exp = ran(config)
-    (fact,) = facts(home, exp).values()
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2]}}, STDLIB_FACTS, maxTrialNumber=2,
+                        trialCommand=command, trainingService={"platform": "local", "warmStart": True},
+                        trialConcurrency=1, tuner={"name": "GridSearch"})
+    done = cli("run", config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = done.stdout.split()[2]
+    # warmStart is parsed and not applied to these trials: the run says so, once, with why.
+    told = [line for line in done.stderr.splitlines() if "warmStart" in line]
+    assert told == [f"trialkit: warmStart: trial {exp}-00000 starts cold: its command is not `python3 SCRIPT.py ...` "
+                    f"or `python3 -m MODULE ...` (-u allowed) run by trialkit's own Python ({sys.executable})"], told
+    fact = facts(home, exp)[f"{exp}-00000"]
     assert fact == {"keeper_warm": False, "forked": False}
     assert not (home / "experiments" / exp / "warm-start.log").exists(), "a zygote was started for nothing"
-    assert [row["status"] for row in export(exp)] == ["SUCCEEDED"]
+    assert [row["status"] for row in export(exp)] == ["SUCCEEDED"] * 2
 
 
 def test_a_module_that_starts_a_thread_at_import_is_not_preloaded_and_the_trial_still_starts_warm(tmp_path, home):

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 
 from trialkit import env, gpus, layout, process
@@ -311,6 +311,7 @@ class Platform(PlatformBase):
         self._preempted: Dict[str, str] = {}  # trials paused for a job of higher priority -> why
         self._zygote: Optional[zygote.Zygote] = None  # warm start's, once an eligible trial started
         self._warm_off: str = "" if config.warm_start else "warmStart is off"
+        self._said_cold: Set[str] = set()  # why trials start cold though warmStart is on: each said once
         if self._pool is not None:
             self._adopt_running()
 
@@ -402,14 +403,24 @@ class Platform(PlatformBase):
         trial; None when the trial starts cold (not eligible: see _warm_ineligible). A zygote that fails turns
         warm start off for the experiment, with one line that says why (called under the lock)."""
         cwd = environ.get(env.CODE_DIR) or environ.get(env.NNI["code_dir"]) or str(trial_dir)  # run.sh's
-        if self._warm_off or _warm_ineligible(self.config, environ, cwd):
+        if self._warm_off:
             return None
+        cold = _warm_ineligible(self.config, environ, cwd)
         try:
-            if self._zygote is None:
+            if cold is None and self._zygote is None:
                 self._zygote = zygote.Zygote(environ, environ.get(env.CODE_DIR) or cwd, str(self.experiment_dir),
                                              self.experiment_dir / ZYGOTE_LOG)
-            if warm.shared_environ(environ) != self._zygote.environ:
-                return None  # its environment is not the zygote's (trialConcurrency changed its threads, say)
+            if cold is None:
+                differs = sorted(set(warm.shared_environ(environ).items()) ^ set(self._zygote.environ.items()))
+                if differs:  # trialConcurrency changed its threads, say
+                    cold = (f"its environment is not the warm process's ({', '.join(dict(differs))} differ: the "
+                            "interpreter reads them as it starts)")
+            if cold is not None:
+                # Parsed and not applied to this trial: said, once a reason, where the run's user reads.
+                if cold not in self._said_cold:
+                    self._said_cold.add(cold)
+                    sys.stderr.write(f"trialkit: warmStart: trial {environ.get(env.TRIAL_ID)} starts cold: {cold}\n")
+                return None
             return self._zygote.fork(environ, cwd, log)
         except (zygote.WarmStartError, process.LaunchError, OSError, ValueError) as err:
             self._warm_off = f"{err}"
@@ -791,15 +802,21 @@ def _pool_gpu_indices(config: LocalConfig, pool: pools.Pool, found: Sequence[gpu
 ZYGOTE_LOG = "warm-start.log"  # the zygote's output, in the experiment dir
 
 
-def _warm_ineligible(config: LocalConfig, environ: Dict[str, str], cwd: str) -> bool:
-    """Whether a trial starts cold even with warm start on: GPUs asked, a startup hook, AdaptDL, or a command
-    that is not `python[3] [-u] SCRIPT.py ...` or `... -m MODULE ...` in the keeper's own Python."""
-    if config.trial_gpu_number or environ.get(env.PLATFORM) == env.ADAPTDL_PLATFORM:
-        return True
+def _warm_ineligible(config: LocalConfig, environ: Dict[str, str], cwd: str) -> Optional[str]:
+    """Why a trial starts cold even with warm start on (None: it may start warm): GPUs asked, a startup hook,
+    AdaptDL, or a command that is not `python[3] [-u] SCRIPT.py ...` or `... -m MODULE ...` in the keeper's own
+    Python."""
+    if config.trial_gpu_number:
+        return "it asks for GPUs (trialGpuNumber), whose state a fork would share"
+    if environ.get(env.PLATFORM) == env.ADAPTDL_PLATFORM:
+        return "AdaptDL trials start as AdaptDL starts them"
     if os.path.exists(os.path.join(cwd, "startup-hook.sh")):
-        return True
+        return "its code dir has a startup-hook.sh, which a shell runs before the command"
     argv = process.shell_line_argv(environ.get(env.COMMAND, ""))
-    return warm.python_command(argv, environ, cwd, environ[env.PYTHON]) is None
+    if warm.python_command(argv, environ, cwd, environ[env.PYTHON]) is None:
+        return (f"its command is not `python3 SCRIPT.py ...` or `python3 -m MODULE ...` (-u allowed) run by "
+                f"trialkit's own Python ({environ[env.PYTHON]})")
+    return None
 
 
 def _find_keeper(trial_id: str, trial_dir: Path) -> Optional[_Keeper]:
