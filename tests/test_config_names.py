@@ -40,7 +40,7 @@ def test_a_misspelt_tuner_gets_the_nearest_name_nni_or_trialkit_spells(tmp_path,
 def test_a_misspelt_assessor_and_advisor_get_the_nearest_name_too(tmp_path):
     assert refused(tmp_path, "tuner: {name: TPE}\nassessor: {name: Mediansotp}\n") == (
         "4: assessor.name: unknown assessor 'Mediansotp' (did you mean 'Medianstop'?)")
-    assert refused(tmp_path, "advisor: {name: BOHBB}\n") == "3: advisor.name: unknown tuner 'BOHBB' (did you mean 'BOHB'?)"
+    assert refused(tmp_path, "advisor: {name: BOHBB}\n") == "3: advisor.name: unknown advisor 'BOHBB' (did you mean 'BOHB'?)"
 
 
 def test_an_nni_tuner_that_trialkit_does_not_carry_is_refused_by_its_alias_too(tmp_path):

@@ -86,7 +86,8 @@ NNI_ONLY_ALIASES = {"MetisTuner": "Metis", "DNGOTuner": "DNGO", "PPOTuner": "PPO
 def canonical_name(name: Any, where: str) -> str:
     """The registered name `name` spells (NNI's aliases included), the one-line refusal of an NNI tuner trialkit
     does not carry, or the nearest name of them all."""
-    return schema.lookup("tuner", name, list(TUNERS), where, {**ALIASES, **NNI_ONLY_ALIASES}, NNI_ONLY)
+    kind = "advisor" if where.partition(".")[0] == "advisor" else "tuner"  # as the config calls it
+    return schema.lookup(kind, name, list(TUNERS), where, {**ALIASES, **NNI_ONLY_ALIASES}, NNI_ONLY)
 
 
 def check_tuner(name: Any, class_args: Any, space: SearchSpace, where: str = "tuner") -> Tuple[str, Dict[str, Any]]:
