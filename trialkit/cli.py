@@ -647,12 +647,14 @@ def _gone(experiment_id: str) -> str:
 
 
 def _class_args(config: Dict[str, Any]) -> List[str]:
-    """The tuner's classArgs but its optimize mode (said apart), as written: Hyperband's R and eta, PBT's
-    population_size, which shape the trials the table shows."""
+    """The tuner's classArgs as the stored config holds them, which shape the trials the table shows (Hyperband's
+    R and eta, PBT's population_size), but its optimize mode (said apart) and its dirs (PBT's all_checkpoint_dir:
+    where, not how, and a long path no face shows)."""
     args = setting(config, "tuner", "classArgs")
+    shown = {key: value for key, value in args.items() if key != "optimize_mode" and not key.endswith("_dir")
+             } if isinstance(args, dict) else {}
     return [", ".join(f"{key}={value if isinstance(value, str) else records.dumps(value)}"
-                      for key, value in args.items() if key != "optimize_mode")
-            ] if isinstance(args, dict) and set(args) - {"optimize_mode"} else []
+                      for key, value in shown.items())] if shown else []
 
 
 def cmd_trial_show(opts: argparse.Namespace) -> int:
