@@ -69,6 +69,10 @@ start is no longer what decides: what is left of a warm trial's ~60 to 90 ms to 
 Cold then warm in one session (--methods Hyperband,PBT --seeds 2; 17:47:20 load 1.07 -> 17:51:43 4.89 -> end):
 Hyperband 0.9917 at 8.1 s cold (1.55x Optuna's time to its best), 0.9917 at 5.5 s warm (1.28x); PBT 0.9842 at
 12.9 s cold (1.32x Ray's), 0.9758 at 7.3 s warm (a seed's best 0.9683 under Ray's 0.9783): all MISSED.
+Three seeds, quiet, warm, twice (18:25 load 2.13 -> 1.71; 18:55 load 0.45 -> 1.96): Hyperband MET 0.72, 0.63;
+BOHB MET 0.71, 0.64; ASHA MET 0.30, 0.31; PBT MET 0.86, then MISSED on its mean best (0.9750 against Ray's
+0.9778): trialkit's seeded searches find the same bests from run to run, its asynchronous PBT does not (seed 1:
+0.9817, then 0.9633). docs/searches.md has the tables.
 """
 from __future__ import annotations
 
