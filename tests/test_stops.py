@@ -114,6 +114,23 @@ def test_a_sigterm_delivered_twice_at_once_is_one_stop_and_one_sent_again_kills(
     assert (export(exp)[0]["status"] == "PREEMPTED") != killed  # the first had its grace and saved its checkpoint
 
 
+def test_a_ctrl_c_delivered_twice_after_a_quick_stop_ends_the_run_as_one_does(tmp_path, home):
+    # A trial that saves at once ends the loop before the stop's second copy, 0.2 s later, comes: it must be
+    # dropped as it is while the loop runs, not end the summary with a KeyboardInterrupt (a newcomer's run exited
+    # 130, once with no summary at all).
+    config = experiment(tmp_path, X, CHECKPOINTING, trialConcurrency=1, maxTrialNumber=1)
+    proc = start_cli("run", config)
+    exp = experiment_id(proc.stdout.readline())
+    wait_until(lambda: reported(home, f"{exp}-00000") >= 3, WAIT, "the trial to train three steps")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=WAIT)
+    assert (proc.returncode, "killing" in out, "Traceback" in err) == (1, False, False), out + err  # 1: none succeeded
+    assert f"trialkit ui {exp}" in out.splitlines()[-1], out  # the summary, to its last line
+    assert export(exp)[0]["status"] == "PREEMPTED"
+
+
 def test_a_trial_killed_by_the_stop_without_a_checkpoint_is_canceled_and_stays_so(tmp_path, home):
     config = experiment(tmp_path, X, CHECKPOINTING.replace("signal.signal(signal.SIGTERM, lambda signum, frame: None)",
                                                            ""), trialConcurrency=1, maxTrialNumber=1)

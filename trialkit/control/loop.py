@@ -178,6 +178,7 @@ class Loop:
         self.stopping: Optional[Tuple[str, str]] = None  # the experiment ends early: (trial status, why)
         self.interrupts = 0
         self.last_interrupt = 0.0  # time.monotonic() of the last counted signal
+        self.signal_at = -SAME_SIGNAL_SECONDS  # time.monotonic() when the last SIGINT or SIGTERM came
         self.submit_failures = 0
         self.error: Optional[str] = None  # why the experiment could not go on
         self.elapsed_before = elapsed
@@ -299,11 +300,15 @@ class Loop:
         try:
             yield
         finally:
+            # A stop delivered twice may have its second copy still on its way when a quick stop has ended the loop:
+            # ours to drop, where the handler put back would end the run's summary with a KeyboardInterrupt.
+            time.sleep(max(0.0, self.signal_at + SAME_SIGNAL_SECONDS - time.monotonic()))
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
     def _signal_handler(self, signum: int, frame: Any) -> None:
-        self.events.put(("signal", signum))
+        self.signal_at = time.monotonic()  # when it came, not when a busy loop gets to it
+        self.events.put(("signal", signum, self.signal_at))
 
     def _handle(self, event: tuple) -> None:
         kind = event[0]
@@ -318,7 +323,7 @@ class Loop:
             if trial is not None and trial.id in self.active:
                 trial.held = event[2]
         elif kind == "signal":
-            self._on_signal(event[1])
+            self._on_signal(event[1], event[2])
         elif kind == "picked":
             self.tuner.settle()  # what it was told meanwhile; the proposal waits for the next _fill
         elif kind == "action":
@@ -550,12 +555,11 @@ class Loop:
             if trial.handle is not None:
                 self._check_ended(trial)
 
-    def _on_signal(self, signum: int) -> None:
-        now = time.monotonic()
-        if self.interrupts and now - self.last_interrupt < SAME_SIGNAL_SECONDS:
+    def _on_signal(self, signum: int, at: float) -> None:
+        if self.interrupts and at - self.last_interrupt < SAME_SIGNAL_SECONDS:
             return  # one stop sent twice: GNU timeout signals its child, then the child's group
         self.interrupts += 1
-        self.last_interrupt = now
+        self.last_interrupt = at
         name = signal.Signals(signum).name
         if self.interrupts == 1:
             self.progress.say(f"{name}: stopping the trials gracefully (again to kill them now)")
