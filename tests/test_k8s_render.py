@@ -537,6 +537,9 @@ def test_secret_values_are_filled_only_for_submission():
         (adl(trialTemplate="/nonexistent/template.yaml"), "trialTemplate: cannot read"),
         ({"platform": "kubeflow", "managerAddress": "10.0.0.2", "worker": {"replicas": 2, "dockerImage": "i:1"}}, "pytorch-operator needs a master role"),
         ({"platform": "kubeflow", "managerAddress": "10.0.0.2", "master": {"replicas": 2, "dockerImage": "i:1"}}, "exactly one master"),
+        # No role at all (a newcomer's first try: a traceback from the TrainJob it might have been).
+        ({"platform": "kubeflow", "managerAddress": "10.0.0.2"}, "needs a master role (operator is unset: a PyTorchJob"),
+        ({"platform": "kubeflow", "operator": "trainjob", "managerAddress": "10.0.0.2"}, "a TrainJob needs its nodes"),
         ({"platform": "kubeflow", "operator": "pytorch-operator", "managerAddress": "10.0.0.2", "master": {}, "ps": {}}, "pytorch-operator has no ps role"),
         ({"platform": "kubeflow", "operator": "mpi-operator", "managerAddress": "10.0.0.2"}, "unknown operator 'mpi-operator'"),
         ({"platform": "kubeflow", "managerAddress": "10.0.0.2", "master": {"privateRegistryAuthPath": "a.json"}}, "imagePullSecrets"),

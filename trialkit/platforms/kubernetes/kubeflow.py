@@ -110,16 +110,16 @@ def parse_section(section: dict, where: str) -> Any:
             raise UserError(f"{name} has no {role_name} role", role_sec.where, "use " + " and ".join(operator.replica_types))
         roles.append(parse_role(role_sec, role_name, ("replicas",)))
         role_sec.finish()
-    if name == trainjob.OPERATOR and not roles:
-        raise UserError("a TrainJob needs its nodes", where, "add worker: {replicas: 2, command: ...}")
+    if name == trainjob.OPERATOR:
+        trainjob.check_nodes(roles, where)
     common = parse_common(sec, [trainjob.KIND if name == trainjob.OPERATOR else operator.kind])
     if name != trainjob.OPERATOR and operator.required_role not in [role.name for role in roles]:
         role = operator.required_role
         fix = f"add {role}: {{replicas: 1, command: ...}}"
         if chosen is None and common.template is None and _is_trainjob(roles, common, runtime, where):
-            raise UserError(f"{name} needs a {role} role (operator is unset: a PyTorchJob is assumed)", where,
-                            f"{fix}, or set operator: trainjob: Kubeflow Trainer v2 runs this section as it is")
-        raise UserError(f"{name} needs a {role} role", where, fix)
+            fix += ", or set operator: trainjob: Kubeflow Trainer v2 runs this section as it is"
+        raise UserError(f"{name} needs a {role} role" + (" (operator is unset: a PyTorchJob is assumed)"
+                                                         if chosen is None else ""), where, fix)
     by_name = {role.name: role for role in roles}
     if name == "pytorch-operator" and by_name["master"].count != 1:
         schema.report(UserError("a PyTorchJob has exactly one master", f"{where}.master.replicas",

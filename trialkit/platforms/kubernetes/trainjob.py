@@ -67,6 +67,12 @@ class TrainJobConfig:
     platform: ClassVar[str] = "kubeflow"  # configs say `platform: kubeflow, operator: trainjob`
 
 
+def check_nodes(roles: Sequence[Role], where: str) -> None:
+    """A TrainJob's section names at least one role (its nodes)."""
+    if not roles:
+        raise UserError("a TrainJob needs its nodes", where, "add worker: {replicas: 2, command: ...}")
+
+
 def from_roles(roles: Sequence[Role], common: KubeCommon, storage: Optional[Storage], runtime: Optional[str],
                where: str) -> TrainJobConfig:
     """The TrainJob of a Kubeflow section's master and worker roles: numNodes is their replicas together."""
@@ -79,6 +85,7 @@ def from_roles(roles: Sequence[Role], common: KubeCommon, storage: Optional[Stor
         if role.name not in ("master", "worker"):
             raise UserError(f"a TrainJob has no {role.name} role", f"{where}.{role.name}",
                             "give master and worker, all nodes alike, or use operator: tf-operator")
+    check_nodes(roles, where)
     first = roles[0]
     for role in roles[1:]:
         for what in ("command", "image", "resources", "code_dir"):
