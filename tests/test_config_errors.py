@@ -166,3 +166,30 @@ def test_a_config_file_that_cannot_be_read_is_named_once(tmp_path, text, said):
     done = cli("run", path)
     assert (done.returncode, done.stderr.count(str(path))) == (2, 1), done.stderr
     assert f"{path}: {said}" in done.stderr, done.stderr
+
+
+V1_WITH_V2_KEYS = """\
+authorName: default
+trialConcurrency: 1
+maxTrialNumber: 3
+trainingServicePlatform: local
+searchSpacePath: search_space.json
+tuner:
+  name: TPE
+trial:
+  command: python3 train.py
+  codeDir: .
+trialCommand: python3 train.py
+"""
+
+
+def test_a_v2_key_in_a_v1_config_is_named_as_written_at_its_line(tmp_path):
+    # A newcomer's v1 config with v2's maxTrialNumber was told "maxTrialNum: unknown key 'maxTrialNum' (did you
+    # mean 'maxTrialNum'?...)", no line: the key the user wrote, renamed to the one it should have been.
+    done = render(tmp_path, V1_WITH_V2_KEYS)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    line = done.stderr
+    assert "config.yml:3: maxTrialNumber: unknown key 'maxTrialNumber' (did you mean 'maxTrialNum'?" in line, line
+    assert "config.yml:7: tuner.name: unknown key 'name'" in line and "a v1 config writes tuner.builtinTunerName" in line
+    assert "config.yml:11: trialCommand: unknown key 'trialCommand'" in line, line
+    assert "trialCommand is a v2 key: a v1 config writes trial.command" in line, line

@@ -698,13 +698,21 @@ def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
             v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
             return replace(_parse_v2(convert_v1(v1), base), v1=v1)
     except schema.ConfigProblems as err:
-        raise schema.ConfigProblems([_in_v1(one, v1) for one in err.problems]) from None
+        raise schema.ConfigProblems([_in_v1(one, v1, data) for one in err.problems]) from None
     except UserError as err:
-        raise _in_v1(err, v1) from None
+        raise _in_v1(err, v1, data) from None
 
 
-def _in_v1(err: UserError, v1: Mapping[str, Any]) -> UserError:
-    """The error naming the key the v1 config wrote, in its place and in its words, its v2 name added."""
+def _in_v1(err: UserError, v1: Mapping[str, Any], data: Any = None) -> UserError:
+    """The error naming the key the v1 config wrote, in its place and in its words, its v2 name added.
+
+    `data`: the config as written; an error at a key it holds (one v1 does not know) names it already."""
+    if _holds(data, err.where):
+        meant = _v1_where(err.where, v1)
+        if meant == err.where or meant in (err.fix or ""):
+            return err
+        return UserError(err.what, err.where, "; ".join(filter(None, [err.fix, f"{err.where} is a v2 key: a v1 "
+                                                                      f"config writes {meant}"])))
     where = _v1_where(err.where, v1)
     what, fix = _v1_words(err.what), _v1_words(err.fix)
     if where != err.where:
@@ -726,6 +734,17 @@ def _v1_words(text: Optional[str]) -> Optional[str]:
     """An error's text (None: none) with each v2 key it names spelled as a v1 config writes it."""
     text = text and _V2_WORDS.sub(lambda match: _V2_TO_V1[match.group(1)], text)
     return text and _V2_ALGORITHM.sub(lambda match: f"{match.group(1)}: {{builtin{match.group(1).title()}Name: ", text)
+
+
+def _holds(data: Any, where: Optional[str]) -> bool:
+    """Whether `where` (a dotted path) names a key of `data` as written."""
+    if data is None or where is None:
+        return False
+    for key in where.split("."):
+        if not isinstance(data, Mapping) or key not in data:
+            return False
+        data = data[key]
+    return True
 
 
 def _v1_where(where: Optional[str], v1: Mapping[str, Any]) -> Optional[str]:
