@@ -86,6 +86,18 @@ def test_a_parameters_axis_spans_its_search_space_not_only_the_values_drawn():
     assert -0.1 < low < 0 < 1 < high < 1.1, (low, high)
 
 
+@pytest.mark.parametrize("low, high, ticks", [(1e-4, 1.0, ["0.0001", "0.001", "0.01", "0.1", "1"]),
+                                              (1e-5, 1.0, ["1e-05", "0.001", "0.1"])])
+def test_a_log_axis_of_many_decades_is_ticked_at_powers_of_ten_inside_its_space(low, high, ticks):
+    # A newcomer's loguniform 1e-4..1 was labelled 0.4, 0.8, 1.2 (linear ticks, one beyond the space): a stride
+    # over the decades from below the axis's margin left too few powers of ten inside it.
+    rows = [trial(n, {"lr": low * (high / low) ** (n / 3)}, [0.5], n) for n in range(4)]
+    figure = drawn(rows, {"lr": {"_type": "loguniform", "_value": [low, high]}})
+    ax = panel(figure, "final vs lr")
+    assert [label.get_text() for label in sorted(shown_labels(figure, ax), key=lambda one: one.get_position()[0])] \
+        == ticks
+
+
 def test_an_axis_of_whole_numbers_has_whole_ticks():
     # Three steps each (1, 2, 3), a randint parameter (1..3) and counts as the metric: each axis whole.
     rows = [trial(n, {"layers": 1 + n % 3, "lr": 0.1 + n / 100}, [n + step for step in range(3)], 10 + n)

@@ -95,8 +95,10 @@ def log_ticks(low: float, high: float, most: int = LOG_TICKS) -> List[float]:
 
     first, last = math.floor(math.log10(low)), math.floor(math.log10(high))
     decades = list(range(first, last + 1))
-    stride = math.ceil(len(decades) / most)
-    for exponents, subs in ((decades[::stride], (1,)), (decades, (1, 2, 5)), (decades, range(1, 10))):
+    # Thinned among the powers inside the range: a stride from `first`, below it, could leave too few.
+    inside = [exponent for exponent in decades if low <= 10.0 ** exponent <= high]
+    stride = max(1, math.ceil(len(inside) / most))
+    for exponents, subs in ((inside[::stride], (1,)), (decades, (1, 2, 5)), (decades, range(1, 10))):
         ticks = [sub * 10.0 ** exponent for exponent in exponents for sub in subs]
         ticks = [tick for tick in ticks if low <= tick <= high]
         if 3 <= len(ticks) <= most:
