@@ -267,6 +267,16 @@ def test_grid_search_refuses_a_continuous_space():
     assert err.value.where == "searchSpace.x"
 
 
+@pytest.mark.parametrize("tuner, key", [("Hyperband", "TRIAL_BUDGET"), ("BOHB", "TRIAL_BUDGET"),
+                                        ("PBTTuner", "load_checkpoint_dir"), ("PBT", "save_checkpoint_dir")])
+def test_a_search_space_key_the_tuner_sets_itself_is_refused(tuner, key):
+    # A newcomer's TRIAL_BUDGET choice under Hyperband was replaced by Hyperband's budget without a word.
+    space = parse_space({"x": {"_type": "uniform", "_value": [0, 1]}, key: {"_type": "choice", "_value": [1, 2]}})
+    with pytest.raises(UserError) as err:
+        check_tuner(tuner, {"all_checkpoint_dir": "/tmp/ckpt"} if "PBT" in tuner else {}, space)
+    assert err.value.where == f"searchSpace.{key}" and f"remove {key} from the search space" in err.value.line()
+
+
 def test_random_resume_continues_the_same_sequence():
     original = build_tuner("Random", None, PLANE, 11)
     asked = [original.ask() for _ in range(6)]

@@ -31,7 +31,7 @@ import hashlib
 import json
 import math
 import random
-from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from trialkit import schema
 from trialkit.control.searchspace import Choice, Nested, SearchSpace
@@ -273,6 +273,16 @@ def finite_space(space: SearchSpace) -> bool:
     except UserError:
         return False
     return True
+
+
+def check_unset(space: SearchSpace, keys: Sequence[str], tuner: str) -> None:
+    """UserError naming a search-space key that `tuner` sets in every trial's parameters itself (it would
+    replace the space's value without a word)."""
+    for key in keys:
+        if key in space.params:
+            raise UserError(f"{key} is set by {tuner} in each trial's parameters, so the search space cannot give it",
+                            schema.path(space.where, key), f"remove {key} from the search space: the trial reads "
+                            f"{tuner}'s value")
 
 
 def check_flat(space: SearchSpace, tuner: str, nearest: str) -> None:

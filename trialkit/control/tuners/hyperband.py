@@ -38,7 +38,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trialkit import schema
 from trialkit.control.searchspace import SearchSpace
-from trialkit.control.tuners.base import Tuner, point_key, check_flat, check_fraction, check_mode, check_positive, check_seed
+from trialkit.control.tuners.base import (Tuner, point_key, check_flat, check_fraction, check_mode, check_positive,
+                                         check_seed, check_unset)
 from trialkit.errors import UserError
 
 BUDGET = "TRIAL_BUDGET"
@@ -74,6 +75,10 @@ class HyperbandTuner(Tuner):
     TAKES_ASSESSOR = False
     RERUNS_CUT_SHORT = True
     HANDS_ON_CHECKPOINTS = True
+
+    @classmethod
+    def check_space(cls, space: SearchSpace) -> None:
+        check_unset(space, (BUDGET,), "Hyperband")
 
     def __init__(self, space: SearchSpace, optimize_mode: str, seed: int, class_args: Mapping[str, Any]):
         super().__init__(space, optimize_mode, seed, class_args)
@@ -271,6 +276,7 @@ class BohbTuner(HyperbandTuner):
     @classmethod
     def check_space(cls, space: SearchSpace) -> None:
         check_flat(space, "BOHB", "Hyperband")
+        check_unset(space, (BUDGET,), "BOHB")
 
     @classmethod
     def check_class_args(cls, args: Dict[str, Any], where: str) -> None:

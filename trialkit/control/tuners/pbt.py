@@ -65,7 +65,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trialkit import schema
 from trialkit.control.searchspace import Choice, Numeric, SearchSpace, _sample_param
-from trialkit.control.tuners.base import Tuner, check_flat, check_fraction, check_mode, check_seed, derived_seed
+from trialkit.control.tuners.base import (Tuner, check_flat, check_fraction, check_mode, check_seed, check_unset,
+                                         derived_seed)
 from trialkit.errors import UserError
 
 LOAD = "load_checkpoint_dir"
@@ -113,6 +114,7 @@ class PbtTuner(Tuner):
     @classmethod
     def check_space(cls, space: SearchSpace) -> None:
         check_flat(space, "PBT", "Evolution")
+        check_unset(space, (LOAD, SAVE), "PBT")
 
     def generation(self, parameter_id: int) -> Tuple[int, int]:
         """(generation, position in it) of a trial."""
