@@ -10,6 +10,11 @@ cache=${2:-${TRIALKIT_CACHE:-$HOME/.cache/trialkit}}
 venv=$cache/sklearn-venv
 constraints=$(cd "$(dirname "$0")/.." && pwd)/constraints.txt
 stamp=$(sha256sum "$0" | cut -c1-16)
+mkdir -p "$cache"
+# One maker at a time: the test workers that need it ask at once on a fresh machine, and one's rm -rf would pull
+# the venv from under the other's ensurepip.
+exec 9>"$cache/sklearn-venv.lock"
+flock 9
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "$venv/bin/python"; exit 0
 fi
