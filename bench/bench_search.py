@@ -73,6 +73,11 @@ Three seeds, quiet, warm, twice (18:25 load 2.13 -> 1.71; 18:55 load 0.45 -> 1.9
 BOHB MET 0.71, 0.64; ASHA MET 0.30, 0.31; PBT MET 0.86, then MISSED on its mean best (0.9750 against Ray's
 0.9778): trialkit's seeded searches find the same bests from run to run, its asynchronous PBT does not (seed 1:
 0.9817, then 0.9633). docs/searches.md has the tables.
+Session 9: asynchronous PBT ranks each member at the progress of the member that steps (a low run had lost its best
+lineage to members that had trained more). trialkit's PBT alone, before and after in one harness, alternating
+(load 1.3 to 23): a seed's best over 9 to 10 runs, seeds 0, 1, 2: 0.9667-0.9867, 0.9617-0.9833, 0.9717-0.9867 ->
+0.9767-0.9800, 0.9767-0.9850, 0.9833-0.9883; the mean of all runs alike (0.9800, 0.9805). The race once, `--seeds 3
+--methods PBT` (load 7.19 -> 8.82): 0.9794 against Ray's 0.9750, to Ray's best 4.3 s against 9.7 s (0.45): MET.
 """
 from __future__ import annotations
 

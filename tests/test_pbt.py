@@ -184,3 +184,26 @@ def test_async_replay_rebuilds_the_population_from_the_trials_dirs_whatever_orde
     assert [resumed.ask() for _ in range(2)] == later  # the same members, steps, sources and draws
     taken = steps(uninterrupted, [(pid, params) for pid, params, _ in history] + running + later)
     assert len(set(taken)) == len(taken)  # no member's step twice
+
+
+def test_async_a_member_is_ranked_against_the_others_at_its_own_progress():
+    tuner = build_tuner("PBT", {"population_size": 4, "fraction": 0.25, "all_checkpoint_dir": "/c", **ASYNC}, SPACE, 7)
+    first = [tuner.ask() for _ in range(4)]
+    for (pid, _), value in zip(first, (0.6, 0.7, 0.5, 0.65)):
+        tuner.tell(pid, value)
+    behind = tuner.ask()  # member 0 goes on from its own, and is still training when the others step on
+    ahead = [tuner.ask() for _ in range(3)]
+    assert steps(tuner, [behind] + ahead) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert ahead[1][1][LOAD] == "/c/1/0"  # member 2, the bottom, exploits member 1
+    for (pid, _), value in zip(ahead, (0.75, 0.9, 0.62)):
+        tuner.tell(pid, value)
+    third = [tuner.ask() for _ in range(3)]  # members 1, 2, 3 step on from their own (member 0 is the bottom)
+    assert steps(tuner, third) == [(1, 2), (2, 2), (3, 2)] and third[2][1][LOAD] == "/c/3/1"
+    tuner.tell(behind[0], 0.7)
+    for (pid, _), value in zip(third, (0.8, 0.92, 0.95)):
+        tuner.tell(pid, value)
+    # Member 0 (0.7 after 2 steps) is the worst of the members' latest (0.8, 0.92, 0.95 after 3 steps), but at
+    # 2 steps member 3 had 0.62: member 0 goes on from its own; ranked by their latest, it would exploit.
+    on = tuner.ask()
+    assert steps(tuner, [on]) == [(0, 2)] and on[1][LOAD] == "/c/0/1" and tuner.continues_from(on[0]) == behind[0]
+    assert {k: on[1][k] for k in KEYS} == {k: first[0][1][k] for k in KEYS}

@@ -37,14 +37,22 @@ member gets its share of the slots, where letting the member that just ended
 go on would leave all but `trialConcurrency` members behind for good; measured
 in docs/searches.md. Its next step is decided then, from every member's latest
 finished step (a member in training counts by the step it finished last, as
-Ray's last score): among the n members that have one, best first, the bottom
+Ray's last score), each ranked at the progress of the member that steps: by
+the result of the step on its checkpoint's way that had trained as many steps
+(its own earlier step, or one it went on from), or by its latest where it
+trained no more. Among the n members that have a finished step, best first, the bottom
 min(ceil(fraction * n), n // 2) exploit a top one's latest checkpoint (Ray's
-quantiles, so that no member is both), the others go on from their own. Ray
-decides when a member reaches its perturbation interval and runs it later;
-deciding when the step is handed out ranks it against results as fresh as
-they come, and the decision is then in the new trial's parameters, which the
-store holds from the moment the trial is made: its member and step in its
-save dir, the step it goes on from in its load dir. `replay` rebuilds the
+quantiles, so that no member is both), the others go on from their own.
+Ranked by their latest results, a member was measured against members that had
+trained more (one that exploited carries the top's steps with it) and lost to
+them for that, so which lineages survived turned on the order trials ended: in
+the race (bench/bench_search.py), a seed's best ranged over 0.015 to 0.022
+from run to run; ranked at equal progress, over 0.003 to 0.008
+(docs/searches.md). Ray decides when a member reaches its perturbation
+interval and runs it later; deciding when the step is handed out ranks it
+against results as fresh as they come, and the decision is then in the new
+trial's parameters, which the store holds from the moment the trial is made:
+its member and step in its save dir, the step it goes on from in its load dir. `replay` rebuilds the
 population from those, so a resumed experiment repeats no step and loses none
 (a step that a stop cut short runs again under the same trial), whatever order
 the trials ended in.
@@ -200,6 +208,7 @@ class Pbt(PbtTuner):
         self._steps: Dict[int, List[int]] = {}  # member -> its trials' parameter ids, step by step
         self._by_save: Dict[str, int] = {}  # a save dir -> the parameter id of the trial that writes it
         self._trained: Dict[int, int] = {}  # parameter id -> steps its checkpoint holds, its sources' included
+        self._from: Dict[int, Optional[int]] = {}  # parameter id -> the step it went on from (None: a first step)
 
     def continues_from(self, parameter_id: int) -> Optional[int]:
         if self.synchronous:
@@ -236,6 +245,7 @@ class Pbt(PbtTuner):
         self._by_save[save] = parameter_id
         source = None if params[LOAD] == save else self._by_save[params[LOAD]]
         self._trained[parameter_id] = 1 + (self._trained[source] if source is not None else 0)
+        self._from[parameter_id] = source
 
     def _latest(self, member: int) -> Optional[int]:
         """The member's latest finished step (None: it has none yet)."""
@@ -255,16 +265,25 @@ class Pbt(PbtTuner):
 
     def _async_source(self, member: int, rng: random.Random) -> Tuple[int, bool]:
         """(the step `member` goes on from, whether it exploits a top member's): its own latest unless it is in
-        the bottom of the members' latest finished steps."""
+        the bottom of the members ranked at its progress (see the module's docstring)."""
         sign = -1.0 if self.optimize_mode == "maximize" else 1.0
         latest = {m: pid for m in range(self.size) if (pid := self._latest(m)) is not None}
+        progress = self._trained[latest[member]]
+        judged = {m: self._lineage_at(pid, progress) for m, pid in latest.items()}
         # Best first; a step without a result last (ties: the lower member first).
-        ranking = sorted(latest, key=lambda m: (sign * self._scores[latest[m]] if latest[m] in self._scores
+        ranking = sorted(latest, key=lambda m: (sign * self._scores[judged[m]] if judged[m] in self._scores
                                                 else math.inf, m))
         cutoff = min(math.ceil(self.fraction * len(ranking)), len(ranking) // 2)
         if member in ranking[len(ranking) - cutoff:]:
             return latest[ranking[rng.randrange(cutoff)]], True
         return latest[member], False
+
+    def _lineage_at(self, parameter_id: int, progress: int) -> int:
+        """The step whose checkpoint had trained `progress` steps on the way to this one's (its own or one it went
+        on from, directly or through others); this one where it trained no more."""
+        while self._trained[parameter_id] > progress:
+            parameter_id = self._from[parameter_id]
+        return parameter_id
 
 
 def perturb(space: SearchSpace, params: Mapping[str, Any], factor: float, resample_probability: float,
