@@ -35,7 +35,7 @@ from trialkit.manager.store import Store, new_token
 from trialkit.statuses import FINAL_STATUSES, PREEMPTED, SUCCEEDED, USER_CANCELED
 from trialkit.platforms.local import LocalConfig, Platform
 from trialkit.web import install, page_url
-from web_util import CHROMEDRIVER, CHROMIUM, Browser, fill, open_the_run_and_end_it, shot, wait_for
+from web_util import CHROMEDRIVER, CHROMIUM, Browser, click, fill, open_the_run_and_end_it, shot, wait_for
 
 pytestmark = pytest.mark.skipif(not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
                                 reason="needs Debian's chromium and chromium-driver (bootstrap.sh installs them)")
@@ -316,27 +316,30 @@ def test_pausing_a_trial_from_the_page_pauses_it(tmp_path, monkeypatch, browser)
     config = experiment(tmp_path, {k: {"_type": "choice", "_value": [v]} for k, v in held.items()}, TRAIN,
                         maxTrialNumber=1, trialGraceSeconds=10)
     proc = start_cli("run", config)
-    exp = experiment_id(proc.stdout.readline())
-    proc.stdout.readline()  # manager: ...
-    url = proc.stdout.readline().split()[-1]  # page: <url with the token>
-    trial = f"{exp}-00000"
-    wait_until(lambda: reported(tmp_path / "home", trial) > 0, 60, "the trial to run")
-    browser.get(url + "/queue")
-    wait_for(browser, "return document.body.dataset.ready === 'queue'", "the queue view")
-    browser.execute_script("window.sameDocument = true")
-    shot(browser, "queue")
-    row = f"#queue tr[data-trial='{trial}']"
-    browser.find_element("css selector", f"{row} button[data-action=pause]").click()
-    wait_until(lambda: trial_status(tmp_path / "home", trial) == PREEMPTED, 60, "the trial to be paused")
-    # The page follows without a reload.
-    wait_for(browser, f"return document.querySelector(\"{row} .badge\").textContent === 'PAUSED'",
-             "the page to show it")
-    assert browser.execute_script("return window.sameDocument === true")
-    trial_dir = tmp_path / "home" / "experiments" / exp / "trials" / trial
-    assert json.loads((trial_dir / "checkpoint" / "state.json").read_text())["step"] >= 0
-    shot(browser, "queue-paused")
-    proc.send_signal(signal.SIGTERM)  # stop the experiment: the paused trial stays paused
-    assert proc.wait(timeout=60) == 1 and trial_status(tmp_path / "home", trial) == PREEMPTED
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        proc.stdout.readline()  # manager: ...
+        url = proc.stdout.readline().split()[-1]  # page: <url with the token>
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(tmp_path / "home", trial) > 0, 60, "the trial to run")
+        browser.get(url + "/queue")
+        wait_for(browser, "return document.body.dataset.ready === 'queue'", "the queue view")
+        browser.execute_script("window.sameDocument = true")
+        shot(browser, "queue")
+        row = f"#queue tr[data-trial='{trial}']"
+        click(browser, f"{row} button[data-action=pause]", "the pause button")
+        wait_until(lambda: trial_status(tmp_path / "home", trial) == PREEMPTED, 60, "the trial to be paused")
+        # The page follows without a reload.
+        wait_for(browser, f"return document.querySelector(\"{row} .badge\").textContent === 'PAUSED'",
+                 "the page to show it")
+        assert browser.execute_script("return window.sameDocument === true")
+        trial_dir = tmp_path / "home" / "experiments" / exp / "trials" / trial
+        assert json.loads((trial_dir / "checkpoint" / "state.json").read_text())["step"] >= 0
+        shot(browser, "queue-paused")
+    finally:
+        # Stop the experiment (on a failure too: its trial is not left running): the paused trial stays paused.
+        code = signal_and_wait(proc, signal.SIGTERM, 60)
+    assert code == 1 and trial_status(tmp_path / "home", trial) == PREEMPTED
 
 
 def test_a_tab_left_open_on_a_run_takes_up_the_address_again_when_trialkit_ui_serves_it(tmp_path, monkeypatch, browser):
@@ -374,7 +377,7 @@ def test_a_tab_left_open_on_a_run_takes_up_the_address_again_when_trialkit_ui_se
 def test_killing_a_trial_from_its_page(site, browser):
     victim = site.ids[VICTIM]
     open_view(browser, site, f"#/exp/{EXPERIMENT}/trial/{victim}", "trial")
-    browser.find_element("css selector", "button[data-action=kill]").click()
+    click(browser, "button[data-action=kill]", "the kill button")
     wait_until(lambda: site.status(VICTIM) == USER_CANCELED, 60, "the trial to be killed")
     wait_for(browser, "return document.querySelector('h1 .badge').textContent === 'USER_CANCELED'",
              "the page to show it")

@@ -123,6 +123,20 @@ def shot(driver, name: str) -> None:
     driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
 
 
+def click(driver, selector: str, what: str, timeout: float = 30) -> None:
+    """A user's click on the element `selector` finds, found again where the page redrew it between the find and
+    the click (a live view's rows are replaced as results come in)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    def clicked() -> bool:
+        try:
+            driver.find_element("css selector", selector).click()
+        except StaleElementReferenceException:
+            return False
+        return True
+    wait_until(clicked, timeout, what, every=0.05)
+
+
 def wait_for(driver, script: str, what: str, timeout: float = 60) -> Any:
     """The script's first true answer; on a timeout, a screenshot and what the page's problem line says."""
     answer: List[Any] = []
