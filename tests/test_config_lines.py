@@ -66,6 +66,17 @@ def test_a_json_config_is_placed_by_its_lines_too(tmp_path, indent):
     assert refused(path).startswith(f"trialkit: error: {path}:{line}: trainingService.platform: unknown platform ")
 
 
+def test_a_bad_value_in_the_search_space_file_is_at_its_line_there(tmp_path):
+    # A newcomer's quoted "0.5" in search_space.json was placed at the config's line 1 (its searchSpaceFile key),
+    # told to "write a number like 0.5"; a syntax error in that file was at its own line already.
+    path = write(tmp_path, "bad.yml", V2.format(concurrency=1, mode="maximize"))
+    space = tmp_path / "search_space.json"
+    space.write_text('{\n  "lr": {"_type": "choice", "_value": [0.1]},\n'
+                     '  "dropout": {"_type": "uniform", "_value": ["0.5", 0.9]}\n}\n')
+    assert refused(path) == (f"trialkit: error: {space}:3: searchSpaceFile.dropout._value[0]: expected a finite "
+                             "number, got '0.5' (write it without quotes: 0.5)")
+
+
 def test_a_v1_configs_keys_are_placed_where_it_wrote_them(tmp_path):
     path = write(tmp_path, "v1.yml", """\
 authorName: me

@@ -150,12 +150,21 @@ def as_int(value: Any, where: str, minimum: int = INT64_MIN, maximum: int = INT6
     return value
 
 
+def _numeral(value: Any) -> bool:
+    """Whether `value` is a string that spells a finite number ("0.5": a number quoted)."""
+    try:
+        return isinstance(value, str) and math.isfinite(float(value))
+    except ValueError:
+        return False
+
+
 def as_number(value: Any, where: str, minimum: Optional[float] = None, positive: bool = False) -> float:
     """A finite float; a whole number past a float's range (10**400) is refused, not an OverflowError."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
         raise UserError(f"{show(value)} is too large", where, f"use a number of at most {sys.float_info.max:.3g}")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(f"expected a finite number, got {show(value)}", where, "write a number like 0.5")
+        raise UserError(f"expected a finite number, got {show(value)}", where,
+                        f"write it without quotes: {value.strip()}" if _numeral(value) else "write a number like 0.5")
     if positive and value <= 0:
         raise UserError(f"{value} must be greater than 0", where, "use a positive number")
     if minimum is not None and value < minimum:
@@ -371,17 +380,19 @@ def read_data_file(path: Path, where: str) -> Any:
     return data
 
 
-def placed(err: UserError, path: Path, lacking: bool = True) -> UserError:
+def placed(err: UserError, path: Path, lacking: bool = True, within: str = "") -> UserError:
     """`err` (each of its problems) placed in the config file at `path`, as compilers place theirs: at `file:LINE`,
     the line of the key it names as the file wrote it (any spelling of it, through `<<:` merges); at `file` for a
     key the file lacks (`lacking`: a place that may name something else, a program, is then kept as it is). A
-    place naming a command-line argument (CONTEXT_DIR, --port) or the file itself is kept as it is."""
+    place naming a command-line argument (CONTEXT_DIR, --port) or the file itself is kept as it is.
+
+    `within`: the key that names the file's whole content (searchSpaceFile: its keys are the search space's)."""
     try:
         text = path.read_text("utf-8")
         root = yaml.compose(_blanks_as_spaces(text), Loader=_Loader)
     except (OSError, ValueError, yaml.YAMLError):  # read once already; changed or gone since: no lines
         root = None
-    return _placed(err, root, str(path), lacking)
+    return _placed(err, root, str(path), lacking, within)
 
 
 def _blanks_as_spaces(text: str) -> str:
@@ -399,16 +410,28 @@ _ARGUMENT = re.compile(r"[A-Z][A-Z0-9_]*|-.*")  # CONTEXT_DIR, --tls-cert: what 
 _PATH_PART = re.compile(r"\.?(?:([\w-]+)|\[(\d+)\]|('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"))")
 
 
-def _placed(err: UserError, root: Any, file: str, lacking: bool) -> UserError:
+def _placed(err: UserError, root: Any, file: str, lacking: bool, within: str = "") -> UserError:
     if isinstance(err, ConfigProblems):  # in the file's order, as it is read; the keys it lacks after them
-        in_order = sorted(err.problems, key=lambda one: key_line(root, one.where or "") or math.inf)
-        return ConfigProblems([_placed(one, root, file, lacking) for one in in_order])
+        in_order = sorted(err.problems, key=lambda one: key_line(root, _inside(one.where, within) or "") or math.inf)
+        return ConfigProblems([_placed(one, root, file, lacking, within) for one in in_order])
     if err.at is not None or err.where == file or (err.where and _ARGUMENT.fullmatch(err.where)):
         return err
-    line = key_line(root, err.where) if err.where else None
+    inside = _inside(err.where, within)
+    if within and inside is None:  # not this file's
+        return err
+    line = key_line(root, inside) if inside else None
     if line is None and not lacking:
         return err
     return UserError(err.what, err.where, err.fix, at=f"{file}:{line}" if line else file)
+
+
+def _inside(where: Optional[str], within: str) -> Optional[str]:
+    """`where` as a path in a file whose whole content `within` names (None: `where` is outside it)."""
+    if not within or where is None:
+        return where
+    if where == within:
+        return ""
+    return where[len(within) + 1:] if where.startswith((within + ".", within + "[")) else None
 
 
 def key_line(root: Any, where: str) -> Optional[int]:

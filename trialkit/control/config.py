@@ -543,8 +543,11 @@ def _search_space(c: Mapping[str, Any], base: Path) -> SearchSpace:
     if inline is not None and path is not None:
         raise UserError("both searchSpace and searchSpaceFile are given", "searchSpaceFile", "keep one of them")
     if path is not None:
-        return parse_space(schema.read_data_file(Path(_file(path, base, "searchSpaceFile")), "searchSpaceFile"),
-                           "searchSpaceFile")
+        file = Path(_file(path, base, "searchSpaceFile"))
+        try:
+            return parse_space(schema.read_data_file(file, "searchSpaceFile"), "searchSpaceFile")
+        except UserError as err:  # at its line in the search space's file, as a syntax error there is
+            raise schema.placed(err, file, lacking=False, within="searchSpaceFile") from None
     if inline is None:
         raise UserError("the search space is missing", "searchSpace",
                         "add searchSpaceFile: search_space.json, or searchSpace: {...}")
