@@ -103,9 +103,11 @@ and this floor rotating, 15-31 rounds.
   26.5 -> 22.5 ms) but no time saved, the time freed going to the header's
   first frame (painted at 52 ms, not 60, just as the answer came: read at
   53.5 against 51.7; marks, quiet): 0.87x, 1.06x, 1.04x, 1.03x, 0.96x,
-  0.91x, 0.97x, 1.15x, 1.08x (21-61 rounds each, load 3-23; round by round
-  0.86-1.17x, 1.00x on the geometric mean) and 1.01x quiet (1.03x round by
-  round, 31 rounds, load 2-4); uPlot inline after app.js (no request of its
+  0.91x, 0.97x, 1.15x, 1.08x, 0.96x (21-61 rounds each, load 3-23; round by
+  round 0.86-1.17x, 1.00x on the geometric mean) and 1.01x quiet (1.03x round
+  by round, 31 rounds, load 2-4); with the header out of the layout too until
+  the answer, so that no frame comes before it (0.96x, 0.91x round by round,
+  the same as that lever alone in the same race, load 2-7); uPlot inline after app.js (no request of its
   own, the load event before the answer, but its compile on the main thread,
   +2-5 ms of its CPU, and no code cache for a warm page): 0.97x, 1.04x,
   0.97x, 0.88x, 1.09x (load 2-15; round by round 0.88-1.06x) and 0.96x quiet
