@@ -94,31 +94,31 @@ and this floor rotating, 15-31 rounds.
   HTML's parse ~1.9, app.js compiled ~1.1 and run ~0.9, messages ~2.9, the
   navigation's commit and parser ~2.3, layout and style ~2-5. Each raced
   against the page in one harness (both managers on one store, one Chromium,
-  the pages cold and the floor rotating), and dropped:
-  the view's frame out of sight by `main.waiting > * {display: none}` rather
-  than content-visibility: hidden, under which the browser styled it (75
-  elements) and laid it out (40 of 50 objects) at DOMContentLoaded all the
-  same (a trace's DisplayLock invalidation, no script of the page's on its
-  stack): 3-4 ms less main-thread CPU (27.4 -> 24.5, 25.9 -> 23.3,
-  26.5 -> 22.5 ms) but no time saved, the time freed going to the header's
-  first frame (painted at 52 ms, not 60, just as the answer came: read at
-  53.5 against 51.7; marks, quiet): 0.87x, 1.06x, 1.04x, 1.03x, 0.96x,
-  0.91x, 0.97x, 1.15x, 1.08x, 0.96x (21-61 rounds each, load 3-23; round by
-  round 0.86-1.17x, 1.00x on the geometric mean) and 1.01x quiet (1.03x round
-  by round, 31 rounds, load 2-4); with the header out of the layout too until
-  the answer, so that no frame comes before it (0.96x, 0.91x round by round,
-  the same as that lever alone in the same race, load 2-7); uPlot inline after app.js (no request of its
+  the pages cold and the floor rotating), and dropped: the view's frame out of
+  sight by `main.waiting > * {display: none}` rather than content-visibility:
+  hidden, under which the browser styled it (75 elements) and laid it out (40
+  of 50 objects) at DOMContentLoaded all the same (a trace's DisplayLock
+  invalidation, no script of the page's on its stack): 3-4 ms less main-thread
+  CPU (27.4 -> 24.5, 25.9 -> 23.3, 26.5 -> 22.5 ms) but no time saved, the
+  time freed going to the header's first frame (painted at 52 ms, not 60, just
+  as the answer came: read at 53.5 against 51.7; marks, quiet): 0.87x, 1.06x,
+  1.04x, 1.03x, 0.96x, 0.91x, 0.97x, 1.15x, 1.08x, 0.96x (21-61 rounds each,
+  load 2-23; round by round 0.86-1.17x, 1.00x on the geometric mean) and 1.01x
+  quiet (1.03x round by round, 31 rounds, load 2-4); with the header out of
+  the layout too until the answer, so that no frame comes before it (0.96x,
+  0.91x round by round, the same as that lever alone in the same race, load
+  2-7); uPlot inline after app.js, on top of that lever (no request of its
   own, the load event before the answer, but its compile on the main thread,
-  +2-5 ms of its CPU, and no code cache for a warm page): 0.97x, 1.04x,
-  0.97x, 0.88x, 1.09x (load 2-15; round by round 0.88-1.06x) and 0.96x quiet
-  (0.97x round by round, 31 rounds); the first view's request from a few
-  bytes of script at the head's top, once more (out 19 ms sooner at load 8,
-  its answer no sooner read: 1.18x, 1.03x round by round at load 10-15); the
-  header's first layout forced as the request leaves, to take its fonts out
-  of the answer's way (1.16x, 1.20x round by round, load 10-13).
-  bench_web.py on the page, quiet (load 2.0-2.3): 78, 74, 79 ms against 27,
-  29, 27 ms: 2.94x, 2.58x, 2.98x (2.90x, 2.76x, 2.95x round by round), MET
-  all three, without the margin the goal needs.
+  +2-5 ms of its CPU, and no code cache for a warm page): 0.97x, 1.04x, 0.97x,
+  0.88x, 1.09x (load 2-15; round by round 0.88-1.06x) and 0.96x quiet (0.97x
+  round by round, 31 rounds); the first view's request from a few bytes of
+  script at the head's top, once more (out 19 ms sooner at load 8, its answer
+  no sooner read: 1.18x, 1.03x round by round at load 10-15); the header's
+  first layout forced as the request leaves, to take its fonts out of the
+  answer's way (1.16x, 1.20x round by round, load 10-13). bench_web.py on the
+  page, quiet (load 2.0-2.3): 78, 74, 79 ms against 27, 29, 27 ms: 2.94x,
+  2.58x, 2.98x (2.90x, 2.76x, 2.95x round by round), MET all three, without
+  the margin the goal needs.
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
