@@ -547,6 +547,17 @@ def test_each_metric_is_selectable_and_determined_groups_draw_against_batches(vi
     assert curve(browser, "curves") == {"labels": ["step", "viewsexp-00000"], "data": [[1, 2, 3], [1.0, 0.5, 1 / 3]]}
 
 
+def test_every_view_opened_by_its_address_is_titled_as_the_overview_is(views_site, browser):
+    # A newcomer's link to the Trials view showed only the experiment's id: its name and status came only with
+    # the overview's answer. Each view's own answer carries them now.
+    open_read_only(browser, views_site, "", "overview")
+    titled = browser.execute_script("return document.querySelector('#main > h1').textContent")
+    assert titled.startswith("views (viewsexp) ") and "ERROR" in titled, titled
+    for view, ready in (("/trials", "trials"), ("/params", "params"), ("/queue", "queue")):
+        open_read_only(browser, views_site, view, ready)
+        assert browser.execute_script("return document.querySelector('#main > h1').textContent") == titled, view
+
+
 def test_a_determined_metric_is_named_as_its_user_wrote_it_with_its_group_marked(views_site, browser):
     open_read_only(browser, views_site, "/trial/viewsexp-00003", "trial")
     # Each name in one group only: as the user wrote it (not validation.accuracy, training.loss).

@@ -178,6 +178,13 @@ def _status(db: sqlite3.Connection, exp: Mapping[str, Any]) -> str:
     return background.status(folder, exp)
 
 
+def heading(db: sqlite3.Connection, experiment_id: str, exp: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The experiment's name and status, which every view's title shows (one opened by its address has no
+    overview to take them from)."""
+    exp = _experiment_row(db, experiment_id) if exp is None else exp
+    return {"name": exp["config"].get("experimentName"), "status": _status(db, exp)}
+
+
 def _interrupted(db: sqlite3.Connection, experiment_id: str) -> Interrupted:
     """None but in an INTERRUPTED experiment; there, what is known of each unwatched run (the CLI's)."""
     if _status(db, _experiment_row(db, experiment_id)) != background.INTERRUPTED:
@@ -362,7 +369,7 @@ def trials_page(db: sqlite3.Connection, experiment_id: str, q: TrialQuery,
     ).fetchall()
     interrupted = _interrupted(db, experiment_id)
     return {"total": total, "offset": q.offset, "limit": q.limit, "parameters": names,
-            "rows": [_trial_row(row, interrupted) for row in rows]}
+            "rows": [_trial_row(row, interrupted) for row in rows], "experiment": heading(db, experiment_id, exp)}
 
 
 def _trial_row(row: sqlite3.Row, interrupted: Interrupted) -> Dict[str, Any]:
@@ -460,7 +467,8 @@ def hyperparameters(db: sqlite3.Connection, experiment_id: str) -> Dict[str, Any
         kind, options = parameter_scale(space, name)
         scales[name] = {"kind": kind, "options": options, "span": parameter_span(space, name)}
     return {"optimize_mode": results.optimize_mode(exp["config"]), "parameters": names, "ids": [r["id"] for r in rows],
-            "metric": [r["metric"] for r in rows], "columns": columns, "scales": scales}
+            "metric": [r["metric"] for r in rows], "columns": columns, "scales": scales,
+            "experiment": heading(db, experiment_id, exp)}
 
 
 # ---------------------------------------------------------------- one trial, the queue

@@ -11,11 +11,12 @@
                                              &sort=sequence|id|status|metric|restarts|duration|p:NAME
                                              &order=asc|desc&offset=N&limit=N (EXPR: a..b, >=x, <x, =x, text)
                                              [&with=curves&trials=ID,ID&curve=NAME: with "curves", the curves
-                                             route's answer for those trials and metric, of the same state]
+                                             route's answer for those trials and metric, of the same state];
+                                             and the experiment's {name, status}, as /hyper and /queue
     GET  /api/ui/experiments/<exp>/curves    ?trials=ID,ID (else the 10 best)&metric=NAME: one metric's values per
                                              step, every run of a trial as one series; the names reported
     GET  /api/ui/experiments/<exp>/hyper     parameters and final metric of finished trials, column-wise
-    GET  /api/ui/experiments/<exp>/queue     running, waiting (scheduling order), paused trials
+    GET  /api/ui/experiments/<exp>/queue     {trials: running, waiting (scheduling order), paused; experiment}
     GET  /api/ui/experiments/<exp>/pool      the jobs of the home's resource pool it is in, every experiment's:
                                              {"pool", "scheduler", "jobs": [`job list --pool`'s rows +
                                              experiment_name], "can_update"}
@@ -182,7 +183,9 @@ class _Routes:
         order = None
         if self.performer is not None:
             order = self.performer.perform(actions.find("queue", "order"), None, {})["queue"]
-        return self._read(request, queries.queue, order)
+        with self._reading(request.params["exp"]) as db:
+            return {"trials": queries.queue(db, request.params["exp"], order),
+                    "experiment": queries.heading(db, request.params["exp"])}
 
     def _pool(self, request: Request) -> Any:
         """The pool's jobs (GET), or changes to them (POST), through the action table: the loop knows its pool."""

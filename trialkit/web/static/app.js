@@ -233,13 +233,21 @@
     $('crumbs').replaceChildren(...parts.flatMap((p, i) => (i ? [' / ', p] : [p])));
   }
 
+  // The title: its name (id) and status, from the view's answer (`heading`: the overview, or the `experiment`
+  // that the other views' answers carry); its id alone until that is in.
+  const title = (exp, heading) => (heading
+    ? [heading.name ? `${heading.name} (${exp})` : exp, ' ', statusBadge(heading.status)] : [exp]);
+  function retitle(exp, heading) {
+    const h1 = document.querySelector('#main > h1');
+    if (h1 && heading) h1.replaceChildren(...title(exp, heading));
+  }
+
   function experimentHeader(exp, active, overview) {
     crumbs(el('a', {href: '#/'}, 'experiments'), el('a', {href: '#/exp/' + enc(exp)}, exp));
     const tab = (name, label) => el('a', {href: `#/exp/${enc(exp)}${name ? '/' + name : ''}`,
       class: active === name ? 'active' : null}, label);
     return [
-      el('h1', {}, overview ? [overview.name ? `${overview.name} (${exp})` : exp, ' ', statusBadge(overview.status)]
-        : exp),
+      el('h1', {}, title(exp, overview)),
       el('nav', {class: 'tabs'}, tab('', 'Overview'), tab('trials', 'Trials'), tab('params', 'Hyperparameters'),
         tab('queue', 'Queue')),
     ];
@@ -406,6 +414,7 @@
       }
       reveal(this.chart);
       if (page) {
+        retitle(this.exp, page.experiment);
         this.showTable(tableQuery, page);
         this.tableKey = tableKey;
       }
@@ -661,6 +670,7 @@
     }
     async load() {
       const h = await api(`${expPath(this.exp)}/hyper`);
+      retitle(this.exp, h.experiment);
       // Each chart draws trials by their final metric: with none, there is nothing to draw, said in words.
       const none = !h.ids.length;
       this.note.classList.toggle('empty', none);
@@ -786,7 +796,9 @@
     }
     unmount() { clearTimeout(this.timer); }
     async load() {
-      const [rows] = await Promise.all([api(`${expPath(this.exp)}/queue`), infoReady().then(() => this.loadPool())]);
+      const [queue] = await Promise.all([api(`${expPath(this.exp)}/queue`), infoReady().then(() => this.loadPool())]);
+      retitle(this.exp, queue.experiment);
+      const rows = queue.trials;
       this.body.replaceChildren(...rows.map((t) => el('tr', {'data-trial': t.id},
         el('td', {class: 'num'}, t.position),
         el('td', {}, el('a', {href: `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`}, t.id)),
