@@ -701,7 +701,11 @@ def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
             v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
             return replace(_parse_v2(convert_v1(v1), base), v1=v1)
     except schema.ConfigProblems as err:
-        raise schema.ConfigProblems([_in_v1(one, v1, data) for one in err.problems]) from None
+        # A v2 key written for a v1 one leaves that one missing: said once, at the key written.
+        written = {_v1_where(one.where, v1) for one in err.problems if _holds(data, one.where)}
+        problems = [one for one in map(lambda one: _in_v1(one, v1, data), err.problems)
+                    if one.where not in written or _holds(data, one.where)]
+        raise (problems[0] if len(problems) == 1 else schema.ConfigProblems(problems)) from None
     except UserError as err:
         raise _in_v1(err, v1, data) from None
 
@@ -709,13 +713,12 @@ def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
 def _in_v1(err: UserError, v1: Mapping[str, Any], data: Any = None) -> UserError:
     """The error naming the key the v1 config wrote, in its place and in its words, its v2 name added.
 
-    `data`: the config as written; an error at a key it holds (one v1 does not know) names it already."""
+    `data`: the config as written; an error at a key it holds (one v1 does not know) names it already, and a v2
+    key there is told its v1 name."""
     if _holds(data, err.where):
         meant = _v1_where(err.where, v1)
-        if meant == err.where or meant in (err.fix or ""):
-            return err
-        return UserError(err.what, err.where, "; ".join(filter(None, [err.fix, f"{err.where} is a v2 key: a v1 "
-                                                                      f"config writes {meant}"])))
+        return err if meant == err.where else UserError(err.what, err.where, f"{err.where} is a v2 key: a v1 "
+                                                                              f"config writes {meant}")
     where = _v1_where(err.where, v1)
     what, fix = _v1_words(err.what), _v1_words(err.fix)
     if where != err.where:
