@@ -16,6 +16,8 @@ import json
 import re
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from contextlib import closing
 from pathlib import Path
@@ -129,6 +131,48 @@ def test_a_ctrl_c_delivered_twice_after_a_quick_stop_ends_the_run_as_one_does(tm
     assert (proc.returncode, "killing" in out, "Traceback" in err) == (1, False, False), out + err  # 1: none succeeded
     assert f"trialkit ui {exp}" in out.splitlines()[-1], out  # the summary, to its last line
     assert export(exp)[0]["status"] == "PREEMPTED"
+
+
+# `trialkit run CONFIG` with a Ctrl-C delivered as its loop is made or as its manager starts (argv[2]): the
+# window in which a newcomer's Ctrl-C, a tenth of a second after the start, found Python's own handler (exit 130,
+# nothing said, the experiment left RUNNING in its store and listed INTERRUPTED with no trial).
+CTRL_C_AT_THE_START = """
+import os, signal, sys
+from trialkit.control import loop, manager_http
+if sys.argv[2] == "loop":
+    made = loop.Loop.__init__
+    def interrupted(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        made(self, *args, **kwargs)
+    loop.Loop.__init__ = interrupted
+else:
+    start = manager_http.Manager.start.__func__
+    def interrupted(cls, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return start(cls, *args, **kwargs)
+    manager_http.Manager.start = classmethod(interrupted)
+from trialkit.cli import main
+sys.exit(main(["run", sys.argv[1]]))
+"""
+
+
+def test_a_ctrl_c_as_the_run_starts_stops_the_experiment_as_one_later_does(tmp_path, home):
+    config = experiment(tmp_path, X, CHECKPOINTING, trialConcurrency=1, maxTrialNumber=1)
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AT_THE_START, str(config), "manager"], capture_output=True,
+                          text=True, timeout=WAIT)
+    assert (done.returncode, "Traceback" in done.stderr) == (1, False), done.stdout + done.stderr
+    assert "SIGINT: stopping the trials gracefully" in done.stdout, done.stdout
+    exp = experiment_id(done.stdout.splitlines()[0])
+    listed = cli("experiment", "list").stdout
+    assert re.search(rf"^{exp}\b.*\bSTOPPED\b", listed, re.M), listed  # not INTERRUPTED
+
+
+def test_a_ctrl_c_before_the_loop_can_take_it_leaves_no_experiment(tmp_path, home):
+    config = experiment(tmp_path, X, CHECKPOINTING, trialConcurrency=1, maxTrialNumber=1)
+    done = subprocess.run([sys.executable, "-c", CTRL_C_AT_THE_START, str(config), "loop"], capture_output=True,
+                          text=True, timeout=WAIT)
+    assert (done.returncode, done.stdout, "Traceback" in done.stderr) == (130, "", False), done.stderr
+    assert list((home / "experiments").iterdir()) == [], "a half-made experiment is left to list"
 
 
 def test_a_trial_killed_by_the_stop_without_a_checkpoint_is_canceled_and_stays_so(tmp_path, home):

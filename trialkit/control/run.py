@@ -51,17 +51,25 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
         raise
     try:
         try:
-            store.create_experiment(experiment_id, config=config.to_dict())
-        except sqlite3.OperationalError as err:
-            raise store.refusing(err) from None
-        loop = Loop(config, experiment_id, experiment_dir, store, out)
-        try:
-            manager = Manager.start(loop, port, page)
-        except UserError:  # a taken --port: no trial ran, so no experiment is left to list as INTERRUPTED
+            try:
+                store.create_experiment(experiment_id, config=config.to_dict())
+            except sqlite3.OperationalError as err:
+                raise store.refusing(err) from None
+            loop = Loop(config, experiment_id, experiment_dir, store, out)
+        except KeyboardInterrupt:  # a Ctrl-C before the loop could take it: no experiment is left half-made
             store.close()
             forget_unstarted(experiment_dir)
             raise
-        return _run(loop, manager, platform, "started", [])
+        # From here a Ctrl-C is the loop's: a stop, said and recorded (one as the manager starts left the
+        # experiment RUNNING in its store, listed INTERRUPTED with no trial and no word).
+        with loop.signals_handled():
+            try:
+                manager = Manager.start(loop, port, page)
+            except UserError:  # a taken --port: no trial ran, so no experiment is left to list as INTERRUPTED
+                store.close()
+                forget_unstarted(experiment_dir)
+                raise
+            return _run(loop, manager, platform, "started", [])
     finally:
         store.close()
 
@@ -94,15 +102,16 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
         # As the faces said it: an interrupted run counts to the last moment anything was known of it.
         elapsed = experiment_ran(experiment_dir, stored["status"], store.open_runs(experiment_id)) or 0.0
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=elapsed)
-        loop.paused = stored["status"] == PAUSED  # it stays paused until activated
-        if not loop.paused:
-            try:
-                store.set_experiment_status(experiment_id, RUNNING)
-            except sqlite3.OperationalError as err:  # the first write: a disk that takes none is one line
-                raise store.refusing(err) from None
-        running = restore(loop)
-        manager = Manager.start(loop, port, page, info.token if info else None, info.port if info else None)
-        return _run(loop, manager, platform, "resumed", running)
+        with loop.signals_handled():  # a Ctrl-C from here is the loop's: a stop, said and recorded
+            loop.paused = stored["status"] == PAUSED  # it stays paused until activated
+            if not loop.paused:
+                try:
+                    store.set_experiment_status(experiment_id, RUNNING)
+                except sqlite3.OperationalError as err:  # the first write: a disk that takes none is one line
+                    raise store.refusing(err) from None
+            running = restore(loop)
+            manager = Manager.start(loop, port, page, info.token if info else None, info.port if info else None)
+            return _run(loop, manager, platform, "resumed", running)
     finally:
         store.close()
 
@@ -176,21 +185,20 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
         loop.progress.say(f"note: {note}")
     status = ERROR
     try:
-        with loop.signals_handled():
-            loop.platform = platform
-            loop.platform.on_end = loop.ended
-            loop.platform.on_waiting = loop.waiting
-            loop.platform.trials_at_once = lambda: loop.config.trial_concurrency
-            capacity = platform.capacity_note(loop.config.trial_concurrency)
-            if capacity:
-                loop.progress.say(f"note: {capacity}")
-            resume_trials(loop, running)
-            loop.serve()
-            if loop.retention is not None:
-                loop.retention.close(RETENTION_SECONDS)
-            status = loop.final_status()
-            if status in (DONE, STOPPED):
-                platform.experiment_ended(loop.experiment_id, list(loop.trials))
+        loop.platform = platform
+        loop.platform.on_end = loop.ended
+        loop.platform.on_waiting = loop.waiting
+        loop.platform.trials_at_once = lambda: loop.config.trial_concurrency
+        capacity = platform.capacity_note(loop.config.trial_concurrency)
+        if capacity:
+            loop.progress.say(f"note: {capacity}")
+        resume_trials(loop, running)
+        loop.serve()
+        if loop.retention is not None:
+            loop.retention.close(RETENTION_SECONDS)
+        status = loop.final_status()
+        if status in (DONE, STOPPED):
+            platform.experiment_ended(loop.experiment_id, list(loop.trials))
     finally:
         # Recorded while the manager still serves: a tab open on the page shows the end before its server goes.
         why = loop.error if status == ERROR else loop.stopping[1] if loop.stopping is not None else None
