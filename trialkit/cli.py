@@ -1259,8 +1259,9 @@ def build_parser() -> ArgumentParser:
         prog=PROG,
         description="Run hyperparameter experiments: trials on this machine or a cluster, "
         "their metrics kept in the experiment's store.",
-        epilog="Exit status: 0 on success (run and resume: at least one trial succeeded), "
-        "1 when an experiment ends without a successful trial, 2 for a mistake in the command or config.",
+        epilog="Exit status: 0 on success (run and resume: at least one trial succeeded, whether the experiment "
+        "ended DONE or was stopped), 1 when an experiment ends without a successful trial, 2 for a mistake in the "
+        "command or config, 130 for a Ctrl-C before an experiment was made (none is left).",
     )
     parser.add_argument("-V", "--version", action=_Version, nargs=0,
                         help="print trialkit's version and the engines installed beside it, and exit")
