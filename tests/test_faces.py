@@ -123,6 +123,13 @@ def test_the_progress_line_has_its_limits_and_keeps_the_best_trial_within_80_col
     assert "10 of 10 ended: 9 done, 1" in drawn, drawn  # the counts are what a cut takes
 
 
+def test_paused_trials_are_counted_apart_from_the_ended_ones():
+    # A newcomer's stopped run with two trials PAUSED ended on "0 of 6 ended: 0 done, 0 running, 0 failed,
+    # 0 early-stopped": the two were counted nowhere.
+    line = Snapshot(1, 0, 0, 0, 1, 12.0, max_trials=6, paused=2).line()
+    assert " 2 of 6 ended: 1 done, 0 running, 0 failed, 0 early-stopped, 1 canceled, 2 paused" in line, line
+
+
 def test_a_final_only_experiment_plots_with_a_word_why_and_an_all_failed_one_does_not(done_experiment, tmp_path):
     exp, _ = done_experiment
     out = tmp_path / "plot.png"

@@ -810,6 +810,7 @@ class Loop:
             failed=counts.get(FAILED, 0),
             early_stopped=counts.get(EARLY_STOPPED, 0),
             canceled=counts.get(USER_CANCELED, 0) + counts.get(SYS_CANCELED, 0),
+            paused=counts.get(PREEMPTED, 0),
             elapsed=self.elapsed(),
             best_value=metric_value(best.final) if best else None,
             best_trial=best.id if best else None,

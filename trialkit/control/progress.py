@@ -37,6 +37,7 @@ class Snapshot(NamedTuple):
     time_left: Optional[float] = None  # of maxExperimentDuration, while the experiment runs
     waiting: int = 0  # submitted and held back by the platform (their resource pool is full)
     waiting_for: str = ""  # why the first of them waits (the platform's reason: "waiting for 1 slot of ...")
+    paused: int = 0  # stopped with their checkpoint (PREEMPTED): not ended, they go on when activated or resumed
 
     def line(self, width: Optional[int] = None) -> str:
         """The line. Within `width` columns (a terminal's), counts of 0 are left out and the best trial's
@@ -49,7 +50,7 @@ class Snapshot(NamedTuple):
         held = [(self.waiting, f"waiting ({self.waiting_for.removeprefix('waiting ')})")] if self.waiting else []
         counts = [(self.done, "done"), (self.running, "running")] + held + [
             (self.failed, "failed"), (self.early_stopped, "early-stopped")] + (
-            [(self.canceled, "canceled")] if self.canceled else [])
+            [(self.canceled, "canceled")] if self.canceled else []) + ([(self.paused, "paused")] if self.paused else [])
         shown = counts if width is None else [c for c in counts if c[0] or c[1] == "done"]
         tally = f"{ended}{of} ended: " + ", ".join(f"{n} {what}" for n, what in shown)
         if self.best_value is None:
