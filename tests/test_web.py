@@ -653,6 +653,10 @@ def test_parameter_axes_follow_the_search_space(views_site, browser):
     scatter = browser.execute_script("const l = document.getElementById('scatter')._fullLayout;"
                                      "return [l.xaxis.range, l.xaxis2.range]")
     assert scatter[1] == [-0.5, 2.5] and scatter[0][0] < -4 < -1 < scatter[0][1] < -0.8, scatter
+    # Labelled as the parallel coordinates are: plotly's own labels wrote 0.0001 as "100μ" (newcomer11).
+    labels = browser.execute_script("return [...document.querySelectorAll('#scatter .xtick text')]"
+                                    ".map(t => t.textContent)")
+    assert labels == ["0.0001", "0.001", "0.01", "0.1"], labels
     shot(browser, "axes")
 
 

@@ -745,9 +745,18 @@
     // A margin (5% a side, as `experiment plot` has), so that a point at either end shows whole.
     const [low, high] = log ? ends.map(Math.log10) : ends;
     const pad = (high - low) * 0.05;
-    const whole = log ? null : wholeTicks(values, ends);
-    return {title, type: log ? 'log' : undefined, range: [low - pad, high + pad],
-      ...(whole ? {tickmode: 'array', tickvals: whole} : {})};
+    const ticks = log ? powerTicks(low, high) : wholeTicks(values, ends);
+    // A log axis labelled plainly (plotly's own writes 0.0001 as "100μ"), as the parallel coordinates are.
+    return {title, type: log ? 'log' : undefined, range: [low - pad, high + pad], exponentformat: 'none',
+      ...(ticks ? {tickmode: 'array', tickvals: ticks, ticktext: ticks.map(String)} : {})};
+  }
+  // The powers of ten from 10^low to 10^high, thinned to at most 5, as `experiment plot` ticks a log axis
+  // (plot.log_ticks); null where fewer than 2 (a range inside a decade: the chart's own ticks).
+  function powerTicks(low, high) {
+    const powers = [];
+    for (let d = Math.ceil(low - 1e-9); d <= Math.floor(high + 1e-9); d++) powers.push(Number(`1e${d}`));
+    const stride = Math.ceil(powers.length / 5);
+    return powers.length >= 2 ? powers.filter((_, i) => i % stride === 0) : null;
   }
   // Ticks on whole numbers only where every value drawn is one (a randint, a quniform of q 1, Hyperband's
   // TRIAL_BUDGET), as `experiment plot` has them (plot._whole_ticks): 1, 2 or 5 times a power of ten apart, at
