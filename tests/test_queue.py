@@ -196,7 +196,7 @@ def test_one_slot_starts_waiting_trials_in_the_order_their_priorities_say(tmp_pa
     assert admin.act(exp, "queue", "order") == {"queue": [t0, t2, t1]}
     assert admin.act(exp, "trial", "priority", t0, body={"priority": 50}) == {"queue": [t2, t1, t0]}
     view = requests.get(f"{base}/api/ui/experiments/{exp}/queue", headers=page, timeout=WAIT).json()
-    assert [row["id"] for row in view] == [t3, t2, t1, t0]
+    assert [row["id"] for row in view["trials"]] == [t3, t2, t1, t0]
 
     ok("trial", "kill", t3)  # frees the slot: the queue's head starts, then the next
     assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()

@@ -279,9 +279,11 @@ signal.pause()
 """
 # Says its signal mask, then waits; SIGTERM makes it say so and leave. The mask is read by the shell's own
 # builtins: a `grep` child read it while dash had every signal blocked around its vfork of that child (a
-# flake: SigBlk fffffffe7ffbfeff now and then, the child's own mask being empty).
-KEEPER_STANDIN = ("while read -r key value; do [ \"$key\" = SigBlk: ] && echo \"$key $value\" > blocked; done "
-                  "< /proc/$$/status; trap 'echo term > got; exit 0' TERM; while :; do sleep 0.1; done")
+# flake: SigBlk fffffffe7ffbfeff now and then, the child's own mask being empty). Its trap is set before it says
+# the mask, which the test waits for: set after, a SIGTERM between the two ended the shell unsaid (a flake under
+# load: "timed out waiting for the keeper's SIGTERM").
+KEEPER_STANDIN = ("trap 'echo term > got; exit 0' TERM; while read -r key value; do [ \"$key\" = SigBlk: ] && "
+                  "echo \"$key $value\" > blocked; done < /proc/$$/status; while :; do sleep 0.1; done")
 
 
 def test_a_keeper_starts_without_a_fork_of_its_host_and_gets_sigterm_when_the_host_dies(tmp_path):
