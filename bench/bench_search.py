@@ -78,6 +78,10 @@ lineage to members that had trained more). trialkit's PBT alone, before and afte
 (load 1.3 to 23): a seed's best over 9 to 10 runs, seeds 0, 1, 2: 0.9667-0.9867, 0.9617-0.9833, 0.9717-0.9867 ->
 0.9767-0.9800, 0.9767-0.9850, 0.9833-0.9883; the mean of all runs alike (0.9800, 0.9805). The race once, `--seeds 3
 --methods PBT` (load 7.19 -> 8.82): 0.9794 against Ray's 0.9750, to Ray's best 4.3 s against 9.7 s (0.45): MET.
+The whole race twice more, warm, three seeds (20:37, load 4.89 -> 2.30; 21:46, 2.48 -> 1.73): Hyperband MET
+0.54, 0.64; BOHB MET 0.54, 0.61; ASHA MET 0.26, then MISSED on its mean best (0.9900 against Ray's 0.9906); PBT
+MISSED on time (1.54: seed 0's best 0.9767 under Ray's 0.9783), then MET 0.86. Each miss is one held-out image in
+600 (docs/searches.md).
 """
 from __future__ import annotations
 
