@@ -703,8 +703,8 @@ def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
     except schema.ConfigProblems as err:
         # A v2 key written for a v1 one leaves that one missing: said once, at the key written.
         written = {_v1_where(one.where, v1) for one in err.problems if _holds(data, one.where)}
-        problems = [one for one in map(lambda one: _in_v1(one, v1, data), err.problems)
-                    if one.where not in written or _holds(data, one.where)]
+        problems = [_in_v1(one, v1, data) for one in err.problems]
+        problems = [one for one in problems if one.where not in written or _holds(data, one.where)]
         raise (problems[0] if len(problems) == 1 else schema.ConfigProblems(problems)) from None
     except UserError as err:
         raise _in_v1(err, v1, data) from None
