@@ -54,6 +54,18 @@ def test_the_first_trials_failing_alike_stop_the_experiment_and_every_face_says_
     assert all(row["reason"].startswith(MISSING) for row in page["rows"]), page["rows"]
 
 
+def test_a_misspelt_script_stops_it_though_each_trial_names_its_own_copy(tmp_path):
+    # Each trial runs a copy of the code in its own dir, so the interpreter's complaint differs by that dir alone.
+    config = experiment(tmp_path, X, "print('never run')\n", maxTrialNumber=20, trialConcurrency=1,
+                        trialCommand="python3 trail.py")
+    done = cli("run", config)
+    assert done.returncode == 1, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    assert [row["status"] for row in export(exp)] == ["FAILED"] * 3, done.stdout
+    said = re.search(r"error: the first 3 trials all failed the same way: (.*)", done.stdout)
+    assert said and f"{exp}-00000" in said.group(1) and "trail.py" in said.group(1), done.stdout
+
+
 def test_with_0_every_trial_runs_as_in_nni(tmp_path):
     config = experiment(tmp_path, X, "import no_such_module_here\n", maxTrialNumber=4, trialConcurrency=2,
                         stopWhenFirstTrialsFail=0)

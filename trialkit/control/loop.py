@@ -543,7 +543,9 @@ class Loop:
         first = sorted(self.trials.values(), key=lambda t: t.sequence)[:count]
         if not count or self.stopping is not None or len(first) < count:
             return
-        if any(t.status != FAILED for t in first) or len({(t.reason, t.exit_code) for t in first}) != 1:
+        # A trial's own id (its dir, its copy of the code) in a reason differs from trial to trial alone.
+        ways = {((t.reason or "").replace(t.id, "{trial}"), t.exit_code) for t in first}
+        if any(t.status != FAILED for t in first) or len(ways) != 1:
             return
         why = first[0].reason or f"exit {first[0].exit_code}"
         self.error = (f"the first {count} trials all failed the same way: {why} (see `trialkit trial show "
