@@ -112,3 +112,14 @@ def test_a_detached_resume_on_a_taken_port_says_it_too(held):
         assert lines[1] == f"{taken}; serving at http://127.0.0.1:{now} instead; --port N to choose"
     finally:
         assert cli("experiment", "stop", exp).returncode == 0
+
+
+def test_a_resume_refused_its_port_leaves_the_experiment_as_it_was(held):
+    # Asked for by --port, a taken port is refused in one line; the store is not touched before the manager
+    # listens (a refused resume had left a STOPPED experiment INTERRUPTED, its trials WAITING).
+    exp, port, _ = held
+    before = cli("experiment", "show", exp).stdout, cli("trial", "list", exp).stdout
+    done = cli("experiment", "resume", exp, "--port", port)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert (cli("experiment", "show", exp).stdout, cli("trial", "list", exp).stdout) == before

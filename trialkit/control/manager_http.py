@@ -1,6 +1,7 @@
 """The manager's HTTP side of a running experiment, wired to its loop.
 
-    manager = Manager.start(loop, port, page=hook)   # listening; manager.json written
+    listening = Listening.on(store, config, port)     # bound (a taken --port refuses here), not serving yet
+    manager = Manager.start(loop, listening, page=hook)  # serving; manager.json written
     manager.url                                       # what trials are told to deliver to
     manager.close(note)                               # the page's open tabs are told `note`, then it stops
 
@@ -25,7 +26,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Optional, Tuple
 
 from trialkit.control import actions
 from trialkit.control.actions import Action, Performer
@@ -53,6 +54,28 @@ class AttachedPage:
 PageHook = Callable[[ManagerServer, Store, ManagerInfo, Performer], AttachedPage]
 
 
+class Listening(NamedTuple):
+    """A manager's socket, bound before the experiment's store is written to: a port that is taken refuses the
+    start while nothing has changed (a resume refused so had left a stopped experiment INTERRUPTED)."""
+    server: ManagerServer
+    taken: Optional[Tuple[int, Optional[str]]]  # the earlier run's port, and who holds it, when it moved
+
+    @classmethod
+    def on(cls, store: Store, config: ExperimentConfig, port: Optional[int],
+           last_port: Optional[int] = None) -> "Listening":
+        """Listen on `port` (UserError when taken); without one on `last_port`, the earlier run's, else (taken)
+        any free one, said later in the manager's `moved`."""
+        host = "127.0.0.1" if config.platform == "local" else "0.0.0.0"
+        try:
+            return cls(ManagerServer(store, host, port or last_port or 0, tls=tls_files(config)), None)
+        except OSError as err:
+            if port or not last_port:
+                raise UserError(f"cannot listen on {host}:{port}: {err.strerror}", "--port",
+                                "pick a free port, or leave --port out for any free one") from None
+            taken = last_port, ports.holder(last_port)  # while it still holds it
+            return cls(ManagerServer(store, host, 0, tls=tls_files(config)), taken)
+
+
 class Manager:
     def __init__(self, server: ManagerServer, info: ManagerInfo, experiment_dir: Path,
                  page: Optional[AttachedPage], moved: Optional[str] = None):
@@ -63,24 +86,13 @@ class Manager:
         self.moved = moved  # the line that says the earlier run's port was taken, and where this one listens
 
     @classmethod
-    def start(cls, loop: "Loop", port: Optional[int], page: Optional[PageHook] = None,
-              token: Optional[str] = None, last_port: Optional[int] = None) -> "Manager":
-        """Listen (UserError when the port is taken), wire the routes to the loop, write manager.json; `token`:
-        the admin token of the experiment's earlier run, kept (ManagerInfo.for_this_process); `last_port`: that
-        run's port, listened on again when no `port` is asked for, else (taken) any free one, said in `moved`."""
-        local = loop.config.platform == "local"
-        host = "127.0.0.1" if local else "0.0.0.0"
-        taken: Optional[Tuple[int, Optional[str]]] = None  # (the earlier run's port, who holds it)
-        try:
-            server = ManagerServer(loop.store, host, port or last_port or 0, tls=tls_files(loop.config))
-        except OSError as err:
-            if port or not last_port:
-                raise UserError(f"cannot listen on {host}:{port}: {err.strerror}", "--port",
-                                "pick a free port, or leave --port out for any free one") from None
-            taken = last_port, ports.holder(last_port)  # while it still holds it
-            server = ManagerServer(loop.store, host, 0, tls=tls_files(loop.config))
+    def start(cls, loop: "Loop", listening: Listening, page: Optional[PageHook] = None,
+              token: Optional[str] = None) -> "Manager":
+        """Wire the routes to the loop, serve, write manager.json; `token`: the admin token of the experiment's
+        earlier run, kept (ManagerInfo.for_this_process)."""
+        server, taken = listening.server, listening.taken
         bound = server.url.rsplit(":", 1)[1]
-        url = server.url if local else f"{server.scheme}://{_advertised_host(loop.config)}:{bound}"
+        url = server.url if loop.config.platform == "local" else f"{server.scheme}://{_advertised_host(loop.config)}:{bound}"
         info = ManagerInfo.for_this_process(loop.experiment_id, url, int(bound), loop.elapsed_before, token)
         install_admin_routes(server, info.token, loop)
         attached = page(server, loop.store, info, loop) if page is not None else None

@@ -22,7 +22,7 @@ from trialkit import platforms, records
 from trialkit.control import admin, checkpoints
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop
-from trialkit.control.manager_http import Manager, PageHook
+from trialkit.control.manager_http import Listening, Manager, PageHook
 from trialkit.control.progress import page_again, trials_table
 from trialkit.control.results import (ExperimentResult, best_row, experiment_ran, metric_value, shown_values,
                                       trial_rows)
@@ -64,7 +64,7 @@ def run_experiment(config: ExperimentConfig, port: Optional[int] = None, experim
         # experiment RUNNING in its store, listed INTERRUPTED with no trial and no word).
         with loop.signals_handled():
             try:
-                manager = Manager.start(loop, port, page)
+                manager = Manager.start(loop, Listening.on(store, config, port), page)
             except UserError:  # a taken --port: no trial ran, so no experiment is left to list as INTERRUPTED
                 store.close()
                 forget_unstarted(experiment_dir)
@@ -103,14 +103,20 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
         elapsed = experiment_ran(experiment_dir, stored["status"], store.open_runs(experiment_id)) or 0.0
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=elapsed)
         with loop.signals_handled():  # a Ctrl-C from here is the loop's: a stop, said and recorded
-            loop.paused = stored["status"] == PAUSED  # it stays paused until activated
-            if not loop.paused:
-                try:
-                    store.set_experiment_status(experiment_id, RUNNING)
-                except sqlite3.OperationalError as err:  # the first write: a disk that takes none is one line
-                    raise store.refusing(err) from None
-            running = restore(loop)
-            manager = Manager.start(loop, port, page, info.token if info else None, info.port if info else None)
+            # Bound before the store is written: a taken --port leaves the experiment as it was.
+            listening = Listening.on(store, config, port, info.port if info else None)
+            try:
+                loop.paused = stored["status"] == PAUSED  # it stays paused until activated
+                if not loop.paused:
+                    try:
+                        store.set_experiment_status(experiment_id, RUNNING)
+                    except sqlite3.OperationalError as err:  # the first write: a disk that takes none is one line
+                        raise store.refusing(err) from None
+                running = restore(loop)
+            except BaseException:
+                listening.server.stop()
+                raise
+            manager = Manager.start(loop, listening, page, info.token if info else None)
             return _run(loop, manager, platform, "resumed", running)
     finally:
         store.close()
