@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from conftest import ROOT
-from experiment_util import experiment, experiment_id, reported, start_cli, trial_status
+from experiment_util import cli, experiment, experiment_id, reported, start_cli, trial_status
 from harness import signal_and_wait, wait_until
 from trialkit.control.actions import ADMIN_PREFIX, Action
 from trialkit.control.admin import read_info
@@ -89,6 +89,8 @@ def test_actions_need_the_page_token_and_refuse_cross_site_requests(running):
     own = {**good, "Origin": base, "Sec-Fetch-Site": "same-origin"}
     assert requests.post(kill, headers=own, timeout=10).status_code == 200
     wait_until(lambda: trial_status(home, trial) == USER_CANCELED, 60, "the trial to be killed")
+    shown = cli("trial", "show", trial).stdout
+    assert "USER_CANCELED: killed from the page" in shown, shown  # not by `trialkit trial kill`
 
 
 class Recorder:

@@ -45,6 +45,7 @@ ADMIN_PREFIX = "/api/v1/admin"
 
 # Why a trial is stopped -> the status it ends with.
 KILL_STOP = (USER_CANCELED, "killed by `trialkit trial kill`")
+PAGE_KILL_STOP = (USER_CANCELED, "killed from the page")  # the page's route marks its actions {"by": "page"}
 PAUSE_STOP = (PREEMPTED, "paused")
 USER_STOP = (USER_CANCELED, "stopped by `trialkit experiment stop`")
 
@@ -129,12 +130,13 @@ def import_results(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
 def kill_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     """Stop a running trial for good; a waiting or paused one ends without starting again."""
     trial = _known(loop, trial_id)
+    why = PAGE_KILL_STOP if isinstance(body, dict) and body.get("by") == "page" else KILL_STOP
     if trial.id in loop.active and trial.stop is not None:
-        trial.stop = KILL_STOP  # already stopping (a pause, say): it ends canceled instead
+        trial.stop = why  # already stopping (a pause, say): it ends canceled instead
     elif trial.id in loop.active:
-        loop.stop_trial(trial, KILL_STOP)
+        loop.stop_trial(trial, why)
     elif trial.id in loop.queue or trial.paused:
-        loop.cancel(trial, KILL_STOP)
+        loop.cancel(trial, why)
     else:
         raise HttpError(409, f"trial {trial_id} is not running")
     return {"stopping": trial.id}

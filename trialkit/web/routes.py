@@ -246,7 +246,11 @@ class _Routes:
             raise HttpError(404, f"no action {name!r} (one of {', '.join(offered)})")
         if self.performer is None:
             raise HttpError(501, f"{name} is not available in this manager")
-        self.performer.perform(actions.find("trial", name), trial_id, request.json() if request.body else {})
+        body = request.json() if request.body else {}
+        if not isinstance(body, dict):
+            raise HttpError(400, "expected a JSON object")
+        # Marked as the page's, so that a trial it kills says so (not `trialkit trial kill`).
+        self.performer.perform(actions.find("trial", name), trial_id, {**body, "by": "page"})
         return {"ok": True, "at": time.time()}
 
 
