@@ -70,7 +70,8 @@ def test_a_finished_experiment_is_not_resumed_stopped_paused_or_changed(done_exp
                  ["job", "update", trial, "--priority", "1"], ["experiment", "update", exp, "--trial-concurrency", "2"]):
         done = cli(*args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
-        assert f"experiment {exp} has ended (DONE): nothing of it runs now" in done.stderr, (args, done.stderr)
+        named = "TRIAL_ID" if trial in args else "EXPERIMENT_ID"  # the argument the user gave, not another
+        assert f"{named}: experiment {exp} has ended (DONE): nothing of it runs now" in done.stderr, (args, done.stderr)
         assert "resume" not in done.stderr, (args, done.stderr)  # a DONE experiment has nothing to resume
     from trialkit.experiment import Experiment
 

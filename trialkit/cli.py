@@ -1113,7 +1113,7 @@ def _move(moves: List[Move]) -> None:
                             "each experiment schedules its own trials: move a trial next to one of its experiment")
         by_experiment.setdefault(experiment_id, []).append(move)
     for experiment_id, group in by_experiment.items():
-        admin.act(experiment_id, "queue", "moves", body={"moves": [m.to_json() for m in group]})
+        admin.act(experiment_id, "queue", "moves", body={"moves": [m.to_json() for m in group]}, where="TRIAL_ID")
 
 
 # -- the page -----------------------------------------------------------------------------

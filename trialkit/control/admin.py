@@ -127,16 +127,17 @@ def read_info(experiment_dir: Path) -> Optional[ManagerInfo]:
 # -- the client (the CLI) --------------------------------------------------------------
 
 
-def running_manager(experiment_id: str) -> ManagerInfo:
-    """The running manager of an experiment; UserError when none runs, saying whether it ended."""
+def running_manager(experiment_id: str, where: str = "EXPERIMENT_ID") -> ManagerInfo:
+    """The running manager of an experiment; UserError when none runs, saying whether it ended, placed at
+    `where` (the argument that named it: a trial's command names the experiment by the trial)."""
     info = read_info(paths.experiment_dir(experiment_id))
     if info is None or not info.running():
         ended = ended_status(experiment_id)
         if ended is None:  # interrupted: its manager is gone before its end
-            raise UserError(f"experiment {experiment_id} is not running", "EXPERIMENT_ID",
+            raise UserError(f"experiment {experiment_id} is not running", where,
                             f"resume it with `trialkit experiment resume {experiment_id}`")
         results = f"its results: `trialkit experiment show {experiment_id}`"
-        raise UserError(f"experiment {experiment_id} has ended ({ended}): nothing of it runs now", "EXPERIMENT_ID",
+        raise UserError(f"experiment {experiment_id} has ended ({ended}): nothing of it runs now", where,
                         results if ended == "DONE" else f"{results}; go on with `trialkit experiment resume {experiment_id}`")
     return info
 
@@ -161,13 +162,13 @@ def ended_status(experiment_id: str) -> Optional[str]:
     return status if status in (DONE, STOPPED, ERROR) else None
 
 
-def call(experiment_id: str, method: str, path: str, body: Any = None) -> Any:
-    """An admin request to the experiment's running manager; its JSON answer."""
+def call(experiment_id: str, method: str, path: str, body: Any = None, where: str = "EXPERIMENT_ID") -> Any:
+    """An admin request to the experiment's running manager; its JSON answer. `where`: as running_manager's."""
     import http.client
     import urllib.error
     import urllib.request
 
-    info = running_manager(experiment_id)
+    info = running_manager(experiment_id, where)
     data = json.dumps({} if body is None else body).encode() if method == "POST" else None
     # The manager listens on loopback or on every address: loopback reaches it either way.
     scheme = "https" if info.url.startswith("https:") else "http"
@@ -193,9 +194,12 @@ def call(experiment_id: str, method: str, path: str, body: Any = None) -> Any:
                         "see its manager.log") from None
 
 
-def act(experiment_id: str, on: str, name: str, trial_id: Optional[str] = None, body: Any = None) -> Any:
-    """One action of the table (trialkit.control.actions) on the experiment's running manager; its JSON answer."""
+def act(experiment_id: str, on: str, name: str, trial_id: Optional[str] = None, body: Any = None,
+        where: Optional[str] = None) -> Any:
+    """One action of the table (trialkit.control.actions) on the experiment's running manager; its JSON answer.
+    `where`: the argument that named the experiment (TRIAL_ID when a trial's id did), for a refusal to point at."""
     from trialkit.control import actions
 
     action = actions.find(on, name)
-    return call(experiment_id, action.method, action.path(trial_id), body)
+    return call(experiment_id, action.method, action.path(trial_id), body,
+                where or ("TRIAL_ID" if trial_id else "EXPERIMENT_ID"))
