@@ -113,3 +113,13 @@ def test_a_trial_that_the_experiments_error_canceled_says_why_in_the_trial_table
     listed = cli("trial", "list", exp).stdout
     line = next(line for line in listed.splitlines() if line.startswith(canceled[0]["trial_id"]))
     assert re.match(r"\S+  SYS_CANCELED  .*  experiment stopped: its first 3 trials all failed$", line), listed
+
+
+def test_a_run_cut_short_says_why_at_its_end_as_experiment_show_does(tmp_path):
+    script = "import time, trialkit\ntrialkit.get_next_parameter()\ntime.sleep(60)\n"
+    config = experiment(tmp_path, X, script, maxTrialNumber=2, maxExperimentDuration="2s", trialGraceSeconds=2)
+    done = cli("run", config)
+    exp = experiment_id(done.stdout.splitlines()[0])
+    end = done.stdout[done.stdout.index(f"\nexperiment {exp} DONE after "):].splitlines()
+    assert end[2] == "why: maxExperimentDuration reached", done.stdout
+    assert "status      DONE: maxExperimentDuration reached" in cli("experiment", "show", exp).stdout

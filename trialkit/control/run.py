@@ -230,6 +230,8 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
     snapshot = loop.snapshot()
     snapshot = snapshot._replace(elapsed=loop.elapsed() if ran is None else ran)
     say(f"\nexperiment {loop.experiment_id} {result.status} after {snapshot.line()}")
+    if loop.error is None and loop.stopping is not None:  # why it ended early, as `experiment show` says it
+        say(f"why: {loop.stopping[1]}")
     if result.trials:
         say(trials_table(result.trials[-SUMMARY_ROWS:], space=space))
     if len(result.trials) > SUMMARY_ROWS:
