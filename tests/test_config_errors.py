@@ -168,6 +168,17 @@ def test_a_config_file_that_cannot_be_read_is_named_once(tmp_path, text, said):
     assert f"{path}: {said}" in done.stderr, done.stderr
 
 
+def test_a_search_space_given_as_the_config_is_said_to_be_one(tmp_path):
+    # It was read as a config of unknown keys: one 2,000-character line that listed the top-level keys per key.
+    path = tmp_path / "search_space.json"
+    path.write_text(json.dumps({"lr": {"_type": "loguniform", "_value": [1e-4, 0.1]},
+                                "batch_size": {"_type": "choice", "_value": [16, 32]}}))
+    done = cli("run", path)
+    assert done.returncode == 2 and done.stderr == (
+        f"trialkit: error: {path}: this is a search space, not an experiment's config (name it in a config's "
+        "searchSpaceFile, as examples/quickstart/config.yml does)\n"), done.stderr
+
+
 V1_WITH_V2_KEYS = """\
 authorName: default
 trialConcurrency: 1

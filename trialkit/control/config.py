@@ -184,6 +184,9 @@ def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "con
         raise UserError(f"the config must be a mapping of keys to values, got {schema.show(data)}", source,
                         "start from an example config")
     schema.check_shape(data, source)
+    if data and all(isinstance(v, Mapping) and "_type" in v for v in data.values()):
+        raise UserError("this is a search space, not an experiment's config", source,
+                        "name it in a config's searchSpaceFile, as examples/quickstart/config.yml does")
     base = Path(base_dir).expanduser().absolute()
     if determined.is_determined(data):
         v2, notes = determined.to_v2(data, base, context_dir)
