@@ -400,6 +400,9 @@ def test_pbt_goes_on_from_the_better_trials_checkpoint_through_the_trials_own_ch
             heir = next(row for row in generation if Path(row["parameters"]["save_checkpoint_dir"]).parent ==
                         Path(worst["parameters"]["save_checkpoint_dir"]).parent)
             assert state_of(home, heir)["line"][:-1] == state_of(home, best)["line"]
+    # Its code saved nothing into NNI's save_checkpoint_dir: trial show points at no such empty place.
+    shown = cli("trial", "show", rows[-1]["trial_id"]).stdout
+    assert "went on from" in shown and "saves into" not in shown, shown
 
 
 @pytest.mark.parametrize("trial", [TRIALKIT_PBT_TRIAL, DETERMINED_PBT_TRIAL], ids=["trialkit", "determined"])

@@ -308,10 +308,19 @@ LOAD_DIR, SAVE_DIR = "load_checkpoint_dir", "save_checkpoint_dir"
 
 
 def saves_into(params: Any) -> Optional[str]:
-    """A PBT trial's save_checkpoint_dir (NNI's PBT), where its code saves what no checkpoint store lists; None
-    for any other trial. Said by trial show and the trial page."""
+    """A PBT trial's save_checkpoint_dir (NNI's PBT), where its code saved what no checkpoint store lists; None
+    for any other trial, and where nothing is saved there on this machine (code written for trialkit or
+    Determined saves into its own checkpoint dir: pointing at an empty place misled). Said by trial show and the
+    trial page."""
     save = params.get(SAVE_DIR) if isinstance(params, dict) else None
-    return save if isinstance(save, str) else None
+    return save if isinstance(save, str) and _holds_files(Path(save)) else None
+
+
+def _holds_files(folder: Path) -> bool:
+    try:
+        return any(folder.iterdir())
+    except OSError:
+        return False
 
 
 def went_on_from(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, Any]]]) -> Optional[str]:
