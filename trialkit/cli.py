@@ -1299,9 +1299,11 @@ def build_parser() -> ArgumentParser:
                             "manager exits; waits until it has. A trial that saved a checkpoint, or that a round of "
                             "Hyperband or BOHB or a generation of PBT waits for, is PAUSED, and `experiment resume` "
                             "runs it again; any other is USER_CANCELED."))
-    resume = _experiment_id(_command(sub, "resume", cmd_experiment_resume, "go on with an interrupted experiment",
+    resume = _experiment_id(_command(sub, "resume", cmd_experiment_resume,
+                                     "go on with a stopped or interrupted experiment",
                                      "Rebuild the tuner from the stored results, reattach to trials still running, "
-                                     "restart lost ones and go on until the experiment ends."))
+                                     "run again the trials a stop paused or left waiting, restart lost ones, and go "
+                                     "on until the experiment ends (a DONE one has nothing left to run: it is said)."))
     _port_option(resume, "the manager's port (default: the port it had, where running trials deliver)")
     _detach_option(resume)
     _experiment_id(_command(sub, "pause", cmd_experiment_pause, "pause a running experiment",
@@ -1391,8 +1393,10 @@ def build_parser() -> ArgumentParser:
     logs.add_argument("--rank", type=int, metavar="N", help="only the lines of rank N ([rank=N] ...), or what pod N of a "
                       "multi-pod Kubernetes trial shipped (its rank: Master 0 then Workers; task roles in order)")
     _trial_id(_command(sub, "kill", cmd_trial_kill, "stop a running trial",
-                       "Stop the trial gracefully (SIGTERM path, USER_CANCELED); the tuner's next trial takes "
-                       "its place. A waiting or paused trial ends without starting again."))
+                       "Stop the trial gracefully (SIGTERM path, USER_CANCELED). It counts toward maxTrialNumber; "
+                       "the slot it frees goes to the tuner's next trial, if there is one (a PBT generation goes on "
+                       "without it, the killed member ranked last). A waiting or paused trial ends without starting "
+                       "again."))
     _trial_id(_command(sub, "pause", cmd_trial_pause, "pause a trial, keeping its progress",
                        "Stop the trial the graceful way (SIGTERM: it saves a checkpoint and exits 143) and free its "
                        "slot; it is PAUSED, its dirs kept, until activated. A waiting trial leaves the queue."))
