@@ -27,6 +27,10 @@ def test_update_changes_a_running_experiment_and_keeps_it_for_a_resume(tmp_path)
         done = cli("experiment", "update", exp.id, "--trial-concurrency", 2)
         assert (done.returncode, done.stdout) == (0, f"updated experiment {exp.id}: trialConcurrency\n"), done.stderr
         until("a second trial", lambda: statuses(exp) == ["RUNNING", "RUNNING"])
+        lowered = cli("experiment", "update", exp.id, "--max-trial-number", 1)  # below the trials made: said
+        assert lowered.returncode == 0 and lowered.stdout.splitlines()[1] == (
+            "note: 2 trials are made already, more than maxTrialNumber 1: no more start, and the experiment ends "
+            "once those running end"), lowered.stdout
         space = tmp_path / "space.json"
         space.write_text(json.dumps({"x": {"_type": "choice", "_value": [7]}}))
         done = cli("experiment", "update", exp.id, "--max-trial-number", 3, "--max-experiment-duration", "2h",

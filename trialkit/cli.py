@@ -310,9 +310,10 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
         admin.running_manager(opts.experiment_id)
         _check_config_update(opts.experiment_id, changes)
     done = _update_pool_job(opts.experiment_id, opts)  # its job in the resource pool: all or none, first
-    if changes:
-        admin.act(opts.experiment_id, "experiment", "update", body=changes)
+    answer = admin.act(opts.experiment_id, "experiment", "update", body=changes) if changes else {}
     print(f"updated experiment {opts.experiment_id}: {', '.join(list(changes) + done)}")
+    if answer.get("note"):
+        print(f"note: {answer['note']}")
     return 0
 
 

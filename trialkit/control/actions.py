@@ -109,6 +109,11 @@ def update_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     if not isinstance(body, dict) or not body or not set(body) <= set(UPDATABLE):
         raise HttpError(400, f"expected an object with some of {', '.join(UPDATABLE)}")
     loop.update_config(body)
+    made, limit = len(loop.trials), loop.config.max_trial_number
+    if "maxTrialNumber" in body and limit is not None and made > limit:  # else `experiment show` reads "36 of 5"
+        return {"updated": sorted(body), "note": f"{made} trials are made already, more than maxTrialNumber "
+                                                 f"{limit}: no more start, and the experiment ends once those "
+                                                 "running end"}
     return {"updated": sorted(body)}
 
 
