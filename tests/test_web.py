@@ -995,3 +995,31 @@ def test_a_page_left_lets_go_of_its_event_stream(views_site, browser):
         browser.get("about:blank")
         browser.get(page_url(views_site, "views-token", "viewsexp"))
         wait_for(browser, "return document.body.dataset.ready === 'overview'", "the overview", timeout=15)
+
+
+def test_a_curve_is_drawn_on_an_axis_around_its_values(tmp_path, browser):
+    """A newcomer's PBT trial reported 0.836 three times: uPlot's own axis took 0 in (0 to 1.5), the line drawn
+    as if nothing were there to read. The axis spans the values with room either side (a tenth of the value where
+    they are all one); a loss that nears 0 still starts at 0."""
+    store = Store.in_dir(tmp_path / "close")
+    store.create_experiment("close", {"searchSpace": {}, "trialConcurrency": 1})
+    for sequence, values in enumerate(([0.836] * 3, [2.3, 0.4, 0.05])):
+        trial = f"close-{sequence:05d}"
+        store.add_trial("close", trial, sequence=sequence, parameters={}, token=None)
+        store.add_records(trial, [{"seq": i + 1, "type": "PERIODICAL", "sequence": i, "parameter_id": sequence,
+                                   "value": value} for i, value in enumerate(values)])
+    server = ManagerServer(None).start()
+    try:
+        install(server, store, admin_token="close-token", read_only=True)
+        spans = []
+        for trial in ("close-00000", "close-00001"):
+            open_read_only(browser, server, f"/trial/{trial}", "trial", token="close-token", exp="close")
+            spans.append(wait_for(browser, "const u = document.getElementById('trial-curve').uplot; "
+                                           "return u && [u.scales.y.min, u.scales.y.max]", f"{trial}'s curve"))
+        (low, high), (loss_low, loss_high) = spans
+        assert 0.75 <= low < 0.836 < high <= 0.92, spans
+        assert loss_low == 0 and 2.3 < loss_high <= 2.61, spans
+        shot(browser, "close-values")
+    finally:
+        server.stop()
+        store.close()

@@ -581,7 +581,7 @@
     // font, set as it draws, then needs no styles of the page, which a canvas in it has the browser work out there
     // and then (~3 ms of a cold page; bench/bench_web.py). It measures where it is shown at the first pointer move.
     const chart = new uPlot({width: widths.get(node) || node.clientWidth || 800, height: CHART_HEIGHT,
-      scales: {x: {time: false}},
+      scales: {x: {time: false}, y: {range: valueRange}},
       series: [{label: data.x, value: legendValue}, ...series],
       axes: [{label: data.x, values: tickValues, incrs: whole ? WHOLE_STEPS : undefined},
         {label: y, size: 60, values: tickValues}]},
@@ -590,6 +590,13 @@
     node.uplotShape = shape;
     await null;
     if (node.uplot === chart) node.replaceChildren(chart.root);  // unless another drawing took its place meanwhile
+  }
+  // The values' own span, a tenth of it either side (of the value, where they are all one), down to 0 only where
+  // that side would cross it (a loss): uPlot's own took 0 in, a trial's 0.836 three times a line on 0-1.5.
+  function valueRange(u, low, high) {
+    if (low == null || high == null) return [0, 1];
+    const pad = (high - low) / 10 || Math.abs(high) / 10 || 1;
+    return [low >= 0 && low - pad < 0 ? 0 : low - pad, high <= 0 && high + pad > 0 ? 0 : high + pad];
   }
   function forgetChart(node) {
     if (node.uplot) node.uplot.destroy();
