@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 import subprocess
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -22,6 +24,7 @@ import yaml
 from experiment_util import cli, experiment, experiment_id, export, interrupted_after
 from s3_server import create_secret, kubeflow_config, s3, s3_server  # noqa: F401 - s3 fixtures: moto on loopback
 from test_nni_compat import nni_python  # noqa: F401 - the fixture: the real nni 3.0's python
+from trialkit.web import queries
 
 EXAMPLES = Path(__file__).parent / "fixtures" / "nni"
 BUDGET = "TRIAL_BUDGET"
@@ -272,7 +275,24 @@ def test_a_configuration_hyperband_sends_on_starts_from_its_round_befores_checkp
         assert state["trials"] == [r["trial_id"] for r in line]  # each went on from the one before it
         added = row["parameters"][BUDGET] - (line[-2]["parameters"][BUDGET] if len(line) > 1 else 0)
         assert len(row["intermediate"]) == added  # it trained only the epochs its budget added
+        shown = cli("trial", "show", row["trial_id"]).stdout  # trial show says which, as it does PBT's
+        if len(line) == 1:
+            assert "went on from" not in shown, shown
+        else:
+            previous = line[-2]
+            said = f"{previous['trial_id']} (its round before, TRIAL_BUDGET {previous['parameters'][BUDGET]})"
+            assert f"went on from   {said}" in shown, shown
+            assert page_trial(home, row["trial_id"])["went_on_from"] == said  # the trial's page, alike
     assert sorted(len(line) for line in by_config.values())[-1] == 3
+
+
+def page_trial(home: Path, trial_id: str) -> Dict[str, Any]:
+    """The trial page's answer for the trial (the page's query on its store)."""
+    experiment_id = trial_id.rpartition("-")[0]
+    with closing(sqlite3.connect(home / "experiments" / experiment_id / "trialkit.db")) as db:
+        db.row_factory = sqlite3.Row
+        queries.register(db)
+        return queries.trial(db, experiment_id, trial_id)
 
 
 # ---------------------------------------------------------------- PBT

@@ -670,7 +670,8 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         lost = _lost(store.records_for(opts.trial_id, type=records.STATUS))
         interrupted = _interrupted(experiment_dir, experiment, store)
     why = trial_why(row, interrupted)  # what is known of it, once its experiment is interrupted
-    source = went_on_from(row["parameters"], ((r["trial_id"], r["parameters"]) for r in rows))  # PBT's exploit
+    source = went_on_from(row["parameters"], ((r["trial_id"], r["parameters"]) for r in rows),
+                          setting(experiment["config"], "tuner", "name"))  # PBT's exploit, Hyperband's rounds
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
         f"status         {label(row['status'])}" + (

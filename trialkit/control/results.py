@@ -323,10 +323,19 @@ def _holds_files(folder: Path) -> bool:
         return False
 
 
-def went_on_from(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, Any]]]) -> Optional[str]:
-    """Where a PBT trial went on from, as trial show and the page say it: "TRIAL_ID (member M, step S)", the
-    trial of `others` ((id, parameters) of its experiment's trials) that saved into its load_checkpoint_dir
-    (that dir itself where none did); None for a member's first step and for any trial not PBT's."""
+# NNI's Hyperband and BOHB (tuners/hyperband.py's BUDGET): each trial's budget among its parameters.
+BUDGET, BUDGETED_TUNERS = "TRIAL_BUDGET", ("Hyperband", "BOHB")
+
+
+def went_on_from(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, Any]]],
+                 tuner: Optional[str] = None) -> Optional[str]:
+    """Where a trial went on from, as trial show and the page say it, of `others` ((id, parameters) of its
+    experiment's trials): PBT's "TRIAL_ID (member M, step S)", the trial that saved into its load_checkpoint_dir
+    (that dir itself where none did); under `tuner` Hyperband or BOHB, "TRIAL_ID (its round before, TRIAL_BUDGET
+    B)", the trial of its configuration on the largest budget below its own, whose checkpoint dir its own got a
+    copy of. None for a first step or round and for any other trial."""
+    if tuner in BUDGETED_TUNERS:
+        return _round_before(params, others)
     load, save = (params.get(LOAD_DIR), params.get(SAVE_DIR)) if isinstance(params, dict) else (None, None)
     if not isinstance(load, str) or not isinstance(save, str) or load == save:
         return None
@@ -334,6 +343,20 @@ def went_on_from(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, A
     source = next((trial_id for trial_id, other in others if isinstance(other, dict) and other.get(SAVE_DIR) == load),
                   load)
     return f"{source} (member {member}, step {step})"
+
+
+def _round_before(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, Any]]]) -> Optional[str]:
+    budget = params.get(BUDGET) if isinstance(params, dict) else None
+    if not isinstance(budget, (int, float)):
+        return None
+    configuration = {key: value for key, value in params.items() if key != BUDGET}
+    before = [(other[BUDGET], trial_id) for trial_id, other in others
+              if isinstance(other, dict) and isinstance(other.get(BUDGET), (int, float)) and other[BUDGET] < budget
+              and {key: value for key, value in other.items() if key != BUDGET} == configuration]
+    if not before:
+        return None
+    smaller, trial_id = max(before, key=lambda found: found[0])
+    return f"{trial_id} (its round before, {BUDGET} {smaller})"
 
 
 def ordered_names(names: Iterable[str]) -> List[str]:

@@ -493,10 +493,11 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         "trial_dir": trial_dir,
         # The keeper's default (trialkit.env): <trial dir>/checkpoint.
         "checkpoint_dir": str(Path(trial_dir) / "checkpoint") if trial_dir else None,
-        # PBT's: the trial whose checkpoint it went on from, and where NNI's trial code saves its own.
+        # PBT's, Hyperband's and BOHB's: the trial whose checkpoint it went on from; where NNI's PBT code saves.
         "went_on_from": results.went_on_from(out["parameters"], (
             (other["id"], _json(other["parameters"])) for other in
-            db.execute("SELECT id, parameters FROM trials WHERE experiment=? ORDER BY sequence", (experiment_id,)))),
+            db.execute("SELECT id, parameters FROM trials WHERE experiment=? ORDER BY sequence", (experiment_id,))),
+            results.setting(_experiment_row(db, experiment_id)["config"], "tuner", "name")),
         "save_checkpoint_dir": results.saves_into(out["parameters"]),
         "final": _json(final["value"]) if final else None,
         **_steps(db, trial_id),
