@@ -35,7 +35,9 @@ mean best; Hyperband, BOHB: Ray's HyperBand and Optuna; ASHA: Ray's ASHA and
 Optuna; PBT: Ray's PBT): MET when its mean best is at least the peer's and, seed
 by seed, it reached the peer's best sooner than the peer did (the median over
 seeds of its time to the peer's best, never reached counting as forever, below
-the median of the peer's time to its own best).
+the median of the peer's time to its own best). Beside each mean best the table prints its
+standard error over the seeds, and beside each verdict that of the two means'
+difference: the resolution the seeds give, which the verdict does not weigh.
 `--methods PBT` races only the trialkit methods named and their peers.
 `--quick` runs every method once on a budget of 24 epochs: it checks the race
 runs (tests/test_bench_search.py); its figures mean nothing, and it gives no
@@ -434,13 +436,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def standard_error(values: List[float]) -> float:
+    """The standard error of the values' mean (the seeds' spread over the root of their number; nan for one)."""
+    return statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+
+
 def table(outcomes: Dict[str, List[Outcome]], verdicts: bool = True) -> str:
     """The mean figures of every method, then each trialkit method against its best peer: MET or MISSED, or
-    without `verdicts` (--quick, whose budget is too small to judge) the figures alone."""
-    lines = ["", f"{'method':26s} {'best (mean)':>12s} {'time to best (mean s)':>22s}"]
+    without `verdicts` (--quick, whose budget is too small to judge) the figures alone. Beside each mean best,
+    its standard error over the seeds, and in each verdict the standard error of the two means' difference: the
+    resolution the seeds give the comparison, which the verdict itself does not weigh."""
+    lines = ["", f"{'method':26s} {'best (mean)':>12s} {'s.e.':>7s} {'time to best (mean s)':>22s}"]
     means = {name: (statistics.mean(o.best for o in runs), statistics.mean(o.time_to_best for o in runs))
              for name, runs in outcomes.items()}
-    lines += [f"{name:26s} {best:12.4f} {seconds:22.1f}" for name, (best, seconds) in means.items()]
+    errors = {name: standard_error([o.best for o in runs]) for name, runs in outcomes.items()}
+    lines += [f"{name:26s} {best:12.4f} {errors[name]:7.4f} {seconds:22.1f}" for name, (best, seconds) in means.items()]
     lines.append("")
     for method, peers in PEERS.items():
         if f"trialkit {method}" not in outcomes:
@@ -458,7 +468,9 @@ def table(outcomes: Dict[str, List[Outcome]], verdicts: bool = True) -> str:
                         f"(ratio {to_their_best / max(their_time, 1e-9):.2f})")
         verdict = ("MET" if best >= peer_best and to_their_best < their_time else "MISSED") if verdicts \
             else "no verdict (--quick)"
-        lines.append(f"trialkit {method} vs {peer}: best {best:.4f} vs {peer_best:.4f}; {reaching}: {verdict}")
+        spread = (errors[f"trialkit {method}"] ** 2 + errors[peer] ** 2) ** 0.5
+        lines.append(f"trialkit {method} vs {peer}: best {best:.4f} vs {peer_best:.4f} (s.e. of the difference "
+                     f"{spread:.4f}); {reaching}: {verdict}")
     return "\n".join(lines)
 
 
