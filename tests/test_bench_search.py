@@ -49,6 +49,12 @@ def test_the_verdict_is_met_only_at_least_as_good_and_sooner_and_says_never_for_
     assert said["trialkit BOHB"].endswith(": MISSED") and "5.5 s vs its 3.0 s" in said["trialkit BOHB"], said
     assert said["trialkit ASHA"].endswith("never reached the peer's best (it took 3.0 s): MISSED"), said
     assert said["trialkit PBT"].endswith(": MISSED"), said
+    # The resolution beside it: each mean best's standard error over the seeds (Hyperband's bests 0.95, 0.97: a
+    # spread of 0.0141, over the root of 2 seeds; the peer's 0.95, 0.96: 0.0050), and their difference's.
+    rows = {line[:26].strip(): line.split() for line in lines if line.startswith(("trialkit ", "Ray ", "Optuna "))
+            and " vs " not in line}
+    assert rows["trialkit Hyperband"][-2:] == ["0.0100", "1.2"] and rows["Ray Tune ASHA"][-2] == "0.0050", rows
+    assert "best 0.9600 vs 0.9550 (s.e. of the difference 0.0112);" in said["trialkit Hyperband"], said
 
 
 @pytest.mark.parametrize("script, hidden, said", [
