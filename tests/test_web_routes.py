@@ -149,6 +149,20 @@ def test_the_page_comes_whole_and_its_policy_runs_only_its_own_inline_script(ser
     assert "stylesheet" not in answer.text
 
 
+def test_the_page_and_its_small_files_need_no_thread_of_the_pool(served):
+    """The page, app.js and uPlot (what a cold page waits for) are answered on the server's loop: with its pool of
+    threads gone, they still come; its data and the plotly bundles do not."""
+    page = requests.get(served.url + "/", timeout=10).text
+    uplot = re.search(r'<script id="uplot" src="(/static/uplot-[0-9a-f]+\.min\.js)" defer>', page).group(1)
+    basic = re.search(r'data-basic="(/static/plotly-basic-[0-9a-f]+\.min\.js)"', page).group(1)
+    served._transport._pool.shutdown()
+    for path in ("/", "/static/app.js", "/static/app.css", uplot):
+        assert requests.get(served.url + path, timeout=10).status_code == 200, path
+    for path in ("/api/ui/experiments", basic):
+        assert requests.get(served.url + path, headers={"Authorization": f"Bearer {page_token('tok')}"},
+                            timeout=10).status_code == 500, path
+
+
 def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
     page = requests.get(served.url + "/", timeout=10).text
     basic, full = re.search(r'data-basic="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',

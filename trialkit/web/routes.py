@@ -89,7 +89,14 @@ class _Routes:
 
     def add(self) -> None:
         add = self.server.router.add
-        add("GET", "/", lambda r: self.assets.page(r.headers))
+        # The page and its small files (uPlot: the cold page waits for both) are answered on the server's loop: the
+        # pool's two thread switches took longer than the answer. The plotly bundles go on in the pool (the full one
+        # is gzipped at its first request, ~0.2 s, which the keepers' batches would wait for on the loop).
+        for path, handler in [("/", lambda r: self.assets.page(r.headers)),
+                              *[(f"/static/{name}", lambda r, name=name: self.assets.file(name, r.headers))
+                                for name in self.assets.small()]]:
+            add("GET", path, handler)
+            self.server.on_loop(handler)
         add("GET", "/static/<name>", lambda r: self.assets.file(r.params["name"], r.headers))
         for path, view in NNI_PAGES.items():
             add("GET", path, lambda r, view=view: self._nni_page(r, view))
