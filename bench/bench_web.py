@@ -139,8 +139,12 @@ and this floor rotating, 15-31 rounds.
   page and its small files (app.js, app.css, uPlot) answered on the manager's loop, not in the pool: 0.1 ms
   at the manager each, against 0.2-5 ms through the pool's two thread switches (48 and 87 ms in one round
   at load 15); the page no faster for it that a race can tell: 1.017x and 0.949x (0.993x, 0.996x round by
-  round, 101 rounds each, load 6-15). Both against the page before them: 0.987x, 0.973x, 0.976x (1.007x,
-  0.953x, 0.965x round by round; 31-101 rounds, load 3-16; faster in 99 rounds of 173).
+  round, 101 rounds each, load 6-15). Both against the page before them: 0.987x, 0.973x, 0.976x, 0.996x
+  (1.007x, 0.953x, 0.965x, 1.027x round by round; 31-201 rounds, load 3-16; faster in 196 rounds of 374): no
+  gain a race can tell. Tried and dropped: uPlot's script fetched at high priority (fetchpriority="high":
+  Chromium makes a deferred script a low-priority, delayable request): 0.936x, 0.885x, 0.982x, 1.009x,
+  0.981x (0.964x, 0.953x, 1.033x, 1.033x, 1.004x round by round; 101-201 rounds, load 7-11; faster in 356
+  rounds of 705).
   bench_web.py with both, load 10-14: 114, 106, 88 ms against 35, 43, 40 ms: 3.23x, 2.45x, 2.20x (3.07x,
   1.97x, 2.28x round by round), MISSED, MET, MET; its answers: curves of 10 in 3.0-3.8 ms (4.2 before, the
   same load).
