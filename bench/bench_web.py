@@ -144,7 +144,8 @@ and this floor rotating, 15-31 rounds.
   gain a race can tell. Tried and dropped: uPlot's script fetched at high priority (fetchpriority="high":
   Chromium makes a deferred script a low-priority, delayable request): 0.936x, 0.885x, 0.982x, 1.009x,
   0.981x (0.964x, 0.953x, 1.033x, 1.033x, 1.004x round by round; 101-201 rounds, load 7-11; faster in 356
-  rounds of 705).
+  rounds of 705); the trials view's answer on the manager's loop too, no thread switch (the keepers' batches
+  would wait for it): 1.074x, 1.021x (1.097x, 1.009x round by round, 101 rounds each, load 6-9).
   bench_web.py with both, load 10-14: 114, 106, 88 ms against 35, 43, 40 ms: 3.23x, 2.45x, 2.20x (3.07x,
   1.97x, 2.28x round by round), MISSED, MET, MET; its answers: curves of 10 in 3.0-3.8 ms (4.2 before, the
   same load).
