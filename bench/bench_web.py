@@ -122,6 +122,33 @@ and this floor rotating, 15-31 rounds.
   page, quiet (load 2.0-2.3): 78, 74, 79 ms against 27, 29, 27 ms: 2.94x,
   2.58x, 2.98x (2.90x, 2.76x, 2.95x round by round), MET all three, without
   the margin the goal needs.
+- Session 10 (page10, load 3-16 throughout: other engineers' runs). The answer's round trip, the manager's
+  own stamps against the browser's Resource Timing (cold loads, medians of 11 rounds' differences, load 2.4):
+  the request is at the manager 0.7 ms after it leaves, in the pool 0.2 ms later; the handler takes 12.8 ms
+  there (5.2 alone in-process: it shares the CPUs with the renderer, which works meanwhile); back on the loop
+  0.3 ms after, and its first bytes in the browser 0.3 ms after that. One kept-alive connection carries the
+  HTML, uPlot and the answer in turn (no second connection is opened; asyncio sets TCP_NODELAY). So the "~7 ms"
+  was the handler's own CPU, stretched. Kept: the answer in ~3.4 ms of the manager's Python, not ~5.2
+  (in-process, 40 asks each, load 3.8: a curve's values decoded as one JSON array, 0.04 ms not 0.25; a plain
+  number's metric taken without a walk through its parts, 0.21 not 0.52; metrics_of 0.03 not 0.26; results.series
+  0.17 not 0.30, its runs looked at only where a run lost its checkpoint; orjson writes the
+  answer where every float is finite, 0.16 ms with that check, not 0.55); raced against the page before it
+  (two manager processes on one store, one Chromium, the cold pages and the floor rotating): 1.056x, 1.042x,
+  0.916x, 0.975x (round by round 0.995x, 1.001x, 0.895x, 0.989x; 31-101 rounds, load 4-16; faster in 149
+  rounds of 274): a few per cent at most, under load, where the manager's CPU is the renderer's. And the
+  page and its small files (app.js, app.css, uPlot) answered on the manager's loop, not in the pool: 0.1 ms
+  at the manager each, against 0.2-5 ms through the pool's two thread switches (48 and 87 ms in one round
+  at load 15); the page no faster for it that a race can tell: 1.017x and 0.949x (0.993x, 0.996x round by
+  round, 101 rounds each, load 6-15). Both against the page before them: 0.987x, 0.973x, 0.976x, 0.996x
+  (1.007x, 0.953x, 0.965x, 1.027x round by round; 31-201 rounds, load 3-16; faster in 196 rounds of 374): no
+  gain a race can tell. Tried and dropped: uPlot's script fetched at high priority (fetchpriority="high":
+  Chromium makes a deferred script a low-priority, delayable request): 0.936x, 0.885x, 0.982x, 1.009x,
+  0.981x (0.964x, 0.953x, 1.033x, 1.033x, 1.004x round by round; 101-201 rounds, load 7-11; faster in 356
+  rounds of 705); the trials view's answer on the manager's loop too, no thread switch (the keepers' batches
+  would wait for it): 1.074x, 1.021x (1.097x, 1.009x round by round, 101 rounds each, load 6-9).
+  bench_web.py with both, load 10-14: 114, 106, 88 ms against 35, 43, 40 ms: 3.23x, 2.45x, 2.20x (3.07x,
+  1.97x, 2.28x round by round), MISSED, MET, MET; its answers: curves of 10 in 3.0-3.8 ms (4.2 before, the
+  same load).
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Record shapes and framing codecs: good input decodes, bad input is skipped and said once, never a crash."""
 from __future__ import annotations
 
+import collections
 import json
 import math
 
@@ -169,6 +170,19 @@ def test_numpy_and_torch_scalars_become_numbers():
     assert json.loads(records.dumps({"default": np.int64(3), "t": torch.tensor(0.5)})) == {"default": 3, "t": 0.5}
     assert records.metric_number({"default": np.float64(0.1)}) == 0.1 and records.metric_number(np.float32(2)) == 2.0
     assert records.metric_number("high") is None and records.metric_number({"loss": 1.0}) is None
+
+
+@pytest.mark.parametrize("value", [0.5, 3, True, "high", None, float("nan"), float("inf"), 10 ** 400, [1.0],
+                                   {"default": 0.5, "loss": 2}, {"loss": 1.5}, {"default": "x", "acc": 1},
+                                   collections.OrderedDict(default=0.25, loss=4.0),
+                                   {"group": "validation", "steps_completed": 10, "metrics": {"loss": 0.3}},
+                                   {"group": "training", "steps_completed": "x", "metrics": {"loss": 0.3}}])
+def test_scalar_is_the_number_scalars_names(value):
+    """records.scalar takes a plain number's "default" straight (a curve's reports, the page's answer): each name
+    gives what scalars gives it, whatever the value."""
+    named = dict(records.scalars(value))
+    for name in ("default", "loss", "acc", "validation.loss", "training.loss", "nope"):
+        assert records.scalar(value, name) == named.get(name), name
 
 
 def test_wire_problem_names_what_is_wrong():

@@ -13,9 +13,11 @@ import hashlib
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlsplit
 
@@ -149,6 +151,20 @@ def test_the_page_comes_whole_and_its_policy_runs_only_its_own_inline_script(ser
     assert "stylesheet" not in answer.text
 
 
+def test_the_page_and_its_small_files_need_no_thread_of_the_pool(served):
+    """The page, app.js and uPlot (what a cold page waits for) are answered on the server's loop: with its pool of
+    threads gone, they still come; its data and the plotly bundles do not."""
+    page = requests.get(served.url + "/", timeout=10).text
+    uplot = re.search(r'<script id="uplot" src="(/static/uplot-[0-9a-f]+\.min\.js)" defer>', page).group(1)
+    basic = re.search(r'data-basic="(/static/plotly-basic-[0-9a-f]+\.min\.js)"', page).group(1)
+    served._transport._pool.shutdown()
+    for path in ("/", "/static/app.js", "/static/app.css", uplot):
+        assert requests.get(served.url + path, timeout=10).status_code == 200, path
+    for path in ("/api/ui/experiments", basic):
+        assert requests.get(served.url + path, headers={"Authorization": f"Bearer {page_token('tok')}"},
+                            timeout=10).status_code == 500, path
+
+
 def test_page_files_go_gzipped_to_browsers_that_take_gzip(served):
     page = requests.get(served.url + "/", timeout=10).text
     basic, full = re.search(r'data-basic="(/static/plotly-basic-[0-9a-f]+\.min\.js)" data-full="(/static/[^"]+)"',
@@ -272,6 +288,27 @@ def test_the_trials_answer_brings_the_curves_when_asked(big):
     assert "curves" not in get("trials")
     with pytest.raises(AssertionError, match="400: .*only with=curves adds to a page of trials"):
         get("trials", **{"with": "curve"})  # a typo is refused, not ignored
+
+
+def test_answers_are_strict_json_whatever_a_trial_holds(big):
+    """NaN and infinities (a trial's own parameters, its values) come as strings, never as bare NaN nor as null;
+    a whole number past 64 bits stays whole; a value the store holds damaged is left out of its curve alone."""
+    store, ids, get = big
+    store.add_trial("big", "big-odd", sequence=300, token=None,
+                    parameters={"lr": float("nan"), "batch": float("-inf"), "optimizer": "adam"})
+    store.add_trial("big", "big-wide", sequence=301, token=None, parameters={"lr": 0.5, "batch": 2 ** 70})
+    for trial in ("big-odd", "big-wide"):
+        store.add_records(trial, [{"seq": 1 + i, "type": "PERIODICAL", "value": 0.1 * i} for i in range(4)])
+    with closing(sqlite3.connect(store.path)) as db, db:  # another program's writes: values that are no JSON
+        db.execute("UPDATE records SET value = '7,8' WHERE trial = 'big-odd' AND seq = 3")
+        db.execute("UPDATE records SET value = '{0.2' WHERE trial = 'big-wide' AND seq = 2")
+    odd = get("trials", sort="sequence", order="desc", limit=1, offset=1)["rows"][0]
+    assert odd["parameters"] == {"lr": "NaN", "batch": "-Infinity", "optimizer": "adam"}
+    newest = get("trials", sort="sequence", order="desc", limit=1, **{"with": "curves", "trials": "big-odd,big-wide"})
+    assert newest["rows"][0]["parameters"] == {"lr": 0.5, "batch": 2 ** 70}
+    third = 0.1 * 3
+    assert [(s["id"], s["steps"], s["values"]) for s in newest["curves"]["series"]] == [
+        ("big-odd", [1, 2, 4], [0.0, 0.1, third]), ("big-wide", [1, 3, 4], [0.0, 0.2, third])]
 
 
 def test_trialkit_ui_serves_stored_experiments_read_only(tmp_path):

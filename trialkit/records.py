@@ -231,6 +231,14 @@ def scalars(value: Any) -> Iterator[Tuple[str, float]]:
         yield (key if group is None else f"{group}.{key}"), number
 
 
+def scalar(value: Any, name: str) -> Optional[float]:
+    """scalars' number named `name` in the metric, None where it holds none; a plain number's without a walk
+    through its parts (a curve's hundred reports, bench/bench_web.py)."""
+    if not isinstance(value, dict):
+        return metric_number(value) if name == "default" else None
+    return dict(scalars(value)).get(name)
+
+
 def grouped_scalars(value: Any) -> Iterator[Tuple[Optional[str], str, float]]:
     """scalars' parts as (group, the name as its user wrote it, number): the group of a Determined report
     (training, validation), None for the rest."""

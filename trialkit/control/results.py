@@ -215,6 +215,8 @@ def started_over(reported: List[Dict[str, Any]], history: Iterable[Dict[str, Any
     trial held no checkpoint (NO_CHECKPOINT: a pause or a preemption that found none); None when every run went
     on from the one before it."""
     lost = [h["time"] for h in history if h["status"] in FINAL_STATUSES and (h["reason"] or "").endswith(NO_CHECKPOINT)]
+    if not lost:
+        return None  # nearly every trial: its records' runs are not looked at
     starts = run_starts(reported)
     after = [min((run for run, begin in starts.items() if begin > when), default=None) for when in lost]
     return max((run for run in after if run is not None), default=None)
@@ -273,6 +275,8 @@ def metrics_of(values: Iterable[Any]) -> List[Metric]:
     """
     key_of: Dict[str, Tuple[Optional[str], str]] = {}
     for value in values:
+        if not isinstance(value, dict) and "default" in key_of:
+            continue  # a plain number names only "default", known already (a curve's hundred reports)
         for group, key, _ in records.grouped_scalars(value):
             key_of.setdefault(key if group is None else f"{group}.{key}", (group, key))
     taken: Dict[str, int] = {}
@@ -378,7 +382,7 @@ def metric_points(values: List[Any], name: str) -> List[Tuple[int, float]]:
     """(step, number) of metric `name` (records.scalars') in each value that holds it as a number."""
     points = []
     for step, value in zip(step_numbers(values), values):
-        number = dict(records.scalars(value)).get(name)
+        number = records.scalar(value, name)
         if number is not None:
             points.append((step, number))
     return points

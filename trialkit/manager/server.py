@@ -35,8 +35,8 @@ transport's quick way (`_quick`), every other request by aiohttp's server,
 which a manager with keepers loads LOAD_AIOHTTP_AFTER seconds after its
 start, or at the first request that needs it: its ~0.1 s of imports come
 after the control plane's first trials start, not before.
-The keepers' routes run on the loop, every other route in a pool of
-threads. Bounds: at most `max_connections` connections are served at
+The keepers' routes run on the loop, and those added by `on_loop` (the
+page's files); every other route in a pool of threads. Bounds: at most `max_connections` connections are served at
 once (one more is closed at once; keepers retry), a request's line and
 headers must arrive within `header_seconds` of its first byte (slowloris),
 its body within `body_seconds` of its headers (408 then), and an idle
@@ -156,6 +156,11 @@ class ManagerServer:
     def connections(self) -> int:
         """Connections open now."""
         return self._transport.connections
+
+    def on_loop(self, handler: Handler) -> None:
+        """Have a route's handler answer on the server's loop rather than in the pool: one that only hands out what
+        it holds (the page's files), whose answer takes less than a thread's turn (bench/bench_web.py)."""
+        self._on_loop.add(handler)
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)

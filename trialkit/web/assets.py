@@ -27,7 +27,7 @@ import importlib.util
 import threading
 from importlib.resources import files
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from trialkit.manager.server import HttpError, Raw
 
@@ -39,6 +39,7 @@ PLOTLY_MISSING = "/static/plotly-missing.js"  # 404: the page then says how to i
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8"}
 _FOREVER = "public, max-age=31536000, immutable"
+SMALL = 256 << 10  # bytes: a file this small is gzipped (or unzipped) in a millisecond or two (uPlot: 50 KB)
 # The page's scripts are its own: its inline one by its hash (SCRIPT_HASH), the rest its files; plotly needs eval
 # (its WebGL code) and inline styles.
 CSP = ("default-src 'self'; script-src 'self' 'unsafe-eval' 'sha256-{SCRIPT_HASH}'; style-src 'self' 'unsafe-inline'; "
@@ -89,6 +90,7 @@ class _File:
         self._gzipped = gzipped
         self._lock = threading.Lock()
         self.tag = hashlib.sha256(plain if plain is not None else gzipped).hexdigest()[:20]
+        self.size = len(plain if plain is not None else gzipped)  # of the form given
 
     def _body(self, gzip_it: bool) -> bytes:
         with self._lock:
@@ -149,6 +151,10 @@ class Assets:
         name = f"{stem}-{content.tag}.min{suffix}"
         self._files[name] = content
         return f"/static/{name}"
+
+    def small(self) -> List[str]:
+        """The files but the page whose every form is made in a millisecond or two (all but the plotly bundles)."""
+        return [name for name, found in self._files.items() if name != "index.html" and found.size < SMALL]
 
     def page(self, request_headers: Mapping[str, str]) -> Tuple[int, Raw]:
         return self._files["index.html"].answer(request_headers, self._page_headers)

@@ -45,6 +45,11 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, Tuple, Union
 from urllib.parse import quote, urlencode
 
+try:
+    import orjson  # the control extra installs it (setup.py); without it, answers are json's
+except ImportError:  # pragma: no cover - depends on the install
+    orjson = None
+
 from trialkit.control import actions, checkpoints
 from trialkit.control.actions import Performer
 from trialkit.errors import UserError
@@ -84,7 +89,14 @@ class _Routes:
 
     def add(self) -> None:
         add = self.server.router.add
-        add("GET", "/", lambda r: self.assets.page(r.headers))
+        # The page and its small files (uPlot: the cold page waits for both) are answered on the server's loop: the
+        # pool's two thread switches took longer than the answer. The plotly bundles go on in the pool (the full one
+        # is gzipped at its first request, ~0.2 s, which the keepers' batches would wait for on the loop).
+        for path, handler in [("/", lambda r: self.assets.page(r.headers)),
+                              *[(f"/static/{name}", lambda r, name=name: self.assets.file(name, r.headers))
+                                for name in self.assets.small()]]:
+            add("GET", path, handler)
+            self.server.on_loop(handler)
         add("GET", "/static/<name>", lambda r: self.assets.file(r.params["name"], r.headers))
         for path, view in NNI_PAGES.items():
             add("GET", path, lambda r, view=view: self._nni_page(r, view))
@@ -260,11 +272,34 @@ def _curves_of(db: sqlite3.Connection, experiment_id: str, chosen: str, metric: 
 
 
 def _json(answer: Any) -> Raw:
+    if orjson is not None and _all_finite(answer):
+        try:  # the trials view's answer in 0.16 ms, not json's 0.55 (its curves' thousand floats), the check included
+            return Raw(orjson.dumps(answer, option=_ORJSON_REFUSES), "application/json", {"Cache-Control": "no-store"})
+        except TypeError:  # orjson.JSONEncodeError: a whole number past 64 bits, a key that is no string, ...
+            pass  # json's way, which writes them or refuses as before
     try:
         body = json.dumps(answer, allow_nan=False, separators=(",", ":"))
     except ValueError:  # NaN or an infinity somewhere (a trial's own values): strict JSON has no such numbers
         body = json.dumps(_finite(answer), separators=(",", ":"))
     return Raw(body.encode(), "application/json", {"Cache-Control": "no-store"})
+
+
+# Only the plain JSON types go orjson's way; it refuses the rest, which json's way then writes or refuses as before:
+# subclasses of them (a NaN inside one would pass _all_finite), dataclasses and dates (json refuses both).
+_ORJSON_REFUSES = (orjson.OPT_PASSTHROUGH_SUBCLASS | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+                   if orjson is not None else 0)
+
+
+def _all_finite(value: Any) -> bool:
+    """Whether no float in the answer is NaN or an infinity, which orjson would write as null."""
+    kind = type(value)
+    if kind is float:
+        return value - value == 0.0
+    if kind is dict:
+        return all(map(_all_finite, value.values()))
+    if kind is list or kind is tuple:
+        return all(map(_all_finite, value))
+    return True
 
 
 def _finite(value: Any) -> Any:
