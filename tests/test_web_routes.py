@@ -93,6 +93,8 @@ def test_actions_need_the_page_token_and_refuse_cross_site_requests(running):
     wait_until(lambda: trial_status(home, trial) == USER_CANCELED, 60, "the trial to be killed")
     shown = cli("trial", "show", trial).stdout
     assert "USER_CANCELED: killed from the page" in shown, shown  # not by `trialkit trial kill`
+    listed = cli("trial", "list", exp).stdout  # and why, in the table's last column, as any other end says it
+    assert listed.splitlines()[0].endswith("why") and listed.rstrip().endswith("killed from the page"), listed
 
 
 class Recorder:

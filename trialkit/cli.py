@@ -1381,8 +1381,9 @@ def build_parser() -> ArgumentParser:
                             "count as one.",
                             aliases=["ls"]))
     _trial_id(_command(sub, "show", cmd_trial_show, "show one trial",
-                       "The trial's status, exit code, parameters (and, for PBT, the trial whose checkpoint it went "
-                       "on from, its member and step), metrics, dir and status history; for an elastic "
+                       "The trial's status, exit code, parameters (and the trial whose checkpoint it went on from: "
+                       "PBT's, with its member and step; Hyperband's and BOHB's, its configuration's round before), "
+                       "metrics, dir and status history; for an elastic "
                        "AdaptDL job (adaptdl-ray), its workers now, the speedup the goodput model predicts for each "
                        "count and why it last rescaled."))
     logs = _trial_id(_command(sub, "logs", cmd_trial_logs, "print a trial's output",

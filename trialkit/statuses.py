@@ -18,5 +18,6 @@ STOPPED = "STOPPED"
 ERROR = "ERROR"
 # Statuses whose reason a one-line view (a table row, the progress line, the page) shows beside them:
 # what a waiting trial waits for, why a failed one failed, why a trial is paused and whether it lost its progress,
-# why trialkit canceled one (an experiment in ERROR, maxExperimentDuration).
-EXPLAINED = frozenset({WAITING, FAILED, PREEMPTED, SYS_CANCELED})
+# why trialkit canceled one (an experiment in ERROR, maxExperimentDuration), and how a user's was (`trial kill`,
+# the page's Kill, `experiment stop`, a Ctrl-C).
+EXPLAINED = frozenset({WAITING, FAILED, PREEMPTED, SYS_CANCELED, USER_CANCELED})
