@@ -1000,10 +1000,10 @@ def test_a_page_left_lets_go_of_its_event_stream(views_site, browser):
 def test_a_curve_is_drawn_on_an_axis_around_its_values(tmp_path, browser):
     """A newcomer's PBT trial reported 0.836 three times: uPlot's own axis took 0 in (0 to 1.5), the line drawn
     as if nothing were there to read. The axis spans the values with room either side (a tenth of the value where
-    they are all one); a loss that nears 0 still starts at 0."""
+    they are all one); a loss that nears 0 still starts at 0; ticks close together are told apart."""
     store = Store.in_dir(tmp_path / "close")
     store.create_experiment("close", {"searchSpace": {}, "trialConcurrency": 1})
-    for sequence, values in enumerate(([0.836] * 3, [2.3, 0.4, 0.05])):
+    for sequence, values in enumerate(([0.836] * 3, [2.3, 0.4, 0.05], [0.912345 + s * 1e-7 for s in range(30)])):
         trial = f"close-{sequence:05d}"
         store.add_trial("close", trial, sequence=sequence, parameters={}, token=None)
         store.add_records(trial, [{"seq": i + 1, "type": "PERIODICAL", "sequence": i, "parameter_id": sequence,
@@ -1012,13 +1012,19 @@ def test_a_curve_is_drawn_on_an_axis_around_its_values(tmp_path, browser):
     try:
         install(server, store, admin_token="close-token", read_only=True)
         spans = []
-        for trial in ("close-00000", "close-00001"):
+        for trial in ("close-00000", "close-00001", "close-00002"):
             open_read_only(browser, server, f"/trial/{trial}", "trial", token="close-token", exp="close")
             spans.append(wait_for(browser, "const u = document.getElementById('trial-curve').uplot; "
                                            "return u && [u.scales.y.min, u.scales.y.max]", f"{trial}'s curve"))
-        (low, high), (loss_low, loss_high) = spans
+        labels = browser.execute_script("const u = document.getElementById('trial-curve').uplot; "
+                                        "return [u.axes[1]._values, u.axes[1]._size]")
+        (low, high), (loss_low, loss_high) = spans[:2]
         assert 0.75 <= low < 0.836 < high <= 0.92, spans
         assert loss_low == 0 and 2.3 < loss_high <= 2.61, spans
+        # 0.912345 to 0.912348: each tick its own label (six digits read 0.912346 three times), the axis wide
+        # enough for them, its title clear of them.
+        values, size = labels
+        assert len(set(values)) == len(values) > 2 and size >= 24 + 7 * max(map(len, values)), labels
         shot(browser, "close-values")
     finally:
         server.stop()

@@ -584,7 +584,7 @@
       scales: {x: {time: false}, y: {range: valueRange}},
       series: [{label: data.x, value: legendValue}, ...series],
       axes: [{label: data.x, values: tickValues, incrs: whole ? WHOLE_STEPS : undefined},
-        {label: y, size: 60, values: tickValues}]},
+        {label: y, size: valueAxisSize, values: tickValues}]},
     [xs, ...ys]);
     node.uplot = chart;
     node.uplotShape = shape;
@@ -605,7 +605,16 @@
   }
   // Numbers on the chart read as in the table (fmtNumber), not through uPlot's Intl.NumberFormat: the first use of
   // Intl costs a fresh renderer 15-60 ms (bench/bench_web.py), and the trials view needs it nowhere else.
-  const tickValues = (u, splits) => splits.map((v) => (v === null ? '' : fmtNumber(v)));
+  // Ticks as the table writes numbers (fmtNumber), unless its six digits make two alike (values close together:
+  // 0.912345 to 0.912348 read 0.912346 three times): then as many decimals as the step between ticks needs.
+  const tickValues = (u, splits, axis, space, step) => {
+    const shown = splits.map((v) => (v === null ? '' : fmtNumber(v)));
+    if (new Set(shown).size === shown.length || !(step > 0)) return shown;
+    const decimals = Math.min(15, Math.max(0, Math.ceil(-Math.log10(step) - 1e-9)));
+    return splits.map((v) => (v === null ? '' : v.toFixed(decimals)));
+  };
+  // The value axis as wide as its longest label, so that its title is drawn clear of them (~7 px a character).
+  const valueAxisSize = (u, values) => Math.max(60, 24 + 7 * Math.max(0, ...(values || []).map((v) => v.length)));
   const legendValue = (u, v, seriesIdx, idx) => (idx === null ? '--' : v === null ? '' : fmtNumber(v));
   // Whole steps tick at whole numbers only (uPlot's own steps would put 1.5, 2.5 between 1, 2 and 3).
   const WHOLE_STEPS = Array.from({length: 16}, (_, e) => [1, 2, 5].map((m) => m * 10 ** e)).flat();
