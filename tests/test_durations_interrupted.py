@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 import pytest
 
@@ -61,12 +61,12 @@ def cli_durations(exp_dir: Path, exp: str) -> Dict[str, float]:
         store.close()
 
 
-def page_elapsed(exp_dir: Path, exp: str) -> float:
-    """The page's figure of the experiment's own elapsed time."""
+def page_summary(exp_dir: Path, exp: str) -> Dict[str, Any]:
+    """The page's line of the experiment (the Overview's and the experiments list's): elapsed, counts, ..."""
     database = Database(exp_dir / "trialkit.db")
     try:
         with database.reading() as db:
-            return queries.summary(db, exp)["elapsed"]
+            return queries.summary(db, exp)
     finally:
         database.close()
 
@@ -114,10 +114,10 @@ def test_an_interrupted_runs_trial_durations_stop_where_their_runs_did(tmp_path,
         finished = time.time()
 
         first = cli_durations(exp_dir, exp), page_durations(exp_dir, exp), cli("trial", "list", exp), \
-            cli("trial", "show", ended), cli("experiment", "show", exp), page_elapsed(exp_dir, exp)
+            cli("trial", "show", ended), cli("experiment", "show", exp), page_summary(exp_dir, exp)["elapsed"]
         time.sleep(2.5)
         second = cli_durations(exp_dir, exp), page_durations(exp_dir, exp), cli("trial", "list", exp), \
-            cli("trial", "show", ended), cli("experiment", "show", exp), page_elapsed(exp_dir, exp)
+            cli("trial", "show", ended), cli("experiment", "show", exp), page_summary(exp_dir, exp)["elapsed"]
         assert first == second, (first, second)  # nothing counts on
         rows, page = first[0], first[1]
         assert rows == page  # one duration on every face
@@ -126,6 +126,7 @@ def test_an_interrupted_runs_trial_durations_stop_where_their_runs_did(tmp_path,
         assert why_cell(first[2], killed) == "RUNNING (experiment INTERRUPTED: its keeper is gone)", first[2]
         listed = next(line for line in cli("experiment", "list").splitlines() if line.startswith(exp))
         assert "INTERRUPTED  2 (1 lost, 1 ended unwatched)" in listed, listed  # not "2 (2 running)"
+        assert page_summary(exp_dir, exp)["counts"] == {"ended unwatched": 1, "lost": 1}  # the page's counts alike
         # The experiment's own elapsed runs to the last moment anything was known of it (the unwatched end), on
         # the CLI and the page alike: not the 0 s manager.json said when the control plane died.
         elapsed = next(line.split()[1] for line in first[4].splitlines() if line.startswith("elapsed"))
@@ -149,7 +150,7 @@ def test_an_interrupted_runs_trial_durations_stop_where_their_runs_did(tmp_path,
         assert after[ended] == pytest.approx(rows[ended], abs=0.05)
         assert rows[killed] < after[killed] < rows[killed] + resumed, (rows, after, down, resumed)
         # The experiment goes on from the elapsed the faces showed, the time down counted not.
-        assert first[5] < page_elapsed(exp_dir, exp) < first[5] + resumed, (first[5], resumed)
+        assert first[5] < page_summary(exp_dir, exp)["elapsed"] < first[5] + resumed, (first[5], resumed)
     finally:
         if proc.poll() is None:
             proc.kill()

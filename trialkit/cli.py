@@ -49,9 +49,9 @@ from trialkit.manager import paths
 from trialkit.control.progress import (INTERRUPTED_NOTE, Interrupted, duration, gpu_list, gpu_use, number, page_again,
                                        table, trial_why, trials_table, when)
 from trialkit.control.queue import PRIORITY_RANGE, Move, jobs, label
-from trialkit.control.results import (KEEPER_GONE, RUNS_UNWATCHED, best_row, experiment_ran, metric_value, optimize_mode,
-                                      saves_into, setting, shown_values, to_csv, to_json, trial_rows, unwatched,
-                                      went_on_from)
+from trialkit.control.results import (ENDED_UNWATCHED, UNWATCHED_WORDS, best_row, experiment_ran, metric_value,
+                                      optimize_mode, saves_into, setting, shown_values, to_csv, to_json, trial_rows,
+                                      unwatched, unwatched_word, went_on_from)
 from trialkit.manager.store import Store, StoreUnwritable
 from trialkit.errors import ArgumentParser, UserError, report_and_exit
 from trialkit.statuses import (EARLY_STOPPED, FAILED, FINAL_STATUSES, PREEMPTED, RUNNING, SUCCEEDED, SYS_CANCELED,
@@ -196,11 +196,6 @@ _COUNTED = ((SUCCEEDED, "succeeded"), (FAILED, "failed"), (EARLY_STOPPED, "early
             (WAITING, "waiting"))
 
 
-# An INTERRUPTED experiment's unfinished trials, by what is known of each (results.unwatched's state; trial list
-# says it in full beside each): its manager gone, none of them runs as the store says.
-_UNWATCHED = ((RUNS_UNWATCHED, "running unwatched"), (KEEPER_GONE, "lost"))
-
-
 def _trials_made(trials: List[Dict[str, Any]], interrupted: Interrupted = None) -> str:
     """The trials the experiment made (the page's "Trials"), and the non-zero counts of _COUNTED's statuses:
     "4 (3 failed)", "10 (8 succeeded, 2 failed)"; "0" for none. The runs of an interrupted one that the store
@@ -209,12 +204,12 @@ def _trials_made(trials: List[Dict[str, Any]], interrupted: Interrupted = None) 
     wrote its end)."""
     def word(trial: Dict[str, Any]) -> str:
         state = interrupted.get(trial["id"]) if interrupted is not None else None
-        if state and trial["status"] not in FINAL_STATUSES:
-            return dict(_UNWATCHED).get(state, "ended unwatched")
+        if state and trial["status"] not in FINAL_STATUSES:  # trial list says it in full beside each
+            return unwatched_word(state)
         return dict(_COUNTED).get(trial["status"], "")
 
     said = [word(t) for t in trials]
-    words = dict.fromkeys([w for _, w in _COUNTED] + [w for _, w in _UNWATCHED] + ["ended unwatched"])
+    words = dict.fromkeys([w for _, w in _COUNTED] + list(UNWATCHED_WORDS.values()) + [ENDED_UNWATCHED])
     counts = [f"{said.count(w)} {w}" for w in words if said.count(w)]
     return f"{len(trials)} ({', '.join(counts)})" if counts else str(len(trials))
 

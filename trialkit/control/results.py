@@ -82,6 +82,14 @@ class Unwatched(NamedTuple):
 
 RUNS_UNWATCHED = "runs unwatched"
 KEEPER_GONE = "keeper gone"
+# An INTERRUPTED experiment's unfinished trial, counted by what is known of it (a state of unwatched's): the CLI's
+# experiment list and show, and the page's counts, say it in these words.
+UNWATCHED_WORDS = {RUNS_UNWATCHED: "running unwatched", KEEPER_GONE: "lost"}
+ENDED_UNWATCHED = "ended unwatched"  # its keeper wrote its end
+
+
+def unwatched_word(state: str) -> str:
+    return UNWATCHED_WORDS.get(state, ENDED_UNWATCHED)
 
 
 def unwatched(runs: Sequence[OpenRun], experiment_dir: Optional[Path], now: Optional[float] = None

@@ -202,7 +202,7 @@ def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = N
     """A line of the experiments list: status, trial counts, best trial, time run."""
     now = time.time() if now is None else now
     exp = _experiment_row(db, experiment_id)
-    counts = _counts(db, experiment_id)
+    counts = _counts(db, experiment_id, _interrupted(db, experiment_id))
     mode = results.optimize_mode(exp["config"])
     best = _best(db, experiment_id, mode)
     return {
@@ -220,9 +220,15 @@ def summary(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = N
     }
 
 
-def _counts(db: sqlite3.Connection, experiment_id: str) -> Dict[str, int]:
-    return {row[0]: row[1] for row in
-            db.execute("SELECT status, COUNT(*) FROM trials WHERE experiment=? GROUP BY status", (experiment_id,))}
+def _counts(db: sqlite3.Connection, experiment_id: str, interrupted: Interrupted) -> Dict[str, int]:
+    """Trials by status; in an INTERRUPTED experiment, an unfinished one by what is known of it (the CLI's words:
+    "ended unwatched", "running unwatched", "lost"), not as the store last heard it."""
+    counts: Dict[str, int] = {}
+    for trial_id, status in db.execute("SELECT id, status FROM trials WHERE experiment=?", (experiment_id,)):
+        state = interrupted.get(trial_id) if interrupted is not None and status not in FINAL_STATUSES else None
+        key = results.unwatched_word(state) if state else status
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def experiment(db: sqlite3.Connection, experiment_id: str, now: Optional[float] = None) -> Dict[str, Any]:
