@@ -123,3 +123,15 @@ def test_a_run_cut_short_says_why_at_its_end_as_experiment_show_does(tmp_path):
     end = done.stdout[done.stdout.index(f"\nexperiment {exp} DONE after "):].splitlines()
     assert end[2] == "why: maxExperimentDuration reached", done.stdout
     assert "status      DONE: maxExperimentDuration reached" in cli("experiment", "show", exp).stdout
+
+
+@pytest.mark.parametrize("tuner, trials, why", [
+    ("Random", 2, "maxTrialNumber (2) reached"),
+    ("GridSearch", 9, "search space exhausted: each of its 6 points was tried")])
+def test_a_run_that_ends_done_says_why_as_experiment_show_does(tmp_path, tuner, trials, why):
+    config = experiment(tmp_path, X, "import trialkit\ntrialkit.report_final_result(1)\n", maxTrialNumber=trials,
+                        tuner={"name": tuner})
+    done = cli("run", config)
+    exp = experiment_id(done.stdout.splitlines()[0])
+    assert done.returncode == 0 and f"\nwhy: {why}\n" in done.stdout, done.stdout
+    assert f"status      DONE: {why}" in cli("experiment", "show", exp).stdout

@@ -242,6 +242,21 @@ class Loop:
             return ERROR
         return STOPPED if self.stopping is not None and self.stopping[0] == USER_CANCELED else DONE
 
+    def ended_why(self) -> Optional[str]:
+        """Why it ended, as the run's end, `experiment show` and the page say it: its error, what stopped it, the
+        limit it reached or its search space used up; None where none of those (a tuner that proposes no more)."""
+        if self.error is not None:
+            return self.error
+        if self.stopping is not None:
+            return self.stopping[1]
+        limit, made = self.config.max_trial_number, len(self.trials)
+        if limit is not None and made >= limit:
+            return f"maxTrialNumber ({limit}) reached" + (
+                f"; {made} trials were made before it was lowered" if made > limit else "")
+        if self.exhausted:
+            return f"search space exhausted: each of its {self.tuner.points_tried} points was tried"
+        return None
+
     def _over(self) -> bool:
         if self.active:
             return False

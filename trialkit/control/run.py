@@ -207,7 +207,7 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
             platform.experiment_ended(loop.experiment_id, list(loop.trials))
     finally:
         # Recorded while the manager still serves: a tab open on the page shows the end before its server goes.
-        why = loop.error if status == ERROR else loop.stopping[1] if loop.stopping is not None else None
+        why = loop.error if status == ERROR else loop.ended_why()  # an exception's ERROR: its traceback says
         try:
             loop.store.set_experiment_status(loop.experiment_id, status, why)  # the page and `experiment show` say it
             manager.save(loop.elapsed())
@@ -230,8 +230,8 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
     snapshot = loop.snapshot()
     snapshot = snapshot._replace(elapsed=loop.elapsed() if ran is None else ran)
     say(f"\nexperiment {loop.experiment_id} {result.status} after {snapshot.line()}")
-    if loop.error is None and loop.stopping is not None:  # why it ended early, as `experiment show` says it
-        say(f"why: {loop.stopping[1]}")
+    if loop.error is None and loop.ended_why() is not None:  # as `experiment show` says it (an error: below)
+        say(f"why: {loop.ended_why()}")
     if result.trials:
         say(trials_table(result.trials[-SUMMARY_ROWS:], space=space))
     if len(result.trials) > SUMMARY_ROWS:
