@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 from typing import List, Optional, Sequence, Tuple
 
@@ -16,6 +15,7 @@ from trialkit import env
 from trialkit import trial as trials
 from trialkit.errors import UserError, report_and_exit
 from trialkit.launch import discover, grammar
+from trialkit.launch.ports import rendezvous_port
 from trialkit.launch.supervisor import Supervisor
 
 WRAP_RANK = "trialkit.launch.wrap_rank"
@@ -55,11 +55,8 @@ def supervise(prog: str, engine: str, launch: grammar.Launch, topo: env.Topology
 
 def free_port(addr: str) -> int:
     """A port free on addr now, for a single node's rendezvous (a fixed one collides between trials)."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET  # TRIALKIT_CHIEF_ADDR=::1
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.bind((addr, 0))
-            return sock.getsockname()[1]
+        return rendezvous_port(addr)
     except OSError as err:
         raise UserError(f"cannot listen on {addr}: {err.strerror or err}", env.CHIEF_ADDR,
                         "give this node's own address, or leave it unset on one node") from None

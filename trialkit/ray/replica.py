@@ -14,7 +14,6 @@ import asyncio
 import io
 import os
 import shutil
-import socket
 import sys
 import tarfile
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from trialkit import adaptdl, env
+from trialkit.launch.ports import rendezvous_port
 from trialkit.ray import spot
 from trialkit.ray.trial_actor import TrialRunner
 
@@ -93,9 +93,7 @@ class Replica(TrialRunner):
 
     async def free_port(self) -> int:
         """A port free on this node now, for rank 0 to listen on."""
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return sock.getsockname()[1]
+        return rendezvous_port()
 
     async def start_replica(self, spec: ReplicaSpec, checkpoint: Optional[Checkpoint]) -> int:
         self._spec = spec
