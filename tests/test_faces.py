@@ -67,12 +67,16 @@ def test_a_finished_experiment_is_not_resumed_stopped_paused_or_changed(done_exp
     assert (store.stat().st_mtime_ns, (home / "experiments" / exp / "manager.json").read_text()) == before
     trial = f"{exp}-00000"
     for args in (["experiment", "stop", exp], ["experiment", "pause", exp], ["trial", "kill", trial],
-                 ["job", "update", trial, "--priority", "1"], ["experiment", "update", exp, "--trial-concurrency", "2"]):
+                 ["job", "update", trial, "--priority", "1"]):
         done = cli(*args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         named = "TRIAL_ID" if trial in args else "EXPERIMENT_ID"  # the argument the user gave, not another
         assert f"{named}: experiment {exp} has ended (DONE): nothing of it runs now" in done.stderr, (args, done.stderr)
         assert "resume" not in done.stderr, (args, done.stderr)  # a DONE experiment has nothing to resume
+    # Its config is kept for a resume (tests/test_nnictl_commands.py: more trials); one that leaves it nothing
+    # more to run leaves its resume nothing to start.
+    assert cli("experiment", "update", exp, "--trial-concurrency", "2").returncode == 0
+    assert cli("experiment", "resume", exp).stdout.startswith(f"experiment {exp} is DONE: it has nothing left")
     from trialkit.experiment import Experiment
 
     assert Experiment(None, id=exp).resume() is True  # NNI's: it ends DONE; here nothing starts

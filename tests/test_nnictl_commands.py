@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from experiment_util import cli
+from experiment_util import cli, experiment, experiment_id, export
 from test_experiment_api import free_port, gated_experiment, statuses, until
 
 
@@ -75,3 +75,24 @@ def test_import_teaches_the_tuner_results_from_an_earlier_export(tmp_path):
     finally:
         exp.stop()
     assert [job.hyperParameters[0].parameters["x"] for job in exp.list_trial_jobs()] == [first]
+
+
+def test_an_ended_experiment_gets_more_trials_by_update_then_resume(tmp_path):
+    # nnictl's `update trialnum` on an experiment that reached its limit: here the update is kept for the resume
+    # (it was refused: "has ended (DONE)", and the resume had "nothing left to run").
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2, 3, 4]}},
+                        "import trialkit\ntrialkit.report_final_result(trialkit.get_next_parameter()['x'])\n",
+                        maxTrialNumber=1, tuner={"name": "GridSearch"})
+    exp = experiment_id(cli("run", config).stdout.splitlines()[0])
+    assert "is DONE: it has nothing left to run" in cli("experiment", "resume", exp).stdout
+    updated = cli("experiment", "update", exp, "--max-trial-number", 3)
+    assert updated.returncode == 0 and updated.stdout == (
+        f"updated experiment {exp}: maxTrialNumber (kept: `trialkit experiment resume {exp}` goes on with it)\n"), \
+        updated.stdout + updated.stderr
+    assert "trials      1 of 3" in cli("experiment", "show", exp).stdout
+    resumed = cli("experiment", "resume", exp)
+    assert resumed.returncode == 0 and f"resumed experiment {exp}" in resumed.stdout, resumed.stdout
+    assert [row["parameters"]["x"] for row in export(exp)] == [1, 2, 3]  # the grid went on, no point again
+    assert "why: maxTrialNumber (3) reached" in resumed.stdout
+    refused = cli("experiment", "update", exp, "--max-trial-number", -1)  # checked as the config is
+    assert refused.returncode == 2 and "maxTrialNumber" in refused.stderr

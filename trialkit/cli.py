@@ -301,6 +301,13 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
         raise UserError("nothing to update", "experiment update",
                         "give --trial-concurrency, --max-trial-number, --max-experiment-duration, --search-space, "
                         "--priority or --weight")
+    if changes and opts.priority is None and opts.weight is None and admin.ended_status(opts.experiment_id):
+        # An ended experiment's config changes are kept for its resume (nnictl's `update trialnum` and a
+        # resume: more trials for a DONE one). An interrupted one's manager died mid-run: it is resumed first.
+        _store_config_update(opts.experiment_id, changes)
+        print(f"updated experiment {opts.experiment_id}: {', '.join(changes)} (kept: `trialkit experiment resume "
+              f"{opts.experiment_id}` goes on with it)")
+        return 0
     if changes:  # the config's changes need its manager: none running, the pool's job is not changed either
         admin.running_manager(opts.experiment_id)
         _check_config_update(opts.experiment_id, changes)
@@ -312,15 +319,26 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
     return 0
 
 
-def _check_config_update(experiment_id: str, changes: Dict[str, Any]) -> None:
+def _check_config_update(experiment_id: str, changes: Dict[str, Any]) -> Dict[str, Any]:
     """Check config changes as its manager will (Loop.update_config), before the pool's job changes: an update
-    applies all or none, and the manager's refusal would come after the pool's change."""
+    applies all or none, and the manager's refusal would come after the pool's change. The config with them."""
     from trialkit.control.config import parse_config
 
     experiment_dir = paths.experiment_dir(experiment_id)
     with _store(experiment_dir) as store:
         config = _experiment(store, experiment_id)["config"]
-    parse_config({**config, **changes}, experiment_dir, source=f"the update of experiment {experiment_id}")
+    return parse_config({**config, **changes}, experiment_dir,
+                        source=f"the update of experiment {experiment_id}").to_dict()
+
+
+def _store_config_update(experiment_id: str, changes: Dict[str, Any]) -> None:
+    """An ended experiment's config with `changes`, checked and stored, as its resume will read it."""
+    config = _check_config_update(experiment_id, changes)
+    store = Store.in_dir(paths.experiment_dir(experiment_id))
+    try:
+        store.set_experiment_config(experiment_id, config)
+    finally:
+        store.close()
 
 
 def cmd_experiment_import(opts: argparse.Namespace) -> int:
@@ -1309,10 +1327,15 @@ def build_parser() -> ArgumentParser:
     _experiment_id(_command(sub, "activate", cmd_experiment_activate, "go on with a paused experiment",
                             "Queue its paused trials again (each restarts from its checkpoint, in the same dirs, with "
                             "the restart count + 1) and start trials again."))
-    update = _experiment_id(_command(sub, "update", cmd_experiment_update, "change a running experiment's limits",
+    update = _experiment_id(_command(sub, "update", cmd_experiment_update,
+                                     "change an experiment's limits, running or ended",
                                      "nnictl update's set: the trials run at once, the most trials, the longest run, "
                                      "the search space (its tuner starts over on it, told every trial so far). "
-                                     "Checked as the config is, and kept for a resume."))
+                                     "Checked as the config is, and kept for a resume. An ended (DONE, STOPPED, "
+                                     "ERROR) experiment's are kept for its resume, which goes on while they leave "
+                                     "it room (a DONE one given a larger --max-trial-number runs the trials it "
+                                     "adds); an interrupted one is resumed first. --priority and --weight change a "
+                                     "running or waiting experiment's job."))
     update.add_argument("--trial-concurrency", type=int, metavar="N", help="trials that run at once")
     update.add_argument("--max-trial-number", type=int, metavar="N", help="the most trials the experiment runs")
     update.add_argument("--max-experiment-duration", metavar="D", help="how long it may run in all: 30m, 2h, 1d")

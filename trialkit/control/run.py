@@ -95,12 +95,12 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
     A DONE one has nothing left to run: it is said, and nothing starts or changes."""
     experiment_dir, info, store, stored, config = _stopped_experiment(experiment_id)
     try:
-        if stored["status"] == DONE:
+        # As the faces said it: an interrupted run counts to the last moment anything was known of it.
+        elapsed = experiment_ran(experiment_dir, stored["status"], store.open_runs(experiment_id)) or 0.0
+        if stored["status"] == DONE and not _room_left(config, len(store.trials(experiment_id)), elapsed):
             print(done_already(experiment_id), file=out or sys.stdout, flush=True)
             return ExperimentResult(experiment_id, DONE, config.optimize_mode, trial_rows(store, experiment_id))
         platform = _platform(config, experiment_dir)
-        # As the faces said it: an interrupted run counts to the last moment anything was known of it.
-        elapsed = experiment_ran(experiment_dir, stored["status"], store.open_runs(experiment_id)) or 0.0
         loop = Loop(config, experiment_id, experiment_dir, store, out, elapsed=elapsed)
         with loop.signals_handled():  # a Ctrl-C from here is the loop's: a stop, said and recorded
             # Bound before the store is written: a taken --port leaves the experiment as it was.
@@ -122,9 +122,19 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
         store.close()
 
 
+def _room_left(config: ExperimentConfig, made: int, elapsed: float) -> bool:
+    """Whether a DONE experiment's limits, raised since (`experiment update`), leave it more to run; not one that
+    has none: it ended of its own (its search space tried, its tuner done)."""
+    limit, duration = config.max_trial_number, config.max_experiment_duration
+    if limit is None and duration is None:
+        return False
+    return (limit is None or made < limit) and (duration is None or elapsed < duration)
+
+
 def done_already(experiment_id: str) -> str:
     return (f"experiment {experiment_id} is DONE: it has nothing left to run, and a resume changes nothing "
-            f"(its results: `trialkit experiment show {experiment_id}`; its page: `trialkit ui {experiment_id}`)")
+            f"(its results: `trialkit experiment show {experiment_id}`; its page: `trialkit ui {experiment_id}`; "
+            f"more trials: `trialkit experiment update {experiment_id} --max-trial-number N`, then resume it)")
 
 
 def delete_experiment(experiment_id: str) -> List[str]:
