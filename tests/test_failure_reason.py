@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from experiment_util import cli, experiment, experiment_id, export
+from trialkit.platforms import context
 from trialkit.web import queries
 
 MISSING = "ModuleNotFoundError: No module named 'no_such_module_here'"
@@ -54,16 +55,33 @@ def test_the_first_trials_failing_alike_stop_the_experiment_and_every_face_says_
     assert all(row["reason"].startswith(MISSING) for row in page["rows"]), page["rows"]
 
 
-def test_a_misspelt_script_stops_it_though_each_trial_names_its_own_copy(tmp_path):
-    # Each trial runs a copy of the code in its own dir, so the interpreter's complaint differs by that dir alone.
-    config = experiment(tmp_path, X, "print('never run')\n", maxTrialNumber=20, trialConcurrency=1,
-                        trialCommand="python3 trail.py")
+def test_a_misspelt_script_is_refused_before_any_trial_runs(tmp_path, home):
+    # It ran three trials to the first-failures stop, each naming its own copy of the code (newcomer13).
+    config = experiment(tmp_path, X, "print('never run')\n", maxTrialNumber=20, trialCommand="python3 -u trail.py")
+    done = cli("run", config)
+    assert done.returncode == 2 and re.fullmatch(
+        rf"trialkit: error: {re.escape(str(config))}:\d+: trialCommand: trail.py is not in the trial code directory "
+        rf"{re.escape(str(config.parent))} \(did you mean trial.py\?\)\n", done.stderr), done.stdout + done.stderr
+    assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
+    # The script a command runs, where it is a plain `python SCRIPT.py`; no check of any other command.
+    assert [context._script_of(command) for command in (
+        "python3 trial.py", "python3 -W ignore ./sub/trial.py --lr 1", "python3.11 -u x.py", "python3 -m trial",
+        "python3 -c 'print(1)'", "cd sub && python3 x.py", "torchrun train.py", "python3 'unclosed")] == [
+        "trial.py", "sub/trial.py", "x.py", None, None, None, None, None]
+
+
+# A script that reads a file from where it runs: each trial's reason names its own copy of the code dir.
+READS_ITS_DATA = "import os\nopen(os.path.join(os.getcwd(), 'data.csv'))\n"
+
+
+def test_failures_that_differ_only_by_each_trials_own_dir_stop_it(tmp_path):
+    config = experiment(tmp_path, X, READS_ITS_DATA, maxTrialNumber=20, trialConcurrency=1)
     done = cli("run", config)
     assert done.returncode == 1, done.stdout + done.stderr
     exp = experiment_id(done.stdout.splitlines()[0])
     assert [row["status"] for row in export(exp)] == ["FAILED"] * 3, done.stdout
     said = re.search(r"error: the first 3 trials all failed the same way: (.*)", done.stdout)
-    assert said and f"{exp}-00000" in said.group(1) and "trail.py" in said.group(1), done.stdout
+    assert said and f"{exp}-00000" in said.group(1) and "data.csv" in said.group(1), done.stdout
 
 
 def test_with_0_every_trial_runs_as_in_nni(tmp_path):

@@ -166,7 +166,7 @@ def experiment_id_of(text: str) -> str:
 
 
 def status_of(shown: str) -> str:
-    found = re.search(r"^status\s+(\S+)", shown, re.M)
+    found = re.search(r"^status\s+(\w+)", shown, re.M)  # the word, without why it ended
     return found.group(1) if found else None
 
 

@@ -261,7 +261,8 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
 
 
 def _check_context(config: ExperimentConfig, experiment_dir: Path) -> None:
-    """Refuse, before anything starts, a code dir the platform cannot take with each trial (local: too big)."""
+    """Refuse, before anything starts, a code dir the platform cannot take with each trial (local: too big, or
+    without the script its command runs)."""
     check = getattr(platforms.load(config.platform), "check_context", None)
     if check is not None:
-        check(config.trial_code_directory, experiment_dir)
+        check(config.trial_code_directory, experiment_dir, config.trial_command)

@@ -32,10 +32,12 @@ ship it as bytes (`pack`, then `unpack` where it runs). What goes in is
 """
 from __future__ import annotations
 
+import difflib
 import gzip
 import io
 import os
 import re
+import shlex
 import shutil
 import stat
 import tarfile
@@ -69,6 +71,47 @@ def collect(code_dir: PathLike) -> List[str]:
     _check_size(root, files)
     kept = _kept_links(root, links, files)
     return sorted(files + kept)
+
+
+# `python`, `python3`, `python3.11`: the commands whose script the context must hold; their options that take
+# the next word as their value.
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+_VALUED = frozenset({"-W", "-X"})
+
+
+def check_script(command: Optional[str], files: List[str], code_dir: PathLike) -> None:
+    """Refuse a `python3 SCRIPT.py ...` command whose script the context (`files`, collect's) does not hold:
+    every trial would fail alike (a misspelt name ran three trials to the first-failures stop, each naming its
+    own copy of the code)."""
+    script = _script_of(command)
+    if script is None or os.path.isabs(script) or script in files:
+        return
+    near = difflib.get_close_matches(script, [f for f in files if f.endswith(".py")], n=1)
+    ignored = Path(code_dir, script).is_file()  # there, but .trialignore leaves it out
+    raise UserError(f"{script} is not in the trial code directory {code_dir}"
+                    + (" that trials get (.trialignore leaves it out)" if ignored else ""), "trialCommand",
+                    f"did you mean {near[0]}?" if near and not ignored else
+                    "give the script's path relative to trialCodeDirectory")
+
+
+def _script_of(command: Optional[str]) -> Optional[str]:
+    """The .py script a plain `python ... SCRIPT.py` command runs; None for any other command (-m, -c, a shell's
+    `cd dir && ...`, a launcher)."""
+    try:
+        argv = shlex.split(command or "")
+    except ValueError:
+        return None
+    if not argv or not _PYTHON.fullmatch(os.path.basename(argv[0])):
+        return None
+    words = iter(argv[1:])
+    for word in words:
+        if word in ("-m", "-c", "-"):
+            return None
+        if word in _VALUED:
+            next(words, None)
+        elif not word.startswith("-"):
+            return os.path.normpath(word).replace(os.sep, "/") if word.endswith(".py") else None
+    return None
 
 
 def copy_into(code_dir: PathLike, dest: PathLike) -> Path:

@@ -176,12 +176,13 @@ def run_sh() -> str:
     return str(files("trialkit.scripts") / "run.sh")
 
 
-def check_context(code_dir: str, experiment_dir: Path) -> None:
-    """Refuse a code dir that trials cannot take along: one over the size limit, or one holding the experiment."""
+def check_context(code_dir: str, experiment_dir: Path, command: Optional[str] = None) -> None:
+    """Refuse a code dir that trials cannot take along (one over the size limit, or one holding the experiment),
+    and a `python SCRIPT.py` command whose script it does not hold."""
     from trialkit.platforms import context  # pathspec comes with the control plane's extras
 
     _refuse_nesting(code_dir, experiment_dir)
-    context.collect(code_dir)
+    context.check_script(command, context.collect(code_dir), code_dir)
 
 
 def _refuse_nesting(code_dir: str, experiment_dir: Path) -> None:
