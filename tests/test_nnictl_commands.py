@@ -87,8 +87,8 @@ def test_an_ended_experiment_gets_more_trials_by_update_then_resume(tmp_path):
     assert "is DONE: it has nothing left to run" in cli("experiment", "resume", exp).stdout
     updated = cli("experiment", "update", exp, "--max-trial-number", 3)
     assert updated.returncode == 0 and updated.stdout == (
-        f"updated experiment {exp}: maxTrialNumber (kept: `trialkit experiment resume {exp}` goes on with it)\n"), \
-        updated.stdout + updated.stderr
+        f"updated experiment {exp}: maxTrialNumber 1 -> 3; its resume goes on with it (`trialkit experiment resume "
+        f"{exp}`)\n"), updated.stdout + updated.stderr
     assert "trials      1 of 3" in cli("experiment", "show", exp).stdout
     resumed = cli("experiment", "resume", exp)
     assert resumed.returncode == 0 and f"resumed experiment {exp}" in resumed.stdout, resumed.stdout

@@ -1003,7 +1003,8 @@ def test_a_curve_is_drawn_on_an_axis_around_its_values(tmp_path, browser):
     they are all one); a loss that nears 0 still starts at 0; ticks close together are told apart."""
     store = Store.in_dir(tmp_path / "close")
     store.create_experiment("close", {"searchSpace": {}, "trialConcurrency": 1})
-    for sequence, values in enumerate(([0.836] * 3, [2.3, 0.4, 0.05], [0.912345 + s * 1e-7 for s in range(30)])):
+    for sequence, values in enumerate(([0.836] * 3, [2.3, 0.4, 0.05], [0.912345 + s * 1e-7 for s in range(30)],
+                                       [0.9123456 + s * 1e-7 for s in range(60)])):
         trial = f"close-{sequence:05d}"
         store.add_trial("close", trial, sequence=sequence, parameters={}, token=None)
         store.add_records(trial, [{"seq": i + 1, "type": "PERIODICAL", "sequence": i, "parameter_id": sequence,
@@ -1012,12 +1013,14 @@ def test_a_curve_is_drawn_on_an_axis_around_its_values(tmp_path, browser):
     try:
         install(server, store, admin_token="close-token", read_only=True)
         spans = []
-        for trial in ("close-00000", "close-00001", "close-00002"):
+        ticks = []
+        for trial in ("close-00000", "close-00001", "close-00002", "close-00003"):
             open_read_only(browser, server, f"/trial/{trial}", "trial", token="close-token", exp="close")
             spans.append(wait_for(browser, "const u = document.getElementById('trial-curve').uplot; "
                                            "return u && [u.scales.y.min, u.scales.y.max]", f"{trial}'s curve"))
-        labels = browser.execute_script("const u = document.getElementById('trial-curve').uplot; "
-                                        "return [u.axes[1]._values, u.axes[1]._size]")
+            ticks.append(browser.execute_script("const u = document.getElementById('trial-curve').uplot; "
+                                                "return [u.axes[1]._values, u.axes[1]._size]"))
+        labels = ticks[2]
         (low, high), (loss_low, loss_high) = spans[:2]
         assert 0.75 <= low < 0.836 < high <= 0.92, spans
         assert loss_low == 0 and 2.3 < loss_high <= 2.61, spans
@@ -1025,6 +1028,8 @@ def test_a_curve_is_drawn_on_an_axis_around_its_values(tmp_path, browser):
         # enough for them, its title clear of them.
         values, size = labels
         assert len(set(values)) == len(values) > 2 and size >= 24 + 7 * max(map(len, values)), labels
+        # One precision on an axis: 0.912350 beside 0.912349, not 0.91235 (six digits, a trailing zero dropped).
+        assert all(len({len(value) for value in shown}) == 1 for shown, _ in ticks[2:]), ticks
         shot(browser, "close-values")
     finally:
         server.stop()

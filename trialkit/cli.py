@@ -304,9 +304,11 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
     if changes and opts.priority is None and opts.weight is None and admin.ended_status(opts.experiment_id):
         # An ended experiment's config changes are kept for its resume (nnictl's `update trialnum` and a
         # resume: more trials for a DONE one). An interrupted one's manager died mid-run: it is resumed first.
-        _store_config_update(opts.experiment_id, changes)
-        print(f"updated experiment {opts.experiment_id}: {', '.join(changes)} (kept: `trialkit experiment resume "
-              f"{opts.experiment_id}` goes on with it)")
+        before = _store_config_update(opts.experiment_id, changes)
+        said = [key if key == "searchSpace" else f"{key} {before.get(key, '-')} -> {value}"
+                for key, value in changes.items()]
+        print(f"updated experiment {opts.experiment_id}: {', '.join(said)}; its resume goes on with it "
+              f"(`trialkit experiment resume {opts.experiment_id}`)")
         return 0
     if changes:  # the config's changes need its manager: none running, the pool's job is not changed either
         admin.running_manager(opts.experiment_id)
@@ -319,26 +321,29 @@ def cmd_experiment_update(opts: argparse.Namespace) -> int:
     return 0
 
 
-def _check_config_update(experiment_id: str, changes: Dict[str, Any]) -> Dict[str, Any]:
+def _check_config_update(experiment_id: str, changes: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """Check config changes as its manager will (Loop.update_config), before the pool's job changes: an update
-    applies all or none, and the manager's refusal would come after the pool's change. The config with them."""
+    applies all or none, and the manager's refusal would come after the pool's change. (The stored config, the
+    config with them.)"""
     from trialkit.control.config import parse_config
 
     experiment_dir = paths.experiment_dir(experiment_id)
     with _store(experiment_dir) as store:
         config = _experiment(store, experiment_id)["config"]
-    return parse_config({**config, **changes}, experiment_dir,
-                        source=f"the update of experiment {experiment_id}").to_dict()
+    return config, parse_config({**config, **changes}, experiment_dir,
+                                source=f"the update of experiment {experiment_id}").to_dict()
 
 
-def _store_config_update(experiment_id: str, changes: Dict[str, Any]) -> None:
-    """An ended experiment's config with `changes`, checked and stored, as its resume will read it."""
-    config = _check_config_update(experiment_id, changes)
+def _store_config_update(experiment_id: str, changes: Dict[str, Any]) -> Dict[str, Any]:
+    """An ended experiment's config with `changes`, checked and stored, as its resume will read it; the config
+    it had."""
+    before, config = _check_config_update(experiment_id, changes)
     store = Store.in_dir(paths.experiment_dir(experiment_id))
     try:
         store.set_experiment_config(experiment_id, config)
     finally:
         store.close()
+    return before
 
 
 def cmd_experiment_import(opts: argparse.Namespace) -> int:

@@ -605,12 +605,12 @@
   }
   // Numbers on the chart read as in the table (fmtNumber), not through uPlot's Intl.NumberFormat: the first use of
   // Intl costs a fresh renderer 15-60 ms (bench/bench_web.py), and the trials view needs it nowhere else.
-  // Ticks as the table writes numbers (fmtNumber), unless its six digits make two alike (values close together:
-  // 0.912345 to 0.912348 read 0.912346 three times): then as many decimals as the step between ticks needs.
+  // Ticks with the decimals their step has, one precision for all (0.90, 0.95, 1.00; 0.9123450 to 0.9123480 where
+  // the table's six digits read 0.912346 three times), else as the table writes numbers (fmtNumber).
   const tickValues = (u, splits, axis, space, step) => {
-    const shown = splits.map((v) => (v === null ? '' : fmtNumber(v)));
-    if (new Set(shown).size === shown.length || !(step > 0)) return shown;
-    const decimals = Math.min(15, Math.max(0, Math.ceil(-Math.log10(step) - 1e-9)));
+    if (!(step > 0)) return splits.map((v) => (v === null ? '' : fmtNumber(v)));
+    let decimals = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
+    while (decimals < 15 && Math.abs(step * 10 ** decimals - Math.round(step * 10 ** decimals)) > 1e-6) decimals++;
     return splits.map((v) => (v === null ? '' : v.toFixed(decimals)));
   };
   // The value axis as wide as its longest label, so that its title is drawn clear of them (~7 px a character).
