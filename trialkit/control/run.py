@@ -92,7 +92,8 @@ def resume_experiment(experiment_id: str, port: Optional[int] = None, out: Optio
                       page: Optional[PageHook] = None) -> ExperimentResult:
     """Go on with an interrupted experiment: same id, same store, same manager port unless told otherwise, same
     admin token (and so the same page token: the page address of any run works again).
-    A DONE one has nothing left to run: it is said, and nothing starts or changes."""
+    A DONE one whose limits leave it nothing more (none raised by `experiment update` since) has nothing left to
+    run: it is said, and nothing starts or changes."""
     experiment_dir, info, store, stored, config = _stopped_experiment(experiment_id)
     try:
         # As the faces said it: an interrupted run counts to the last moment anything was known of it.
@@ -240,8 +241,9 @@ def _summary(loop: Loop, result: ExperimentResult) -> None:
     snapshot = loop.snapshot()
     snapshot = snapshot._replace(elapsed=loop.elapsed() if ran is None else ran)
     say(f"\nexperiment {loop.experiment_id} {result.status} after {snapshot.line()}")
-    if loop.error is None and loop.ended_why() is not None:  # as `experiment show` says it (an error: below)
-        say(f"why: {loop.ended_why()}")
+    why = loop.ended_why()
+    if loop.error is None and why is not None:  # as `experiment show` says it (an error: below)
+        say(f"why: {why}")
     if result.trials:
         say(trials_table(result.trials[-SUMMARY_ROWS:], space=space))
     if len(result.trials) > SUMMARY_ROWS:
