@@ -149,6 +149,10 @@ and this floor rotating, 15-31 rounds.
   bench_web.py with both, load 10-14: 114, 106, 88 ms against 35, 43, 40 ms: 3.23x, 2.45x, 2.20x (3.07x,
   1.97x, 2.28x round by round), MISSED, MET, MET; its answers: curves of 10 in 3.0-3.8 ms (4.2 before, the
   same load).
+  The lead, after the session's full suite, quiet (00:34-00:35, load 1.3-1.9), ten runs: 2.06x, 2.92x, 2.70x,
+  2.57x, 2.67x, 2.49x, 2.59x, 2.61x, 2.58x, 3.08x on medians (2.17x, 2.94x, 2.47x, 2.65x, 2.61x, 2.77x, 2.72x,
+  2.45x, 2.53x, 2.85x round by round): cold page 68-81 ms against floors of 24-33 ms; MET in 9 of 10, the
+  tenth MISSED at 3.08x on a 25 ms floor (2.85x round by round). The median run 2.60x.
 Needs Debian's chromium and chromium-driver (bootstrap.sh installs them).
 """
 from __future__ import annotations
