@@ -538,9 +538,54 @@ def test_a_pbt_generation_cut_short_by_ctrl_c_runs_its_members_again_on_resume(t
     done = cli("experiment", "resume", exp, timeout=WAIT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = export(exp)
-    # (A trial the Ctrl-C found past its final result ended USER_CANCELED with it: its generation has it.)
+    # (A trial the Ctrl-C found past its final result ran again too: the next generation loads its checkpoint.)
     assert len(rows) == 12 and all(row["final"] is not None for row in rows), rows
     assert {row["status"] for row in rows if row["trial_id"] in cut} == {"SUCCEEDED"}
+    for g, generation in enumerate(generations(rows, 4)):
+        for row in generation:
+            saved = Path(row["parameters"]["save_checkpoint_dir"]) / "state.json"
+            assert json.loads(saved.read_text())["steps"] == g + 1, (g, row)
+
+
+# NNI's mnist-pbt order: the final result, then the save. Member 3, the best, at its first step's first try,
+# reports its final result once the other members saved theirs (its generation is then complete, and the loop
+# makes the next one, whose trials go on from it), and writes MARKER 2 s later, waiting there for the Ctrl-C
+# with its checkpoint not yet saved.
+PBT_SAVES_AFTER_ITS_FINAL = """
+import json, os, time, trialkit
+p = trialkit.get_next_parameter()
+save = p["save_checkpoint_dir"]
+root, (member, step) = os.path.dirname(os.path.dirname(save)), save.split(os.sep)[-2:]
+load = os.path.join(p["load_checkpoint_dir"], "state.json")
+state = json.load(open(load)) if os.path.exists(load) else {"steps": 0}
+state["steps"] += 1
+cut = (member, step) == ("3", "0") and not os.path.exists(MARKER)
+while cut and not all(os.path.exists(os.path.join(root, str(m), "0", "state.json")) for m in range(3)):
+    time.sleep(0.05)
+trialkit.report_final_result(1000.0 if member == "3" else p["lr"] * state["steps"])
+if cut:
+    time.sleep(2)
+    open(MARKER, "w").close()
+    time.sleep(120)
+os.makedirs(save, exist_ok=True)
+json.dump(state, open(os.path.join(save, "state.json"), "w"))
+"""
+
+
+def test_a_pbt_trial_stopped_after_its_final_result_but_before_its_save_runs_again_before_its_heirs(tmp_path):
+    """Its generation has its result, but the next one loads its checkpoint: `experiment resume` runs it again,
+    and the trials that go on from it, made before the stop, wait for that run's end (else each would load a
+    checkpoint never written)."""
+    exp, before = cut_short_pbt(tmp_path, PBT_SAVES_AFTER_ITS_FINAL, True)
+    cut = next(row for row in before if place(row) == (3, 0))
+    assert cut["status"] == "PREEMPTED" and cut["final"] == 1000.0, cut
+    heirs_made = [row for row in before if row["parameters"]["load_checkpoint_dir"] == cut["parameters"]["save_checkpoint_dir"]
+                  and row is not cut]
+    assert heirs_made and {row["status"] for row in heirs_made} == {"WAITING"}, before
+    done = cli("experiment", "resume", exp, timeout=WAIT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = export(exp)
+    assert len(rows) == 12 and {row["status"] for row in rows} == {"SUCCEEDED"}, rows
     for g, generation in enumerate(generations(rows, 4)):
         for row in generation:
             saved = Path(row["parameters"]["save_checkpoint_dir"]) / "state.json"
@@ -633,7 +678,7 @@ def test_async_pbt_interrupted_and_resumed_repeats_no_members_step_and_loses_non
     done = cli("experiment", "resume", exp, timeout=WAIT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = export(exp)
-    # (A trial the Ctrl-C found past its final result ended USER_CANCELED with it, its step done.)
+    # (A trial the Ctrl-C found past its final result ran again too: a later step may load its checkpoint.)
     assert len(rows) == 12 and all(row["final"] is not None for row in rows), rows
     assert [(row["trial_id"], row["status"]) for row in rows if place(row) == (1, 1)] == [(cut[0], "SUCCEEDED")]
     steps: Dict[int, List[int]] = {}

@@ -1317,8 +1317,9 @@ def build_parser() -> ArgumentParser:
     _experiment_id(_command(sub, "stop", cmd_experiment_stop, "stop a running experiment",
                             "Ask the experiment's manager to stop: its trials are stopped gracefully and the "
                             "manager exits; waits until it has. A trial that saved a checkpoint, or that a round of "
-                            "Hyperband or BOHB or a generation of PBT waits for, is PAUSED, and `experiment resume` "
-                            "runs it again; any other is USER_CANCELED."))
+                            "Hyperband or BOHB or a generation of PBT waits for or goes on from (its checkpoint "
+                            "perhaps unsaved), is PAUSED, and `experiment resume` runs it again; any other is "
+                            "USER_CANCELED."))
     resume = _experiment_id(_command(sub, "resume", cmd_experiment_resume,
                                      "go on with a stopped or interrupted experiment",
                                      "Rebuild the tuner from the stored results, reattach to trials still running, "

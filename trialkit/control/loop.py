@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Set, TextIO, Tuple
 
 from trialkit import __version__, records, statuses
 from trialkit.checkpoints import STORE_FAILED_EXIT
@@ -45,7 +45,7 @@ from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config, trials_experiment_dir
 from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
-from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, JobQueue, goes_before, label, requeued, rerun
+from trialkit.control.queue import NO_CHECKPOINT, RESAVE, RESUMABLE, JobQueue, goes_before, label, requeued, rerun
 from trialkit.control.results import metric_value, rank, shown_values
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -542,6 +542,8 @@ class Loop:
             return PREEMPTED, f"{why}; {RESUMABLE}"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.RERUNS_CUT_SHORT and not trial.has_final:
             return PREEMPTED, f"{why}; {rerun(self.tuner.ROUND)}"
+        if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.HANDS_ON_CHECKPOINTS:
+            return PREEMPTED, f"{why}; {RESAVE}"
         if wanted == PREEMPTED and trial.ran and not self._checkpointed(trial, status):
             return PREEMPTED, f"{why}; {NO_CHECKPOINT}"
         return wanted, why
@@ -641,16 +643,21 @@ class Loop:
         return not self.exhausted and (limit is None or len(self.trials) < limit)
 
     def _fill(self) -> None:
+        deferred: Set[str] = set()
         while self.stopping is None and not self.paused and len(self.active) < self.config.trial_concurrency:
             trial = self._next()
             if trial is None:
                 return
             origin = self._origin(trial)
-            if origin is not None and origin.id in self.active:
-                # Its final result came (the tuner's cue) while it still runs: its last checkpoint may still be
-                # on its way (written after the result, or uploading). The copy waits for its end.
+            if origin is not None and (not origin.ended or origin.paused):
+                # Its final result came (the tuner's cue) before its end: its last checkpoint may still be on its
+                # way (written after the result, or uploading), or, cut short by a stop, run again on resume. The
+                # copy waits for its end. One queued to run again starts first; one running or paused is waited for.
                 self.queue.push(trial.id)
-                return
+                if origin.id in self.active or origin.id not in self.queue or trial.id in deferred:
+                    return
+                deferred.add(trial.id)
+                continue
             if origin is not None:
                 self._seed_checkpoint(trial, origin)
             self.submit(trial)

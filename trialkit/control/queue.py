@@ -41,11 +41,15 @@ LABELS = {PREEMPTED: "PAUSED"}
 RESUMABLE = "it saved a checkpoint: `trialkit experiment resume` continues it"
 # The end of the reason of a trial paused or preempted without a checkpoint.
 NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
-# The end of a PREEMPTED trial's reason when a user's stop of the whole experiment found it without a
-# checkpoint and its tuner's round or generation waits for its final result (Tuner.RERUNS_CUT_SHORT):
-# `experiment resume` queues it again, to run from the start (control.resume). The tail alone tells it, whatever
-# the tuner calls its round.
-RERUN = f"waits for its result: `trialkit experiment resume` runs it again; {NO_CHECKPOINT}"
+# The end of the reason of a PREEMPTED trial that `experiment resume` queues again, to run from the start
+# (control.resume): a user's stop of the whole experiment found it without a checkpoint, and its tuner needs its
+# run whole. The tail alone tells it, whatever the tuner calls its round.
+RUNS_AGAIN = f"`trialkit experiment resume` runs it again; {NO_CHECKPOINT}"
+# Its round or generation waits for its final result (Tuner.RERUNS_CUT_SHORT).
+RERUN = f"waits for its result: {RUNS_AGAIN}"
+# Its final result came, but not its end: other trials go on from the checkpoint it may still have been
+# saving (Tuner.HANDS_ON_CHECKPOINTS; NNI's mnist-pbt example saves after its final result).
+RESAVE = f"stopped after its final result, perhaps before its checkpoint was saved for the trials that go on from it: {RUNS_AGAIN}"
 
 
 def rerun(round_name: str) -> str:

@@ -8,7 +8,8 @@ The tuner is told every trial as the store holds it (the same seed makes it
 the same tuner), the assessor every ended trial's curve. A trial that the
 stop of the experiment found saving a checkpoint (PREEMPTED, its reason ending
 in queue.RESUMABLE) queues again, to go on from it, and so does one its tuner's
-round or generation waits for (queue.RERUN: it runs again from the start); one a user paused waits for
+round or generation waits for, or whose checkpoint it hands on may be unsaved (queue.RUNS_AGAIN: it runs again
+from the start; a trial that goes on from it waits for its end); one a user paused waits for
 `activate`; one the stop found waiting is still queued, and starts first. A trial that was
 running when the manager went away is watched again where the platform can
 find it (`Platform.reattach`), given its status and undelivered records when
@@ -24,7 +25,7 @@ from typing import List, Optional, Tuple
 
 from trialkit import records
 from trialkit.control.loop import Loop, Trial
-from trialkit.control.queue import NO_CHECKPOINT, RERUN, RESUMABLE
+from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, RUNS_AGAIN
 from trialkit.control.results import known_ends, metric_value
 from trialkit.statuses import FAILED, FINAL_STATUSES, PREEMPTED, SUCCEEDED, WAITING
 
@@ -55,7 +56,7 @@ def restore(loop: Loop) -> List[Running]:
         loop.next_sequence = max(loop.next_sequence, trial.sequence + 1)
         if not trial.ended and not queued:
             running.append((trial, ends.get(trial.id)))
-        elif trial.paused and (row["reason"] or "").endswith((RESUMABLE, RERUN)):
+        elif trial.paused and (row["reason"] or "").endswith((RESUMABLE, RUNS_AGAIN)):
             resumable.append((trial, row["reason"]))
     loop.replay(loop.tuner)
     for trial in loop.trials.values():
