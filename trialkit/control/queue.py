@@ -49,7 +49,7 @@ RUNS_AGAIN = f"`trialkit experiment resume` runs it again; {NO_CHECKPOINT}"
 RERUN = f"waits for its result: {RUNS_AGAIN}"
 # Its final result came, but not its end: other trials go on from the checkpoint it may still have been
 # saving (Tuner.HANDS_ON_CHECKPOINTS; NNI's mnist-pbt example saves after its final result).
-RESAVE = f"stopped after its final result, perhaps before its checkpoint was saved for the trials that go on from it: {RUNS_AGAIN}"
+RESAVE = f"its final result came before its end, and the trials after it load the checkpoint it saves: {RUNS_AGAIN}"
 
 
 def rerun(round_name: str) -> str:
