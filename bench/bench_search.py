@@ -107,7 +107,8 @@ seed's best over 7 runs, in images of 600, 586-590, 586-589, 588-590, 589-590, 5
 587). Each run's best comes from a lineage at a high lr that an exploit's step cut to an annealing one; the low runs
 got that drop late or never. Tried, not kept: ranking a member never above its latest result (no exploit into a
 checkpoint wrecked since: mean best 0.9815 -> 0.9799, seed 1 582-585), a Latin hypercube first population (0.9812
--> 0.9758, seed 5 575 twice). The race once (load 5.08 -> 6.68): 0.9794 vs Ray's 0.9761, 0.64: MET.
+-> 0.9758, seed 5 575 twice; seeds 6 to 17 once each: worse on 11, level on 1). The race once (load 5.08 -> 6.68):
+0.9794 vs Ray's 0.9761, 0.64: MET.
 """
 from __future__ import annotations
 
