@@ -102,6 +102,13 @@ epochs, Ray where it takes 271.
 The whole race once more on the session's last head, quiet (00:35, load 1.65 -> 1.78), three seeds: Hyperband MET
 0.9883 vs Optuna's 0.9861, 0.61; BOHB MET 0.9917, 0.61; ASHA MET 0.9900 vs Ray's 0.9900, 0.32; PBT MISSED on time,
 0.9794 vs Ray's 0.9778 but seed 1's best 0.9767 under Ray's 0.9783 (never reached: 1.27).
+Session 11, trialkit's PBT alone, before and after in one harness, alternating, seeds 0 to 5 (load 1.5 to 10.6): a
+seed's best over 7 runs, in images of 600, 586-590, 586-589, 588-590, 589-590, 587-593, 583-593 (Ray's seed 1 best:
+587). Each run's best comes from a lineage at a high lr that an exploit's step cut to an annealing one; the low runs
+got that drop late or never. Tried, not kept: ranking a member never above its latest result (no exploit into a
+checkpoint wrecked since: mean best 0.9815 -> 0.9799, seed 1 582-585), a Latin hypercube first population (0.9812
+-> 0.9758, seed 5 575 twice; seeds 6 to 17 once each: worse on 11, level on 1). The race once (load 5.08 -> 6.68):
+0.9794 vs Ray's 0.9761, 0.64: MET.
 """
 from __future__ import annotations
 
