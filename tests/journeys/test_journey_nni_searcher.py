@@ -9,9 +9,11 @@ trial that trains TRIAL_BUDGET epochs of `nni.get_next_parameter()`. They
 misspell the advisor first, fix it, press Ctrl-C while the first bracket's
 first round is still training, `trialkit experiment resume` it, and read
 `trial list` and `experiment show`. Then a PBTTuner search (population 4, two
-generations) whose trial loads `load_checkpoint_dir` and saves to
-`save_checkpoint_dir`, and writes which trial's checkpoint it loaded to a
-file of theirs (loads.log). The budgets and rounds are read off `trial list`
+generations) whose trial loads `load_checkpoint_dir`, reports its final result
+and then saves to `save_checkpoint_dir` (NNI's mnist-pbt example's order, a
+save that takes a while), and writes which trial's checkpoint it loaded to a
+file of theirs (loads.log); they press Ctrl-C once the first generation has
+reported, while it saves, and resume it. The budgets and rounds are read off `trial list`
 as a user would (NNI's formula is checked at the unit level in
 tests/test_hyperband*.py and tests/test_searches_e2e.py; here, the day's
 order through the public faces).
@@ -102,10 +104,13 @@ with open(LOADS_LOG, "a") as log:
     log.write(f"{nni.get_trial_id()} {model['trial'] if model else '-'}\\n")
 time.sleep(0.3)  # a step of training
 accuracy = params["lr"] * params["momentum"] + (model["accuracy"] if model else 0)
+nni.report_final_result(accuracy)
+with open(REPORTED_LOG, "a") as log:
+    log.write(f"{nni.get_trial_id()}\\n")
+time.sleep(3)  # then the model is saved, as NNI's mnist-pbt example orders it: a big one takes a while
 os.makedirs(params["save_checkpoint_dir"], exist_ok=True)
 with open(os.path.join(params["save_checkpoint_dir"], "model.json"), "w") as out:
     json.dump({"trial": nni.get_trial_id(), "accuracy": accuracy}, out)
-nni.report_final_result(accuracy)
 """
 
 
@@ -120,7 +125,9 @@ def day(tmp_path_factory):
     user.write("trial.py", HYPERBAND_TRIAL.replace("STARTS_LOG", repr(str(starts))))
     user.write("config.yml", HYPERBAND.replace("ADVISOR", "Hyperbnd"))
     user.write("pbt_space.json", json.dumps(PBT_SPACE))
-    user.write("pbt_trial.py", PBT_TRIAL.replace("LOADS_LOG", repr(str(loads))))
+    reported = user.notes / "reported.log"
+    user.write("pbt_trial.py", PBT_TRIAL.replace("LOADS_LOG", repr(str(loads))).replace("REPORTED_LOG",
+                                                                                        repr(str(reported))))
     user.write("pbt.yml", PBT)
     with user.acting():
         today.typo = user.trialkit("run", "config.yml")
@@ -140,9 +147,16 @@ def day(tmp_path_factory):
         today.trials = user.trial_list(today.experiment)
         today.shown = user.trialkit("experiment", "show", today.experiment)
         pbt = user.start("run", "pbt.yml")
-        today.pbt = experiment_id(pbt)
-        today.pbt_code = pbt.finish()
-        today.pbt_run = pbt
+        try:
+            today.pbt = experiment_id(pbt)
+            wait_until(lambda: reported.exists() and len(reported.read_text().split()) >= POPULATION, WAIT,
+                       "the first generation's final results")
+            pbt.ctrl_c()  # while the first generation saves its models
+        finally:
+            pbt.finish()
+        today.pbt_after_ctrl_c = user.trial_list(today.pbt)
+        today.pbt_run = user.resume(today.pbt)
+        today.pbt_code = today.pbt_run.code
         today.pbt_list = user.trialkit("trial", "list", today.pbt)
     today.loads = dict(line.split() for line in loads.read_text().splitlines()) if loads.exists() else {}
     yield today
@@ -233,6 +247,15 @@ def test_experiment_show_names_the_best_ones_budget(day):
 def test_the_pbt_search_runs_to_its_end(day):
     assert day.pbt_code == 0, day.pbt_run.text
     assert any(line.startswith(f"experiment {day.pbt} DONE") for line in day.pbt_run.lines), day.pbt_run.text
+
+
+def test_the_first_generation_ctrl_c_cut_while_it_saved_waits_to_run_again(day):
+    first = sorted(day.pbt_after_ctrl_c)[:POPULATION]
+    paused = [trial for trial in first if day.pbt_after_ctrl_c[trial]["status"] == "PAUSED"]
+    assert paused, day.pbt_after_ctrl_c
+    for trial in first:  # one whose save beat the Ctrl-C ended as usual
+        row = day.pbt_after_ctrl_c[trial]
+        assert row["status"] == "SUCCEEDED" or "its final result came before its end" in row["why"], row
 
 
 def test_the_second_generation_loads_checkpoints_the_first_saved(day):
