@@ -264,6 +264,24 @@ def test_a_misspelt_key_is_the_one_problem_not_the_key_it_leaves_missing(tmp_pat
     assert (caught.value.where, caught.value.fix) == (where, f"did you mean {meant!r}?"), caught.value.line()
 
 
+def test_determineds_directory_storage_is_named_not_supported_rather_than_unknown(tmp_path):
+    with pytest.raises(UserError) as caught:
+        parse(tmp_path, checkpoint_storage={"type": "directory", "container_path": "/mnt/checkpoints"})
+    assert caught.value.where == "checkpoint_storage.type", caught.value.line()
+    assert "Determined's 'directory' checkpoint storage is not supported" in caught.value.line()
+    assert "shared_fs" in caught.value.fix
+
+
+def test_trialkits_stop_when_first_trials_fail_is_taken_in_a_determined_config(tmp_path):
+    """The advice an experiment stopped by its first failures prints (stopWhenFirstTrialsFail: 0) applies to a
+    Determined config too."""
+    assert parse(tmp_path).stop_when_first_trials_fail == 3
+    assert parse(tmp_path, stopWhenFirstTrialsFail=0).stop_when_first_trials_fail == 0
+    with pytest.raises(UserError) as caught:
+        parse(tmp_path, stopWhenFirstTrialsFail=-1)
+    assert caught.value.where == "stopWhenFirstTrialsFail", caught.value.line()
+
+
 def test_a_context_dir_is_only_for_a_determined_config(tmp_path):
     with pytest.raises(UserError, match="Determined"):
         parse_config({"searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "true",

@@ -30,7 +30,7 @@ from trialkit.errors import UserError
 
 GUIDE = "see docs/migration/determined.md"
 TOP_KEYS = ("name", "entrypoint", "hyperparameters", "searcher", "resources", "max_restarts", "environment",
-            "bind_mounts", "checkpoint_storage", "data", "trainingService")
+            "bind_mounts", "checkpoint_storage", "data", "trainingService", "stopWhenFirstTrialsFail")
 SEARCHERS = ("single", "random", "grid", "adaptive_asha")
 SEARCHER_KEYS = {
     "single": ("name", "metric", "smaller_is_better", "max_length"),
@@ -50,6 +50,7 @@ DETERMINED_ENVIRONMENT_KEYS = ("add_capabilities", "drop_capabilities", "force_p
 DETERMINED_SEARCHER_KEYS = ("budget", "explore_function", "length_per_round", "num_rounds", "num_rungs",
                             "population_size", "replace_function", "source_checkpoint_uuid", "source_trial_id",
                             "stop_once", "unit")
+DETERMINED_STORAGE_TYPES = ("directory",)  # a path inside Determined's task containers
 DETERMINED_SEARCHERS = ("adaptive", "adaptive_simple", "async_halving", "custom", "manual", "pbt", "sync_halving")
 # What trialkit has for a Determined searcher it does not take, after the list of those it does.
 INSTEAD_OF = {
@@ -129,6 +130,8 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
                           "trainingService": section}
     if name is not _FAILED:
         v2["experimentName"] = name
+    if data.get("stopWhenFirstTrialsFail") is not None:  # trialkit's, as trainingService: the v2 checks apply
+        v2["stopWhenFirstTrialsFail"] = data["stopWhenFirstTrialsFail"]
     operations = schema.attempt(_apply_searcher, v2, searcher, resources, default=[])
     working_dir, v2["checkpointStorage"] = storage
     if working_dir is not None:
@@ -619,6 +622,10 @@ def _checkpoint_storage(section: Any, local: bool) -> Tuple[Optional[str], Dict[
     if section is None:
         return None, {"type": "local"}
     sec = schema.mapping(section, "checkpoint_storage")
+    if sec.get("type") in DETERMINED_STORAGE_TYPES:
+        raise UserError(f"Determined's {sec['type']!r} checkpoint storage is not supported by trialkit",
+                        "checkpoint_storage.type", f"use shared_fs with host_path on the local platform, or s3, gcs "
+                        f"or azure; {GUIDE}")
     kind = schema.as_choice(sec.get("type"), list(STORAGE_KEYS), "checkpoint_storage.type")
     out: Dict[str, Any] = {"type": "local" if kind == "shared_fs" else kind}
     for key, value in sec.items():
