@@ -66,8 +66,27 @@ def test_a_misspelt_script_is_refused_before_any_trial_runs(tmp_path, home):
     # The script a command runs, where it is a plain `python SCRIPT.py`; no check of any other command.
     assert [context._script_of(command) for command in (
         "python3 trial.py", "python3 -W ignore ./sub/trial.py --lr 1", "python3.11 -u x.py", "python3 -m trial",
-        "python3 -c 'print(1)'", "cd sub && python3 x.py", "torchrun train.py", "python3 'unclosed")] == [
-        "trial.py", "sub/trial.py", "x.py", None, None, None, None, None]
+        "python3 -c 'print(1)'", "cd sub && python3 x.py", "torchrun train.py", "python3 'unclosed",
+        "env A=1 B='x y' python3 trail.py", "A=1 python3 t.py", "env -u A python3 t.py")] == [
+        "trial.py", "sub/trial.py", "x.py", None, None, None, None, None, "trail.py", "t.py", None]
+
+
+def test_a_determined_entrypoints_misspelt_script_or_module_is_refused_in_its_own_words(tmp_path, home):
+    """Determined's entrypoint runs behind `env TRIALKIT_DETERMINED=...`: its script is checked as an NNI
+    command's, and refused naming `entrypoint` (newcomer17: three trials failed first); a legacy trial class's
+    module too."""
+    code = tmp_path / "code"  # beside the home, not holding it
+    code.mkdir()
+    (code / "train.py").write_text("print('never run')\n")
+    (code / "model_def.py").write_text("")
+    for entrypoint, said in (("python3 tran.py", "entrypoint: tran.py is not in the trial code directory "
+                                                 f"{code} (did you mean train.py?)"),
+                             ("modeldef:LinRegTrial", "entrypoint: modeldef is not a module in the context "
+                                                      f"directory {code} (did you mean model_def?)")):
+        (code / "exp.yaml").write_text(f"entrypoint: {entrypoint}\nsearcher: {{name: single, metric: loss}}\n")
+        done = cli("run", code / "exp.yaml", code)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+    assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
 
 
 # A script that reads a file from where it runs: each trial's reason names its own copy of the code dir.

@@ -16,6 +16,7 @@ that stays a plain command (no shell between the keeper and the training).
 from __future__ import annotations
 
 import base64
+import difflib
 import json
 import math
 import os
@@ -108,6 +109,8 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
                                        f"Determined's {key!r} is not supported by trialkit"))
     code_dir = schema.attempt(_context_dir, context_dir, base, default=_FAILED)
     entry = schema.attempt(_entrypoint, data.get("entrypoint"), default=_FAILED)
+    if entry is not _FAILED and code_dir is not _FAILED:
+        schema.attempt(_trial_class_module, entry, code_dir)
     searcher = schema.attempt(_searcher, data.get("searcher"), default=_FAILED)
     grid = searcher["name"] == "grid" if searcher is not _FAILED else _names_grid(data.get("searcher"))
     space = schema.attempt(_search_space, data.get("hyperparameters") or {}, grid, default=_FAILED)
@@ -219,6 +222,25 @@ def _entrypoint(entrypoint: Any) -> str:
                             "list the command's words, e.g. [python3, train.py]")
         return shlex.join(schema.as_str(part, f"entrypoint[{i}]") for i, part in enumerate(entrypoint))
     return schema.as_str(entrypoint, "entrypoint").strip()
+
+
+def translated(command: Optional[str]) -> bool:
+    """Whether a trial command is one a Determined config was translated into (_command)."""
+    return (command or "").startswith(f"env {env.DETERMINED}=")
+
+
+def _trial_class_module(entry: str, code_dir: str) -> None:
+    """The module of a legacy `module:Class` entrypoint is in the context directory: else every trial fails alike,
+    each saying that no module has that name."""
+    module = entry.partition(":")[0]
+    if not TRIAL_CLASS.match(entry) or "/" in module:
+        return
+    base = Path(code_dir, *module.split("."))
+    if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+        return
+    near = difflib.get_close_matches(module, [path.stem for path in Path(code_dir).glob("*.py")], n=1)
+    raise UserError(f"{module} is not a module in the context directory {code_dir}", "entrypoint",
+                    f"did you mean {near[0]}?" if near else "give the module of your trial class, as `det` takes it")
 
 
 def _command(entry: str, slots: int, settings: Dict[str, Any], variables: List[str]) -> str:

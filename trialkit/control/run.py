@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, TextIO, Tuple
 
-from trialkit import platforms, records
-from trialkit.control import admin, checkpoints
+from trialkit import platforms, records, schema
+from trialkit.control import admin, checkpoints, determined
 from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop
 from trialkit.control.manager_http import Listening, Manager, PageHook
@@ -266,5 +266,10 @@ def _check_context(config: ExperimentConfig, experiment_dir: Path) -> None:
     """Refuse, before anything starts, a code dir the platform cannot take with each trial (local: too big, or
     without the script its command runs)."""
     check = getattr(platforms.load(config.platform), "check_context", None)
-    if check is not None:
+    if check is None:
+        return
+    try:
         check(config.trial_code_directory, experiment_dir, config.trial_command)
+    except UserError as err:  # in the keys its user wrote: a Determined config's entrypoint, not trialCommand
+        raise (schema.renamed(err, determined.V2_WHERE) if determined.translated(config.trial_command) else err) \
+            from None

@@ -77,6 +77,7 @@ def collect(code_dir: PathLike) -> List[str]:
 # the next word as their value.
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 _VALUED = frozenset({"-W", "-X"})
+_ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=.*", re.DOTALL)
 
 
 def check_script(command: Optional[str], files: List[str], code_dir: PathLike) -> None:
@@ -95,12 +96,17 @@ def check_script(command: Optional[str], files: List[str], code_dir: PathLike) -
 
 
 def _script_of(command: Optional[str]) -> Optional[str]:
-    """The .py script a plain `python ... SCRIPT.py` command runs; None for any other command (-m, -c, a shell's
-    `cd dir && ...`, a launcher)."""
+    """The .py script a plain `python ... SCRIPT.py` command runs, `env NAME=VALUE ...` in front or not (a
+    Determined config's entrypoint is run so); None for any other command (-m, -c, a shell's `cd dir && ...`, a
+    launcher)."""
     try:
         argv = shlex.split(command or "")
     except ValueError:
         return None
+    if argv and argv[0] == "env":
+        argv = argv[1:]
+    while argv and _ASSIGNMENT.fullmatch(argv[0]):
+        argv = argv[1:]
     if not argv or not _PYTHON.fullmatch(os.path.basename(argv[0])):
         return None
     words = iter(argv[1:])
