@@ -58,6 +58,7 @@ def test_metrics_are_stored_and_the_validation_is_the_final_result():
     exp = experiment_id(done.stdout.splitlines()[0])
     # A trial of no parameters is named alone as the best: no empty ": " after it.
     assert f"| best 100 ({exp}-00000)\n" in done.stdout, done.stdout
+    assert "searcher.metric" not in done.stdout  # its validations report the searcher's metric: no warning
     row = export(exp)[0]
     assert row["status"] == "SUCCEEDED" and row["parameters"] == {}
     assert metrics(row, "training") == [(n, {"x": n}) for n in range(10, 101, 10)]
@@ -130,6 +131,22 @@ def test_adaptive_asha_stops_the_worse_trials_at_a_rung():
     # Smaller x is better: a stopped trial never beat every trial that went on at its rung.
     best_done = min(r["parameters"]["increment_by"] for r in done)
     assert all(r["parameters"]["increment_by"] >= best_done for r in stopped)
+
+
+def test_a_searcher_metric_the_validations_do_not_report_is_said_once_where_the_user_looks(tmp_path):
+    """Else ASHA stops nothing and no checkpoint is the best, silently (newcomer17)."""
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "train.py").write_text(LEGACY_TRAIN.replace('metrics={"x": x}', 'metrics={"validation_x": x}'))
+    (context / "exp.yaml").write_text(LEGACY_CONFIG.replace("max_trials: 8", "max_trials: 2"))
+    done = cli("run", context / "exp.yaml", context, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = [line for line in done.stdout.splitlines() if "searcher.metric" in line]
+    assert len(said) == 1 and said[0].endswith(
+        "warning: its validation metrics (validation_x) hold no number named by the Determined config's "
+        "searcher.metric: the searcher judges none of its validations (ASHA stops no trial) and no checkpoint is "
+        "its best; name one of them in searcher.metric"), done.stdout
+    # Where the metric is reported, nothing is said: test_metrics_are_stored_and_the_validation_is_the_final_result.
 
 
 # A script written for the legacy searcher, as the tutorial's stage 3 was before Determined 0.38: it trains to each

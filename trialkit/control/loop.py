@@ -97,6 +97,18 @@ NO_FINAL = ("it ended without a final result, so the tuner learns nothing from i
 # fast); only a later one is "again": kill now.
 SAME_SIGNAL_SECONDS = 0.3
 UNSTARTED_AT_STOP = "the experiment stopped before it started: `trialkit experiment resume` starts it"
+# Said once: a Determined trial's validation without its searcher's metric is judged by nothing.
+UNSEARCHED = ("its validation metrics ({}) hold no number named by the Determined config's searcher.metric: the "
+              "searcher judges none of its validations (ASHA stops no trial) and no checkpoint is its best; name one "
+              "of them in searcher.metric")
+
+
+def _unsearched_validation(value: Any) -> Optional[str]:
+    """The names of a Determined validation report's metrics where none is the searcher's number (the Core API's
+    report carries it as "default" where it found one), else None."""
+    if isinstance(value, dict) and value.get("group") == "validation" and "default" not in value:
+        return ", ".join(map(str, value.get("metrics") or {})) or "none"
+    return None
 
 
 @dataclass
@@ -364,6 +376,9 @@ class Loop:
                 if value is not None:
                     self.tuner.tell(trial.parameter_id, value)
             elif rec["type"] == records.PERIODICAL:
+                unsearched = _unsearched_validation(rec["value"])
+                if unsearched is not None:
+                    self._warn_once(trial, UNSEARCHED.format(unsearched))
                 trial.intermediate.append(self.step_value(rec["value"]))
                 number = metric_value(rec["value"])
                 if number is not None:
