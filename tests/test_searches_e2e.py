@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 import yaml
 
-from experiment_util import cli, experiment, experiment_id, export, interrupted_after
+from experiment_util import cli, experiment, experiment_id, export, interrupted_after, start_cli
+from harness import wait_until
 from s3_server import create_secret, kubeflow_config, s3, s3_server  # noqa: F401 - s3 fixtures: moto on loopback
 from test_nni_compat import nni_python  # noqa: F401 - the fixture: the real nni 3.0's python
 from trialkit.web import queries
@@ -590,6 +591,74 @@ def test_a_pbt_trial_stopped_after_its_final_result_but_before_its_save_runs_aga
         for row in generation:
             saved = Path(row["parameters"]["save_checkpoint_dir"]) / "state.json"
             assert json.loads(saved.read_text())["steps"] == g + 1, (g, row)
+
+
+def test_a_paused_trial_whose_heirs_wait_holds_only_them_and_they_say_so(tmp_path):
+    """`trial pause` of a trial between its final result and its save: the trials that go on from it wait for
+    its end, each saying so in its reason, and the other trials of the next generation run meanwhile (newcomer16:
+    nothing ran until it was activated); activated, it runs again, and its heirs load what it then saved."""
+    marker = tmp_path / "cut"
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    config = experiment(tmp_path, space, PBT_SAVES_AFTER_ITS_FINAL.replace("MARKER", repr(str(marker))),
+                        maxTrialNumber=8, trialConcurrency=2,
+                        tuner={"name": "PBTTuner", "classArgs": {"population_size": 4, "fraction": 0.25}})
+    done = cli("run", config, "--detach")
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = experiment_id(done.stdout.splitlines()[0])
+    try:
+        pause_the_cut_one_then_activate_it(exp, marker)
+    finally:
+        cli("experiment", "stop", exp)  # a failed step leaves no run behind (stopping an ended one says so)
+
+
+def pause_the_cut_one_then_activate_it(exp: str, marker: Path) -> None:
+    wait_until(marker.exists, WAIT, "member 3's final result")
+    cut = next(row for row in export(exp) if place(row) == (3, 0))["trial_id"]
+    assert cli("trial", "pause", cut).returncode == 0
+    rows: List[Dict[str, Any]] = []
+
+    def others_ran() -> bool:
+        rows[:] = export(exp)
+        heirs = [r for r in rows if r["sequence"] >= 4 and r["parameters"]["load_checkpoint_dir"].endswith("3/0")]
+        others = [r for r in rows if r["sequence"] >= 4 and r not in heirs]
+        return bool(heirs) and len(others) + len(heirs) == 4 and all(r["status"] == "SUCCEEDED" for r in others)
+
+    wait_until(others_ran, WAIT, "the next generation's trials that do not go on from the paused one")
+    waiting = [r for r in rows if r["sequence"] >= 4 and r["status"] == "WAITING"]
+    assert waiting and all(r["reason"] == f"waits for {cut}'s end: it goes on from its checkpoint"
+                           for r in waiting), rows
+    assert cli("trial", "activate", cut).returncode == 0
+    wait_until(lambda: {r["status"] for r in export(exp)} == {"SUCCEEDED"} and len(export(exp)) == 8, WAIT,
+               "the experiment's end")
+    for g, generation in enumerate(generations(export(exp), 4)):
+        for row in generation:
+            state = Path(row["parameters"]["save_checkpoint_dir"]) / "state.json"
+            assert json.loads(state.read_text())["steps"] == g + 1, (g, row)
+
+
+def test_a_trial_killed_between_its_final_result_and_its_save_warns_that_its_heirs_may_lack_it(tmp_path):
+    """Killed, it does not run again, and its generation keeps its result: the trials that go on from it start
+    from what it left, and the run's console says so (newcomer16: nothing said it)."""
+    marker = tmp_path / "cut"
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    config = experiment(tmp_path, space, PBT_SAVES_AFTER_ITS_FINAL.replace("MARKER", repr(str(marker))),
+                        maxTrialNumber=8, trialConcurrency=2,
+                        tuner={"name": "PBTTuner", "classArgs": {"population_size": 4, "fraction": 0.25}})
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        wait_until(marker.exists, WAIT, "member 3's final result")
+        cut = next(row for row in export(exp) if place(row) == (3, 0))["trial_id"]
+        assert cli("trial", "kill", cut).returncode == 0
+        out, _ = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    said = [line for line in out.splitlines() if "after its final result, before its end" in line]
+    assert said and all(line.endswith(f"warning: it goes on from {cut}, which ended USER_CANCELED after its final "
+                                      "result, before its end: what it saved last may be missing")
+                        for line in said), out
 
 
 # ---------------------------------------------------------------- PBT, asynchronous (`synchronous: false`)

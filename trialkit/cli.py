@@ -1422,11 +1422,13 @@ def build_parser() -> ArgumentParser:
     _trial_id(_command(sub, "kill", cmd_trial_kill, "stop a running trial",
                        "Stop the trial gracefully (SIGTERM path, USER_CANCELED). It counts toward maxTrialNumber; "
                        "the slot it frees goes to the tuner's next trial, if there is one (a PBT generation goes on "
-                       "without it, the killed member ranked last). A waiting or paused trial ends without starting "
-                       "again."))
+                       "without it, the killed member ranked last; one killed after its final result keeps it, and "
+                       "the trials that go on from it start from what it left, with a warning). A waiting or paused "
+                       "trial ends without starting again."))
     _trial_id(_command(sub, "pause", cmd_trial_pause, "pause a trial, keeping its progress",
                        "Stop the trial the graceful way (SIGTERM: it saves a checkpoint and exits 143) and free its "
-                       "slot; it is PAUSED, its dirs kept, until activated. A waiting trial leaves the queue."))
+                       "slot; it is PAUSED, its dirs kept, until activated (trials that go on from its checkpoint wait "
+                       "for its end, saying so). A waiting trial leaves the queue."))
     _trial_id(_command(sub, "activate", cmd_trial_activate, "queue a paused trial to resume",
                        "Put a paused trial back in the job queue; it restarts in the same trial and checkpoint dirs "
                        "with TRIALKIT_RESTART_COUNT one higher, and resumes from its checkpoint."))

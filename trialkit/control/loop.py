@@ -658,32 +658,43 @@ class Loop:
         return not self.exhausted and (limit is None or len(self.trials) < limit)
 
     def _fill(self) -> None:
-        deferred: Set[str] = set()
+        held: Set[str] = set()  # queued trials that wait for the end of the trial they go on from
         while self.stopping is None and not self.paused and len(self.active) < self.config.trial_concurrency:
-            trial = self._next()
+            trial = self._next(held)
             if trial is None:
                 return
             origin = self._origin(trial)
             if origin is not None and (not origin.ended or origin.paused):
                 # Its final result came (the tuner's cue) before its end: its last checkpoint may still be on its
-                # way (written after the result, or uploading), or, cut short by a stop, run again on resume. The
-                # copy waits for its end. One queued to run again starts first; one running or paused is waited for.
-                self.queue.push(trial.id)
-                if origin.id in self.active or origin.id not in self.queue or trial.id in deferred:
+                # way (written after the result, or uploading), or, cut short by a stop or a pause, run again. The
+                # copy waits for its end; meanwhile the slot goes to another trial (one running ends soon).
+                self._hold_for(trial, origin)
+                if origin.id in self.active:
                     return
-                deferred.add(trial.id)
+                held.add(trial.id)
                 continue
             if origin is not None:
+                if origin.has_final and origin.status != SUCCEEDED:
+                    self._warn_once(trial, f"it goes on from {origin.id}, which ended {label(origin.status)} after "
+                                           "its final result, before its end: what it saved last may be missing")
                 self._seed_checkpoint(trial, origin)
             self.submit(trial)
 
-    def _next(self) -> Optional[Trial]:
-        """The trial to start: the queue's head, unless the tuner's next one goes first.
+    def _hold_for(self, trial: Trial, origin: Trial) -> None:
+        """Back in the queue, saying (once) what it waits for."""
+        self.queue.push(trial.id)
+        why = f"waits for {origin.id}'s end: it goes on from its checkpoint"
+        if trial.held != why:
+            trial.held = why
+            self.store.set_status(trial.id, WAITING, reason=why)
+
+    def _next(self, held: Set[str]) -> Optional[Trial]:
+        """The trial to start: the queue's head (the first not `held`), unless the tuner's next one goes first.
 
         The tuner's next trial counts as waiting at the back of the
         experiment's priority: queued trials of a bigger priority number wait for it.
         """
-        head = self.queue.head()
+        head = next((trial_id for trial_id in self.queue.order() if trial_id not in held), None)
         if (head is None or goes_before(self.config.priority, self.queue.priority(head))) and self._may_create():
             asked = self.tuner.ask()
             if asked is THINKING:
