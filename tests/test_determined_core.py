@@ -147,6 +147,7 @@ def test_a_searcher_metric_the_validations_do_not_report_is_said_once_where_the_
         "searcher.metric: the searcher judges none of its validations (ASHA stops no trial) and no checkpoint is "
         "its best; name one of them in searcher.metric"), done.stdout
     # Where the metric is reported, nothing is said: test_metrics_are_stored_and_the_validation_is_the_final_result.
+    assert "why: searcher.max_trials (2) reached" in done.stdout, done.stdout  # the key its user wrote
 
 
 # A script written for the legacy searcher, as the tutorial's stage 3 was before Determined 0.38: it trains to each

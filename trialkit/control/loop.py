@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Set, TextIO, Tuple
 
-from trialkit import __version__, records, statuses
+from trialkit import __version__, records, schema, statuses
 from trialkit.checkpoints import STORE_FAILED_EXIT
+from trialkit.control import determined
 from trialkit.control.assessors import build_assessor
 from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config, trials_experiment_dir
@@ -263,11 +264,16 @@ class Loop:
             return self.stopping[1]
         limit, made = self.config.max_trial_number, len(self.trials)
         if limit is not None and made >= limit:
-            return f"maxTrialNumber ({limit}) reached" + (
+            return f"{self._as_written('maxTrialNumber')} ({limit}) reached" + (
                 f"; {made} trials were made before it was lowered" if made > limit else "")
         if self.exhausted:
             return f"search space exhausted: each of its {self.tuner.points_tried} points was tried"
         return None
+
+    def _as_written(self, key: str) -> str:
+        """A config key as its user wrote it: a Determined config's own name for the key it was translated into."""
+        return schema.rename_path(key, determined.V2_WHERE) if determined.translated(self.config.trial_command) \
+            else key
 
     def _over(self) -> bool:
         if self.active:
