@@ -67,8 +67,8 @@ def test_a_misspelt_script_is_refused_before_any_trial_runs(tmp_path, home):
     assert [context._script_of(command) for command in (
         "python3 trial.py", "python3 -W ignore ./sub/trial.py --lr 1", "python3.11 -u x.py", "python3 -m trial",
         "python3 -c 'print(1)'", "cd sub && python3 x.py", "torchrun train.py", "python3 'unclosed",
-        "env A=1 B='x y' python3 trail.py", "A=1 python3 t.py", "env -u A python3 t.py")] == [
-        "trial.py", "sub/trial.py", "x.py", None, None, None, None, None, "trail.py", "t.py", None]
+        "env A=1 B='x y' python3 trail.py", "A=1 python3 t.py", "env -u A python3 t.py", "env A=1 env B=2 python3 t.py")
+    ] == ["trial.py", "sub/trial.py", "x.py", None, None, None, None, None, "trail.py", "t.py", None, "t.py"]
 
 
 def test_a_determined_entrypoints_misspelt_script_or_module_is_refused_in_its_own_words(tmp_path, home):

@@ -655,10 +655,13 @@ def test_a_trial_killed_between_its_final_result_and_its_save_warns_that_its_hei
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    heirs = [row["trial_id"] for row in export(exp) if row["trial_id"] != cut and
+             row["parameters"]["load_checkpoint_dir"] == next(r for r in export(exp) if r["trial_id"] == cut)[
+                 "parameters"]["save_checkpoint_dir"]]
     said = [line for line in out.splitlines() if "after its final result, before its end" in line]
-    assert said and all(line.endswith(f"warning: it goes on from {cut}, which ended USER_CANCELED after its final "
-                                      "result, before its end: what it saved last may be missing")
-                        for line in said), out
+    assert len(heirs) >= 2 and sorted(said) == sorted(  # the best member's own next step and a bottom one's exploit
+        f"trial {heir}: warning: it goes on from {cut}, which ended USER_CANCELED after its final result, before "
+        "its end: what it saved last may be missing" for heir in heirs), out
 
 
 # ---------------------------------------------------------------- PBT, asynchronous (`synchronous: false`)

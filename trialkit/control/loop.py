@@ -680,9 +680,10 @@ class Loop:
                 held.add(trial.id)
                 continue
             if origin is not None:
-                if origin.has_final and origin.status != SUCCEEDED:
-                    self._warn_once(trial, f"it goes on from {origin.id}, which ended {label(origin.status)} after "
-                                           "its final result, before its end: what it saved last may be missing")
+                if origin.has_final and origin.status != SUCCEEDED:  # said of each trial that goes on from it
+                    self.progress.say(f"trial {trial.id}: warning: it goes on from {origin.id}, which ended "
+                                      f"{label(origin.status)} after its final result, before its end: what it saved "
+                                      "last may be missing")
                 self._seed_checkpoint(trial, origin)
             self.submit(trial)
 

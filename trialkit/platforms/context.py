@@ -103,9 +103,7 @@ def _script_of(command: Optional[str]) -> Optional[str]:
         argv = shlex.split(command or "")
     except ValueError:
         return None
-    if argv and argv[0] == "env":
-        argv = argv[1:]
-    while argv and _ASSIGNMENT.fullmatch(argv[0]):
+    while argv and (argv[0] == "env" or _ASSIGNMENT.fullmatch(argv[0])):  # a Determined entrypoint's own env too
         argv = argv[1:]
     if not argv or not _PYTHON.fullmatch(os.path.basename(argv[0])):
         return None
