@@ -123,6 +123,7 @@ def test_resources_priority_restarts_and_concurrency_are_applied(tmp_path):
 
 
 def test_a_trial_class_entrypoint_runs_the_class_with_horovod_when_distributed(tmp_path):
+    (tmp_path / "model_def.py").write_text("")  # the class's module, in the context dir (checked on the local platform)
     one = parse(tmp_path, entrypoint="model_def:MyTrial").trial_command
     assert one.endswith(" python3 -m trialkit.launch.run_trial model_def:MyTrial")
     two = parse(tmp_path, entrypoint="model_def:MyTrial", resources={"slots_per_trial": 2}).trial_command

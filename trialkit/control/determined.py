@@ -109,8 +109,6 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
                                        f"Determined's {key!r} is not supported by trialkit"))
     code_dir = schema.attempt(_context_dir, context_dir, base, default=_FAILED)
     entry = schema.attempt(_entrypoint, data.get("entrypoint"), default=_FAILED)
-    if entry is not _FAILED and code_dir is not _FAILED:
-        schema.attempt(_trial_class_module, entry, code_dir)
     searcher = schema.attempt(_searcher, data.get("searcher"), default=_FAILED)
     grid = searcher["name"] == "grid" if searcher is not _FAILED else _names_grid(data.get("searcher"))
     space = schema.attempt(_search_space, data.get("hyperparameters") or {}, grid, default=_FAILED)
@@ -123,6 +121,8 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
     section = dict(schema.mapping(data.get("trainingService") or {"platform": "local"}, "trainingService"))
     platform = platforms.canonical_name(section.get("platform"), "trainingService.platform")
     local = platform == "local"
+    if local and entry is not _FAILED and code_dir is not _FAILED:  # elsewhere the code may be the image's
+        schema.attempt(_trial_class_module, entry, code_dir)
     resources = schema.attempt(_resources, data.get("resources") or {}, local, section, default=_FAILED)
     variables = schema.attempt(_environment, data.get("environment") or {}, platform, section, default=_FAILED)
     schema.attempt(_bind_mounts, data.get("bind_mounts") or [], local)
