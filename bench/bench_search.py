@@ -114,7 +114,9 @@ each resumed one a new actor. With reuse_actors=True (load 6-10), a seed's whole
 ASHA 4.6-19x faster. Quiet pace (load 1-2): Ray's first epoch 1.1-3.2 s after fit() (trialkit 0.24-0.31 s), then
 ASHA and HyperBand at trialkit's pace (52-65 epochs/s), PBT faster (74-127 against 55-58: each trialkit step a trial).
 The race with Ray tuned (load 3.6): Hyperband MISSED (Ray's HyperBand 0.9867, never reached on seeds 0 and 2), BOHB
-MISSED 2.32, ASHA MET 0.93, PBT MISSED 1.82; every trialkit mean best still at least the peer's. Ray's ResultGrid
+MISSED 2.32, ASHA MET 0.93, PBT MISSED 1.82; every trialkit mean best still at least the peer's. Again, quiet (load
+1.83 -> 3.33): all four MISSED on time, ratios 1.08 (BOHB), 1.19 (ASHA), 1.00 (PBT), Hyperband never reaching Ray
+HyperBand's 0.9917 and 0.9883 on seeds 0 and 2. PBT at --epoch-scale 5, Ray tuned (load 1.4 -> 3.3): MET 0.96. Ray's ResultGrid
 fails with reuse_actors when the budget stopped a trial that never started: the race reads each epoch from its
 Budget stopper instead.
 """
