@@ -383,7 +383,7 @@ class Loop:
                     self.tuner.tell(trial.parameter_id, value)
             elif rec["type"] == records.PERIODICAL:
                 unsearched = _unsearched_validation(rec["value"])
-                if unsearched is not None:
+                if unsearched is not None and determined.translated(self.config.trial_command):
                     self._warn_once(trial, UNSEARCHED.format(unsearched))
                 trial.intermediate.append(self.step_value(rec["value"]))
                 number = metric_value(rec["value"])
