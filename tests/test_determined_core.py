@@ -148,6 +148,8 @@ def test_a_searcher_metric_the_validations_do_not_report_is_said_once_where_the_
         "its best; name one of them in searcher.metric"), done.stdout
     # Where the metric is reported, nothing is said: test_metrics_are_stored_and_the_validation_is_the_final_result.
     assert "why: searcher.max_trials (2) reached" in done.stdout, done.stdout  # the key its user wrote
+    shown = cli("experiment", "show", experiment_id(done.stdout.splitlines()[0]))  # as the page, from the store
+    assert shown.returncode == 0 and "searcher.max_trials (2) reached" in shown.stdout, shown.stdout
 
 
 # A script written for the legacy searcher, as the tutorial's stage 3 was before Determined 0.38: it trains to each
