@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import sys
 from typing import Dict, List, Tuple
 
 import pytest
@@ -293,3 +294,33 @@ def test_bohbs_model_of_a_choice_whose_good_points_share_one_level_draws_without
         trials = serially(tuner, 60, lambda p: p["x"] + 10 * (p["c"] != 0))
     drawn = [p for pid, p in trials if tuner.slot(pid)[0] >= 3 and tuner.slot(pid)[1] == 0]
     assert drawn and sum(p["c"] == 0 for p in drawn) > len(drawn) / 2, drawn  # the model drew, toward c = 0
+
+
+LIBRARIES_PROBE = """
+import sys
+from trialkit.control.pick import Picker
+from trialkit.control.searchspace import parse_space
+from trialkit.control.tuners import build_tuner
+space = parse_space({"x": {"_type": "uniform", "_value": [0, 1]}, "y": {"_type": "uniform", "_value": [0, 1]}})
+tuner = build_tuner("BOHB", {"min_budget": 1, "max_budget": 9}, space, 0)
+if sys.argv[1] == "ask":
+    tuner.ask()  # the first bracket's first configuration: no model yet
+else:
+    Picker(tuner, lambda: None).close()  # a run's start and end, as the loop makes them
+print(" ".join(name for name in ("scipy.stats", "statsmodels.nonparametric.kernel_density") if name in sys.modules))
+"""
+
+
+def test_bohbs_first_bracket_waits_for_no_model_library_and_a_run_loads_them_meanwhile():
+    """scipy and statsmodels take a second or two to import (at load, longer): BOHB's first bracket has no model,
+    so its first trials start without them; a run (the loop's Picker) imports them on a thread of its own
+    meanwhile, and its end waits for that thread. Before, the first proposal imported them, and every slot
+    waited; each in a fresh interpreter, where nothing imported them yet."""
+    def imported(mode: str) -> List[str]:
+        done = subprocess.run([sys.executable, "-c", LIBRARIES_PROBE, mode], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()
+
+    assert imported("ask") == []
+    assert imported("run") == ["scipy.stats", "statsmodels.nonparametric.kernel_density"]

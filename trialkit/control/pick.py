@@ -38,6 +38,7 @@ class Picker:
         self._ready = False  # _answer is a finished proposal not yet handed over
         self._error: Optional[BaseException] = None
         self._held: List[Tuple[Callable[..., None], tuple]] = []
+        tuner.warm_up()
 
     def ask(self) -> Any:
         """The tuner's next proposal (None: none now or ever, as Tuner.ask), or THINKING while it computes it."""
@@ -71,6 +72,7 @@ class Picker:
         if self._thread is not None:
             self.tuner.abandon()
             self._thread.join()
+        self.tuner.close()
         self._thread, self._answer, self._ready, self._error, self._held = None, None, False, None, []
 
     def _propose(self) -> None:

@@ -152,6 +152,12 @@ class Tuner:
         self._tried.add(point_key(params))
         return parameter_id, copy.deepcopy(params)
 
+    def warm_up(self) -> None:
+        """The run starts: what later proposals need may load now, in the background (default: nothing)."""
+
+    def close(self) -> None:
+        """The run is done with the tuner: what warm_up loads is waited for (default: nothing)."""
+
     def abandon(self) -> None:
         """No proposal is wanted any more (the run ends): an ask() in progress ends at its tuner's next
         `_check_abandoned` with Abandoned, handing out nothing."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from trialkit import schema
@@ -272,6 +273,7 @@ class BohbTuner(HyperbandTuner):
         self.settings = KdeSettings.from_args(class_args, len(space.params))
         self._models: Dict[int, Any] = {}  # bracket -> the model its configurations come from
         self._imported: List[Tuple[Dict[str, Any], float, float]] = []  # (parameters, value, budget) from elsewhere
+        self._loading: Optional[threading.Thread] = None
 
     @classmethod
     def check_space(cls, space: SearchSpace) -> None:
@@ -284,6 +286,18 @@ class BohbTuner(HyperbandTuner):
             raise UserError(f"min_budget {args.get('min_budget', 1):g} is not below max_budget "
                             f"{args.get('max_budget', 3):g}", schema.path(where, "min_budget"),
                             "give a min_budget below max_budget; NNI's defaults are 1 and 3")
+
+    def warm_up(self) -> None:
+        # scipy and statsmodels take a second or two to import. The first model is fitted when the second
+        # bracket opens, after every trial of the first ended: each slot would wait for the import then.
+        from trialkit.control.tuners import bohb
+
+        self._loading = threading.Thread(target=bohb.load_libraries, name="trialkit-bohb-libraries")
+        self._loading.start()
+
+    def close(self) -> None:
+        if self._loading is not None:
+            self._loading.join()
 
     def _may_open(self) -> bool:
         newest = self._brackets - 1
