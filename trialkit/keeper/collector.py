@@ -2,11 +2,15 @@
 
 Two files are followed, both appended to by the trial: trialkit's channel
 (RFC 7464 frames) and NNI local mode's `$NNI_SYS_DIR/.nni/metrics` (`ME%06d`
-frames). The keeper's loop learns of new bytes from inotify (watch.py) and,
-a few milliseconds later (so a burst of records becomes one batch), reads
-what was appended, decodes it and hands the records with the files' read
-positions (the cursor) to the sink, which spools both in one write. A keeper
-restarted on the same trial dir starts from the spooled cursor.
+frames). The keeper's loop learns of new bytes from inotify (watch.py) and, on
+its next turn, reads what was appended, decodes it and hands the records with
+the files' read positions (the cursor) to the sink, which spools both in one
+write. What a burst appends while a batch is being spooled (its fdatasync)
+comes as the next batch, so a burst still makes few batches, and a lone record
+waits for none: a read 20 ms after the first change made each record reach the
+manager ~29 ms after its report (median), and an assessor's stop came an epoch
+late for one trial in five of a short-epoch ASHA search. A keeper restarted on
+the same trial dir starts from the spooled cursor.
 """
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ from trialkit import records
 from trialkit.keeper.watch import DirWatch
 from trialkit.process import EventLoop
 
-BATCH_DELAY = 0.02  # seconds between the first change seen and the read
 READ_CHUNK = 1 << 20  # bytes read (and spooled as one batch) at a time: bounds memory
 RETRY_SECONDS = 1.0  # after the spool could not be written
 
@@ -104,7 +107,7 @@ class Collector:
         self._spool_failing = False
         self.watch = DirWatch(loop, sorted({s.path.parent for s in sources}), self._schedule)
 
-    def _schedule(self, delay: float = BATCH_DELAY) -> None:
+    def _schedule(self, delay: float = 0.0) -> None:
         if not self._scheduled:
             self._scheduled = True
             self.loop.call_later(delay, self.collect)
