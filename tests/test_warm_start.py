@@ -300,6 +300,49 @@ trialkit.report_final_result(1)
     assert "zygote: numpy started a thread at import: not preloaded" in log, log
 
 
+# Imported at run time, not at the script's top (which the zygote reads): what trials import so is preloaded
+# once one of them ended, each module the trial's own code dir holds or that starts a thread at import aside.
+LEARNED = """
+def lazily():
+    before = {name: name in sys.modules for name in ("colorsys", "mylib", "threadmod")}
+    import colorsys, mylib, threadmod
+    return before
+
+facts["before"] = lazily()
+with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:
+    json.dump(facts, f)
+trialkit.report_final_result(trialkit.get_next_parameter()["x"])
+"""
+
+
+def test_what_warm_trials_import_at_run_time_is_preloaded_for_the_next_but_their_own_modules_and_threads(
+        tmp_path, home):
+    """numpy loads numpy.random at its first use, np.load imports zipfile: a trial that imports a module as it
+    runs (colorsys here) tells the zygote as it ends, and the zygote preloads it for the trials after (trial 0 did
+    not have it, trials 1 and 2 do). Never a module of the trial's code dir (mylib); never one that starts a
+    thread at import (threadmod, from PYTHONPATH: the zygote would fork no more): tried in a fork first, it is
+    left out, and the trials still start warm."""
+    config = warm_experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2, 3]}}, LEARNED, maxTrialNumber=3,
+                             trialConcurrency=1)
+    (config.parent / "mylib.py").write_text("VALUE = 1\n")
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "threadmod.py").write_text("import threading, time\n"
+                                       "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    # The code dir on PYTHONPATH too, as a user's project may be: the zygote could import mylib, and must not.
+    path = os.pathsep.join(filter(None, [str(lib), str(config.parent), os.environ.get("PYTHONPATH")]))
+    done = cli("run", config, env={**os.environ, "PYTHONPATH": path})
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = done.stdout.split()[2]
+    found = {trial[-1]: fact for trial, fact in facts(home, exp).items()}
+    assert [found[n]["before"]["colorsys"] for n in "012"] == [False, True, True], found
+    assert not any(found[n]["before"]["mylib"] or found[n]["before"]["threadmod"] for n in "012"), found
+    assert all(found[n]["keeper_warm"] and found[n]["forked"] for n in "012"), found
+    log = (home / "experiments" / exp / "warm-start.log").read_text()
+    assert "zygote: not preloaded (a thread started at import, or it hung): threadmod\n" in log, log
+    assert "more modules that trials imported" in log, log
+
+
 GATED = """
 import time
 with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as f:

@@ -12,6 +12,7 @@ spool; scripts/run.sh and scripts/cleanup.sh spell the same paths in shell
     <trial dir>/.trialkit/.stop.ready   made by the keeper once the command runs, renamed to `stop` when one is asked
     <trial dir>/.trialkit/reserve       room the keeper keeps on the disk for its final status (keeper/spool.py)
     <trial dir>/.trialkit/fetch.out     run.sh's fetch of the code or trial side, while it runs (pods only)
+    <trial dir>/.trialkit/imported      what a warm trial imported beside the zygote's preloads, until it reads it
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ CHANNEL = "channel"
 STOP = "stop"
 RESERVE = "reserve"
 TRIALSIDE = "trialside"  # a pod's cache of trialkit's trial side, fetched by run.sh when the image lacks trialkit
+IMPORTED = "imported"  # keeper/warm.py writes it as a warm trial ends, keeper/zygote.py reads and removes it
 FETCH_OUT = "fetch.out"  # run.sh's fetch.py output while it runs (its reason if the fetch fails), then removed
 # How long the keeper tries to deliver records at exit by default; a platform
 # that waits for a stopping keeper adds it to the trial's grace.

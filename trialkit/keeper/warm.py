@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from typing import Dict, List, NamedTuple, Optional, Sequence  # only warm processes load this module
+from typing import Dict, List, NamedTuple, Optional, Sequence, Set  # only warm processes load this module
 
 from trialkit import env
 from trialkit.process import Child, set_parent_death_signal
@@ -165,6 +165,7 @@ def run_python(command: PythonCommand) -> int:
     # once it imports them: they stay (the keeper and the zygote register none).
     _fresh_streams(command.unbuffered or bool(os.environ.get("PYTHONUNBUFFERED")))
     _reseed_numpy()
+    preloaded, trial_dir = set(sys.modules), os.environ.get(env.TRIAL_DIR)  # before the script changes either
     if command.is_module:
         sys.argv = ["-m", *command.args]
         sys.path.insert(0, os.getcwd())
@@ -189,6 +190,8 @@ def run_python(command: PythonCommand) -> int:
     except SystemExit as exit:
         code = _exit_code(exit)
     _flush_all()
+    if trial_dir:
+        _tell_imported(trial_dir, set(sys.modules) - preloaded)
     if interrupted:  # Python ends on an uncaught KeyboardInterrupt killed by SIGINT, as a shell expects
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -262,6 +265,18 @@ def _fresh_streams(unbuffered: bool) -> None:
     sys.stdin = sys.__stdin__ = stream(0, errors)
     sys.stdout = sys.__stdout__ = stream(1, errors)
     sys.stderr = sys.__stderr__ = stream(2, "backslashreplace")
+
+
+def _tell_imported(trial_dir: str, imported: Set[str]) -> None:
+    """Leave the zygote the names of the modules the trial imported that it had not preloaded (it picks what
+    it may preload once the trial's keeper ended); a file that cannot be written loses the news, nothing else."""
+    from trialkit import layout
+
+    try:
+        with open(os.path.join(layout.home(trial_dir), layout.IMPORTED), "w") as f:
+            f.write("\n".join(sorted(imported)))
+    except OSError:
+        pass
 
 
 def _reseed_numpy() -> None:

@@ -14,7 +14,8 @@ says how a keeper it forked ended (its parent alone reaps it: the platform's sta
 before its trial names the signal, as a cold keeper's does). A module whose
 import starts a thread (numpy's OpenBLAS pool, unless OMP_NUM_THREADS=1) is not preloaded: the zygote starts
 again without it (SKIP). A zygote that runs more than one thread at a fork answers why instead (a fork would
-copy their locks held): the platform then starts its trials cold. It ends when the socket's other end
+copy their locks held): the platform then starts its trials cold. Once a trial's keeper ended, what the trial
+imported as it ran is preloaded as well (Learner). It ends when the socket's other end
 closes: the experiment's end, or its control plane's exit, however it exited; the keepers it forked go on.
 """
 from __future__ import annotations
@@ -30,14 +31,15 @@ from pathlib import Path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Sequence, Tuple
+    from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from trialkit import env
+from trialkit import env, layout
 from trialkit.keeper import warm
 from trialkit.process import RUN_MODULE_OFF_CWD, exit_code, shell_line_argv, spawn
 
 MODULE = "trialkit.keeper.zygote"  # as run (__name__ is __main__ there)
 REQUEST_BYTES = 1 << 22  # a request is the trial's environment, in one message
+PROBE_SECONDS = 60.0  # a fork that imports what trials imported, before the zygote does (learn)
 FIRST_ANSWER_SECONDS = 120.0  # the first answer waits for the preload (torch takes seconds)
 
 
@@ -112,7 +114,6 @@ def preloads(command: Sequence[str], code_dir: str) -> List[str]:
     """The modules the command's script (or -m module) imports at its top level that are not in the code dir,
     nor trialkit's or NNI's (the SDK reads the trial's identity), and that this Python finds."""
     import ast
-    from importlib.util import find_spec
 
     found = warm.python_command(command, dict(os.environ), code_dir)
     if found is None:
@@ -128,18 +129,22 @@ def preloads(command: Sequence[str], code_dir: str) -> List[str]:
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
-    out = []
-    for name in dict.fromkeys(names):
-        top = name.partition(".")[0]
-        if top in ("__future__", "trialkit", "nni") or _in_code_dir(code_dir, top):
-            continue
-        try:
-            spec = find_spec(top)
-        except (ImportError, ValueError):
-            continue
-        if spec is not None and not (spec.origin or "").startswith(os.path.abspath(code_dir) + os.sep):
-            out.append(name)
-    return out
+    return [name for name in dict.fromkeys(names) if preloadable(name, code_dir)]
+
+
+def preloadable(name: str, code_dir: str) -> bool:
+    """Whether a module may be imported in the zygote: found by this Python, from outside the code dir, and
+    neither trialkit's nor NNI's (the SDK reads the trial's identity)."""
+    from importlib.util import find_spec
+
+    top = name.partition(".")[0]
+    if top in ("__future__", "__main__", "trialkit", "nni") or _in_code_dir(code_dir, top):
+        return False
+    try:
+        spec = find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and not (spec.origin or "").startswith(os.path.abspath(code_dir) + os.sep)
 
 
 def _module_file(code_dir: str, module: str) -> Optional[Path]:
@@ -177,12 +182,12 @@ def main(argv: Sequence[str]) -> None:
             os.execv(sys.executable, [sys.executable, "-c", RUN_MODULE_OFF_CWD, MODULE, str(fd),
                                       ",".join(sorted(skip | {name})), code_dir, *command])
     gc.freeze()
-    serve(socket.socket(fileno=fd), keeper.main)
+    serve(socket.socket(fileno=fd), keeper.main, Learner(code_dir, skip))
 
 
-def serve(sock: socket.socket, run_keeper) -> None:
+def serve(sock: socket.socket, run_keeper, learner: "Learner") -> None:
     """Fork a keeper for each request, and say how one ended when asked, until the socket's other end closes;
-    reap them as they end."""
+    reap them as they end; then preload what their trials imported (`learner`)."""
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -204,8 +209,87 @@ def serve(sock: socket.socket, run_keeper) -> None:
             request = json.loads(message)
             if "reap" in request:
                 sock.send(json.dumps({"exit_code": _exit_code(request["reap"], ended)}).encode())
+                learner.reaped(request["reap"])  # after the answer: the platform waits for no import
             else:
-                ended.pop(_fork_keeper(request, fds[0], sock, (wake_r, wake_w), run_keeper), None)
+                pid = _fork_keeper(request, fds[0], sock, (wake_r, wake_w), run_keeper)
+                ended.pop(pid, None)
+                learner.forked(pid, request["environ"].get(env.TRIAL_DIR))
+
+
+class Learner:
+    """Preloads the modules that trials imported beside the preloaded ones (numpy loads numpy.random at its
+    first use; np.load imports zipfile): imported once here, not again in every trial. A warm trial leaves their
+    names in its trial dir as it ends (warm.run_python); read once its keeper is reaped, before the next fork.
+    Only what preloadable() allows, never what the zygote was started without (`skip`), and only what a fork
+    that imported it kept one thread with (the rule of the zygote's own preloads); a module is tried once."""
+
+    def __init__(self, code_dir: str, skip: Set[str]):
+        self.code_dir = code_dir
+        self.skip = skip
+        self.tried: Set[str] = set()
+        self.trial_dirs: Dict[int, str] = {}  # forked keepers' trial dirs, by pid, until reaped
+
+    def forked(self, pid: int, trial_dir: Optional[str]) -> None:
+        if pid and trial_dir:
+            self.trial_dirs[pid] = trial_dir
+
+    def reaped(self, pid: int) -> None:
+        trial_dir = self.trial_dirs.pop(pid, None)
+        if trial_dir is None:
+            return
+        path = os.path.join(layout.home(trial_dir), layout.IMPORTED)
+        try:
+            with open(path) as f:
+                names = set(f.read().split())
+            os.unlink(path)
+        except OSError:
+            return
+        new = sorted(name for name in names - self.tried if name not in sys.modules
+                     and name.partition(".")[0] not in self.skip and preloadable(name, self.code_dir))
+        self.tried.update(names)
+        if new and not _import_keeps_one_thread(new):  # one package's thread would keep the others out
+            groups: Dict[str, List[str]] = {}
+            for name in new:
+                groups.setdefault(name.partition(".")[0], []).append(name)
+            kept = {top: group for top, group in groups.items() if _import_keeps_one_thread(group)}
+            print(f"zygote: not preloaded (a thread started at import, or it hung): "
+                  f"{', '.join(sorted(set(groups) - set(kept)))}", file=sys.stderr, flush=True)
+            new = [name for group in kept.values() for name in group]
+        if not new:
+            return
+        for name in new:
+            try:
+                __import__(name)
+            except BaseException:  # noqa: BLE001 - a trial imported it; here it only would have saved time
+                pass
+        gc.freeze()
+        print(f"zygote: preloads {len(new)} more modules that trials imported", file=sys.stderr, flush=True)
+
+
+def _import_keeps_one_thread(names: List[str]) -> bool:
+    """Whether a fork of this process that imports `names` still runs one thread (and ends within a minute)."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for name in names:
+                try:
+                    __import__(name)
+                except BaseException:  # noqa: BLE001
+                    pass
+            code = 0 if warm.single_threaded() is None else 1
+        finally:
+            os._exit(code)
+    pidfd = os.pidfd_open(pid)
+    try:
+        if not select.select([pidfd], [], [], PROBE_SECONDS)[0]:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+    _, status = os.waitpid(pid, 0)
+    return exit_code(status) == 0
 
 
 def _reap(ended: Dict[int, int]) -> None:
