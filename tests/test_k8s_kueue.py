@@ -65,6 +65,9 @@ def test_a_kueue_pool_in_pools_yml(kueue_pool, home):
     ("  q: {kueue: {namespace: team, localQueue: Team_Queue}}\n", "pools.q.kueue.localQueue: 'Team_Queue' is not a "
                                                                   "Kubernetes name"),
     ("  q: {kueue: {namespace: team, localQueue: lq, priority: high}}\n", "pools.q.kueue.priority"),
+    # Too long to show whole: cut short, its quote closed.
+    (f"  q: {{kueue: {{namespace: team, localQueue: {'q' * 70}}}}}\n",
+     f"pools.q.kueue.localQueue: '{'q' * 55}...' is not a Kubernetes name"),
 ])
 def test_kueue_pool_mistakes_are_one_line(home, text, says):
     assert says in config_refusal(home, text)

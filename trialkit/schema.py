@@ -55,7 +55,11 @@ def show(value: Any, limit: int = 60) -> str:
         text = repr(value)
     except (ValueError, RecursionError):
         return f"a {type(value).__name__} too large to show"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    # The closing quote or bracket stays: 'qqq...' reads as a string cut short, 'qqq... as a quote left open.
+    closing = text[-1] if text[-1] in "'\")]}>" else ""
+    return text[: limit - 3 - len(closing)] + "..." + closing
 
 
 def suggest(word: str, choices: Iterable[str], cutoff: float = 0.6) -> Optional[str]:
