@@ -1616,7 +1616,8 @@ def cluster_said(err: Exception) -> None:
     whenever its ClusterError was raised: no command that reaches no cluster imports it here."""
     client = sys.modules.get("trialkit.platforms.kubernetes.client")
     if client is not None and isinstance(err, client.ClusterError):
-        report_and_exit(PROG, UserError(str(err), "KUBECONFIG", "check the cluster in your kubeconfig, and that it is up"))
+        report_and_exit(PROG, UserError(str(err), "KUBECONFIG",
+                                        "check the cluster in your kubeconfig, and that it is up"))
 
 
 if __name__ == "__main__":

@@ -72,8 +72,8 @@ class NodeAgent:
         while True:
             while not self._idle():
                 time.sleep(IDLE_CHECK_SECONDS)
-            try:
-                ray.get(ray.get_runtime_context().current_actor.leave_if_idle.remote())  # returns only when a call came between: not idle after all
+            try:  # returns only when a call came in between: not idle after all
+                ray.get(ray.get_runtime_context().current_actor.leave_if_idle.remote())
             except ray.exceptions.RayActorError:
                 return  # it left (this thread goes with its worker)
 
