@@ -23,6 +23,23 @@ esac
 # how a trial that fails before its keeper runs tells the platform why.
 termination_log=${TRIALKIT_TERMINATION_LOG:-/dev/termination-log}
 
+# A pod that takes no envFrom (a TrainJob's) mounts its Secrets under $TRIALKIT_ENV_FROM_DIR, one subdir each:
+# their keys become variables here, as envFrom makes them (a variable the pod sets itself wins, as there; a key
+# that is no variable name is skipped). Globs skip the volume's own ..data entries.
+if [ -n "${TRIALKIT_ENV_FROM_DIR:-}" ]; then
+  for file in "$TRIALKIT_ENV_FROM_DIR"/*/*; do
+    name=${file##*/}
+    case $name in
+      [!A-Za-z_]* | *[!A-Za-z0-9_]*) continue ;;
+    esac
+    eval "set_before=\${$name+1}"
+    if [ -f "$file" ] && [ -z "$set_before" ]; then
+      value=$(cat "$file"; echo .)  # the dot keeps a value's trailing newlines
+      export "$name=${value%.}"
+    fi
+  done
+fi
+
 # give_up EXIT_CODE REASON DETAIL: the trial fails before it starts, REASON in its status.
 give_up() {
   echo "run.sh: $2: $3" >&2

@@ -144,6 +144,28 @@ def test_an_nni_configs_typos_are_each_named_with_a_did_you_mean_and_nothing_the
     assert "the tuner is missing" not in line  # the typo's consequence, not a problem of its own
 
 
+KUBEFLOW = {"platform": "kubeflow", "operator": "trainjob", "namespace": "team", "managerAddress": "10.0.0.1",
+            "dockerImage": "example/train:1", "worker": {"replicas": 2}}
+
+
+@pytest.mark.parametrize("service, said", [
+    ({**{k: v for k, v in KUBEFLOW.items() if k != "platform"}, "platfrom": "kubeflow"},
+     "trainingService.platfrom: unknown key 'platfrom' (did you mean 'platform'?)"),
+    ({**{k: v for k, v in KUBEFLOW.items() if k != "dockerImage"}, "dockerImg": "example/train:1"},
+     "trainingService.dockerImg: unknown key 'dockerImg' (did you mean 'dockerImage'?)"),
+    ({**{k: v for k, v in KUBEFLOW.items() if k != "dockerImage"}, "worker": {"replicas": 2, "dockerImg": "e/t:1"}},
+     "trainingService.worker.dockerImg: unknown key 'dockerImg' (did you mean 'dockerImage'?)"),
+])
+def test_a_typo_of_a_required_key_is_told_as_the_typo_not_as_the_key_missing(tmp_path, service, said):
+    """The did-you-mean wins over what the typo causes (no platform, a role with no image), whichever the
+    config's check found first."""
+    line = run_config(tmp_path, {"searchSpace": {"lr": {"_type": "choice", "_value": [0.1]}},
+                                 "trialCommand": "python3 train.py", "tuner": {"name": "TPE"},
+                                 "trainingService": service})
+    assert line.endswith(f"config.yml:{line.split('config.yml:')[1].split(':')[0]}: {said}\n"), line
+    assert "missing" not in line and "no image" not in line and "problems" not in line, line
+
+
 def test_a_v1_configs_typo_is_listed_with_its_other_problems(tmp_path):
     (tmp_path / "space.json").write_text(json.dumps({"lr": {"_type": "uniform", "_value": [1, 0]}}))
     line = run_config(tmp_path, {

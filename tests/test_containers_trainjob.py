@@ -13,8 +13,9 @@ from containers_util import needs_podman, running
 from experiment_util import cli, stored, trial_status
 from harness import wait_until
 from kueue_play import KueuePlay
-from pod_runner import PodRunner
+from pod_runner import PodRunner, host_address
 from pools_util import pools_yml
+from s3_server import create_secret, s3, s3_server  # noqa: F401 - fixtures
 from test_containers_k8s import (CODE, DISTRIBUTED, RESUMABLE, TIMEOUT, cluster, experiment_config,  # noqa: F401
                                  finish_run, logs, metric_values, progress, run_to_the_end)
 from test_containers_k8s_multinode import UNREACHABLE
@@ -37,6 +38,29 @@ def test_a_trainjob_of_two_nodes_trains_over_gloo_with_pet_names_only(cluster, c
         assert all(pod.exit_code == 0 for pod in runner.pods.values())
         assert "rank 0 of 2: sum 3.0" in logs(trial, 0)
         assert "rank 1 of 2: sum 3.0" in logs(trial, 1)  # node 1's keeper shipped its output by rank
+
+
+SEES_THE_STORES_KEY = """
+import os, trialkit
+print("key id", os.environ.get("AWS_ACCESS_KEY_ID"), flush=True)
+trialkit.report_final_result(1.0)
+"""
+
+
+def test_a_trainjobs_trial_gets_the_checkpoint_stores_secret_as_variables(cluster, containers, image, tmp_path, s3):
+    """checkpointStorage.secretName on a TrainJob, which takes no envFrom: its pod mounts the Secret and run.sh,
+    in a real container of the trial image, exports its keys, which the trial (and its keeper) read."""
+    create_secret(cluster, s3, "team-s3")
+    section = {"platform": "kubeflow", "operator": "trainjob", "worker": {"replicas": 1}}
+    storage = {"type": "s3", "bucket": s3.bucket(), "secretName": "team-s3",
+               "endpointUrl": s3.reachable_at(host_address())}
+    config, code = experiment_config(tmp_path, SEES_THE_STORES_KEY, section, checkpointStorage=storage)
+    with PodRunner(cluster, containers, image, tmp_path / "kubelet", mounts={CODE: code}) as runner:
+        exp = run_to_the_end(config, runner)
+        trial = f"{exp}-00000"
+        assert trial_status(tmp_path / "home", trial) == "SUCCEEDED", runner.describe()
+        done = cli("trial", "logs", trial)
+        assert f"key id {s3.access_key}" in done.stdout, done.stdout + done.stderr + runner.describe()
 
 
 URGENT = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",

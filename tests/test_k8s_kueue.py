@@ -7,10 +7,13 @@ validated against the CRDs. Nothing here runs a pod: tests/test_containers_kueue
 from __future__ import annotations
 
 import copy
+import socket
 
 import pytest
+import yaml
 
 import k8s_schemas
+from experiment_util import cli
 from kueue_play import KueuePlay
 from pools_util import config_refusal, home, pools_yml  # noqa: F401 (home: a fixture)
 from test_kube_client import api, client  # noqa: F401 (fixtures)
@@ -62,6 +65,9 @@ def test_a_kueue_pool_in_pools_yml(kueue_pool, home):
     ("  q: {kueue: {namespace: team, localQueue: Team_Queue}}\n", "pools.q.kueue.localQueue: 'Team_Queue' is not a "
                                                                   "Kubernetes name"),
     ("  q: {kueue: {namespace: team, localQueue: lq, priority: high}}\n", "pools.q.kueue.priority"),
+    # Too long to show whole: cut short, its quote closed.
+    (f"  q: {{kueue: {{namespace: team, localQueue: {'q' * 70}}}}}\n",
+     f"pools.q.kueue.localQueue: '{'q' * 55}...' is not a Kubernetes name"),
 ])
 def test_kueue_pool_mistakes_are_one_line(home, text, says):
     assert says in config_refusal(home, text)
@@ -189,6 +195,25 @@ def test_job_list_shows_the_queue_in_kueues_order(kueue_pool, api, client, tmp_p
         ("expa-00002", "ADMITTED", 100, "urgent"), ("expa-00001", "QUEUED", 10, "research"),
         ("expa-00000", "EVICTED", 10, "research")]
     assert rows[2]["admission"].startswith("Preempted: Preempted to accommodate a workload")
+
+
+def test_job_list_of_a_kueue_pool_whose_api_server_does_not_answer_is_one_line(kueue_pool, tmp_path, monkeypatch):
+    """As `trialkit run` says it: one line naming the kubeconfig and what failed, exit 2, no traceback."""
+    with socket.socket() as closed:  # a port that nothing listens on once this is closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    done = cli("job", "list", "--pool", "gpu-team")
+    assert done.returncode == 2 and done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("trialkit: error: KUBECONFIG: list Workload in team: cannot reach the API server: ")
+    assert line.endswith("(check the cluster in your kubeconfig, and that it is up)")
 
 
 def test_a_priority_class_changes_only_while_the_job_waits(kueue_pool, api, client, tmp_path):

@@ -8,6 +8,7 @@ pods, against Kubernetes' own schemas after Trainer's merge of the runtime, the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -132,6 +133,24 @@ def test_the_nodes_account_is_the_configs_else_the_templates_patch_else_one_with
     path = tmp_path / "trainjob.yaml"
     path.write_text(yaml.safe_dump(template))
     assert accounts({**unnamed, "trialTemplate": str(path)})[0] == {"team-reader"}
+
+
+@pytest.mark.parametrize("command", ["python3 -m trialkit.launch.torch_distributed t.py",
+                                     "python3 -m trialkit.launch.deepspeed t.py"])
+def test_every_node_container_gets_the_checkpoint_stores_secret_for_run_sh_to_export(command):
+    """A TrainJob takes no envFrom: each pod that runs run.sh (the trainer's container) mounts the Secret named by
+    checkpointStorage.secretName read-only under TRIALKIT_ENV_FROM_DIR, whose keys run.sh exports."""
+    config = kubeflow.parse_section(copy.deepcopy(SECTION), "trainingService")
+    objects = k8s.render_trial(config, dataclasses.replace(trial(command), env_from_secrets=("s3-creds",)))
+    k8s_schemas.validate_objects(objects)
+    containers = [(template, container) for template, _ in trainer_play.templates(objects[-1]).values()
+                  for container in template["spec"]["containers"] if container.get("command") == k8s.RUN_COMMAND]
+    assert containers
+    for template, container in containers:
+        volume = next(v for v in template["spec"]["volumes"] if v.get("secret") == {"secretName": "s3-creds"})
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] and mount["mountPath"].rsplit("/", 1)[0] == env_of(container)["TRIALKIT_ENV_FROM_DIR"]
+    assert "TRIALKIT_ENV_FROM_DIR" not in {e["name"] for e in rendered()[1][-1]["spec"]["trainer"]["env"]}
 
 
 def test_code_in_the_image_is_run_from_there():

@@ -193,6 +193,10 @@ def test_an_experiment_of_a_few_trials_on_the_ray_platform(ray_cluster, tmp_path
                         trainingService={"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 1})
     done = cli("run", config)
     assert done.returncode == 0, done.stdout + done.stderr
+    # The agents leave quietly as the experiment ends: Ray's own exit for an actor, not a worker that Ray
+    # finds dead ("(raylet) A worker died or was killed ... SYSTEM_ERROR ... OOM killer" on the terminal).
+    said = done.stdout + done.stderr
+    assert "worker died" not in said and "SYSTEM_ERROR" not in said, said
     rows = export(experiment_id(done.stdout.splitlines()[0]))
     assert [row["sequence"] for row in rows] == [0, 1, 2, 3]
     for row in rows:

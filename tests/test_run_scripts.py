@@ -1,6 +1,7 @@
 """scripts/run.sh (the container entrypoint) and scripts/cleanup.sh (the preStop hook)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -40,6 +41,25 @@ def test_run_sh_without_a_command_says_how_to_give_one(run_env):
     r = run_sh(run_env)
     assert r.wait() == 2
     assert b"TRIALKIT_COMMAND" in r.stderr
+
+
+def test_run_sh_exports_the_keys_of_secrets_mounted_under_trialkit_env_from_dir(run_env, tmp_path):
+    """A TrainJob's pods take no envFrom: run.sh makes each key of the Secrets mounted there a variable, as
+    envFrom would (laid out as the kubelet mounts a Secret: keys are links into ..data), the pod's own kept."""
+    for index, keys in enumerate([{"AWS_ACCESS_KEY_ID": "AKIA0001", "AWS_SECRET_ACCESS_KEY": "two\nlines\n",
+                                   "AWS_REGION": "from-the-secret", "not-a-name": "x"}, {"AZURE_STORAGE_KEY": "k"}]):
+        volume = tmp_path / "env-from" / str(index)
+        data = volume / "..2026_11_30_05_00_00.1"
+        data.mkdir(parents=True)
+        for key, value in keys.items():
+            (data / key).write_text(value)
+            (volume / key).symlink_to(f"..data/{key}")
+        (volume / "..data").symlink_to(data.name)
+    env = {**run_env, "TRIALKIT_ENV_FROM_DIR": str(tmp_path / "env-from"), "AWS_REGION": "the pod's own"}
+    shown = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "AZURE_STORAGE_KEY"]
+    r = run_sh(env, PYTHON, "-c", f"import os, json; print('env:', json.dumps([os.environ.get(n) for n in {shown}]))")
+    assert json.loads(r.expect(b"env:").split(b":", 1)[1]) == ["AKIA0001", "two\nlines\n", "the pod's own", "k"]
+    assert r.wait() == 0
 
 
 def test_startup_hook_exports_reach_the_trial(run_env):

@@ -438,7 +438,6 @@ def _confirmed(question: str) -> bool:
 def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
     from trialkit import platforms
     from trialkit.control.config import parse_config
-    from trialkit.platforms.kubernetes.client import ClusterError
 
     experiment_dir = paths.experiment_dir(opts.experiment_id)
     with _store(experiment_dir) as store:
@@ -451,10 +450,7 @@ def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
     if start is None:
         raise UserError(f"experiment {opts.experiment_id} runs on {config.platform}: TensorBoard is served for adaptdl "
                         "experiments", "EXPERIMENT_ID", "run tensorboard --logdir over its trials' TensorBoard dirs")
-    try:
-        print(start(opts.experiment_id))
-    except ClusterError as err:
-        raise UserError(str(err), "KUBECONFIG", "check the cluster in your kubeconfig, and that it is up") from None
+    print(start(opts.experiment_id))
     return 0
 
 
@@ -1609,6 +1605,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # point stdout at /dev/null so the interpreter's final flush cannot fail too.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except Exception as err:
+        cluster_said(err)
+        raise
+
+
+def cluster_said(err: Exception) -> None:
+    """A Kubernetes API server that refused or did not answer a command (job list of a Kueue pool, job update,
+    experiment tensorboard, ...): one line and exit 2, as `trialkit run` says it. client.py is in sys.modules
+    whenever its ClusterError was raised: no command that reaches no cluster imports it here."""
+    client = sys.modules.get("trialkit.platforms.kubernetes.client")
+    if client is not None and isinstance(err, client.ClusterError):
+        report_and_exit(PROG, UserError(str(err), "KUBECONFIG",
+                                        "check the cluster in your kubeconfig, and that it is up"))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,9 @@ DETERMINED = "TRIALKIT_DETERMINED"
 CODE_DIGEST = "TRIALKIT_CODE_DIGEST"
 TRIALSIDE_DIGEST = "TRIALKIT_TRIALSIDE_DIGEST"
 TERMINATION_LOG = "TRIALKIT_TERMINATION_LOG"
+# A dir of mounted Secrets (one subdir each) whose keys run.sh exports as variables, as a container's
+# envFrom would: a TrainJob's pods take no envFrom (Trainer's container patch has env and mounts only).
+ENV_FROM_DIR = "TRIALKIT_ENV_FROM_DIR"
 # The manager's own scrape token for GET /metrics (Prometheus), beside the page's and the admin token.
 METRICS_TOKEN = "TRIALKIT_METRICS_TOKEN"
 # Kubeflow Trainer v2 (2.2+) gives a TrainJob's pods its progress endpoint: a URL, and files holding its CA

@@ -55,12 +55,16 @@ def show(value: Any, limit: int = 60) -> str:
         text = repr(value)
     except (ValueError, RecursionError):
         return f"a {type(value).__name__} too large to show"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    # The closing quote or bracket stays: 'qqq...' reads as a string cut short, 'qqq... as a quote left open.
+    closing = text[-1] if text[-1] in "'\")]}>" else ""
+    return text[: limit - 3 - len(closing)] + "..." + closing
 
 
-def suggest(word: str, choices: Iterable[str]) -> Optional[str]:
+def suggest(word: str, choices: Iterable[str], cutoff: float = 0.6) -> Optional[str]:
     by_fold = {fold(c): c for c in choices}
-    close = difflib.get_close_matches(fold(word), list(by_fold), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(fold(word), list(by_fold), n=1, cutoff=cutoff)
     return by_fold[close[0]] if close else None
 
 
@@ -81,12 +85,19 @@ def mapping(value: Any, where: str) -> Mapping:
 
 
 class Misspelt(UserError):
-    """An unknown key close to a known one that the mapping lacks: a problem later found at the known key's
-    place (it is missing) is this one's consequence, left out where problems are collected (every_problem)."""
+    """An unknown key close to a known one that the mapping lacks: a problem found at the known key's place (it
+    is missing), or at that key of a mapping inside (a role's own, a section-wide one absent), is this one's
+    consequence, left out where problems are collected (every_problem), whichever was found first."""
 
     def __init__(self, err: UserError, meant: str):
         super().__init__(err.what, err.where, err.fix)
         self.meant = meant
+
+    def explains(self, err: UserError) -> bool:
+        if err.where is None or err is self:
+            return False
+        within, _, key = self.meant.rpartition(".")
+        return err.where == self.meant or (err.where.startswith(f"{within}.") and err.where.endswith(f".{key}"))
 
 
 def unknown_key(key: Any, known: Sequence[str], section: Mapping, where: str, hint: str = "") -> UserError:
@@ -332,8 +343,10 @@ def renamed(err: UserError, prefixes: Sequence[Tuple[str, str]]) -> UserError:
 
 def _add(problems: List[UserError], err: UserError) -> None:
     for one in err.problems if isinstance(err, ConfigProblems) else [err]:
-        if not any(known.where == one.where or (isinstance(known, Misspelt) and known.meant == one.where)
+        if not any(known.where == one.where or (isinstance(known, Misspelt) and known.explains(one))
                    for known in problems):
+            if isinstance(one, Misspelt):  # what it explains was found first (a required key's check ran sooner)
+                problems[:] = [known for known in problems if not one.explains(known)]
             problems.append(one)
 
 

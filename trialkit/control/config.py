@@ -665,6 +665,11 @@ def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) ->
                         "keep one trainingService section")
     section = dict(schema.mapping(section, where))
     keys = [k for k in section if isinstance(k, str) and schema.fold(k) == "platform"]
+    if not keys:  # a misspelt platform is told as such, not as its consequence (no platform)
+        # Closer than a did-you-mean among known keys: `operator`, a key of the section, is 0.62 like `platform`.
+        near = next((k for k in section if isinstance(k, str) and schema.suggest(k, ["platform"], cutoff=0.8)), None)
+        if near is not None:
+            raise schema.unknown_key(near, ["platform"], section, where)
     if len(keys) != 1:
         raise UserError("platform is missing" if not keys else "platform is given twice", f"{where}.platform",
                         "add platform: local, kubeflow, frameworkcontroller, adaptdl or ray")

@@ -27,7 +27,6 @@ this module does not import ray.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any, Dict, List, Mapping, Optional
@@ -61,11 +60,30 @@ class NodeAgent:
     def _touch(self) -> None:
         self._last_call = time.monotonic()
 
+    def _idle(self) -> bool:
+        return not self._runners and (self._leaving or time.monotonic() - self._last_call >= IDLE_SECONDS)
+
     def _exit_when_idle(self) -> None:
-        # A call that comes as it exits fails with the actor gone, and the platform asks a new agent.
-        while self._runners or not (self._leaving or time.monotonic() - self._last_call >= IDLE_SECONDS):
-            time.sleep(IDLE_CHECK_SECONDS)
-        os._exit(0)  # the worker goes, and with it the actor and its name
+        """Once idle, ask the actor itself to leave (`leave_if_idle`): Ray's own exit for an actor, so Ray takes
+        the worker's end for the one it intended. A worker that ends itself (os._exit) Ray takes for one that
+        died, and says so on the driver's terminal (`(raylet) A worker died ... SYSTEM_ERROR ... OOM killer`)."""
+        import ray
+
+        while True:
+            while not self._idle():
+                time.sleep(IDLE_CHECK_SECONDS)
+            try:  # returns only when a call came in between: not idle after all
+                ray.get(ray.get_runtime_context().current_actor.leave_if_idle.remote())
+            except ray.exceptions.RayActorError:
+                return  # it left (this thread goes with its worker)
+
+    async def leave_if_idle(self) -> None:
+        """The idle thread's: the actor exits, unless a call came since the thread saw it idle. A call that comes
+        as it exits fails with the actor gone, and the platform asks a new agent."""
+        if self._idle():
+            import ray
+
+            ray.actor.exit_actor()  # the worker goes once this call ends, and with it the actor and its name
 
     def _runner(self, handle: str) -> TrialRunner:
         self._touch()

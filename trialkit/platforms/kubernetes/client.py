@@ -212,7 +212,8 @@ class KubeClient:
     def list(self, kind: str, namespace: str, selector: str = "") -> List[Dict[str, Any]]:
         """The custom objects of `kind` in `namespace` (matching the label `selector`)."""
         group, version, plural = CUSTOM_KINDS[kind]
-        found = self._call("list", f"{kind} {selector} in {namespace}", self._custom.list_namespaced_custom_object,
+        target = f"{kind} {selector} in {namespace}" if selector else f"{kind} in {namespace}"
+        found = self._call("list", target, self._custom.list_namespaced_custom_object,
                            group, version, namespace, plural, label_selector=selector)
         return found.get("items") or []
 

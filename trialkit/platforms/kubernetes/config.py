@@ -140,7 +140,7 @@ class Section:
 
     def finish(self) -> None:
         for key in sorted(set(self._data) - self._asked):
-            schema.report(schema.unknown("key", key, sorted(self._asked), self.at(key)))
+            schema.report(schema.unknown_key(key, sorted(self._asked), self._data, self.where))
 
     def _wrong(self, expected: str, value: Any, key: str, default: Any) -> Any:
         schema.report(schema.wrong_value(expected, value, self.at(key)))
@@ -273,13 +273,14 @@ def reporting_role(sec: Section, roles: Sequence[str]) -> str:
 
 def check_images(roles: Sequence[Role], common: "KubeCommon", where: str) -> None:
     """Every role runs an image: its own, else the section's. Checked when the config
-    loads, so a missing one stops `trialkit run` before any trial is submitted."""
+    loads, so a missing one stops `trialkit run` before any trial is submitted; reported (the section's
+    keys are read on, so that a misspelt dockerImage is told as such, not as its consequence)."""
     if common.image:
         return
     for role in roles:
         if not role.image:
-            raise UserError(f"role {role.name!r} has no image to run", f"{where}.{role.name}.dockerImage",
-                            "set dockerImage for the role, or once for the whole section")
+            schema.report(UserError(f"role {role.name!r} has no image to run", f"{where}.{role.name}.dockerImage",
+                            "set dockerImage for the role, or once for the whole section"))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ What goes where (Trainer takes no pod template from a TrainJob):
   token by reference to the trial's Secret), numNodes, resourcesPerNode;
 - `runtimePatches` (per replicated job of the runtime): the trial's labels,
   volumes and mounts (scripts, the keeper's home, checkpoint claim, NFS or
-  Azure File), serviceAccountName (the config's, else the experiment's own
+  Azure File, the checkpoint store's Secret, whose keys run.sh exports as
+  envFrom would), serviceAccountName (the config's, else the experiment's own
   with no rights, unless the trialTemplate's own patches name one),
   imagePullSecrets and terminationGracePeriodSeconds.
 No TrainingRuntime of trialkit's own is needed: patches cannot carry the
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar, Dict, List, Optional, Sequence
+from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from trialkit import env as envnames
 from trialkit.errors import UserError
@@ -55,6 +56,9 @@ NAME_BUDGET = 40
 # The Job controller's annotation of a pod's completion index: its node rank in the replicated job.
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 ROLE = "node"  # every pod is a node; node 0 reports
+# Where the trainer's container mounts the Secrets whose keys become its variables (checkpointStorage's
+# secretName), one subdir each: run.sh exports them (TRIALKIT_ENV_FROM_DIR), as envFrom would elsewhere.
+ENV_FROM_DIR = "/var/run/trialkit/env-from"
 DEEPSPEED_COMMAND = re.compile(r"(^|\s)-m\s+(trialkit|determined)\.launch\.deepspeed(\s|$)")
 
 
@@ -115,15 +119,16 @@ def render(config: TrainJobConfig, spec: TrialSpec) -> List[dict]:
     command = node.command or spec.command
     runtime = runtime_of(config, job, command or "")
     claims, mounts, checkpoint_env = k8s.checkpoint_storage(config.common, names, config.storage)
+    secret_mounts, secret_env = env_from_mounts(spec.env_from_secrets)
     in_image = {envnames.CODE_DIR: config.common.working_dir} if config.common.working_dir else {}
     plan = k8s.pod_plan(
         config.common, spec, names, "kubeflow",
         image=node.image, command=node.command, res=node.resources, where="trainingService",
         # Every node runs a keeper with the trial's token: only node 0 ships records, the others their output.
         extra_env={envnames.CHIEF_ROLE: ROLE, envnames.ROLE: ROLE, envnames.RANK_OFFSET: "0", **checkpoint_env,
-                   **in_image},
+                   **secret_env, **in_image},
         field_env={envnames.TASK_INDEX: f"metadata.annotations['{COMPLETION_INDEX}']"},
-        extra_mounts=mounts, code_dir=node.code_dir,
+        extra_mounts=[*mounts, *secret_mounts], code_dir=node.code_dir,
     )
     job_spec = job.setdefault("spec", {})
     job_spec["runtimeRef"] = {**(job_spec.get("runtimeRef") or {}), "name": runtime}
@@ -138,6 +143,16 @@ def render(config: TrainJobConfig, spec: TrialSpec) -> List[dict]:
     account = plan.service_account or (None if _names_account(patches) else plan.default_service_account)
     job_spec["runtimePatches"] = patches + [runtime_patch(plan, RUNTIME_JOBS.get(runtime, ("node",)), account)]
     return k8s.trial_objects(config.common, spec, names, job, claims)
+
+
+def env_from_mounts(secrets: Sequence[str]) -> Tuple[List[k8s.Mount], Dict[str, str]]:
+    """The Secrets whose keys the trainer's container gets as variables, mounted read-only under ENV_FROM_DIR,
+    and the variable that tells run.sh where: Trainer's container patch takes no envFrom."""
+    if not secrets:
+        return [], {}
+    mounts = [k8s.Mount({"name": f"trialkit-env-from-{index}", "secret": {"secretName": name}},
+                        f"{ENV_FROM_DIR}/{index}", read_only=True) for index, name in enumerate(secrets)]
+    return mounts, {envnames.ENV_FROM_DIR: ENV_FROM_DIR}
 
 
 def _names_account(patches: Sequence[dict]) -> bool:
