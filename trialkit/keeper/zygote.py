@@ -39,7 +39,7 @@ from trialkit.process import RUN_MODULE_OFF_CWD, exit_code, shell_line_argv, spa
 
 MODULE = "trialkit.keeper.zygote"  # as run (__name__ is __main__ there)
 REQUEST_BYTES = 1 << 22  # a request is the trial's environment, in one message
-PROBE_SECONDS = 60.0  # a fork that imports what trials imported, before the zygote does (learn)
+PROBE_SECONDS = 15.0  # the longest a fork may take to import what trials imported (Learner)
 FIRST_ANSWER_SECONDS = 120.0  # the first answer waits for the preload (torch takes seconds)
 
 
@@ -267,7 +267,8 @@ class Learner:
 
 
 def _import_keeps_one_thread(names: List[str]) -> bool:
-    """Whether a fork of this process that imports `names` still runs one thread (and ends within a minute)."""
+    """Whether a fork of this process that imports `names` still runs one thread (and ends within PROBE_SECONDS:
+    meanwhile the zygote forks no keeper)."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     pid = os.fork()
