@@ -24,6 +24,7 @@ from trialkit.process import when_gone
 
 PROG = "trialkit.launch.deepspeed"
 ENGINE = "deepspeed"
+NEEDS = ("deepspeed", "pip install deepspeed==0.19.8 -c constraints.txt")  # constraints.txt's pin (a test checks)
 RANK_VARS = "RANK"
 SHM_DIR = "/dev/shm"
 
@@ -73,7 +74,7 @@ def remove_shm_segments(topo: env.Topology, shm_dir: str = SHM_DIR) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    launch, topo = launcher.setup(PROG, ENGINE, argv)
+    launch, topo = launcher.setup(PROG, ENGINE, argv, NEEDS)
     worker = launcher.wrapped(RANK_VARS, launch)
     when_gone(lambda: remove_shm_segments(topo))
     try:
