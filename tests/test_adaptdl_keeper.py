@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 
 import pytest
 
@@ -67,14 +68,18 @@ def test_the_job_keeps_the_name_adaptdls_scheduler_gave_it(trial_env):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("adaptdl") is None, reason="needs the adaptdl extra")
-def test_preempted_by_cleanup_then_resumed_from_the_checkpoint(trial_env):
+@pytest.mark.parametrize("stop", ["cleanup.sh", "Ctrl-C"])
+def test_preempted_by_cleanup_then_resumed_from_the_checkpoint(trial_env, stop):
     env = {**trial_env, "TRIALKIT_PYTHON": PYTHON, "TRIALKIT_GRACE_SECONDS": "30",
            "TRIALKIT_EXPERIMENT_ID": "e2e", "TRIALKIT_TRIAL_ID": "adaptdl"}
     command = [PYTHON, str(EXAMPLE), "--epochs", "3", "--step-seconds", "0.02"]
 
     first = run_sh(env, *command)
-    first.expect(b"epoch 1 samples")  # training is in epoch 1: the pod is deleted now
-    assert cleanup_sh(env).returncode == 0
+    first.expect(b"epoch 1 samples")  # training is in epoch 1: the pod is deleted now (or the keeper Ctrl-C'd)
+    if stop == "cleanup.sh":
+        assert cleanup_sh(env).returncode == 0
+    else:
+        first.signal(signal.SIGINT)
     assert first.wait() == 143, first.stderr[-3000:]
     assert status(env)["status"] == "PREEMPTED" and status(env)["exit_code"] == 143
     assert (trial_dir(env) / "checkpoint" / "checkpoint-0").is_dir()

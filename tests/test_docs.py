@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -241,6 +244,41 @@ def test_concepts_name_every_variable_and_status():
     assert not sorted(n for n in names if f"`{n}`" not in text), "describe these in docs/concepts.md"
     statuses = {v for k, v in vars(statuses).items() if k.isupper() and isinstance(v, str)}
     assert not sorted(s for s in statuses if f"`{s}`" not in text)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_the_checkpointing_recipe_saves_on_a_stop_and_on_ctrl_c_of_its_keeper(tmp_path, signum):
+    """concepts.md's train.py, under a keeper: SIGTERM, or the SIGINT a Ctrl-C of the keeper forwards (with a
+    SIGTERM handler alone it died of KeyboardInterrupt, exit 130, no checkpoint: newcomer19), saves and is
+    PREEMPTED."""
+    (script,) = [b.body for b in blocks("concepts.md") if b.marker == "file=train.py" and "should_preempt" in b.body]
+    (tmp_path / "train.py").write_text(script)
+    keeper = subprocess.Popen([sys.executable, "-m", "trialkit.keeper", "--grace", "10", "--trial-dir", "run1", "--",
+                               sys.executable, "train.py"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    log = tmp_path / "run1" / "stdout.log"
+    try:
+        deadline = time.monotonic() + 60
+        while "starting at step" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        keeper.send_signal(signum)
+        assert keeper.wait(timeout=60) == 143
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+            keeper.wait()
+    assert "checkpointed at step" in log.read_text()
+    assert json.loads((tmp_path / "run1" / ".trialkit" / "status.json").read_text())["status"] == "PREEMPTED"
+
+
+def test_the_readme_tells_a_distributed_user_how_to_get_the_engines_the_demo_lacks():
+    """Where the README names the launchers: the demo's venv lacks deepspeed and horovod, and the install that
+    the launchers' own line says (newcomer19: nothing pointed from there to `./bootstrap.sh test` or a pip line)."""
+    from trialkit.launch import deepspeed
+
+    (row,) = [line for line in (ROOT / "README.md").read_text().splitlines()
+              if line.startswith("| `python -m trialkit.launch.")]
+    assert "./bootstrap.sh test" in row and deepspeed.NEEDS[1] in row and "tools/build_horovod.sh" in row, row
 
 
 def test_sdk_page_names_every_public_function():

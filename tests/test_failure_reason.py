@@ -71,6 +71,25 @@ def test_a_misspelt_script_is_refused_before_any_trial_runs(tmp_path, home):
     ] == ["trial.py", "sub/trial.py", "x.py", None, None, None, None, None, "trail.py", "t.py", None, "t.py"]
 
 
+def test_a_launchers_misspelt_script_is_refused_before_any_trial_runs(tmp_path, home):
+    # It started, and each trial FAILED some seconds later: "rank 0 failed with exit code 2 running ..." (newcomer19).
+    command = "python3 -m trialkit.launch.torch_distributed --max_restarts 1 -- trail.py --lr 0.1"
+    config = experiment(tmp_path, X, "print('never run')\n", maxTrialNumber=20, trialCommand=command)
+    done = cli("run", config)
+    assert done.returncode == 2 and re.fullmatch(
+        rf"trialkit: error: {re.escape(str(config))}:\d+: trialCommand: trail.py is not in the trial code directory "
+        rf"{re.escape(str(config.parent))} \(did you mean trial.py\?\)\n", done.stderr), done.stdout + done.stderr
+    assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
+    # The script a launcher's workers run, its arguments split as the launcher splits them; nothing where it is
+    # no .py script, a trial class, or arguments the launcher refuses itself.
+    launch = "python3 -m trialkit.launch."
+    assert [context._script_of(launch + rest) for rest in (
+        "deepspeed train.py", "horovod ./sub/train.py -- --lr 1", "torch_distributed --nnodes 2 -- t.py",
+        "deepspeed -- x.py", "torch_distributed --trial model:Trial", "horovod train.sh", "deepspeed --nnodes 2 t.py",
+        "wrap_rank RANK -- t.py")
+    ] == ["train.py", "sub/train.py", "t.py", "x.py", None, None, None, None]
+
+
 def test_a_determined_entrypoints_misspelt_script_or_module_is_refused_in_its_own_words(tmp_path, home):
     """Determined's entrypoint runs behind `env TRIALKIT_DETERMINED=...`: its script is checked as an NNI
     command's, and refused naming `entrypoint` (newcomer17: three trials failed first); a legacy trial class's

@@ -209,6 +209,24 @@ def test_launchers_start_without_heavy_imports():
     assert done.stdout.strip() == "[]", done.stderr
 
 
+@pytest.mark.parametrize("name, module", [("torch_distributed", "torch"), ("deepspeed", "deepspeed"),
+                                          ("horovod", "horovod")])
+def test_a_launcher_without_its_engine_says_how_to_install_it_in_one_line(tmp_path, name, module):
+    # Before: exit 1, the engine's "No module named 'deepspeed'" and its log left in /tmp (newcomer19).
+    code = f"import sys; sys.modules[{module!r}] = None; from trialkit.launch import {name} as l; sys.exit(l.main())"
+    done = subprocess.run([sys.executable, "-c", code, "train.py"], capture_output=True, text=True, timeout=60,
+                          env=launch_env(tmp_path, TMPDIR=str(tmp_path)))
+    how = dict(torch="pip install torch==2.13.0", deepspeed="pip install deepspeed==0.19.8 -c constraints.txt",
+               horovod="./bootstrap.sh test (tools/build_horovod.sh builds horovod 0.28.1 for this torch)")[module]
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", f"trialkit.launch.{name}: error: {module} is not installed here (install it with {how})\n")
+    assert not list(tmp_path.glob("trialkit-*.log"))
+    pins = (ROOT / "constraints.txt").read_text().split()
+    assert module == "horovod" or how.split()[2] in pins  # the version the suite runs with
+    if module == "horovod":
+        assert "hvd=0.28.1\n" in (ROOT / "tools" / "build_horovod.sh").read_text()
+
+
 # -- AdaptDL: node 0's address from its supervisor -------------------------------------
 
 class Supervisor:

@@ -322,3 +322,45 @@ def test_a_trial_cut_short_by_experiment_stop_is_paused_as_the_help_says(tmp_pat
     row = next(line for line in ok("trial", "list", exp).splitlines() if line.startswith(trial))
     assert " PAUSED " in row and f"its {unit} waits for its result" in row, row
     assert "PAUSED" in " ".join(ok("experiment", "stop", "--help").split())
+
+
+def test_a_trial_killed_after_the_grace_says_who_stopped_it_and_that_it_was_killed(tmp_path, home):
+    # Each of three trials ignores the stop; one is paused, one killed, the last stopped with the experiment.
+    script = """
+    import signal, time, trialkit
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    trialkit.get_next_parameter()
+    trialkit.report_intermediate_result(1)
+    time.sleep(300)
+    """
+    space = {"x": {"_type": "choice", "_value": [1, 2, 3]}}
+    config = experiment(tmp_path, space, script, trialConcurrency=3, maxTrialNumber=3, trialGraceSeconds=1,
+                        tuner={"name": "GridSearch"})
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        paused, killed, stopped = (f"{exp}-0000{i}" for i in range(3))
+        for trial in (paused, killed, stopped):
+            wait_until(lambda: reported(home, trial) >= 1, WAIT, f"{trial} to train")
+        ok("trial", "pause", paused)
+        ok("trial", "kill", killed)
+        wait_until(lambda: trial_status(home, paused) == "PREEMPTED" and trial_status(home, killed) == "USER_CANCELED",
+                   WAIT, "the pause and the kill to end")
+        ok("experiment", "stop", exp)
+        proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    grace = "killed: it was still running 1 s after SIGTERM (TRIALKIT_GRACE_SECONDS)"
+    restarts = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
+    for trial, status in ((paused, f"PAUSED: paused; {grace}; {restarts}"),
+                          (killed, f"USER_CANCELED: killed by `trialkit trial kill`; {grace}"),
+                          (stopped, f"USER_CANCELED: stopped by `trialkit experiment stop`; {grace}")):
+        shown = ok("trial", "show", trial)
+        assert f"status         {status}\n" in shown, shown
+        history = shown.split("history:\n")[1].splitlines()
+        # The keeper's own record of the kill stays in the history, a pause's verdict after it.
+        assert any(line.split()[2:4] == ["USER_CANCELED", "keeper"] and line.endswith(grace) for line in history), history
+    assert ok("trial", "show", paused).split("history:\n")[1].splitlines()[-1].split()[2:4] == ["PAUSED", "control"]

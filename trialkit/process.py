@@ -157,6 +157,48 @@ def adopted_children() -> List[int]:
     return [int(entry) for entry in entries if entry.isdigit() and _stat_fields(entry)[1:2] == [me]]
 
 
+def when_gone(cleanup: Callable[[], None]) -> None:
+    """Run `cleanup` once this process is gone, however it ends: a SIGKILL too (the keeper's, of its whole
+    group, when its grace is over). For what only this process knows to remove (a launcher's shared memory).
+
+    The cleaner is forked twice, into a session of its own, so that it is nobody's straggler here (a
+    sweep would stop it) and a kill of our group misses it; it waits for the end of a pipe whose write end
+    only this process holds, and ignores the stop signals a sweep sends it in its few milliseconds of work.
+    """
+    read, write = os.pipe()  # not inheritable: what we start does not hold the write end open
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(write)
+            os.setsid()
+            if os.fork() == 0:
+                _clean_after_eof(read, cleanup)
+        finally:
+            os._exit(0)
+    os.close(read)
+    os.waitpid(middle, 0)
+    # `write` stays open for the rest of this process's life: its close is the cleaner's cue.
+
+
+def _clean_after_eof(read: int, cleanup: Callable[[], None]) -> None:
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)  # the trial's log pipes must not wait for us
+    os.closerange(3, read)
+    os.closerange(read + 1, os.sysconf("SC_OPEN_MAX"))
+    try:
+        while os.read(read, 1):
+            pass
+    except OSError:
+        pass
+    try:
+        cleanup()
+    finally:
+        os._exit(0)
+
+
 class Child:
     """A started child (its own session: its pid is its group's id) and how it ended.
 

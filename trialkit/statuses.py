@@ -21,3 +21,16 @@ ERROR = "ERROR"
 # why trialkit canceled one (an experiment in ERROR, maxExperimentDuration), and how a user's was (`trial kill`,
 # the page's Kill, `experiment stop`, a Ctrl-C).
 EXPLAINED = frozenset({WAITING, FAILED, PREEMPTED, SYS_CANCELED, USER_CANCELED})
+
+
+# The keeper's reason for a trial it SIGKILLed when the grace ran out; the control plane keeps it beside who
+# stopped the trial ("killed by `trialkit trial kill`; killed: it was still running 5 s after SIGTERM (...)").
+_grace_killed = "killed: it was still running"  # not a status (every upper-case name here is one)
+
+
+def grace_killed(seconds: float, signal_name: str, where: str) -> str:
+    return f"{_grace_killed} {seconds:g} s after {signal_name} ({where})"
+
+
+def is_grace_killed(reason: str) -> bool:
+    return reason.startswith(_grace_killed)

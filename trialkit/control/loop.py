@@ -517,7 +517,8 @@ class Loop:
             reason = f"{reason}; {RESUMABLE}"
         # A stop that came too late to matter (the trial finished with its result) changes nothing.
         elif trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
-            status, reason = self._stopped(trial, status)
+            killed = reason if statuses.is_grace_killed(reason) else ""  # the keeper's: kept, after who
+            status, reason = self._stopped(trial, status, killed)
         elif status == PREEMPTED and not self._checkpointed(trial, status):  # a pod deleted, a pool's preemption
             reason = f"{reason}; {NO_CHECKPOINT}" if reason else NO_CHECKPOINT
         if status == SUCCEEDED and not trial.has_final:
@@ -549,14 +550,16 @@ class Loop:
         if status == FAILED:
             self._check_first_failures()
 
-    def _stopped(self, trial: Trial, status: str) -> Tuple[str, str]:
+    def _stopped(self, trial: Trial, status: str, killed: str = "") -> Tuple[str, str]:
         """(status, reason) of a trial that ended after the loop stopped it (trial.stop), given how the platform
         saw it end (`status`). A user's stop of the whole experiment (Ctrl-C, SIGTERM, `experiment stop`) that
         finds it holding a checkpoint leaves it PREEMPTED, for `experiment resume`, and so does one that finds
         it without one when its tuner's round waits for its result (it runs again from the start); a pause
         that finds it with none says that its progress restarts; the assessor's stop met a trial whose final
-        result was in already: it succeeded."""
+        result was in already: it succeeded. `killed`, the keeper's reason when the grace ran out, follows who
+        stopped it."""
         wanted, why = trial.stop
+        why = f"{why}; {killed}" if killed else why
         if trial.stop == ASSESSOR_STOP and trial.has_final:
             return SUCCEEDED, "its final result came before the assessor's stop"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self._checkpointed(trial, status):

@@ -26,7 +26,7 @@ from trialkit.keeper.reporter import Reporter
 from trialkit.keeper.status import PROG, say, warn, warnings_also_to
 from trialkit.process import (STOP_SIGNALS, Child, EventLoop, LaunchError, describe_exit, own_module_argv, pipes_output,
                               signal_group, spawn)
-from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED
+from trialkit.statuses import FAILED, PREEMPTED, RUNNING, SUCCEEDED, USER_CANCELED, grace_killed
 
 
 def keep(opts: argparse.Namespace, trial: env.TrialEnv, home: Path, loop: EventLoop,
@@ -156,8 +156,7 @@ def keep_to_end(opts: argparse.Namespace, trial: env.TrialEnv, loop: EventLoop, 
         unstored = uploads.finish(loop, time.monotonic() + trial.checkpoint_transfer_seconds)
     status, reason = final_status(child, stop is not None), ""
     if stop is not None and child.outlived_its_grace:
-        reason = (f"killed: it was still running {trial.grace_seconds:g} s after {signal.Signals(stop).name} "
-                  f"({grace_from(opts)})")
+        reason = grace_killed(trial.grace_seconds, signal.Signals(stop).name, grace_from(opts))
         say(reason)
     if status == FAILED:
         reason, hint = explain_failure(opts.command, str(trial.trial_dir / "stderr.log"), os.environ.get("PATH"))

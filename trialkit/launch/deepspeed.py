@@ -7,7 +7,9 @@ hostfile (on a CPU build the workers use gloo); on several, each node runs its
 own launcher over a generated hostfile with --no_ssh and its node rank, so no
 ssh between containers is needed. Workers find their local rank in LOCAL_RANK
 (the `--local_rank` argument would land in wrap_rank's arguments). At the end it
-removes the shared-memory segments DeepSpeed's CPU all-reduce leaves behind.
+removes the shared-memory segments DeepSpeed's CPU all-reduce leaves behind; a
+cleaner of its own removes them too when the launcher is killed (the keeper's
+SIGKILL at the end of its grace, which is also the launcher's).
 """
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ from typing import List, Optional, Sequence
 
 from trialkit import env
 from trialkit.launch import launcher
+from trialkit.process import when_gone
 
 PROG = "trialkit.launch.deepspeed"
 ENGINE = "deepspeed"
+NEEDS = ("deepspeed", "pip install deepspeed==0.19.8 -c constraints.txt")  # constraints.txt's pin (a test checks)
 RANK_VARS = "RANK"
 SHM_DIR = "/dev/shm"
 
@@ -70,8 +74,9 @@ def remove_shm_segments(topo: env.Topology, shm_dir: str = SHM_DIR) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    launch, topo = launcher.setup(PROG, ENGINE, argv)
+    launch, topo = launcher.setup(PROG, ENGINE, argv, NEEDS)
     worker = launcher.wrapped(RANK_VARS, launch)
+    when_gone(lambda: remove_shm_segments(topo))
     try:
         if topo.num_nodes == 1:
             return launcher.supervise(PROG, ENGINE, launch, topo, build_command(topo, launch.overrides, worker))

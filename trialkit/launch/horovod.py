@@ -23,6 +23,7 @@ from trialkit.launch import launcher
 
 PROG = "trialkit.launch.horovod"
 ENGINE = "horovodrun"
+NEEDS = ("horovod", "./bootstrap.sh test (tools/build_horovod.sh builds horovod 0.28.1 for this torch)")
 RANK_VARS = "HOROVOD_RANK,RANK,OMPI_COMM_WORLD_RANK,PMI_RANK"
 STOP_SIGNAL = signal.SIGINT  # horovod stops more cleanly on it than on SIGTERM
 
@@ -53,7 +54,7 @@ def check_topology(topo: env.Topology) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    launch, topo = launcher.setup(PROG, ENGINE, argv)
+    launch, topo = launcher.setup(PROG, ENGINE, argv, NEEDS)
     try:
         check_topology(topo)
     except UserError as err:

@@ -6,6 +6,7 @@ build the engine's argv, `supervise` it (trialkit.launch.supervisor).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -21,14 +22,17 @@ from trialkit.launch.supervisor import Supervisor
 WRAP_RANK = "trialkit.launch.wrap_rank"
 
 
-def setup(prog: str, engine: str, argv: Optional[Sequence[str]]) -> Tuple[grammar.Launch, env.Topology]:
-    """Parse the shared grammar and read the topology; a mistake exits 2 with one line."""
+def setup(prog: str, engine: str, argv: Optional[Sequence[str]],
+          needs: Tuple[str, str] = ("", "")) -> Tuple[grammar.Launch, env.Topology]:
+    """Parse the shared grammar, check that the engine's package (`needs`: its module, how to install it) is
+    here and read the topology; a mistake exits 2 with one line."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if grammar.wants_help(argv):
         print(grammar.usage(prog, engine))
         raise SystemExit(0)
     try:
         launch = grammar.parse(argv, engine)
+        check_installed(*needs)
         if launch.trial:
             trials.check_spec(launch.trial)
         topo = env.topology(discover.with_chief(os.environ))
@@ -37,6 +41,12 @@ def setup(prog: str, engine: str, argv: Optional[Sequence[str]]) -> Tuple[gramma
     except UserError as err:
         report_and_exit(prog, err)
     return launch, topo
+
+
+def check_installed(module: str, how: str) -> None:
+    """Found, not imported: the launcher starts in milliseconds (torch alone takes seconds to import)."""
+    if module and importlib.util.find_spec(module) is None:
+        raise UserError(f"{module} is not installed here", fix=f"install it with {how}")
 
 
 def wrapped(rank_vars: str, launch: grammar.Launch, python: str = sys.executable) -> List[str]:

@@ -26,9 +26,11 @@ Everything runs in process.EventLoop: no polling, no threads.
 The workers write to the launcher's own stdout and stderr (wrap_rank gets
 them over the link); the engine's own output goes to a log file instead, so
 that its banner and the traceback it prints when a worker fails never reach
-the user's terminal before the one line that matters. The log is kept, and
-named with its last line, only when the engine fails before any worker
-starts: then an engine that was given overrides refused them (exit 2).
+the user's terminal before the one line that matters. The log has no name
+while the engine runs, so that no kill (the keeper's SIGKILL after its grace
+included) leaves it behind; it is written out, and named with its last line,
+only when the engine fails before any worker starts: then an engine that was
+given overrides refused them (exit 2).
 """
 from __future__ import annotations
 
@@ -111,7 +113,7 @@ class Supervisor:
         self.grace = grace
         self.stop_signal = stop_signal
         self.overrides = tuple(overrides)  # the user's options for the engine
-        self.engine_log: Optional[str] = None  # the engine's own output
+        self.engine_log = -1  # the engine's own output: an unnamed file's descriptor, while run() runs
         self.loop = EventLoop()
         self.engine: Optional[Child] = None
         self.workers: Dict[Connection, Worker] = {}
@@ -129,28 +131,24 @@ class Supervisor:
         set_child_subreaper()  # workers orphaned by a dying engine come to us, to be swept
         self.loop.install_signal_handlers()
         listener = Listener(share_fds=(sys.stdout.fileno(), sys.stderr.fileno()))
-        log_fd, self.engine_log = tempfile.mkstemp(prefix=f"trialkit-{self.engine_name}-", suffix=".log")
-        keep_log = False
+        log = tempfile.TemporaryFile()  # unnamed (O_TMPFILE): nothing to remove, however we end
+        self.engine_log = log.fileno()
         try:
             self.loop.add_reader(listener.sock, lambda: self._on_connect(listener))
             self.loop.on_signal = self._on_signal
             self.loop.on_exit = self._on_exit
             try:
-                self.engine = spawn(argv, env={**environ, env.LAUNCH_SOCKET: listener.path}, stdout=log_fd,
-                                    stderr=log_fd)
+                self.engine = spawn(argv, env={**environ, env.LAUNCH_SOCKET: listener.path}, stdout=self.engine_log,
+                                    stderr=self.engine_log)
             except LaunchError as err:
                 print(f"{self.prog}: {err}", file=sys.stderr, flush=True)
                 return err.code
             self.loop.watch(self.engine)
             self.loop.run_until(lambda: self.swept)
             self.loop.run_until(lambda: not self._running(), deadline=time.monotonic() + LINK_EOF_WAIT)
-            outcome = self._outcome()
-            keep_log = outcome[1].endswith(f"(its output: {self.engine_log})")
-            return announce(self.prog, outcome)
+            return announce(self.prog, self._outcome())
         finally:
-            os.close(log_fd)
-            if not keep_log:
-                os.unlink(self.engine_log)
+            log.close()
             for peer in self.workers:
                 peer.close()
             listener.close()
@@ -269,7 +267,7 @@ class Supervisor:
         if self.workers:
             return code, f"{self.engine_name} failed with {describe_exit(code)} before any worker did, " \
                          f"running {self.script}"
-        said = f"{_last_line(self.engine_log)} (its output: {self.engine_log})"
+        said = f"{_last_line(self.engine_log)} (its output: {keep_log(self.engine_log, self.engine_name)})"
         if self.overrides:  # it stopped before starting anything: what trialkit set works, so the user's did not
             return USAGE_EXIT, f"{self.engine_name} refused the overrides {shlex.join(self.overrides)}: {said}"
         return code, f"{self.engine_name} failed with {describe_exit(code)} before starting a worker: {said}"
@@ -298,12 +296,24 @@ def stopped_verdict(signum: int, ended: Iterable[Any]) -> Optional[Tuple[int, st
     return first.exit_code, f"stopped by {signal.Signals(signum).name}; rank {first.rank} ended with {first.describe()}"
 
 
-def _last_line(path: Optional[str], limit: int = 300) -> str:
+def keep_log(fd: int, engine: str) -> str:
+    """A named copy of the engine's unnamed log, for the user to read; its path."""
+    out_fd, path = tempfile.mkstemp(prefix=f"trialkit-{engine}-", suffix=".log")
+    with open(out_fd, "wb") as out:
+        offset = 0
+        while True:
+            chunk = os.pread(fd, 1 << 16, offset)
+            if not chunk:
+                return path
+            out.write(chunk)
+            offset += len(chunk)
+
+
+def _last_line(fd: int, limit: int = 300) -> str:
     """The last line of a log that says something (a traceback's exception, argparse's error)."""
     try:
-        with open(path or "", "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 8192))
-            lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        data = os.pread(fd, 8192, max(0, os.fstat(fd).st_size - 8192))
+        lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
     except OSError:
         return "no output"
     last = lines[-1] if lines else "no output"

@@ -14,6 +14,7 @@ from trialkit.launch import launcher
 
 PROG = "trialkit.launch.torch_distributed"
 ENGINE = "torchrun"
+NEEDS = ("torch", "pip install torch==2.13.0")  # the CPU wheel, constraints.txt's pin (a test checks)
 RANK_VARS = "RANK"
 
 
@@ -34,7 +35,7 @@ def build_command(topo: env.Topology, overrides: Sequence[str], worker: Sequence
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    launch, topo = launcher.setup(PROG, ENGINE, argv)
+    launch, topo = launcher.setup(PROG, ENGINE, argv, NEEDS)
     command = build_command(topo, launch.overrides, launcher.wrapped(RANK_VARS, launch))
     return launcher.supervise(PROG, ENGINE, launch, topo, command)
 

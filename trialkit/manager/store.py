@@ -571,19 +571,22 @@ def _json_column(text: Any, what: str) -> Any:
 def _history(db: sqlite3.Connection, trial_id: str, status: str, exit_code: Optional[int], reason: Optional[str],
              when: float, source: str) -> None:
     if status in FINAL_STATUSES:
-        last = db.execute("SELECT id, status FROM statuses WHERE trial=? ORDER BY id DESC LIMIT 1",
+        last = db.execute("SELECT id, status, source FROM statuses WHERE trial=? ORDER BY id DESC LIMIT 1",
                           (trial_id,)).fetchone()
         if last is not None and last["status"] in FINAL_STATUSES:
-            # One end, once: the keeper reports it, then the control plane records its verdict on
-            # the same end (a pause the keeper saw as a stop, exit 143, is PREEMPTED): the verdict
-            # takes the keeper's row; the keeper's word after the control plane's changes nothing.
-            if source == "control" and status != last["status"]:
-                db.execute("UPDATE statuses SET status=?, exit_code=COALESCE(?, exit_code), "
-                           "reason=COALESCE(NULLIF(?, ''), reason), source=? WHERE id=?",
-                           (status, exit_code, reason, source, last["id"]))
-            elif source == "control":  # the same end: the keeper's row stays, with the reason if it had none
+            # One end: the keeper reports it, then the control plane records its verdict on the same
+            # end; the keeper's word after the control plane's changes nothing.
+            if source != "control":
+                return
+            if status == last["status"]:  # the same end: the row stays, with the reason if it had none
                 db.execute("UPDATE statuses SET reason=COALESCE(NULLIF(reason, ''), ?) WHERE id=?", (reason, last["id"]))
-            return
+                return
+            if last["source"] != "keeper":
+                db.execute("UPDATE statuses SET status=?, exit_code=COALESCE(?, exit_code), "
+                           "reason=COALESCE(NULLIF(?, ''), reason) WHERE id=?", (status, exit_code, reason, last["id"]))
+                return
+            # A verdict of another status (a pause the keeper saw as a stop: PREEMPTED, not USER_CANCELED)
+            # follows the keeper's row, which stays, saying what the keeper saw (a kill after the grace).
     db.execute("INSERT INTO statuses(trial, status, exit_code, reason, time, source) VALUES (?,?,?,?,?,?)",
                (trial_id, status, exit_code, reason, when, source))
 

@@ -47,6 +47,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 import pathspec
 
 from trialkit.errors import UserError
+from trialkit.launch import grammar
 
 IGNORE_FILE = ".trialignore"
 # Read too, before .trialignore in the same directory, so a Determined user's
@@ -78,6 +79,8 @@ def collect(code_dir: PathLike) -> List[str]:
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
 _VALUED = frozenset({"-W", "-X"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=.*", re.DOTALL)
+# The launchers whose workers run a script of the code dir: their arguments follow the shared grammar.
+_LAUNCHERS = frozenset(f"trialkit.launch.{name}" for name in ("torch_distributed", "deepspeed", "horovod"))
 
 
 def check_script(command: Optional[str], files: List[str], code_dir: PathLike) -> None:
@@ -97,8 +100,8 @@ def check_script(command: Optional[str], files: List[str], code_dir: PathLike) -
 
 def _script_of(command: Optional[str]) -> Optional[str]:
     """The .py script a plain `python ... SCRIPT.py` command runs, `env NAME=VALUE ...` in front or not (a
-    Determined config's entrypoint is run so); None for any other command (-m, -c, a shell's `cd dir && ...`, a
-    launcher)."""
+    Determined config's entrypoint is run so), or that a trialkit launcher's workers run; None for any other
+    command (-m, -c, a shell's `cd dir && ...`)."""
     try:
         argv = shlex.split(command or "")
     except ValueError:
@@ -109,13 +112,27 @@ def _script_of(command: Optional[str]) -> Optional[str]:
         return None
     words = iter(argv[1:])
     for word in words:
-        if word in ("-m", "-c", "-"):
+        if word == "-m":
+            module = next(words, "")
+            return _launched_script(list(words)) if module in _LAUNCHERS else None
+        if word in ("-c", "-"):
             return None
         if word in _VALUED:
             next(words, None)
         elif not word.startswith("-"):
             return os.path.normpath(word).replace(os.sep, "/") if word.endswith(".py") else None
     return None
+
+
+def _launched_script(argv: List[str]) -> Optional[str]:
+    """The .py script of `python -m trialkit.launch.NAME [[OVERRIDES...] --] SCRIPT.py ...`, its arguments
+    split as the launcher splits them; None where it runs no .py script or refuses its arguments itself."""
+    try:
+        launch = grammar.parse(argv, "the engine")
+    except UserError:
+        return None
+    script = launch.script[0] if launch.script else ""
+    return os.path.normpath(script).replace(os.sep, "/") if script.endswith(".py") else None
 
 
 def copy_into(code_dir: PathLike, dest: PathLike) -> Path:

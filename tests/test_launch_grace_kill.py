@@ -1,0 +1,94 @@
+"""A trial that ignores its stop, under a keeper and a launcher: killed when the keeper's grace is over,
+it leaves nothing behind on the node (docs/launchers.md): no engine log in the temporary directory, no
+DeepSpeed shared-memory segment in /dev/shm."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import time
+
+import pytest
+
+from launch_support import PY, Proc, free_port, launch_env, write
+
+pytestmark = pytest.mark.slow
+
+KEEPER = [PY, "-m", "trialkit.keeper", "--grace", "2", "--"]
+# Ignores every stop signal: only the SIGKILL at the grace's end ends it.
+IGNORES_STOPS = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(300)
+"""
+LAUNCHERS = [
+    pytest.param("torch_distributed", "torch", id="torchrun"),
+    pytest.param("deepspeed", "deepspeed", id="deepspeed"),
+    pytest.param("horovod", "horovod", id="horovodrun"),
+]
+
+
+def needs(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"needs {module}")
+
+
+def start_and_stop(tmp_path, launcher: str, script: str, **extra: str) -> Proc:
+    """The keeper runs the launcher over two workers that say ready; SIGTERM, then its end (143: killed)."""
+    path = write(tmp_path, "ignore.py", script)
+    proc = Proc([*KEEPER, PY, "-m", f"trialkit.launch.{launcher}", str(path)],
+                launch_env(tmp_path, TRIALKIT_SLOTS_PER_NODE="2", TMPDIR=str(tmp_path), **extra))
+    for rank in (0, 1):
+        proc.wait_for(rf"\[rank={rank}\] ready", timeout=300)
+    proc.signal(signal.SIGTERM)
+    assert proc.finish(timeout=60) == 137, proc.err[-3000:]
+    assert b"killed: it was still running 2 s after SIGTERM" in proc.err
+    return proc
+
+
+@pytest.fixture
+def horovod_semaphores():
+    """Removes the semaphores horovodrun's multiprocessing leaves in /dev/shm when it is SIGKILLed with its
+    resource tracker (ten a run, the launcher's own kill included: not fixed yet), so that the test leaves none."""
+    before = {name for name in os.listdir("/dev/shm") if name.startswith("sem.mp-")}
+    yield
+    for name in {name for name in os.listdir("/dev/shm") if name.startswith("sem.mp-")} - before:
+        os.unlink(os.path.join("/dev/shm", name))
+
+
+@pytest.mark.parametrize("launcher,module", LAUNCHERS)
+def test_a_launcher_killed_after_the_grace_leaves_no_log(tmp_path, launcher, module, horovod_semaphores):
+    needs(module)
+    start_and_stop(tmp_path, launcher, IGNORES_STOPS)
+    assert not list(tmp_path.glob("trialkit-*.log"))
+
+
+# DeepSpeed's CPU all-reduce maps a segment a rank in /dev/shm (69 MB each) and never unlinks it. The signals
+# are ignored only after the group is up: the first run builds DeepSpeed's op with ninja, which a stop would cut.
+DEEPSPEED_IGNORES_STOPS = """
+import signal, time, torch, deepspeed
+deepspeed.init_distributed(dist_backend="gloo")
+deepspeed.comm.all_reduce(torch.ones(1))
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+def test_deepspeed_killed_after_the_grace_leaves_no_shared_memory(tmp_path):
+    needs("deepspeed")
+    port = free_port()
+    ours = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_"
+
+    def segments() -> list:
+        return [name for name in os.listdir("/dev/shm") if name.startswith(ours)]
+
+    start_and_stop(tmp_path, "deepspeed", DEEPSPEED_IGNORES_STOPS, TRIALKIT_CHIEF_ADDR="127.0.0.1",
+                   TRIALKIT_CHIEF_PORT=str(port))
+    deadline = time.monotonic() + 5  # the launcher's cleaner runs once it is gone: milliseconds
+    while segments() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not segments()
