@@ -127,3 +127,37 @@ def test_a_trial_activated_with_a_slot_free_starts_at_once_and_its_history_says_
         end_failed_run(proc, gate)
     history = ok("trial", "show", trial).split("history:")[1]
     assert [line.split(None, 4)[-1] for line in history.splitlines() if " WAITING " in line][-1] == "activated"
+
+
+# The same run from a Determined config: its user wrote searcher.max_concurrent_trials, not trialConcurrency.
+DETERMINED_CONFIG = """
+name: waits
+entrypoint: python3 trial.py
+hyperparameters: {hold: {type: categorical, vals: [1, 0]}}
+searcher: {name: grid, metric: x, max_length: 1, max_concurrent_trials: 1}
+max_restarts: 0
+"""
+
+
+def test_a_determined_configs_waiting_trial_names_the_key_its_user_wrote(tmp_path, home):
+    gate = tmp_path / "gate"
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "trial.py").write_text(SCRIPT.format(gate=str(gate)))
+    (context / "exp.yaml").write_text(DETERMINED_CONFIG)
+    proc = start_cli("run", context / "exp.yaml", context)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        held, other = f"{exp}-00000", f"{exp}-00001"
+        wait_until(lambda: reported(home, held) >= 1, WAIT, "trial 0 to report")
+        ok("trial", "pause", held)
+        wait_until(lambda: trial_status(home, other) == "RUNNING", WAIT, "trial 1 to take the freed slot")
+        ok("trial", "activate", held)
+        words = (f"activated; waiting for a free slot: 1 of 1 in use by this experiment's trials "
+                 f"(searcher.max_concurrent_trials: `trialkit experiment update {exp} --trial-concurrency N` "
+                 f"changes it)")
+        assert f"status         WAITING: {words}" in ok("trial", "show", held)
+        gate.touch()
+        assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
+    finally:
+        end_failed_run(proc, gate)

@@ -811,7 +811,7 @@ class Loop:
             self.store.set_restart_count(trial.id, trial.restart_count)
         if self.stopping is None:
             why = requeued(why, self.experiment_id, self.config.trial_concurrency,
-                           len(self.active) + len(self.queue), self.paused)
+                           len(self.active) + len(self.queue), self.paused, self._as_written("trialConcurrency"))
         trial.status, trial.stop, trial.reason, trial.exit_code = WAITING, None, why, None
         self.store.set_status(trial.id, WAITING, reason=why)
         self.queue.push(trial.id)
