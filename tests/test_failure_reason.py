@@ -71,18 +71,21 @@ def test_a_misspelt_script_is_refused_before_any_trial_runs(tmp_path, home):
     ] == ["trial.py", "sub/trial.py", "x.py", None, None, None, None, None, "trail.py", "t.py", None, "t.py"]
 
 
-def test_a_determined_entrypoints_misspelt_script_or_module_is_refused_in_its_own_words(tmp_path, home):
+def test_a_determined_entrypoints_misspelt_script_module_or_class_is_refused_in_its_own_words(tmp_path, home):
     """Determined's entrypoint runs behind `env TRIALKIT_DETERMINED=...`: its script is checked as an NNI
     command's, and refused naming `entrypoint` (newcomer17: three trials failed first); a legacy trial class's
-    module too."""
+    module too, and its class, read from the module's source (every trial failed on `model_def:MyTrail`)."""
     code = tmp_path / "code"  # beside the home, not holding it
     code.mkdir()
     (code / "train.py").write_text("print('never run')\n")
-    (code / "model_def.py").write_text("")
+    (code / "model_def.py").write_text("from determined import pytorch\n\n\nclass MyTrial(pytorch.PyTorchTrial):\n"
+                                       "    pass\n")
     for entrypoint, said in (("python3 tran.py", "entrypoint: tran.py is not in the trial code directory "
                                                  f"{code} (did you mean train.py?)"),
                              ("modeldef:LinRegTrial", "entrypoint: modeldef is not a module in the context "
-                                                      f"directory {code} (did you mean model_def?)")):
+                                                      f"directory {code} (did you mean model_def?)"),
+                             ("model_def:MyTrail", f"entrypoint: model_def has no class MyTrail ({code}/model_def.py "
+                                                   "binds no such name at its top level) (did you mean MyTrial?)")):
         (code / "exp.yaml").write_text(f"entrypoint: {entrypoint}\nsearcher: {{name: single, metric: loss}}\n")
         done = cli("run", code / "exp.yaml", code)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
