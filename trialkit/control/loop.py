@@ -102,14 +102,11 @@ UNSTARTED_AT_STOP = "the experiment stopped before it started: `trialkit experim
 UNSEARCHED = ("its validation metrics ({}) hold no number named by the Determined config's searcher.metric: the "
               "searcher judges none of its validations (ASHA stops no trial) and no checkpoint is its best; name one "
               "of them in searcher.metric")
-
-
-def _unsearched_validation(value: Any) -> Optional[str]:
-    """The names of a Determined validation report's metrics where none is the searcher's number (the Core API's
-    report carries it as "default" where it found one), else None."""
-    if isinstance(value, dict) and value.get("group") == "validation" and "default" not in value:
-        return ", ".join(map(str, value.get("metrics") or {})) or "none"
-    return None
+# Said once: ASHA on a time_metric places a validation at a rung by it (assessors.ASHA.step_value); one without
+# it reaches no rung, so ASHA stops no trial.
+UNTIMED = ("its validation metrics ({}) hold no number named by the Determined config's searcher.time_metric "
+           "({metric}): ASHA places none of its validations at a rung, so it stops no trial; report {metric} with "
+           "each validation, or name one of its metrics in searcher.time_metric")
 
 
 @dataclass
@@ -382,9 +379,8 @@ class Loop:
                 if value is not None:
                     self.tuner.tell(trial.parameter_id, value)
             elif rec["type"] == records.PERIODICAL:
-                unsearched = _unsearched_validation(rec["value"])
-                if unsearched is not None and determined.translated(self.config.trial_command):
-                    self._warn_once(trial, UNSEARCHED.format(unsearched))
+                if determined.translated(self.config.trial_command):
+                    self._check_validation(trial, rec["value"])
                 trial.intermediate.append(self.step_value(rec["value"]))
                 number = metric_value(rec["value"])
                 if number is not None:
@@ -447,6 +443,19 @@ class Loop:
                       "install the same version in the trial's image")
         self.progress.say(f"trial {trial.id}: warning: {trial.note}")
         self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note)
+
+    def _check_validation(self, trial: Trial, value: Any) -> None:
+        """A Determined trial's validation that lacks what its searcher reads, said once each: its metric (the Core
+        API's report carries it as "default" where it found one) and the time_metric a config may set."""
+        if not (isinstance(value, dict) and value.get("group") == "validation"):
+            return
+        metrics = value.get("metrics") if isinstance(value.get("metrics"), dict) else {}
+        names = ", ".join(map(str, metrics)) or "none"
+        if "default" not in value:
+            self._warn_once(trial, UNSEARCHED.format(names))
+        time_metric = self.config.assessor.class_args.get("time_metric") if self.config.assessor else None
+        if time_metric is not None and metric_value(metrics.get(time_metric)) is None:
+            self._warn_once(trial, UNTIMED.format(names, metric=time_metric))
 
     def _keeper_warnings(self, trial: Trial, said: List[str]) -> None:
         """What its keeper warned of at its start (a pipe in the command, a grace the runtime cuts short)."""
