@@ -273,6 +273,7 @@ def test_every_problem_in_a_determined_config_is_refused_at_once_in_one_line_exi
 def test_a_typo_is_an_unknown_key_with_a_did_you_mean_and_determineds_own_keys_are_not_supported(tmp_path):
     """Told "not supported (remove it)" of `hyperparamters`, a user deleted their hyperparameters."""
     path = tmp_path / "exp.yaml"
+    (tmp_path / "train.py").write_text("print('never run')\n")
     path.write_text(yaml.safe_dump({
         "entrypoint": "python3 train.py", "hyperparamters": {"lr": {"type": "double", "minval": 0, "maxval": 1}},
         "searcher": {"name": "randm", "metric": "loss", "max_trials": 4}, "resources": {"slots_per_trail": 2},
@@ -483,6 +484,7 @@ def test_a_users_grid_with_two_mistakes_is_refused_at_once_not_built(tmp_path):
     """A new user's config: a billion-point count and an empty categorical. It once printed nothing for 30 s
     and grew to 2.2 GB."""
     path = tmp_path / "hp.yaml"
+    (tmp_path / "train.py").write_text("print('never run')\n")
     path.write_text("entrypoint: python3 train.py\n"
                     "hyperparameters:\n"
                     "  n: {type: int, minval: 1, maxval: 1000000000, count: 1000000000}\n"

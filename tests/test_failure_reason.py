@@ -92,6 +92,26 @@ def test_a_determined_entrypoints_misspelt_script_module_or_class_is_refused_in_
     assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
 
 
+def test_a_misspelt_script_is_refused_with_the_configs_other_problems_at_once(tmp_path, home):
+    # With an unknown key as well, the user fixed that, ran again, and only then learnt of the script (newcomer,
+    # session 11): a config's refusal lists every problem it finds, the script's with the rest.
+    config = experiment(tmp_path, X, "print('never run')\n", trialCommand="python3 trail.py", maxTrialNumbr=2)
+    done = cli("run", config)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "2 problems: " in done.stderr and "trialCommand: trail.py is not in the trial code directory" in \
+        done.stderr and "maxTrialNumbr: unknown key 'maxTrialNumbr'" in done.stderr, done.stderr
+    code = tmp_path / "code"  # a Determined config's, beside the home
+    code.mkdir()
+    (code / "train.py").write_text("print('never run')\n")
+    (code / "exp.yaml").write_text("entrypoint: python3 tran.py\nsearcher: {name: single, metric: loss}\n"
+                                   "max_trials: 2\n")
+    done = cli("run", code / "exp.yaml", code)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "2 problems: " in done.stderr and "exp.yaml:1: entrypoint: tran.py is not in the trial code directory" in \
+        done.stderr and "exp.yaml:3: max_trials: a searcher's key" in done.stderr, done.stderr
+    assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
+
+
 # A script that reads a file from where it runs: each trial's reason names its own copy of the code dir.
 READS_ITS_DATA = "import os\nopen(os.path.join(os.getcwd(), 'data.csv'))\n"
 

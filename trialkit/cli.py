@@ -77,7 +77,8 @@ def _load_for_run(opts: argparse.Namespace):
     from trialkit.control.config import load_config, manager_tls
     from trialkit.manager.server import tls_pair
 
-    config = load_config(opts.config, opts.context_dir)  # a Determined config's: `""` is refused there
+    # A Determined config's context dir: `""` is refused there. Its code is checked with its other keys.
+    config = load_config(opts.config, opts.context_dir, check_code=True)
     tls = tls_pair(opts.tls_cert, opts.tls_key)
     if tls is not None:
         config = dataclasses.replace(config, manager_tls=manager_tls(

@@ -177,11 +177,17 @@ def run_sh() -> str:
 
 
 def check_context(code_dir: str, experiment_dir: Path, command: Optional[str] = None) -> None:
-    """Refuse a code dir that trials cannot take along (one over the size limit, or one holding the experiment),
-    and a `python SCRIPT.py` command whose script it does not hold."""
+    """Refuse a code dir that trials cannot take along (one holding the experiment, or check_code's)."""
+    _refuse_nesting(code_dir, experiment_dir)
+    check_code(code_dir, command)
+
+
+def check_code(code_dir: str, command: Optional[str]) -> None:
+    """Refuse a code dir over the size limit and a `python SCRIPT.py` command whose script it does not hold. A new
+    experiment's config checks it with its other keys (config.py, determined.py), so that one refusal lists
+    every mistake in it, the script's with the rest."""
     from trialkit.platforms import context  # pathspec comes with the control plane's extras
 
-    _refuse_nesting(code_dir, experiment_dir)
     context.check_script(command, context.collect(code_dir), code_dir)
 
 
