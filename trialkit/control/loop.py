@@ -867,10 +867,13 @@ class Loop:
         best = min((t for t in self.trials.values() if t.status in COUNTED_ENDS),
                    key=lambda t: rank(metric_value(t.final), t.sequence, mode), default=None)
         best = best if best is not None and metric_value(best.final) is not None else None
-        held = sorted((t for t in self.active.values() if t.held), key=lambda t: t.sequence)
+        # Waiting: held back by the platform, or queued for the end of the trial they go on from (_hold_for),
+        # which may be paused: the line says why nothing starts.
+        queued = [self.trials[trial_id] for trial_id in self.queue.order()]
+        held = sorted((t for t in [*self.active.values(), *queued] if t.held), key=lambda t: t.sequence)
         return Snapshot(
             done=counts.get(SUCCEEDED, 0),
-            running=len(self.active) - len(held),
+            running=sum(1 for t in self.active.values() if not t.held),
             waiting=len(held),
             waiting_for=held[0].held if held else "",
             failed=counts.get(FAILED, 0),
