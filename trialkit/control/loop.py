@@ -80,8 +80,6 @@ BACKSTOP_SECONDS = 5.0
 KEEPER_SILENCE_SECONDS = 30
 CALL_TIMEOUT = 10.0  # an action waits this long for the loop
 MAX_SUBMIT_FAILURES = 3  # in a row: the platform cannot start trials at all
-# The ends the live line counts (done, failed, early-stopped, canceled); a paused trial is none of them.
-COUNTED_ENDS = (SUCCEEDED, FAILED, EARLY_STOPPED, USER_CANCELED, SYS_CANCELED)
 
 
 # Why the loop stops a trial -> the status it ends with (a user's reasons: trialkit.control.actions).
@@ -858,13 +856,15 @@ class Loop:
 
     # -- output --------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """The live line's figures, all from the trials as they are now: the best is of the trials the counts
-        say ended (a trial that reported its final result and still runs is not yet one), by rank's rule."""
+        """The live line's figures, all from the trials as they are now: the best is of the trials that no longer
+        run (a trial that reported its final result and still runs is not yet one; one paused with it keeps it, as
+        its resume does), by rank's rule: once nothing runs (a run's end, a stopped one's too), the summary's and
+        `experiment show`'s best (results.best_row)."""
         counts: Dict[str, int] = {}
         for trial in self.trials.values():
             counts[trial.status] = counts.get(trial.status, 0) + 1
         mode = self.config.optimize_mode
-        best = min((t for t in self.trials.values() if t.status in COUNTED_ENDS),
+        best = min((t for t in self.trials.values() if t.id not in self.active),
                    key=lambda t: rank(metric_value(t.final), t.sequence, mode), default=None)
         best = best if best is not None and metric_value(best.final) is not None else None
         # Waiting: held back by the platform, or queued for the end of the trial they go on from (_hold_for),
