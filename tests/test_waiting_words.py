@@ -87,6 +87,34 @@ def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_
     assert trial_status(home, held) == trial_status(home, other) == "SUCCEEDED"
 
 
+def test_pausing_a_waiting_trial_says_it_was_not_running_and_starts_only_when_activated(tmp_path, home):
+    """`trial pause` of a trial that waits in the queue said it was asked to save a checkpoint as it stopped, as
+    if it ran (a newcomer's, session 11)."""
+    gate = tmp_path / "gate"
+    config = experiment(tmp_path, {"hold": {"_type": "choice", "_value": [1, 0]}}, SCRIPT.format(gate=str(gate)),
+                        trialConcurrency=1, maxTrialNumber=2, trialGraceSeconds=10,
+                        tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}})
+    proc, exp = started(config, home, gate)
+    held, other = f"{exp}-00000", f"{exp}-00001"
+    try:
+        ok("trial", "pause", held)
+        wait_until(lambda: trial_status(home, other) == "RUNNING", WAIT, "trial 1 to take the freed slot")
+        ok("trial", "activate", held)
+        assert trial_status(home, held) == "WAITING"
+        said = ok("trial", "pause", held)
+        assert said.startswith(f"paused trial {held}: it was waiting, not running: it does not start until "
+                               f"`trialkit trial activate {held}`"), said
+        assert trial_status(home, held) == "PREEMPTED"
+        gate.touch()
+        wait_until(lambda: trial_status(home, other) == "SUCCEEDED", WAIT, "trial 1 to end")
+        assert trial_status(home, held) == "PREEMPTED"  # the freed slot did not start it
+        ok("trial", "activate", held)
+        assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
+    finally:
+        end_failed_run(proc, gate)
+    assert trial_status(home, held) == "SUCCEEDED"
+
+
 def one_trial_paused_and_activated(tmp_path, home, concurrency: int, pause: str):
     """A run of one trial (of `concurrency` at once), paused (`pause`: "trial" or "experiment") and the trial
     activated: (the run, the experiment's id, the trial's, the gate that lets the trial end)."""
