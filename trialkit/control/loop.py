@@ -46,7 +46,8 @@ from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config, trials_experiment_dir
 from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
-from trialkit.control.queue import NO_CHECKPOINT, RESAVE, RESUMABLE, JobQueue, goes_before, label, requeued, rerun
+from trialkit.control.queue import (NO_CHECKPOINT, RESAVE, RESUMABLE, STARTED_FROM, JobQueue, goes_before, label,
+                                   requeued, rerun)
 from trialkit.control.results import metric_value, rank, shown_values
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -567,7 +568,9 @@ class Loop:
         if trial.stop == ASSESSOR_STOP and trial.has_final:
             return SUCCEEDED, "its final result came before the assessor's stop"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self._checkpointed(trial, status):
-            return PREEMPTED, f"{why}; {RESUMABLE}"
+            only_seed = self.platform.holds_only_seed
+            seeded = only_seed is not None and only_seed(trial.handle or trial.id)
+            return PREEMPTED, f"{why}; {STARTED_FROM if seeded else RESUMABLE}"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.RERUNS_CUT_SHORT and not trial.has_final:
             return PREEMPTED, f"{why}; {rerun(self.tuner.ROUND)}"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.HANDS_ON_CHECKPOINTS:

@@ -39,6 +39,11 @@ LABELS = {PREEMPTED: "PAUSED"}
 # `experiment stop`) found it holding a checkpoint: `experiment resume` queues it again (control.resume); one
 # paused by a user waits for `activate`.
 RESUMABLE = "it saved a checkpoint: `trialkit experiment resume` continues it"
+# RESUMABLE's kin, for a trial whose checkpoint dir holds just the copy of another's it started from (PBT, a
+# configuration Hyperband sends on: loop._seed_checkpoint): it saved none of its own, and `experiment resume`
+# queues it again (control.resume), to run from that copy. Stores written before it say RESUMABLE of such a trial.
+STARTED_FROM = ("it saved no checkpoint of its own: `trialkit experiment resume` runs it again from the one it "
+                "started from")
 # The end of the reason of a trial paused or preempted without a checkpoint.
 NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
 # The end of the reason of a PREEMPTED trial that `experiment resume` queues again, to run from the start

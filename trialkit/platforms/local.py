@@ -319,6 +319,8 @@ class Platform(PlatformBase):
         self._zygote: Optional[zygote.Zygote] = None  # warm start's, once an eligible trial started
         self._warm_off: str = "" if config.warm_start else "warmStart is off"
         self._said_cold: Set[str] = set()  # why trials start cold though warmStart is on: each said once
+        # Trials seed_checkpoint gave a copy of another's checkpoint -> what their checkpoint dir held after it.
+        self._seeded: Dict[str, List[Tuple[str, int, int]]] = {}
         if self._pool is not None:
             self._adopt_running()
 
@@ -509,6 +511,14 @@ class Platform(PlatformBase):
 
     def seed_checkpoint(self, source: str, trial_id: str) -> None:
         copy_checkpoint(self.experiment_dir, source, trial_id)
+        self._seeded[trial_id] = _listing(layout.checkpoint_dir(paths.trial_dir(self.experiment_dir, trial_id)))
+
+    def holds_only_seed(self, handle: str) -> bool:
+        """Whether the ended trial's checkpoint dir holds just the copy seed_checkpoint gave it, as it was (no file
+        added, removed or rewritten): it saved no checkpoint of its own."""
+        seeded = self._seeded.get(handle)
+        return seeded is not None and seeded == \
+            _listing(layout.checkpoint_dir(paths.trial_dir(self.experiment_dir, handle)))
 
     def holds_checkpoint(self, handle: str) -> bool:
         """Whether the ended trial left a checkpoint: it exited 143 after the stop (its keeper's PREEMPTED),
@@ -857,3 +867,17 @@ def _is_keeper(pid: int, ticks: int) -> bool:
         return process.start_ticks(pid) == ticks and b"trialkit.keeper" in cmdline
     except (OSError, IndexError, ValueError):
         return False
+
+
+def _listing(folder: Path) -> List[Tuple[str, int, int]]:
+    """Each file under `folder`: (its path within it, size, modification time in ns), sorted; [] when none."""
+    found = []
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(parent, name)
+            try:
+                info = os.lstat(path)
+            except OSError:  # gone meanwhile: not there
+                continue
+            found.append((os.path.relpath(path, folder), info.st_size, info.st_mtime_ns))
+    return sorted(found)
