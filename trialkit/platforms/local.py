@@ -511,7 +511,9 @@ class Platform(PlatformBase):
 
     def seed_checkpoint(self, source: str, trial_id: str) -> None:
         copy_checkpoint(self.experiment_dir, source, trial_id)
-        self._seeded[trial_id] = _listing(layout.checkpoint_dir(paths.trial_dir(self.experiment_dir, trial_id)))
+        copied = _listing(layout.checkpoint_dir(paths.trial_dir(self.experiment_dir, trial_id)))
+        if copied:  # the source had a checkpoint: else the trial started from nothing
+            self._seeded[trial_id] = copied
 
     def holds_only_seed(self, handle: str) -> bool:
         """Whether the ended trial's checkpoint dir holds just the copy seed_checkpoint gave it, as it was (no file
