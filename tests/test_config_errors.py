@@ -113,7 +113,8 @@ def test_rendering_names_every_roles_problem_at_once(tmp_path):
 
 
 def run_config(tmp_path: Path, config: dict):
-    """`trialkit run` of `config` written as YAML; refused before anything runs."""
+    """`trialkit run` of `config` written as YAML, beside the train.py it runs; refused before anything runs."""
+    (tmp_path / "train.py").write_text("print('never run')\n")
     (tmp_path / "config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     done = cli("run", tmp_path / "config.yml")
     assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr

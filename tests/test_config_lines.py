@@ -31,6 +31,7 @@ trainingService:
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
     (tmp_path / "search_space.json").write_text(json.dumps({"lr": {"_type": "choice", "_value": [0.1]}}))
+    (tmp_path / "train.py").write_text("print('never run')\n")  # what the configs here run
     path = tmp_path / name
     path.write_text(text)
     return path

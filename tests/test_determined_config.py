@@ -123,13 +123,52 @@ def test_resources_priority_restarts_and_concurrency_are_applied(tmp_path):
 
 
 def test_a_trial_class_entrypoint_runs_the_class_with_horovod_when_distributed(tmp_path):
-    (tmp_path / "model_def.py").write_text("")  # the class's module, in the context dir (checked on the local platform)
+    # The class's module, in the context dir, binding the class (checked on the local platform).
+    (tmp_path / "model_def.py").write_text("class MyTrial:\n    pass\n")
     one = parse(tmp_path, entrypoint="model_def:MyTrial").trial_command
     assert one.endswith(" python3 -m trialkit.launch.run_trial model_def:MyTrial")
     two = parse(tmp_path, entrypoint="model_def:MyTrial", resources={"slots_per_trial": 2}).trial_command
     assert two.endswith(" python3 -m trialkit.launch.horovod --trial model_def:MyTrial")
     listed = parse(tmp_path, entrypoint=["python3", "-m", "determined.launch.torch_distributed", "train.py"])
     assert listed.trial_command.endswith(" python3 -m determined.launch.torch_distributed train.py")
+
+
+# A trial class's name bound at the module's top level in any way is taken: its source is read, never run.
+BINDINGS = {
+    "imported": "from elsewhere import MyTrial\n",
+    "imported as": "import elsewhere.sub as MyTrial\n",
+    "assigned": "from elsewhere import Base\nMyTrial = Base\n",
+    "unpacked": "MyTrial, Other = make()\n",
+    "guarded": "try:\n    from fast import MyTrial\nexcept ImportError:\n    from slow import MyTrial\n",
+    "in a with": "with registry() as MyTrial:\n    pass\n",
+    "star import": "from elsewhere import *\n",
+    "module getattr": "def __getattr__(name):\n    return object\n",
+    "global": "def make():\n    global MyTrial\n    MyTrial = object\n",
+    "walrus": "if (MyTrial := make()):\n    pass\n",
+    "not python": "this is not Python(\n",
+}
+
+
+@pytest.mark.parametrize("source", BINDINGS.values(), ids=list(BINDINGS))
+def test_a_trial_class_bound_in_any_way_is_taken(tmp_path, source):
+    (tmp_path / "model_def.py").write_text(source)
+    assert parse(tmp_path, entrypoint="model_def:MyTrial").trial_command.endswith(" model_def:MyTrial")
+
+
+def test_a_trial_class_in_a_package_is_read_from_its_init(tmp_path):
+    (tmp_path / "model_def").mkdir()
+    (tmp_path / "model_def" / "__init__.py").write_text("from .trials import MyTrial\n")
+    assert parse(tmp_path, entrypoint="model_def:MyTrial").trial_command.endswith(" model_def:MyTrial")
+    with pytest.raises(UserError, match=r"^entrypoint: model_def has no class MyTrail \(.*model_def/__init__.py "
+                                        r"binds no such name at its top level\) \(did you mean MyTrial\?\)$"):
+        parse(tmp_path, entrypoint="model_def:MyTrail")
+
+
+def test_a_name_bound_only_inside_a_function_or_class_is_not_the_modules(tmp_path):
+    (tmp_path / "model_def.py").write_text("class Outer:\n    MyTrial = 1\ndef f():\n    MyTrial = 2\n")
+    with pytest.raises(UserError, match=r"model_def has no class MyTrial .*\(give the name of your trial class in "
+                                        r"it\)$"):
+        parse(tmp_path, entrypoint="model_def:MyTrial")
 
 
 def test_environment_variables_data_and_shared_fs_storage_are_applied(tmp_path):
@@ -234,6 +273,7 @@ def test_every_problem_in_a_determined_config_is_refused_at_once_in_one_line_exi
 def test_a_typo_is_an_unknown_key_with_a_did_you_mean_and_determineds_own_keys_are_not_supported(tmp_path):
     """Told "not supported (remove it)" of `hyperparamters`, a user deleted their hyperparameters."""
     path = tmp_path / "exp.yaml"
+    (tmp_path / "train.py").write_text("print('never run')\n")
     path.write_text(yaml.safe_dump({
         "entrypoint": "python3 train.py", "hyperparamters": {"lr": {"type": "double", "minval": 0, "maxval": 1}},
         "searcher": {"name": "randm", "metric": "loss", "max_trials": 4}, "resources": {"slots_per_trail": 2},
@@ -444,6 +484,7 @@ def test_a_users_grid_with_two_mistakes_is_refused_at_once_not_built(tmp_path):
     """A new user's config: a billion-point count and an empty categorical. It once printed nothing for 30 s
     and grew to 2.2 GB."""
     path = tmp_path / "hp.yaml"
+    (tmp_path / "train.py").write_text("print('never run')\n")
     path.write_text("entrypoint: python3 train.py\n"
                     "hyperparameters:\n"
                     "  n: {type: int, minval: 1, maxval: 1000000000, count: 1000000000}\n"

@@ -152,6 +152,42 @@ def test_a_searcher_metric_the_validations_do_not_report_is_said_once_where_the_
     assert shown.returncode == 0 and "searcher.max_trials (2) reached" in shown.stdout, shown.stdout
 
 
+# Determined 0.38's form: ASHA's rungs on the time_metric the validations report, here {TIMED} (or nothing).
+TIMED_TRAIN = """
+import determined as det
+
+with det.core.init() as core:
+    for batch in (25, 50, 75, 100):
+        core.train.report_validation_metrics(steps_completed=batch, metrics={{"x": batch, {TIMED}}})
+"""
+TIMED_CONFIG = """
+entrypoint: python3 train.py
+hyperparameters: {increment_by: {type: int, minval: 1, maxval: 8}}
+searcher: {name: adaptive_asha, metric: x, time_metric: batches, max_time: 100, max_trials: 2}
+max_restarts: 0
+"""
+
+
+@pytest.mark.parametrize("timed", ['"batches": batch', ""], ids=["reported", "missing"])
+def test_a_time_metric_the_validations_do_not_report_is_said_once_where_the_user_looks(tmp_path, timed):
+    """Else ASHA places no validation at a rung and stops nothing, silently (newcomer, session 11)."""
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "train.py").write_text(TIMED_TRAIN.format(TIMED=timed))
+    (context / "exp.yaml").write_text(TIMED_CONFIG)
+    done = cli("run", context / "exp.yaml", context, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = [line for line in done.stdout.splitlines() if "searcher.time_metric" in line]
+    assert "searcher.metric" not in done.stdout  # the searcher's metric is there
+    if timed:
+        assert said == [], done.stdout
+    else:
+        assert len(said) == 1 and said[0].endswith(
+            "warning: its validation metrics (x) hold no number named by the Determined config's "
+            "searcher.time_metric (batches): ASHA places none of its validations at a rung, so it stops no trial; "
+            "report batches with each validation, or name one of its metrics in searcher.time_metric"), done.stdout
+
+
 # A script written for the legacy searcher, as the tutorial's stage 3 was before Determined 0.38: it trains to each
 # operation's length and validates only when the operation completes.
 LEGACY_TRAIN = """

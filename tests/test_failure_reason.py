@@ -90,21 +90,44 @@ def test_a_launchers_misspelt_script_is_refused_before_any_trial_runs(tmp_path, 
     ] == ["train.py", "sub/train.py", "t.py", "x.py", None, None, None, None]
 
 
-def test_a_determined_entrypoints_misspelt_script_or_module_is_refused_in_its_own_words(tmp_path, home):
+def test_a_determined_entrypoints_misspelt_script_module_or_class_is_refused_in_its_own_words(tmp_path, home):
     """Determined's entrypoint runs behind `env TRIALKIT_DETERMINED=...`: its script is checked as an NNI
     command's, and refused naming `entrypoint` (newcomer17: three trials failed first); a legacy trial class's
-    module too."""
+    module too, and its class, read from the module's source (every trial failed on `model_def:MyTrail`)."""
     code = tmp_path / "code"  # beside the home, not holding it
     code.mkdir()
     (code / "train.py").write_text("print('never run')\n")
-    (code / "model_def.py").write_text("")
+    (code / "model_def.py").write_text("from determined import pytorch\n\n\nclass MyTrial(pytorch.PyTorchTrial):\n"
+                                       "    pass\n")
     for entrypoint, said in (("python3 tran.py", "entrypoint: tran.py is not in the trial code directory "
                                                  f"{code} (did you mean train.py?)"),
                              ("modeldef:LinRegTrial", "entrypoint: modeldef is not a module in the context "
-                                                      f"directory {code} (did you mean model_def?)")):
+                                                      f"directory {code} (did you mean model_def?)"),
+                             ("model_def:MyTrail", f"entrypoint: model_def has no class MyTrail ({code}/model_def.py "
+                                                   "binds no such name at its top level) (did you mean MyTrial?)")):
         (code / "exp.yaml").write_text(f"entrypoint: {entrypoint}\nsearcher: {{name: single, metric: loss}}\n")
         done = cli("run", code / "exp.yaml", code)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+    assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
+
+
+def test_a_misspelt_script_is_refused_with_the_configs_other_problems_at_once(tmp_path, home):
+    # With an unknown key as well, the user fixed that, ran again, and only then learnt of the script (newcomer,
+    # session 11): a config's refusal lists every problem it finds, the script's with the rest.
+    config = experiment(tmp_path, X, "print('never run')\n", trialCommand="python3 trail.py", maxTrialNumbr=2)
+    done = cli("run", config)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "2 problems: " in done.stderr and "trialCommand: trail.py is not in the trial code directory" in \
+        done.stderr and "maxTrialNumbr: unknown key 'maxTrialNumbr'" in done.stderr, done.stderr
+    code = tmp_path / "code"  # a Determined config's, beside the home
+    code.mkdir()
+    (code / "train.py").write_text("print('never run')\n")
+    (code / "exp.yaml").write_text("entrypoint: python3 tran.py\nsearcher: {name: single, metric: loss}\n"
+                                   "max_trials: 2\n")
+    done = cli("run", code / "exp.yaml", code)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "2 problems: " in done.stderr and "exp.yaml:1: entrypoint: tran.py is not in the trial code directory" in \
+        done.stderr and "exp.yaml:3: max_trials: a searcher's key" in done.stderr, done.stderr
     assert not (home / "experiments").exists() or not any((home / "experiments").iterdir())
 
 

@@ -25,6 +25,8 @@ from experiment_util import cli, experiment, experiment_id, export, interrupted_
 from harness import wait_until
 from s3_server import create_secret, kubeflow_config, s3, s3_server  # noqa: F401 - s3 fixtures: moto on loopback
 from test_nni_compat import nni_python  # noqa: F401 - the fixture: the real nni 3.0's python
+from trialkit.control import background
+from trialkit.manager import paths
 from trialkit.web import queries
 
 EXAMPLES = Path(__file__).parent / "fixtures" / "nni"
@@ -627,6 +629,10 @@ def pause_the_cut_one_then_activate_it(exp: str, marker: Path) -> None:
     waiting = [r for r in rows if r["sequence"] >= 4 and r["status"] == "WAITING"]
     assert waiting and all(r["reason"] == f"waits for {cut}'s end: it goes on from its checkpoint"
                            for r in waiting), rows
+    # The run's progress lines count them, so that its user sees why nothing starts (they once counted none).
+    log = background.log_path(paths.experiment_dir(exp))  # a detached run's console
+    counted = f", {len(waiting)} waiting (waits for {cut}'s end: it goes on from its checkpoint), "
+    wait_until(lambda: counted in log.read_text(), WAIT, f"a progress line with {counted!r}")
     assert cli("trial", "activate", cut).returncode == 0
     wait_until(lambda: {r["status"] for r in export(exp)} == {"SUCCEEDED"} and len(export(exp)) == 8, WAIT,
                "the experiment's end")

@@ -364,3 +364,54 @@ def test_a_trial_killed_after_the_grace_says_who_stopped_it_and_that_it_was_kill
         # The keeper's own record of the kill stays in the history, a pause's verdict after it.
         assert any(line.split()[2:4] == ["USER_CANCELED", "keeper"] and line.endswith(grace) for line in history), history
     assert ok("trial", "show", paused).split("history:\n")[1].splitlines()[-1].split()[2:4] == ["PAUSED", "control"]
+
+
+# PBT on trialkit's checkpoint dir: generation 0 saves its own and reports; generation 1 starts with a copy of a
+# member's (the loop's seed), reports its final result and, on its first run, runs on until it is stopped,
+# saving nothing of its own; run again, it ends.
+SEEDED = """
+import os, pathlib, time, trialkit
+p = trialkit.get_next_parameter()
+state = pathlib.Path(trialkit.checkpoint_dir()) / "state"
+if not state.exists():
+    state.write_text("0")
+    trialkit.report_final_result(p["x"])
+else:
+    trialkit.report_final_result(p["x"])
+    while os.environ["TRIALKIT_RESTART_COUNT"] == "0":
+        time.sleep(0.05)
+"""
+STARTED_FROM = ("it saved no checkpoint of its own: `trialkit experiment resume` runs it again from the one it "
+                "started from")
+OLD_RESUMABLE = "it saved a checkpoint: `trialkit experiment resume` continues it"  # stores before session 12
+
+
+@pytest.mark.parametrize("stored", ["as said now", "as older versions said"])
+def test_a_trial_stopped_with_only_the_checkpoint_it_started_from_says_so_and_resume_runs_it_again(
+        tmp_path, home, stored):
+    space = {"x": {"_type": "uniform", "_value": [0, 1]}}
+    config = experiment(tmp_path, space, SEEDED, maxTrialNumber=4, trialConcurrency=2,
+                        tuner={"name": "PBTTuner", "classArgs": {"population_size": 2}})
+    exp = experiment_id(ok("run", config, "--detach").splitlines()[0])
+    heirs = [f"{exp}-00002", f"{exp}-00003"]
+
+    def finals() -> int:
+        with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db:
+            return db.execute("SELECT COUNT(*) FROM records WHERE type = 'FINAL'").fetchone()[0]
+
+    wait_until(lambda: finals() == 4, WAIT, "generation 1's final results")
+    ok("experiment", "stop", exp)
+    rows = by_sequence(export(exp))
+    for heir in (rows[2], rows[3]):
+        assert heir["status"] == "PREEMPTED" and heir["reason"].endswith(f"; {STARTED_FROM}"), heir
+    if stored != "as said now":
+        with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db, db:
+            db.execute("UPDATE trials SET reason = replace(reason, ?, ?)", (STARTED_FROM, OLD_RESUMABLE))
+        assert all(by_sequence(export(exp))[i]["reason"].endswith(OLD_RESUMABLE) for i in (2, 3))
+    assert cli("experiment", "resume", exp, timeout=WAIT).returncode == 0
+    assert [row["status"] for row in by_sequence(export(exp)).values()] == ["SUCCEEDED"] * 4
+    resumed = "resumed: it runs again from the checkpoint it started from" if stored == "as said now" else \
+        "resumed: it goes on from its checkpoint"
+    for heir in heirs:
+        history = ok("trial", "show", heir).split("history:")[1]
+        assert resumed in history, history

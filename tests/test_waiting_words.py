@@ -87,6 +87,34 @@ def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_
     assert trial_status(home, held) == trial_status(home, other) == "SUCCEEDED"
 
 
+def test_pausing_a_waiting_trial_says_it_was_not_running_and_starts_only_when_activated(tmp_path, home):
+    """`trial pause` of a trial that waits in the queue said it was asked to save a checkpoint as it stopped, as
+    if it ran (a newcomer's, session 11)."""
+    gate = tmp_path / "gate"
+    config = experiment(tmp_path, {"hold": {"_type": "choice", "_value": [1, 0]}}, SCRIPT.format(gate=str(gate)),
+                        trialConcurrency=1, maxTrialNumber=2, trialGraceSeconds=10,
+                        tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}})
+    proc, exp = started(config, home, gate)
+    held, other = f"{exp}-00000", f"{exp}-00001"
+    try:
+        ok("trial", "pause", held)
+        wait_until(lambda: trial_status(home, other) == "RUNNING", WAIT, "trial 1 to take the freed slot")
+        ok("trial", "activate", held)
+        assert trial_status(home, held) == "WAITING"
+        said = ok("trial", "pause", held)
+        assert said.startswith(f"paused trial {held}: it was waiting, not running: it does not start until "
+                               f"`trialkit trial activate {held}`"), said
+        assert trial_status(home, held) == "PREEMPTED"
+        gate.touch()
+        wait_until(lambda: trial_status(home, other) == "SUCCEEDED", WAIT, "trial 1 to end")
+        assert trial_status(home, held) == "PREEMPTED"  # the freed slot did not start it
+        ok("trial", "activate", held)
+        assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
+    finally:
+        end_failed_run(proc, gate)
+    assert trial_status(home, held) == "SUCCEEDED"
+
+
 def one_trial_paused_and_activated(tmp_path, home, concurrency: int, pause: str):
     """A run of one trial (of `concurrency` at once), paused (`pause`: "trial" or "experiment") and the trial
     activated: (the run, the experiment's id, the trial's, the gate that lets the trial end)."""
@@ -127,3 +155,37 @@ def test_a_trial_activated_with_a_slot_free_starts_at_once_and_its_history_says_
         end_failed_run(proc, gate)
     history = ok("trial", "show", trial).split("history:")[1]
     assert [line.split(None, 4)[-1] for line in history.splitlines() if " WAITING " in line][-1] == "activated"
+
+
+# The same run from a Determined config: its user wrote searcher.max_concurrent_trials, not trialConcurrency.
+DETERMINED_CONFIG = """
+name: waits
+entrypoint: python3 trial.py
+hyperparameters: {hold: {type: categorical, vals: [1, 0]}}
+searcher: {name: grid, metric: x, max_length: 1, max_concurrent_trials: 1}
+max_restarts: 0
+"""
+
+
+def test_a_determined_configs_waiting_trial_names_the_key_its_user_wrote(tmp_path, home):
+    gate = tmp_path / "gate"
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "trial.py").write_text(SCRIPT.format(gate=str(gate)))
+    (context / "exp.yaml").write_text(DETERMINED_CONFIG)
+    proc = start_cli("run", context / "exp.yaml", context)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        held, other = f"{exp}-00000", f"{exp}-00001"
+        wait_until(lambda: reported(home, held) >= 1, WAIT, "trial 0 to report")
+        ok("trial", "pause", held)
+        wait_until(lambda: trial_status(home, other) == "RUNNING", WAIT, "trial 1 to take the freed slot")
+        ok("trial", "activate", held)
+        words = (f"activated; waiting for a free slot: 1 of 1 in use by this experiment's trials "
+                 f"(searcher.max_concurrent_trials: `trialkit experiment update {exp} --trial-concurrency N` "
+                 f"changes it)")
+        assert f"status         WAITING: {words}" in ok("trial", "show", held)
+        gate.touch()
+        assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
+    finally:
+        end_failed_run(proc, gate)

@@ -637,6 +637,36 @@ def test_a_read_only_page_draws_no_empty_chart_and_asks_for_no_pool(tmp_path, br
         store.close()
 
 
+# A waiting trial's reason as the loop words it (queue.requeued): 190 characters.
+LONG_WHY = ("activated; waiting for a free slot: 2 of 2 in use by this experiment's trials (trialConcurrency: "
+            "`trialkit experiment update longwhy --trial-concurrency N` changes it)")
+
+
+def test_a_long_reason_is_clipped_in_the_trials_table_and_whole_on_hover(tmp_path, browser):
+    """A newcomer's long waiting reason pushed the Trials table's other columns out of its panel (a window of
+    1400 pixels: web_util.CHROMIUM_FLAGS')."""
+    store = Store.in_dir(tmp_path / "longwhy")
+    fill(store, "longwhy", trials=2, steps=1, running=1)
+    store.set_status("longwhy-00001", "WAITING", reason=LONG_WHY)
+    server = ManagerServer(None).start()
+    try:
+        install(server, store, admin_token="longwhy-token", read_only=True)
+        open_read_only(browser, server, "/trials", "trials", token="longwhy-token", exp="longwhy")
+        wait_for(browser, "return document.querySelectorAll('#trials tbody tr').length === 2", "both trials")
+        seen = browser.execute_script(
+            "const w = document.querySelector('#trials').closest('.table-wrap');"
+            "const r = document.querySelector('#trials tr[data-trial=\"longwhy-00001\"] .reason');"
+            "const status = (id) => document.querySelector(`#trials tr[data-trial=\"${id}\"] td:nth-child(4)`);"
+            "return {fits: w.scrollWidth <= w.clientWidth, sw: w.scrollWidth, cw: w.clientWidth, title: r.title, text: r.textContent.trim(),"
+            "clipped: r.scrollWidth > r.clientWidth, width: status('longwhy-00001').getBoundingClientRect().width}")
+        assert seen["fits"], seen  # no column pushed out of the table's panel
+        assert seen["title"] == seen["text"] == LONG_WHY and seen["clipped"], seen
+        shot(browser, "long-reason")
+    finally:
+        server.stop()
+        store.close()
+
+
 def test_parameter_axes_follow_the_search_space(views_site, browser):
     open_read_only(browser, views_site, "/params", "params")
     layout = browser.execute_script("const l = document.getElementById('scatter').layout;"

@@ -77,7 +77,8 @@ def _load_for_run(opts: argparse.Namespace):
     from trialkit.control.config import load_config, manager_tls
     from trialkit.manager.server import tls_pair
 
-    config = load_config(opts.config, opts.context_dir)  # a Determined config's: `""` is refused there
+    # A Determined config's context dir: `""` is refused there. Its code is checked with its other keys.
+    config = load_config(opts.config, opts.context_dir, check_code=True)
     tls = tls_pair(opts.tls_cert, opts.tls_key)
     if tls is not None:
         config = dataclasses.replace(config, manager_tls=manager_tls(
@@ -877,7 +878,10 @@ def cmd_trial_pause(opts: argparse.Namespace) -> int:
     answer = admin.act(paths.experiment_of(opts.trial_id), "trial", "pause", opts.trial_id)
     activate = f"`trialkit trial activate {opts.trial_id}`"
     checkpoint = answer.get("checkpoint") if isinstance(answer, dict) else None
-    if checkpoint:
+    if isinstance(answer, dict) and answer.get("waiting"):
+        print(f"paused trial {opts.trial_id}: it was waiting, not running: it does not start until {activate}"
+              + (", which goes on from its latest checkpoint" if checkpoint else ""))
+    elif checkpoint:
         print(f"pausing trial {opts.trial_id}: it stops, and {activate} goes on from its latest checkpoint")
     elif checkpoint is False:
         print(f"pausing trial {opts.trial_id}: it is asked to save a checkpoint as it stops; it holds none yet: if it "

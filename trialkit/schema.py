@@ -397,7 +397,8 @@ def placed(err: UserError, path: Path, lacking: bool = True, within: str = "") -
     """`err` (each of its problems) placed in the config file at `path`, as compilers place theirs: at `file:LINE`,
     the line of the key it names as the file wrote it (any spelling of it, through `<<:` merges); at `file` for a
     key the file lacks (`lacking`: a place that may name something else, a program, is then kept as it is). A
-    place naming a command-line argument (CONTEXT_DIR, --port) or the file itself is kept as it is.
+    place naming a command-line argument (CONTEXT_DIR, --port), the file itself or another file (an absolute
+    path) is kept as it is.
 
     `within`: the key that names the file's whole content (searchSpaceFile: its keys are the search space's)."""
     try:
@@ -427,7 +428,8 @@ def _placed(err: UserError, root: Any, file: str, lacking: bool, within: str = "
     if isinstance(err, ConfigProblems):  # in the file's order, as it is read; the keys it lacks after them
         in_order = sorted(err.problems, key=lambda one: key_line(root, _inside(one.where, within) or "") or math.inf)
         return ConfigProblems([_placed(one, root, file, lacking, within) for one in in_order])
-    if err.at is not None or err.where == file or (err.where and _ARGUMENT.fullmatch(err.where)):
+    if err.at is not None or err.where == file or (err.where and _ARGUMENT.fullmatch(err.where)) or \
+            (err.where and os.path.isabs(err.where)):  # a file of its own (a code dir's .trialignore:LINE)
         return err
     inside = _inside(err.where, within)
     if within and inside is None:  # not this file's

@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Type
+from typing import Any, Dict, List, Optional, Set, Tuple, Type
 
 from trialkit import env
 from trialkit.errors import UserError
@@ -128,36 +128,64 @@ _LITERALS = (ast.Constant, ast.List, ast.Dict, ast.Tuple, ast.Set, ast.JoinedStr
 def _not_a_trial(path: str, name: str) -> Optional[str]:
     """What the file's top level makes `name` when that cannot be a Trial class: "missing", "a function", "a class
     that subclasses nothing", "a value"; None when it may be one (or the source cannot tell)."""
+    names = module_names(path)
+    if names is None:
+        return None
+    kinds = names.get(name, set())
+    if None in kinds:
+        return None
+    if not kinds:
+        return "missing"
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def module_names(path: str) -> Optional[Dict[str, Set[Optional[str]]]]:
+    """The names the top level of the Python file at `path` binds, in any way (a def, an assignment, an import, a
+    loop or `with` target, under a guard or not), read from its source and never imported (the control plane
+    runs no user code): each with what its bindings make it ("a function", "a class that subclasses nothing", "a
+    value"; None: what may be a Trial class, or the source cannot tell). None when the source cannot tell which
+    names it binds: unreadable, not Python, a star import, a module-level __getattr__, a `global` statement."""
     try:
         with open(path, "rb") as f:
             tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError, RecursionError):
         return None  # importing it will say what is wrong
-    kinds, dynamic = set(), False
-    statements = list(tree.body)
-    while statements:
-        node = statements.pop()
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            dynamic |= node.name == "__getattr__"
-            if node.name == name:
-                kinds.add(_class_kind(node) if isinstance(node, ast.ClassDef) else "a function")
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
-                kinds.add("a value" if isinstance(node.value, _LITERALS) and len(targets) == 1 else None)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                dynamic |= alias.name == "*"
-                if (alias.asname or alias.name.split(".")[0]) == name:
-                    kinds.add(None)
-        elif isinstance(node, (ast.If, ast.Try, ast.With)):  # definitions under a guard
-            statements.extend(getattr(node, "body", []) + getattr(node, "orelse", [])
-                              + getattr(node, "finalbody", []) + [s for h in getattr(node, "handlers", []) for s in h.body])
-    if dynamic or None in kinds:
+    if any(isinstance(node, ast.Global) for node in ast.walk(tree)):
         return None
-    if not kinds:
-        return "missing"
-    return kinds.pop() if len(kinds) == 1 else None
+    names: Dict[str, Set[Optional[str]]] = {}
+    nodes: List[ast.AST] = list(tree.body)
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name == "__getattr__":
+                return None
+            kind = _class_kind(node) if isinstance(node, ast.ClassDef) else "a function"
+            names.setdefault(node.name, set()).add(kind)
+            nodes.extend(node.decorator_list)  # its body is a scope of its own
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            kind = "a value" if isinstance(node.value, _LITERALS) and len(targets) == 1 else None
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name):
+                        names.setdefault(sub.id, set()).add(kind)
+            nodes.extend(ast.iter_child_nodes(node.value) if node.value is not None else ())
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.setdefault(alias.asname or alias.name.split(".")[0], set()).add(None)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):  # for, with, :=, ...
+            names.setdefault(node.id, set()).add(None)
+        elif isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and node.name:
+            names.setdefault(node.name, set()).add(None)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            names.setdefault(node.rest, set()).add(None)
+        if not isinstance(node, ast.Lambda):  # a lambda's body is a scope of its own
+            nodes.extend(ast.iter_child_nodes(node))
+    return names
 
 
 def _class_kind(node: ast.ClassDef) -> Optional[str]:

@@ -153,6 +153,8 @@ def pause_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     holds = loop.platform.holds_checkpoint
     # Whether it holds a checkpoint as the pause finds it (None: its platform cannot tell): what `trial pause` says.
     checkpoint = holds(trial.handle or trial.id) if holds is not None else None
+    # A trial in the queue, or one its platform holds back, is not running: nothing stops, it just does not start.
+    waiting = trial.id in loop.queue or bool(trial.held)
     if trial.id in loop.active:
         if trial.stop is not None:
             raise HttpError(409, f"trial {trial_id} is already stopping")
@@ -163,7 +165,7 @@ def pause_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
         loop.finish(trial, *PAUSE_STOP, None)
     else:
         raise HttpError(409, f"trial {trial_id} is {_state(loop, trial)}: only a running or waiting trial pauses")
-    return {"pausing": trial.id, "checkpoint": checkpoint, **_progress_warning(loop)}
+    return {"pausing": trial.id, "checkpoint": checkpoint, "waiting": waiting, **_progress_warning(loop)}
 
 
 def _progress_warning(loop: "Loop") -> dict:

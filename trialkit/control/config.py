@@ -162,24 +162,29 @@ class ExperimentConfig:
 # ---------------------------------------------------------------- loading
 
 
-def load_config(path: Union[str, Path], context_dir: Optional[str] = None) -> ExperimentConfig:
-    """Read a YAML (or JSON) config file; `context_dir`: a Determined config's context directory. A refusal
-    names the file and the line of the key (`bad.yml:7: trialConcurrency: ...`)."""
+def load_config(path: Union[str, Path], context_dir: Optional[str] = None,
+                check_code: bool = False) -> ExperimentConfig:
+    """Read a YAML (or JSON) config file; `context_dir`: a Determined config's context directory; `check_code`:
+    parse_config's. A refusal names the file and the line of the key (`bad.yml:7: trialConcurrency: ...`)."""
     path = Path(path)
     data = schema.read_data_file(path, str(path))
     if data is None:  # YAML of nothing, or of comments alone
         raise UserError("the config file is empty", str(path), "write at least trialCommand, searchSpace or "
                         "searchSpaceFile, and tuner, as examples/quickstart/config.yml does")
     try:
-        config = parse_config(data, base_dir=path.parent, source=str(path), context_dir=context_dir)
+        config = parse_config(data, base_dir=path.parent, source=str(path), context_dir=context_dir,
+                              check_code=check_code)
     except UserError as err:
         raise schema.placed(err, path) from None
     return replace(config, source=str(path))
 
 
 def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "config",
-                 context_dir: Optional[str] = None) -> ExperimentConfig:
-    """A config from its dict (v1, v2, or Determined's); relative paths resolve against `base_dir`."""
+                 context_dir: Optional[str] = None, check_code: bool = False) -> ExperimentConfig:
+    """A config from its dict (v1, v2, or Determined's); relative paths resolve against `base_dir`.
+    `check_code`: the code dir is checked with the other keys (its platform's check_code: the command's script
+    is there), so that one refusal lists every mistake (`trialkit run`; a stored config's code dir may have
+    changed since it ran, and the run checks it again as it starts)."""
     if not isinstance(data, Mapping):
         raise UserError(f"the config must be a mapping of keys to values, got {schema.show(data)}", source,
                         "start from an example config")
@@ -189,10 +194,10 @@ def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "con
                         "name it in a config's searchSpaceFile, as examples/quickstart/config.yml does")
     base = Path(base_dir).expanduser().absolute()
     if determined.is_determined(data):
-        v2, notes = determined.to_v2(data, base, context_dir)
+        v2, notes = determined.to_v2(data, base, context_dir, check_code)
         try:
             with schema.every_problem():
-                config = _parse_v2(v2, base)
+                config = _parse_v2(v2, base, False)
         except UserError as err:
             raise schema.renamed(err, determined.V2_WHERE) from None
         return replace(config, notes=config.notes + tuple(notes))
@@ -202,17 +207,17 @@ def parse_config(data: Any, base_dir: Union[str, Path] = ".", source: str = "con
     # Every v1 config names its platform at the top (v1 required it); a stray v1
     # key in a v2 config is then a typo with a did-you-mean, not a format switch.
     if any(isinstance(k, str) and schema.fold(k) == "trainingserviceplatform" for k in data):
-        return _parse_v1(data, base)
+        return _parse_v1(data, base, check_code)
     with schema.every_problem():  # a refusal lists every problem it found
-        return _parse_v2(data, base)
+        return _parse_v2(data, base, check_code)
 
 
 # ---------------------------------------------------------------- v2
 
 
-def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
+def _parse_v2(data: Mapping, base: Path, check_code: bool) -> ExperimentConfig:
     """Each part is checked though another failed (schema.attempt: every_problem lists them all); a part built
-    from others is checked once they are sound."""
+    from others is checked once they are sound; `check_code` (parse_config's): the code dir too."""
     check = schema.attempt
     for key in data:
         if isinstance(key, str) and schema.fold(key) in _UNSUPPORTED_FOLDS:
@@ -238,6 +243,8 @@ def _parse_v2(data: Mapping, base: Path) -> ExperimentConfig:
              for name, key, value_check, default in _plain_keys(base)}
     inputs = (service, template, manager_ip, code_dir, gpus, priority, command)
     platform = _FAILED if _FAILED in inputs else check(_platform, c, base, *inputs, default=_FAILED)
+    if check_code and platform is not _FAILED:
+        check(_code, platform[0]["platform"], code_dir, command)
     handover_notes = [] if _FAILED in (tuner, platform, plain["checkpoint_storage"]) else check(
         checkpoint_handover, tuner, platform[0]["platform"], platform[1], plain["checkpoint_storage"], default=[])
     schema.raise_reported()
@@ -280,6 +287,14 @@ def _plain_keys(base: Path) -> Tuple[Tuple[str, str, Callable[[Any, str], Any], 
         ("manager_tls", "managerTls", lambda v, w: manager_tls(v, base, w), None),
         ("checkpoint_storage", "checkpointStorage", parse_storage, None),
     )
+
+
+def _code(platform: str, code_dir: str, command: str) -> None:
+    """The code dir as its platform takes it to each trial (its check_code, where it copies the dir: the local
+    platform's), checked with the config's other keys."""
+    check = getattr(platforms.load(platform), "check_code", None)
+    if check is not None:
+        check(code_dir, command)
 
 
 def _platform(c: Mapping[str, Any], base: Path, service: Any, template: Optional[str], manager_ip: Optional[str],
@@ -702,12 +717,12 @@ def _training_service(section: Any, base: Path, inherited: Mapping[str, Any]) ->
 # ---------------------------------------------------------------- v1
 
 
-def _parse_v1(data: Mapping, base: Path) -> ExperimentConfig:
+def _parse_v1(data: Mapping, base: Path, check_code: bool) -> ExperimentConfig:
     v1: Dict[str, Any] = {}
     try:
         with schema.every_problem():  # a refusal lists every problem it found, an unknown key's with the rest
             v1 = schema.normalize_keys(data, V1_KEYS + tuple(V1_PLATFORM_SECTIONS), "")
-            return replace(_parse_v2(convert_v1(v1), base), v1=v1)
+            return replace(_parse_v2(convert_v1(v1), base, check_code), v1=v1)
     except schema.ConfigProblems as err:
         # A v2 key written for a v1 one leaves that one missing: said once, at the key written.
         written = {_v1_where(one.where, v1) for one in err.problems if _holds(data, one.where)}

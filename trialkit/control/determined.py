@@ -25,7 +25,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from trialkit import env, platforms, schema
+from trialkit import env, platforms, schema, trial
 from trialkit.control.assessors import asha_brackets, check_assessor
 from trialkit.errors import UserError
 
@@ -89,14 +89,17 @@ def is_determined(data: Mapping[str, Any]) -> bool:
     return "entrypoint" in data or "searcher" in data
 
 
-def to_v2(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) -> Tuple[Dict[str, Any], List[str]]:
+def to_v2(data: Mapping[str, Any], base: Path, context_dir: Optional[str],
+          check_code: bool = False) -> Tuple[Dict[str, Any], List[str]]:
     """trialkit's v2 config dict of a Determined config, and a note on the keys it takes without use; relative
-    paths are read from `base`. A refusal lists every problem found (schema.ConfigProblems), as for NNI's."""
+    paths are read from `base`; `check_code`: config.parse_config's. A refusal lists every problem found
+    (schema.ConfigProblems), as for NNI's."""
     with schema.every_problem():
-        return _translate(data, base, context_dir)
+        return _translate(data, base, context_dir, check_code)
 
 
-def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) -> Tuple[Dict[str, Any], List[str]]:
+def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str],
+               check_code: bool) -> Tuple[Dict[str, Any], List[str]]:
     noted = [key for key in data if key in NOTED_KEYS and data[key] is not None]
     for key in data:
         if key in NOTED_KEYS:
@@ -122,7 +125,7 @@ def _translate(data: Mapping[str, Any], base: Path, context_dir: Optional[str]) 
     platform = platforms.canonical_name(section.get("platform"), "trainingService.platform")
     local = platform == "local"
     if local and entry is not _FAILED and code_dir is not _FAILED:  # elsewhere the code may be the image's
-        schema.attempt(_trial_class_module, entry, code_dir)
+        schema.attempt(_entry_code, entry, code_dir, check_code)
     resources = schema.attempt(_resources, data.get("resources") or {}, local, section, default=_FAILED)
     variables = schema.attempt(_environment, data.get("environment") or {}, platform, section, default=_FAILED)
     schema.attempt(_bind_mounts, data.get("bind_mounts") or [], local)
@@ -229,18 +232,37 @@ def translated(command: Optional[str]) -> bool:
     return (command or "").startswith(f"env {env.DETERMINED}=")
 
 
-def _trial_class_module(entry: str, code_dir: str) -> None:
-    """The module of a legacy `module:Class` entrypoint is in the context directory: else every trial fails alike,
-    each saying that no module has that name."""
-    module = entry.partition(":")[0]
+def _entry_code(entry: str, code_dir: str, check_code: bool) -> None:
+    """What the entrypoint runs is in the context directory: its legacy trial class, and with `check_code` its
+    script (the local platform's check_code, with the config's other problems: the user learns of every mistake
+    at once)."""
+    if check_code and os.path.isdir(code_dir):  # one that is not is refused as trialCodeDirectory (config.py)
+        try:
+            platforms.load("local").check_code(code_dir, entry)
+        except UserError as err:  # in the keys its user wrote: entrypoint, not trialCommand
+            raise schema.renamed(err, V2_WHERE) from None
+    _trial_class(entry, code_dir)
+
+
+def _trial_class(entry: str, code_dir: str) -> None:
+    """A legacy `module:Class` entrypoint's module is in the context directory and binds the class at its top level
+    (its source read, never imported: the control plane runs no user code): else every trial fails alike, each
+    saying that no module or no class has that name."""
+    module, _, name = entry.partition(":")
     if not TRIAL_CLASS.match(entry) or "/" in module:
         return
     base = Path(code_dir, *module.split("."))
-    if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
-        return
-    near = difflib.get_close_matches(module, [path.stem for path in Path(code_dir).glob("*.py")], n=1)
-    raise UserError(f"{module} is not a module in the context directory {code_dir}", "entrypoint",
-                    f"did you mean {near[0]}?" if near else "give the module of your trial class, as `det` takes it")
+    source = next((path for path in (base / "__init__.py", base.with_suffix(".py")) if path.is_file()), None)
+    if source is None:
+        near = difflib.get_close_matches(module, [path.stem for path in Path(code_dir).glob("*.py")], n=1)
+        raise UserError(f"{module} is not a module in the context directory {code_dir}", "entrypoint",
+                        f"did you mean {near[0]}?" if near else
+                        "give the module of your trial class, as `det` takes it")
+    names = trial.module_names(str(source))
+    if names is not None and name not in names:
+        near = difflib.get_close_matches(name, list(names), n=1)
+        raise UserError(f"{module} has no class {name} ({source} binds no such name at its top level)", "entrypoint",
+                        f"did you mean {near[0]}?" if near else "give the name of your trial class in it")
 
 
 def _command(entry: str, slots: int, settings: Dict[str, Any], variables: List[str]) -> str:

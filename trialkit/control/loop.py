@@ -46,7 +46,8 @@ from trialkit.control.checkpoints import Collector, open_store
 from trialkit.control.config import ExperimentConfig, parse_config, trials_experiment_dir
 from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
-from trialkit.control.queue import NO_CHECKPOINT, RESAVE, RESUMABLE, JobQueue, goes_before, label, requeued, rerun
+from trialkit.control.queue import (NO_CHECKPOINT, RESAVE, RESUMABLE, STARTED_FROM, JobQueue, goes_before, label,
+                                   requeued, rerun)
 from trialkit.control.results import metric_value, rank, shown_values
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -80,8 +81,6 @@ BACKSTOP_SECONDS = 5.0
 KEEPER_SILENCE_SECONDS = 30
 CALL_TIMEOUT = 10.0  # an action waits this long for the loop
 MAX_SUBMIT_FAILURES = 3  # in a row: the platform cannot start trials at all
-# The ends the live line counts (done, failed, early-stopped, canceled); a paused trial is none of them.
-COUNTED_ENDS = (SUCCEEDED, FAILED, EARLY_STOPPED, USER_CANCELED, SYS_CANCELED)
 
 
 # Why the loop stops a trial -> the status it ends with (a user's reasons: trialkit.control.actions).
@@ -102,14 +101,11 @@ UNSTARTED_AT_STOP = "the experiment stopped before it started: `trialkit experim
 UNSEARCHED = ("its validation metrics ({}) hold no number named by the Determined config's searcher.metric: the "
               "searcher judges none of its validations (ASHA stops no trial) and no checkpoint is its best; name one "
               "of them in searcher.metric")
-
-
-def _unsearched_validation(value: Any) -> Optional[str]:
-    """The names of a Determined validation report's metrics where none is the searcher's number (the Core API's
-    report carries it as "default" where it found one), else None."""
-    if isinstance(value, dict) and value.get("group") == "validation" and "default" not in value:
-        return ", ".join(map(str, value.get("metrics") or {})) or "none"
-    return None
+# Said once: ASHA on a time_metric places a validation at a rung by it (assessors.ASHA.step_value); one without
+# it reaches no rung, so ASHA stops no trial.
+UNTIMED = ("its validation metrics ({}) hold no number named by the Determined config's searcher.time_metric "
+           "({metric}): ASHA places none of its validations at a rung, so it stops no trial; report {metric} with "
+           "each validation, or name one of its metrics in searcher.time_metric")
 
 
 @dataclass
@@ -382,9 +378,8 @@ class Loop:
                 if value is not None:
                     self.tuner.tell(trial.parameter_id, value)
             elif rec["type"] == records.PERIODICAL:
-                unsearched = _unsearched_validation(rec["value"])
-                if unsearched is not None and determined.translated(self.config.trial_command):
-                    self._warn_once(trial, UNSEARCHED.format(unsearched))
+                if determined.translated(self.config.trial_command):
+                    self._check_validation(trial, rec["value"])
                 trial.intermediate.append(self.step_value(rec["value"]))
                 number = metric_value(rec["value"])
                 if number is not None:
@@ -447,6 +442,19 @@ class Loop:
                       "install the same version in the trial's image")
         self.progress.say(f"trial {trial.id}: warning: {trial.note}")
         self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note)
+
+    def _check_validation(self, trial: Trial, value: Any) -> None:
+        """A Determined trial's validation that lacks what its searcher reads, said once each: its metric (the Core
+        API's report carries it as "default" where it found one) and the time_metric a config may set."""
+        if not (isinstance(value, dict) and value.get("group") == "validation"):
+            return
+        metrics = value.get("metrics") if isinstance(value.get("metrics"), dict) else {}
+        names = ", ".join(map(str, metrics)) or "none"
+        if "default" not in value:
+            self._warn_once(trial, UNSEARCHED.format(names))
+        time_metric = self.config.assessor.class_args.get("time_metric") if self.config.assessor else None
+        if time_metric is not None and metric_value(metrics.get(time_metric)) is None:
+            self._warn_once(trial, UNTIMED.format(names, metric=time_metric))
 
     def _keeper_warnings(self, trial: Trial, said: List[str]) -> None:
         """What its keeper warned of at its start (a pipe in the command, a grace the runtime cuts short)."""
@@ -563,7 +571,9 @@ class Loop:
         if trial.stop == ASSESSOR_STOP and trial.has_final:
             return SUCCEEDED, "its final result came before the assessor's stop"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self._checkpointed(trial, status):
-            return PREEMPTED, f"{why}; {RESUMABLE}"
+            only_seed = self.platform.holds_only_seed
+            seeded = only_seed is not None and only_seed(trial.handle or trial.id)
+            return PREEMPTED, f"{why}; {STARTED_FROM if seeded else RESUMABLE}"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.RERUNS_CUT_SHORT and not trial.has_final:
             return PREEMPTED, f"{why}; {rerun(self.tuner.ROUND)}"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.HANDS_ON_CHECKPOINTS:
@@ -814,7 +824,7 @@ class Loop:
             self.store.set_restart_count(trial.id, trial.restart_count)
         if self.stopping is None:
             why = requeued(why, self.experiment_id, self.config.trial_concurrency,
-                           len(self.active) + len(self.queue), self.paused)
+                           len(self.active) + len(self.queue), self.paused, self._as_written("trialConcurrency"))
         trial.status, trial.stop, trial.reason, trial.exit_code = WAITING, None, why, None
         self.store.set_status(trial.id, WAITING, reason=why)
         self.queue.push(trial.id)
@@ -852,19 +862,24 @@ class Loop:
 
     # -- output --------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """The live line's figures, all from the trials as they are now: the best is of the trials the counts
-        say ended (a trial that reported its final result and still runs is not yet one), by rank's rule."""
+        """The live line's figures, all from the trials as they are now: the best is of the trials that no longer
+        run (a trial that reported its final result and still runs is not yet one; one paused with it keeps it, as
+        its resume does), by rank's rule: once nothing runs (a run's end, a stopped one's too), the summary's and
+        `experiment show`'s best (results.best_row)."""
         counts: Dict[str, int] = {}
         for trial in self.trials.values():
             counts[trial.status] = counts.get(trial.status, 0) + 1
         mode = self.config.optimize_mode
-        best = min((t for t in self.trials.values() if t.status in COUNTED_ENDS),
+        best = min((t for t in self.trials.values() if t.id not in self.active),
                    key=lambda t: rank(metric_value(t.final), t.sequence, mode), default=None)
         best = best if best is not None and metric_value(best.final) is not None else None
-        held = sorted((t for t in self.active.values() if t.held), key=lambda t: t.sequence)
+        # Waiting: held back by the platform, or queued for the end of the trial they go on from (_hold_for),
+        # which may be paused: the line says why nothing starts.
+        queued = [self.trials[trial_id] for trial_id in self.queue.order()]
+        held = sorted((t for t in [*self.active.values(), *queued] if t.held), key=lambda t: t.sequence)
         return Snapshot(
             done=counts.get(SUCCEEDED, 0),
-            running=len(self.active) - len(held),
+            running=sum(1 for t in self.active.values() if not t.held),
             waiting=len(held),
             waiting_for=held[0].held if held else "",
             failed=counts.get(FAILED, 0),

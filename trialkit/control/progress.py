@@ -35,8 +35,9 @@ class Snapshot(NamedTuple):
     disk: Optional[str] = None  # what is wrong with the experiment's disk, while it takes no writes
     max_trials: Optional[int] = None  # maxTrialNumber
     time_left: Optional[float] = None  # of maxExperimentDuration, while the experiment runs
-    waiting: int = 0  # submitted and held back by the platform (their resource pool is full)
-    waiting_for: str = ""  # why the first of them waits (the platform's reason: "waiting for 1 slot of ...")
+    waiting: int = 0  # submitted and held back by the platform (their resource pool is full), or queued for the
+    # end of the trial they go on from (a PBT heir of a paused trial)
+    waiting_for: str = ""  # why the first of them waits ("waiting for 1 slot of ...", "waits for ID's end: ...")
     paused: int = 0  # stopped with their checkpoint (PREEMPTED): not ended, they go on when activated or resumed
 
     def line(self, width: Optional[int] = None) -> str:

@@ -39,6 +39,11 @@ LABELS = {PREEMPTED: "PAUSED"}
 # `experiment stop`) found it holding a checkpoint: `experiment resume` queues it again (control.resume); one
 # paused by a user waits for `activate`.
 RESUMABLE = "it saved a checkpoint: `trialkit experiment resume` continues it"
+# RESUMABLE's kin, for a trial whose checkpoint dir holds just the copy of another's it started from (PBT, a
+# configuration Hyperband sends on: loop._seed_checkpoint): it saved none of its own, and `experiment resume`
+# queues it again (control.resume), to run from that copy. Stores written before it say RESUMABLE of such a trial.
+STARTED_FROM = ("it saved no checkpoint of its own: `trialkit experiment resume` runs it again from the one it "
+                "started from")
 # The end of the reason of a trial paused or preempted without a checkpoint.
 NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
 # The end of the reason of a PREEMPTED trial that `experiment resume` queues again, to run from the start
@@ -57,18 +62,20 @@ def rerun(round_name: str) -> str:
     return f"its {round_name} {RERUN}"
 
 
-def requeued(why: str, experiment_id: str, concurrency: int, taken: int, paused: bool) -> str:
+def requeued(why: str, experiment_id: str, concurrency: int, taken: int, paused: bool, key: str) -> str:
     """The reason of a trial put back in its experiment's queue (`why`: "activated", "resumed: ...", "preempted:
     queued to resume", "restart N of M after: ...") with what it waits for there: its experiment, paused, to be
     activated; else one of the slots its trialConcurrency gives, while `taken` (its trials running or queued
-    ahead of it) fill them, and how to change that; else nothing: it starts at once (`why` stays in its history)."""
+    ahead of it) fill them, and how to change that (`key`: the config's name for trialConcurrency as its user
+    wrote it, a Determined config's searcher.max_concurrent_trials); else nothing: it starts at once (`why` stays
+    in its history)."""
     if paused:
         return (f"{why}; waiting for its experiment, paused, to be activated (`trialkit experiment activate "
                 f"{experiment_id}`)")
     if taken < concurrency:
         return why
     return (f"{why}; waiting for a free slot: {concurrency} of {concurrency} in use by this experiment's trials "
-            f"(trialConcurrency: `trialkit experiment update {experiment_id} --trial-concurrency N` changes it)")
+            f"({key}: `trialkit experiment update {experiment_id} --trial-concurrency N` changes it)")
 
 
 _FIELDS = {"priority": "priority", "ahead-of": "ahead_of", "behind-of": "behind_of"}

@@ -7,7 +7,8 @@
 The tuner is told every trial as the store holds it (the same seed makes it
 the same tuner), the assessor every ended trial's curve. A trial that the
 stop of the experiment found saving a checkpoint (PREEMPTED, its reason ending
-in queue.RESUMABLE) queues again, to go on from it, and so does one its tuner's
+in queue.RESUMABLE, or STARTED_FROM where it holds just the copy it started from) queues again, to go on from
+it, and so does one its tuner's
 round or generation waits for, or whose checkpoint it hands on may be unsaved (queue.RUNS_AGAIN: it runs again
 from the start; a trial that goes on from it waits for its end); one a user paused waits for
 `activate`; one the stop found waiting is still queued, and starts first. A trial that was
@@ -25,7 +26,7 @@ from typing import List, Optional, Tuple
 
 from trialkit import records
 from trialkit.control.loop import Loop, Trial
-from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, RUNS_AGAIN
+from trialkit.control.queue import NO_CHECKPOINT, RESUMABLE, RUNS_AGAIN, STARTED_FROM
 from trialkit.control.results import known_ends, metric_value
 from trialkit.statuses import FAILED, FINAL_STATUSES, PREEMPTED, SUCCEEDED, WAITING
 
@@ -56,7 +57,7 @@ def restore(loop: Loop) -> List[Running]:
         loop.next_sequence = max(loop.next_sequence, trial.sequence + 1)
         if not trial.ended and not queued:
             running.append((trial, ends.get(trial.id)))
-        elif trial.paused and (row["reason"] or "").endswith((RESUMABLE, RUNS_AGAIN)):
+        elif trial.paused and (row["reason"] or "").endswith((RESUMABLE, STARTED_FROM, RUNS_AGAIN)):
             resumable.append((trial, row["reason"]))
     loop.replay(loop.tuner)
     for trial in loop.trials.values():
@@ -64,7 +65,8 @@ def restore(loop: Loop) -> List[Running]:
             loop.assessor.trial_end(trial.id, trial.status == SUCCEEDED, trial.steps)
     for trial, reason in resumable:
         loop.requeue(trial, "resumed: " + ("it starts over: it saved no checkpoint" if reason.endswith(NO_CHECKPOINT)
-                                          else "it goes on from its checkpoint"))
+                                          else "it runs again from the checkpoint it started from"
+                                          if reason.endswith(STARTED_FROM) else "it goes on from its checkpoint"))
     return running
 
 

@@ -16,7 +16,8 @@ Kubernetes platforms also offer render(config, spec) -> list[dict] and, where
 NNI's v1 format had the platform, from_v1(v1_config) -> v2 trainingService dict.
 A platform that copies the trial's code dir (local) offers check_context(code_dir,
 experiment_dir, trial_command): a dir it cannot take, or one without the script
-the command runs, is refused before the experiment starts.
+the command runs, is refused before the experiment starts; and check_code(code_dir,
+trial_command), the part a new experiment's config checks with its other keys.
 A platform whose trials run on machines of their own (Kubernetes) offers
 shared_dirs(config) -> the paths where every trial sees the same files (PBT's
 all_checkpoint_dir goes there: control/config.py's checkpoint_handover); one

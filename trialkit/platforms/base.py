@@ -100,6 +100,9 @@ class Platform(Protocol):
     holds_checkpoint: Optional[Callable[[str], bool]]
     """For a trial that ended: whether it left a checkpoint to go on from (it exited 143 after a stop, or its
     checkpoint dir holds one). None: the platform cannot see; the loop then takes exit 143 alone as one."""
+    holds_only_seed: Optional[Callable[[str], bool]]
+    """For a trial that ended: whether its checkpoint dir holds just the copy of another's that seed_checkpoint
+    gave it (it saved none of its own), which a restart goes on from. None: the platform cannot tell."""
 
     def manager_url_told(self, handle: str) -> Optional[str]:
         """The manager's URL as the trial's keeper was told it (a cluster's pods reach it at another address);
@@ -136,6 +139,7 @@ class PlatformBase:
     remove_experiment: Optional[Callable[[str, Sequence[str]], List[str]]] = None
     holds_checkpoint: Optional[Callable[[str], bool]] = None
     seed_checkpoint: Optional[Callable[[str, str], None]] = None
+    holds_only_seed: Optional[Callable[[str], bool]] = None
     checkpoint_survives_stop: bool = True  # the trial dir, checkpoint included, stays where the restart runs
 
     def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:

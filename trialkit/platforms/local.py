@@ -177,11 +177,17 @@ def run_sh() -> str:
 
 
 def check_context(code_dir: str, experiment_dir: Path, command: Optional[str] = None) -> None:
-    """Refuse a code dir that trials cannot take along (one over the size limit, or one holding the experiment),
-    and a `python SCRIPT.py` command whose script it does not hold."""
+    """Refuse a code dir that trials cannot take along (one holding the experiment, or check_code's)."""
+    _refuse_nesting(code_dir, experiment_dir)
+    check_code(code_dir, command)
+
+
+def check_code(code_dir: str, command: Optional[str]) -> None:
+    """Refuse a code dir over the size limit and a `python SCRIPT.py` command whose script it does not hold. A new
+    experiment's config checks it with its other keys (config.py, determined.py), so that one refusal lists
+    every mistake in it, the script's with the rest."""
     from trialkit.platforms import context  # pathspec comes with the control plane's extras
 
-    _refuse_nesting(code_dir, experiment_dir)
     context.check_script(command, context.collect(code_dir), code_dir)
 
 
@@ -313,6 +319,8 @@ class Platform(PlatformBase):
         self._zygote: Optional[zygote.Zygote] = None  # warm start's, once an eligible trial started
         self._warm_off: str = "" if config.warm_start else "warmStart is off"
         self._said_cold: Set[str] = set()  # why trials start cold though warmStart is on: each said once
+        # Trials seed_checkpoint gave a copy of another's checkpoint -> what their checkpoint dir held after it.
+        self._seeded: Dict[str, List[Tuple[str, int, int]]] = {}
         if self._pool is not None:
             self._adopt_running()
 
@@ -503,6 +511,16 @@ class Platform(PlatformBase):
 
     def seed_checkpoint(self, source: str, trial_id: str) -> None:
         copy_checkpoint(self.experiment_dir, source, trial_id)
+        copied = _listing(layout.checkpoint_dir(paths.trial_dir(self.experiment_dir, trial_id)))
+        if copied:  # the source had a checkpoint: else the trial started from nothing
+            self._seeded[trial_id] = copied
+
+    def holds_only_seed(self, handle: str) -> bool:
+        """Whether the ended trial's checkpoint dir holds just the copy seed_checkpoint gave it, as it was (no file
+        added, removed or rewritten): it saved no checkpoint of its own."""
+        seeded = self._seeded.get(handle)
+        return seeded is not None and seeded == \
+            _listing(layout.checkpoint_dir(paths.trial_dir(self.experiment_dir, handle)))
 
     def holds_checkpoint(self, handle: str) -> bool:
         """Whether the ended trial left a checkpoint: it exited 143 after the stop (its keeper's PREEMPTED),
@@ -851,3 +869,17 @@ def _is_keeper(pid: int, ticks: int) -> bool:
         return process.start_ticks(pid) == ticks and b"trialkit.keeper" in cmdline
     except (OSError, IndexError, ValueError):
         return False
+
+
+def _listing(folder: Path) -> List[Tuple[str, int, int]]:
+    """Each file under `folder`: (its path within it, size, modification time in ns), sorted; [] when none."""
+    found = []
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(parent, name)
+            try:
+                info = os.lstat(path)
+            except OSError:  # gone meanwhile: not there
+                continue
+            found.append((os.path.relpath(path, folder), info.st_size, info.st_mtime_ns))
+    return sorted(found)

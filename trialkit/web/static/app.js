@@ -446,7 +446,9 @@
         link.firstChild.setAttribute('href', `#/exp/${enc(this.exp)}/trial/${enc(t.id)}`);
         link.firstChild.textContent = t.id;
         sequence.textContent = t.sequence;
-        status.append(statusBadge(t.status), t.reason ? el('span', {class: 'muted reason'}, ' ' + t.reason) : '');
+        // Clipped by app.css (#trials .reason): the whole of it on hover.
+        status.append(statusBadge(t.status),
+          t.reason ? el('span', {class: 'muted reason', title: t.reason}, ' ' + t.reason) : '');
         metric.textContent = fmtNumber(t.metric);
         const texts = [...page.parameters.map((p) => fmtValue((t.parameters || {})[p])), t.restarts,
           fmtDuration(t.duration)];
