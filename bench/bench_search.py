@@ -340,6 +340,9 @@ def run_ray(method: str, seed: int, budget: int, concurrency: int, data: Path, w
     # budget stops them (200 lines: they have no results) are not the race's.
     logging.getLogger("ray.tune").setLevel(logging.WARNING)
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    # Nor are its logger's "Remote file not found: .../result.json", one a trial (seen under HyperBand, reusing
+    # actors).
+    logging.getLogger("ray.tune.logger.logger").setLevel(logging.ERROR)
     started = time.time()
     try:
         tuner.fit()
