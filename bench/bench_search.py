@@ -119,6 +119,11 @@ MISSED 2.32, ASHA MET 0.93, PBT MISSED 1.82; every trialkit mean best still at l
 HyperBand's 0.9917 and 0.9883 on seeds 0 and 2. PBT at --epoch-scale 5, Ray tuned (load 1.4 -> 3.3): MET 0.96. Ray's ResultGrid
 fails with reuse_actors when the budget stopped a trial that never started: the race reads each epoch from its
 Budget stopper instead.
+Session 12 trimmed a trial's way (docs/searches.md, "A trial's way trimmed"): BOHB's libraries imported beside its
+first bracket and its candidates weighed as arrays, the keeper's 20 ms read delay gone, the zygote preloading what
+trials imported. The race, quiet (load 0.77 -> 2.22): Hyperband MET 0.51, BOHB MET 0.47, ASHA MISSED 1.18, PBT
+MISSED 1.12; ASHA and PBT again (1.88 -> 2.59): ASHA MISSED on its mean best against Optuna's (0.9900, 0.9911; 0.28),
+PBT MET 0.89.
 """
 from __future__ import annotations
 
