@@ -85,3 +85,21 @@ def test_every_help_text_says_smaller_priority_first():
     done = cli("job", "update", "--help")
     assert "higher starts first" not in done.stdout and "smaller starts first" in done.stdout
     assert "--resource-pool" in cli("job", "list", "--help").stdout
+
+
+def test_a_determined_configs_pool_note_names_the_key_its_user_wrote(tmp_path, home):
+    # Its user wrote searcher.max_concurrent_trials; trialConcurrency is trialkit's name for it (left12's finding).
+    pool_of(home, 2)
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "trial.py").write_text(GATED.format(log=str(tmp_path / "starts"), name="a", gate=str(tmp_path / "gate")))
+    (context / "exp.yaml").write_text("name: held\nentrypoint: python3 trial.py\n"
+                                      "hyperparameters: {x: {type: categorical, vals: [1, 2, 3, 4]}}\n"
+                                      "searcher: {name: grid, metric: x, max_length: 1, max_concurrent_trials: 4}\n")
+    proc = start_cli("run", context / "exp.yaml", context)
+    try:
+        head = [proc.stdout.readline().rstrip("\n") for _ in range(4)]  # started, manager, page, note
+    finally:
+        stop(proc, tmp_path)
+    assert (f"note: pool default has 2 slots and each trial takes 1: at most 2 of the 4 trials "
+            f"searcher.max_concurrent_trials asks for run at once ({home / 'pools.yml'} sets its slots)") in head, head

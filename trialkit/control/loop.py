@@ -260,13 +260,13 @@ class Loop:
             return self.stopping[1]
         limit, made = self.config.max_trial_number, len(self.trials)
         if limit is not None and made >= limit:
-            return f"{self._as_written('maxTrialNumber')} ({limit}) reached" + (
+            return f"{self.as_written('maxTrialNumber')} ({limit}) reached" + (
                 f"; {made} trials were made before it was lowered" if made > limit else "")
         if self.exhausted:
             return f"search space exhausted: each of its {self.tuner.points_tried} points was tried"
         return None
 
-    def _as_written(self, key: str) -> str:
+    def as_written(self, key: str) -> str:
         """A config key as its user wrote it: a Determined config's own name for the key it was translated into."""
         return schema.rename_path(key, determined.V2_WHERE) if determined.translated(self.config.trial_command) \
             else key
@@ -824,7 +824,7 @@ class Loop:
             self.store.set_restart_count(trial.id, trial.restart_count)
         if self.stopping is None:
             why = requeued(why, self.experiment_id, self.config.trial_concurrency,
-                           len(self.active) + len(self.queue), self.paused, self._as_written("trialConcurrency"))
+                           len(self.active) + len(self.queue), self.paused, self.as_written("trialConcurrency"))
         trial.status, trial.stop, trial.reason, trial.exit_code = WAITING, None, why, None
         self.store.set_status(trial.id, WAITING, reason=why)
         self.queue.push(trial.id)

@@ -206,7 +206,7 @@ def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: 
         loop.platform.on_end = loop.ended
         loop.platform.on_waiting = loop.waiting
         loop.platform.trials_at_once = lambda: loop.config.trial_concurrency
-        capacity = platform.capacity_note(loop.config.trial_concurrency)
+        capacity = platform.capacity_note(loop.config.trial_concurrency, loop.as_written("trialConcurrency"))
         if capacity:
             loop.progress.say(f"note: {capacity}")
         resume_trials(loop, running)

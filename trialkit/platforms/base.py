@@ -92,8 +92,9 @@ class Platform(Protocol):
     def check_ready(self) -> None:
         """Before the manager starts: raise a UserError if trials cannot be submitted at all (no cluster)."""
 
-    def capacity_note(self, trial_concurrency: int) -> str:
-        """A line for the start of a run when fewer than `trial_concurrency` trials can run at once; "" if not."""
+    def capacity_note(self, trial_concurrency: int, key: str = "trialConcurrency") -> str:
+        """A line for the start of a run when fewer than `trial_concurrency` trials can run at once, which names
+        the config's key as its user wrote it (`key`); "" if not."""
 
     checkpoint_survives_stop: bool
     """Whether a stopped trial's checkpoint dir is kept for its restart (else a pause loses its progress)."""
@@ -145,7 +146,7 @@ class PlatformBase:
     def experiment_ended(self, experiment_id: str, trial_ids: Sequence[str]) -> None:
         """Nothing outlives a trial here."""
 
-    def capacity_note(self, trial_concurrency: int) -> str:
+    def capacity_note(self, trial_concurrency: int, key: str = "trialConcurrency") -> str:
         """A line for the start of a run when the platform runs fewer than `trial_concurrency` trials at once
         (a resource pool's declared slots); "" when it holds none back."""
         return ""

@@ -498,16 +498,16 @@ class Platform(PlatformBase):
         at_once = min(float(self.trials_at_once()), self._pool_capacity() // 1)  # whole trials
         return trial_threads(len(os.sched_getaffinity(0)), at_once, self.config.slots)
 
-    def capacity_note(self, trial_concurrency: int) -> str:
-        """What the pool's declared slots allow of trialConcurrency, when that is fewer (a pool with no limit
-        allows all)."""
+    def capacity_note(self, trial_concurrency: int, key: str = "trialConcurrency") -> str:
+        """What the pool's declared slots allow of trialConcurrency (`key`, as the config wrote it), when that is
+        fewer (a pool with no limit allows all)."""
         at_once = self._pool_capacity()
         if at_once >= trial_concurrency:
             return ""
         slots = self._slots.slots
         return (f"pool {self._slots.name} has {slots:g} slot{'' if slots == 1 else 's'} and each trial takes "
                 f"{self.config.pool_slots:g}: at most {int(at_once)} of the {trial_concurrency} trials "
-                f"trialConcurrency asks for run at once ({paths.home() / pools.CONFIG_NAME} sets its slots)")
+                f"{key} asks for run at once ({paths.home() / pools.CONFIG_NAME} sets its slots)")
 
     def seed_checkpoint(self, source: str, trial_id: str) -> None:
         copy_checkpoint(self.experiment_dir, source, trial_id)
