@@ -9,7 +9,8 @@ trial that trains TRIAL_BUDGET epochs of `nni.get_next_parameter()`. They
 misspell the advisor first, fix it, press Ctrl-C while the first bracket's
 first round is still training, `trialkit experiment resume` it, and read
 `trial list` and `experiment show`. Then a PBTTuner search (population 4, two
-generations) whose trial loads `load_checkpoint_dir`, reports its final result
+generations; its trials started warm, as docs/platforms.md advises for PBT's
+short steps) whose trial loads `load_checkpoint_dir`, reports its final result
 and then saves to `save_checkpoint_dir` (NNI's mnist-pbt example's order, a
 save that takes a while), and writes which trial's checkpoint it loaded to a
 file of theirs (loads.log); they press Ctrl-C once the first generation has
@@ -88,6 +89,7 @@ tuner:
     population_size: {POPULATION}
 trainingService:
   platform: local
+  warmStart: true  # docs/platforms.md's advice for PBT's short steps
 """
 
 PBT_SPACE = {"lr": {"_type": "choice", "_value": [0.11, 0.23, 0.37, 0.41, 0.53]},
@@ -247,6 +249,10 @@ def test_experiment_show_names_the_best_ones_budget(day):
 def test_the_pbt_search_runs_to_its_end(day):
     assert day.pbt_code == 0, day.pbt_run.text
     assert any(line.startswith(f"experiment {day.pbt} DONE") for line in day.pbt_run.lines), day.pbt_run.text
+    # Warm start took the steps: its zygote ran (warm-start.log, docs/platforms.md's Warm start), and no trial
+    # started cold (each would say so, and why, on the run's output).
+    assert (day.user.home / "experiments" / day.pbt / "warm-start.log").exists()
+    assert "starts cold" not in day.pbt_run.text and "warmStart" not in day.pbt_run.text, day.pbt_run.text
 
 
 def test_the_first_generation_ctrl_c_cut_while_it_saved_waits_to_run_again(day):
