@@ -1,12 +1,16 @@
 """A trial that ignores its stop, under a keeper and a launcher: killed when the keeper's grace is over,
-it leaves nothing behind on the node (docs/launchers.md): no engine log in the temporary directory, no
-DeepSpeed shared-memory segment in /dev/shm."""
+it leaves nothing behind on the node (docs/launchers.md): no engine log nor its workers' socket dir in the
+temporary directory, no DeepSpeed shared-memory segment in /dev/shm."""
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
+import tempfile
 import time
+from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -35,11 +39,11 @@ def needs(module: str) -> None:
         pytest.skip(f"needs {module}")
 
 
-def start_and_stop(tmp_path, launcher: str, script: str, **extra: str) -> Proc:
+def start_and_stop(tmp_path, launcher: str, script: str, tmpdir: Optional[Path] = None, **extra: str) -> Proc:
     """The keeper runs the launcher over two workers that say ready; SIGTERM, then its end (143: killed)."""
     path = write(tmp_path, "ignore.py", script)
     proc = Proc([*KEEPER, PY, "-m", f"trialkit.launch.{launcher}", str(path)],
-                launch_env(tmp_path, TRIALKIT_SLOTS_PER_NODE="2", TMPDIR=str(tmp_path), **extra))
+                launch_env(tmp_path, TRIALKIT_SLOTS_PER_NODE="2", TMPDIR=str(tmpdir or tmp_path), **extra))
     for rank in (0, 1):
         proc.wait_for(rf"\[rank={rank}\] ready", timeout=300)
     proc.signal(signal.SIGTERM)
@@ -59,10 +63,21 @@ def horovod_semaphores():
 
 
 @pytest.mark.parametrize("launcher,module", LAUNCHERS)
-def test_a_launcher_killed_after_the_grace_leaves_no_log(tmp_path, launcher, module, horovod_semaphores):
+def test_a_launcher_killed_after_the_grace_leaves_no_log_nor_socket_dir(tmp_path, launcher, module, horovod_semaphores):
     needs(module)
-    start_and_stop(tmp_path, launcher, IGNORES_STOPS)
-    assert not list(tmp_path.glob("trialkit-*.log"))
+    # A TMPDIR short enough for a socket's path (pytest's tmp_path is not: the launcher would use /tmp).
+    tmpdir = Path(tempfile.mkdtemp(prefix="tk", dir="/tmp"))
+    try:
+        start_and_stop(tmp_path, launcher, IGNORES_STOPS, tmpdir)
+        assert not list(tmpdir.glob("trialkit-*.log"))
+        # Nor the dir of its workers' socket (newcomer21: trialkit-launch-*/workers.sock stayed); its cleaner
+        # runs once the launcher is gone: milliseconds.
+        deadline = time.monotonic() + 5
+        while list(tmpdir.glob("trialkit-launch-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not list(tmpdir.glob("trialkit-launch-*"))
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 # DeepSpeed's CPU all-reduce maps a segment a rank in /dev/shm (69 MB each) and never unlinks it. The signals

@@ -85,6 +85,9 @@ class Listener:
             os.rmdir(self._dir)
             self._dir = tempfile.mkdtemp(prefix="trialkit-launch-", dir="/tmp")
         self.path = os.path.join(self._dir, "workers.sock")
+        from trialkit.process import when_gone
+
+        when_gone(self._remove)  # also when the keeper's grace ends in a SIGKILL of the launcher's group
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(self.path)
         self.sock.listen(128)
@@ -106,8 +109,14 @@ class Listener:
 
     def close(self) -> None:
         self.sock.close()
+        self._remove()
+
+    def _remove(self) -> None:
         try:
             os.unlink(self.path)
+        except OSError:
+            pass
+        try:
             os.rmdir(self._dir)
         except OSError:
             pass
