@@ -211,7 +211,7 @@ def test_a_paused_trial_without_a_checkpoint_says_its_progress_restarts(tmp_path
         listed = ok("trial", "list", exp).splitlines()[2]
         assert re.search(r"\bPAUSED\b.* paused; it saved no checkpoint", listed), listed
         activated = ok("trial", "activate", trial)
-        assert "queued to start again from the beginning (it saved no checkpoint when paused)" in activated
+        assert "queued to start from the beginning (it holds no checkpoint)" in activated
         ok("experiment", "stop", exp)
         out, _ = proc.communicate(timeout=WAIT)
         assert f"trial {trial} PAUSED (paused; {restarts})" in out

@@ -108,7 +108,10 @@ def test_pausing_a_waiting_trial_says_it_was_not_running_and_starts_only_when_ac
         gate.touch()
         wait_until(lambda: trial_status(home, other) == "SUCCEEDED", WAIT, "trial 1 to end")
         assert trial_status(home, held) == "PREEMPTED"  # the freed slot did not start it
-        ok("trial", "activate", held)
+        # It holds no checkpoint (its script saves none): activate says it starts from the beginning, not that it
+        # resumes from one (newcomer21 read "queued to resume from its checkpoint" of a trial that held none).
+        assert ok("trial", "activate", held).endswith(f"activated trial {held}: queued to start from the beginning "
+                                                      "(it holds no checkpoint)\n")
         assert proc.wait(timeout=WAIT) == 0, proc.stderr.read()
     finally:
         end_failed_run(proc, gate)

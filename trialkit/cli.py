@@ -903,9 +903,8 @@ def cmd_trial_activate(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
 
     answer = admin.act(paths.experiment_of(opts.trial_id), "trial", "activate", opts.trial_id)
-    if isinstance(answer, dict) and answer.get("warning"):  # it saved no checkpoint
-        print(f"activated trial {opts.trial_id}: queued to start again from the beginning (it saved no checkpoint "
-              "when paused)")
+    if isinstance(answer, dict) and answer.get("warning"):  # no checkpoint: never saved, or never started
+        print(f"activated trial {opts.trial_id}: queued to start from the beginning (it holds no checkpoint)")
     else:
         print(f"activated trial {opts.trial_id}: queued to resume from its checkpoint")
     return 0

@@ -95,7 +95,7 @@ def activate_experiment(loop: "Loop", trial_id: Optional[str], body: Any) -> Any
     _not_stopping(loop)
     loop.set_paused(False)
     paused = [trial for trial in sorted(loop.trials.values(), key=lambda t: t.sequence) if trial.paused]
-    warning = _restarts(paused)
+    warning = _restarts(loop, paused)
     for trial in paused:
         loop.requeue(trial, "activated")
     return {"paused": False, **warning}
@@ -182,18 +182,21 @@ def activate_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     if not trial.paused:
         raise HttpError(409, f"trial {trial_id} is {_state(loop, trial)}: only a paused trial activates")
     _not_stopping(loop)
-    warning = _restarts([trial])
+    warning = _restarts(loop, [trial])
     loop.requeue(trial, "activated")
     return {"queued": trial.id, **warning}
 
 
-def _restarts(paused: List["Trial"]) -> dict:
-    """What an activation answers when some of the trials it queues saved no checkpoint when they stopped."""
-    lost = [trial.id for trial in paused if trial.reason.endswith(NO_CHECKPOINT)]
+def _restarts(loop: "Loop", paused: List["Trial"]) -> dict:
+    """What an activation answers when some of the trials it queues hold no checkpoint: as their platform sees
+    their checkpoint dirs, else as their reasons say (a pause's reason ends NO_CHECKPOINT when it found none)."""
+    holds = loop.platform.holds_checkpoint
+    lost = [trial.id for trial in paused
+            if (not holds(trial.handle or trial.id) if holds is not None else trial.reason.endswith(NO_CHECKPOINT))]
     if not lost:
         return {}
-    return {"warning": f"{', '.join(lost)} saved no checkpoint when paused: "
-                       f"{'it starts' if len(lost) == 1 else 'they start'} again from the beginning"}
+    return {"warning": f"{', '.join(lost)} {'holds' if len(lost) == 1 else 'hold'} no checkpoint: "
+                       f"{'it starts' if len(lost) == 1 else 'they start'} from the beginning"}
 
 
 def set_priority(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
