@@ -257,8 +257,19 @@ with open(os.path.join(os.environ["TRIALKIT_TRIAL_DIR"], "facts.json"), "w") as 
 """ % (ZYGOTE, ZYGOTE)
 
 
-@pytest.mark.parametrize("command", ["python3 -B trial.py", "sh -c 'python3 trial.py'", "REAL trial.py"])
-def test_an_ineligible_command_starts_cold(tmp_path, home, command):
+NOT_ELIGIBLE = "its command is not `python3 SCRIPT.py ...` or `python3 -m MODULE ...` (-u allowed) run by trialkit's " \
+               "own Python (OWN)"
+OTHER_PYTHON = "its Python (WHERE) is not trialkit's own (OWN): activate trialkit's environment before `trialkit run`, " \
+               "or name trialkit's Python in trialCommand"
+
+
+@pytest.mark.parametrize("command,why", [
+    ("python3 -B trial.py", NOT_ELIGIBLE), ("sh -c 'python3 trial.py'", NOT_ELIGIBLE),
+    ("REAL trial.py", OTHER_PYTHON.replace("WHERE", "REAL")),
+    # The python3 first on the trial's PATH another one (newcomer21: trialkit called by its path, its venv not
+    # activated, read "its command is not `python3 SCRIPT.py ...`" of exactly that command).
+    ("python3 trial.py", OTHER_PYTHON.replace("WHERE", "python3 on the trial's PATH: REAL"))])
+def test_an_ineligible_command_starts_cold(tmp_path, home, command, why):
     # REAL: python3 outside the venv that is the venv's very binary: one file with it, but not the same Python
     # (another sys.prefix, other site-packages).
     other = tmp_path / "other" / "python3"
@@ -268,13 +279,15 @@ def test_an_ineligible_command_starts_cold(tmp_path, home, command):
     config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2]}}, STDLIB_FACTS, maxTrialNumber=2,
                         trialCommand=command, trainingService={"platform": "local", "warmStart": True},
                         trialConcurrency=1, tuner={"name": "GridSearch"})
-    done = cli("run", config)
+    path = os.pathsep.join([str(other.parent), os.environ["PATH"]]) if command.startswith("python3 trial") \
+        else os.environ["PATH"]
+    done = cli("run", config, env={**os.environ, "PATH": path})
     assert done.returncode == 0, done.stdout + done.stderr
     exp = done.stdout.split()[2]
     # warmStart is parsed and not applied to these trials: the run says so, once, with why.
     told = [line for line in done.stderr.splitlines() if "warmStart" in line]
-    assert told == [f"trialkit: warmStart: trial {exp}-00000 starts cold: its command is not `python3 SCRIPT.py ...` "
-                    f"or `python3 -m MODULE ...` (-u allowed) run by trialkit's own Python ({sys.executable})"], told
+    why = why.replace("REAL", str(other)).replace("OWN", sys.executable)
+    assert told == [f"trialkit: warmStart: trial {exp}-00000 starts cold: {why}"], told
     fact = facts(home, exp)[f"{exp}-00000"]
     assert fact == {"keeper_warm": False, "forked": False}
     assert not (home / "experiments" / exp / "warm-start.log").exists(), "a zygote was started for nothing"

@@ -47,14 +47,9 @@ def python_command(argv: Sequence[str], environ: Dict[str, str], cwd: str,
     `... -m MODULE ...`, its interpreter, found on environ's PATH from cwd, `executable` (the keeper's). The same
     file is not enough: a venv's python and the system's are one binary with different site-packages, so it
     must be in the same dir too."""
-    if len(argv) < 2 or os.path.basename(argv[0]) not in _PYTHONS:
+    if len(argv) < 2:
         return None
-    if "/" in argv[0]:
-        found: Optional[str] = os.path.join(cwd, argv[0])
-    else:
-        import shutil
-
-        found = shutil.which(argv[0], path=environ.get("PATH", os.defpath))
+    found = interpreter(argv[0], environ, cwd)
     if found is None or not _same_python(found, executable):
         return None
     rest = list(argv[1:])
@@ -66,6 +61,17 @@ def python_command(argv: Sequence[str], environ: Dict[str, str], cwd: str,
     if rest and rest[0].endswith(".py") and os.path.isfile(os.path.join(cwd, rest[0])):
         return PythonCommand(rest[0], False, rest[1:], unbuffered)
     return None
+
+
+def interpreter(program: str, environ: Dict[str, str], cwd: str) -> Optional[str]:
+    """The file a command's `python[3]` names, on environ's PATH from cwd (None: it names no python)."""
+    if os.path.basename(program) not in _PYTHONS:
+        return None
+    if "/" in program:
+        return os.path.join(cwd, program)
+    import shutil
+
+    return shutil.which(program, path=environ.get("PATH", os.defpath))
 
 
 def _same_python(found: str, executable: str) -> bool:

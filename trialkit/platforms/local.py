@@ -833,6 +833,13 @@ def _warm_ineligible(config: LocalConfig, environ: Dict[str, str], cwd: str) -> 
         return "its code dir has a startup-hook.sh, which a shell runs before the command"
     argv = process.shell_line_argv(environ.get(env.COMMAND, ""))
     if warm.python_command(argv, environ, cwd, environ[env.PYTHON]) is None:
+        found = warm.interpreter(argv[0], environ, cwd) if argv else None
+        if found is not None and warm.python_command([environ[env.PYTHON], *argv[1:]], environ, cwd,
+                                                     environ[env.PYTHON]) is not None:
+            # The command's form is right; its python is another one (an environment not activated).
+            where = found if "/" in argv[0] else f"{argv[0]} on the trial's PATH: {found}"
+            return (f"its Python ({where}) is not trialkit's own ({environ[env.PYTHON]}): activate trialkit's "
+                    "environment before `trialkit run`, or name trialkit's Python in trialCommand")
         return (f"its command is not `python3 SCRIPT.py ...` or `python3 -m MODULE ...` (-u allowed) run by "
                 f"trialkit's own Python ({environ[env.PYTHON]})")
     return None
