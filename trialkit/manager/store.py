@@ -65,7 +65,7 @@ from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tu
 
 from trialkit import records
 from trialkit.errors import UserError
-from trialkit.statuses import FINAL_STATUSES, RUNNING, WAITING
+from trialkit.statuses import FINAL_STATUSES, RUNNING, WAITING, is_grace_killed
 
 DB_NAME = "trialkit.db"
 CACHE_KIB = 64 << 10  # the writer's page cache, at most (SQLite takes it as pages are used)
@@ -571,7 +571,7 @@ def _json_column(text: Any, what: str) -> Any:
 def _history(db: sqlite3.Connection, trial_id: str, status: str, exit_code: Optional[int], reason: Optional[str],
              when: float, source: str) -> None:
     if status in FINAL_STATUSES:
-        last = db.execute("SELECT id, status, source FROM statuses WHERE trial=? ORDER BY id DESC LIMIT 1",
+        last = db.execute("SELECT id, status, source, reason FROM statuses WHERE trial=? ORDER BY id DESC LIMIT 1",
                           (trial_id,)).fetchone()
         if last is not None and last["status"] in FINAL_STATUSES:
             # One end: the keeper reports it, then the control plane records its verdict on the same
@@ -581,12 +581,14 @@ def _history(db: sqlite3.Connection, trial_id: str, status: str, exit_code: Opti
             if status == last["status"]:  # the same end: the row stays, with the reason if it had none
                 db.execute("UPDATE statuses SET reason=COALESCE(NULLIF(reason, ''), ?) WHERE id=?", (reason, last["id"]))
                 return
-            if last["source"] != "keeper":
+            if last["source"] != "keeper" or not is_grace_killed(last["reason"] or ""):
+                # A verdict of another status (a pause the keeper saw as a stop: PREEMPTED, not USER_CANCELED)
+                # takes the keeper's row: the history says PAUSED, as the status line does.
                 db.execute("UPDATE statuses SET status=?, exit_code=COALESCE(?, exit_code), "
-                           "reason=COALESCE(NULLIF(?, ''), reason) WHERE id=?", (status, exit_code, reason, last["id"]))
+                           "reason=COALESCE(NULLIF(?, ''), reason), source=? WHERE id=?",
+                           (status, exit_code, reason, source, last["id"]))
                 return
-            # A verdict of another status (a pause the keeper saw as a stop: PREEMPTED, not USER_CANCELED)
-            # follows the keeper's row, which stays, saying what the keeper saw (a kill after the grace).
+            # Unless the keeper killed it when its grace ran out: that row stays, and the verdict follows it.
     db.execute("INSERT INTO statuses(trial, status, exit_code, reason, time, source) VALUES (?,?,?,?,?,?)",
                (trial_id, status, exit_code, reason, when, source))
 
