@@ -64,7 +64,9 @@ def ok(*args) -> str:
     return done.stdout
 
 
-def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_a_slot(tmp_path, home):
+def trial_0_paused_and_activated_behind_trial_1(tmp_path, home):
+    """Two trials, one at a time: trial 0 paused as it trains, trial 1 takes the slot, trial 0 activated behind
+    it. (the run, the experiment, trial 0, trial 1, the gate that lets them end)."""
     gate = tmp_path / "gate"
     config = experiment(tmp_path, {"hold": {"_type": "choice", "_value": [1, 0]}}, SCRIPT.format(gate=str(gate)),
                         trialConcurrency=1, maxTrialNumber=2, trialGraceSeconds=10,
@@ -75,6 +77,15 @@ def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_
         ok("trial", "pause", held)
         wait_until(lambda: trial_status(home, other) == "RUNNING", WAIT, "trial 1 to take the freed slot")
         ok("trial", "activate", held)
+    except BaseException:
+        end_failed_run(proc, gate)
+        raise
+    return proc, exp, held, other, gate
+
+
+def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_a_slot(tmp_path, home):
+    proc, exp, held, other, gate = trial_0_paused_and_activated_behind_trial_1(tmp_path, home)
+    try:
         words = (f"activated; waiting for a free slot: 1 of 1 in use by this experiment's trials (trialConcurrency: "
                  f"`trialkit experiment update {exp} --trial-concurrency N` changes it)")
         assert f"status         WAITING: {words}" in ok("trial", "show", held)
@@ -90,16 +101,8 @@ def test_an_activated_trial_behind_its_experiments_own_trials_says_it_waits_for_
 def test_pausing_a_waiting_trial_says_it_was_not_running_and_starts_only_when_activated(tmp_path, home):
     """`trial pause` of a trial that waits in the queue said it was asked to save a checkpoint as it stopped, as
     if it ran (a newcomer's, session 11)."""
-    gate = tmp_path / "gate"
-    config = experiment(tmp_path, {"hold": {"_type": "choice", "_value": [1, 0]}}, SCRIPT.format(gate=str(gate)),
-                        trialConcurrency=1, maxTrialNumber=2, trialGraceSeconds=10,
-                        tuner={"name": "GridSearch", "classArgs": {"optimize_mode": "maximize"}})
-    proc, exp = started(config, home, gate)
-    held, other = f"{exp}-00000", f"{exp}-00001"
+    proc, exp, held, other, gate = trial_0_paused_and_activated_behind_trial_1(tmp_path, home)
     try:
-        ok("trial", "pause", held)
-        wait_until(lambda: trial_status(home, other) == "RUNNING", WAIT, "trial 1 to take the freed slot")
-        ok("trial", "activate", held)
         assert trial_status(home, held) == "WAITING"
         said = ok("trial", "pause", held)
         assert said.startswith(f"paused trial {held}: it was waiting, not running: it does not start until "
