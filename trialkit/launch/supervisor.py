@@ -128,9 +128,11 @@ class Supervisor:
     # -- the story ----------------------------------------------------------
     def run(self, argv: Sequence[str], environ: Mapping[str, str]) -> int:
         """Start the engine, serve events until its tree is gone, say how it went."""
+        # Before we are a subreaper: the cleaner the listener forks (process.when_gone) must not come to us, whose
+        # sweep of orphans would stop it, but go where a SIGKILL of us leaves it to clean.
+        listener = Listener(share_fds=(sys.stdout.fileno(), sys.stderr.fileno()))
         set_child_subreaper()  # workers orphaned by a dying engine come to us, to be swept
         self.loop.install_signal_handlers()
-        listener = Listener(share_fds=(sys.stdout.fileno(), sys.stderr.fileno()))
         log = tempfile.TemporaryFile()  # unnamed (O_TMPFILE): nothing to remove, however we end
         self.engine_log = log.fileno()
         try:
