@@ -123,7 +123,8 @@ Session 12 trimmed a trial's way (docs/searches.md, "A trial's way trimmed"): BO
 first bracket and its candidates weighed as arrays, the keeper's 20 ms read delay gone, the zygote preloading what
 trials imported. The race, quiet (load 0.77 -> 2.22): Hyperband MET 0.51, BOHB MET 0.47, ASHA MISSED 1.18, PBT
 MISSED 1.12; ASHA and PBT again (1.88 -> 2.59): ASHA MISSED on its mean best against Optuna's (0.9900, 0.9911; 0.28),
-PBT MET 0.89.
+PBT MET 0.89. The whole race on the last head (1.28 -> 2.31): Hyperband and BOHB MISSED (never reaching Ray HyperBand's
+0.9917 and 0.9883 on seeds 0 and 2), ASHA MET 0.98, PBT MISSED 1.01.
 """
 from __future__ import annotations
 
