@@ -351,8 +351,10 @@ def test_nnis_pbt_example_trains_each_generation_from_the_checkpoints_pbt_gives(
                 assert {k: params[k] for k in ("batch_size", "lr", "momentum")} == \
                     {k: source["parameters"][k] for k in ("batch_size", "lr", "momentum")}
     assert explored  # (each is resampled or moved a step; that none of them moved is below a chance in 10,000)
-    # The population got better: its best of the last generation beats the best of the first.
-    assert max(r["final"] for r in population[-1]) > max(r["final"] for r in population[0])
+    # The population got better: its mean in the last generation beats its mean in the first. (Not its best: with
+    # momentum the best member can overshoot its target, and its best fell in 51 of 2000 seeds of this search driven
+    # offline; the mean rose in all 2000.)
+    assert sum(r["final"] for r in population[-1]) > sum(r["final"] for r in population[0])
 
 
 # A trial written for trialkit: its state in trialkit.checkpoint_dir(), which PBT fills with the better trial's.
