@@ -107,3 +107,50 @@ def test_deepspeed_killed_after_the_grace_leaves_no_shared_memory(tmp_path):
     while segments() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not segments()
+
+
+# DeepSpeed JIT-builds its CPU communication op under torch's FileBaton: a `lock` file in the op's build dir,
+# created and held open while it builds and removed after. A build killed with its launch left it, and every
+# later DeepSpeed run waited for it in init_distributed, forever (hygiene13). Rank 0 holds the real baton.
+HOLDS_THE_BUILD_LOCK = """
+import os, signal, time
+from torch.utils.file_baton import FileBaton
+if os.environ["RANK"] == "0":
+    assert FileBaton(os.environ["BUILD_LOCK"]).try_acquire()  # as torch's cpp_extension does while it builds
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print("ready", flush=True)
+time.sleep(300)
+"""
+LOADS_THE_OP = """
+import torch, deepspeed
+deepspeed.init_distributed(dist_backend="gloo")  # loads the op, through its build lock
+t = torch.ones(1)
+deepspeed.comm.all_reduce(t)
+print(f"sum {t.item():g}", flush=True)
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_a_build_lock_left_by_a_killed_launch_does_not_hang_the_next_run(tmp_path):
+    needs("deepspeed")
+    extensions = tmp_path / "extensions"  # the machine's own cache is shared with runs we must not disturb
+    built = sorted(Path.home().glob(".cache/torch_extensions/*/deepspeed_shm_comm"))
+    if built:  # the op as built before: the next run loads it in seconds (else it builds it: minutes)
+        shutil.copytree(built[0], extensions / "deepspeed_shm_comm", ignore=shutil.ignore_patterns("lock"))
+    lock = extensions / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    start_and_stop(tmp_path, "deepspeed", HOLDS_THE_BUILD_LOCK, TORCH_EXTENSIONS_DIR=str(extensions),
+                   BUILD_LOCK=str(lock))
+    script = write(tmp_path, "allreduce.py", LOADS_THE_OP)
+    proc = Proc([PY, "-m", "trialkit.launch.deepspeed", str(script)],
+                launch_env(tmp_path, TRIALKIT_SLOTS_PER_NODE="2", TORCH_EXTENSIONS_DIR=str(extensions)))
+    try:
+        for rank in (0, 1):
+            proc.wait_for(rf"\[rank={rank}\] sum 2\n", timeout=120 if built else 600)
+    except AssertionError:  # it hangs on the lock: its own stop takes its workers down
+        proc.signal(signal.SIGTERM)
+        proc.finish(timeout=60)
+        raise
+    assert proc.finish(timeout=60) == 0, proc.err[-3000:]
+    assert not lock.exists()

@@ -15,7 +15,7 @@ from typing import List, Optional, Sequence, Tuple
 from trialkit import env
 from trialkit import trial as trials
 from trialkit.errors import UserError, report_and_exit
-from trialkit.launch import discover, grammar
+from trialkit.launch import discover, grammar, leftovers
 from trialkit.launch.ports import rendezvous_port
 from trialkit.launch.supervisor import Supervisor
 
@@ -58,6 +58,7 @@ def supervise(prog: str, engine: str, launch: grammar.Launch, topo: env.Topology
               stop_signal: int = signal.SIGTERM) -> int:
     """Run the engine under the fail-fast supervisor; the workers see the topology in trialkit's names."""
     environ = {**os.environ, **topo.environ()}
+    leftovers.remove_when_gone(environ)  # before the supervisor is a subreaper (see Supervisor.run)
     supervisor = Supervisor(prog, engine, launch.describe(), env.read().grace_seconds,
                             stop_signal=stop_signal, overrides=launch.overrides)
     return supervisor.run(command, environ)
