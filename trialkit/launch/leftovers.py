@@ -5,6 +5,9 @@ its grace; the launcher's, of an engine that lingers) never lets run:
 - torch's cpp_extension builds an op (DeepSpeed's CPU communication op, a user's own) under a `lock` file that
   its FileBaton creates (O_CREAT|O_EXCL) and removes when the build is done; every later load of the op, in
   any run, waits for that file to go, forever.
+- Python's multiprocessing, in a process that does not fork (horovodrun's), names its semaphores
+  (`/dev/shm/sem.mp-*`) and leaves their unlinking to its resource tracker, a process that dies with it when
+  their group is SIGKILLed (the launcher's kill of an engine at the end of the grace): ten a horovodrun.
 
 Whose is a file? Only its maker could say, and it is gone. But such a file is held while it is in use: a
 FileBaton keeps its lock open for as long as it builds. So a launcher removes a file only when it appeared
@@ -38,9 +41,13 @@ def torch_extension_locks(environ: Mapping[str, str]) -> List[str]:
     return [os.path.join(cache, "torch_extensions", "*", "*", "lock")]
 
 
+SHARED_MEMORY = "/dev/shm/"
+SEMAPHORES = SHARED_MEMORY + "sem.mp-*"  # a live semaphore is mapped by each process that uses it
+
+
 def patterns(environ: Mapping[str, str]) -> List[str]:
     """Every kind of file a launch may leave behind, as glob patterns."""
-    return torch_extension_locks(environ)
+    return [*torch_extension_locks(environ), SEMAPHORES]
 
 
 def remove_when_gone(environ: Mapping[str, str]) -> None:
@@ -99,9 +106,13 @@ def _unheld(files: Set[Identity]) -> Set[Identity]:
         return set()
     held_paths: Set[str] = set()
     held_inodes: Set[Tuple[int, int]] = set()
+    # Shared memory is used mapped, its fd closed; reading every process's maps costs a scan most of its time
+    # (300 ms over 141 processes at load 8), so only for a file there.
+    maps = any(path.startswith(SHARED_MEMORY) for path, _, _ in files)
     for pid in (name for name in os.listdir("/proc") if name.isdigit()):
         held_paths.update(_open_paths(pid))
-        held_inodes.update(_mapped_inodes(pid))
+        if maps:
+            held_inodes.update(_mapped_inodes(pid))
     return {(path, dev, inode) for path, dev, inode in files
             if os.path.realpath(path) not in held_paths and (dev, inode) not in held_inodes}
 
