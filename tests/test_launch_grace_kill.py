@@ -69,6 +69,7 @@ def test_a_launcher_killed_after_the_grace_leaves_no_log_nor_socket_dir(tmp_path
         while list(tmpdir.glob("trialkit-launch-*")) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not list(tmpdir.glob("trialkit-launch-*"))
+        assert not list(tmpdir.glob("torchelastic_*"))  # torchrun's: the launch's dir is its TMPDIR
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
 

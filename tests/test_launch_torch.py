@@ -4,8 +4,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -27,6 +30,22 @@ def test_two_workers_all_reduce_through_the_keeper(tmp_path):
     assert proc.finish() == 0, proc.err[-3000:]
     for rank in (0, 1):
         assert f"[rank={rank}] rank {rank} of 2 sum 3 args ['--', '--lr', '0.1']\n" in proc.text
+
+
+def test_torchrun_leaves_nothing_in_tmpdir_and_the_script_keeps_the_users(tmp_path):
+    """torchrun makes a torchelastic_* dir in TMPDIR for its logs and never removes it, even after a normal
+    end (hygiene13); the launcher gives it a TMPDIR of the launch's own, removed at the end, and gives the
+    user's script the user's TMPDIR back."""
+    tmpdir = Path(tempfile.mkdtemp(prefix="tk", dir="/tmp"))  # short: the launch's socket dir goes there too
+    try:
+        script = write(tmp_path, "tmp.py", ALLREDUCE + "import tempfile\nprint('tmp', tempfile.gettempdir())\n")
+        proc = Proc([*LAUNCHER, str(script)], launch_env(tmp_path, TRIALKIT_SLOTS_PER_NODE="2", TMPDIR=str(tmpdir)))
+        assert proc.finish() == 0, proc.err[-3000:]
+        for rank in (0, 1):
+            assert f"[rank={rank}] tmp {tmpdir}\n" in proc.text
+        assert not list(tmpdir.iterdir())
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def test_a_trial_class_runs_in_every_worker(tmp_path):

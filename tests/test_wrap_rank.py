@@ -8,6 +8,8 @@ import subprocess
 import pytest
 
 from launch_support import PY, Proc, launch_env, write
+from trialkit import env
+from trialkit.launch import link
 from trialkit.launch.prefix import LinePrefixer
 from trialkit.launch.wrap_rank import READ_SIZE
 
@@ -214,3 +216,11 @@ def test_a_short_or_refused_write_continues_where_it_stopped():
     reader.join(timeout=30)
     os.close(read_fd)
     assert bytes(received) == b"".join(buffers)
+
+
+def test_the_script_gets_the_users_tmpdir_back():
+    """The engine's TMPDIR is the launch's own dir (removed at its end); the script gets the user's."""
+    launched = {"TMPDIR": "/tmp/trialkit-launch-x", env.LAUNCH_SOCKET: "/tmp/trialkit-launch-x/workers.sock", "A": "1"}
+    assert link.script_environ({**launched, env.LAUNCH_USER_TMPDIR: "/scratch"}) == {"TMPDIR": "/scratch", "A": "1"}
+    assert link.script_environ({**launched, env.LAUNCH_USER_TMPDIR: ""}) == {"A": "1"}  # it was unset
+    assert link.script_environ({"TMPDIR": "/scratch"}) == {"TMPDIR": "/scratch"}  # not under a launcher

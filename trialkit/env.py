@@ -538,6 +538,9 @@ CHIEF_ADDR = "TRIALKIT_CHIEF_ADDR"
 CHIEF_PORT = "TRIALKIT_CHIEF_PORT"
 HOSTS = "TRIALKIT_HOSTS"  # every node's address in node-rank order, comma-separated
 LAUNCH_SOCKET = "TRIALKIT_LAUNCH_SOCKET"  # wrap_rank -> its launcher's supervisor
+# The user's TMPDIR ("" when unset), for wrap_rank to give back to the script: the engine's TMPDIR is the
+# launch's own dir, removed at its end (torchrun leaves a torchelastic_* dir there a run).
+LAUNCH_USER_TMPDIR = "TRIALKIT_LAUNCH_USER_TMPDIR"
 DEFAULT_CHIEF_PORT = 29500  # torch.distributed's default, when a platform names no port
 
 

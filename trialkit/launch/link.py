@@ -15,6 +15,11 @@ The launcher stops workers this way rather than signalling their scripts
 itself: the engine will soon pass the same signal down to wrap_rank too, and
 wrap_rank forwards a stop signal only once, so the script's handler runs once.
 
+The launcher's directory is also the engine's TMPDIR (torchrun leaves a
+torchelastic_* dir in its TMPDIR every run, a normal end included), so it is
+removed, whatever is in it, at the launcher's end; wrap_rank gives the script
+the user's own TMPDIR back (`engine_environ`, `script_environ`).
+
 The launcher's greeting can carry its stdout and stderr (SCM_RIGHTS), for
 engines that would otherwise rewrite the workers' output on its way
 (horovodrun decodes it as UTF-8 and prefixes it again).
@@ -24,9 +29,11 @@ from __future__ import annotations
 import os
 import socket
 
+from trialkit import env
+
 TYPE_CHECKING = False  # no typing at run time: it costs every start 1.6 ms (tests/test_start_imports.py)
 if TYPE_CHECKING:
-    from typing import List, Optional, Sequence, Tuple
+    from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
     Message = Tuple[str, Tuple[int, ...]]
 
@@ -80,11 +87,11 @@ class Listener:
     def __init__(self, share_fds: Sequence[int] = ()):
         import tempfile  # here, not at the top: every worker's wrap_rank imports this module, and starts faster
 
-        self._dir = tempfile.mkdtemp(prefix="trialkit-launch-")  # mode 0700: only our user connects
-        if len(os.fsencode(self._dir)) > SOCKET_DIR_MAX:  # under a long TMPDIR: a socket's path holds 107 bytes
-            os.rmdir(self._dir)
-            self._dir = tempfile.mkdtemp(prefix="trialkit-launch-", dir="/tmp")
-        self.path = os.path.join(self._dir, "workers.sock")
+        self.dir = tempfile.mkdtemp(prefix="trialkit-launch-")  # mode 0700: only our user connects
+        if len(os.fsencode(self.dir)) > SOCKET_DIR_MAX:  # under a long TMPDIR: a socket's path holds 107 bytes
+            os.rmdir(self.dir)
+            self.dir = tempfile.mkdtemp(prefix="trialkit-launch-", dir="/tmp")
+        self.path = os.path.join(self.dir, "workers.sock")
         from trialkit.process import when_gone
 
         when_gone(self._remove)  # also when the keeper's grace ends in a SIGKILL of the launcher's group
@@ -112,14 +119,28 @@ class Listener:
         self._remove()
 
     def _remove(self) -> None:
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-        try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass
+        import shutil  # here, as tempfile above
+
+        shutil.rmtree(self.dir, ignore_errors=True)  # the socket, and what the engine left in its TMPDIR
+
+
+def engine_environ(environ: Mapping[str, str], listener: Listener) -> Dict[str, str]:
+    """The engine's environment: the link's socket, and the launcher's directory as its TMPDIR."""
+    return {**environ, env.LAUNCH_SOCKET: listener.path, "TMPDIR": listener.dir,
+            env.LAUNCH_USER_TMPDIR: environ.get("TMPDIR", "")}
+
+
+def script_environ(environ: Mapping[str, str]) -> Dict[str, str]:
+    """A worker's script's environment: without the link (a launcher nested below makes its own), with the
+    user's TMPDIR (unset when it was)."""
+    out = {name: value for name, value in environ.items() if name != env.LAUNCH_SOCKET}
+    if env.LAUNCH_USER_TMPDIR in out:
+        user_tmpdir = out.pop(env.LAUNCH_USER_TMPDIR)
+        if user_tmpdir:
+            out["TMPDIR"] = user_tmpdir
+        else:
+            out.pop("TMPDIR", None)
+    return out
 
 
 def connect(path: str, rank: int) -> Connection:

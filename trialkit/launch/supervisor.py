@@ -43,9 +43,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from trialkit import env
 from trialkit.errors import USAGE_EXIT
-from trialkit.launch.link import Connection, Listener
+from trialkit.launch.link import Connection, Listener, engine_environ
 from trialkit.process import (
     STOP_SIGNALS,
     Child,
@@ -140,7 +139,7 @@ class Supervisor:
             self.loop.on_signal = self._on_signal
             self.loop.on_exit = self._on_exit
             try:
-                self.engine = spawn(argv, env={**environ, env.LAUNCH_SOCKET: listener.path}, stdout=self.engine_log,
+                self.engine = spawn(argv, env=engine_environ(environ, listener), stdout=self.engine_log,
                                     stderr=self.engine_log)
             except LaunchError as err:
                 print(f"{self.prog}: {err}", file=sys.stderr, flush=True)

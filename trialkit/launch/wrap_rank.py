@@ -207,8 +207,7 @@ def connect(rank: int, environ) -> Optional[links.Connection]:
 
 def start(command: List[str], loop: EventLoop) -> Tuple[Child, List[int]]:
     """The command in its own session, its stdout and stderr into pipes; returns their read ends."""
-    environ = dict(os.environ)
-    environ.pop(env.LAUNCH_SOCKET, None)  # the link is ours; a launcher nested below makes its own
+    environ = links.script_environ(os.environ)
     pipes = [os.pipe(), os.pipe()]
     for read_end, _ in pipes:
         try:
