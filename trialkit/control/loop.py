@@ -349,9 +349,7 @@ class Loop:
             if trial is not None and trial.id in self.active:
                 self._check_ended(trial)
         elif kind == "waiting":
-            trial = self.trials.get(event[1])
-            if trial is not None and trial.id in self.active:
-                trial.held = event[2]
+            self._on_waiting(self.trials.get(event[1]), event[2])
         elif kind == "signal":
             self._on_signal(event[1], event[2])
         elif kind == "picked":
@@ -363,6 +361,17 @@ class Loop:
             except Exception as err:  # noqa: BLE001 - handed to the HTTP thread, which answers with it
                 reply.error = err
             reply.done.set()
+
+    def _on_waiting(self, trial: Optional[Trial], why: str) -> None:
+        """Its platform holds it back (on_waiting): counted as waiting until it runs. A word queued by a platform's
+        thread that had not seen it start (Kueue's admissions watcher) may come after its keeper's RUNNING or its
+        platform's: stale, it changes nothing, and the store, which waiting() set at once, says RUNNING again."""
+        if trial is None or trial.id not in self.active:
+            return
+        if trial.heard or trial.running_since is not None:
+            self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial))
+            return
+        trial.held = why
 
     # -- records and trial ends -----------------------------------------------------------
     def on_records(self, trial_id: str, fresh: List[Dict[str, Any]]) -> None:
