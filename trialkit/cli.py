@@ -217,7 +217,6 @@ def _trials_made(trials: List[Dict[str, Any]], interrupted: Interrupted = None) 
 
 def cmd_experiment_show(opts: argparse.Namespace) -> int:
     from trialkit.control import admin, background
-    from trialkit.platforms.local import cold_lines
 
     experiment_dir = paths.experiment_dir(opts.experiment_id)
     with _store(experiment_dir) as store:
@@ -239,7 +238,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         f"elapsed     {duration(ran)}",
         f"dir         {experiment_dir}",
         f"platform    {setting(config, 'trainingService', 'platform') or '-'}",
-        *(f"warm start  {line}" for line in cold_lines(experiment_dir)),  # else only in a detached run's log
+        *(f"warm start  {line}" for line in paths.cold_lines(experiment_dir)),  # else only in a detached run's log
         f"tuner       {setting(config, 'tuner', 'name') or '-'} ({'; '.join([mode, *_class_args(config)])})",
         f"trials      {len(rows)}" + (f" of {most}" if most else ""),
     ]

@@ -439,11 +439,11 @@ class Platform(PlatformBase):
 
     def _say_cold(self, topic: str, line: str) -> None:
         """Why trials start cold though warmStart is on: on the run's stderr (after `topic`), and kept in the
-        experiment dir for `experiment show` (cold_lines: its "warm start" lines), where a detached run's user looks
+        experiment dir for `experiment show` (paths.cold_lines: its "warm start" lines), where a detached run's user looks
         (its stderr is manager.log)."""
         sys.stderr.write(f"trialkit: {topic}{line}\n")
         try:
-            with open(self.experiment_dir / COLD_LINES, "a", encoding="utf-8") as kept:
+            with open(self.experiment_dir / paths.COLD_LINES, "a", encoding="utf-8") as kept:
                 kept.write(line + "\n")
         except OSError:
             pass  # a full disk: the run's stderr said it
@@ -830,17 +830,6 @@ def _pool_gpu_indices(config: LocalConfig, pool: pools.Pool, found: Sequence[gpu
 
 
 ZYGOTE_LOG = "warm-start.log"  # the zygote's output, in the experiment dir
-COLD_LINES = "warm-start-cold.txt"  # why trials started cold though warmStart is on (_say_cold), in the experiment dir
-
-
-def cold_lines(experiment_dir: Path) -> List[str]:
-    """The lines of why an experiment's trials started cold with warmStart on, each once (a resumed run says its
-    own again), in the order said; [] when all started warm or warmStart is off."""
-    try:
-        text = (Path(experiment_dir) / COLD_LINES).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    return list(dict.fromkeys(line for line in text.splitlines() if line))
 
 
 def _warm_ineligible(config: LocalConfig, environ: Dict[str, str], cwd: str) -> Optional[str]:
