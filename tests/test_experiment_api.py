@@ -235,6 +235,18 @@ def test_members_that_make_no_sense_here_say_so(tmp_path):
         Experiment.connect(free_port())
 
 
+def test_an_unknown_key_and_a_misspelt_script_are_refused_in_one_error_as_the_cli_refuses_them(tmp_path, home):
+    exp = gated_experiment(tmp_path, trial_command="python3 trail.py", trial_concurency=2)
+    for check in (exp.config.validate, lambda: exp.start(free_port())):
+        with pytest.raises(UserError) as refused:
+            check()
+        said = str(refused.value)
+        assert said.startswith("2 problems: ") and "unknown key 'trial_concurency' (did you mean " \
+            "'trialConcurrency'?)" in said and "trail.py is not in the trial code directory" in said and \
+            "(did you mean trial.py?)" in said, said
+    assert not (home / "experiments").exists() or not any((home / "experiments").iterdir()), "it started"
+
+
 # NNI 3.0's HPO quickstart (examples/tutorials/hpo_quickstart_pytorch/main.py), its
 # calls as written, and those of its notebooks after the run; only the import differs
 # (and the port: 8080 may be taken on a shared machine).

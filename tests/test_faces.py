@@ -203,7 +203,8 @@ def test_a_running_experiment_job_list_show_page_and_a_pause_tell_the_same_story
                    if line.strip()]
         # Not USER_CANCELED (the keeper's word) first; PAUSED as the status line above and the page's history say
         # it (docs/concepts.md: PREEMPTED, shown as PAUSED).
-        assert history == ["WAITING", "RUNNING", "PAUSED"]
+        # The second RUNNING: its stop sent, who asked and when its grace ends (queue.stopping).
+        assert history == ["WAITING", "RUNNING", "RUNNING", "PAUSED"]
     finally:
         cli("experiment", "stop", exp)
         runner.wait(60)

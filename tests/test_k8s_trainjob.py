@@ -139,17 +139,25 @@ def test_the_nodes_account_is_the_configs_else_the_templates_patch_else_one_with
                                      "python3 -m trialkit.launch.deepspeed t.py"])
 def test_every_node_container_gets_the_checkpoint_stores_secret_for_run_sh_to_export(command):
     """A TrainJob takes no envFrom: each pod that runs run.sh (the trainer's container) mounts the Secret named by
-    checkpointStorage.secretName read-only under TRIALKIT_ENV_FROM_DIR, whose keys run.sh exports."""
+    checkpointStorage.secretName read-only under TRIALKIT_ENV_FROM_DIR, whose keys run.sh exports; a pod that runs
+    the runtime's own command (deepspeed-distributed's nodes: sshd, whose ssh sessions see none of the container's
+    environment) would hold the keys and export none: it does not mount it."""
     config = kubeflow.parse_section(copy.deepcopy(SECTION), "trainingService")
     objects = k8s.render_trial(config, dataclasses.replace(trial(command), env_from_secrets=("s3-creds",)))
     k8s_schemas.validate_objects(objects)
-    containers = [(template, container) for template, _ in trainer_play.templates(objects[-1]).values()
+    pods = trainer_play.templates(objects[-1])
+    containers = [(template, container) for template, _ in pods.values()
                   for container in template["spec"]["containers"] if container.get("command") == k8s.RUN_COMMAND]
     assert containers
     for template, container in containers:
         volume = next(v for v in template["spec"]["volumes"] if v.get("secret") == {"secretName": "s3-creds"})
         [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
         assert mount["readOnly"] and mount["mountPath"].rsplit("/", 1)[0] == env_of(container)["TRIALKIT_ENV_FROM_DIR"]
+    holders = {job for job, (template, _) in pods.items()
+               if any(v.get("secret") == {"secretName": "s3-creds"} for v in template["spec"].get("volumes", []))}
+    exporters = {job for job, (template, _) in pods.items()
+                 if any(c.get("command") == k8s.RUN_COMMAND for c in template["spec"]["containers"])}
+    assert holders == exporters == ({"launcher"} if "deepspeed" in command else {"node"}), (holders, exporters)
     assert "TRIALKIT_ENV_FROM_DIR" not in {e["name"] for e in rendered()[1][-1]["spec"]["trainer"]["env"]}
 
 

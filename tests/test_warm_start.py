@@ -294,6 +294,19 @@ def test_an_ineligible_command_starts_cold(tmp_path, home, command, why):
     assert [row["status"] for row in export(exp)] == ["SUCCEEDED"] * 2
 
 
+def test_a_detached_runs_user_reads_why_its_trials_start_cold_in_experiment_show(tmp_path, home):
+    # Detached, the run's stderr is manager.log: `experiment show`, where its user looks, says the line too.
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, STDLIB_FACTS, maxTrialNumber=1,
+                        trialCommand="python3 -B trial.py", trainingService={"platform": "local", "warmStart": True})
+    started = cli("run", config, "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    exp = started.stdout.split()[2]
+    wait_until(lambda: "DONE" in cli("experiment", "show", exp).stdout.splitlines()[1], 60.0, "the run to end")
+    why = NOT_ELIGIBLE.replace("OWN", sys.executable)
+    shown = [line for line in cli("experiment", "show", exp).stdout.splitlines() if line.startswith("warm start ")]
+    assert shown == [f"warm start  trial {exp}-00000 starts cold: {why}"], shown
+
+
 def test_a_module_that_starts_a_thread_at_import_is_not_preloaded_and_the_trial_still_starts_warm(tmp_path, home):
     # numpy's OpenBLAS starts its pool at import unless it may use one thread: the zygote, which must fork
     # single-threaded, starts again without numpy; the keeper and the trial's Python start warm all the same.

@@ -658,7 +658,7 @@ def test_a_long_reason_is_clipped_in_the_trials_table_and_whole_on_hover(tmp_pat
             "const r = document.querySelector('#trials tr[data-trial=\"longwhy-00001\"] .reason');"
             "const status = (id) => document.querySelector(`#trials tr[data-trial=\"${id}\"] td:nth-child(4)`);"
             "return {fits: w.scrollWidth <= w.clientWidth, sw: w.scrollWidth, cw: w.clientWidth, title: r.title, text: r.textContent.trim(),"
-            "clipped: r.scrollWidth > r.clientWidth, width: status('longwhy-00001').getBoundingClientRect().width}")
+            "clipped: r.scrollHeight > r.clientHeight, width: status('longwhy-00001').getBoundingClientRect().width}")
         assert seen["fits"], seen  # no column pushed out of the table's panel
         assert seen["title"] == seen["text"] == LONG_WHY and seen["clipped"], seen
         shot(browser, "long-reason")
@@ -1014,6 +1014,57 @@ def test_the_checkpoints_table_fits_in_its_panel(views_site, browser):
         assert page[0] <= page[1], page
         browser.execute_script("document.getElementById('checkpoints').scrollIntoView()")
         shot(browser, "checkpoints-table")
+    finally:
+        browser.set_window_size(1400, 1000)  # web_util.CHROMIUM_FLAGS' size, for the tests after this one
+
+
+# The quickstart's search space (examples/quickstart) and a short-named parameter more: a filter input each,
+# beside Metric's; the last one's column is narrower than its input used to be (70 px).
+WIDE_SPACE = {"lr": {"_type": "loguniform", "_value": [0.001, 0.3]}, "momentum": {"_type": "uniform", "_value": [0, 1]},
+              "hidden_size": {"_type": "choice", "_value": [8, 32, 128]},
+              "batch_size": {"_type": "choice", "_value": [16, 64, 256]}, "wd": {"_type": "choice", "_value": [0, 1]}}
+WIDE_PARAMETERS = {"lr": 0.0123456789, "momentum": 0.512345678, "hidden_size": 128, "batch_size": 256, "wd": 0}
+
+
+@pytest.fixture
+def quickstart_site(tmp_path):
+    """A read-only page of an experiment of WIDE_SPACE: three trials, one FAILED with a long reason."""
+    store = Store.in_dir(tmp_path / "qs")
+    store.create_experiment("qs", {"experimentName": "quickstart", "searchSpace": WIDE_SPACE,
+                                   "tuner": {"name": "TPE", "classArgs": {"optimize_mode": "maximize"}}})
+    for sequence in range(3):
+        trial_id = f"qs-{sequence:05d}"
+        store.add_trial("qs", trial_id, sequence=sequence, token=None, parameters=WIDE_PARAMETERS)
+        store.add_records(trial_id, [{"seq": 1, "type": "FINAL", "value": 0.912345}])
+    store.set_status("qs-00001", "FAILED", exit_code=1, reason="exit 1: Traceback (most recent call last): File "
+                     "\"train.py\", line 12, ValueError: the batch does not fit")
+    server = ManagerServer(None).start()
+    install(server, store, admin_token="qs-token", read_only=True)
+    yield server
+    server.stop()
+    store.close()
+
+
+def test_the_trials_table_fits_a_window_of_1000_pixels(quickstart_site, browser):
+    """Its filter inputs (Metric's and one per parameter) and a failed trial's reason beside its status in a window
+    of 1000 pixels: the table fits its frame (no sideways scroll), the reason is cut to one line (its whole text on
+    hover), and no cell spills into the next."""
+    try:
+        browser.set_window_size(1000, 1000)
+        open_read_only(browser, quickstart_site, "/trials", "trials", token="qs-token", exp="qs")
+        table, frame, cells, line, short = browser.execute_script(
+            "const t = document.getElementById('trials'); const w = t.closest('.table-wrap');"
+            "const r = t.querySelector('.reason');"
+            "return [t.getBoundingClientRect().width, w.clientWidth, [...t.querySelectorAll('tbody tr:nth-child(2) td,"
+            " thead tr.filters th')].map(c => [c.getBoundingClientRect().right, Math.max(...[...c.querySelectorAll("
+            "'*')].map(e => e.getBoundingClientRect().right), 0)]), [r.getBoundingClientRect().height,"
+            " parseFloat(getComputedStyle(r).lineHeight) || r.getBoundingClientRect().height],"
+            " t.querySelector('input[data-filter=\"p:wd\"]').closest('th').getBoundingClientRect().width]")
+        assert table <= frame, (table, frame)
+        assert short < 70, short  # its input takes the room its column has, and asks for little more than 4em
+        assert all(inner <= right + 0.5 for right, inner in cells), cells
+        assert line[0] < 1.5 * line[1], line
+        shot(browser, "trials-1000")
     finally:
         browser.set_window_size(1400, 1000)  # web_util.CHROMIUM_FLAGS' size, for the tests after this one
 

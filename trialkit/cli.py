@@ -238,6 +238,7 @@ def cmd_experiment_show(opts: argparse.Namespace) -> int:
         f"elapsed     {duration(ran)}",
         f"dir         {experiment_dir}",
         f"platform    {setting(config, 'trainingService', 'platform') or '-'}",
+        *(f"warm start  {line}" for line in paths.cold_lines(experiment_dir)),  # else only in a detached run's log
         f"tuner       {setting(config, 'tuner', 'name') or '-'} ({'; '.join([mode, *_class_args(config)])})",
         f"trials      {len(rows)}" + (f" of {most}" if most else ""),
     ]

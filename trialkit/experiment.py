@@ -144,9 +144,11 @@ class ExperimentDraft:
         return out, _nni2_shapes(out)
 
     def validate(self, base_dir: Optional[str] = None) -> ParsedConfig:
-        """The config, its notes (what trialkit takes differently from NNI) with it."""
+        """The config, its notes (what trialkit takes differently from NNI) with it. The command's script is
+        checked with the other keys (parse_config's check_code, as `trialkit run` does): one refusal lists a
+        misspelt script with the config's other mistakes."""
         data, notes = self._translated()
-        config = parse_config(data, base_dir or os.getcwd(), source="Experiment.config")
+        config = parse_config(data, base_dir or os.getcwd(), source="Experiment.config", check_code=True)
         return replace(config, notes=tuple(notes) + config.notes)
 
 

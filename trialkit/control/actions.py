@@ -137,7 +137,8 @@ def kill_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     trial = _known(loop, trial_id)
     why = PAGE_KILL_STOP if isinstance(body, dict) and body.get("by") == "page" else KILL_STOP
     if trial.id in loop.active and trial.stop is not None:
-        trial.stop = why  # already stopping (a pause, say): it ends canceled instead
+        trial.stop = why  # already stopping (a pause, say): it ends canceled instead, and says so meanwhile
+        loop.say_stopping(trial)
     elif trial.id in loop.active:
         loop.stop_trial(trial, why)
     elif trial.id in loop.queue or trial.paused:

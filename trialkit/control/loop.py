@@ -47,7 +47,7 @@ from trialkit.control.config import ExperimentConfig, parse_config, trials_exper
 from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import (NO_CHECKPOINT, RESAVE, RESUMABLE, STARTED_FROM, JobQueue, goes_before, label,
-                                   requeued, rerun)
+                                   requeued, rerun, stopping)
 from trialkit.control.results import metric_value, rank, shown_values
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
@@ -121,6 +121,7 @@ class Trial:
     handle: Optional[str] = None
     deadline: Optional[float] = None  # monotonic: when maxTrialDuration runs out
     stop: Optional[Tuple[str, str]] = None  # (status, reason) once a stop was sent
+    stop_sent: Optional[float] = None  # wall clock: when the stop was sent (its grace runs from then)
     reason: str = ""  # why it ended as it did
     exit_code: Optional[int] = None
     intermediate: List[Any] = field(default_factory=list)  # what the assessor judges of each (step_value)
@@ -348,9 +349,7 @@ class Loop:
             if trial is not None and trial.id in self.active:
                 self._check_ended(trial)
         elif kind == "waiting":
-            trial = self.trials.get(event[1])
-            if trial is not None and trial.id in self.active:
-                trial.held = event[2]
+            self._on_waiting(self.trials.get(event[1]), event[2])
         elif kind == "signal":
             self._on_signal(event[1], event[2])
         elif kind == "picked":
@@ -362,6 +361,17 @@ class Loop:
             except Exception as err:  # noqa: BLE001 - handed to the HTTP thread, which answers with it
                 reply.error = err
             reply.done.set()
+
+    def _on_waiting(self, trial: Optional[Trial], why: str) -> None:
+        """Its platform holds it back (on_waiting): counted as waiting until it runs. A word queued by a platform's
+        thread that had not seen it start (Kueue's admissions watcher) may come after its keeper's RUNNING or its
+        platform's: stale, it changes nothing, and the store, which waiting() set at once, says RUNNING again."""
+        if trial is None or trial.id not in self.active:
+            return
+        if trial.heard or trial.running_since is not None:
+            self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial))
+            return
+        trial.held = why
 
     # -- records and trial ends -----------------------------------------------------------
     def on_records(self, trial_id: str, fresh: List[Dict[str, Any]]) -> None:
@@ -395,6 +405,8 @@ class Loop:
                 self._check_keeper_version(trial, rec["value"].get("keeper_version"))
                 self._keeper_warnings(trial, rec["value"].get("warnings") or ())
                 self._started(trial)
+                if trial.stop is not None:  # its keeper's word came after the stop: the store says it is stopping
+                    self.say_stopping(trial)
 
     def _started(self, trial: Trial) -> None:
         """maxTrialDuration counts from the start (its keeper's word or its platform's, the first), not the
@@ -408,7 +420,7 @@ class Loop:
         if trial.note.startswith(UNHEARD):
             trial.note = ""
             self.progress.say(f"trial {trial.id}: its keeper reached the manager")
-            self.store.set_status(trial.id, statuses.RUNNING, reason="")
+            self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial))
 
     def _runs(self, trial: Trial) -> None:
         """Its platform says it runs: so does the store, whether or not its keeper has reached the manager (from
@@ -428,10 +440,10 @@ class Loop:
             url = self.platform.manager_url_told(trial.handle) or self.manager.url
             trial.note = f"{UNHEARD} at {url} in {int(ran)} s of running: check that its pods reach that address (managerAddress)"
             self.progress.say(f"trial {trial.id}: warning: {trial.note}")
-            self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note, source="platform")
+            self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial), source="platform")
         elif not trial.shown_running:
             trial.shown_running = True
-            self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note, source="platform")
+            self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial), source="platform")
 
     def _check_keeper_version(self, trial: Trial, theirs: Any) -> None:
         """A keeper of another trialkit (an image built long ago) may speak an older record format:
@@ -441,7 +453,7 @@ class Loop:
         trial.note = (f"its keeper is trialkit {theirs}, this manager trialkit {__version__}: "
                       "install the same version in the trial's image")
         self.progress.say(f"trial {trial.id}: warning: {trial.note}")
-        self.store.set_status(trial.id, statuses.RUNNING, reason=trial.note)
+        self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial))
 
     def _check_validation(self, trial: Trial, value: Any) -> None:
         """A Determined trial's validation that lacks what its searcher reads, said once each: its metric (the Core
@@ -651,11 +663,26 @@ class Loop:
         """The graceful stop through the platform; the trial ends as `why` says once the platform reports it."""
         if trial.stop is not None or trial.ended:
             return
-        trial.stop = why
+        trial.stop, trial.stop_sent = why, time.time()
         try:
             self.platform.stop(trial.handle, self.config.trial_grace_seconds)
         except Exception as err:  # noqa: BLE001 - a platform's hiccup (an API call) must not end the experiment
             self.progress.say(f"warning: cannot stop {trial.id}: {err}")
+        self.say_stopping(trial)
+
+    def say_stopping(self, trial: Trial) -> None:
+        """Until a stopped trial ends (a script that ignores SIGTERM takes its whole grace), its reason in the store
+        says who stopped it and when its grace ends (queue.stopping), beside the status it has: RUNNING, or
+        WAITING for one its platform had not started. `trial list`, `trial show` and the page read it."""
+        row = self.store.trial(trial.id)
+        if row is not None and row["status"] not in FINAL_STATUSES:
+            self.store.set_status(trial.id, row["status"], reason=self._running_reason(trial))
+
+    def _running_reason(self, trial: Trial) -> str:
+        """The reason the store gives a trial that has not ended: that it is stopping, else its note (if any)."""
+        if trial.stop is not None and trial.stop_sent is not None:
+            return stopping(trial.stop[1], trial.stop_sent, self.config.trial_grace_seconds)
+        return trial.note
 
     def _check_limits(self) -> None:
         now = time.monotonic()
@@ -825,7 +852,7 @@ class Loop:
         if self.stopping is None:
             why = requeued(why, self.experiment_id, self.config.trial_concurrency,
                            len(self.active) + len(self.queue), self.paused, self.as_written("trialConcurrency"))
-        trial.status, trial.stop, trial.reason, trial.exit_code = WAITING, None, why, None
+        trial.status, trial.stop, trial.stop_sent, trial.reason, trial.exit_code = WAITING, None, None, why, None
         self.store.set_status(trial.id, WAITING, reason=why)
         self.queue.push(trial.id)
 

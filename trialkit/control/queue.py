@@ -24,6 +24,7 @@ as waiting at the back of the experiment's priority.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from trialkit import gpus
@@ -76,6 +77,18 @@ def requeued(why: str, experiment_id: str, concurrency: int, taken: int, paused:
         return why
     return (f"{why}; waiting for a free slot: {concurrency} of {concurrency} in use by this experiment's trials "
             f"({key}: `trialkit experiment update {experiment_id} --trial-concurrency N` changes it)")
+
+
+def stopping(why: str, since: float, grace: float) -> str:
+    """The reason of a trial that still runs after the loop sent its stop (`why`: who asked, the reason it ends
+    with), until it ends: when the stop was sent and when its grace runs out (its keeper kills what is left then).
+    NNI has no stopping status: the trial stays RUNNING, and its reason says this."""
+    return (f"stopping since {_clock(since)}: {why}; its grace of {grace:g} s ends at {_clock(since + grace)}, "
+            "then what still runs is killed")
+
+
+def _clock(at: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(at))  # local time, as `trial show`'s times
 
 
 _FIELDS = {"priority": "priority", "ahead-of": "ahead_of", "behind-of": "behind_of"}

@@ -4,6 +4,7 @@
         trialkit.db          the store (SQLite, WAL)
         manager.json         the manager: pid, url, port, admin token (mode 0600)
         manager.log          a detached manager's output
+        warm-start-cold.txt  why its trials started cold though warmStart was on (`experiment show`)
         trials/<trial id>/   each trial's dir (a local trial's TRIALKIT_TRIAL_DIR)
             trial.log        a local trial's keeper output, the trial's echoed in it (`trialkit trial logs`)
 
@@ -27,6 +28,7 @@ HOME_ENV = "TRIALKIT_HOME"
 MANAGER_FILE = "manager.json"
 MANAGER_LOG = "manager.log"
 TRIAL_LOG = "trial.log"  # in a trial dir: a local keeper's output, what a container's log would hold
+COLD_LINES = "warm-start-cold.txt"  # the local platform's lines of why trials start cold though warmStart is on
 _ALPHABET = string.ascii_lowercase + string.digits
 
 
@@ -108,3 +110,14 @@ def all_experiment_dirs() -> List[Path]:
     if not root.is_dir():
         return []
     return [p for p in sorted(root.iterdir()) if (p / DB_NAME).exists()]
+
+
+def cold_lines(experiment_dir_: Path) -> List[str]:
+    """The lines of why an experiment's trials started cold with warmStart on (COLD_LINES), each once (a resumed
+    run says its own again), in the order said; [] when all started warm or warmStart is off. Here, not in the
+    local platform: `experiment show` reads it and loads no platform."""
+    try:
+        text = (Path(experiment_dir_) / COLD_LINES).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    return list(dict.fromkeys(line for line in text.splitlines() if line))

@@ -428,14 +428,25 @@ class Platform(PlatformBase):
                 # Parsed and not applied to this trial: said, once a reason, where the run's user reads.
                 if cold not in self._said_cold:
                     self._said_cold.add(cold)
-                    sys.stderr.write(f"trialkit: warmStart: trial {environ.get(env.TRIAL_ID)} starts cold: {cold}\n")
+                    self._say_cold("warmStart: ", f"trial {environ.get(env.TRIAL_ID)} starts cold: {cold}")
                 return None
             return self._zygote.fork(environ, cwd, log)
         except (zygote.WarmStartError, process.LaunchError, OSError, ValueError) as err:
             self._warm_off = f"{err}"
-            sys.stderr.write(f"trialkit: warm start is off for this experiment, its trials start cold: {err}\n")
+            self._say_cold("warm start is ", f"off for this experiment, its trials start cold: {err}")
             self._close_zygote()
             return None
+
+    def _say_cold(self, topic: str, line: str) -> None:
+        """Why trials start cold though warmStart is on: on the run's stderr (after `topic`), and kept in the
+        experiment dir for `experiment show` (paths.cold_lines: its "warm start" lines), where a detached run's user looks
+        (its stderr is manager.log)."""
+        sys.stderr.write(f"trialkit: {topic}{line}\n")
+        try:
+            with open(self.experiment_dir / paths.COLD_LINES, "a", encoding="utf-8") as kept:
+                kept.write(line + "\n")
+        except OSError:
+            pass  # a full disk: the run's stderr said it
 
     def _close_zygote(self) -> None:
         if self._zygote is not None:

@@ -14,7 +14,8 @@ What goes where (Trainer takes no pod template from a TrainJob):
 - `runtimePatches` (per replicated job of the runtime): the trial's labels,
   volumes and mounts (scripts, the keeper's home, checkpoint claim, NFS or
   Azure File, the checkpoint store's Secret, whose keys run.sh exports as
-  envFrom would), serviceAccountName (the config's, else the experiment's own
+  envFrom would: in the trainer's pods only, as only they run run.sh),
+  serviceAccountName (the config's, else the experiment's own
   with no rights, unless the trialTemplate's own patches name one),
   imagePullSecrets and terminationGracePeriodSeconds.
 No TrainingRuntime of trialkit's own is needed: patches cannot carry the
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import ClassVar, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from trialkit import env as envnames
 from trialkit.errors import UserError
@@ -141,7 +142,8 @@ def render(config: TrainJobConfig, spec: TrialSpec) -> List[dict]:
     job_spec["trainer"] = trainer
     patches = [patch for patch in job_spec.get("runtimePatches") or [] if patch.get("manager") != PATCH_MANAGER]
     account = plan.service_account or (None if _names_account(patches) else plan.default_service_account)
-    job_spec["runtimePatches"] = patches + [runtime_patch(plan, RUNTIME_JOBS.get(runtime, ("node",)), account)]
+    job_spec["runtimePatches"] = patches + [runtime_patch(plan, RUNTIME_JOBS.get(runtime, ("node",)), account,
+                                                          {mount.volume["name"] for mount in secret_mounts})]
     return k8s.trial_objects(config.common, spec, names, job, claims)
 
 
@@ -166,22 +168,32 @@ def _names_account(patches: Sequence[dict]) -> bool:
     return False
 
 
-def runtime_patch(plan: k8s.PodPlan, jobs: Sequence[str], account: Optional[str]) -> dict:
-    """trialkit's patch of the runtime: every pod of `jobs` gets the trial's labels, volumes and pod settings
-    (`account`: its serviceAccountName, None: the runtime's or the template's patch's); the trainer's container
-    (`node`) its mounts."""
+def runtime_patch(plan: k8s.PodPlan, jobs: Sequence[str], account: Optional[str],
+                  trainer_only: AbstractSet[str] = frozenset()) -> dict:
+    """trialkit's patch of the runtime: every pod of `jobs` (the trainer's first) gets the trial's labels, volumes
+    and pod settings (`account`: its serviceAccountName, None: the runtime's or the template's patch's); the
+    container `node` its mounts. The volumes named in `trainer_only` (the Secrets run.sh exports: env_from_mounts)
+    go to the trainer's pods alone: only their container runs run.sh, with the trainer's env. The other pods of a
+    runtime run its own command (deepspeed-distributed's nodes: sshd, for the MPI launcher's ssh sessions, which
+    see none of the container's environment), which would hold the keys and export none."""
+    entries = []
+    for index, name in enumerate(jobs):
+        mounts = [mount for mount in plan.mounts if index == 0 or mount.volume["name"] not in trainer_only]
+        entries.append({"name": name, "template": {"spec": {"template": _pod_patch(plan, account, mounts)}}})
+    return {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": entries}}}}
+
+
+def _pod_patch(plan: k8s.PodPlan, account: Optional[str], mounts: Sequence[k8s.Mount]) -> dict:
     pod_spec: Dict[str, object] = {
-        "volumes": [mount.volume for mount in plan.mounts],
-        "containers": [{"name": CONTAINER, "volumeMounts": [mount.volume_mount() for mount in plan.mounts]}],
+        "volumes": [mount.volume for mount in mounts],
+        "containers": [{"name": CONTAINER, "volumeMounts": [mount.volume_mount() for mount in mounts]}],
         "terminationGracePeriodSeconds": plan.termination_grace_seconds,
     }
     if account:
         pod_spec["serviceAccountName"] = account
     if plan.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": name} for name in plan.image_pull_secrets]
-    pod = {"metadata": {"labels": dict(plan.labels)}, "spec": pod_spec}
-    return {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-        {"name": name, "template": {"spec": {"template": pod}}} for name in jobs]}}}}
+    return {"metadata": {"labels": dict(plan.labels)}, "spec": pod_spec}
 
 
 # --- status ------------------------------------------------------------------------------

@@ -447,8 +447,8 @@
         link.firstChild.textContent = t.id;
         sequence.textContent = t.sequence;
         // Clipped by app.css (#trials .reason): the whole of it on hover.
-        status.append(statusBadge(t.status),
-          t.reason ? el('span', {class: 'muted reason', title: t.reason}, ' ' + t.reason) : '');
+        status.append(el('div', {class: 'status-cell'}, statusBadge(t.status),
+          t.reason ? el('span', {class: 'muted reason', title: t.reason}, ' ' + t.reason) : ''));
         metric.textContent = fmtNumber(t.metric);
         const texts = [...page.parameters.map((p) => fmtValue((t.parameters || {})[p])), t.restarts,
           fmtDuration(t.duration)];
