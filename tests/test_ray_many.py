@@ -123,8 +123,13 @@ def test_a_trial_whose_name_an_earlier_group_holds_starts_again(ray_cluster, tmp
     config = parse_section({"platform": "ray", "address": ray_cluster.address, "cpusPerTrial": 0.08}, WHERE)
     earlier, later = (load("ray").Platform(config, tmp_path / "exp") for _ in range(2))
     earlier.on_end = later.on_end = lambda handle: None
+    # The earlier run's keeper is still there when the later control plane starts the trial (here its script
+    # lingers after its result; under load a keeper's end lags its result alike): it is killed and forgotten, not
+    # left to hold its agent for ever or to refuse the later run's start on the same node.
+    lingers = tmp_path / "lingered"
     try:
-        again = spec("again", REPORTING, code, manager)
+        again = spec("again", f"{REPORTING}\nimport pathlib, time\nmark = pathlib.Path({str(lingers)!r})\n"
+                              f"if not mark.exists():\n    mark.touch()\n    time.sleep(600)\n", code, manager)
         earlier.submit(again)
         # Its result is never collected (that control plane is gone): its agent keeps it, its group the name.
         wait_until(lambda: [r for r in manager.store.records_for("again") if r["type"] == records.FINAL], 60,

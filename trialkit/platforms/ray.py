@@ -294,11 +294,11 @@ class Platform(PlatformBase):
             # Ray (2.60) has no exception of its own for a name in use: only its message says so.
             if "already exists" not in str(err):
                 raise
-            # An earlier run of this trial left it (it ended while no control plane listened): it goes.
+            # An earlier run of this trial left it (it ended while no control plane listened, or is ending): it goes.
             group, agent = self._held(handle)
             if agent is not None:
                 with contextlib.suppress(ray.exceptions.RayError):
-                    ray.get(agent.discard.remote(handle), timeout=ACTOR_CALL_TIMEOUT)
+                    ray.get(agent.discard.remote(handle, True), timeout=ACTOR_CALL_TIMEOUT)
             _remove(group)
             return _group(handle, bundle(self.config))
 

@@ -143,12 +143,19 @@ class NodeAgent:
         self._forget(handle)
         return records
 
-    async def discard(self, handle: str) -> None:
+    async def discard(self, handle: str, running_too: bool = False) -> None:
         """Forget an ended run of the trial that no control plane collected (its control plane went), and
-        give its group back: the trial starts again."""
+        give its group back: the trial starts again. `running_too`: a control plane starts the trial afresh
+        and found this run's group in its way, so a run still here is a stale one (its result in, its keeper
+        not yet gone, or one no control plane will collect): killed first. Kept, it would hold this agent (and
+        its worker) for ever once the new run starts on another node, or refuse the new run's start here."""
         self._touch()
         runner = self._runners.get(handle)
-        if runner is not None and await runner.ended():
+        if runner is None:
+            return
+        if running_too:
+            await runner.kill()
+        if await runner.ended():
             self._forget(handle)
 
     async def leave_when_idle(self) -> None:
