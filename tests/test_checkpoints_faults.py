@@ -200,3 +200,34 @@ def test_checkpoints_the_store_never_got_are_said_kept_and_listed(tmp_path, home
     assert all(c["kept_by"] == ["not stored: only in its trial's checkpoint dir"] for c in local)
     assert all((Path(c["where"]) / "state").read_text() == str(c["steps"]) for c in local)
     assert [c["steps"] for c in listed if c["where"].startswith(f"s3://{bucket}/")] == [1]
+
+
+def test_a_checkpoint_gone_from_the_store_holds_the_trial_back(tmp_path, home, s3):
+    """The user's Ctrl-C stored the trial's checkpoint; then the whole of it (manifest and files) went from the
+    store (deleted, or the store emptied) and this node has no copy. `experiment resume` does not start the
+    trial from step 0: it waits PREEMPTED, the experiment stops saying why and how to go on. Put back, the
+    checkpoint resumes it where it was."""
+    bucket = s3.bucket()
+    exp = interrupted(home, nni_config(tmp_path, {"type": "s3", "bucket": bucket, "endpointUrl": s3.url}))
+    trial = f"{exp}-00000"
+    bucket_store = S3Store(bucket, config={"endpoint": s3.url}, client_options={"allow_http": True})
+    saved = {meta["path"]: bytes(obstore.get(bucket_store, meta["path"]).bytes())
+             for page in obstore.list(bucket_store, prefix=f"{exp}/{trial}/") for meta in page}
+    assert saved
+    for key in saved:
+        obstore.delete(bucket_store, key)
+    shutil.rmtree(Path(export(exp)[0]["trial_dir"]) / "checkpoint")
+
+    failed = cli("experiment", "resume", exp, timeout=WAIT)
+    assert failed.returncode != 0, failed.stdout + failed.stderr
+    assert trial_status(home, trial) == "PREEMPTED" and experiment_status(home, exp) == "ERROR"
+    assert "its checkpoint is not in" in failed.stdout, failed.stdout
+    assert f"trialkit experiment resume {exp}" in failed.stdout
+    assert reported(home, trial) < 30  # it never ran on from nothing
+
+    for key, data in saved.items():
+        obstore.put(bucket_store, key, data)
+    done = cli("experiment", "resume", exp, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = export(exp)[0]
+    assert row["status"] == "SUCCEEDED" and row["final"] == 30 and row["intermediate"] == list(range(1, 31))
