@@ -685,7 +685,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         lost = _lost(store.records_for(opts.trial_id, type=records.STATUS))
         interrupted = _interrupted(experiment_dir, experiment, store)
     why = trial_why(row, interrupted)  # what is known of it, once its experiment is interrupted
-    source = went_on_from(row["parameters"], ((r["trial_id"], r["parameters"]) for r in rows),
+    source = went_on_from(row["parameters"], ((r["trial_id"], r["parameters"], r["reason"]) for r in rows),
                           setting(experiment["config"], "tuner", "name"))  # PBT's exploit, Hyperband's rounds
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
@@ -699,7 +699,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         f"ended          {when(row['ended'])}",
         f"duration       {duration(row['duration'])}",
         f"parameters     {records.dumps(row['parameters'])}",
-        *([f"went on from   {source}"] if source else []),
+        *([f"{source[0]:<15}{source[1]}"] if source else []),
         *([f"saves into     {saves} (its save_checkpoint_dir: NNI's PBT; no checkpoint store lists it)"]
           if (saves := saves_into(row["parameters"])) else []),
         f"final          {records.dumps(row['final'])}",
