@@ -570,7 +570,8 @@ class Loop:
         """(status, reason) of a trial that ended after the loop stopped it (trial.stop), given how the platform
         saw it end (`status`). A user's stop of the whole experiment (Ctrl-C, SIGTERM, `experiment stop`) that
         finds it holding a checkpoint leaves it PREEMPTED, for `experiment resume`, and so does one that finds
-        it without one when its tuner's round waits for its result (it runs again from the start); a pause
+        it without one before its final result, under every tuner (it runs again from the start: the search
+        gets the results maxTrialNumber asked for, and a round that waits for it is ranked on it); a pause
         that finds it with none says that its progress restarts; the assessor's stop met a trial whose final
         result was in already: it succeeded. `killed`, the keeper's reason when the grace ran out, follows who
         stopped it."""
@@ -582,7 +583,7 @@ class Loop:
             only_seed = self.platform.holds_only_seed
             seeded = only_seed is not None and only_seed(trial.handle or trial.id)
             return PREEMPTED, f"{why}; {STARTED_FROM if seeded else RESUMABLE}"
-        if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.RERUNS_CUT_SHORT and not trial.has_final:
+        if wanted == USER_CANCELED and trial.stop == self.stopping and not trial.has_final:
             return PREEMPTED, f"{why}; {rerun(self.tuner.ROUND)}"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.HANDS_ON_CHECKPOINTS:
             return PREEMPTED, f"{why}; {RESAVE}"
