@@ -21,7 +21,7 @@ import yaml
 
 from experiment_util import cli, experiment_id, export, reported, start_cli, stored, trial_status
 from harness import wait_until
-from s3_server import s3, s3_server  # noqa: F401 - fixtures
+from s3_server import S3Server, s3, s3_server  # noqa: F401 - fixtures
 from test_checkpoints import NNI_TRIAL, one_line_error
 
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -231,3 +231,36 @@ def test_a_checkpoint_gone_from_the_store_holds_the_trial_back(tmp_path, home, s
     assert done.returncode == 0, done.stdout + done.stderr
     row = export(exp)[0]
     assert row["status"] == "SUCCEEDED" and row["final"] == 30 and row["intermediate"] == list(range(1, 31))
+
+
+def test_a_store_gone_at_activate_ends_the_experiment_at_once_saying_it_once(tmp_path, home, monkeypatch):
+    """A detached run, its trial paused (its checkpoint stored), the store stopped, `trial activate`: the trial
+    waits PAUSED (exit 75) and the experiment is ERROR as soon as the trial has ended, not a retention pass
+    against the dead store later, and manager.log says nothing twice (newcomer23: the "checkpoints were not
+    collected" warning twice, and RUNNING some 15 s after the trial ended)."""
+    server = S3Server()  # its own: this test stops it
+    try:
+        for key, value in (("AWS_ACCESS_KEY_ID", server.access_key), ("AWS_SECRET_ACCESS_KEY", server.secret_key),
+                           ("AWS_REGION", "us-east-1")):
+            monkeypatch.setenv(key, value)
+        config = nni_config(tmp_path, {"type": "s3", "bucket": server.bucket(), "endpointUrl": server.url})
+        started = cli("run", config, "--detach")
+        assert started.returncode == 0, started.stdout + started.stderr
+        exp = experiment_id(started.stdout.splitlines()[0])
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 3, WAIT, "3 intermediate results")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the pause")
+    finally:
+        server.stop()
+    shutil.rmtree(Path(export(exp)[0]["trial_dir"]) / "checkpoint")  # this node has no copy
+    assert cli("trial", "activate", trial).returncode == 0
+    wait_until(lambda: trial_status(home, trial) == "PREEMPTED" and "could not be restored" in (stored(
+        home, exp, "SELECT reason FROM trials WHERE id=?", trial)[0][0] or ""), WAIT, "the failed restore")
+    ended = time.monotonic()
+    wait_until(lambda: experiment_status(home, exp) != "RUNNING", WAIT, "the experiment's end")
+    assert time.monotonic() - ended < 5 and experiment_status(home, exp) == "ERROR"
+    log = (home / "experiments" / exp / "manager.log").read_text()
+    lines = [line for line in log.splitlines() if line.strip()]
+    # (A pass that ran as the pause ended may have met the store going down: said once, then.)
+    assert len(lines) == len(set(lines)) and log.count("checkpoints were not collected") <= 1, log

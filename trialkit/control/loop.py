@@ -545,6 +545,9 @@ class Loop:
         self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
         trial.status, trial.reason, trial.exit_code = status, reason, exit_code
         self.active.pop(trial.id, None)
+        if store_failed and self.retention is not None:  # its passes would wait for the failed store, then fail
+            self.retention.abandon()
+            self.retention = None
         if self.retention is not None:
             self.retention.request()
         self.manager.save(self.elapsed())
