@@ -450,7 +450,8 @@ def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
     start = getattr(platform, "start_tensorboard", None)
     if start is None:
         raise UserError(f"experiment {opts.experiment_id} runs on {config.platform}: TensorBoard is served for adaptdl "
-                        "experiments", "EXPERIMENT_ID", "run tensorboard --logdir over its trials' TensorBoard dirs")
+                        "and local experiments", "EXPERIMENT_ID",
+                        "run tensorboard --logdir over its trials' TensorBoard dirs")
     print(start(opts.experiment_id))
     return 0
 
@@ -1361,10 +1362,13 @@ def build_parser() -> ArgumentParser:
                                      "in an object store (checkpointStorage), then its dir and store. Asks first; "
                                      "a running experiment is refused."))
     delete.add_argument("--yes", action="store_true", help="delete without asking")
-    _experiment_id(_command(sub, "tensorboard", cmd_experiment_tensorboard, "serve an AdaptDL experiment's TensorBoard",
-                            "Start TensorBoard (a Deployment and a Service) over the experiment's TensorBoard claim, "
-                            "where each trial writes its dir, as NNI's adl mode does, and print how to reach it. "
-                            "Asked again, it keeps what runs; it goes when the experiment ends."))
+    _experiment_id(_command(sub, "tensorboard", cmd_experiment_tensorboard,
+                            "serve an AdaptDL experiment's TensorBoard (a local one's: print how)",
+                            "AdaptDL: start TensorBoard (a Deployment and a Service) over the experiment's TensorBoard "
+                            "claim, where each trial writes its dir, as NNI's adl mode does, and print how to reach "
+                            "it. Asked again, it keeps what runs; it goes when the experiment ends. Local: print the "
+                            "tensorboard command over the dir its trials wrote theirs in (DIR/EXPERIMENT_ID/TRIAL_ID, "
+                            "DIR from TRIALKIT_TENSORBOARD_DIR in the run's environment)."))
     export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
                                      "Every trial with its parameters, status, exit code, steps, intermediate and "
                                      "final metrics, as JSON (a list of trials) or CSV (a line per trial, flat: a "
