@@ -68,9 +68,10 @@ trialkit.report_final_result((p["x"] - 1.5) ** 2 + (p["y"] + 2) ** 2)
 
 
 def test_trials_ctrl_c_cut_short_run_again_on_resume_so_the_search_gets_every_result_it_asked_for(tmp_path):
-    """TPE, 6 trials, 2 at once, Ctrl-C once 2 ended and a third trains: those it cut short before their results are PAUSED, each
-    saying `experiment resume` runs it again, and the resume runs them as they were (same ids, same parameters)
-    and the rest: 6 results, as maxTrialNumber asked (newcomer23: USER_CANCELED, counted, never run: 4)."""
+    """TPE, 6 trials, 2 at once, Ctrl-C once 2 ended and a third trains: those it cut short before their results
+    are PAUSED, each saying `experiment resume` runs it again, and the resume runs them as they were (same ids,
+    same parameters) and the rest: 6 results, as maxTrialNumber asked (newcomer23: USER_CANCELED, counted, never
+    run: 4)."""
     marker = tmp_path / "training"
     config = experiment(tmp_path, PLANE, DIES_OF_THE_STOP.replace("MARKER", repr(str(marker))), maxTrialNumber=6,
                         trialConcurrency=2, tuner={"name": "TPE", "classArgs": {"optimize_mode": "minimize"}})

@@ -698,7 +698,8 @@ def test_a_pbt_search_whose_steps_never_save_warns_once_and_claims_no_continuity
     rows = export(exp)
     assert all("its step left no checkpoint: nothing in its save_checkpoint_dir" in row["reason"] for row in rows)
     later = next(row for row in rows if place(row)[1] == 1)
-    source = next(r for r in rows if r["parameters"]["save_checkpoint_dir"] == later["parameters"]["load_checkpoint_dir"])
+    load = later["parameters"]["load_checkpoint_dir"]
+    source = next(r for r in rows if r["parameters"]["save_checkpoint_dir"] == load)
     shown = cli("trial", "show", later["trial_id"]).stdout
     said = (f"with the parameters of {source['trial_id']} (member {place(source)[0]}, step 0), which left no "
             "checkpoint to load")

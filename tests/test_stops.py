@@ -115,7 +115,8 @@ def test_a_sigterm_delivered_twice_at_once_is_one_stop_and_one_sent_again_kills(
     assert ("SIGTERM: killing the trials" in out) == killed, out + err
     # The first had its grace and saved its checkpoint; killed, it saved none and runs again from the start.
     row = export(exp)[0]
-    assert row["status"] == "PREEMPTED" and row["reason"].endswith("`trialkit experiment resume` continues it") != killed
+    resumable = row["reason"].endswith("`trialkit experiment resume` continues it")
+    assert row["status"] == "PREEMPTED" and resumable != killed
 
 
 def test_a_ctrl_c_delivered_twice_after_a_quick_stop_ends_the_run_as_one_does(tmp_path, home):
@@ -366,8 +367,9 @@ def test_a_trial_killed_after_the_grace_says_who_stopped_it_and_that_it_was_kill
     restarts = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
     for trial, status in ((paused, f"PAUSED: paused; {grace}; {restarts}"),
                           (killed, f"USER_CANCELED: killed by `trialkit trial kill`; {grace}"),
-                          (stopped, f"PAUSED: stopped by `trialkit experiment stop`; {grace}; it was cut short "
-                                    f"before its final result: `trialkit experiment resume` runs it again; {restarts}")):
+                          (stopped, f"PAUSED: stopped by `trialkit experiment stop`; {grace}; it was cut "
+                                    "short before its final result: `trialkit experiment resume` runs it again; "
+                                    f"{restarts}")):
         shown = ok("trial", "show", trial)
         assert f"status         {status}\n" in shown, shown
         history = shown.split("history:\n")[1].splitlines()

@@ -541,7 +541,8 @@ class Loop:
         empty = self._left_no_checkpoint(trial, status)
         if empty is not None:
             self._warn_once(trial, NO_PBT_SAVE)
-            reason = "; ".join(filter(None, (reason, f"{LEFT_NO_CHECKPOINT}: nothing in its save_checkpoint_dir {empty}")))
+            said = f"{LEFT_NO_CHECKPOINT}: nothing in its save_checkpoint_dir {empty}"
+            reason = "; ".join(filter(None, (reason, said)))
         self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
         trial.status, trial.reason, trial.exit_code = status, reason, exit_code
         self.active.pop(trial.id, None)

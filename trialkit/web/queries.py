@@ -551,7 +551,8 @@ def _went_on_from(db: sqlite3.Connection, experiment_id: str, params: Any) -> Di
         (other["id"], _json(other["parameters"]), other["reason"] or "") for other in
         db.execute("SELECT id, parameters, reason FROM trials WHERE experiment=? ORDER BY sequence", (experiment_id,))),
         results.setting(_experiment_row(db, experiment_id)["config"], "tuner", "name"))
-    return {"went_on_from": source and source[1], "started_afresh": bool(source) and source[0] == results.STARTED_AFRESH}
+    return {"went_on_from": source and source[1],
+            "started_afresh": source is not None and source[0] == results.STARTED_AFRESH}
 
 
 def _steps(db: sqlite3.Connection, trial_id: str) -> Dict[str, int]:
