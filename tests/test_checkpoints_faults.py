@@ -21,7 +21,7 @@ import yaml
 
 from experiment_util import cli, experiment_id, export, reported, start_cli, stored, trial_status
 from harness import wait_until
-from s3_server import s3, s3_server  # noqa: F401 - fixtures
+from s3_server import S3Server, s3, s3_server  # noqa: F401 - fixtures
 from test_checkpoints import NNI_TRIAL, one_line_error
 
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -200,3 +200,67 @@ def test_checkpoints_the_store_never_got_are_said_kept_and_listed(tmp_path, home
     assert all(c["kept_by"] == ["not stored: only in its trial's checkpoint dir"] for c in local)
     assert all((Path(c["where"]) / "state").read_text() == str(c["steps"]) for c in local)
     assert [c["steps"] for c in listed if c["where"].startswith(f"s3://{bucket}/")] == [1]
+
+
+def test_a_checkpoint_gone_from_the_store_holds_the_trial_back(tmp_path, home, s3):
+    """The user's Ctrl-C stored the trial's checkpoint; then the whole of it (manifest and files) went from the
+    store (deleted, or the store emptied) and this node has no copy. `experiment resume` does not start the
+    trial from step 0: it waits PREEMPTED, the experiment stops saying why and how to go on. Put back, the
+    checkpoint resumes it where it was."""
+    bucket = s3.bucket()
+    exp = interrupted(home, nni_config(tmp_path, {"type": "s3", "bucket": bucket, "endpointUrl": s3.url}))
+    trial = f"{exp}-00000"
+    bucket_store = S3Store(bucket, config={"endpoint": s3.url}, client_options={"allow_http": True})
+    saved = {meta["path"]: bytes(obstore.get(bucket_store, meta["path"]).bytes())
+             for page in obstore.list(bucket_store, prefix=f"{exp}/{trial}/") for meta in page}
+    assert saved
+    for key in saved:
+        obstore.delete(bucket_store, key)
+    shutil.rmtree(Path(export(exp)[0]["trial_dir"]) / "checkpoint")
+
+    failed = cli("experiment", "resume", exp, timeout=WAIT)
+    assert failed.returncode != 0, failed.stdout + failed.stderr
+    assert trial_status(home, trial) == "PREEMPTED" and experiment_status(home, exp) == "ERROR"
+    assert "its checkpoint is not in" in failed.stdout, failed.stdout
+    assert f"trialkit experiment resume {exp}" in failed.stdout
+    assert reported(home, trial) < 30  # it never ran on from nothing
+
+    for key, data in saved.items():
+        obstore.put(bucket_store, key, data)
+    done = cli("experiment", "resume", exp, timeout=WAIT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = export(exp)[0]
+    assert row["status"] == "SUCCEEDED" and row["final"] == 30 and row["intermediate"] == list(range(1, 31))
+
+
+def test_a_store_gone_at_activate_ends_the_experiment_at_once_saying_it_once(tmp_path, home, monkeypatch):
+    """A detached run, its trial paused (its checkpoint stored), the store stopped, `trial activate`: the trial
+    waits PAUSED (exit 75) and the experiment is ERROR as soon as the trial has ended, not a retention pass
+    against the dead store later, and manager.log says nothing twice (newcomer23: the "checkpoints were not
+    collected" warning twice, and RUNNING some 15 s after the trial ended)."""
+    server = S3Server()  # its own: this test stops it
+    try:
+        for key, value in (("AWS_ACCESS_KEY_ID", server.access_key), ("AWS_SECRET_ACCESS_KEY", server.secret_key),
+                           ("AWS_REGION", "us-east-1")):
+            monkeypatch.setenv(key, value)
+        config = nni_config(tmp_path, {"type": "s3", "bucket": server.bucket(), "endpointUrl": server.url})
+        started = cli("run", config, "--detach")
+        assert started.returncode == 0, started.stdout + started.stderr
+        exp = experiment_id(started.stdout.splitlines()[0])
+        trial = f"{exp}-00000"
+        wait_until(lambda: reported(home, trial) >= 3, WAIT, "3 intermediate results")
+        assert cli("trial", "pause", trial).returncode == 0
+        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the pause")
+    finally:
+        server.stop()
+    shutil.rmtree(Path(export(exp)[0]["trial_dir"]) / "checkpoint")  # this node has no copy
+    assert cli("trial", "activate", trial).returncode == 0
+    wait_until(lambda: trial_status(home, trial) == "PREEMPTED" and "could not be restored" in (stored(
+        home, exp, "SELECT reason FROM trials WHERE id=?", trial)[0][0] or ""), WAIT, "the failed restore")
+    ended = time.monotonic()
+    wait_until(lambda: experiment_status(home, exp) != "RUNNING", WAIT, "the experiment's end")
+    assert time.monotonic() - ended < 5 and experiment_status(home, exp) == "ERROR"
+    log = (home / "experiments" / exp / "manager.log").read_text()
+    lines = [line for line in log.splitlines() if line.strip()]
+    # (A pass that ran as the pause ended may have met the store going down: said once, then.)
+    assert len(lines) == len(set(lines)) and log.count("checkpoints were not collected") <= 1, log

@@ -203,7 +203,7 @@ def test_run_waits_and_returns_true_and_the_context_manager_stops_a_running_expe
         assert running.run(free_port(), wait_completion=False) is None
         until("a trial to run", lambda: statuses(running) == ["RUNNING"])
     assert running.get_status() == "STOPPED"
-    assert statuses(running) == ["USER_CANCELED"]
+    assert statuses(running) == ["PREEMPTED"]  # cut short before its result: a resume runs it again
 
 
 def test_csv_export_gives_each_key_of_a_dict_metric_a_column_as_nnictl_does(tmp_path):

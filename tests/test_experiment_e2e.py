@@ -235,10 +235,12 @@ def test_resume_restarts_lost_trials_and_collects_what_ended_meanwhile(tmp_path,
 
 
 def stopped_or_unstarted(row: dict) -> bool:
-    """A trial a stop of the experiment found running ended USER_CANCELED; one whose command had not started yet
-    did nothing, and waits for `experiment resume` with no exit code."""
-    return row["status"] == "USER_CANCELED" or (row["status"] == "WAITING" and row["exit_code"] is None
-                                                and "`trialkit experiment resume` starts it" in row["reason"])
+    """A trial a stop of the experiment found running, before its final result, is PAUSED, for `experiment
+    resume` to run again; one whose command had not started yet did nothing, and waits for `experiment resume`
+    with no exit code."""
+    return (row["status"] == "PREEMPTED" and "`trialkit experiment resume` runs it again" in row["reason"]) or (
+        row["status"] == "WAITING" and row["exit_code"] is None
+        and "`trialkit experiment resume` starts it" in row["reason"])
 
 
 def test_sigterm_to_the_control_plane_stops_trials_gracefully(tmp_path, home):
@@ -278,7 +280,7 @@ def test_detached_run_trial_kill_and_experiment_stop(tmp_path, home):
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     rows = by_sequence(export(exp))
     assert rows[0]["status"] == "USER_CANCELED" and "trial kill" in rows[0]["reason"]
-    assert all(stopped_or_unstarted(row) for row in rows.values()), rows
+    assert all(stopped_or_unstarted(row) for sequence, row in rows.items() if sequence), rows
     assert "STOPPED" in cli("experiment", "show", exp).stdout
     assert (home / "experiments" / exp / "manager.log").read_text().startswith(f"started experiment {exp}")
     assert os.stat(home / "experiments" / exp / "manager.json").st_mode & 0o777 == 0o600

@@ -58,14 +58,15 @@ def test_the_hour_an_experiment_stood_stopped_counts_on_no_face(tmp_path, home):
             run.kill()
             run.wait()
     first_run = admin.read_info(home / "experiments" / exp).elapsed
+    before = reported(home, f"{exp}-00000")
     with closing(sqlite3.connect(home / "experiments" / exp / "trialkit.db")) as db, db:  # it stood an hour
         db.execute("UPDATE experiments SET created=created-?, updated=updated-?", (HOUR, HOUR))
 
     resumed = start_cli("experiment", "resume", exp)
     try:
-        # Its first trial was stopped by the Ctrl-C: the resumed run starts the second, its budget of 30m
-        # untouched by the hour (a budget counted from the creation would have stopped it at once).
-        wait_until(lambda: reported(home, f"{exp}-00001") >= 1, 120, "the second trial's first result")
+        # Its first trial, cut short by the Ctrl-C, runs again in the resumed run, its budget of 30m untouched
+        # by the hour (a budget counted from the creation would have stopped it at once).
+        wait_until(lambda: reported(home, f"{exp}-00000") > before, 120, "the first trial's rerun's first result")
         started = time.monotonic()
         time.sleep(2.0)
         waited = time.monotonic() - started

@@ -53,6 +53,41 @@ def test_a_search_interrupted_and_resumed_tries_nothing_twice(tmp_path, tuner, s
     assert len(set(points)) == 10, sorted(points)
 
 
+# A script that dies of the stop without saving (as one Ctrl-C reaches in a terminal): no checkpoint, no result.
+DIES_OF_THE_STOP = """
+import signal, sys, time, trialkit
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+p = trialkit.get_next_parameter()
+for step in range(4):
+    time.sleep(0.3)
+    trialkit.report_intermediate_result(step)
+    if trialkit.get_sequence_id() >= 2:
+        open(MARKER, "a").close()
+trialkit.report_final_result((p["x"] - 1.5) ** 2 + (p["y"] + 2) ** 2)
+"""
+
+
+def test_trials_ctrl_c_cut_short_run_again_on_resume_so_the_search_gets_every_result_it_asked_for(tmp_path):
+    """TPE, 6 trials, 2 at once, Ctrl-C once 2 ended and a third trains: those it cut short before their results
+    are PAUSED, each saying `experiment resume` runs it again, and the resume runs them as they were (same ids,
+    same parameters) and the rest: 6 results, as maxTrialNumber asked (newcomer23: USER_CANCELED, counted, never
+    run: 4)."""
+    marker = tmp_path / "training"
+    config = experiment(tmp_path, PLANE, DIES_OF_THE_STOP.replace("MARKER", repr(str(marker))), maxTrialNumber=6,
+                        trialConcurrency=2, tuner={"name": "TPE", "classArgs": {"optimize_mode": "minimize"}})
+    exp = interrupted_after(config, 2, marker=marker)  # once a third trial trains
+    cut = {row["trial_id"]: row for row in export(exp) if row["status"] not in ("SUCCEEDED", "WAITING")}
+    assert cut and all(row["status"] == "PREEMPTED" and row["final"] is None and row["reason"].endswith(
+        "it was cut short before its final result: `trialkit experiment resume` runs it again; it saved no "
+        "checkpoint: its progress restarts from the beginning when it runs again") for row in cut.values()), cut
+    done = cli("experiment", "resume", exp)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = export(exp)
+    assert [row["status"] for row in rows] == ["SUCCEEDED"] * 6, rows
+    assert {row["trial_id"]: row["parameters"] for row in rows if row["trial_id"] in cut} == \
+        {trial_id: row["parameters"] for trial_id, row in cut.items()}
+
+
 def test_a_search_of_a_small_space_ends_when_each_point_was_tried(tmp_path):
     space = {"x": {"_type": "choice", "_value": [1, 2]}, "y": {"_type": "choice", "_value": [-2, 0]}}
     config = experiment(tmp_path, space, TRIAL.replace("time.sleep(0.4)", ""), maxTrialNumber=10,

@@ -672,6 +672,42 @@ def test_a_trial_killed_between_its_final_result_and_its_save_warns_that_its_hei
         "its end: what it saved last may be missing" for heir in heirs), out
 
 
+# NNI code that reads its load_checkpoint_dir but never writes its save_checkpoint_dir (newcomer23's mnist.py).
+PBT_NEVER_SAVES = """
+import json, os, nni
+p = nni.get_next_parameter()
+path = os.path.join(p["load_checkpoint_dir"], "model.json")
+w = json.load(open(path))["w"] if os.path.isfile(path) else 0.0
+nni.report_final_result(w + p["lr"])
+"""
+
+
+def test_a_pbt_search_whose_steps_never_save_warns_once_and_claims_no_continuity(tmp_path):
+    """Each generation repeats the one before when nothing is saved: the console says why, once; each step's
+    reason says it left no checkpoint; `trial show` and the page of a later step say it started afresh (with
+    whose parameters), not that it "went on from" a checkpoint that was never there."""
+    space = {"lr": {"_type": "loguniform", "_value": [0.01, 0.5]}}
+    config = experiment(tmp_path, space, PBT_NEVER_SAVES, maxTrialNumber=4, trialConcurrency=2,
+                        tuner={"name": "PBTTuner", "classArgs": {"population_size": 2}})
+    done = cli("run", config, timeout=WAIT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    warned = [line for line in done.stdout.splitlines() if "warning: a PBT step ended without leaving its checkpoint"
+              in line]
+    assert len(warned) == 1, done.stdout
+    exp = experiment_id(done.stdout.splitlines()[0])
+    rows = export(exp)
+    assert all("its step left no checkpoint: nothing in its save_checkpoint_dir" in row["reason"] for row in rows)
+    later = next(row for row in rows if place(row)[1] == 1)
+    load = later["parameters"]["load_checkpoint_dir"]
+    source = next(r for r in rows if r["parameters"]["save_checkpoint_dir"] == load)
+    shown = cli("trial", "show", later["trial_id"]).stdout
+    said = (f"with the parameters of {source['trial_id']} (member {place(source)[0]}, step 0), which left no "
+            "checkpoint to load")
+    assert "went on from" not in shown and f"started afresh {said}" in shown.splitlines(), shown
+    page = page_trial(tmp_path / "home", later["trial_id"])
+    assert page["went_on_from"] == said and page["started_afresh"] is True
+
+
 # ---------------------------------------------------------------- PBT, asynchronous (`synchronous: false`)
 
 # One member's step a trial, its state in NNI's load/save dirs or (NATIVE) trialkit's checkpoint dir; the line

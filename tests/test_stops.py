@@ -113,7 +113,10 @@ def test_a_sigterm_delivered_twice_at_once_is_one_stop_and_one_sent_again_kills(
     out, err = proc.communicate(timeout=WAIT)
     assert "SIGTERM: stopping the trials gracefully" in out, out + err
     assert ("SIGTERM: killing the trials" in out) == killed, out + err
-    assert (export(exp)[0]["status"] == "PREEMPTED") != killed  # the first had its grace and saved its checkpoint
+    # The first had its grace and saved its checkpoint; killed, it saved none and runs again from the start.
+    row = export(exp)[0]
+    resumable = row["reason"].endswith("`trialkit experiment resume` continues it")
+    assert row["status"] == "PREEMPTED" and resumable != killed
 
 
 def test_a_ctrl_c_delivered_twice_after_a_quick_stop_ends_the_run_as_one_does(tmp_path, home):
@@ -175,7 +178,9 @@ def test_a_ctrl_c_before_the_loop_can_take_it_leaves_no_experiment(tmp_path, hom
     assert list((home / "experiments").iterdir()) == [], "a half-made experiment is left to list"
 
 
-def test_a_trial_killed_by_the_stop_without_a_checkpoint_is_canceled_and_stays_so(tmp_path, home):
+def test_a_trial_killed_by_the_stop_without_a_checkpoint_is_paused_and_runs_again_from_the_start(tmp_path, home):
+    """It reported no final result: cut short by the experiment's own stop, it runs again on resume (every
+    tuner), so the search gets the results it asked for."""
     config = experiment(tmp_path, X, CHECKPOINTING.replace("signal.signal(signal.SIGTERM, lambda signum, frame: None)",
                                                            ""), trialConcurrency=1, maxTrialNumber=1)
     proc = start_cli("run", config)
@@ -183,9 +188,14 @@ def test_a_trial_killed_by_the_stop_without_a_checkpoint_is_canceled_and_stays_s
     wait_until(lambda: reported(home, f"{exp}-00000") >= 2, WAIT, "the trial to train")
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=WAIT)
-    assert export(exp)[0]["status"] == "USER_CANCELED"
-    assert cli("experiment", "resume", exp).returncode == 1  # no trial succeeded
-    assert [row["status"] for row in export(exp)] == ["USER_CANCELED"]  # nothing to go on from: not run again
+    assert export(exp)[0]["status"] == "PREEMPTED"
+    assert export(exp)[0]["reason"].endswith("it was cut short before its final result: `trialkit experiment "
+                                             "resume` runs it again; it saved no checkpoint: its progress restarts "
+                                             "from the beginning when it runs again")
+    assert cli("experiment", "resume", exp).returncode == 0
+    row = export(exp)[0]
+    assert (row["status"], row["final"], row["restart_count"]) == ("SUCCEEDED", 8, 1)
+    assert row["intermediate"][-8:] == list(range(8))  # from the beginning
 
 
 def test_a_paused_trial_without_a_checkpoint_says_its_progress_restarts(tmp_path, home):
@@ -357,7 +367,9 @@ def test_a_trial_killed_after_the_grace_says_who_stopped_it_and_that_it_was_kill
     restarts = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
     for trial, status in ((paused, f"PAUSED: paused; {grace}; {restarts}"),
                           (killed, f"USER_CANCELED: killed by `trialkit trial kill`; {grace}"),
-                          (stopped, f"USER_CANCELED: stopped by `trialkit experiment stop`; {grace}")):
+                          (stopped, f"PAUSED: stopped by `trialkit experiment stop`; {grace}; it was cut "
+                                    "short before its final result: `trialkit experiment resume` runs it again; "
+                                    f"{restarts}")):
         shown = ok("trial", "show", trial)
         assert f"status         {status}\n" in shown, shown
         history = shown.split("history:\n")[1].splitlines()

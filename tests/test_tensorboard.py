@@ -62,12 +62,18 @@ def series(logdir: Path, tag: str) -> List[Tuple[int, float]]:
     return [(step, value) for name, step, value in tensorboard_scalars(logdir) if name == tag]
 
 
+def trial_logdir(tmp_path: Path, exp: str, sequence: int = 0) -> Path:
+    """The trial's own TensorBoard dir: TRIALKIT_TENSORBOARD_DIR/EXPERIMENT_ID/TRIAL_ID."""
+    return tmp_path / "tensorboard" / exp / f"{exp}-{sequence:05d}"
+
+
 def test_a_determined_trials_runs_are_written_at_their_steps_completed(home, tmp_path):
     exp = two_runs(home, FIXTURES / "2_checkpoints.yaml", FIXTURES)
-    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2  # a file per run
+    logdir = trial_logdir(tmp_path, exp)
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 2  # a file per run
     # Each batch once (the paused run stopped at its checkpoint, the next went on from it); x counts batches.
-    assert series(tmp_path / "tensorboard", "metric/training.x") == [(n, n) for n in range(10, 101, 10)]
-    assert series(tmp_path / "tensorboard", "metric/validation.x") == [(100, 100)]
+    assert series(logdir, "metric/training.x") == [(n, n) for n in range(10, 101, 10)]
+    assert series(logdir, "metric/validation.x") == [(100, 100)]
     assert [report["steps_completed"] for report in export(exp)[0]["intermediate"]] == [*range(10, 101, 10), 100]
 
 
@@ -75,7 +81,43 @@ def test_an_nni_trials_next_run_goes_on_after_the_last_step_written(home, tmp_pa
     config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, NNI_TRIAL, maxTrialNumber=1,
                         trialConcurrency=1, trialGraceSeconds=10)
     exp = two_runs(home, config)
-    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    logdir = trial_logdir(tmp_path, exp)
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 2
     # The report of step N (its value) at step N: run 1 went on from run 0's checkpoint and its last step.
-    assert series(tmp_path / "tensorboard", "metric/default") == [(n, n) for n in range(30)]
+    assert series(logdir, "metric/default") == [(n, n) for n in range(30)]
     assert export(exp)[0]["intermediate"] == list(range(30))
+
+
+def test_local_trials_at_once_each_write_their_own_dir_and_experiment_tensorboard_names_them(home, tmp_path,
+                                                                                           monkeypatch):
+    """Two trials at once under TRIALKIT_TENSORBOARD_DIR: each writes its scalars in a dir of its own (newcomer23:
+    one dir for both, and one trial's scalars lost), and `experiment tensorboard` prints the command over
+    them. Without the variable the run's trials get none, and the command says how to turn it on."""
+    script = """
+    import time, trialkit
+    x = trialkit.get_next_parameter()["x"]
+    for step in range(3):
+        trialkit.report_intermediate_result(x * 10 + step)
+        time.sleep(0.2)
+    trialkit.report_final_result(x)
+    """
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1, 2]}}, script, maxTrialNumber=2,
+                        trialConcurrency=2, tuner={"name": "GridSearch"})
+    done = cli("run", config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    exp = done.stdout.split()[2]
+    for row in export(exp):
+        x = row["parameters"]["x"]
+        assert series(trial_logdir(tmp_path, exp, row["sequence"]), "metric/default") == \
+            [(step, x * 10 + step) for step in range(3)], row
+    shown = cli("experiment", "tensorboard", exp)
+    assert shown.returncode == 0 and shown.stdout.strip() == (
+        f"TensorBoard of experiment {exp}: tensorboard --logdir {tmp_path / 'tensorboard' / exp} (a run per trial)")
+
+    monkeypatch.delenv("TRIALKIT_TENSORBOARD_DIR")
+    again = cli("run", experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, script, name="plain",
+                                  maxTrialNumber=1))
+    plain = again.stdout.split()[2]
+    refused = cli("experiment", "tensorboard", plain)
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "got no TensorBoard dir" in refused.stderr and "TRIALKIT_TENSORBOARD_DIR=DIR" in refused.stderr

@@ -156,7 +156,10 @@ def test_a_second_ctrl_c_while_the_gp_thinks_kills_the_running_trial_at_once(tmp
         ended = time.monotonic() - sent
     err = lines.err
     assert acknowledged < 2.0 and ended < 10.0 and proc.returncode == 0, (acknowledged, ended, lines.seen, err)
-    # killed, as documented; no third trial (either of the two may have been the first to start)
+    # killed, as documented, to run again on resume (no result); no third trial (either of the two may have been
+    # the first to start)
     assert sorted((row["status"], row["reason"]) for row in export(exp)) == [
-        ("SUCCEEDED", ""), ("USER_CANCELED", "experiment stopped (SIGINT)")]
+        ("PREEMPTED", "experiment stopped (SIGINT); it was cut short before its final result: `trialkit experiment "
+                      "resume` runs it again; it saved no checkpoint: its progress restarts from the beginning when "
+                      "it runs again"), ("SUCCEEDED", "")]
     assert "Traceback" not in err, err

@@ -451,7 +451,8 @@ def cmd_experiment_tensorboard(opts: argparse.Namespace) -> int:
     start = getattr(platform, "start_tensorboard", None)
     if start is None:
         raise UserError(f"experiment {opts.experiment_id} runs on {config.platform}: TensorBoard is served for adaptdl "
-                        "experiments", "EXPERIMENT_ID", "run tensorboard --logdir over its trials' TensorBoard dirs")
+                        "and local experiments", "EXPERIMENT_ID",
+                        "run tensorboard --logdir over its trials' TensorBoard dirs")
     print(start(opts.experiment_id))
     return 0
 
@@ -686,7 +687,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         lost = _lost(store.records_for(opts.trial_id, type=records.STATUS))
         interrupted = _interrupted(experiment_dir, experiment, store)
     why = trial_why(row, interrupted)  # what is known of it, once its experiment is interrupted
-    source = went_on_from(row["parameters"], ((r["trial_id"], r["parameters"]) for r in rows),
+    source = went_on_from(row["parameters"], ((r["trial_id"], r["parameters"], r["reason"]) for r in rows),
                           setting(experiment["config"], "tuner", "name"))  # PBT's exploit, Hyperband's rounds
     lines = [
         f"trial          {opts.trial_id} (sequence {row['sequence']}, parameter id {row['parameter_id']})",
@@ -700,7 +701,7 @@ def cmd_trial_show(opts: argparse.Namespace) -> int:
         f"ended          {when(row['ended'])}",
         f"duration       {duration(row['duration'])}",
         f"parameters     {records.dumps(row['parameters'])}",
-        *([f"went on from   {source}"] if source else []),
+        *([f"{source[0]:<15}{source[1]}"] if source else []),
         *([f"saves into     {saves} (its save_checkpoint_dir: NNI's PBT; no checkpoint store lists it)"]
           if (saves := saves_into(row["parameters"])) else []),
         f"final          {records.dumps(row['final'])}",
@@ -1362,10 +1363,13 @@ def build_parser() -> ArgumentParser:
                                      "in an object store (checkpointStorage), then its dir and store. Asks first; "
                                      "a running experiment is refused."))
     delete.add_argument("--yes", action="store_true", help="delete without asking")
-    _experiment_id(_command(sub, "tensorboard", cmd_experiment_tensorboard, "serve an AdaptDL experiment's TensorBoard",
-                            "Start TensorBoard (a Deployment and a Service) over the experiment's TensorBoard claim, "
-                            "where each trial writes its dir, as NNI's adl mode does, and print how to reach it. "
-                            "Asked again, it keeps what runs; it goes when the experiment ends."))
+    _experiment_id(_command(sub, "tensorboard", cmd_experiment_tensorboard,
+                            "serve an AdaptDL experiment's TensorBoard (a local one's: print how)",
+                            "AdaptDL: start TensorBoard (a Deployment and a Service) over the experiment's TensorBoard "
+                            "claim, where each trial writes its dir, as NNI's adl mode does, and print how to reach "
+                            "it. Asked again, it keeps what runs; it goes when the experiment ends. Local: print the "
+                            "tensorboard command over the dir its trials wrote theirs in (DIR/EXPERIMENT_ID/TRIAL_ID, "
+                            "DIR from TRIALKIT_TENSORBOARD_DIR in the run's environment)."))
     export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
                                      "Every trial with its parameters, status, exit code, steps, intermediate and "
                                      "final metrics, as JSON (a list of trials) or CSV (a line per trial, flat: a "

@@ -9,9 +9,16 @@ AdaptDL save its state at the second batch boundary after the signal and exit
 checkpoint: same epoch, next sample, same running totals.
 
 Each batch prints `epoch E samples A-B size N` (the first and last sample
-index of the batch: the data position) and each epoch the running total of
-samples from a checkpointed Accumulator, so a reader can check that a resumed
-run continues where the first one stopped.
+index of the batch: the data position), and each epoch's end
+`epoch E done: T trained this epoch, S in all`, counted by a checkpointed
+Accumulator. To check that a resumed run continues where the first one
+stopped: its first batch is the sample after the first run's last one, and T
+and S are the sums of the sizes of the batch lines before them, both runs
+together: no batch lost or trained twice across the restart. Not E x 512: with
+batch-size autoscaling an AdaptDL epoch lasts until its statistical progress
+(its goodput model's gain) reaches one pass over the data, so an epoch can go
+on past the data's end, from sample 0 again (epoch 0 here: 33 batches, 0-15
+twice, whether or not trialkit's checkpoint hook is on).
 """
 import argparse
 import time
@@ -73,11 +80,13 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             totals["samples"] += len(index)
+            totals[f"epoch {epoch}"] += len(index)  # AdaptDL's epoch, which can run past the data's end
             print(f"epoch {epoch} samples {int(index[0])}-{int(index[-1])} size {len(index)} "
                   f"loss {loss.item():.4f}", flush=True)
             time.sleep(args.step_seconds)
         with totals.synchronized():  # only between dataloader loops
-            print(f"epoch {epoch} done: {int(totals['samples'])} samples in all", flush=True)
+            print(f"epoch {epoch} done: {int(totals[f'epoch {epoch}'])} trained this epoch, "
+                  f"{int(totals['samples'])} in all", flush=True)
     print("training done", flush=True)
 
 

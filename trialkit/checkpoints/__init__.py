@@ -149,7 +149,8 @@ def dir_files(root: Path) -> Dict[str, int]:
 
 
 # In the trial dir: what this run's uploader stored (one uuid a line, WHOLE_DIR for the whole dir), rewritten
-# as it stores, so the keeper can say what was not stored when the uploader fails or runs out of time.
+# as it stores, so the keeper can say what was not stored when the uploader fails or runs out of time, and the
+# next start's restore can tell a checkpoint the store lost from a trial that never stored one.
 STORED_LIST = "checkpoints-stored"
 
 

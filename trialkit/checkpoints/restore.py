@@ -19,16 +19,19 @@ from pathlib import Path
 from typing import List, Optional
 
 from trialkit import env
-from trialkit.checkpoints import CORE, DETERMINED_METADATA, Checkpoint, set_latest, store_spec
+from trialkit.checkpoints import CORE, DETERMINED_METADATA, STORED_LIST, Checkpoint, dir_files, set_latest, store_spec
 from trialkit.checkpoints.store import ObjectStore, StoreError
 
 PROG = "trialkit checkpoints"
 
 
 def restore_latest(trial: env.TrialEnv, store: ObjectStore) -> Optional[Checkpoint]:
-    """The trial's latest stored checkpoint made its local one; None when the store has none."""
+    """The trial's latest stored checkpoint made its local one; None when the store has none. StoreError when
+    the store has none of those its uploader stored and this node has no copy: started, it would begin again
+    from nothing."""
     stored = store.checkpoints(trial.experiment_id, trial.trial_id)
     if not stored:
+        _check_none_lost(trial, store)
         return None
     latest = stored[-1]
     root = trial.checkpoint_dir
@@ -39,6 +42,19 @@ def restore_latest(trial: env.TrialEnv, store: ObjectStore) -> Optional[Checkpoi
     elif not root.exists() or not any(root.iterdir()):  # a dir the trial left is newer than any upload of it
         store.download(latest, root)
     return latest
+
+
+def _check_none_lost(trial: env.TrialEnv, store: ObjectStore) -> None:
+    """Refuse a start from nothing when the trial's uploader noted checkpoints stored (the list it leaves in the
+    trial dir) that the store no longer lists (deleted, a store emptied) and the checkpoint dir is empty."""
+    try:
+        uploaded = (trial.trial_dir / STORED_LIST).read_text().split()
+    except OSError:
+        return  # nothing noted: a first start, or a node that never ran it
+    if uploaded and not dir_files(trial.checkpoint_dir):
+        raise StoreError(f"its checkpoint is not in {store.url} (an earlier run stored it: deleted, or the store "
+                         f"was emptied); put it back, or delete {trial.trial_dir / STORED_LIST} to start the trial "
+                         f"from the beginning")
 
 
 def main(argv: List[str]) -> int:

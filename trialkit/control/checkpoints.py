@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 from trialkit import records, schema
 from trialkit.checkpoints import OBJECT_TYPES, Checkpoint, local_checkpoints, store_url
@@ -306,6 +306,7 @@ class Collector:
 
         self._db, self._experiment_id, self._config, self._say = db, experiment_id, dict(config), say
         self._gone: List[Checkpoint] = []  # said once, at the end: a line per pass would flood the run's terminal
+        self._warned: Set[str] = set()  # each failure said once: a store that stays down fails every pass alike
         self._wanted = threading.Event()
         self._closing = False
         self._thread = threading.Thread(target=self._serve, name="checkpoint-retention", daemon=True)
@@ -321,6 +322,12 @@ class Collector:
             self._wanted.set()
             self._thread.join(timeout)
 
+    def abandon(self) -> None:
+        """No more passes, and nothing more said: the store failed (the experiment stops saying so), and a pass
+        under way, which waits for the same store, is left to end with the process rather than hold the end."""
+        self._closing = True
+        self._say = lambda line: None
+
     def _serve(self) -> None:
         while True:
             self._wanted.wait()
@@ -329,7 +336,10 @@ class Collector:
             try:
                 self._gone += collect(self._db, self._experiment_id, self._config)
             except Exception as err:  # noqa: BLE001 - a store that fails (UserError, OSError, ...) is said, not raised
-                self._say(f"warning: checkpoints were not collected: {getattr(err, 'line', lambda: err)()}")
+                line = f"warning: checkpoints were not collected: {getattr(err, 'line', lambda: err)()}"
+                if line not in self._warned:
+                    self._warned.add(line)
+                    self._say(line)
             if closing:
                 self._said_gone()
                 return

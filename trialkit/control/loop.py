@@ -48,7 +48,7 @@ from trialkit.control.pick import THINKING, Picker
 from trialkit.control.progress import TICK_SECONDS, Progress, Snapshot
 from trialkit.control.queue import (NO_CHECKPOINT, RESAVE, RESUMABLE, STARTED_FROM, JobQueue, goes_before, label,
                                    requeued, rerun, stopping)
-from trialkit.control.results import metric_value, rank, shown_values
+from trialkit.control.results import LEFT_NO_CHECKPOINT, left_no_checkpoint, metric_value, rank, shown_values
 from trialkit.control.specs import build_spec
 from trialkit.control.tuners import build_tuner
 from trialkit.errors import UserError
@@ -92,6 +92,10 @@ UNHEARD = "its keeper has not reached the manager"
 NO_FINAL = ("it ended without a final result, so the tuner learns nothing from it and it cannot be the best trial: "
             "report one with nni.report_final_result or trialkit.report_final_result; Determined code reports the "
             "validation metric its Determined config's searcher.metric names (run that config)")
+# Said once: a PBT step that left nothing for the steps that go on from it (NNI's example code does save).
+NO_PBT_SAVE = ("a PBT step ended without leaving its checkpoint (its save_checkpoint_dir and its checkpoint dir are "
+               "empty): the steps that go on from it load nothing, so each generation repeats the one before; save "
+               "the model into save_checkpoint_dir (NNI's PBT) or trialkit.checkpoint_dir()")
 # The reason of a trial that waited when a user stopped the experiment: it ran nothing, and waits still.
 # A second SIGINT/SIGTERM sooner than this is the first one delivered twice (no hand presses Ctrl-C twice so
 # fast); only a later one is "again": kill now.
@@ -546,9 +550,17 @@ class Loop:
             if not reason:
                 reason = "; ".join(filter(None, ("ended without reporting a final result", trial.note)))
         reason = reason or trial.note
+        empty = self._left_no_checkpoint(trial, status)
+        if empty is not None:
+            self._warn_once(trial, NO_PBT_SAVE)
+            said = f"{LEFT_NO_CHECKPOINT}: nothing in its save_checkpoint_dir {empty}"
+            reason = "; ".join(filter(None, (reason, said)))
         self.store.set_status(trial.id, status, exit_code=exit_code, reason=reason)
         trial.status, trial.reason, trial.exit_code = status, reason, exit_code
         self.active.pop(trial.id, None)
+        if store_failed and self.retention is not None:  # its passes would wait for the failed store, then fail
+            self.retention.abandon()
+            self.retention = None
         if self.retention is not None:
             self.retention.request()
         self.manager.save(self.elapsed())
@@ -574,7 +586,8 @@ class Loop:
         """(status, reason) of a trial that ended after the loop stopped it (trial.stop), given how the platform
         saw it end (`status`). A user's stop of the whole experiment (Ctrl-C, SIGTERM, `experiment stop`) that
         finds it holding a checkpoint leaves it PREEMPTED, for `experiment resume`, and so does one that finds
-        it without one when its tuner's round waits for its result (it runs again from the start); a pause
+        it without one before its final result, under every tuner (it runs again from the start: the search
+        gets the results maxTrialNumber asked for, and a round that waits for it is ranked on it); a pause
         that finds it with none says that its progress restarts; the assessor's stop met a trial whose final
         result was in already: it succeeded. `killed`, the keeper's reason when the grace ran out, follows who
         stopped it."""
@@ -586,7 +599,7 @@ class Loop:
             only_seed = self.platform.holds_only_seed
             seeded = only_seed is not None and only_seed(trial.handle or trial.id)
             return PREEMPTED, f"{why}; {STARTED_FROM if seeded else RESUMABLE}"
-        if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.RERUNS_CUT_SHORT and not trial.has_final:
+        if wanted == USER_CANCELED and trial.stop == self.stopping and not trial.has_final:
             return PREEMPTED, f"{why}; {rerun(self.tuner.ROUND)}"
         if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.HANDS_ON_CHECKPOINTS:
             return PREEMPTED, f"{why}; {RESAVE}"
@@ -599,6 +612,15 @@ class Loop:
         else whether it exited 143 after a stop (its keeper's PREEMPTED)."""
         holds = self.platform.holds_checkpoint
         return holds(trial.handle or trial.id) if holds is not None else status == PREEMPTED
+
+    def _left_no_checkpoint(self, trial: Trial, status: str) -> Optional[str]:
+        """A PBT step that ended with its result (others may go on from it) leaving nothing: its empty
+        save_checkpoint_dir, where its platform tells (its trials' dirs are on this machine) that its checkpoint
+        dir is empty too; else None."""
+        if status == PREEMPTED or not trial.has_final or self.platform.holds_checkpoint is None:
+            return None
+        empty = left_no_checkpoint(trial.parameters)
+        return None if empty is None or self._checkpointed(trial, status) else empty
 
     def _check_first_failures(self) -> None:
         """Stop when the first trials (stopWhenFirstTrialsFail) all failed the same way: the rest would too."""

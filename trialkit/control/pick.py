@@ -116,15 +116,11 @@ class Picker:
         return self.tuner.points_tried
 
     @property
-    def RERUNS_CUT_SHORT(self) -> bool:  # noqa: N802 - the tuner class's flag, by its name
-        return self.tuner.RERUNS_CUT_SHORT
-
-    @property
     def HANDS_ON_CHECKPOINTS(self) -> bool:  # noqa: N802 - the tuner class's flag, by its name
         return self.tuner.HANDS_ON_CHECKPOINTS
 
     @property
-    def ROUND(self) -> str:  # noqa: N802 - the tuner class's word, by its name
+    def ROUND(self) -> Optional[str]:  # noqa: N802 - the tuner class's word, by its name
         return self.tuner.ROUND
 
     def continues_from(self, parameter_id: int) -> Optional[int]:

@@ -51,16 +51,17 @@ NO_CHECKPOINT = "it saved no checkpoint: its progress restarts from the beginnin
 # (control.resume): a user's stop of the whole experiment found it without a checkpoint, and its tuner needs its
 # run whole. The tail alone tells it, whatever the tuner calls its round.
 RUNS_AGAIN = f"`trialkit experiment resume` runs it again; {NO_CHECKPOINT}"
-# Its round or generation waits for its final result (Tuner.RERUNS_CUT_SHORT).
+# A stop of the experiment cut it short before its final result (Tuner.ROUND names what waits for it, if anything).
 RERUN = f"waits for its result: {RUNS_AGAIN}"
+CUT_SHORT = f"it was cut short before its final result: {RUNS_AGAIN}"
 # Its final result came, but not its end: other trials go on from the checkpoint it may still have been
 # saving (Tuner.HANDS_ON_CHECKPOINTS; NNI's mnist-pbt example saves after its final result).
 RESAVE = f"its final result came before its end, and the trials after it load the checkpoint it saves: {RUNS_AGAIN}"
 
 
-def rerun(round_name: str) -> str:
+def rerun(round_name: Optional[str]) -> str:
     """The end of such a trial's reason, naming what waits for it as its tuner says it (Tuner.ROUND)."""
-    return f"its {round_name} {RERUN}"
+    return f"its {round_name} {RERUN}" if round_name else CUT_SHORT
 
 
 def requeued(why: str, experiment_id: str, concurrency: int, taken: int, paused: bool, key: str) -> str:

@@ -317,6 +317,16 @@ def shown_values(space: Any, params: Dict[str, Any]) -> Dict[str, Any]:
 # NNI's PBT parameters (tuners/pbt.py's LOAD and SAVE): the checkpoint a trial starts from and the dir it saves
 # into, each all_checkpoint_dir/<member>/<step>; a member's first step has its own dir as both.
 LOAD_DIR, SAVE_DIR = "load_checkpoint_dir", "save_checkpoint_dir"
+# In the reason of a PBT step that ended leaving nothing in either dir (the loop's check): the steps that go on
+# from it load nothing, and went_on_from says so.
+LEFT_NO_CHECKPOINT = "its step left no checkpoint"
+
+
+def left_no_checkpoint(params: Any) -> Optional[str]:
+    """A PBT trial's save_checkpoint_dir when nothing is in it on this machine (empty or missing); None for any
+    other trial and where it holds files."""
+    save = params.get(SAVE_DIR) if isinstance(params, dict) else None
+    return save if isinstance(save, str) and not _holds_files(Path(save)) else None
 
 
 def saves_into(params: Any) -> Optional[str]:
@@ -339,30 +349,39 @@ def _holds_files(folder: Path) -> bool:
 BUDGET, BUDGETED_TUNERS = "TRIAL_BUDGET", ("Hyperband", "BOHB")
 
 
-def went_on_from(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, Any]]],
-                 tuner: Optional[str] = None) -> Optional[str]:
-    """Where a trial went on from, as trial show and the page say it, of `others` ((id, parameters) of its
-    experiment's trials): PBT's "TRIAL_ID (member M, step S)", the trial that saved into its load_checkpoint_dir
-    (that dir itself where none did); under `tuner` Hyperband or BOHB, "TRIAL_ID (its round before, TRIAL_BUDGET
-    B)", the trial of its configuration on the largest budget below its own, whose checkpoint dir its own got a
-    copy of. None for a first step or round and for any other trial."""
+WENT_ON, STARTED_AFRESH = "went on from", "started afresh"
+
+
+def went_on_from(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, Any], str]],
+                 tuner: Optional[str] = None) -> Optional[Tuple[str, str]]:
+    """Where a trial went on from, as trial show and the page say it, of `others` ((id, parameters, reason) of
+    its experiment's trials), as (WENT_ON, what): PBT's "TRIAL_ID (member M, step S)", the trial that saved into
+    its load_checkpoint_dir (that dir itself where none did); under `tuner` Hyperband or BOHB, "TRIAL_ID (its
+    round before, TRIAL_BUDGET B)", the trial of its configuration on the largest budget below its own, whose
+    checkpoint dir its own got a copy of. (STARTED_AFRESH, what) where that PBT trial's step left no checkpoint
+    (LEFT_NO_CHECKPOINT in its reason): nothing was loaded. None for a first step or round and any other trial."""
+    others = list(others)
     if tuner in BUDGETED_TUNERS:
-        return _round_before(params, others)
+        before = _round_before(params, others)
+        return None if before is None else (WENT_ON, before)
     load, save = (params.get(LOAD_DIR), params.get(SAVE_DIR)) if isinstance(params, dict) else (None, None)
     if not isinstance(load, str) or not isinstance(save, str) or load == save:
         return None
     member, step = Path(load).parts[-2:] if len(Path(load).parts) > 1 else ("?", "?")
-    source = next((trial_id for trial_id, other in others if isinstance(other, dict) and other.get(SAVE_DIR) == load),
-                  load)
-    return f"{source} (member {member}, step {step})"
+    source, why = next(((trial_id, reason) for trial_id, other, reason in others
+                        if isinstance(other, dict) and other.get(SAVE_DIR) == load), (load, ""))
+    if LEFT_NO_CHECKPOINT in (why or ""):
+        return STARTED_AFRESH, (f"with the parameters of {source} (member {member}, step {step}), which left no "
+                                f"checkpoint to load")
+    return WENT_ON, f"{source} (member {member}, step {step})"
 
 
-def _round_before(params: Dict[str, Any], others: Iterable[Tuple[str, Dict[str, Any]]]) -> Optional[str]:
+def _round_before(params: Dict[str, Any], others: List[Tuple[str, Dict[str, Any], str]]) -> Optional[str]:
     budget = params.get(BUDGET) if isinstance(params, dict) else None
     if not isinstance(budget, (int, float)):
         return None
     configuration = {key: value for key, value in params.items() if key != BUDGET}
-    before = [(other[BUDGET], trial_id) for trial_id, other in others
+    before = [(other[BUDGET], trial_id) for trial_id, other, _ in others
               if isinstance(other, dict) and isinstance(other.get(BUDGET), (int, float)) and other[BUDGET] < budget
               and {key: value for key, value in other.items() if key != BUDGET} == configuration]
     if not before:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import select
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -227,12 +228,30 @@ def trial_threads(cores: int, at_once: float, slots: int) -> Optional[int]:
     return max(1, int(cores // (at_once * slots)))
 
 
+# In the experiment dir: the dir its trials' TensorBoard dirs are in (`experiment tensorboard` names it).
+TENSORBOARD_NOTE = "tensorboard-dir"
+TENSORBOARD_NAMES = (env.TENSORBOARD_DIR, env.ADAPTDL["tensorboard_dir"], env.ADAPTDL_OLD_TENSORBOARD)
+
+
+def tensorboard_dir(environ: Mapping[str, str], spec: TrialSpec) -> Optional[str]:
+    """The trial's own TensorBoard dir, where `trialkit run`'s environment names one (TRIALKIT_TENSORBOARD_DIR, or
+    AdaptDL's names): DIR/EXPERIMENT_ID/TRIAL_ID, as an AdaptDL job's is its experiment's claim/JOB; one dir for
+    every trial mixed their event files, and TensorBoard showed one trial's scalars. None where none is named."""
+    base = next((environ[name] for name in TENSORBOARD_NAMES if environ.get(name)), None)
+    return None if base is None else str(Path(base).absolute() / spec.experiment_id / spec.trial_id)
+
+
 def trial_environ(config: LocalConfig, spec: TrialSpec, trial_dir: Path, code: Optional[Path],
                   gpu_indices: Sequence[int] = (), threads: Optional[int] = None) -> Dict[str, str]:
     """The keeper's environment: ours, the spec's contract and this platform's part (its GPUs among it, and
     its threads unless the user's environment sets them)."""
     out = dict(os.environ)
     out.update(spec.env)
+    tensorboard = tensorboard_dir(out, spec)
+    for name in TENSORBOARD_NAMES:  # the keeper gives the trial AdaptDL's names from trialkit's
+        out.pop(name, None)
+    if tensorboard is not None:
+        out[env.TENSORBOARD_DIR] = tensorboard
     if threads is not None:
         out.setdefault(THREADS, str(threads))
     out[env.TRIAL_DIR] = str(trial_dir)
@@ -385,6 +404,8 @@ class Platform(PlatformBase):
                 gpus.append_sample(trial_dir, found, indices)  # its GPUs as it found them
                 self._watch_gpus()
             environ = trial_environ(self.config, spec, trial_dir, code, indices, self._threads())
+            if env.TENSORBOARD_DIR in environ:
+                (self.experiment_dir / TENSORBOARD_NOTE).write_text(str(Path(environ[env.TENSORBOARD_DIR]).parent))
             with open(trial_dir / paths.TRIAL_LOG, "ab") as log:
                 forked = self._fork_keeper(environ, trial_dir, log.fileno())
                 if forked is not None:
@@ -525,6 +546,17 @@ class Platform(PlatformBase):
         copied = _listing(layout.checkpoint_dir(paths.trial_dir(self.experiment_dir, trial_id)))
         if copied:  # the source had a checkpoint: else the trial started from nothing
             self._seeded[trial_id] = copied
+
+    def start_tensorboard(self, experiment_id: str) -> str:
+        """`trialkit experiment tensorboard`: the command that serves the dir its trials' TensorBoard dirs are in
+        (a run per trial); UserError when they got none."""
+        try:
+            where = (self.experiment_dir / TENSORBOARD_NOTE).read_text().strip()
+        except OSError:
+            raise UserError(f"experiment {experiment_id}'s trials got no TensorBoard dir", "EXPERIMENT_ID",
+                            f"set {env.TENSORBOARD_DIR}=DIR in the environment of `trialkit run` (or `trialkit "
+                            f"experiment resume`): each trial then writes DIR/{experiment_id}/TRIAL_ID") from None
+        return f"TensorBoard of experiment {experiment_id}: tensorboard --logdir {shlex.quote(where)} (a run per trial)"
 
     def holds_only_seed(self, handle: str) -> bool:
         """Whether the ended trial's checkpoint dir holds just the copy seed_checkpoint gave it, as it was (no file

@@ -515,10 +515,7 @@ def trial(db: sqlite3.Connection, experiment_id: str, trial_id: str, now: Option
         # The keeper's default (trialkit.env): <trial dir>/checkpoint.
         "checkpoint_dir": str(Path(trial_dir) / "checkpoint") if trial_dir else None,
         # PBT's, Hyperband's and BOHB's: the trial whose checkpoint it went on from; where NNI's PBT code saves.
-        "went_on_from": results.went_on_from(out["parameters"], (
-            (other["id"], _json(other["parameters"])) for other in
-            db.execute("SELECT id, parameters FROM trials WHERE experiment=? ORDER BY sequence", (experiment_id,))),
-            results.setting(_experiment_row(db, experiment_id)["config"], "tuner", "name")),
+        **_went_on_from(db, experiment_id, out["parameters"]),
         "save_checkpoint_dir": results.saves_into(out["parameters"]),
         "final": _json(final["value"]) if final else None,
         **_steps(db, trial_id),
@@ -545,6 +542,17 @@ def _reports(db: sqlite3.Connection, trial_id: str, has_runs: Optional[bool] = N
               "time": at, "received": received} for seq, run_of, kind, value, at, received in rows]
     history = [dict(row) for row in db.execute("SELECT status, reason, time FROM statuses WHERE trial=?", (trial_id,))]
     return [rec["value"] for rec in results.series(found, history) if rec["type"] == PERIODICAL]
+
+
+def _went_on_from(db: sqlite3.Connection, experiment_id: str, params: Any) -> Dict[str, Any]:
+    """went_on_from: the trial (PBT's, Hyperband's, BOHB's) whose checkpoint it went on from, as trial show says
+    it; started_afresh when that PBT step left none, so nothing was loaded."""
+    source = results.went_on_from(params, (
+        (other["id"], _json(other["parameters"]), other["reason"] or "") for other in
+        db.execute("SELECT id, parameters, reason FROM trials WHERE experiment=? ORDER BY sequence", (experiment_id,))),
+        results.setting(_experiment_row(db, experiment_id)["config"], "tuner", "name"))
+    return {"went_on_from": source and source[1],
+            "started_afresh": source is not None and source[0] == results.STARTED_AFRESH}
 
 
 def _steps(db: sqlite3.Connection, trial_id: str) -> Dict[str, int]:

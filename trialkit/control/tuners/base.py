@@ -98,13 +98,11 @@ class Tuner:
     # False for a tuner that decides itself which trials go on (NNI's advisors, PBT): NNI refuses an assessor
     # beside one, and so does the config here.
     TAKES_ASSESSOR: ClassVar[bool] = True
-    # True for a tuner that ranks a round or generation once every trial of it has its final result (Hyperband,
-    # BOHB, PBT): a trial a user's stop of the experiment cut short without a checkpoint runs again on
-    # `experiment resume` (loop._stopped, queue.rerun), rather than leaving its round ranked without it.
-    RERUNS_CUT_SHORT: ClassVar[bool] = False
-    # What such a tuner's users call the set of trials it ranks together (NNI's words: Hyperband's round, PBT's
-    # generation): a cut-short trial's reason names it (queue.rerun).
-    ROUND: ClassVar[str] = "round"
+    # What a tuner that ranks a round or generation once every trial of it has its final result calls it (NNI's
+    # words: Hyperband's and BOHB's round, PBT's generation); None for the others. A trial a user's stop of the
+    # experiment cut short without a checkpoint or final result runs again on `experiment resume` under every
+    # tuner (loop._stopped); its reason names what waits for it (queue.rerun).
+    ROUND: ClassVar[Optional[str]] = None
     # True for a tuner that starts a trial from another's checkpoint (continues_from: PBT's exploit, a configuration
     # Hyperband or BOHB sends on): the config checks the checkpoint can reach it (config.checkpoint_handover).
     HANDS_ON_CHECKPOINTS: ClassVar[bool] = False

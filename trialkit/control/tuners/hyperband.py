@@ -74,7 +74,7 @@ class HyperbandTuner(Tuner):
         "seed": check_seed,
     }
     TAKES_ASSESSOR = False
-    RERUNS_CUT_SHORT = True
+    ROUND = "round"
     HANDS_ON_CHECKPOINTS = True
 
     @classmethod

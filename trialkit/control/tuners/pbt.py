@@ -103,7 +103,6 @@ class PbtTuner(Tuner):
         "seed": check_seed,
     }
     TAKES_ASSESSOR = False
-    RERUNS_CUT_SHORT = True
     ROUND = "generation"
     HANDS_ON_CHECKPOINTS = True
 

@@ -985,7 +985,7 @@
         ...fact('Ended', fmtTime(t.ended)),
         ...fact('Duration', fmtDuration(t.duration)), ...fact('Trial dir', t.trial_dir || '—'),
         ...fact('Checkpoint dir', t.checkpoint_dir || '—'),
-        ...(t.went_on_from ? fact('Went on from', t.went_on_from) : []));
+        ...(t.went_on_from ? fact(t.started_afresh ? 'Started afresh' : 'Went on from', t.went_on_from) : []));
       this.params.replaceChildren(paramsTable(t.parameters));
       this.elasticPanel.hidden = !t.elastic;
       if (t.elastic) {
