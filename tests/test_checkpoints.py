@@ -184,6 +184,33 @@ def test_an_nni_trials_checkpoint_dir_goes_to_the_store_at_its_pause_and_comes_b
     assert len(manifests(s3, bucket)) == 1
 
 
+def test_a_paused_trials_latest_checkpoint_outlives_a_policy_that_keeps_none(tmp_path, home, s3):
+    """saveTrialLatest 0 and saveTrialBest 0: Determined's policy keeps none of a trial's checkpoints, and its
+    retention runs as each trial's run ends, a pause's too. But a paused trial goes on from its latest: that one
+    stays while it is paused (and `checkpoint list` says why), and goes once the trial ended."""
+    bucket = s3.bucket()
+    folder = tmp_path / "nni"
+    folder.mkdir()
+    (folder / "trial.py").write_text(NNI_TRIAL)
+    (folder / "config.yml").write_text(yaml.safe_dump({
+        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 trial.py",
+        "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "Random"},
+        "trainingService": {"platform": "local"},
+        "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.url, "saveTrialLatest": 0,
+                              "saveTrialBest": 0, "saveExperimentBest": 0}}))
+
+    def kept_while_paused(exp: str, trial: str) -> tuple:
+        [stored] = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
+        assert stored["kept_by"] == ["paused trial's latest: it goes on from it"]
+        return stored_and_emptied(exp, trial)
+
+    exp, (trial_dir, saved) = paused_and_activated(home, [folder / "config.yml"], 3, kept_while_paused)
+    row = export(exp)[0]
+    assert row["intermediate"] == list(range(1, 31)) and row["final"] == 30  # it went on from the kept one
+    assert (trial_dir / "checkpoint" / "model" / "state.txt").read_text() == saved
+    assert json.loads(cli("checkpoint", "list", exp, "--json").stdout) == [] and manifests(s3, bucket) == []
+
+
 # ---------------------------------------------------------------- retention
 
 

@@ -25,7 +25,7 @@ from trialkit import records, schema
 from trialkit.checkpoints import OBJECT_TYPES, Checkpoint, local_checkpoints, store_url
 from trialkit.control.results import run_starts
 from trialkit.errors import UserError
-from trialkit.statuses import RUNNING, WAITING
+from trialkit.statuses import PREEMPTED, RUNNING, WAITING
 
 SECTION = "checkpointStorage"
 TYPES = ("local",) + OBJECT_TYPES
@@ -36,6 +36,9 @@ ALLOWED = {"local": (), "s3": ("bucket", "prefix", "endpointUrl", "region"), "gc
            "azure": ("container", "prefix", "accountUrl")}
 KEEP_ALL = "kept: no retention policy"
 LOCAL_ONLY = "not stored: only in its trial's checkpoint dir"
+# A paused or preempted trial starts again from its latest checkpoint: no rule of Determined's takes that from it
+# (Determined collects a trial's checkpoints once it ended, and a paused trial has not).
+RESUMES_FROM = "paused trial's latest: it goes on from it"
 
 
 class Retention(NamedTuple):
@@ -119,14 +122,18 @@ def kept(checkpoints: List[Checkpoint], metric: Callable[[Checkpoint], Optional[
     for ckpt in checkpoints:
         by_trial.setdefault(ckpt.trial, []).append(ckpt)
     for trial, own in by_trial.items():
-        newest = sorted(own, key=lambda c: (c.time, c.uuid), reverse=True)
-        for ckpt in newest[:policy.trial_latest]:
+        for ckpt in sorted(own, key=saved_order, reverse=True)[:policy.trial_latest]:
             rules[ckpt.uuid].append("trial latest")
         for ckpt in best([mc for mc in scored if mc[1].trial == trial])[:policy.trial_best]:
             rules[ckpt.uuid].append("trial best")
     for ckpt in best(scored)[:policy.experiment_best]:
         rules[ckpt.uuid].append("experiment best")
     return rules
+
+
+def saved_order(ckpt: Checkpoint) -> Tuple[float, str]:
+    """A checkpoint's place among its trial's: the later saved, the greater."""
+    return ckpt.time, ckpt.uuid
 
 
 def metric_of(ckpt: Checkpoint, metrics: List[Dict[str, Any]]) -> Optional[float]:
@@ -249,6 +256,10 @@ def catalog(db: Any, experiment_id: str, config: Mapping[str, Any],
         rules = kept([c for c in every if not local_only(storage, c)], lambda c: scores[c.uuid], storage.retention,
                      smaller)
         rules.update({c.uuid: [LOCAL_ONLY] for c in every if local_only(storage, c)})
+        for trial in {t["id"] for t in db.trials(experiment_id, PREEMPTED)}:
+            own = [c for c in every if c.trial == trial]
+            if own:
+                rules[max(own, key=saved_order).uuid].append(RESUMES_FROM)
     return [Entry(c, scores[c.uuid], rules[c.uuid]) for c in every if trial_id is None or c.trial == trial_id]
 
 
