@@ -1360,7 +1360,8 @@ def build_parser() -> ArgumentParser:
                                      "Remove what the experiment's platform made for it (a cluster's jobs, "
                                      "ConfigMaps, Secrets, checkpoint and TensorBoard claims), its checkpoints "
                                      "in an object store (checkpointStorage), then its dir and store. Asks first; "
-                                     "a running experiment is refused."))
+                                     "a running experiment is refused, as is an interrupted one whose trials "
+                                     "still run unwatched (resume it, then stop it)."))
     delete.add_argument("--yes", action="store_true", help="delete without asking")
     _experiment_id(_command(sub, "tensorboard", cmd_experiment_tensorboard, "serve an AdaptDL experiment's TensorBoard",
                             "Start TensorBoard (a Deployment and a Service) over the experiment's TensorBoard claim, "
