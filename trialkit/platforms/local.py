@@ -486,8 +486,9 @@ class Platform(PlatformBase):
 
     def status(self, handle: str) -> PlatformStatus:
         """WAITING while held for GPUs; RUNNING while its keeper runs; then the final status the keeper
-        recorded (FAILED if none), PREEMPTED for a trial paused for a job of higher priority that did not
-        end by itself (whatever it made of the SIGTERM: it is not lost, it resumes).
+        recorded (FAILED if none), with why it was paused for a job of higher priority (`preempted`) for one
+        that was: the loop ends it as it ends one it stopped itself (whatever it made of the SIGTERM, exit 0
+        included: it is not lost, it resumes; only one that reported its final result finished).
 
         A trial that no keeper here runs and that never ended (its keeper died
         with the machine, say) is WAITING: to be started again.
@@ -495,8 +496,8 @@ class Platform(PlatformBase):
         found = self._status(handle)
         with self._lock:
             why = self._preempted.get(handle)
-        if why is not None and found.status in FINAL_STATUSES and found.status != SUCCEEDED:
-            return PlatformStatus(PREEMPTED, why, found.exit_code)
+        if why is not None and found.status in FINAL_STATUSES:
+            return dataclasses.replace(found, preempted=why)
         return found
 
     def _pool_capacity(self) -> float:
