@@ -94,8 +94,15 @@ def cmd_run(opts: argparse.Namespace) -> int:
         paths.check_experiment_id(opts.experiment_id, "--experiment-id")
     config = _load_for_run(opts)
     if opts.detach:
+        from trialkit.control.run import check_startable, forget_unstarted
+
         experiment_id = paths.new_experiment_id()
         experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
+        try:  # refused here, before the line that names the experiment: nothing of it is left
+            check_startable(config, experiment_dir)
+        except UserError:
+            forget_unstarted(experiment_dir)
+            raise
         context = [] if opts.context_dir is None else [config.trial_code_directory]  # made absolute
         argv = ["run", os.path.abspath(opts.config), *context, "--experiment-id", experiment_id]
         argv += _port_args(opts.port)

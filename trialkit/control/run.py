@@ -195,14 +195,23 @@ def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
     """The platform, ready to take trials (a cluster platform checked its cluster answers), after the code dir and
     the checkpoint store were checked; a refusal names the key as the config wrote it (an NNI v1 config's
     `trial.gpuNum`, not `trialGpuNumber`)."""
+    check_startable(config, experiment_dir)
     try:
-        _check_context(config, experiment_dir)
-        checkpoints.check_store(config.checkpoint_storage)
         platform = platforms.create(config.platform, config.training_service, experiment_dir)
         platform.check_ready()
     except UserError as err:
         raise config.as_written(err) from None
     return platform
+
+
+def check_startable(config: ExperimentConfig, experiment_dir: Path) -> None:
+    """Refuse the code dir (too big, without its script, holding experiment_dir) or the checkpoint store before
+    anything starts, in the keys the config wrote: `run --detach` asks it before it says the experiment started."""
+    try:
+        _check_context(config, experiment_dir)
+        checkpoints.check_store(config.checkpoint_storage)
+    except UserError as err:
+        raise config.as_written(err) from None
 
 
 def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: List[Running]) -> ExperimentResult:
