@@ -142,7 +142,11 @@ def test_a_running_experiment_moved_to_another_pool_starts_its_next_trials_there
         other = cli("job", "list", "--pool", "other", "--csv")
         assert other.returncode == 0, other.stderr
         assert other.stdout.splitlines()[1].split(",")[5:7] == ["7", "1"]  # its priority, its weight
-        assert pool_jobs() == []  # default lists jobs that are in it: b's leases there are its running trials'
+        # Each pool lists it with what it holds there: default its first two trials' leases, other the third's
+        assert [(job["id"], job["slots_acquired"], job["slots_needed"]) for job in pool_jobs()] == [(b, 2, 2)]
+        assert [(job["id"], job["slots_acquired"], job["slots_needed"]) for job in pool_jobs("other")] == [(b, 1, 1)]
+        listed = cli("job", "list", "--pool").stdout
+        assert f"{b}  TYPE_EXPERIMENT" in listed and "2/2" in listed, listed
     finally:
         (dirs["gate"] / "all").touch()
         finish(proc)
