@@ -1365,7 +1365,8 @@ def build_parser() -> ArgumentParser:
     imports.add_argument("-f", "--file", required=True, metavar="FILE", help="the results, a JSON list")
     delete = _experiment_id(_command(sub, "delete", cmd_experiment_delete, "delete a stopped experiment",
                                      "Remove what the experiment's platform made for it (a cluster's jobs, "
-                                     "ConfigMaps, Secrets, checkpoint and TensorBoard claims), its checkpoints "
+                                     "ConfigMaps, Secrets, checkpoint and TensorBoard claims; a local one's job in "
+                                     "the home's resource pools, pools.db), its checkpoints "
                                      "in an object store (checkpointStorage), then its dir and store. Asks first; "
                                      "a running experiment is refused, as is an interrupted one whose trials "
                                      "still run unwatched (resume it, then stop it)."))

@@ -534,6 +534,12 @@ class Platform(PlatformBase):
         return seeded is not None and seeded == \
             _listing(layout.checkpoint_dir(paths.trial_dir(self.experiment_dir, handle)))
 
+    def remove_experiment(self, experiment_id: str, trial_ids: Sequence[str]) -> List[str]:
+        """`experiment delete`: its job's row in pools.db (the table keeps it past its end for a resume, and
+        this platform's start joined it again); its trials left nothing else outside its dir."""
+        self._slots.leave(experiment_id)
+        return []
+
     def holds_checkpoint(self, handle: str) -> bool:
         """Whether the ended trial left a checkpoint: it exited 143 after the stop (its keeper's PREEMPTED),
         or its checkpoint dir holds anything (a checkpoint of an earlier step, one a Determined trial saved

@@ -394,6 +394,12 @@ class Pool:
         with self._lock:
             self._db.execute("UPDATE leases SET pid = ?, ticks = ? WHERE holder = ?", (new.pid, new.ticks, holder))
 
+    def leave(self, experiment: str) -> None:
+        """The experiment's job leaves the pools for good (`experiment delete`): no resume keeps its priority,
+        weight and place, and no row names an experiment that is gone."""
+        with self._lock:
+            self._db.execute("DELETE FROM jobs WHERE experiment = ?", (experiment,))
+
     def release(self, holder: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM leases WHERE holder = ?", (holder,))
