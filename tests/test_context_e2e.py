@@ -44,21 +44,28 @@ def test_a_trial_runs_in_its_own_copy_without_what_is_ignored(tmp_path, home):
     assert (copy / "trial.py").read_text() == (code / "trial.py").read_text() and not (copy / "data").exists()
 
 
-def test_a_context_over_the_limit_is_refused_before_anything_starts(tmp_path, home):
+# `run --detach` refuses before it prints "started experiment ID" (an id that would not exist): one line alone.
+DETACHED = pytest.mark.parametrize("detach", [[], ["--detach"]], ids=["foreground", "detached"])
+
+
+@DETACHED
+def test_a_context_over_the_limit_is_refused_before_anything_starts(tmp_path, home, detach):
     config = experiment(tmp_path, ONE, "pass\n", maxTrialNumber=1)
     with open(config.parent / "weights.bin", "wb") as f:
         f.truncate(96 * 1024 * 1024)  # sparse: its size counts, no disk is spent
-    done = cli("run", config)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    done = cli("run", config, *detach)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and not done.stdout, done.stdout + done.stderr
     assert "weights.bin" in done.stderr and ".trialignore" in done.stderr
     assert not (home / "experiments").exists()
 
 
-def test_an_experiment_inside_the_code_dir_is_refused(tmp_path):
+@DETACHED
+def test_an_experiment_inside_the_code_dir_is_refused(tmp_path, detach):
     config = experiment(tmp_path, ONE, "pass\n", maxTrialNumber=1, experimentWorkingDirectory="runs")
-    done = cli("run", config)
+    done = cli("run", config, *detach)
     assert done.returncode == 2 and "inside the trial code directory" in done.stderr, done.stderr
-    assert not (config.parent / "runs").exists()
+    assert done.stderr.count("\n") == 1 and not done.stdout, done.stdout + done.stderr
+    assert not any((config.parent / "runs").glob("*")), list((config.parent / "runs").glob("**/*"))  # no id left
 
 
 def test_a_failing_startup_hook_fails_the_trial_with_its_output_in_the_log(tmp_path):

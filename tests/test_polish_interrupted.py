@@ -99,3 +99,24 @@ def page_data(home: Path, exp: str) -> dict:
         return {"summary": queries.summary(db, exp),
                 "row": queries.trials_page(db, exp, queries.TrialQuery())["rows"][0],
                 "trial": queries.trial(db, exp, f"{exp}-00000"), "queue": queries.queue(db, exp, None)[0]}
+
+
+def test_delete_refuses_an_interrupted_experiment_whose_trials_run_unwatched(tmp_path, home, no_process_left):
+    """Its keepers outlive its manager: deleting would leave them running, holding their pool's slots under a
+    deleted job. Refused in one line, as a running experiment is, saying how to end them; nothing deleted."""
+    config = experiment(tmp_path, X, SLOW, maxTrialNumber=1, trialConcurrency=1)
+    exp, trial = sigkilled_while_running(config, home)
+    try:
+        deleted = cli("experiment", "delete", exp, "--yes")
+        assert deleted.returncode == 2 and len(deleted.stderr.strip().splitlines()) == 1, deleted.stderr
+        assert f"1 of its trials run unwatched ({trial})" in deleted.stderr, deleted.stderr
+        assert f"`trialkit experiment resume {exp} --detach`" in deleted.stderr
+        assert f"`trialkit experiment stop {exp}`" in deleted.stderr
+        assert (home / "experiments" / exp).is_dir() and tagged_processes(no_process_left)  # all left as it was
+    finally:
+        for proc in tagged_processes(no_process_left):
+            try:
+                proc.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        wait_until(lambda: not tagged_processes(no_process_left), 60, "the keeper and its trial to end")

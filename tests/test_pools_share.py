@@ -142,11 +142,32 @@ def test_a_running_experiment_moved_to_another_pool_starts_its_next_trials_there
         other = cli("job", "list", "--pool", "other", "--csv")
         assert other.returncode == 0, other.stderr
         assert other.stdout.splitlines()[1].split(",")[5:7] == ["7", "1"]  # its priority, its weight
-        assert pool_jobs() == []  # default lists jobs that are in it: b's leases there are its running trials'
+        # Each pool lists it with what it holds there: default its first two trials' leases, other the third's
+        assert [(job["id"], job["slots_acquired"], job["slots_needed"]) for job in pool_jobs()] == [(b, 2, 2)]
+        assert [(job["id"], job["slots_acquired"], job["slots_needed"]) for job in pool_jobs("other")] == [(b, 1, 1)]
+        listed = cli("job", "list", "--pool").stdout
+        assert f"{b}  TYPE_EXPERIMENT" in listed and "2/2" in listed, listed
     finally:
         (dirs["gate"] / "all").touch()
         finish(proc)
     assert [row["status"] for row in export(b)] == ["SUCCEEDED"] * 3
+
+
+def test_delete_takes_the_experiment_s_job_out_of_pools_db(tmp_path, home, dirs):
+    """The jobs table keeps an ended experiment's job for its resume; once it is deleted no row names it."""
+    (dirs["gate"] / "all").touch()
+    done = cli("run", gated(tmp_path, dirs, "a", trials=1, concurrency=1))
+    assert done.returncode == 0, done.stderr
+    a = experiment_id(done.stdout.splitlines()[0])
+    assert _job_rows(home) == [(a,)]
+    deleted = cli("experiment", "delete", a, "--yes")
+    assert deleted.returncode == 0, deleted.stderr
+    assert _job_rows(home) == []
+
+
+def _job_rows(home: Path) -> list:
+    with closing(sqlite3.connect(str(home / "pools.db"))) as db:
+        return db.execute("SELECT experiment FROM jobs").fetchall()
 
 
 def _lease_pools(home: Path) -> list:

@@ -57,9 +57,12 @@ def two_slots(home):
     pool_of(home, 2)
 
 
-def checkpointing(tmp_path: Path, name: str, log: Path, steps: int, hold: int, **service: Any) -> Path:
+def checkpointing(tmp_path: Path, name: str, log: Path, steps: int, hold: int, exit: int = 143, **service: Any
+                  ) -> Path:
+    """`exit`: the code it exits with once it saved its checkpoint for a preemption (0: Determined's Core API
+    user who leaves `with det.core.init()` by SystemExit(0))."""
     script = CHECKPOINTING.format(log=str(log), name=name, steps=steps, hold=hold, gate=str(tmp_path / "gate"),
-                                  pace=0.05)
+                                  pace=0.05).replace("sys.exit(143)", f"sys.exit({exit})")
     return experiment(tmp_path, SPACE, script,
                       name=name, trialConcurrency=2, maxTrialNumber=2, trialGraceSeconds=20,
                       trainingService={"platform": "local", **service})
@@ -80,10 +83,10 @@ def runs(log: Path) -> List[Dict[str, Any]]:
     return out
 
 
-def fill_the_pool(tmp_path: Path, home: Path, log: Path) -> Tuple[subprocess.Popen, str]:
+def fill_the_pool(tmp_path: Path, home: Path, log: Path, exit: int = 143) -> Tuple[subprocess.Popen, str]:
     """Experiment a (priority 42) running, its 2 trials holding the pool's 2 slots at step HOLD (checkpointed
     there) until the gate opens: (its `trialkit run`, its id)."""
-    low = start_cli("run", checkpointing(tmp_path, "a", log, steps=STEPS, hold=HOLD))
+    low = start_cli("run", checkpointing(tmp_path, "a", log, steps=STEPS, hold=HOLD, exit=exit))
     a = experiment_id(low.stdout.readline())
     wait_until(lambda: len(stored(home, a, "SELECT DISTINCT trial FROM records WHERE type = 'PERIODICAL' "
                                            "AND value = ?", str(HOLD))) == 2, TIMEOUT, "a's trials to hold")
@@ -149,6 +152,28 @@ def test_a_higher_priority_experiment_pauses_the_lower_one_s_trials_through_thei
         stored(home, a, "SELECT trial, status, reason, source FROM statuses ORDER BY id")
     assert stored(home, b, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 0)] * 2
     assert f"preempted for experiment {b}" in a_out
+
+
+def test_a_preempted_trial_that_saves_and_exits_0_is_paused_and_resumes_as_under_a_pause(tmp_path, home):
+    """Exit 0 with no final result after the control plane's stop: the stop's status (PREEMPTED, queued to resume
+    from its checkpoint), as `trial pause` and `experiment stop` end it; not SUCCEEDED with its work lost."""
+    log = tmp_path / "runs"
+    low, a = fill_the_pool(tmp_path, home, log, exit=0)
+    high = None
+    try:
+        high = start_cli("run", checkpointing(tmp_path, "b", log, steps=5, hold=5, poolPriority=1))
+        wait_until(lambda: log.read_text().count(" b ") >= 2, TIMEOUT, "b's trials to start while a's hold")
+        (tmp_path / "gate").touch()
+        finish(low)
+        finish(high)
+    finally:
+        (tmp_path / "gate").touch()
+        stop_all(low, high)
+    a_runs = [run for run in runs(log) if run["name"] == "a"]
+    assert sorted((run["first"], run["last"]) for run in a_runs) == [(0, HOLD)] * 2 + [(HOLD, STEPS)] * 2, a_runs
+    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2, \
+        stored(home, a, "SELECT trial, status, reason, source FROM statuses ORDER BY id")
+    assert len(stored(home, a, "SELECT trial FROM statuses WHERE status = 'PREEMPTED'")) == 2
 
 
 def test_equal_priority_and_a_job_that_is_not_preemptible_take_nothing(tmp_path):

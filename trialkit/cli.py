@@ -94,8 +94,15 @@ def cmd_run(opts: argparse.Namespace) -> int:
         paths.check_experiment_id(opts.experiment_id, "--experiment-id")
     config = _load_for_run(opts)
     if opts.detach:
+        from trialkit.control.run import check_startable, forget_unstarted
+
         experiment_id = paths.new_experiment_id()
         experiment_dir = paths.create_experiment_dir(experiment_id, config.experiment_working_directory)
+        try:  # refused here, before the line that names the experiment: nothing of it is left
+            check_startable(config, experiment_dir)
+        except UserError:
+            forget_unstarted(experiment_dir)
+            raise
         context = [] if opts.context_dir is None else [config.trial_code_directory]  # made absolute
         argv = ["run", os.path.abspath(opts.config), *context, "--experiment-id", experiment_id]
         argv += _port_args(opts.port)
@@ -1359,9 +1366,11 @@ def build_parser() -> ArgumentParser:
     imports.add_argument("-f", "--file", required=True, metavar="FILE", help="the results, a JSON list")
     delete = _experiment_id(_command(sub, "delete", cmd_experiment_delete, "delete a stopped experiment",
                                      "Remove what the experiment's platform made for it (a cluster's jobs, "
-                                     "ConfigMaps, Secrets, checkpoint and TensorBoard claims), its checkpoints "
+                                     "ConfigMaps, Secrets, checkpoint and TensorBoard claims; a local one's job in "
+                                     "the home's resource pools, pools.db), its checkpoints "
                                      "in an object store (checkpointStorage), then its dir and store. Asks first; "
-                                     "a running experiment is refused."))
+                                     "a running experiment is refused, as is an interrupted one whose trials "
+                                     "still run unwatched (resume it, then stop it)."))
     delete.add_argument("--yes", action="store_true", help="delete without asking")
     _experiment_id(_command(sub, "tensorboard", cmd_experiment_tensorboard,
                             "serve an AdaptDL experiment's TensorBoard (a local one's: print how)",

@@ -508,7 +508,7 @@ class Loop:
                 trial.ran = False  # this start did nothing: not a restart
                 self.requeue(trial, UNSTARTED_AT_STOP)
             elif not self._retried(trial, status):
-                self.finish(trial, status.status, status.reason, status.exit_code)
+                self.finish(trial, status.status, status.reason, status.exit_code, status.preempted)
 
     def _retried(self, trial: Trial, status: PlatformStatus) -> bool:
         """A trial that failed for a cause not its own starts again from its checkpoint, up to maxTrialRestarts."""
@@ -532,7 +532,10 @@ class Loop:
         if batch:
             self.on_records(trial.id, self.store.add_records(trial.id, batch))
 
-    def finish(self, trial: Trial, status: str, reason: str, exit_code: Optional[int]) -> None:
+    def finish(self, trial: Trial, status: str, reason: str, exit_code: Optional[int], preempted: str = "") -> None:
+        """Record the trial's end as its platform saw it (`status`), or, where the control plane stopped it (the
+        loop's stop, or its platform's preemption: `preempted` says why), as that stop's status."""
+        stop = trial.stop or ((PREEMPTED, preempted) if preempted else None)
         # Its checkpoint could not be restored for a reason of the store (STORE_FAILED_EXIT): it keeps its
         # place, for `experiment resume` once the store is fixed, and the experiment stops (below) saying why.
         store_failed = status == PREEMPTED and exit_code == STORE_FAILED_EXIT
@@ -540,9 +543,9 @@ class Loop:
         if store_failed:
             reason = f"{reason}; {RESUMABLE}"
         # A stop that came too late to matter (the trial finished with its result) changes nothing.
-        elif trial.stop is not None and not (status == SUCCEEDED and trial.has_final):
+        elif stop is not None and not (status == SUCCEEDED and trial.has_final):
             killed = reason if statuses.is_grace_killed(reason) else ""  # the keeper's: kept, after who
-            status, reason = self._stopped(trial, status, killed)
+            status, reason = self._stopped(trial, stop, status, killed)
         elif status == PREEMPTED and not self._checkpointed(trial, status):  # a pod deleted, a pool's preemption
             reason = f"{reason}; {NO_CHECKPOINT}" if reason else NO_CHECKPOINT
         if status == SUCCEEDED and not trial.has_final:
@@ -582,26 +585,27 @@ class Loop:
         if status == FAILED:
             self._check_first_failures()
 
-    def _stopped(self, trial: Trial, status: str, killed: str = "") -> Tuple[str, str]:
-        """(status, reason) of a trial that ended after the loop stopped it (trial.stop), given how the platform
-        saw it end (`status`). A user's stop of the whole experiment (Ctrl-C, SIGTERM, `experiment stop`) that
-        finds it holding a checkpoint leaves it PREEMPTED, for `experiment resume`, and so does one that finds
-        it without one before its final result, under every tuner (it runs again from the start: the search
-        gets the results maxTrialNumber asked for, and a round that waits for it is ranked on it); a pause
-        that finds it with none says that its progress restarts; the assessor's stop met a trial whose final
-        result was in already: it succeeded. `killed`, the keeper's reason when the grace ran out, follows who
-        stopped it."""
-        wanted, why = trial.stop
+    def _stopped(self, trial: Trial, stop: Tuple[str, str], status: str, killed: str = "") -> Tuple[str, str]:
+        """(status, reason) of a trial that ended after the control plane stopped it (`stop`: trial.stop, or its
+        platform's preemption), given how the platform saw it end (`status`, SUCCEEDED for one that exited 0
+        without its final result). A user's stop of the whole experiment (Ctrl-C, SIGTERM, `experiment stop`)
+        that finds it holding a checkpoint leaves it PREEMPTED, for `experiment resume`, and so does one that
+        finds it without one before its final result, under every tuner (it runs again from the start: the search
+        gets the results maxTrialNumber asked for, and a round that waits for it is ranked on it); a pause or a
+        preemption that finds it with none says that its progress restarts; the assessor's stop met a trial
+        whose final result was in already: it succeeded. `killed`, the keeper's reason when the grace ran out,
+        follows who stopped it."""
+        wanted, why = stop
         why = f"{why}; {killed}" if killed else why
-        if trial.stop == ASSESSOR_STOP and trial.has_final:
+        if stop == ASSESSOR_STOP and trial.has_final:
             return SUCCEEDED, "its final result came before the assessor's stop"
-        if wanted == USER_CANCELED and trial.stop == self.stopping and self._checkpointed(trial, status):
+        if wanted == USER_CANCELED and stop == self.stopping and self._checkpointed(trial, status):
             only_seed = self.platform.holds_only_seed
             seeded = only_seed is not None and only_seed(trial.handle or trial.id)
             return PREEMPTED, f"{why}; {STARTED_FROM if seeded else RESUMABLE}"
-        if wanted == USER_CANCELED and trial.stop == self.stopping and not trial.has_final:
+        if wanted == USER_CANCELED and stop == self.stopping and not trial.has_final:
             return PREEMPTED, f"{why}; {rerun(self.tuner.ROUND)}"
-        if wanted == USER_CANCELED and trial.stop == self.stopping and self.tuner.HANDS_ON_CHECKPOINTS:
+        if wanted == USER_CANCELED and stop == self.stopping and self.tuner.HANDS_ON_CHECKPOINTS:
             return PREEMPTED, f"{why}; {RESAVE}"
         if wanted == PREEMPTED and trial.ran and not self._checkpointed(trial, status):
             return PREEMPTED, f"{why}; {NO_CHECKPOINT}"

@@ -24,8 +24,8 @@ from trialkit.control.config import ExperimentConfig, parse_config
 from trialkit.control.loop import DONE, ERROR, PAUSED, RUNNING, STOPPED, Loop
 from trialkit.control.manager_http import Listening, Manager, PageHook
 from trialkit.control.progress import page_again, trials_table
-from trialkit.control.results import (ExperimentResult, best_row, experiment_ran, metric_value, shown_values,
-                                      trial_rows)
+from trialkit.control.results import (RUNS_UNWATCHED, ExperimentResult, best_row, experiment_ran, metric_value,
+                                      shown_values, trial_rows, unwatched)
 from trialkit.control.resume import Running, restore, resume_trials
 from trialkit.errors import UserError
 from trialkit.manager import paths
@@ -143,6 +143,7 @@ def delete_experiment(experiment_id: str) -> List[str]:
     checkpoints in an object store, then its dir and store. What was deleted besides the dir, by name."""
     experiment_dir, _, store, _, config = _stopped_experiment(experiment_id)
     try:
+        _refuse_unwatched(experiment_id, experiment_dir, store)
         trial_ids = [row["id"] for row in store.trials(experiment_id)]
         stored = checkpoints.checkpoints(store, experiment_id, config.checkpoint_storage) \
             if config.checkpoint_storage is not None and config.checkpoint_storage.store is not None else []
@@ -155,6 +156,20 @@ def delete_experiment(experiment_id: str) -> List[str]:
         removed.append(f"checkpoint {ckpt.uuid} ({ckpt.where})")
     shutil.rmtree(experiment_dir)
     return removed
+
+
+def _refuse_unwatched(experiment_id: str, experiment_dir: Path, store: Store) -> None:
+    """UserError when trials of an INTERRUPTED experiment still run unwatched (their keepers outlived its manager):
+    deleting would leave them running, holding their pool's slots, with no store to say whose they are. Refused as
+    a running experiment is, rather than stopped here: a resume takes them up, and its stop gives them their grace
+    to checkpoint, as for any running trial."""
+    running = [trial_id for trial_id, seen in unwatched(store.open_runs(experiment_id), experiment_dir).items()
+               if seen.state == RUNS_UNWATCHED]
+    if running:
+        raise UserError(f"experiment {experiment_id} is interrupted and {len(running)} of its trials run unwatched "
+                        f"({', '.join(running)})", "EXPERIMENT_ID",
+                        f"take them up with `trialkit experiment resume {experiment_id} --detach`, stop them with "
+                        f"`trialkit experiment stop {experiment_id}`, then delete it")
 
 
 def _stopped_experiment(experiment_id: str) -> Tuple[Path, Optional[admin.ManagerInfo], Store, dict, ExperimentConfig]:
@@ -180,14 +195,23 @@ def _platform(config: ExperimentConfig, experiment_dir: Path) -> Platform:
     """The platform, ready to take trials (a cluster platform checked its cluster answers), after the code dir and
     the checkpoint store were checked; a refusal names the key as the config wrote it (an NNI v1 config's
     `trial.gpuNum`, not `trialGpuNumber`)."""
+    check_startable(config, experiment_dir)
     try:
-        _check_context(config, experiment_dir)
-        checkpoints.check_store(config.checkpoint_storage)
         platform = platforms.create(config.platform, config.training_service, experiment_dir)
         platform.check_ready()
     except UserError as err:
         raise config.as_written(err) from None
     return platform
+
+
+def check_startable(config: ExperimentConfig, experiment_dir: Path) -> None:
+    """Refuse the code dir (too big, without its script, holding experiment_dir) or the checkpoint store before
+    anything starts, in the keys the config wrote: `run --detach` asks it before it says the experiment started."""
+    try:
+        _check_context(config, experiment_dir)
+        checkpoints.check_store(config.checkpoint_storage)
+    except UserError as err:
+        raise config.as_written(err) from None
 
 
 def _run(loop: Loop, manager: Manager, platform: Platform, title: str, running: List[Running]) -> ExperimentResult:

@@ -54,6 +54,9 @@ class PlatformStatus:
     # False for a final status of a run whose command never started (stopped while it waited, or before its
     # keeper got to it): the run did nothing, so a stop of the experiment leaves the trial waiting for resume.
     started: bool = True
+    # Why the platform itself stopped it (a pool's preemption for a job of higher priority), "" where it did not:
+    # the loop ends it as it ends a trial it stopped itself (Loop.finish), PREEMPTED and queued to resume.
+    preempted: str = ""
 
 
 class Platform(Protocol):

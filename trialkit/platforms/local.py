@@ -507,8 +507,9 @@ class Platform(PlatformBase):
 
     def status(self, handle: str) -> PlatformStatus:
         """WAITING while held for GPUs; RUNNING while its keeper runs; then the final status the keeper
-        recorded (FAILED if none), PREEMPTED for a trial paused for a job of higher priority that did not
-        end by itself (whatever it made of the SIGTERM: it is not lost, it resumes).
+        recorded (FAILED if none), with why it was paused for a job of higher priority (`preempted`) for one
+        that was: the loop ends it as it ends one it stopped itself (whatever it made of the SIGTERM, exit 0
+        included: it is not lost, it resumes; only one that reported its final result finished).
 
         A trial that no keeper here runs and that never ended (its keeper died
         with the machine, say) is WAITING: to be started again.
@@ -516,8 +517,8 @@ class Platform(PlatformBase):
         found = self._status(handle)
         with self._lock:
             why = self._preempted.get(handle)
-        if why is not None and found.status in FINAL_STATUSES and found.status != SUCCEEDED:
-            return PlatformStatus(PREEMPTED, why, found.exit_code)
+        if why is not None and found.status in FINAL_STATUSES:
+            return dataclasses.replace(found, preempted=why)
         return found
 
     def _pool_capacity(self) -> float:
@@ -564,6 +565,12 @@ class Platform(PlatformBase):
         seeded = self._seeded.get(handle)
         return seeded is not None and seeded == \
             _listing(layout.checkpoint_dir(paths.trial_dir(self.experiment_dir, handle)))
+
+    def remove_experiment(self, experiment_id: str, trial_ids: Sequence[str]) -> List[str]:
+        """`experiment delete`: its job's row in pools.db (the table keeps it past its end for a resume, and
+        this platform's start joined it again); its trials left nothing else outside its dir."""
+        self._slots.leave(experiment_id)
+        return []
 
     def holds_checkpoint(self, handle: str) -> bool:
         """Whether the ended trial left a checkpoint: it exited 143 after the stop (its keeper's PREEMPTED),

@@ -394,6 +394,12 @@ class Pool:
         with self._lock:
             self._db.execute("UPDATE leases SET pid = ?, ticks = ? WHERE holder = ?", (new.pid, new.ticks, holder))
 
+    def leave(self, experiment: str) -> None:
+        """The experiment's job leaves the pools for good (`experiment delete`): no resume keeps its priority,
+        weight and place, and no row names an experiment that is gone."""
+        with self._lock:
+            self._db.execute("DELETE FROM jobs WHERE experiment = ?", (experiment,))
+
     def release(self, holder: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM leases WHERE holder = ?", (holder,))
@@ -570,7 +576,8 @@ SCHEDULED = "SCHEDULED"  # holding slots, none waiting
 def jobs(name: str = DEFAULT) -> List[Dict[str, Any]]:
     """The pool's jobs (experiments) in its scheduler's order: those whose control plane runs or whose trials
     hold slots, with their priority and weight, their slots acquired and needed (acquired + what their waiting
-    trials need)."""
+    trials need). A job moved to another pool (`job update --resource-pool`) is listed in both while its
+    running trials hold leases here: here with what they hold, there with what waits."""
     scheduler = pool_spec(name, read_config(paths.home())).scheduler
     db_path = paths.home() / DB_NAME
     if not db_path.exists():
@@ -578,18 +585,19 @@ def jobs(name: str = DEFAULT) -> List[Dict[str, Any]]:
     try:
         with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=BUSY_SECONDS)) as db:
             acquired = _acquired(db, name)
-            rows = db.execute(f"SELECT experiment, priority, weight, {_PLACE}, submitted, pid, ticks, queued "
-                              "FROM jobs WHERE pool = ?", (name,)).fetchall()
+            rows = [row for row in db.execute(
+                f"SELECT experiment, priority, weight, {_PLACE}, submitted, pid, ticks, queued, pool FROM jobs")
+                if row[8] == name or row[0] in acquired]
     except sqlite3.Error as err:
         raise _unreadable(db_path, err) from None
     rows.sort(key=lambda row: _order(scheduler, row[1], row[2], row[3], acquired.get(row[0], 0.0)))
     out = []
-    for experiment, priority, weight, _, submitted, pid, ticks, queued in rows:
+    for experiment, priority, weight, _, submitted, pid, ticks, queued, pool in rows:
         live = Holder(pid, ticks).alive()
         held = acquired.get(experiment, 0)
         if not live and not held:
             continue
-        queued = queued if live else 0
+        queued = queued if live and pool == name else 0  # its waiting trials wait in its own pool
         out.append({"position": len(out), "id": experiment, "type": EXPERIMENT_JOB, "experiment": experiment,
                     "name": experiment_name(experiment),
                     # a weight under 1e-6 as it is: rounded it would read 0, which no weight is
