@@ -149,6 +149,18 @@ trialkit.report_final_result(step)
 """
 
 
+def nni_config(tmp_path: Path, storage: dict) -> Path:
+    """An NNI-format config of one NNI_TRIAL with this checkpointStorage."""
+    folder = tmp_path / "nni"
+    folder.mkdir()
+    (folder / "trial.py").write_text(NNI_TRIAL)
+    (folder / "config.yml").write_text(yaml.safe_dump({
+        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 trial.py",
+        "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "Random"},
+        "trainingService": {"platform": "local"}, "checkpointStorage": storage}))
+    return folder / "config.yml"
+
+
 def stored_and_emptied(exp: str, trial: str) -> tuple:
     """While an NNI_TRIAL is paused: its whole checkpoint dir is the one stored checkpoint; the dir deleted (a new
     node has none). Returns (its trial dir, the state it saved)."""
@@ -166,15 +178,8 @@ def test_an_nni_trials_checkpoint_dir_goes_to_the_store_at_its_pause_and_comes_b
     """An NNI-format config's checkpointStorage: a trial that is not Core API's has its whole checkpoint dir
     stored when it stops, and fetched into an empty dir before it starts again."""
     bucket = s3.bucket()
-    folder = tmp_path / "nni"
-    folder.mkdir()
-    (folder / "trial.py").write_text(NNI_TRIAL)
-    (folder / "config.yml").write_text(yaml.safe_dump({
-        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 trial.py",
-        "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "Random"},
-        "trainingService": {"platform": "local"},
-        "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.url, "saveTrialLatest": 1}}))
-    exp, (trial_dir, saved) = paused_and_activated(home, [folder / "config.yml"], 3, stored_and_emptied)
+    config = nni_config(tmp_path, {"type": "s3", "bucket": bucket, "endpointUrl": s3.url, "saveTrialLatest": 1})
+    exp, (trial_dir, saved) = paused_and_activated(home, [config], 3, stored_and_emptied)
     row = export(exp)[0]
     assert row["intermediate"] == list(range(1, 31)) and row["final"] == 30  # each step once, across the pause
     assert (trial_dir / "checkpoint" / "model" / "state.txt").read_text() == saved  # fetched back
@@ -189,22 +194,15 @@ def test_a_paused_trials_latest_checkpoint_outlives_a_policy_that_keeps_none(tmp
     retention runs as each trial's run ends, a pause's too. But a paused trial goes on from its latest: that one
     stays while it is paused (and `checkpoint list` says why), and goes once the trial ended."""
     bucket = s3.bucket()
-    folder = tmp_path / "nni"
-    folder.mkdir()
-    (folder / "trial.py").write_text(NNI_TRIAL)
-    (folder / "config.yml").write_text(yaml.safe_dump({
-        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 trial.py",
-        "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "Random"},
-        "trainingService": {"platform": "local"},
-        "checkpointStorage": {"type": "s3", "bucket": bucket, "endpointUrl": s3.url, "saveTrialLatest": 0,
-                              "saveTrialBest": 0, "saveExperimentBest": 0}}))
+    config = nni_config(tmp_path, {"type": "s3", "bucket": bucket, "endpointUrl": s3.url, "saveTrialLatest": 0,
+                                   "saveTrialBest": 0, "saveExperimentBest": 0})
 
     def kept_while_paused(exp: str, trial: str) -> tuple:
         [stored] = json.loads(cli("checkpoint", "list", exp, "--json").stdout)
         assert stored["kept_by"] == ["paused trial's latest: it goes on from it"]
         return stored_and_emptied(exp, trial)
 
-    exp, (trial_dir, saved) = paused_and_activated(home, [folder / "config.yml"], 3, kept_while_paused)
+    exp, (trial_dir, saved) = paused_and_activated(home, [config], 3, kept_while_paused)
     row = export(exp)[0]
     assert row["intermediate"] == list(range(1, 31)) and row["final"] == 30  # it went on from the kept one
     assert (trial_dir / "checkpoint" / "model" / "state.txt").read_text() == saved

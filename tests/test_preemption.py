@@ -99,6 +99,17 @@ def steps_stored(home: Path, experiment_id: str, trial: str) -> List[Any]:
         home, experiment_id, "SELECT value FROM records WHERE trial = ? AND type = 'PERIODICAL' ORDER BY seq", trial)]
 
 
+def paused_once_then_resumed(home: Path, log: Path, a: str) -> None:
+    """Each of experiment a's two trials ran to HOLD (paused), then from HOLD to STEPS (resumed from its
+    checkpoint, once) and succeeded; every step stored once."""
+    a_runs = [run for run in runs(log) if run["name"] == "a"]
+    assert sorted((run["first"], run["last"]) for run in a_runs) == [(0, HOLD)] * 2 + [(HOLD, STEPS)] * 2, a_runs
+    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2, \
+        stored(home, a, "SELECT trial, status, reason, source FROM statuses ORDER BY id")
+    for (trial,) in stored(home, a, "SELECT id FROM trials"):
+        assert steps_stored(home, a, trial) == list(range(1, STEPS + 1)), trial
+
+
 def stop_all(*procs: Optional[subprocess.Popen]) -> None:
     """After a failure: each experiment ends as SIGINT ends it (its trials stopped, nothing left running)."""
     for proc in procs:
@@ -169,10 +180,7 @@ def test_a_preempted_trial_that_saves_and_exits_0_is_paused_and_resumes_as_under
     finally:
         (tmp_path / "gate").touch()
         stop_all(low, high)
-    a_runs = [run for run in runs(log) if run["name"] == "a"]
-    assert sorted((run["first"], run["last"]) for run in a_runs) == [(0, HOLD)] * 2 + [(HOLD, STEPS)] * 2, a_runs
-    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2, \
-        stored(home, a, "SELECT trial, status, reason, source FROM statuses ORDER BY id")
+    paused_once_then_resumed(home, log, a)
     assert len(stored(home, a, "SELECT trial FROM statuses WHERE status = 'PREEMPTED'")) == 2
 
 
@@ -263,13 +271,8 @@ def test_a_control_plane_resumed_after_kill_9_pauses_its_trials_for_the_job_that
     finally:
         (tmp_path / "gate").touch()
         stop_all(low, high, resumed)
-    a_runs = [run for run in runs(log) if run["name"] == "a"]
-    assert sorted((run["first"], run["last"]) for run in a_runs) == [(0, HOLD)] * 2 + [(HOLD, STEPS)] * 2, a_runs
-    assert stored(home, a, "SELECT status, restart_count FROM trials") == [("SUCCEEDED", 1)] * 2, \
-        stored(home, a, "SELECT trial, status, reason, source FROM statuses ORDER BY id")
+    paused_once_then_resumed(home, log, a)
     assert stored(home, b, "SELECT status FROM trials") == [("SUCCEEDED",)] * 2
-    for (trial,) in stored(home, a, "SELECT id FROM trials"):
-        assert steps_stored(home, a, trial) == list(range(1, STEPS + 1)), trial
 
 
 def test_just_enough_trials_are_paused_the_newest_first(tmp_path, home):
