@@ -697,6 +697,9 @@ def test_a_pbt_search_whose_steps_never_save_warns_once_and_claims_no_continuity
     exp = experiment_id(done.stdout.splitlines()[0])
     rows = export(exp)
     assert all("its step left no checkpoint: nothing in its save_checkpoint_dir" in row["reason"] for row in rows)
+    # `trial list` says it too, beside SUCCEEDED, in its why column
+    listed = cli("trial", "list", exp).stdout
+    assert listed.count("its step left no checkpoint") == len(rows), listed
     later = next(row for row in rows if place(row)[1] == 1)
     load = later["parameters"]["load_checkpoint_dir"]
     source = next(r for r in rows if r["parameters"]["save_checkpoint_dir"] == load)

@@ -20,8 +20,9 @@ ERROR = "ERROR"
 # what a waiting trial waits for, why a failed one failed, why a trial is paused and whether it lost its progress,
 # why trialkit canceled one (an experiment in ERROR, maxExperimentDuration), and how a user's was (`trial kill`,
 # the page's Kill, `experiment stop`, a Ctrl-C); of a running one, that it is stopping (who asked, when its grace
-# ends: NNI has no stopping status) or what is amiss (its keeper unheard, of another version).
-EXPLAINED = frozenset({WAITING, RUNNING, FAILED, PREEMPTED, SYS_CANCELED, USER_CANCELED})
+# ends: NNI has no stopping status) or what is amiss (its keeper unheard, of another version); of a succeeded one,
+# what it left undone (no final result, a PBT step that left no checkpoint), where it says anything at all.
+EXPLAINED = frozenset({WAITING, RUNNING, SUCCEEDED, FAILED, PREEMPTED, SYS_CANCELED, USER_CANCELED})
 
 
 # The keeper's reason for a trial it SIGKILLed when the grace ran out; the control plane keeps it beside who
