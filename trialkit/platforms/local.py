@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from trialkit import env, gpus, layout, process
 from trialkit.manager import paths
 from trialkit import schema
+from trialkit.checkpoints import noted_stored
 from trialkit.errors import UserError
 from trialkit.keeper import leftover, warm, zygote
 from trialkit.keeper.status import StatusFile
@@ -574,10 +575,12 @@ class Platform(PlatformBase):
 
     def holds_checkpoint(self, handle: str) -> bool:
         """Whether the ended trial left a checkpoint: it exited 143 after the stop (its keeper's PREEMPTED),
-        or its checkpoint dir holds anything (a checkpoint of an earlier step, one a Determined trial saved
-        before exiting 0)."""
+        its uploader stored one in the experiment's object store (the keeper restores it, local copy gone or
+        not), or its checkpoint dir holds anything (a checkpoint of an earlier step, one a Determined trial
+        saved before exiting 0)."""
         trial_dir = paths.trial_dir(self.experiment_dir, handle)
-        if (StatusFile.previous(layout.status_path(trial_dir)) or {}).get("status") == PREEMPTED:
+        if (StatusFile.previous(layout.status_path(trial_dir)) or {}).get("status") == PREEMPTED \
+                or noted_stored(trial_dir):
             return True
         try:
             with os.scandir(layout.checkpoint_dir(trial_dir)) as entries:
