@@ -23,6 +23,7 @@ from experiment_util import cli, experiment_id, export, reported, start_cli, sto
 from harness import wait_until
 from s3_server import S3Server, s3, s3_server  # noqa: F401 - fixtures
 from test_checkpoints import NNI_TRIAL, one_line_error
+from trialkit.checkpoints import noted_stored
 
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
 
@@ -264,3 +265,43 @@ def test_a_store_gone_at_activate_ends_the_experiment_at_once_saying_it_once(tmp
     lines = [line for line in log.splitlines() if line.strip()]
     # (A pass that ran as the pause ended may have met the store going down: said once, then.)
     assert len(lines) == len(set(lines)) and log.count("checkpoints were not collected") <= 1, log
+
+
+SAVES_EACH_STEP = """
+import os, time, trialkit
+state = os.path.join(trialkit.checkpoint_dir(), "state.txt")
+step = int(open(state).read()) if os.path.exists(state) else 0
+print("starting from", step, flush=True)
+while step < 30:
+    step += 1
+    trialkit.report_intermediate_result(step)
+    open(state, "w").write(str(step))
+    time.sleep(0.2)
+trialkit.report_final_result(step)
+"""
+
+
+def test_activate_says_a_trial_whose_checkpoint_the_store_holds_resumes_from_it(tmp_path, home, s3):
+    """A detached run, its trial paused (a script that saves each step and dies of the SIGTERM: the uploader
+    stores its dir), this node's copy removed, `trial activate`: it says the trial resumes from its checkpoint,
+    and the keeper's restore resumes it there (newcomer25: "queued to start from the beginning (it holds no
+    checkpoint)", then "starting from 6")."""
+    config = nni_config(tmp_path, {"type": "s3", "bucket": s3.bucket(), "endpointUrl": s3.url})
+    (config.parent / "trial.py").write_text(SAVES_EACH_STEP)
+    started = cli("run", config, "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    exp = experiment_id(started.stdout.splitlines()[0])
+    trial = f"{exp}-00000"
+    wait_until(lambda: reported(home, trial) >= 3, WAIT, "3 intermediate results")
+    assert cli("trial", "pause", trial).returncode == 0
+    wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the pause")
+    trial_dir = Path(export(exp)[0]["trial_dir"])
+    wait_until(lambda: noted_stored(trial_dir), WAIT, "the checkpoint stored")
+    (trial_dir / "checkpoint" / "state.txt").unlink()  # this node's copy is gone; the store has it
+
+    activated = cli("trial", "activate", trial)
+    assert activated.stdout == f"activated trial {trial}: queued to resume from its checkpoint\n", activated.stdout
+    wait_until(lambda: experiment_status(home, exp) != "RUNNING", WAIT, "the experiment's end")
+    assert trial_status(home, trial) == "SUCCEEDED"
+    starts = [line for line in (trial_dir / "stdout.log").read_text().splitlines() if line.startswith("starting")]
+    assert starts[0] == "starting from 0" and starts[-1] != "starting from 0", starts

@@ -9,13 +9,18 @@ the earlier run's, never over them from step 0 again.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import List, Tuple
 
 import pytest
 
-from experiment_util import cli, experiment, export, paused_and_activated
+from experiment_util import cli, experiment, experiment_id, export, paused_and_activated, reported, start_cli
+from harness import wait_until
 from test_delivery import tensorboard_scalars
+from trialkit.platforms.base import TrialSpec
+from trialkit.platforms.local import tensorboard_dir
 
 pytest.importorskip("tensorboardX", reason="the keeper writes TensorBoard scalars with tensorboardX (control extra)")
 
@@ -121,3 +126,38 @@ def test_local_trials_at_once_each_write_their_own_dir_and_experiment_tensorboar
     refused = cli("experiment", "tensorboard", plain)
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert "got no TensorBoard dir" in refused.stderr and "TRIALKIT_TENSORBOARD_DIR=DIR" in refused.stderr
+
+
+def test_a_resume_without_the_variable_goes_on_in_the_dir_the_experiment_ran_with(home, tmp_path):
+    """`trialkit run` with TRIALKIT_TENSORBOARD_DIR, Ctrl-C mid-trial, `experiment resume` in a shell without
+    the variable: the trial's next run writes in the same dir, going on after its last step, and `experiment
+    tensorboard` still names it (newcomer25: the resumed trial got no TensorBoard dir, its series cut short)."""
+    config = experiment(tmp_path, {"x": {"_type": "choice", "_value": [1]}}, NNI_TRIAL, maxTrialNumber=1,
+                        trialConcurrency=1, trialGraceSeconds=10)
+    proc = start_cli("run", config)
+    try:
+        exp = experiment_id(proc.stdout.readline())
+        wait_until(lambda: reported(home, f"{exp}-00000") >= 3, 120, "3 intermediate results")
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    plain = {k: v for k, v in os.environ.items() if k != "TRIALKIT_TENSORBOARD_DIR"}
+    resumed = cli("experiment", "resume", exp, env=plain)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    logdir = trial_logdir(tmp_path, exp)
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 2  # a file per run
+    assert series(logdir, "metric/default") == [(n, n) for n in range(30)]
+    shown = cli("experiment", "tensorboard", exp, env=plain)
+    assert shown.stdout.strip().endswith(f"--logdir {tmp_path / 'tensorboard' / exp} (a run per trial)")
+
+
+def test_a_dir_named_for_the_resume_wins_over_the_one_the_experiment_ran_with(tmp_path):
+    """What docs/sdk.md says of a resume whose environment names a TensorBoard DIR other than the run's."""
+    spec = TrialSpec("abcd1234", "abcd1234-00000", 0, "python3 train.py")
+    ran_with = str(tmp_path / "before" / "abcd1234")
+    assert tensorboard_dir({}, spec, ran_with) == str(tmp_path / "before" / "abcd1234" / "abcd1234-00000")
+    named = {"TRIALKIT_TENSORBOARD_DIR": str(tmp_path / "now")}
+    assert tensorboard_dir(named, spec, ran_with) == str(tmp_path / "now" / "abcd1234" / "abcd1234-00000")

@@ -1378,7 +1378,7 @@ def build_parser() -> ArgumentParser:
                             "claim, where each trial writes its dir, as NNI's adl mode does, and print how to reach "
                             "it. Asked again, it keeps what runs; it goes when the experiment ends. Local: print the "
                             "tensorboard command over the dir its trials wrote theirs in (DIR/EXPERIMENT_ID/TRIAL_ID, "
-                            "DIR from TRIALKIT_TENSORBOARD_DIR in the run's environment)."))
+                            "DIR from TRIALKIT_TENSORBOARD_DIR in the environment of the run, or of its latest resume that set it)."))
     export = _experiment_id(_command(sub, "export", cmd_experiment_export, "export every trial's results",
                                      "Every trial with its parameters, status, exit code, steps, intermediate and "
                                      "final metrics, as JSON (a list of trials) or CSV (a line per trial, flat: a "

@@ -160,13 +160,18 @@ def write_stored(trial_dir: Path, stored: List[str]) -> None:
     os.replace(tmp, trial_dir / STORED_LIST)
 
 
+def noted_stored(trial_dir: Path) -> List[str]:
+    """What the trial's uploader last noted stored (none when it noted nothing: no store, or never started)."""
+    try:
+        return (trial_dir / STORED_LIST).read_text().split()
+    except OSError:
+        return []
+
+
 def unstored(trial_dir: Path, checkpoint_dir: Path) -> List[str]:
     """The trial's local checkpoints its uploader did not store this run (paths): Core API ones by uuid, else
     the whole checkpoint dir when it holds files and was not stored."""
-    try:
-        stored = set((trial_dir / STORED_LIST).read_text().split())
-    except OSError:
-        stored = set()
+    stored = set(noted_stored(trial_dir))
     if determined_layout(checkpoint_dir):
         return [c.where for c in local_checkpoints(checkpoint_dir, "", "") if c.uuid not in stored]
     return [str(checkpoint_dir)] if WHOLE_DIR not in stored and dir_files(checkpoint_dir) else []

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import List, Optional
 
 from trialkit import env
-from trialkit.checkpoints import CORE, DETERMINED_METADATA, STORED_LIST, Checkpoint, dir_files, set_latest, store_spec
+from trialkit.checkpoints import (CORE, DETERMINED_METADATA, STORED_LIST, Checkpoint, dir_files, noted_stored,
+                                  set_latest, store_spec)
 from trialkit.checkpoints.store import ObjectStore, StoreError
 
 PROG = "trialkit checkpoints"
@@ -47,11 +48,8 @@ def restore_latest(trial: env.TrialEnv, store: ObjectStore) -> Optional[Checkpoi
 def _check_none_lost(trial: env.TrialEnv, store: ObjectStore) -> None:
     """Refuse a start from nothing when the trial's uploader noted checkpoints stored (the list it leaves in the
     trial dir) that the store no longer lists (deleted, a store emptied) and the checkpoint dir is empty."""
-    try:
-        uploaded = (trial.trial_dir / STORED_LIST).read_text().split()
-    except OSError:
-        return  # nothing noted: a first start, or a node that never ran it
-    if uploaded and not dir_files(trial.checkpoint_dir):
+    # Nothing noted: a first start, or a node that never ran it.
+    if noted_stored(trial.trial_dir) and not dir_files(trial.checkpoint_dir):
         raise StoreError(f"its checkpoint is not in {store.url} (an earlier run stored it: deleted, or the store "
                          f"was emptied); put it back, or delete {trial.trial_dir / STORED_LIST} to start the trial "
                          f"from the beginning")

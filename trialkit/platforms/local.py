@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 from trialkit import env, gpus, layout, process
 from trialkit.manager import paths
 from trialkit import schema
+from trialkit.checkpoints import noted_stored
 from trialkit.errors import UserError
 from trialkit.keeper import leftover, warm, zygote
 from trialkit.keeper.status import StatusFile
@@ -228,26 +229,32 @@ def trial_threads(cores: int, at_once: float, slots: int) -> Optional[int]:
     return max(1, int(cores // (at_once * slots)))
 
 
-# In the experiment dir: the dir its trials' TensorBoard dirs are in (`experiment tensorboard` names it).
+# In the experiment dir: the dir its trials' TensorBoard dirs are in (`experiment tensorboard` names it, and a
+# resume without the variable gives its trials theirs there).
 TENSORBOARD_NOTE = "tensorboard-dir"
 TENSORBOARD_NAMES = (env.TENSORBOARD_DIR, env.ADAPTDL["tensorboard_dir"], env.ADAPTDL_OLD_TENSORBOARD)
 
 
-def tensorboard_dir(environ: Mapping[str, str], spec: TrialSpec) -> Optional[str]:
+def tensorboard_dir(environ: Mapping[str, str], spec: TrialSpec, remembered: Optional[str]) -> Optional[str]:
     """The trial's own TensorBoard dir, where `trialkit run`'s environment names one (TRIALKIT_TENSORBOARD_DIR, or
     AdaptDL's names): DIR/EXPERIMENT_ID/TRIAL_ID, as an AdaptDL job's is its experiment's claim/JOB; one dir for
-    every trial mixed their event files, and TensorBoard showed one trial's scalars. None where none is named."""
+    every trial mixed their event files, and TensorBoard showed one trial's scalars. Where none is named (an
+    `experiment resume` in another shell), the one the experiment ran with (`remembered`: its DIR/EXPERIMENT_ID),
+    so that a restarted trial's series goes on; a DIR named wins over it. None where neither is."""
     base = next((environ[name] for name in TENSORBOARD_NAMES if environ.get(name)), None)
-    return None if base is None else str(Path(base).absolute() / spec.experiment_id / spec.trial_id)
+    if base is not None:
+        return str(Path(base).absolute() / spec.experiment_id / spec.trial_id)
+    return None if remembered is None else str(Path(remembered) / spec.trial_id)
 
 
 def trial_environ(config: LocalConfig, spec: TrialSpec, trial_dir: Path, code: Optional[Path],
-                  gpu_indices: Sequence[int] = (), threads: Optional[int] = None) -> Dict[str, str]:
-    """The keeper's environment: ours, the spec's contract and this platform's part (its GPUs among it, and
-    its threads unless the user's environment sets them)."""
+                  gpu_indices: Sequence[int] = (), threads: Optional[int] = None,
+                  tensorboard_root: Optional[str] = None) -> Dict[str, str]:
+    """The keeper's environment: ours, the spec's contract and this platform's part (its GPUs among it, its
+    threads unless the user's environment sets them, its TensorBoard dir: tensorboard_dir)."""
     out = dict(os.environ)
     out.update(spec.env)
-    tensorboard = tensorboard_dir(out, spec)
+    tensorboard = tensorboard_dir(out, spec, tensorboard_root)
     for name in TENSORBOARD_NAMES:  # the keeper gives the trial AdaptDL's names from trialkit's
         out.pop(name, None)
     if tensorboard is not None:
@@ -403,7 +410,8 @@ class Platform(PlatformBase):
                 gpus.write_assignment(trial_dir, indices)  # before the keeper: a restarted control plane reads it
                 gpus.append_sample(trial_dir, found, indices)  # its GPUs as it found them
                 self._watch_gpus()
-            environ = trial_environ(self.config, spec, trial_dir, code, indices, self._threads())
+            environ = trial_environ(self.config, spec, trial_dir, code, indices, self._threads(),
+                                    self._tensorboard_root())
             if env.TENSORBOARD_DIR in environ:
                 (self.experiment_dir / TENSORBOARD_NOTE).write_text(str(Path(environ[env.TENSORBOARD_DIR]).parent))
             with open(trial_dir / paths.TRIAL_LOG, "ab") as log:
@@ -551,13 +559,20 @@ class Platform(PlatformBase):
     def start_tensorboard(self, experiment_id: str) -> str:
         """`trialkit experiment tensorboard`: the command that serves the dir its trials' TensorBoard dirs are in
         (a run per trial); UserError when they got none."""
-        try:
-            where = (self.experiment_dir / TENSORBOARD_NOTE).read_text().strip()
-        except OSError:
+        where = self._tensorboard_root()
+        if where is None:
             raise UserError(f"experiment {experiment_id}'s trials got no TensorBoard dir", "EXPERIMENT_ID",
                             f"set {env.TENSORBOARD_DIR}=DIR in the environment of `trialkit run` (or `trialkit "
-                            f"experiment resume`): each trial then writes DIR/{experiment_id}/TRIAL_ID") from None
+                            f"experiment resume`): each trial then writes DIR/{experiment_id}/TRIAL_ID")
         return f"TensorBoard of experiment {experiment_id}: tensorboard --logdir {shlex.quote(where)} (a run per trial)"
+
+    def _tensorboard_root(self) -> Optional[str]:
+        """The dir this experiment's trials got their TensorBoard dirs in (DIR/EXPERIMENT_ID), as its latest
+        launch noted it; None when none got one."""
+        try:
+            return (self.experiment_dir / TENSORBOARD_NOTE).read_text().strip() or None
+        except OSError:
+            return None
 
     def holds_only_seed(self, handle: str) -> bool:
         """Whether the ended trial's checkpoint dir holds just the copy seed_checkpoint gave it, as it was (no file
@@ -574,10 +589,12 @@ class Platform(PlatformBase):
 
     def holds_checkpoint(self, handle: str) -> bool:
         """Whether the ended trial left a checkpoint: it exited 143 after the stop (its keeper's PREEMPTED),
-        or its checkpoint dir holds anything (a checkpoint of an earlier step, one a Determined trial saved
-        before exiting 0)."""
+        its uploader stored one in the experiment's object store (the keeper restores it, local copy gone or
+        not), or its checkpoint dir holds anything (a checkpoint of an earlier step, one a Determined trial
+        saved before exiting 0)."""
         trial_dir = paths.trial_dir(self.experiment_dir, handle)
-        if (StatusFile.previous(layout.status_path(trial_dir)) or {}).get("status") == PREEMPTED:
+        if (StatusFile.previous(layout.status_path(trial_dir)) or {}).get("status") == PREEMPTED \
+                or noted_stored(trial_dir):
             return True
         try:
             with os.scandir(layout.checkpoint_dir(trial_dir)) as entries:
