@@ -61,6 +61,10 @@ def test_a_trial_in_its_grace_says_it_is_stopping_who_asked_and_when_the_grace_e
             assert (seconds(ends) - seconds(sent)) % 86400 == GRACE, row
             status = next(line for line in ok("trial", "show", trial).splitlines() if line.startswith("status "))
             assert re.fullmatch(r"status\s+RUNNING: " + stopping(who), status), status
+            # A kill during the grace restarts no clock, and says so: the same grace, ending when it did.
+            again = ok("trial", "kill", trial).strip()
+            assert re.fullmatch(rf"trial {trial} is " + stopping("killed by `trialkit trial kill`"), again), again
+            assert again.endswith(f"ends at {ends}, then what still runs is killed"), again
         finally:
             gate.touch()
             stop.communicate(timeout=WAIT)

@@ -363,7 +363,7 @@ def test_a_trial_killed_after_the_grace_says_who_stopped_it_and_that_it_was_kill
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    grace = "killed: it was still running 1 s after SIGTERM (TRIALKIT_GRACE_SECONDS)"
+    grace = "killed: it was still running 1 s after SIGTERM (trialGraceSeconds)"  # the config's key, not the keeper's variable
     restarts = "it saved no checkpoint: its progress restarts from the beginning when it runs again"
     for trial, status in ((paused, f"PAUSED: paused; {grace}; {restarts}"),
                           (killed, f"USER_CANCELED: killed by `trialkit trial kill`; {grace}"),
@@ -373,8 +373,11 @@ def test_a_trial_killed_after_the_grace_says_who_stopped_it_and_that_it_was_kill
         shown = ok("trial", "show", trial)
         assert f"status         {status}\n" in shown, shown
         history = shown.split("history:\n")[1].splitlines()
-        # The keeper's own record of the kill stays in the history, a pause's verdict after it.
-        assert any(line.split()[2:4] == ["USER_CANCELED", "keeper"] and line.endswith(grace) for line in history), history
+        # The keeper's own record of the kill stays in the history, in its words (the variable it got), a pause's
+        # verdict after it.
+        keepers = grace.replace("(trialGraceSeconds)", "(TRIALKIT_GRACE_SECONDS)")
+        assert any(line.split()[2:4] == ["USER_CANCELED", "keeper"] and line.endswith(keepers) for line in history), \
+            history
     assert ok("trial", "show", paused).split("history:\n")[1].splitlines()[-1].split()[2:4] == ["PAUSED", "control"]
 
 

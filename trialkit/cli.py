@@ -876,8 +876,10 @@ def cmd_trial_kill(opts: argparse.Namespace) -> int:
     from trialkit.control import admin
 
     experiment_id = paths.experiment_of(opts.trial_id)
-    admin.act(experiment_id, "trial", "kill", opts.trial_id)
-    print(f"stopping trial {opts.trial_id}")
+    answer = admin.act(experiment_id, "trial", "kill", opts.trial_id)
+    already = answer.get("already") if isinstance(answer, dict) else None
+    # A kill during a stop's grace does not restart its clock: say so, and when it ends.
+    print(f"trial {opts.trial_id} is {already}" if already else f"stopping trial {opts.trial_id}")
     return 0
 
 

@@ -34,5 +34,11 @@ def grace_killed(seconds: float, signal_name: str, where: str) -> str:
     return f"{_grace_killed} {seconds:g} s after {signal_name} ({where})"
 
 
+def grace_set_by(reason: str, variable: str, where: str) -> str:
+    """A keeper's grace_killed reason naming `where` (an experiment's config key) where it named the `variable`
+    that carried the grace to it."""
+    return reason.replace(f"({variable})", f"({where})")
+
+
 def is_grace_killed(reason: str) -> bool:
     return reason.startswith(_grace_killed)

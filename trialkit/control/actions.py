@@ -139,7 +139,8 @@ def kill_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     if trial.id in loop.active and trial.stop is not None:
         trial.stop = why  # already stopping (a pause, say): it ends canceled instead, and says so meanwhile
         loop.say_stopping(trial)
-    elif trial.id in loop.active:
+        return {"stopping": trial.id, "already": loop.running_reason(trial)}  # its grace goes on: said so
+    if trial.id in loop.active:
         loop.stop_trial(trial, why)
     elif trial.id in loop.queue or trial.paused:
         loop.cancel(trial, why)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Set, TextIO, Tuple
 
-from trialkit import __version__, records, schema, statuses
+from trialkit import __version__, env, records, schema, statuses
 from trialkit.checkpoints import STORE_FAILED_EXIT
 from trialkit.control import determined
 from trialkit.control.assessors import build_assessor
@@ -373,7 +373,7 @@ class Loop:
         if trial is None or trial.id not in self.active:
             return
         if trial.heard or trial.running_since is not None:
-            self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial))
+            self.store.set_status(trial.id, statuses.RUNNING, reason=self.running_reason(trial))
             return
         trial.held = why
 
@@ -424,7 +424,7 @@ class Loop:
         if trial.note.startswith(UNHEARD):
             trial.note = ""
             self.progress.say(f"trial {trial.id}: its keeper reached the manager")
-            self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial))
+            self.store.set_status(trial.id, statuses.RUNNING, reason=self.running_reason(trial))
 
     def _runs(self, trial: Trial) -> None:
         """Its platform says it runs: so does the store, whether or not its keeper has reached the manager (from
@@ -444,10 +444,10 @@ class Loop:
             url = self.platform.manager_url_told(trial.handle) or self.manager.url
             trial.note = f"{UNHEARD} at {url} in {int(ran)} s of running: check that its pods reach that address (managerAddress)"
             self.progress.say(f"trial {trial.id}: warning: {trial.note}")
-            self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial), source="platform")
+            self.store.set_status(trial.id, statuses.RUNNING, reason=self.running_reason(trial), source="platform")
         elif not trial.shown_running:
             trial.shown_running = True
-            self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial), source="platform")
+            self.store.set_status(trial.id, statuses.RUNNING, reason=self.running_reason(trial), source="platform")
 
     def _check_keeper_version(self, trial: Trial, theirs: Any) -> None:
         """A keeper of another trialkit (an image built long ago) may speak an older record format:
@@ -457,7 +457,7 @@ class Loop:
         trial.note = (f"its keeper is trialkit {theirs}, this manager trialkit {__version__}: "
                       "install the same version in the trial's image")
         self.progress.say(f"trial {trial.id}: warning: {trial.note}")
-        self.store.set_status(trial.id, statuses.RUNNING, reason=self._running_reason(trial))
+        self.store.set_status(trial.id, statuses.RUNNING, reason=self.running_reason(trial))
 
     def _check_validation(self, trial: Trial, value: Any) -> None:
         """A Determined trial's validation that lacks what its searcher reads, said once each: its metric (the Core
@@ -544,7 +544,9 @@ class Loop:
             reason = f"{reason}; {RESUMABLE}"
         # A stop that came too late to matter (the trial finished with its result) changes nothing.
         elif stop is not None and not (status == SUCCEEDED and trial.has_final):
-            killed = reason if statuses.is_grace_killed(reason) else ""  # the keeper's: kept, after who
+            # The keeper's, kept after who stopped it; its grace is the config's, which reached it as a variable.
+            killed = (statuses.grace_set_by(reason, env.GRACE_SECONDS, "trialGraceSeconds")
+                      if statuses.is_grace_killed(reason) else "")
             status, reason = self._stopped(trial, stop, status, killed)
         elif status == PREEMPTED and not self._checkpointed(trial, status):  # a pod deleted, a pool's preemption
             reason = f"{reason}; {NO_CHECKPOINT}" if reason else NO_CHECKPOINT
@@ -702,9 +704,9 @@ class Loop:
         WAITING for one its platform had not started. `trial list`, `trial show` and the page read it."""
         row = self.store.trial(trial.id)
         if row is not None and row["status"] not in FINAL_STATUSES:
-            self.store.set_status(trial.id, row["status"], reason=self._running_reason(trial))
+            self.store.set_status(trial.id, row["status"], reason=self.running_reason(trial))
 
-    def _running_reason(self, trial: Trial) -> str:
+    def running_reason(self, trial: Trial) -> str:
         """The reason the store gives a trial that has not ended: that it is stopping, else its note (if any)."""
         if trial.stop is not None and trial.stop_sent is not None:
             return stopping(trial.stop[1], trial.stop_sent, self.config.trial_grace_seconds)
