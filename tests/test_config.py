@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -297,8 +298,17 @@ def test_v1_kubernetes_configs_go_through_the_platforms_from_v1():
 # ---------------------------------------------------------------- the Python API
 
 
-def test_python_api_builds_the_same_config_as_yaml(monkeypatch):
-    monkeypatch.chdir(NNI)
+@pytest.fixture
+def nni_example(tmp_path: Path, monkeypatch) -> Path:
+    """A copy of NNI's mnist-pytorch configs with a script where its command names one (the Python API checks the
+    script, as `trialkit run` does), the current directory."""
+    copy = shutil.copytree(NNI, tmp_path / "mnist-pytorch")
+    (copy / "mnist.py").write_text("import nni\n")
+    monkeypatch.chdir(copy)
+    return copy
+
+
+def test_python_api_builds_the_same_config_as_yaml(nni_example):
     exp = Experiment("local")
     exp.config.experiment_name = "MNIST"
     exp.config.search_space = MNIST_SPACE
@@ -312,11 +322,10 @@ def test_python_api_builds_the_same_config_as_yaml(monkeypatch):
     exp.config.max_experiment_duration = "1h"
     exp.config.max_trial_duration = "10m"
     exp.config.training_service.use_active_gpu = False
-    assert exp.config.validate() == load_config(NNI / "config_detailed.yml")
+    assert exp.config.validate() == load_config(nni_example / "config_detailed.yml")
 
 
-def test_python_api_errors_are_the_yaml_errors(monkeypatch):
-    monkeypatch.chdir(NNI)
+def test_python_api_errors_are_the_yaml_errors(nni_example):
     exp = Experiment()
     exp.config.search_space = MNIST_SPACE
     exp.config.trial_command = "python3 mnist.py"
@@ -334,8 +343,7 @@ def test_python_api_errors_are_the_yaml_errors(monkeypatch):
         exp.config.trial_concurency
 
 
-def test_python_api_assessor_and_nested_training_service(monkeypatch):
-    monkeypatch.chdir(NNI)
+def test_python_api_assessor_and_nested_training_service(nni_example):
     exp = Experiment("local")
     exp.config.search_space = MNIST_SPACE
     exp.config.trial_command = "python3 mnist.py"
