@@ -113,6 +113,11 @@ def test_delete_refuses_an_interrupted_experiment_whose_trials_run_unwatched(tmp
         assert f"`trialkit experiment resume {exp} --detach`" in deleted.stderr
         assert f"`trialkit experiment stop {exp}`" in deleted.stderr
         assert (home / "experiments" / exp).is_dir() and tagged_processes(no_process_left)  # all left as it was
+        # `experiment stop`, the other half of that advice, says on its own that a resume must come first
+        stopped = cli("experiment", "stop", exp)
+        assert stopped.returncode == 2 and len(stopped.stderr.strip().splitlines()) == 1, stopped.stderr
+        assert "its manager is gone (INTERRUPTED)" in stopped.stderr, stopped.stderr
+        assert f"`trialkit experiment resume {exp} --detach`, then run this again" in stopped.stderr
     finally:
         for proc in tagged_processes(no_process_left):
             try:

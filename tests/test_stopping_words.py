@@ -65,6 +65,9 @@ def test_a_trial_in_its_grace_says_it_is_stopping_who_asked_and_when_the_grace_e
             again = ok("trial", "kill", trial).strip()
             assert re.fullmatch(rf"trial {trial} is " + stopping("killed by `trialkit trial kill`"), again), again
             assert again.endswith(f"ends at {ends}, then what still runs is killed"), again
+            if command[1] == "kill":  # the same stop again: its history gains no row
+                history = ok("trial", "show", trial).split("history:\n")[1]
+                assert history.count("stopping since") == 1, history
         finally:
             gate.touch()
             stop.communicate(timeout=WAIT)

@@ -137,8 +137,9 @@ def kill_trial(loop: "Loop", trial_id: Optional[str], body: Any) -> Any:
     trial = _known(loop, trial_id)
     why = PAGE_KILL_STOP if isinstance(body, dict) and body.get("by") == "page" else KILL_STOP
     if trial.id in loop.active and trial.stop is not None:
-        trial.stop = why  # already stopping (a pause, say): it ends canceled instead, and says so meanwhile
-        loop.say_stopping(trial)
+        if trial.stop != why:  # already stopping (a pause, say): it ends canceled instead, and says so meanwhile
+            trial.stop = why
+            loop.say_stopping(trial)
         return {"stopping": trial.id, "already": loop.running_reason(trial)}  # its grace goes on: said so
     if trial.id in loop.active:
         loop.stop_trial(trial, why)
