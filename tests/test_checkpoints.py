@@ -152,7 +152,7 @@ trialkit.report_final_result(step)
 def nni_config(tmp_path: Path, storage: dict) -> Path:
     """An NNI-format config of one NNI_TRIAL with this checkpointStorage."""
     folder = tmp_path / "nni"
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     (folder / "trial.py").write_text(NNI_TRIAL)
     (folder / "config.yml").write_text(yaml.safe_dump({
         "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 trial.py",

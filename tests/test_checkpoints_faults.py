@@ -22,7 +22,7 @@ import yaml
 from experiment_util import cli, experiment_id, export, reported, start_cli, stored, trial_status
 from harness import wait_until
 from s3_server import S3Server, s3, s3_server  # noqa: F401 - fixtures
-from test_checkpoints import NNI_TRIAL, one_line_error
+from test_checkpoints import nni_config, one_line_error
 from trialkit.checkpoints import noted_stored
 
 WAIT = 120.0  # an upper bound for a loaded machine; never waited for on success
@@ -37,18 +37,6 @@ def home(tmp_path, monkeypatch):
 def no_credentials() -> dict:
     """This environment as a fresh shell has it: no AWS variables at all."""
     return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-
-
-def nni_config(tmp_path: Path, storage: dict) -> Path:
-    folder = tmp_path / "nni"
-    folder.mkdir(exist_ok=True)
-    (folder / "trial.py").write_text(NNI_TRIAL)
-    path = folder / "config.yml"
-    path.write_text(yaml.safe_dump({
-        "searchSpace": {"x": {"_type": "choice", "_value": [1]}}, "trialCommand": "python3 trial.py",
-        "trialConcurrency": 1, "maxTrialNumber": 1, "tuner": {"name": "Random"},
-        "trainingService": {"platform": "local"}, "checkpointStorage": storage}))
-    return path
 
 
 def experiment_status(home: Path, exp: str) -> str:
