@@ -110,4 +110,6 @@ def test_an_experiment_on_another_platform_is_one_line(tmp_path, monkeypatch, ca
         cli.main(["experiment", "tensorboard", "expL"])
     assert caught.value.code == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "runs on local" in err
+    # The local platform serves the dir its trials wrote in, when it gave them one: this run's trials got none.
+    assert len(err.strip().splitlines()) == 1 and "expL's trials got no TensorBoard dir" in err, err
+    assert "set TRIALKIT_TENSORBOARD_DIR=DIR in the environment of `trialkit run`" in err, err

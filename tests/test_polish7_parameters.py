@@ -15,6 +15,10 @@ pytestmark = pytest.mark.usefixtures("home")
 LONG = {"learning_rate_of_the_optimizer": {"_type": "choice", "_value": [0.001]},
         "dropout_probability_of_the_head": {"_type": "choice", "_value": [0.25]}}
 REPORTS = "import trialkit\np = trialkit.get_next_parameter()\ntrialkit.report_final_result(1.0)\n"
+# A PBT step as users write them: its model saved into the dir PBT gives (one that saves nothing is warned of, and
+# the warning names the dir).
+SAVES = ("import os, trialkit\np = trialkit.get_next_parameter()\nos.makedirs(p['save_checkpoint_dir'], exist_ok=True)\n"
+         "open(os.path.join(p['save_checkpoint_dir'], 'model'), 'w').write('1')\ntrialkit.report_final_result(1.0)\n")
 
 
 def test_hyperbands_trial_budget_shows_whole_in_trial_list(tmp_path):
@@ -31,7 +35,7 @@ def test_hyperbands_trial_budget_shows_whole_in_trial_list(tmp_path):
 
 
 def test_pbts_checkpoint_paths_are_not_shown(tmp_path):
-    config = experiment(tmp_path, LONG, REPORTS, maxTrialNumber=2, trialConcurrency=2,
+    config = experiment(tmp_path, LONG, SAVES, maxTrialNumber=2, trialConcurrency=2,
                         tuner={"name": "PBTTuner", "classArgs": {"population_size": 2,
                                                                  "all_checkpoint_dir": str(tmp_path / "ckpt")}})
     done = cli("run", config)

@@ -137,7 +137,7 @@ def running_manager(experiment_id: str, where: str = "EXPERIMENT_ID") -> Manager
             # Its trials may run on unwatched (`experiment show` says): only a manager, the resume's, reaches them.
             raise UserError(f"experiment {experiment_id} is not running: its manager is gone (INTERRUPTED)", where,
                             f"resume it with `trialkit experiment resume {experiment_id} --detach`, then run this "
-                            f"again (the resume takes up the trials that run on unwatched)")
+                            f"again: the resume takes up the trials that run on unwatched")
         results = f"its results: `trialkit experiment show {experiment_id}`"
         raise UserError(f"experiment {experiment_id} has ended ({ended}): nothing of it runs now", where,
                         results if ended == "DONE" else f"{results}; go on with `trialkit experiment resume {experiment_id}`")

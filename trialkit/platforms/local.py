@@ -562,8 +562,8 @@ class Platform(PlatformBase):
         where = self._tensorboard_root()
         if where is None:
             raise UserError(f"experiment {experiment_id}'s trials got no TensorBoard dir", "EXPERIMENT_ID",
-                            f"set {env.TENSORBOARD_DIR}=DIR in the environment of `trialkit run` (or `trialkit "
-                            f"experiment resume`): each trial then writes DIR/{experiment_id}/TRIAL_ID")
+                            f"set {env.TENSORBOARD_DIR}=DIR in the environment of `trialkit run` or of `trialkit "
+                            f"experiment resume`: each trial then writes DIR/{experiment_id}/TRIAL_ID")
         return f"TensorBoard of experiment {experiment_id}: tensorboard --logdir {shlex.quote(where)} (a run per trial)"
 
     def _tensorboard_root(self) -> Optional[str]:
