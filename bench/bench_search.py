@@ -125,6 +125,9 @@ trials imported. The race, quiet (load 0.77 -> 2.22): Hyperband MET 0.51, BOHB M
 MISSED 1.12; ASHA and PBT again (1.88 -> 2.59): ASHA MISSED on its mean best against Optuna's (0.9900, 0.9911; 0.28),
 PBT MET 0.89. The whole race on the last head (1.28 -> 2.31): Hyperband and BOHB MISSED (never reaching Ray HyperBand's
 0.9917 and 0.9883 on seeds 0 and 2), ASHA MET 0.98, PBT MISSED 1.01.
+Session 13, `--seeds 5`, quiet, twice (load 0.81 -> 2.14, 2.14 -> 2.31): all four MET both times. Hyperband 0.79,
+0.46; BOHB 0.76, 0.41; ASHA 0.93, 0.96 (mean best 0.9887 against Ray's 0.9880: within its s.e.); PBT 0.43, 0.42 (its
+best margin from Ray PBT's 0.8700 on seed 3). docs/searches.md, "Five seeds".
 """
 from __future__ import annotations
 
