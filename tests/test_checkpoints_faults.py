@@ -39,6 +39,18 @@ def no_credentials() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
 
 
+def detached_and_paused(home: Path, config: Path) -> tuple:
+    """`trialkit run CONFIG --detach`, its trial paused once it reported 3 steps: (experiment id, trial id)."""
+    started = cli("run", config, "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    exp = experiment_id(started.stdout.splitlines()[0])
+    trial = f"{exp}-00000"
+    wait_until(lambda: reported(home, trial) >= 3, WAIT, "3 intermediate results")
+    assert cli("trial", "pause", trial).returncode == 0
+    wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the pause")
+    return exp, trial
+
+
 def experiment_status(home: Path, exp: str) -> str:
     return stored(home, exp, "SELECT status FROM experiments WHERE id=?", exp)[0][0]
 
@@ -233,13 +245,7 @@ def test_a_store_gone_at_activate_ends_the_experiment_at_once_saying_it_once(tmp
                            ("AWS_REGION", "us-east-1")):
             monkeypatch.setenv(key, value)
         config = nni_config(tmp_path, {"type": "s3", "bucket": server.bucket(), "endpointUrl": server.url})
-        started = cli("run", config, "--detach")
-        assert started.returncode == 0, started.stdout + started.stderr
-        exp = experiment_id(started.stdout.splitlines()[0])
-        trial = f"{exp}-00000"
-        wait_until(lambda: reported(home, trial) >= 3, WAIT, "3 intermediate results")
-        assert cli("trial", "pause", trial).returncode == 0
-        wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the pause")
+        exp, trial = detached_and_paused(home, config)
     finally:
         server.stop()
     shutil.rmtree(Path(export(exp)[0]["trial_dir"]) / "checkpoint")  # this node has no copy
@@ -276,13 +282,7 @@ def test_activate_says_a_trial_whose_checkpoint_the_store_holds_resumes_from_it(
     checkpoint)", then "starting from 6")."""
     config = nni_config(tmp_path, {"type": "s3", "bucket": s3.bucket(), "endpointUrl": s3.url})
     (config.parent / "trial.py").write_text(SAVES_EACH_STEP)
-    started = cli("run", config, "--detach")
-    assert started.returncode == 0, started.stdout + started.stderr
-    exp = experiment_id(started.stdout.splitlines()[0])
-    trial = f"{exp}-00000"
-    wait_until(lambda: reported(home, trial) >= 3, WAIT, "3 intermediate results")
-    assert cli("trial", "pause", trial).returncode == 0
-    wait_until(lambda: trial_status(home, trial) == "PREEMPTED", WAIT, "the pause")
+    exp, trial = detached_and_paused(home, config)
     trial_dir = Path(export(exp)[0]["trial_dir"])
     wait_until(lambda: noted_stored(trial_dir), WAIT, "the checkpoint stored")
     (trial_dir / "checkpoint" / "state.txt").unlink()  # this node's copy is gone; the store has it
